@@ -1,0 +1,129 @@
+"""Store configuration, with RocketMQ's property names.
+
+``StoreConfig.from_properties`` accepts the camelCase names a RocketMQ
+``broker.conf`` uses (``mappedFileSizeCommitLog``, ``flushDiskType``, ...);
+attributes carry their unit in the name.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .errors import InvalidConfigError
+
+SYNC_FLUSH = "SYNC_FLUSH"
+ASYNC_FLUSH = "ASYNC_FLUSH"
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Configuration of one store. Immutable; thread-safe to share."""
+
+    segment_size_bytes: int = GIB                 # mappedFileSizeCommitLog
+    flush_disk_type: str = ASYNC_FLUSH            # flushDiskType
+    flush_interval_ms: int = 500                  # flushIntervalCommitLog
+    sync_flush_timeout_ms: int = 5_000            # syncFlushTimeout
+    publish_interval_ms: int = 1_000              # how often progress is committed to _log
+    checkpoint_interval_versions: int = 10        # checkpointInterval
+    file_reserved_time_hours: float = 72.0        # fileReservedTime
+    delete_when: str = "04"                       # deleteWhen (hours, ';' separated)
+    disk_max_used_space_ratio: int = 75           # diskMaxUsedSpaceRatio (percent)
+    retention_check_interval_ms: int = 10_000     # how often the retention service looks
+    max_message_size_bytes: int = 4 * MIB         # maxMessageSize
+    default_topic_queue_nums: int = 4             # defaultTopicQueueNums
+    auto_create_topic: bool = False               # autoCreateTopicEnable
+    compact_after_files: int = 8                  # side-table files before compaction
+    side_table_row_group_rows: int = 65_536       # Parquet row group size of side tables
+    memory_consume_queue_entries: int = 1_000_000 # in-memory ConsumeQueue entries kept hot
+    lease_timeout_ms: int = 30_000                # writer lease expiry without renewal
+    commit_retries: int = 50                      # put-if-absent conflicts before giving up
+    store_host: str = "127.0.0.1:10911"           # brokerIP1:listenPort
+    broker_name: str = "broker-a"                 # brokerName
+
+    _ALIASES = {
+        "mappedFileSizeCommitLog": "segment_size_bytes",
+        "flushDiskType": "flush_disk_type",
+        "flushIntervalCommitLog": "flush_interval_ms",
+        "syncFlushTimeout": "sync_flush_timeout_ms",
+        "publishIntervalMs": "publish_interval_ms",
+        "checkpointInterval": "checkpoint_interval_versions",
+        "fileReservedTime": "file_reserved_time_hours",
+        "deleteWhen": "delete_when",
+        "diskMaxUsedSpaceRatio": "disk_max_used_space_ratio",
+        "maxMessageSize": "max_message_size_bytes",
+        "defaultTopicQueueNums": "default_topic_queue_nums",
+        "autoCreateTopicEnable": "auto_create_topic",
+        "storeHost": "store_host",
+        "brokerName": "broker_name",
+    }
+
+    def __post_init__(self):
+        if self.flush_disk_type not in (SYNC_FLUSH, ASYNC_FLUSH):
+            raise InvalidConfigError(
+                f"flushDiskType must be SYNC_FLUSH or ASYNC_FLUSH, got {self.flush_disk_type!r}")
+        if self.segment_size_bytes < 4096:
+            raise InvalidConfigError(
+                f"mappedFileSizeCommitLog must be at least 4096 bytes, got {self.segment_size_bytes}")
+        for name in ("flush_interval_ms", "publish_interval_ms", "checkpoint_interval_versions",
+                     "max_message_size_bytes", "default_topic_queue_nums", "compact_after_files",
+                     "commit_retries", "sync_flush_timeout_ms"):
+            if getattr(self, name) <= 0:
+                raise InvalidConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 10 <= self.disk_max_used_space_ratio <= 95:
+            raise InvalidConfigError(
+                f"diskMaxUsedSpaceRatio must be within 10..95, got {self.disk_max_used_space_ratio}")
+        self.delete_hours()  # validates
+
+    def delete_hours(self) -> set[int]:
+        """The hours of the day (0-23) at which expired segments are removed."""
+        try:
+            hours = {int(h) for h in str(self.delete_when).split(";") if h.strip()}
+        except ValueError:
+            raise InvalidConfigError(
+                f"deleteWhen must be hours like '04' or '04;16', got {self.delete_when!r}") from None
+        if not hours or not all(0 <= h <= 23 for h in hours):
+            raise InvalidConfigError(f"deleteWhen hours must be 0..23, got {self.delete_when!r}")
+        return hours
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any] | None = None, **kwargs) -> "StoreConfig":
+        """Build a config from RocketMQ names or attribute names (strings are parsed)."""
+        merged = dict(options or {})
+        merged.update(kwargs)
+        fields = {f.name: f for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+        values: dict[str, Any] = {}
+        for key, raw in merged.items():
+            name = cls._ALIASES.get(key, key)
+            if name not in fields:
+                continue  # other components' properties (listenPort, namesrvAddr, ...)
+            values[name] = _coerce(name, fields[name].type, raw)
+        return cls(**values)
+
+    def to_properties(self) -> dict[str, Any]:
+        """The config as a flat dict of attribute names (stored in metaData)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if not f.name.startswith("_")}
+
+
+def _coerce(name: str, type_name: Any, raw: Any) -> Any:
+    t = str(type_name)
+    try:
+        if t == "bool":
+            if isinstance(raw, str):
+                if raw.strip().lower() in ("true", "1", "yes"):
+                    return True
+                if raw.strip().lower() in ("false", "0", "no"):
+                    return False
+                raise ValueError(raw)
+            return bool(raw)
+        if t == "int":
+            return int(raw)
+        if t == "float":
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise InvalidConfigError(f"config {name} must be of type {t}, got {raw!r}") from None

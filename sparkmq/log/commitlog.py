@@ -1,0 +1,220 @@
+"""The CommitLog: every segment of a store as one physical address space.
+
+A segment's base offset is the physical offset of its first byte; the next
+segment starts where the previous one ends. Broker-written segments are named
+by their base offset; segments written by Spark tasks keep their own names and
+get a base offset when adopted (recorded in the ``add`` action).
+
+Appends go to the active segment, which is rolled when the next batch would
+take it past ``segment_size_bytes``. Reads locate a batch by physical offset
+(bisect over segment bases) and decode it from a memory map; batches appended
+by this process stay in a bounded cache so fresh reads do not touch the disk.
+
+Thread-safety: ``append``/``roll`` must be serialized by the caller (the
+store's append lock); ``read_batch`` and ``segment_for`` are safe concurrently
+with appends; ``flush`` may run on the flush service's thread.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from ..errors import CorruptStoreError, DataLossError
+from . import format as fmt
+from . import segment as seg
+from .fs import StoreFS
+
+
+@dataclass
+class SegmentRef:
+    """Where a segment lives in the address space."""
+
+    path: str
+    base_offset: int
+    size: int            # bytes readable (the committed or written size)
+    sealed: bool
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.size
+
+
+class CommitLog:
+    def __init__(self, sfs: StoreFS, *, segment_size_bytes: int,
+                 cache_bytes: int = 64 << 20):
+        self.sfs = sfs
+        self.segment_size_bytes = segment_size_bytes
+        self._segments: list[SegmentRef] = []
+        self._bases: list[int] = []
+        self._lock = threading.RLock()        # guards the segment list
+        self.active: seg.SegmentWriter | None = None
+        self._cache: OrderedDict[int, pa.RecordBatch] = OrderedDict()
+        self._cache_bytes = 0
+        self._cache_limit = cache_bytes
+        self._flush_lock = threading.Lock()
+        self.flushed_offset = 0               # physical offset up to which bytes are flushed
+        self.written_offset = 0               # physical offset after the last appended byte
+
+    # -- segment list ------------------------------------------------------
+    def load(self, refs: list[SegmentRef]) -> None:
+        with self._lock:
+            self._segments = sorted(refs, key=lambda r: r.base_offset)
+            self._bases = [r.base_offset for r in self._segments]
+            end = self._segments[-1].end_offset if self._segments else 0
+            self.written_offset = self.flushed_offset = max(self.written_offset, end)
+
+    def segments(self) -> list[SegmentRef]:
+        with self._lock:
+            return list(self._segments)
+
+    def add_segment(self, ref: SegmentRef) -> None:
+        with self._lock:
+            self._segments.append(ref)
+            self._segments.sort(key=lambda r: r.base_offset)
+            self._bases = [r.base_offset for r in self._segments]
+            self.written_offset = max(self.written_offset, ref.end_offset)
+
+    def drop_segments(self, paths: set[str]) -> None:
+        with self._lock:
+            self._segments = [r for r in self._segments if r.path not in paths]
+            self._bases = [r.base_offset for r in self._segments]
+        for p in paths:
+            self.sfs.forget(p)
+
+    def segment_for(self, physical_offset: int) -> SegmentRef | None:
+        with self._lock:
+            i = bisect.bisect_right(self._bases, physical_offset) - 1
+            if i < 0:
+                return None
+            ref = self._segments[i]
+            if physical_offset >= ref.base_offset + max(ref.size, 1) and not (
+                    self.active is not None and ref.path == self.active.rel_path):
+                return None
+            return ref
+
+    def min_offset(self) -> int:
+        with self._lock:
+            return self._segments[0].base_offset if self._segments else 0
+
+    # -- appending ---------------------------------------------------------
+    def open_active(self, ref: SegmentRef) -> None:
+        """Continue appending to an existing (recovered) segment."""
+        self.active = seg.SegmentWriter(self.sfs, ref.path, ref.base_offset, create=False)
+        with self._lock:
+            ref.size = self.active.size
+            ref.sealed = False
+        self.written_offset = self.flushed_offset = ref.base_offset + self.active.size
+
+    def _new_segment(self, base: int) -> None:
+        rel = fmt.segment_file(base)
+        self.active = seg.SegmentWriter(self.sfs, rel, base, create=True)
+        self.add_segment(SegmentRef(rel, base, self.active.size, False))
+        self.written_offset = base + self.active.size
+
+    def needs_roll(self, nbytes: int) -> bool:
+        a = self.active
+        return a is None or (a.size > seg.HEADER_SIZE
+                             and a.size + nbytes > self.segment_size_bytes)
+
+    def roll(self) -> SegmentRef | None:
+        """Seal the active segment and start a new one right after it.
+
+        Returns the sealed segment's ref (or None if there was none).
+        """
+        sealed = self.seal_active()
+        if self.active is None:
+            self._new_segment(self.written_offset)
+        return sealed
+
+    def seal_active(self) -> SegmentRef | None:
+        """Seal the active segment without starting a new one (adoption, close)."""
+        if self.active is None:
+            return None
+        a = self.active
+        if a.size <= seg.HEADER_SIZE:
+            return None   # empty: keep it active
+        a.append(seg.EOS)
+        self.flush(sync=True)
+        with self._lock:
+            ref = self._ref(a.rel_path)
+            ref.size = a.size
+            ref.sealed = True
+        a.close()
+        self.active = None
+        self.written_offset = ref.end_offset
+        return ref
+
+    def _ref(self, path: str) -> SegmentRef:
+        for r in self._segments:
+            if r.path == path:
+                return r
+        raise KeyError(path)
+
+    def append(self, batch: pa.RecordBatch, data: pa.Buffer | None = None) -> int:
+        """Append one batch; returns its physical offset. Caller serializes appends."""
+        if data is None:
+            data = seg.serialize_batch(batch)
+        if self.needs_roll(len(data)):
+            self.roll()
+        a = self.active
+        pos = a.append(data)
+        offset = a.base_offset + pos
+        with self._lock:
+            self._ref(a.rel_path).size = a.size
+        self.written_offset = a.base_offset + a.size
+        self._cache_put(offset, batch)
+        return offset
+
+    def flush(self, *, sync: bool) -> int:
+        """Flush the active segment; returns the physical offset flushed up to."""
+        with self._flush_lock:
+            a = self.active
+            if a is None:
+                self.flushed_offset = self.written_offset
+                return self.flushed_offset
+            target = a.base_offset + a.size
+            a.flush(sync=sync)
+            self.flushed_offset = max(self.flushed_offset, target)
+            return self.flushed_offset
+
+    def close(self) -> None:
+        if self.active is not None:
+            self.flush(sync=True)
+            self.active.close()
+            self.active = None
+        self._cache.clear()
+        self._cache_bytes = 0
+
+    # -- reading -----------------------------------------------------------
+    def _cache_put(self, offset: int, batch: pa.RecordBatch) -> None:
+        size = batch.nbytes
+        if size > self._cache_limit:
+            return
+        with self._lock:
+            self._cache[offset] = batch
+            self._cache_bytes += size
+            while self._cache_bytes > self._cache_limit and self._cache:
+                _, old = self._cache.popitem(last=False)
+                self._cache_bytes -= old.nbytes
+
+    def read_batch(self, batch_offset: int) -> pa.RecordBatch:
+        with self._lock:
+            cached = self._cache.get(batch_offset)
+        if cached is not None:
+            return cached
+        ref = self.segment_for(batch_offset)
+        if ref is None:
+            first = self.min_offset()
+            raise DataLossError(
+                f"physical offset {batch_offset} is not in any segment (earliest is {first}); "
+                "it was removed by retention or never existed", earliest_offset=first)
+        buf = self.sfs.read_buffer(ref.path, cache=ref.sealed)
+        pos = batch_offset - ref.base_offset
+        if pos >= len(buf):
+            raise CorruptStoreError(
+                f"segment {ref.path} has {len(buf)} bytes; batch at {pos} is past its end")
+        return seg.read_batch_at(buf, pos)

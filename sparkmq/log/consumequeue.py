@@ -1,0 +1,337 @@
+"""The ConsumeQueue: per (topic, queue), queue offset -> where the message lives.
+
+Each entry is (queue_offset, batch_offset, row, size, tags_code,
+store_timestamp): ``batch_offset`` is the physical offset of the record batch
+and ``row`` the message's row in it (physical offset of the message =
+``batch_offset + row``).
+
+Recent entries live in memory (:class:`MemoryConsumeQueue`, one list of
+chunks per queue; a chunk is the entries one appended batch gave a queue).
+At each publish the entries not yet persisted are written as one small
+Parquet file sorted by (topic_id, queue_id, queue_offset) and recorded in the
+log with per-queue offset and time ranges; compaction later merges small files
+into big ones with row groups of ``side_table_row_group_rows``. A seek by queue
+offset picks files by their logged ranges and row groups by Parquet
+statistics: it never scans the whole queue.
+
+Thread-safety: ``MemoryConsumeQueue`` is guarded by its own lock.
+"""
+from __future__ import annotations
+
+import bisect
+import io
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from . import format as fmt
+from .fs import StoreFS
+
+ENTRY_COLUMNS = ["queue_offset", "batch_offset", "row", "size", "tags_code", "store_timestamp"]
+
+
+@dataclass
+class Chunk:
+    start: int                 # queue offset of the first entry
+    batch_offset: int
+    rows: np.ndarray           # int32
+    sizes: np.ndarray          # int32
+    tags_codes: np.ndarray     # int64
+    store_ts: np.ndarray       # int64 ms
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.rows)
+
+
+def empty_entries() -> pa.Table:
+    return fmt.CONSUMEQUEUE_SCHEMA.empty_table().select(ENTRY_COLUMNS)
+
+
+def chunks_to_table(chunks: list[Chunk], lo: int, hi: int) -> pa.Table:
+    """Entries with queue offset in [lo, hi) from consecutive chunks."""
+    parts = {c: [] for c in ENTRY_COLUMNS}
+    for ch in chunks:
+        a, b = max(lo, ch.start), min(hi, ch.end)
+        if a >= b:
+            continue
+        s, e = a - ch.start, b - ch.start
+        n = e - s
+        parts["queue_offset"].append(np.arange(a, b, dtype=np.int64))
+        parts["batch_offset"].append(np.full(n, ch.batch_offset, dtype=np.int64))
+        parts["row"].append(ch.rows[s:e])
+        parts["size"].append(ch.sizes[s:e])
+        parts["tags_code"].append(ch.tags_codes[s:e])
+        parts["store_timestamp"].append(ch.store_ts[s:e])
+    if not parts["queue_offset"]:
+        return empty_entries()
+    cols = {k: np.concatenate(v) for k, v in parts.items()}
+    return pa.table({
+        "queue_offset": pa.array(cols["queue_offset"], pa.int64()),
+        "batch_offset": pa.array(cols["batch_offset"], pa.int64()),
+        "row": pa.array(cols["row"], pa.int32()),
+        "size": pa.array(cols["size"], pa.int32()),
+        "tags_code": pa.array(cols["tags_code"], pa.int64()),
+        "store_timestamp": pa.array(cols["store_timestamp"], pa.int64()).cast(fmt.TS),
+    })
+
+
+class MemoryConsumeQueue:
+    """The hot tail of every queue, plus the entries not yet persisted."""
+
+    def __init__(self, max_entries: int):
+        self.max_entries = max_entries
+        self._queues: dict[tuple[int, int], list[Chunk]] = {}
+        self._starts: dict[tuple[int, int], list[int]] = {}
+        self._unpersisted: list[tuple[int, int, Chunk]] = []   # (tid, qid, chunk) in append order
+        self._entries = 0
+        self._lock = threading.Lock()
+
+    def add(self, tid: int, qid: int, chunk: Chunk) -> None:
+        with self._lock:
+            key = (tid, qid)
+            self._queues.setdefault(key, []).append(chunk)
+            self._starts.setdefault(key, []).append(chunk.start)
+            self._unpersisted.append((tid, qid, chunk))
+            self._entries += len(chunk.rows)
+
+    def covers(self, tid: int, qid: int, offset: int) -> bool:
+        with self._lock:
+            starts = self._starts.get((tid, qid))
+            return bool(starts) and starts[0] <= offset
+
+    def first_offset(self, tid: int, qid: int) -> int | None:
+        with self._lock:
+            starts = self._starts.get((tid, qid))
+            return starts[0] if starts else None
+
+    def entries(self, tid: int, qid: int, lo: int, hi: int) -> pa.Table:
+        """Entries in [lo, hi) held in memory (callers check ``covers`` for lo)."""
+        with self._lock:
+            key = (tid, qid)
+            chunks = self._queues.get(key)
+            if not chunks:
+                return empty_entries()
+            starts = self._starts[key]
+            i = max(0, bisect.bisect_right(starts, lo) - 1)
+            j = bisect.bisect_left(starts, hi)
+            picked = chunks[i:j]
+        return chunks_to_table(picked, lo, hi)
+
+    def all_chunks(self, tid: int, qid: int) -> list[Chunk]:
+        with self._lock:
+            return list(self._queues.get((tid, qid), ()))
+
+    def take_unpersisted(self, upto_physical: int) -> list[tuple[int, int, Chunk]]:
+        """Remove and return the unpersisted chunks whose batch starts before ``upto_physical``."""
+        with self._lock:
+            n = 0
+            while n < len(self._unpersisted) and self._unpersisted[n][2].batch_offset < upto_physical:
+                n += 1
+            taken, self._unpersisted = self._unpersisted[:n], self._unpersisted[n:]
+            return taken
+
+    def restore_unpersisted(self, taken: list[tuple[int, int, Chunk]]) -> None:
+        """Put chunks back after a failed publish (they go first again)."""
+        with self._lock:
+            self._unpersisted = list(taken) + self._unpersisted
+
+    def unpersisted_count(self) -> int:
+        with self._lock:
+            return len(self._unpersisted)
+
+    def evict(self) -> None:
+        """Drop the oldest persisted chunks while more than ``max_entries`` are held."""
+        with self._lock:
+            if self._entries <= self.max_entries:
+                return
+            pending = {id(c) for _, _, c in self._unpersisted}
+            for key in list(self._queues):
+                chunks = self._queues[key]
+                starts = self._starts[key]
+                while len(chunks) > 1 and self._entries > self.max_entries \
+                        and id(chunks[0]) not in pending:
+                    self._entries -= len(chunks[0].rows)
+                    chunks.pop(0)
+                    starts.pop(0)
+
+    def drop_queue(self, tid: int) -> None:
+        with self._lock:
+            for key in [k for k in self._queues if k[0] == tid]:
+                self._entries -= sum(len(c.rows) for c in self._queues[key])
+                del self._queues[key]
+                del self._starts[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._queues.clear()
+            self._starts.clear()
+            self._unpersisted.clear()
+            self._entries = 0
+
+
+def chunks_to_side_table(taken: list[tuple[int, int, Chunk]]) -> pa.Table:
+    """Unpersisted chunks as a ConsumeQueue side table sorted by (topic, queue, offset)."""
+    tables = []
+    for tid, qid, ch in taken:
+        t = chunks_to_table([ch], ch.start, ch.end)
+        n = t.num_rows
+        tables.append(t.add_column(0, "queue_id", pa.array(np.full(n, qid, np.int32)))
+                       .add_column(0, "topic_id", pa.array(np.full(n, tid, np.int32))))
+    if not tables:
+        return fmt.CONSUMEQUEUE_SCHEMA.empty_table()
+    table = pa.concat_tables(tables).cast(fmt.CONSUMEQUEUE_SCHEMA)
+    return table.sort_by([("topic_id", "ascending"), ("queue_id", "ascending"),
+                          ("queue_offset", "ascending")])
+
+
+def write_side_table(sfs: StoreFS, rel: str, table: pa.Table, *, row_group_rows: int) -> int:
+    """Write a Parquet side table; returns its size in bytes."""
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=row_group_rows, compression="zstd",
+                   write_statistics=True)
+    data = sink.getvalue()
+    sfs.write(rel, data)
+    return len(data)
+
+
+def consumequeue_add(rel: str, table: pa.Table, size: int) -> dict:
+    """The ``add`` action of a ConsumeQueue file, with per-queue ranges."""
+    queues = []
+    if table.num_rows:
+        grouped = table.group_by(["topic_id", "queue_id"]).aggregate([
+            ("queue_offset", "min"), ("queue_offset", "max"),
+            ("store_timestamp", "min"), ("store_timestamp", "max"),
+            ("batch_offset", "min"), ("batch_offset", "max")])
+        for r in grouped.to_pylist():
+            queues.append({
+                "topicId": r["topic_id"], "queueId": r["queue_id"],
+                "minOffset": r["queue_offset_min"], "maxOffset": r["queue_offset_max"] + 1,
+                "minTimestamp": _ms(r["store_timestamp_min"]),
+                "maxTimestamp": _ms(r["store_timestamp_max"]),
+                "minBatchOffset": r["batch_offset_min"], "maxBatchOffset": r["batch_offset_max"],
+            })
+    return {"path": rel, "kind": "consumequeue", "size": size, "rows": table.num_rows,
+            "queues": queues}
+
+
+def _ms(v) -> int:
+    if v is None:
+        return 0
+    if isinstance(v, int):
+        return v
+    return int(v.timestamp() * 1000)
+
+
+def read_side_entries(sfs: StoreFS, adds: list[dict], tid: int, qid: int, lo: int, hi: int,
+                      ) -> pa.Table:
+    """Entries of (tid, qid) with queue offset in [lo, hi) from persisted files."""
+    tables = []
+    for add in adds:
+        q = _queue_stats(add, tid, qid)
+        if q is None or q["maxOffset"] <= lo or q["minOffset"] >= hi:
+            continue
+        tables.append(_read_filtered(sfs, add["path"], [
+            ("topic_id", "=", tid), ("queue_id", "=", qid),
+            ("queue_offset", ">=", lo), ("queue_offset", "<", hi)]))
+    if not tables:
+        return empty_entries()
+    t = pa.concat_tables(tables).select(ENTRY_COLUMNS)
+    # files may overlap after a crash re-dispatch; keep one entry per offset
+    t = t.sort_by("queue_offset")
+    if t.num_rows > 1:
+        offs = t.column("queue_offset").to_numpy()
+        keep = np.concatenate([[True], offs[1:] != offs[:-1]])
+        if not keep.all():
+            t = t.filter(pa.array(keep))
+    return t
+
+
+def read_side_by_time(sfs: StoreFS, adds: list[dict], tid: int, qid: int | None,
+                      start_ms: int, end_ms: int) -> pa.Table:
+    """Entries of topic ``tid`` (one queue or all) stored within [start_ms, end_ms]."""
+    tables = []
+    for add in adds:
+        for q in add.get("queues", ()):
+            if q["topicId"] != tid or (qid is not None and q["queueId"] != qid):
+                continue
+            if q["maxTimestamp"] < start_ms or q["minTimestamp"] > end_ms:
+                continue
+            filters = [("topic_id", "=", tid),
+                       ("store_timestamp", ">=", pa.scalar(start_ms, fmt.TS)),
+                       ("store_timestamp", "<=", pa.scalar(end_ms, fmt.TS))]
+            if qid is not None:
+                filters.append(("queue_id", "=", qid))
+            tables.append(_read_filtered(sfs, add["path"], filters))
+            break
+    if not tables:
+        return fmt.CONSUMEQUEUE_SCHEMA.empty_table()
+    return pa.concat_tables(tables)
+
+
+def _queue_stats(add: dict, tid: int, qid: int) -> dict | None:
+    for q in add.get("queues", ()):
+        if q["topicId"] == tid and q["queueId"] == qid:
+            return q
+    return None
+
+
+def _read_filtered(sfs: StoreFS, rel: str, filters: list) -> pa.Table:
+    expr = None
+    for col, op, val in filters:
+        field = pc.field(col)
+        e = {"=": field == val, ">=": field >= val, "<": field < val, "<=": field <= val}[op]
+        expr = e if expr is None else expr & e
+    with sfs.open_input(rel) as f:
+        pf = pq.ParquetFile(f)
+        groups = _row_groups(pf, filters)
+        if not groups:
+            return fmt.CONSUMEQUEUE_SCHEMA.empty_table() if "consumequeue" in rel \
+                else pf.schema_arrow.empty_table()
+        t = pf.read_row_groups(groups)
+    return t.filter(expr)
+
+
+def _row_groups(pf: pq.ParquetFile, filters: list) -> list[int]:
+    """Row groups whose min/max statistics may satisfy every filter."""
+    md = pf.metadata
+    names = [md.schema.column(i).name for i in range(md.num_columns)]
+    out = []
+    for g in range(md.num_row_groups):
+        rg = md.row_group(g)
+        ok = True
+        for col, op, val in filters:
+            if col not in names:
+                continue
+            st = rg.column(names.index(col)).statistics
+            if st is None or not st.has_min_max:
+                continue
+            v = val.as_py() if isinstance(val, pa.Scalar) else val
+            lo, hi = st.min, st.max
+            if hasattr(v, "timestamp") and not hasattr(lo, "timestamp"):
+                v = int(v.timestamp() * 1000)
+            if hasattr(lo, "timestamp") and not hasattr(v, "timestamp"):
+                lo, hi = int(lo.timestamp() * 1000), int(hi.timestamp() * 1000)
+            if (op == "=" and (v < lo or v > hi)) or (op == ">=" and hi < v) or \
+                    (op == "<" and lo >= v) or (op == "<=" and lo > v):
+                ok = False
+                break
+        if ok:
+            out.append(g)
+    return out
+
+
+def compact_side_tables(sfs: StoreFS, adds: list[dict], sort_keys: list[str],
+                        schema: pa.Schema) -> pa.Table:
+    """Read side-table files and merge them into one table sorted by ``sort_keys``."""
+    tables = []
+    for add in adds:
+        with sfs.open_input(add["path"]) as f:
+            tables.append(pq.read_table(f).cast(schema))
+    if not tables:
+        return schema.empty_table()
+    return pa.concat_tables(tables).sort_by([(k, "ascending") for k in sort_keys])

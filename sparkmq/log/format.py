@@ -1,0 +1,183 @@
+"""The on-disk format, in one place: version, file names, schemas.
+
+This module mirrors docs/FORMAT.md. No other module builds a path inside a
+store or declares a column: they ask here. Topic and group names never reach
+a path; side tables refer to topics by their numeric ``topic_id``.
+
+Layout of a store rooted at ``<root>``::
+
+    <root>/_log/00000000000000000000.json            commit files (JSON lines)
+    <root>/_log/00000000000000000010.checkpoint.json checkpoints (JSON lines)
+    <root>/_log/_last_checkpoint                     pointer to the newest checkpoint
+    <root>/commitlog/00000000000000000000.arrow      broker-written segments (base offset)
+    <root>/commitlog/w-<job>-<task>-<uuid>.arrow     segments written by Spark tasks
+    <root>/consumequeue/<uuid>.parquet               ConsumeQueue side-table files
+    <root>/index/<uuid>.parquet                      Index side-table files
+    <root>/abort                                     present while a writer runs
+"""
+from __future__ import annotations
+
+import re
+import uuid
+
+import pyarrow as pa
+
+FORMAT_VERSION = 1
+MIN_READER_VERSION = 1
+MIN_WRITER_VERSION = 1
+
+LOG_DIR = "_log"
+COMMITLOG_DIR = "commitlog"
+CONSUMEQUEUE_DIR = "consumequeue"
+INDEX_DIR = "index"
+ABORT_FILE = "abort"
+LAST_CHECKPOINT_FILE = "_last_checkpoint"
+
+OFFSET_DIGITS = 20
+_COMMIT_RE = re.compile(r"^(\d{20})\.json$")
+_CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint\.json$")
+_SEGMENT_RE = re.compile(r"^(\d{20})\.arrow$")
+
+# message_type values (RocketMQ 5.x MessageType)
+MESSAGE_TYPE_NORMAL = 0
+MESSAGE_TYPE_FIFO = 1
+MESSAGE_TYPE_DELAY = 2
+MESSAGE_TYPE_TRANSACTION = 3
+
+TS = pa.timestamp("ms", tz="UTC")
+
+#: The schema of every CommitLog segment (Arrow IPC stream format).
+SEGMENT_SCHEMA = pa.schema([
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("queue_id", pa.int32(), nullable=False),
+    pa.field("body", pa.binary(), nullable=False),
+    pa.field("tags", pa.string()),
+    pa.field("keys", pa.list_(pa.string())),
+    pa.field("properties", pa.map_(pa.string(), pa.string())),
+    pa.field("born_timestamp", TS, nullable=False),
+    pa.field("store_timestamp", TS, nullable=False),
+    pa.field("born_host", pa.string()),
+    pa.field("store_host", pa.string()),
+    pa.field("reconsume_times", pa.int32(), nullable=False),
+    pa.field("delivery_timestamp", TS),
+    pa.field("message_group", pa.string()),
+    pa.field("transaction_id", pa.string()),
+    pa.field("message_type", pa.int8(), nullable=False),
+    pa.field("unique_key", pa.string()),
+], metadata={b"sparkmq.format": str(FORMAT_VERSION).encode()})
+
+#: Columns a reader adds to segment columns (they live in the log and side tables).
+QUEUE_OFFSET = pa.field("queue_offset", pa.int64(), nullable=False)
+PHYSICAL_OFFSET = pa.field("physical_offset", pa.int64(), nullable=False)
+MESSAGE_ID = pa.field("message_id", pa.string(), nullable=False)
+
+#: Columns of ConsumeQueue side-table files, sorted by (topic_id, queue_id, queue_offset).
+CONSUMEQUEUE_SCHEMA = pa.schema([
+    pa.field("topic_id", pa.int32(), nullable=False),
+    pa.field("queue_id", pa.int32(), nullable=False),
+    pa.field("queue_offset", pa.int64(), nullable=False),
+    pa.field("batch_offset", pa.int64(), nullable=False),   # physical offset of the record batch
+    pa.field("row", pa.int32(), nullable=False),            # row of the message in the batch
+    pa.field("size", pa.int32(), nullable=False),           # body size in bytes
+    pa.field("tags_code", pa.int64(), nullable=False),      # tags_code(tags); 0 when no tags
+    pa.field("store_timestamp", TS, nullable=False),
+])
+
+#: Columns of Index side-table files, sorted by (topic_id, key).
+INDEX_SCHEMA = pa.schema([
+    pa.field("topic_id", pa.int32(), nullable=False),
+    pa.field("key", pa.string(), nullable=False),
+    pa.field("queue_id", pa.int32(), nullable=False),
+    pa.field("queue_offset", pa.int64(), nullable=False),
+    pa.field("batch_offset", pa.int64(), nullable=False),
+    pa.field("row", pa.int32(), nullable=False),
+    pa.field("store_timestamp", TS, nullable=False),
+])
+
+
+def tags_code(tags: str | None) -> int:
+    """RocketMQ's tag hash: Java's String.hashCode of the tags, as a signed 64-bit value."""
+    if not tags:
+        return 0
+    h = 0
+    data = tags.encode("utf-16-be")
+    for i in range(0, len(data), 2):          # Java hashes UTF-16 code units
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= (1 << 31) else h
+
+
+def join(root: str, *parts: str) -> str:
+    """Join a store root and relative parts with '/' (fsspec paths)."""
+    root = root.rstrip("/")
+    return "/".join([root, *[p.strip("/") for p in parts]])
+
+
+def commit_file(version: int) -> str:
+    return f"{LOG_DIR}/{version:0{OFFSET_DIGITS}d}.json"
+
+
+def checkpoint_file(version: int) -> str:
+    return f"{LOG_DIR}/{version:0{OFFSET_DIGITS}d}.checkpoint.json"
+
+
+def last_checkpoint_file() -> str:
+    return f"{LOG_DIR}/{LAST_CHECKPOINT_FILE}"
+
+
+def parse_commit_file(name: str) -> int | None:
+    m = _COMMIT_RE.match(name.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
+def parse_checkpoint_file(name: str) -> int | None:
+    m = _CHECKPOINT_RE.match(name.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
+def segment_file(base_offset: int) -> str:
+    """Relative path of a broker-written segment whose first byte has this physical offset."""
+    return f"{COMMITLOG_DIR}/{base_offset:0{OFFSET_DIGITS}d}.arrow"
+
+
+def parse_segment_file(name: str) -> int | None:
+    m = _SEGMENT_RE.match(name.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
+def staged_segment_file(job_id: str, task_id: str) -> str:
+    """Relative path of a segment written by a writer task, adopted at commit."""
+    _check_token(job_id)
+    _check_token(task_id)
+    return f"{COMMITLOG_DIR}/w-{job_id}-{task_id}-{uuid.uuid4().hex}.arrow"
+
+
+def staged_prefix(job_id: str) -> str:
+    _check_token(job_id)
+    return f"{COMMITLOG_DIR}/w-{job_id}-"
+
+
+def consumequeue_file() -> str:
+    return f"{CONSUMEQUEUE_DIR}/{uuid.uuid4().hex}.parquet"
+
+
+def index_file() -> str:
+    return f"{INDEX_DIR}/{uuid.uuid4().hex}.parquet"
+
+
+def abort_file() -> str:
+    return ABORT_FILE
+
+
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_.]{1,64}$")
+
+
+def _check_token(token: str) -> None:
+    if not _TOKEN_RE.match(token):
+        raise ValueError(f"file name token must match {_TOKEN_RE.pattern}, got {token!r}")
+
+
+def is_relative_store_path(path: str) -> bool:
+    """True if ``path`` is a path this format could have produced (no escapes)."""
+    if path.startswith("/") or "\\" in path or ".." in path.split("/"):
+        return False
+    return path.split("/", 1)[0] in (COMMITLOG_DIR, CONSUMEQUEUE_DIR, INDEX_DIR)

@@ -1,0 +1,258 @@
+"""File access for one store, through fsspec.
+
+Every byte of a store is read and written here. ``StoreFS`` wraps an fsspec
+filesystem and a root; callers pass paths relative to the root, built by
+:mod:`sparkmq.log.format`.
+
+Guarantees, per backend (docs/FORMAT.md, "Log store guarantees"):
+
+* ``put_if_absent(path, data)`` writes ``data`` at ``path`` only if nothing is
+  there, atomically: a reader sees the whole file or no file, and of two
+  concurrent callers exactly one gets ``True``.
+
+  - local disks: the bytes go to a temporary file in the same folder, are
+    fsynced, then ``os.link`` publishes them (link fails if the name exists);
+    the folder is fsynced after.
+  - ``memory://``: a process-wide lock around exists-check and write (the
+    memory filesystem lives in one process, so this is exact).
+  - other backends: fsspec's exclusive-create mode ``"xb"``, which object
+    stores implement as a conditional PUT (S3 ``If-None-Match: *``, GCS
+    ``ifGenerationMatch=0``). A backend without it raises on first use.
+* ``replace(path, data)`` overwrites atomically (rename locally, a single PUT
+  on object stores); only for files that may be rewritten (``_last_checkpoint``).
+* ``read_buffer(path)`` returns a ``pyarrow.Buffer``: a memory map on local
+  disks (zero copy), the bytes otherwise.
+
+Thread-safe: methods hold no state but the memory-map cache, which is locked.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from typing import Iterable
+
+import fsspec
+import pyarrow as pa
+
+from ..errors import InvalidConfigError
+
+_MEMORY_LOCK = threading.Lock()
+
+
+class StoreFS:
+    """Paths relative to one store root, on one fsspec filesystem."""
+
+    def __init__(self, url: str, storage_options: dict | None = None):
+        if not url or not isinstance(url, str):
+            raise InvalidConfigError(f"store URL must be a non-empty string, got {url!r}")
+        try:
+            fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        except (ValueError, ImportError) as exc:
+            raise InvalidConfigError(f"cannot open store URL {url!r}: {exc}") from exc
+        self.url = url
+        self.fs = fs
+        self.root = root.rstrip("/") or "/"
+        protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+        self.is_local = "file" in protocols or "local" in protocols
+        self.is_memory = "memory" in protocols
+        self._maps: dict[str, pa.Buffer] = {}
+        self._maps_lock = threading.Lock()
+
+    # -- paths -----------------------------------------------------------
+    def full(self, rel: str) -> str:
+        return self.root + "/" + rel.lstrip("/") if rel else self.root
+
+    def local_path(self, rel: str) -> str:
+        assert self.is_local
+        return self.full(rel)
+
+    # -- reading ---------------------------------------------------------
+    def exists(self, rel: str) -> bool:
+        return self.fs.exists(self.full(rel))
+
+    def read_bytes(self, rel: str) -> bytes:
+        return self.fs.cat_file(self.full(rel))
+
+    def read_range(self, rel: str, start: int, end: int) -> bytes:
+        if self.is_local:
+            with open(self.full(rel), "rb") as f:
+                f.seek(start)
+                return f.read(end - start)
+        return self.fs.cat_file(self.full(rel), start=start, end=end)
+
+    def size(self, rel: str) -> int:
+        if self.is_local:
+            return os.path.getsize(self.full(rel))
+        return int(self.fs.size(self.full(rel)))
+
+    def list_names(self, rel_dir: str) -> list[str]:
+        """Names (not paths) of the files directly under ``rel_dir``; [] if it is missing."""
+        path = self.full(rel_dir)
+        if self.is_local:
+            try:
+                return sorted(os.listdir(path))
+            except FileNotFoundError:
+                return []
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+    def read_buffer(self, rel: str, *, cache: bool = False) -> pa.Buffer:
+        """The whole file as an Arrow buffer: memory-mapped on local disks."""
+        if not self.is_local:
+            return pa.py_buffer(self.read_bytes(rel))
+        path = self.full(rel)
+        if cache:
+            with self._maps_lock:
+                buf = self._maps.get(path)
+                if buf is None:
+                    buf = _map(path)
+                    self._maps[path] = buf
+                return buf
+        return _map(path)
+
+    def forget(self, rel: str) -> None:
+        """Drop a cached memory map (the file was removed or rewritten)."""
+        with self._maps_lock:
+            self._maps.pop(self.full(rel), None)
+
+    def open_input(self, rel: str):
+        """A seekable binary file object (for Parquet readers)."""
+        if self.is_local:
+            return pa.memory_map(self.full(rel), "r")
+        return self.fs.open(self.full(rel), "rb")
+
+    # -- writing ---------------------------------------------------------
+    def makedirs(self, rel_dir: str) -> None:
+        if self.is_local:
+            os.makedirs(self.full(rel_dir), exist_ok=True)
+        else:
+            self.fs.makedirs(self.full(rel_dir), exist_ok=True)
+
+    def write(self, rel: str, data: bytes, *, sync: bool = True) -> None:
+        """Write a new immutable file (side tables, staged segments)."""
+        if self.is_local:
+            path = self.full(rel)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+                if sync:
+                    f.flush()
+                    os.fsync(f.fileno())
+        else:
+            self.fs.pipe_file(self.full(rel), bytes(data))
+
+    def put_if_absent(self, rel: str, data: bytes) -> bool:
+        """Atomically create ``rel`` with ``data``; False if it already exists."""
+        path = self.full(rel)
+        if self.is_local:
+            folder = os.path.dirname(path)
+            os.makedirs(folder, exist_ok=True)
+            tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+                won = True
+            except FileExistsError:
+                won = False
+            finally:
+                os.unlink(tmp)
+            if won:
+                _fsync_dir(folder)
+            return won
+        if self.is_memory:
+            with _MEMORY_LOCK:
+                if self.fs.exists(path):
+                    return False
+                self.fs.pipe_file(path, bytes(data))
+                return True
+        try:
+            with self.fs.open(path, "xb") as f:
+                f.write(data)
+            return True
+        except FileExistsError:
+            return False
+        except (NotImplementedError, ValueError) as exc:
+            raise InvalidConfigError(
+                f"backend {self.fs.protocol!r} does not support exclusive create (mode 'xb'); "
+                "sparkmq needs put-if-absent for its transaction log") from exc
+
+    def replace(self, rel: str, data: bytes) -> None:
+        """Atomically overwrite ``rel`` (used only for ``_last_checkpoint``)."""
+        path = self.full(rel)
+        if self.is_local:
+            folder = os.path.dirname(path)
+            os.makedirs(folder, exist_ok=True)
+            tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        else:
+            self.fs.pipe_file(path, bytes(data))
+
+    def delete(self, rel: str) -> None:
+        self.forget(rel)
+        try:
+            if self.is_local:
+                os.unlink(self.full(rel))
+            else:
+                self.fs.rm_file(self.full(rel))
+        except FileNotFoundError:
+            pass
+
+    def delete_many(self, rels: Iterable[str]) -> None:
+        for rel in rels:
+            self.delete(rel)
+
+    def truncate(self, rel: str, size: int) -> None:
+        """Cut a file to ``size`` bytes (recovery of a torn segment tail)."""
+        self.forget(rel)
+        if self.is_local:
+            with open(self.full(rel), "r+b") as f:
+                f.truncate(size)
+                f.flush()
+                os.fsync(f.fileno())
+        else:
+            data = self.read_bytes(rel)
+            self.fs.pipe_file(self.full(rel), data[:size])
+
+    def disk_usage_ratio(self) -> float | None:
+        """Used/total of the disk holding the store (local only), else None."""
+        if not self.is_local:
+            return None
+        st = os.statvfs(self.root if os.path.exists(self.root) else "/")
+        total = st.f_blocks * st.f_frsize
+        if total == 0:
+            return None
+        return 1.0 - (st.f_bavail * st.f_frsize) / total
+
+    def close(self) -> None:
+        with self._maps_lock:
+            self._maps = {}
+
+
+def _map(path: str) -> pa.Buffer:
+    """Memory-map a whole file; the buffer keeps the map alive (zero copy)."""
+    with pa.memory_map(path, "r") as mm:
+        return mm.read_buffer()
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

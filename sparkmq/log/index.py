@@ -1,0 +1,131 @@
+"""The Index: message key -> where the message lives.
+
+Keys come from the ``keys`` column of segments. Recent keys live in memory as
+small Arrow tables (one per appended batch that had keys); at each publish
+they are written as one Parquet file sorted by (topic_id, key) and recorded in
+the log with the topics and time range it covers; compaction merges files.
+A key lookup reads only row groups whose key statistics contain the key.
+Time-range queries use the ConsumeQueue's ``store_timestamp`` column, which
+is already per queue and recorded with ranges in the log.
+
+Thread-safety: ``MemoryIndex`` is guarded by its own lock.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import format as fmt
+from .consumequeue import _ms, _read_filtered
+from .fs import StoreFS
+
+
+def index_entries(batch: pa.RecordBatch, topic_ids: np.ndarray, queue_offsets: np.ndarray,
+                  batch_offset: int) -> pa.Table | None:
+    """Index rows for the keys of one appended batch (None if it has no keys)."""
+    keys = batch.column("keys")
+    if keys.null_count == len(keys):
+        return None
+    flat = pc.list_flatten(keys)
+    if len(flat) == 0:
+        return None
+    parents = pc.list_parent_indices(keys).to_numpy()
+    valid = ~np.asarray(pc.is_null(flat).to_numpy(zero_copy_only=False))
+    parents = parents[valid]
+    flat = flat.filter(pa.array(valid))
+    qids = batch.column("queue_id").to_numpy()
+    ts = batch.column("store_timestamp").cast(pa.int64()).to_numpy()
+    return pa.table({
+        "topic_id": pa.array(topic_ids[parents], pa.int32()),
+        "key": flat,
+        "queue_id": pa.array(qids[parents], pa.int32()),
+        "queue_offset": pa.array(queue_offsets[parents], pa.int64()),
+        "batch_offset": pa.array(np.full(len(parents), batch_offset, np.int64)),
+        "row": pa.array(parents.astype(np.int32)),
+        "store_timestamp": pa.array(ts[parents], pa.int64()).cast(fmt.TS),
+    }, schema=fmt.INDEX_SCHEMA)
+
+
+class MemoryIndex:
+    """Key entries not yet persisted, and the recently persisted ones."""
+
+    def __init__(self, max_rows: int = 1_000_000):
+        self.max_rows = max_rows
+        self._tables: list[tuple[int, pa.Table, bool]] = []   # (batch_offset, table, persisted)
+        self._rows = 0
+        self._lock = threading.Lock()
+
+    def add(self, batch_offset: int, table: pa.Table) -> None:
+        with self._lock:
+            self._tables.append((batch_offset, table, False))
+            self._rows += table.num_rows
+
+    def take_unpersisted(self, upto_physical: int) -> pa.Table:
+        with self._lock:
+            out = []
+            for i, (bo, t, done) in enumerate(self._tables):
+                if not done and bo < upto_physical:
+                    out.append(t)
+                    self._tables[i] = (bo, t, True)
+            while self._rows > self.max_rows and self._tables and self._tables[0][2]:
+                self._rows -= self._tables.pop(0)[1].num_rows
+        if not out:
+            return fmt.INDEX_SCHEMA.empty_table()
+        table = pa.concat_tables(out).sort_by([("topic_id", "ascending"), ("key", "ascending")])
+        self._last_taken = out
+        return table
+
+    def restore_unpersisted(self, table: pa.Table) -> None:
+        """Mark the tables of a failed publish as unpersisted again."""
+        if table.num_rows == 0:
+            return
+        with self._lock:
+            ids = {id(t) for t in getattr(self, "_last_taken", ())}
+            self._tables = [(bo, t, False if id(t) in ids else d) for bo, t, d in self._tables]
+
+    def lookup(self, tid: int, key: str, *, persisted: bool | None = None) -> pa.Table:
+        """Entries for (tid, key); ``persisted`` False returns only unpersisted ones."""
+        with self._lock:
+            tables = [t for _, t, done in self._tables
+                      if persisted is None or done == persisted]
+        hits = []
+        for t in tables:
+            mask = pc.and_(pc.equal(t.column("topic_id"), tid), pc.equal(t.column("key"), key))
+            if pc.any(mask).as_py():
+                hits.append(t.filter(mask))
+        if not hits:
+            return fmt.INDEX_SCHEMA.empty_table()
+        return pa.concat_tables(hits)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._tables.clear()
+            self._rows = 0
+
+
+def index_add(rel: str, table: pa.Table, size: int) -> dict:
+    """The ``add`` action of an Index file."""
+    tids = sorted(set(pc.unique(table.column("topic_id")).to_pylist())) if table.num_rows else []
+    ts = table.column("store_timestamp")
+    return {"path": rel, "kind": "index", "size": size, "rows": table.num_rows,
+            "topicIds": tids,
+            "minTimestamp": _ms(pc.min(ts).as_py()) if table.num_rows else 0,
+            "maxTimestamp": _ms(pc.max(ts).as_py()) if table.num_rows else 0,
+            "minBatchOffset": int(pc.min(table.column("batch_offset")).as_py() or 0)
+            if table.num_rows else 0}
+
+
+def read_index(sfs: StoreFS, adds: list[dict], tid: int, key: str) -> pa.Table:
+    tables = []
+    for add in adds:
+        if tid not in add.get("topicIds", ()):
+            continue
+        t = _read_filtered(sfs, add["path"], [("topic_id", "=", tid), ("key", "=", key)])
+        if t.num_rows:
+            tables.append(t.cast(fmt.INDEX_SCHEMA))
+    if not tables:
+        return fmt.INDEX_SCHEMA.empty_table()
+    return pa.concat_tables(tables)

@@ -1,0 +1,422 @@
+"""Reading messages: from ConsumeQueue entries to Arrow record batches.
+
+``MessageReader`` turns entries (queue offset -> batch, row) into a table of
+messages: it decodes each referenced record batch from its segment (zero copy
+from the memory map), slices contiguous rows (or takes scattered ones) and
+adds the columns that live outside the segment: ``queue_offset``,
+``physical_offset`` and ``message_id``.
+
+``Snapshot`` is a read-only view of one committed version of the log: what a
+Spark reader sees. It is immutable and thread-safe; it pickles as (URL,
+version) and reopens lazily where it is unpickled.
+"""
+from __future__ import annotations
+
+import bisect
+import logging
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import (DataLossError, InvalidMessageIdError, QueueNotFoundError,
+                      TopicNotFoundError)
+from . import format as fmt
+from . import segment as seg
+from .consumequeue import empty_entries, read_side_by_time, read_side_entries
+from .fs import StoreFS
+from .index import read_index
+from .message import StoredMessage, decode_message_id, store_tag
+from .txlog import LogState, TransactionLog
+
+log = logging.getLogger("sparkmq.reader")
+
+_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
+
+#: Columns of a message table, in order.
+MESSAGE_COLUMNS = ["topic", "queue_id", "queue_offset", "physical_offset", "message_id",
+                   *[f.name for f in fmt.SEGMENT_SCHEMA if f.name not in ("topic", "queue_id")]]
+
+
+def message_schema() -> pa.Schema:
+    fields = {f.name: f for f in fmt.SEGMENT_SCHEMA}
+    fields["queue_offset"] = fmt.QUEUE_OFFSET
+    fields["physical_offset"] = fmt.PHYSICAL_OFFSET
+    fields["message_id"] = fmt.MESSAGE_ID
+    return pa.schema([fields[n] for n in MESSAGE_COLUMNS])
+
+
+MESSAGE_SCHEMA = message_schema()
+
+
+def _hex_digits(values: np.ndarray, width: int) -> np.ndarray:
+    shifts = np.arange(width - 1, -1, -1, dtype=np.uint64) * np.uint64(4)
+    nibbles = (values.astype(np.uint64)[:, None] >> shifts[None, :]) & np.uint64(0xF)
+    return _HEX[nibbles.astype(np.int64)]
+
+
+def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> pa.Array:
+    """Message ids for many rows, vectorized (32 ASCII hex digits each)."""
+    n = len(batch_offsets)
+    if n == 0:
+        return pa.array([], pa.string())
+    digits = np.empty((n, 32), dtype=np.uint8)
+    digits[:, :8] = _hex_digits(np.full(n, tag, dtype=np.uint64), 8)
+    digits[:, 8:24] = _hex_digits(batch_offsets, 16)
+    digits[:, 24:] = _hex_digits(rows, 8)
+    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.tobytes()),
+                                       pa.py_buffer(digits.tobytes()))
+
+
+class MessageReader:
+    """Shared read logic; subclasses provide entries and batches."""
+
+    store_id: str
+
+    # -- to implement ------------------------------------------------------
+    def _topic_id(self, topic: str) -> int:
+        raise NotImplementedError
+
+    def _topic_conf(self, topic: str) -> dict:
+        raise NotImplementedError
+
+    def _entries(self, tid: int, qid: int, lo: int, hi: int) -> pa.Table:
+        raise NotImplementedError
+
+    def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
+        raise NotImplementedError
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        raise NotImplementedError
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        raise NotImplementedError
+
+    def _index_hits(self, tid: int, key: str) -> pa.Table:
+        raise NotImplementedError
+
+    def _time_entries(self, tid: int, qid: int | None, start_ms: int, end_ms: int) -> pa.Table:
+        raise NotImplementedError
+
+    def _visible_offset(self) -> int:
+        raise NotImplementedError
+
+    # -- shared ------------------------------------------------------------
+    def _check_queue(self, topic: str, queue_id: int) -> int:
+        conf = self._topic_conf(topic)
+        if not isinstance(queue_id, int) or not 0 <= queue_id < max(
+                conf["readQueueNums"], conf["writeQueueNums"]):
+            raise QueueNotFoundError(
+                f"topic {topic!r} has queues 0..{max(conf['readQueueNums'], conf['writeQueueNums']) - 1};"
+                f" queue {queue_id!r} does not exist")
+        return conf["id"]
+
+    def read_table(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
+                   columns: Sequence[str] | None = None, max_bytes: int | None = None,
+                   on_removed: str = "error") -> pa.Table:
+        """Messages with queue offsets in ``[start, end)`` as one Arrow table.
+
+        ``end`` defaults to the queue's max offset. Offsets removed by retention
+        raise DataLossError naming the earliest available offset, unless
+        ``on_removed="skip"``, which starts at the earliest instead.
+        """
+        return pa.Table.from_batches(
+            list(self.iter_batches(topic, queue_id, start, end, columns=columns,
+                                   max_bytes=max_bytes, on_removed=on_removed)),
+            schema=_select_schema(columns))
+
+    def iter_batches(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
+                     columns: Sequence[str] | None = None, max_bytes: int | None = None,
+                     on_removed: str = "error", entries_per_step: int = 65_536,
+                     ) -> Iterator[pa.RecordBatch]:
+        """Record batches of messages in ``[start, end)``, in queue-offset order."""
+        tid = self._check_queue(topic, queue_id)
+        lo_avail = self.min_offset(topic, queue_id)
+        hi_avail = self.max_offset(topic, queue_id)
+        end = hi_avail if end is None else min(end, hi_avail)
+        if start < lo_avail:
+            if on_removed == "skip":
+                start = lo_avail
+            elif start < end:
+                raise DataLossError(
+                    f"offsets {start}..{min(end, lo_avail) - 1} of {topic}/{queue_id} were removed "
+                    f"by retention; the earliest available offset is {lo_avail}",
+                    earliest_offset=lo_avail)
+        budget = max_bytes
+        pos = start
+        while pos < end:
+            step_end = min(end, pos + entries_per_step)
+            entries = self._entries(tid, queue_id, pos, step_end)
+            if entries.num_rows == 0:
+                break
+            if budget is not None:
+                sizes = np.cumsum(entries.column("size").to_numpy())
+                k = max(1 if budget == max_bytes else 0, int(np.searchsorted(sizes, budget, "right")))
+                if k < entries.num_rows:
+                    entries = entries.slice(0, k)
+                    end = pos  # stop after this step
+                if k == 0:
+                    break
+                budget -= int(sizes[k - 1])
+            yield from self._materialize(entries, columns)
+            pos = max(pos + 1, int(entries.column("queue_offset")[-1].as_py()) + 1) \
+                if entries.num_rows else end
+
+    def _materialize(self, entries: pa.Table, columns: Sequence[str] | None,
+                     ) -> Iterator[pa.RecordBatch]:
+        visible = self._visible_offset()
+        bos = entries.column("batch_offset").to_numpy()
+        rows = entries.column("row").to_numpy()
+        qos = entries.column("queue_offset").to_numpy()
+        if len(bos) and bos[-1] >= visible:
+            keep = bos < visible
+            bos, rows, qos = bos[keep], rows[keep], qos[keep]
+        n = len(bos)
+        if n == 0:
+            return
+        cuts = np.flatnonzero(bos[1:] != bos[:-1]) + 1
+        starts = np.concatenate([[0], cuts])
+        ends = np.concatenate([cuts, [n]])
+        seg_cols = [c for c in (columns or MESSAGE_COLUMNS)
+                    if c not in ("queue_offset", "physical_offset", "message_id")]
+        tag = store_tag(self.store_id)
+        for s, e in zip(starts.tolist(), ends.tolist()):
+            batch = self._read_batch(int(bos[s]))
+            r = rows[s:e]
+            if r[-1] - r[0] == e - s - 1:
+                part = batch.slice(int(r[0]), e - s)
+            else:
+                part = batch.take(pa.array(r))
+            part = part.select(seg_cols) if seg_cols else None
+            out_cols = {}
+            for c in (columns or MESSAGE_COLUMNS):
+                if c == "queue_offset":
+                    out_cols[c] = pa.array(qos[s:e], pa.int64())
+                elif c == "physical_offset":
+                    out_cols[c] = pa.array(bos[s:e] + r.astype(np.int64), pa.int64())
+                elif c == "message_id":
+                    out_cols[c] = message_id_array(tag, bos[s:e], r)
+                else:
+                    out_cols[c] = part.column(c)
+            yield pa.RecordBatch.from_arrays(list(out_cols.values()),
+                                             schema=_select_schema(columns))
+
+    def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
+             ) -> list[StoredMessage]:
+        """Up to ``max_messages`` messages from ``offset`` on, as Python objects."""
+        table = self.read_table(topic, queue_id, offset, offset + max(0, max_messages))
+        return [StoredMessage.from_row(r) for r in table.to_pylist()]
+
+    def lookup(self, message_id: str) -> StoredMessage | None:
+        """The message with this id, or None if it is no longer (or not yet) stored."""
+        tag, batch_offset, row = decode_message_id(message_id)
+        if tag != store_tag(self.store_id):
+            raise InvalidMessageIdError(
+                f"message id {message_id} was issued by another store (tag {tag:08X})")
+        if batch_offset >= self._visible_offset():
+            return None
+        try:
+            batch = self._read_batch(batch_offset)
+        except DataLossError:
+            return None
+        except Exception as exc:
+            raise InvalidMessageIdError(
+                f"message id {message_id} does not point at a message: {exc}") from None
+        if row >= batch.num_rows:
+            raise InvalidMessageIdError(f"message id {message_id} points past its batch")
+        one = batch.slice(row, 1)
+        topic = one.column("topic")[0].as_py()
+        qid = one.column("queue_id")[0].as_py()
+        qo = self._queue_offset_of(topic, qid, batch_offset, row)
+        d = one.to_pylist()[0]
+        d.update(queue_offset=qo, physical_offset=batch_offset + row, message_id=message_id)
+        return StoredMessage.from_row(d)
+
+    def _queue_offset_of(self, topic: str, qid: int, batch_offset: int, row: int) -> int:
+        """Queue offset of a message from its location (binary search on the queue)."""
+        try:
+            tid = self._topic_id(topic)
+        except TopicNotFoundError:
+            return -1
+        lo, hi = self.min_offset(topic, qid), self.max_offset(topic, qid)
+        key = (batch_offset, row)
+        while lo < hi:   # entries are sorted by location within a queue
+            mid = (lo + hi) // 2
+            e = self._entries(tid, qid, mid, mid + 1)
+            if e.num_rows == 0:
+                return -1
+            here = (e.column("batch_offset")[0].as_py(), e.column("row")[0].as_py())
+            if here == key:
+                return mid
+            if here < key:
+                lo = mid + 1
+            else:
+                hi = mid
+        return -1
+
+    def query_by_key(self, topic: str, key: str, *, max_results: int = 64,
+                     start_ms: int | None = None, end_ms: int | None = None,
+                     ) -> list[StoredMessage]:
+        """Messages of ``topic`` carrying ``key`` (via the Index; bodies are not scanned)."""
+        tid = self._topic_id(topic)
+        hits = self._index_hits(tid, key)
+        if start_ms is not None or end_ms is not None:
+            ts = hits.column("store_timestamp").cast(pa.int64())
+            mask = pc.and_(pc.greater_equal(ts, start_ms if start_ms is not None else -(1 << 62)),
+                           pc.less_equal(ts, end_ms if end_ms is not None else 1 << 62))
+            hits = hits.filter(mask)
+        return self._messages_at(topic, hits, max_results)
+
+    def query_by_time(self, topic: str, start_ms: int, end_ms: int, *,
+                      queue_id: int | None = None, max_results: int = 1024,
+                      ) -> list[StoredMessage]:
+        """Messages of ``topic`` stored within ``[start_ms, end_ms]`` (ConsumeQueue times)."""
+        tid = self._topic_id(topic)
+        hits = self._time_entries(tid, queue_id, start_ms, end_ms)
+        return self._messages_at(topic, hits, max_results)
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """First queue offset stored at or after ``timestamp_ms`` (max offset if none)."""
+        tid = self._check_queue(topic, queue_id)
+        hits = self._time_entries(tid, queue_id, timestamp_ms, 1 << 62)
+        if hits.num_rows == 0:
+            return self.max_offset(topic, queue_id)
+        return max(int(pc.min(hits.column("queue_offset")).as_py()),
+                   self.min_offset(topic, queue_id))
+
+    def _messages_at(self, topic: str, hits: pa.Table, max_results: int) -> list[StoredMessage]:
+        if hits.num_rows == 0:
+            return []
+        hits = hits.sort_by([("queue_id", "ascending"), ("queue_offset", "ascending")])
+        out: list[StoredMessage] = []
+        seen = set()
+        for qid, qo in zip(hits.column("queue_id").to_pylist(),
+                           hits.column("queue_offset").to_pylist()):
+            if (qid, qo) in seen:
+                continue
+            seen.add((qid, qo))
+            if qo < self.min_offset(topic, qid):
+                continue
+            out.extend(self.read(topic, qid, qo, 1))
+            if len(out) >= max_results:
+                break
+        return out
+
+    def queue_ranges(self, topic: str | None = None) -> dict[tuple[str, int], tuple[int, int]]:
+        """(topic, queue) -> (min offset, max offset) for one topic or all."""
+        out = {}
+        for name in ([topic] if topic else self.topic_names()):
+            conf = self._topic_conf(name)
+            for q in range(max(conf["readQueueNums"], conf["writeQueueNums"])):
+                out[(name, q)] = (self.min_offset(name, q), self.max_offset(name, q))
+        return out
+
+    def topic_names(self) -> list[str]:
+        raise NotImplementedError
+
+
+def _select_schema(columns: Sequence[str] | None) -> pa.Schema:
+    if not columns:
+        return MESSAGE_SCHEMA
+    return pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
+
+
+class Snapshot(MessageReader):
+    """One committed version of a store, read-only.
+
+    Sees exactly the messages, topics and offsets of that version: segments up
+    to their committed sizes and the ConsumeQueue/Index files it lists.
+    """
+
+    def __init__(self, url: str, state: LogState, *, storage_options: dict | None = None,
+                 sfs: StoreFS | None = None):
+        self.url = url
+        self.storage_options = storage_options
+        self.state = state
+        self.sfs = sfs or StoreFS(url, storage_options)
+        self.store_id = state.store_id
+        self._segments = sorted(state.segments.values(), key=lambda a: a["baseOffset"])
+        self._bases = [a["baseOffset"] for a in self._segments]
+        self._cq_files = list(state.consumequeue_files.values())
+        self._index_files = list(state.index_files.values())
+        self._max = state.queue_max_offsets()
+        self._min = state.queue_min_offsets()
+
+    @classmethod
+    def load(cls, url: str, *, version: int | None = None, timestamp_ms: int | None = None,
+             storage_options: dict | None = None) -> "Snapshot":
+        sfs = StoreFS(url, storage_options)
+        state = TransactionLog(sfs).snapshot(version, timestamp_ms=timestamp_ms)
+        return cls(url, state, storage_options=storage_options, sfs=sfs)
+
+    def __reduce__(self):
+        return (Snapshot.load, (self.url,), {"version": self.state.version})
+
+    def __setstate__(self, st):  # pragma: no cover - via __reduce__
+        pass
+
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    @property
+    def timestamp_ms(self) -> int:
+        return self.state.timestamp_ms
+
+    def topic_names(self) -> list[str]:
+        return sorted(self.state.topics)
+
+    def topics(self) -> dict[str, dict]:
+        return dict(self.state.topics)
+
+    def _topic_conf(self, topic: str) -> dict:
+        conf = self.state.topics.get(topic)
+        if conf is None:
+            raise TopicNotFoundError(
+                f"topic {topic!r} does not exist in version {self.state.version} of "
+                f"{self.url}; topics: {sorted(self.state.topics) or 'none'}")
+        return conf
+
+    def _topic_id(self, topic: str) -> int:
+        return self._topic_conf(topic)["id"]
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        tid = self._topic_id(topic)
+        return self._min.get((tid, queue_id), self._max.get((tid, queue_id), 0))
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        return self._max.get((self._topic_id(topic), queue_id), 0)
+
+    def _entries(self, tid, qid, lo, hi):
+        return read_side_entries(self.sfs, self._cq_files, tid, qid, lo, hi)
+
+    def _visible_offset(self) -> int:
+        return 1 << 62
+
+    def _segment(self, batch_offset: int) -> dict:
+        i = bisect.bisect_right(self._bases, batch_offset) - 1
+        if i < 0 or batch_offset >= self._segments[i]["baseOffset"] + self._segments[i]["size"]:
+            first = self._bases[0] if self._bases else 0
+            raise DataLossError(
+                f"physical offset {batch_offset} is in no segment of version "
+                f"{self.state.version} (earliest is {first})", earliest_offset=first)
+        return self._segments[i]
+
+    def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
+        add = self._segment(batch_offset)
+        buf = self.sfs.read_buffer(add["path"], cache=True)
+        return seg.read_batch_at(buf, batch_offset - add["baseOffset"])
+
+    def _index_hits(self, tid, key):
+        return read_index(self.sfs, self._index_files, tid, key)
+
+    def _time_entries(self, tid, qid, start_ms, end_ms):
+        return read_side_by_time(self.sfs, self._cq_files, tid, qid, start_ms, end_ms)
+
+    def consumer_offsets(self, group: str) -> dict[tuple[str, int], int]:
+        names = {t["id"]: t["name"] for t in self.state.topics_by_id.values()}
+        return {(names.get(tid, str(tid)), qid): off
+                for (g, tid, qid, cid), off in self.state.consumer_offsets.items()
+                if g == group and not cid}

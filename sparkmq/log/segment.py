@@ -1,0 +1,215 @@
+"""One CommitLog segment: an Arrow IPC stream file of message record batches.
+
+On-disk layout (docs/FORMAT.md, "Segments")::
+
+    [schema message][batch message][batch message]...[end-of-stream marker]?
+
+Each message is Arrow's encapsulated IPC message: ``0xFFFFFFFF``, an int32
+metadata length ``L``, ``L`` bytes of flatbuffer metadata (padded to 8), then
+the body. A whole file is readable by ``pyarrow.ipc.open_stream``. The physical
+offset of a batch is the segment's base offset plus the batch's byte position
+in the file. A sealed segment may end with the 8-byte end-of-stream marker.
+
+After a crash the file may end in a torn batch (a prefix of a message, or
+zeros). :func:`scan` walks the framing and finds the end of the last whole
+batch; recovery truncates the file there.
+
+Thread-safety: ``SegmentWriter`` is not thread-safe (the CommitLog serializes
+appends); readers are stateless functions over immutable buffers.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Iterator
+
+import pyarrow as pa
+
+from ..errors import CorruptStoreError
+from . import format as fmt
+from .fs import StoreFS
+
+CONTINUATION = 0xFFFFFFFF
+EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+SCHEMA_BYTES = fmt.SEGMENT_SCHEMA.serialize().to_pybytes()
+HEADER_SIZE = len(SCHEMA_BYTES)
+
+
+def serialize_batch(batch: pa.RecordBatch) -> pa.Buffer:
+    """The encapsulated IPC message of ``batch`` (the bytes appended to a segment)."""
+    return batch.serialize()
+
+
+def read_batch_at(buf: pa.Buffer, pos: int) -> pa.RecordBatch:
+    """Decode the record batch whose message starts at byte ``pos`` of ``buf`` (zero copy)."""
+    try:
+        msg = pa.ipc.read_message(buf.slice(pos))
+        return pa.ipc.read_record_batch(msg, fmt.SEGMENT_SCHEMA)
+    except (pa.ArrowInvalid, OSError, IndexError) as exc:
+        raise CorruptStoreError(f"no record batch at byte {pos}: {exc}") from exc
+
+
+def message_length(buf: pa.Buffer | bytes, pos: int) -> int | None:
+    """Byte length of the whole IPC message at ``pos``, or None if it is torn or absent.
+
+    Returns 0 for an end-of-stream marker.
+    """
+    size = len(buf)
+    if pos + 8 > size:
+        return None
+    cont, meta_len = struct.unpack_from("<Ii", buf, pos)
+    if cont != CONTINUATION:
+        return None
+    if meta_len == 0:
+        return 0
+    if meta_len < 0 or pos + 8 + meta_len > size:
+        return None
+    try:
+        view = buf.slice(pos, size - pos) if isinstance(buf, pa.Buffer) else pa.py_buffer(buf)[pos:]
+        msg = pa.ipc.read_message(view)
+    except (pa.ArrowInvalid, OSError):
+        return None
+    total = 8 + meta_len + msg.body.size
+    if pos + total > size:
+        return None
+    return total
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """What :func:`scan` found: positions of whole batches and where valid bytes end."""
+
+    positions: list[int]
+    lengths: list[int]
+    valid_end: int       # end of the last whole batch (where a torn tail is cut)
+    sealed: bool         # the stream ended with an end-of-stream marker
+
+
+def scan(buf: pa.Buffer, start: int = HEADER_SIZE, *, validate: bool = False) -> ScanResult:
+    """Walk the messages of a segment from ``start``; stop at the first torn one.
+
+    With ``validate`` each batch is also decoded and fully validated, so a
+    message whose framing is whole but whose bytes are not (zeros, garbage)
+    ends the valid prefix too.
+    """
+    if len(buf) < HEADER_SIZE or buf.slice(0, HEADER_SIZE).to_pybytes() != SCHEMA_BYTES:
+        return ScanResult([], [], 0, False)
+    positions: list[int] = []
+    lengths: list[int] = []
+    pos = start
+    sealed = False
+    while True:
+        n = message_length(buf, pos)
+        if n is None:
+            break
+        if n == 0:
+            sealed = True
+            break
+        if validate:
+            try:
+                batch = read_batch_at(buf, pos)
+                batch.validate(full=True)
+            except (CorruptStoreError, pa.ArrowInvalid):
+                break
+        positions.append(pos)
+        lengths.append(n)
+        pos += n
+    return ScanResult(positions, lengths, pos, sealed)
+
+
+def iter_batches(buf: pa.Buffer, start: int, end: int) -> Iterator[tuple[int, pa.RecordBatch]]:
+    """(position, batch) for each whole batch in ``[start, end)``."""
+    pos = start
+    while pos < end:
+        n = message_length(buf, pos)
+        if not n:
+            break
+        yield pos, read_batch_at(buf, pos)
+        pos += n
+
+
+class SegmentWriter:
+    """Appends serialized batches to one segment file.
+
+    Local disks: an ``O_APPEND`` file descriptor, ``fsync`` on flush.
+    Other fsspec backends (no append on object stores): the segment's bytes are
+    kept in memory and the whole object is re-put at each flush, so use small
+    segments there. Not thread-safe.
+    """
+
+    def __init__(self, sfs: StoreFS, rel_path: str, base_offset: int, *, create: bool):
+        self.sfs = sfs
+        self.rel_path = rel_path
+        self.base_offset = base_offset
+        self._fd: int | None = None
+        self._buffer: bytearray | None = None
+        if sfs.is_local:
+            path = sfs.local_path(rel_path)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+            if create:
+                flags |= os.O_EXCL
+            self._fd = os.open(path, flags, 0o644)
+            if create:
+                os.write(self._fd, SCHEMA_BYTES)
+            self.size = os.fstat(self._fd).st_size
+        else:
+            if create:
+                self._buffer = bytearray(SCHEMA_BYTES)
+                sfs.makedirs(fmt.COMMITLOG_DIR)
+                sfs.write(rel_path, bytes(self._buffer))
+            else:
+                self._buffer = bytearray(sfs.read_bytes(rel_path))
+            self.size = len(self._buffer)
+        self.flushed_size = self.size
+        self.dirty = False
+
+    def append(self, data: pa.Buffer | bytes) -> int:
+        """Append one message; returns its byte position in the file."""
+        pos = self.size
+        if self._fd is not None:
+            view = memoryview(data)
+            written = 0
+            while written < len(view):
+                written += os.write(self._fd, view[written:])
+        else:
+            self._buffer.extend(memoryview(data))
+        self.size += len(data)
+        self.dirty = True
+        return pos
+
+    def flush(self, *, sync: bool = True) -> int:
+        """Make the bytes durable (fsync) or at least visible to readers; returns the size."""
+        size = self.size
+        if self._fd is not None:
+            if sync and self.flushed_size < size:
+                os.fdatasync(self._fd)
+        elif self.dirty:
+            self.sfs.write(self.rel_path, bytes(self._buffer))
+        self.dirty = False
+        self.flushed_size = size
+        return size
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        self._buffer = None
+
+    def buffer(self) -> pa.Buffer:
+        """The bytes written so far (memory map on local disks)."""
+        if self._buffer is not None:
+            return pa.py_buffer(bytes(self._buffer))
+        return self.sfs.read_buffer(self.rel_path)
+
+
+def write_segment(sfs: StoreFS, rel_path: str, batches: list[pa.RecordBatch]) -> int:
+    """Write a whole sealed segment (used by writer tasks); returns its size."""
+    parts = [SCHEMA_BYTES]
+    for b in batches:
+        parts.append(serialize_batch(b).to_pybytes())
+    parts.append(EOS)
+    data = b"".join(parts)
+    sfs.write(rel_path, data)
+    return len(data)

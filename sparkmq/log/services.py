@@ -1,0 +1,135 @@
+"""Background services of a store: named threads with start and stop.
+
+* ``FlushService`` (ASYNC_FLUSH) fsyncs the active segment every
+  ``flush_interval_ms``.
+* ``GroupCommitService`` (SYNC_FLUSH) fsyncs on demand: appenders call
+  ``wait_for(offset)``; one fsync covers every append written before it, so
+  concurrent appends share it (RocketMQ's GroupCommitService).
+* ``PublishService`` commits the store's progress to the transaction log every
+  ``publish_interval_ms``; ``RetentionService`` removes expired segments.
+
+Every wait is bounded; ``stop`` joins the thread.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+log = logging.getLogger("sparkmq.services")
+
+
+class ServiceThread:
+    """A named daemon thread running ``run_once`` every ``interval_ms`` until stopped."""
+
+    name = "service"
+
+    def __init__(self, interval_ms: int):
+        self.interval_ms = interval_ms
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name=f"sparkmq-{self.name}",
+                                        daemon=True)
+        self._thread.start()
+
+    def wakeup(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_ms / 1000.0)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self.run_once()
+            except Exception:  # a service never dies of one bad pass
+                log.exception("%s pass failed; will retry", self.name)
+
+    def run_once(self) -> None:
+        raise NotImplementedError
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None
+
+
+class CallbackService(ServiceThread):
+    def __init__(self, name: str, interval_ms: int, fn: Callable[[], None]):
+        super().__init__(interval_ms)
+        self.name = name
+        self._fn = fn
+
+    def run_once(self) -> None:
+        self._fn()
+
+
+class GroupCommitService:
+    """SYNC_FLUSH: fsync on request; one fsync serves all waiting appenders."""
+
+    name = "group-commit"
+
+    def __init__(self, flush: Callable[[], int]):
+        self._flush = flush                 # fsyncs all written bytes, returns flushed offset
+        self._cond = threading.Condition()
+        self._requested = 0
+        self._flushed = 0
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="sparkmq-group-commit",
+                                        daemon=True)
+        self._thread.start()
+
+    def wait_for(self, offset: int, timeout_ms: int) -> bool:
+        """Block until bytes below ``offset`` are fsynced; False on timeout."""
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        with self._cond:
+            if offset > self._requested:
+                self._requested = offset
+                self._cond.notify_all()
+            while self._flushed < offset and not self._stopping:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return self._flushed >= offset
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._requested <= self._flushed and not self._stopping:
+                    self._cond.wait(1.0)
+                if self._stopping:
+                    return
+            try:
+                flushed = self._flush()
+            except Exception:
+                log.exception("fsync failed; appenders waiting will time out")
+                time.sleep(0.05)
+                continue
+            with self._cond:
+                self._flushed = max(self._flushed, flushed)
+                self._cond.notify_all()
+
+    def note_flushed(self, offset: int) -> None:
+        with self._cond:
+            self._flushed = max(self._flushed, offset)
+            self._cond.notify_all()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None

@@ -1,0 +1,1146 @@
+"""The store: CommitLog, ConsumeQueue, Index and transaction log joined.
+
+``Store.open(url, mode="w")`` takes the store's writer lease (an action in the
+log, with an epoch), recovers, and then appends. ``mode="r"`` reads the newest
+committed version and never writes.
+
+Lifecycle of an append (RocketMQ's putMessage -> reput -> flush):
+
+1. the messages become one Arrow record batch, appended to the active segment
+   under the append lock (its physical offset is its place in the CommitLog);
+2. the dispatcher assigns queue offsets per (topic, queue) and adds entries to
+   the in-memory ConsumeQueue and Index;
+3. SYNC_FLUSH waits for the group-commit fsync (``FLUSH_DISK_TIMEOUT`` after
+   ``sync_flush_timeout_ms``); ASYNC_FLUSH returns and the flush service
+   fsyncs every ``flush_interval_ms``;
+4. the publish service commits progress every ``publish_interval_ms``: new
+   side-table files, segment sizes and the lease renewal, in one version.
+
+Visibility: in this process a message is readable once flushed (SYNC_FLUSH)
+or written (ASYNC_FLUSH); to other processes and Spark once published.
+
+Crash recovery (``abort`` marker present at open): the unpublished tail of the
+CommitLog is scanned from the last published size, cut at the last whole
+batch, and re-dispatched; then published. Thread-safety: every public method
+is safe to call from several threads.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..config import SYNC_FLUSH, StoreConfig
+from ..errors import (FencedError, InvalidMessageError, PermissionDeniedError,
+                      QueueNotFoundError, ReadOnlyStoreError, StoreClosedError,
+                      StoreLockedError, StoreNotFoundError, TopicExistsError,
+                      TopicNotFoundError, UserError, InvalidConfigError)
+from . import format as fmt
+from . import segment as seg
+from .commitlog import CommitLog, SegmentRef
+from .consumequeue import (Chunk, MemoryConsumeQueue, chunks_to_side_table, consumequeue_add,
+                           empty_entries, read_side_by_time, read_side_entries,
+                           write_side_table, compact_side_tables)
+from .fs import StoreFS
+from .index import MemoryIndex, index_add, index_entries, read_index
+from .message import Message, messages_to_batch, now_ms
+from .names import validate_group, validate_topic
+from .reader import MessageReader, Snapshot
+from .services import CallbackService, GroupCommitService
+from .status import PutMessageStatus
+from .txlog import LogState, TransactionLog
+
+log = logging.getLogger("sparkmq.store")
+
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_RW = 6
+MAX_BATCH_BODY_BYTES = 256 << 20
+
+_LIVE_TOKENS: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
+
+
+@dataclass
+class AppendResult:
+    """The outcome of appending one message."""
+
+    status: PutMessageStatus
+    message_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutMessageStatus.PUT_OK
+
+
+@dataclass
+class BatchAppendResult:
+    """The outcome of a columnar append: per-row offsets as arrays."""
+
+    status: PutMessageStatus
+    batch_offset: int
+    queue_offsets: np.ndarray
+    queue_ids: np.ndarray
+    num_rows: int
+
+
+@dataclass
+class CommitResult:
+    """The outcome of adopting staged segment files."""
+
+    version: int
+    num_messages: int
+    skipped: bool = False    # the (app id, version) was already committed
+
+
+class Store(MessageReader):
+    """One store; see the module docstring for the contract."""
+
+    def __init__(self, sfs: StoreFS, config: StoreConfig, *, writable: bool,
+                 clock_ms: Callable[[], int] | None = None):
+        self.sfs = sfs
+        self.url = sfs.url
+        self.config = config
+        self.writable = writable
+        self.clock_ms = clock_ms or now_ms
+        self.txlog = TransactionLog(sfs, checkpoint_interval_versions=config.checkpoint_interval_versions,
+                                    clock_ms=self.clock_ms)
+        self.state: LogState = LogState()
+        self.commitlog = CommitLog(sfs, segment_size_bytes=config.segment_size_bytes)
+        self.cq = MemoryConsumeQueue(config.memory_consume_queue_entries)
+        self.index = MemoryIndex()
+        self._append_lock = threading.RLock()
+        self._commit_lock = threading.RLock()
+        self._next_offsets: dict[tuple[int, int], int] = {}
+        self._visible_next: dict[tuple[int, int], int] = {}
+        self._round_robin: dict[str, int] = {}
+        self._last_store_ts = 0
+        self._listeners: list[Callable[[str, int, int], None]] = []
+        self._services: list = []
+        self._group_commit: GroupCommitService | None = None
+        self._pending_deletes: list[tuple[float, str]] = []
+        self._closed = False
+        self.token = uuid.uuid4().hex[:12]
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.token}"
+        self.epoch = 0
+        self.recovered_from_crash = False
+
+    # ------------------------------------------------------------------ open
+    @classmethod
+    def open(cls, url: str, *, mode: str = "w", create: bool = True,
+             clock_ms: Callable[[], int] | None = None, storage_options: dict | None = None,
+             start_services: bool = True, **config) -> "Store":
+        """Open (and with ``create`` make) the store at ``url``.
+
+        ``config`` takes RocketMQ property names (``flushDiskType="SYNC_FLUSH"``,
+        ``mappedFileSizeCommitLog=...``) or StoreConfig attribute names.
+        """
+        if mode not in ("r", "w"):
+            raise InvalidConfigError(f"mode must be 'r' or 'w', got {mode!r}")
+        sfs = StoreFS(url, storage_options)
+        conf = StoreConfig.from_options(config)
+        store = cls(sfs, conf, writable=(mode == "w"), clock_ms=clock_ms)
+        txlog = store.txlog
+        if not txlog.exists():
+            if not create or mode == "r":
+                raise StoreNotFoundError(
+                    f"no store at {url!r}; open it with mode='w', create=True to make one")
+            store._create()
+        store.state = txlog.snapshot()
+        if mode == "r":
+            store._load_readonly()
+        if mode == "w":
+            try:
+                store._acquire_lease()
+                store._recover()
+            except BaseException:
+                store.commitlog.close()
+                raise
+            if start_services:
+                store._start_services()
+            _LIVE_TOKENS[store.token] = store
+        return store
+
+    def _create(self) -> None:
+        meta = {"storeId": uuid.uuid4().hex, "createdTime": self.clock_ms(),
+                "formatVersion": fmt.FORMAT_VERSION,
+                "configuration": {"brokerName": self.config.broker_name}}
+        try:
+            self.txlog.create([
+                {"protocol": {"minReaderVersion": fmt.MIN_READER_VERSION,
+                              "minWriterVersion": fmt.MIN_WRITER_VERSION}},
+                {"metaData": meta}])
+        except Exception:
+            if not self.txlog.exists():
+                raise
+
+    # ------------------------------------------------------------------ lease
+    def _lease_is_live(self, lease: dict | None) -> bool:
+        if not lease or lease.get("released"):
+            return False
+        if lease.get("owner") == self.owner:
+            return False
+        if self.clock_ms() > int(lease.get("expiresTime", 0)):
+            return False
+        host, _, rest = lease.get("owner", "").partition(":")
+        pid_s, _, token = rest.partition(":")
+        if host == socket.gethostname() and pid_s.isdigit():
+            pid = int(pid_s)
+            if pid == os.getpid():
+                return token in _LIVE_TOKENS
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+        return True
+
+    def _acquire_lease(self) -> None:
+        def build(state: LogState):
+            lease = state.lease
+            if self._lease_is_live(lease):
+                raise StoreLockedError(
+                    f"store {self.url} is held by writer {lease['owner']} (epoch "
+                    f"{lease['epoch']}) until {lease.get('expiresTime')}; stop it or open "
+                    "the store with mode='r'")
+            self.epoch = int((lease or {}).get("epoch", 0)) + 1
+            self.recovered_from_crash = bool(lease) and not lease.get("released")
+            now = self.clock_ms()
+            return [{"lease": {"owner": self.owner, "epoch": self.epoch, "acquiredTime": now,
+                               "expiresTime": now + self.config.lease_timeout_ms,
+                               "released": False}}]
+        self.state = self.txlog.commit(build, operation="ACQUIRE LEASE", state=self.state,
+                                       retries=self.config.commit_retries)
+        log.info("store %s: writer lease taken, epoch %d", self.url, self.epoch)
+
+    def _check_fence(self, state: LogState) -> None:
+        lease = state.lease or {}
+        if lease.get("owner") != self.owner or int(lease.get("epoch", -1)) != self.epoch:
+            raise FencedError(
+                f"store {self.url}: writer lease now belongs to {lease.get('owner')} epoch "
+                f"{lease.get('epoch')}; this writer (epoch {self.epoch}) must stop")
+
+    # ------------------------------------------------------------------ recovery
+    def _recover(self) -> None:
+        sfs = self.sfs
+        crashed = sfs.exists(fmt.abort_file()) or self.recovered_from_crash
+        self.recovered_from_crash = crashed
+        if crashed:
+            log.warning("store %s: abort marker found, recovering from a crash", self.url)
+        refs = [SegmentRef(a["path"], int(a["baseOffset"]), int(a["size"]), bool(a.get("sealed")))
+                for a in self.state.segments.values()]
+        self.commitlog.load(refs)
+        self._reset_offsets()
+        refs.sort(key=lambda r: r.base_offset)
+        # segment files written after the last publish (rolled), named by base offset
+        known = {r.path for r in refs}
+        end = self.state.address_end()
+        extra = []
+        for name in sfs.list_names(fmt.COMMITLOG_DIR):
+            base = fmt.parse_segment_file(name)
+            rel = f"{fmt.COMMITLOG_DIR}/{name}"
+            if base is not None and rel not in known and base >= end:
+                extra.append((base, rel))
+        extra.sort()
+        tail: list[SegmentRef] = []
+        if refs and not refs[-1].sealed:
+            tail.append(refs[-1])
+        expected = refs[-1].end_offset if refs else end
+        for base, rel in extra:
+            if tail and base != tail[-1].base_offset + sfs.size(tail[-1].path):
+                log.warning("ignoring segment file %s: not contiguous with the CommitLog", rel)
+                continue
+            ref = SegmentRef(rel, base, seg.HEADER_SIZE, False)
+            self.commitlog.add_segment(ref)
+            tail.append(ref)
+        redispatched = 0
+        for i, ref in enumerate(tail):
+            buf = sfs.read_buffer(ref.path)
+            start = max(seg.HEADER_SIZE, ref.size)
+            result = seg.scan(buf, start, validate=crashed)
+            if result.valid_end == 0:
+                log.warning("segment %s has no valid header; truncating it to empty", ref.path)
+                sfs.truncate(ref.path, 0)
+                sfs.write(ref.path, seg.SCHEMA_BYTES)
+                valid_end = seg.HEADER_SIZE
+            else:
+                valid_end = result.valid_end + (8 if result.sealed else 0)
+            if len(buf) > valid_end:
+                log.warning("segment %s: cutting torn tail at byte %d (file had %d bytes)",
+                            ref.path, valid_end, len(buf))
+                del buf
+                sfs.truncate(ref.path, valid_end)
+                buf = sfs.read_buffer(ref.path)
+            for pos in result.positions:
+                batch = seg.read_batch_at(buf, pos)
+                self._dispatch(batch, ref.base_offset + pos)
+                redispatched += batch.num_rows
+            ref.size = valid_end
+            ref.sealed = result.sealed
+            self.commitlog.load(self.commitlog.segments())
+        # continue appending to the last unsealed segment, if it is the newest
+        segs = self.commitlog.segments()
+        if segs and not segs[-1].sealed and fmt.parse_segment_file(segs[-1].path) is not None:
+            self.commitlog.open_active(segs[-1])
+        for s in segs[:-1]:
+            s.sealed = True  # frozen: something was placed after it
+        self.commitlog.flushed_offset = self.commitlog.written_offset
+        for key, nxt in self._next_offsets.items():
+            self._visible_next[key] = nxt
+        if redispatched:
+            log.info("store %s: re-dispatched %d messages from the CommitLog tail",
+                     self.url, redispatched)
+        sfs.write(fmt.abort_file(), self.owner.encode())
+        self.publish(force=True)
+
+    def _reset_offsets(self) -> None:
+        self._next_offsets = dict(self.state.queue_max_offsets())
+        self._visible_next = dict(self._next_offsets)
+
+    # ------------------------------------------------------------------ services
+    def _start_services(self) -> None:
+        c = self.config
+        if c.flush_disk_type == SYNC_FLUSH:
+            self._group_commit = GroupCommitService(lambda: self.commitlog.flush(sync=True))
+            self._group_commit.start()
+        else:
+            flush = CallbackService("flush", c.flush_interval_ms,
+                                    lambda: self.commitlog.flush(sync=True))
+            flush.start()
+            self._services.append(flush)
+        pub = CallbackService("publish", c.publish_interval_ms, self.publish)
+        pub.start()
+        self._services.append(pub)
+        ret = CallbackService("retention", c.retention_check_interval_ms, self.run_retention)
+        ret.start()
+        self._services.append(ret)
+
+    def _stop_services(self) -> None:
+        for s in self._services:
+            s.stop()
+        self._services.clear()
+        if self._group_commit is not None:
+            self._group_commit.stop()
+            self._group_commit = None
+
+    # ------------------------------------------------------------------ topics
+    def _require_writable(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.url} is closed")
+        if not self.writable:
+            raise ReadOnlyStoreError(f"store {self.url} was opened with mode='r'")
+
+    def _commit(self, build: Callable[[LogState], list | None], operation: str,
+                parameters: dict | None = None) -> LogState:
+        with self._commit_lock:
+            def fenced_build(state):
+                self._check_fence(state)
+                return build(state)
+            self.state = self.txlog.commit(fenced_build, operation=operation,
+                                           parameters=parameters, state=self.state,
+                                           retries=self.config.commit_retries)
+            return self.state
+
+    def create_topic(self, name: str, *, read_queue_nums: int | None = None,
+                     write_queue_nums: int | None = None, perm: int = PERM_RW,
+                     attributes: dict | None = None, system: bool = False,
+                     exist_ok: bool = False) -> dict:
+        """Create a topic (committed at once). Returns its config."""
+        self._require_writable()
+        validate_topic(name, system=system)
+        n = self.config.default_topic_queue_nums
+        rq = n if read_queue_nums is None else read_queue_nums
+        wq = n if write_queue_nums is None else write_queue_nums
+        _check_queue_nums(rq, wq, perm)
+        created: dict = {}
+
+        def build(state: LogState):
+            if name in state.topics:
+                if exist_ok:
+                    created.update(state.topics[name])
+                    return None
+                raise TopicExistsError(f"topic {name!r} already exists")
+            t = {"name": name, "id": state.next_topic_id(), "readQueueNums": rq,
+                 "writeQueueNums": wq, "perm": perm, "createdTime": self.clock_ms(),
+                 "attributes": dict(attributes or {}), "deleted": False}
+            created.clear()
+            created.update(t)
+            return [{"topic": t}]
+        self._commit(build, "CREATE TOPIC", {"topic": name})
+        return dict(created)
+
+    def update_topic(self, name: str, *, read_queue_nums: int | None = None,
+                     write_queue_nums: int | None = None, perm: int | None = None,
+                     attributes: dict | None = None) -> dict:
+        """Change a topic's queue counts, permission or attributes."""
+        self._require_writable()
+        updated: dict = {}
+
+        def build(state: LogState):
+            t = state.topics.get(name)
+            if t is None:
+                raise TopicNotFoundError(f"topic {name!r} does not exist")
+            t = dict(t)
+            if read_queue_nums is not None:
+                t["readQueueNums"] = read_queue_nums
+            if write_queue_nums is not None:
+                t["writeQueueNums"] = write_queue_nums
+            if perm is not None:
+                t["perm"] = perm
+            if attributes is not None:
+                t["attributes"] = dict(attributes)
+            _check_queue_nums(t["readQueueNums"], t["writeQueueNums"], t["perm"])
+            updated.clear()
+            updated.update(t)
+            return [{"topic": t}]
+        self._commit(build, "UPDATE TOPIC", {"topic": name})
+        return dict(updated)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic: its messages stay in segments until retention, unreadable."""
+        self._require_writable()
+        self.publish(force=True)   # persist its entries under the old id first
+        tid = None
+
+        def build(state: LogState):
+            nonlocal tid
+            t = state.topics.get(name)
+            if t is None:
+                raise TopicNotFoundError(f"topic {name!r} does not exist")
+            tid = t["id"]
+            return [{"topic": {**t, "deleted": True}}]
+        self._commit(build, "DELETE TOPIC", {"topic": name})
+        with self._append_lock:
+            for key in [k for k in self._next_offsets if k[0] == tid]:
+                self._next_offsets.pop(key, None)
+                self._visible_next.pop(key, None)
+            self.cq.drop_queue(tid)
+
+    def topics(self) -> dict[str, dict]:
+        return dict(self.state.topics)
+
+    @property
+    def store_id(self) -> str:
+        return self.state.store_id
+
+    @property
+    def version(self) -> int:
+        return self.state.version
+
+    def topic_names(self) -> list[str]:
+        return sorted(self.state.topics)
+
+    def _topic_conf(self, topic: str) -> dict:
+        conf = self.state.topics.get(topic)
+        if conf is None:
+            raise TopicNotFoundError(
+                f"topic {topic!r} does not exist in {self.url}; create it with "
+                f"create_topic({topic!r}) (topics: {sorted(self.state.topics) or 'none'})")
+        return conf
+
+    def _topic_id(self, topic: str) -> int:
+        return self._topic_conf(topic)["id"]
+
+    # ------------------------------------------------------------------ append
+    def append(self, messages: Iterable[Message] | Message) -> list[AppendResult]:
+        """Append messages; one result per message, in order.
+
+        All messages of one call are one record batch (split only past 256 MiB
+        of bodies). Returns when the batch is written (ASYNC_FLUSH) or fsynced
+        (SYNC_FLUSH; status FLUSH_DISK_TIMEOUT if the fsync took longer than
+        ``sync_flush_timeout_ms`` — the messages are still stored).
+        """
+        self._require_writable()
+        if isinstance(messages, Message):
+            messages = [messages]
+        msgs = list(messages)
+        if not msgs:
+            return []
+        for m in msgs:
+            if not isinstance(m, Message):
+                raise InvalidMessageError(
+                    f"append takes sparkmq.Message objects, got {type(m).__name__}")
+        results: list[AppendResult] = []
+        for group in _split_by_size(msgs):
+            results.extend(self._append_group(group))
+        return results
+
+    def _append_group(self, msgs: list[Message]) -> list[AppendResult]:
+        qids = []
+        for m in msgs:
+            conf = self._writable_topic(m.topic)
+            qids.append(self._choose_queue(conf, m))
+        with self._append_lock:
+            ts = self._store_ts()
+            batch = messages_to_batch(msgs, queue_ids=qids, store_timestamp_ms=ts,
+                                      store_host=self.config.store_host,
+                                      max_message_size_bytes=self.config.max_message_size_bytes)
+            batch_offset, qos = self._append_locked(batch)
+        status = self._await_flush(batch_offset)
+        self._after_visible(batch, qos)
+        from .message import encode_message_id, store_tag
+        tag = store_tag(self.state.store_id)
+        return [AppendResult(status, encode_message_id(tag, batch_offset, i), m.topic, q,
+                             int(qo), batch_offset + i)
+                for i, (m, q, qo) in enumerate(zip(msgs, qids, qos))]
+
+    def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
+        """Columnar append: rows with at least ``topic`` and ``body`` (other
+        segment columns optional; ``queue_id`` missing or null is chosen round
+        robin). Everything is one record batch; per-row offsets come back as
+        arrays. The fast path for bulk producers and benchmarks."""
+        self._require_writable()
+        table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+        batch = self._normalize_batch(table)
+        with self._append_lock:
+            ts = self._store_ts()
+            n = batch.num_rows
+            cols = {name: batch.column(name) for name in batch.schema.names}
+            cols["store_timestamp"] = pa.array(np.full(n, ts, np.int64)).cast(fmt.TS)
+            batch = pa.RecordBatch.from_arrays([cols[f.name] for f in fmt.SEGMENT_SCHEMA],
+                                               schema=fmt.SEGMENT_SCHEMA)
+            batch_offset, qos = self._append_locked(batch)
+        status = self._await_flush(batch_offset)
+        self._after_visible(batch, qos)
+        return BatchAppendResult(status, batch_offset, qos,
+                                 batch.column("queue_id").to_numpy(), batch.num_rows)
+
+    def _normalize_batch(self, table: pa.Table) -> pa.RecordBatch:
+        names = table.schema.names
+        for need in ("topic", "body"):
+            if need not in names:
+                raise InvalidMessageError(f"append_batch needs a {need!r} column; got {names}")
+        n = table.num_rows
+        if n == 0:
+            raise InvalidMessageError("append_batch got no rows")
+        table = table.combine_chunks()
+        topics = table.column("topic").combine_chunks()
+        if topics.null_count:
+            raise InvalidMessageError("topic column has nulls")
+        body = table.column("body").combine_chunks()
+        if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
+            body = body.cast(pa.binary())
+        if body.null_count:
+            raise InvalidMessageError("body column has nulls; every message needs a body")
+        maxlen = pc.max(pc.binary_length(body)).as_py() or 0
+        if maxlen > self.config.max_message_size_bytes:
+            raise InvalidMessageError(
+                f"a body of {maxlen} bytes exceeds maxMessageSize "
+                f"({self.config.max_message_size_bytes} bytes)")
+        uniq = pc.unique(topics).to_pylist()
+        confs = {t: self._writable_topic(t) for t in uniq}
+        if "queue_id" in names and table.column("queue_id").null_count == 0:
+            qids = table.column("queue_id").combine_chunks().cast(pa.int32())
+            for t, conf in confs.items():
+                mask = pc.equal(topics, t)
+                bad = pc.any(pc.and_(mask, pc.or_(pc.less(qids, 0), pc.greater_equal(
+                    qids, conf["writeQueueNums"])))).as_py()
+                if bad:
+                    raise QueueNotFoundError(
+                        f"queue_id out of range for topic {t!r} (0..{conf['writeQueueNums'] - 1})")
+        else:
+            qarr = np.zeros(n, np.int32)
+            tnp = np.asarray(topics.to_pylist(), dtype=object) if len(uniq) > 1 else None
+            for t, conf in confs.items():
+                idx = np.arange(n) if tnp is None else np.flatnonzero(tnp == t)
+                start = self._round_robin.get(t, 0)
+                qarr[idx] = (start + np.arange(len(idx))) % conf["writeQueueNums"]
+                self._round_robin[t] = (start + len(idx)) % conf["writeQueueNums"]
+            qids = pa.array(qarr, pa.int32())
+        cols = {"topic": topics.cast(pa.string()), "queue_id": qids, "body": body}
+        now = self.clock_ms()
+        for f in fmt.SEGMENT_SCHEMA:
+            if f.name in cols:
+                continue
+            if f.name in names:
+                try:
+                    cols[f.name] = table.column(f.name).combine_chunks().cast(f.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise InvalidMessageError(
+                        f"column {f.name!r} has type {table.column(f.name).type}, expected "
+                        f"{f.type}: {exc}") from None
+            elif f.name == "born_timestamp":
+                cols[f.name] = pa.array(np.full(n, now, np.int64)).cast(fmt.TS)
+            elif f.name in ("reconsume_times",):
+                cols[f.name] = pa.array(np.zeros(n, np.int32))
+            elif f.name == "message_type":
+                cols[f.name] = pa.array(np.zeros(n, np.int8))
+            elif f.name == "store_host":
+                cols[f.name] = pa.array([self.config.store_host] * n, pa.string())
+            else:
+                cols[f.name] = pa.nulls(n, f.type)
+        return pa.RecordBatch.from_arrays([cols[f.name] for f in fmt.SEGMENT_SCHEMA],
+                                          schema=fmt.SEGMENT_SCHEMA)
+
+    def _writable_topic(self, topic: str) -> dict:
+        conf = self.state.topics.get(topic)
+        if conf is None:
+            if not isinstance(topic, str):
+                raise InvalidMessageError(f"topic must be a string, got {type(topic).__name__}")
+            if self.config.auto_create_topic:
+                conf = self.create_topic(topic, exist_ok=True)
+            else:
+                raise TopicNotFoundError(
+                    f"topic {topic!r} does not exist; create it first (autoCreateTopicEnable "
+                    "is off)")
+        if not conf["perm"] & PERM_WRITE:
+            raise PermissionDeniedError(f"topic {topic!r} is not writable (perm {conf['perm']})")
+        return conf
+
+    def _choose_queue(self, conf: dict, m: Message) -> int:
+        n = conf["writeQueueNums"]
+        if m.queue_id is not None:
+            if not isinstance(m.queue_id, int) or not 0 <= m.queue_id < n:
+                raise QueueNotFoundError(
+                    f"queue_id {m.queue_id!r} is out of range for topic {conf['name']!r} "
+                    f"(0..{n - 1})")
+            return m.queue_id
+        if m.message_group:
+            return zlib.crc32(m.message_group.encode()) % n
+        i = self._round_robin.get(conf["name"], 0)
+        self._round_robin[conf["name"]] = (i + 1) % n
+        return i
+
+    def _store_ts(self) -> int:
+        ts = max(self.clock_ms(), self._last_store_ts)
+        self._last_store_ts = ts
+        return ts
+
+    def _append_locked(self, batch: pa.RecordBatch) -> tuple[int, np.ndarray]:
+        if self._closed:
+            raise StoreClosedError(f"store {self.url} is closed")
+        batch_offset = self.commitlog.append(batch)
+        qos = self._dispatch(batch, batch_offset)
+        return batch_offset, qos
+
+    def _await_flush(self, batch_offset: int) -> PutMessageStatus:
+        gc = self._group_commit
+        if gc is None:
+            if self.config.flush_disk_type == SYNC_FLUSH:   # services not started
+                self.commitlog.flush(sync=True)
+            return PutMessageStatus.PUT_OK
+        ok = gc.wait_for(self.commitlog.written_offset, self.config.sync_flush_timeout_ms)
+        return PutMessageStatus.PUT_OK if ok else PutMessageStatus.FLUSH_DISK_TIMEOUT
+
+    def _after_visible(self, batch: pa.RecordBatch, qos: np.ndarray) -> None:
+        topics = batch.column("topic").to_pylist() if batch.num_rows < 64 else None
+        qids = batch.column("queue_id").to_numpy()
+        updates: dict[tuple[str, int], int] = {}
+        if topics is None:
+            enc = pc.dictionary_encode(batch.column("topic"))
+            names = enc.dictionary.to_pylist()
+            idx = enc.indices.to_numpy()
+            topics = [names[i] for i in idx] if len(names) > 1 else None
+            if topics is None:
+                name = names[0]
+                for q in np.unique(qids):
+                    sel = qids == q
+                    updates[(name, int(q))] = int(qos[sel].max()) + 1
+        if topics is not None:
+            for t, q, o in zip(topics, qids.tolist(), qos.tolist()):
+                k = (t, q)
+                if o + 1 > updates.get(k, -1):
+                    updates[k] = o + 1
+        for (t, q), nxt in updates.items():
+            conf = self.state.topics.get(t)
+            if conf is None:
+                continue
+            key = (conf["id"], q)
+            if nxt > self._visible_next.get(key, 0):
+                self._visible_next[key] = nxt
+            for fn in list(self._listeners):
+                try:
+                    fn(t, q, nxt)
+                except Exception:
+                    log.exception("arrival listener failed")
+
+    def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
+        """Call ``fn(topic, queue_id, max_offset)`` when messages become readable
+        (long polling wakes on this). ``fn`` must be quick and not block."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn) -> None:
+        try:
+            self._listeners.remove(fn)
+        except ValueError:
+            pass
+
+    # ------------------------------------------------------------------ dispatch
+    def _dispatch(self, batch: pa.RecordBatch, batch_offset: int) -> np.ndarray:
+        """Assign queue offsets to a batch's rows; add ConsumeQueue and Index entries.
+
+        Called under the append lock (or during recovery/adoption, single-threaded).
+        """
+        n = batch.num_rows
+        enc = pc.dictionary_encode(batch.column("topic"))
+        names = enc.dictionary.to_pylist()
+        tids_of_name = []
+        for name in names:
+            conf = self.state.topics.get(name)
+            tids_of_name.append(conf["id"] if conf else -1)
+        tnp = np.asarray(tids_of_name, dtype=np.int64)[enc.indices.to_numpy()]
+        qids = batch.column("queue_id").to_numpy().astype(np.int64)
+        key = (tnp << 32) | qids
+        qos = np.full(n, -1, dtype=np.int64)
+        sizes = pc.binary_length(batch.column("body")).to_numpy().astype(np.int32)
+        tags = batch.column("tags")
+        if tags.null_count == n:
+            tcodes = np.zeros(n, np.int64)
+        else:
+            tenc = pc.dictionary_encode(tags)
+            codes = np.asarray([fmt.tags_code(t) for t in tenc.dictionary.to_pylist()] + [0],
+                               dtype=np.int64)
+            ix = tenc.indices.fill_null(len(codes) - 1).to_numpy()
+            tcodes = codes[ix]
+        ts = batch.column("store_timestamp").cast(pa.int64()).to_numpy()
+        uniq = np.unique(key)
+        for k in uniq.tolist():
+            tid, qid = k >> 32, k & 0xFFFFFFFF
+            if tid < 0:
+                log.warning("batch at %d has messages for a deleted topic; not dispatched",
+                            batch_offset)
+                continue
+            rows = np.flatnonzero(key == k) if len(uniq) > 1 else np.arange(n)
+            start = self._next_offsets.get((tid, qid), 0)
+            self._next_offsets[(tid, qid)] = start + len(rows)
+            qos[rows] = np.arange(start, start + len(rows))
+            self.cq.add(tid, qid, Chunk(start, batch_offset, rows.astype(np.int32),
+                                        sizes[rows], tcodes[rows], ts[rows]))
+        itable = index_entries(batch, tnp, qos, batch_offset)
+        if itable is not None:
+            keep = pc.greater_equal(itable.column("topic_id"), 0)
+            self.index.add(batch_offset, itable.filter(keep))
+        return qos
+
+    # ------------------------------------------------------------------ reading
+    def _visible_offset(self) -> int:
+        if self.writable and self.config.flush_disk_type == SYNC_FLUSH:
+            return self.commitlog.flushed_offset
+        return self.commitlog.written_offset if self.writable else 1 << 62
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        tid = self._topic_id(topic)
+        mins = self.state.queue_min_offsets()
+        if (tid, queue_id) in mins:
+            return mins[(tid, queue_id)]
+        first = self.cq.first_offset(tid, queue_id)
+        if first is not None:
+            return first
+        return self.max_offset(topic, queue_id)
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        tid = self._topic_id(topic)
+        if self.writable:
+            return self._visible_next.get((tid, queue_id), 0)
+        return self.state.queue_max_offsets().get((tid, queue_id), 0)
+
+    def _entries(self, tid: int, qid: int, lo: int, hi: int) -> pa.Table:
+        first = self.cq.first_offset(tid, qid)
+        if first is not None and first <= lo:
+            return self.cq.entries(tid, qid, lo, hi)
+        persisted = read_side_entries(self.sfs, list(self.state.consumequeue_files.values()),
+                                      tid, qid, lo, hi if first is None else min(hi, first))
+        if first is None or hi <= first:
+            return persisted
+        return pa.concat_tables([persisted, self.cq.entries(tid, qid, first, hi)],
+                                promote_options="permissive")
+
+    def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
+        return self.commitlog.read_batch(batch_offset)
+
+    def _index_hits(self, tid: int, key: str) -> pa.Table:
+        persisted = read_index(self.sfs, list(self.state.index_files.values()), tid, key)
+        recent = self.index.lookup(tid, key, persisted=False)
+        return pa.concat_tables([persisted, recent], promote_options="permissive")
+
+    def _time_entries(self, tid, qid, start_ms, end_ms) -> pa.Table:
+        persisted = read_side_by_time(self.sfs, list(self.state.consumequeue_files.values()),
+                                      tid, qid, start_ms, end_ms)
+        parts = [persisted.select(["queue_id", "queue_offset", "store_timestamp"])]
+        keys = [k for k in self._next_offsets if k[0] == tid and (qid is None or k[1] == qid)]
+        for t, q in keys:
+            for ch in self.cq.all_chunks(t, q):
+                sel = (ch.store_ts >= start_ms) & (ch.store_ts <= end_ms)
+                if sel.any():
+                    offs = np.arange(ch.start, ch.end)[sel]
+                    parts.append(pa.table({
+                        "queue_id": pa.array(np.full(len(offs), q, np.int32)),
+                        "queue_offset": pa.array(offs, pa.int64()),
+                        "store_timestamp": pa.array(ch.store_ts[sel], pa.int64()).cast(fmt.TS)}))
+        return pa.concat_tables(parts, promote_options="permissive")
+
+    def refresh(self) -> None:
+        """Read-only stores: move to the newest committed version."""
+        if not self.writable:
+            self.state = self.txlog.snapshot(base=self.state)
+            self._load_readonly()
+
+    def _load_readonly(self) -> None:
+        self.commitlog.load([SegmentRef(a["path"], int(a["baseOffset"]), int(a["size"]), True)
+                             for a in self.state.segments.values()])
+
+    def snapshot(self, version: int | None = None, *,
+                 timestamp_ms: int | _dt.datetime | None = None) -> Snapshot:
+        """A read-only view of one committed version (default: newest)."""
+        if isinstance(timestamp_ms, _dt.datetime):
+            timestamp_ms = int(timestamp_ms.timestamp() * 1000)
+        if version is None and timestamp_ms is None:
+            state = self.txlog.snapshot(base=self.state)
+        else:
+            state = self.txlog.snapshot(version, timestamp_ms=timestamp_ms)
+        return Snapshot(self.url, state, sfs=self.sfs)
+
+    # ------------------------------------------------------------------ consumer offsets
+    def commit_consumer_offsets(self, group: str, offsets: dict[tuple[str, int], int], *,
+                                client_id: str | None = None) -> None:
+        """Record a consumer group's offsets (next offset to consume) per (topic, queue)."""
+        self._require_writable()
+        validate_group(group)
+
+        def build(state: LogState):
+            actions = []
+            for (topic, qid), off in offsets.items():
+                t = state.topics.get(topic)
+                if t is None:
+                    raise TopicNotFoundError(f"topic {topic!r} does not exist")
+                actions.append({"consumerOffset": {"group": group, "topicId": t["id"],
+                                                   "queueId": int(qid), "offset": int(off),
+                                                   "clientId": client_id}})
+            return actions or None
+        self._commit(build, "COMMIT OFFSETS", {"group": group})
+
+    def consumer_offsets(self, group: str, *, client_id: str | None = None
+                         ) -> dict[tuple[str, int], int]:
+        names = {t["id"]: t["name"] for t in self.state.topics_by_id.values()}
+        return {(names.get(tid, str(tid)), qid): off
+                for (g, tid, qid, cid), off in self.state.consumer_offsets.items()
+                if g == group and (cid or None) == client_id}
+
+    # ------------------------------------------------------------------ publish
+    def publish(self, *, force: bool = False, extra_actions: Sequence[dict] = (),
+                operation: str = "PUBLISH", parameters: dict | None = None) -> LogState:
+        """Commit progress: flushed segment sizes, new side-table files, lease renewal."""
+        if not self.writable or self._closed and not force:
+            return self.state
+        with self._commit_lock:
+            upto = self.commitlog.flushed_offset
+            taken = self.cq.take_unpersisted(upto)
+            itable = self.index.take_unpersisted(upto)
+            actions: list[dict] = []
+            written: list[str] = []
+            try:
+                for ref in self.commitlog.segments():
+                    size = ref.size if ref.sealed else min(ref.size, max(0, upto - ref.base_offset))
+                    prev = self.state.segments.get(ref.path)
+                    if prev is not None and int(prev["size"]) == size and \
+                            bool(prev.get("sealed")) == ref.sealed:
+                        continue
+                    if size <= 0:
+                        continue
+                    actions.append({"add": {"path": ref.path, "kind": "segment",
+                                            "baseOffset": ref.base_offset, "size": size,
+                                            "sealed": ref.sealed,
+                                            "modificationTime": self.clock_ms()}})
+                if taken:
+                    table = chunks_to_side_table(taken)
+                    rel = fmt.consumequeue_file()
+                    size = write_side_table(self.sfs, rel, table,
+                                            row_group_rows=self.config.side_table_row_group_rows)
+                    written.append(rel)
+                    actions.append({"add": consumequeue_add(rel, table, size)})
+                if itable.num_rows:
+                    rel = fmt.index_file()
+                    size = write_side_table(self.sfs, rel, itable,
+                                            row_group_rows=self.config.side_table_row_group_rows)
+                    written.append(rel)
+                    actions.append({"add": index_add(rel, itable, size)})
+                actions.extend(extra_actions)
+                lease = self.state.lease or {}
+                renew_due = int(lease.get("expiresTime", 0)) - self.clock_ms() < \
+                    self.config.lease_timeout_ms // 2
+                if not actions and not force and not renew_due:
+                    return self.state
+                now = self.clock_ms()
+                actions.append({"lease": {"owner": self.owner, "epoch": self.epoch,
+                                          "acquiredTime": lease.get("acquiredTime", now),
+                                          "expiresTime": now + self.config.lease_timeout_ms,
+                                          "released": False}})
+                frozen = list(actions)
+                state = self._commit(lambda s: frozen, operation, parameters)
+            except BaseException:
+                self.cq.restore_unpersisted(taken)
+                self.index.restore_unpersisted(itable)
+                self.sfs.delete_many(written)
+                raise
+            self.cq.evict()
+        if len(self.state.consumequeue_files) > self.config.compact_after_files or \
+                len(self.state.index_files) > self.config.compact_after_files:
+            try:
+                self.compact()
+            except Exception:
+                log.exception("compaction failed; will retry at the next publish")
+        return state
+
+    def compact(self) -> None:
+        """Merge small side-table files into one per kind (dataChange false)."""
+        with self._commit_lock:
+            for kind, files, keys, schema, make_add, new_rel in (
+                    ("consumequeue", self.state.consumequeue_files,
+                     ["topic_id", "queue_id", "queue_offset"], fmt.CONSUMEQUEUE_SCHEMA,
+                     consumequeue_add, fmt.consumequeue_file),
+                    ("index", self.state.index_files, ["topic_id", "key"], fmt.INDEX_SCHEMA,
+                     index_add, fmt.index_file)):
+                if len(files) <= 1:
+                    continue
+                adds = list(files.values())
+                table = compact_side_tables(self.sfs, adds, keys, schema)
+                rel = new_rel()
+                size = write_side_table(self.sfs, rel, table,
+                                        row_group_rows=self.config.side_table_row_group_rows)
+                now = self.clock_ms()
+                actions = [{"remove": {"path": a["path"], "deletionTimestamp": now,
+                                       "dataChange": False}} for a in adds]
+                actions.append({"add": make_add(rel, table, size)})
+                self._commit(lambda s, a=actions: a, "COMPACT", {"kind": kind})
+                for a in adds:
+                    self._pending_deletes.append((time.monotonic(), a["path"]))
+            self._delete_pending(grace_s=60.0)
+
+    def _delete_pending(self, grace_s: float) -> None:
+        now = time.monotonic()
+        keep = []
+        for t, rel in self._pending_deletes:
+            if now - t >= grace_s:
+                self.sfs.delete(rel)
+            else:
+                keep.append((t, rel))
+        self._pending_deletes = keep
+
+    # ------------------------------------------------------------------ adopt
+    def adopt(self, paths: Sequence[str], *, app_id: str | None = None,
+              app_version: int | None = None) -> CommitResult:
+        """Make staged segment files (written by Spark tasks) part of the store,
+        atomically, in one log version. With (app_id, app_version) a replay of
+        an already committed version is skipped (idempotent writers)."""
+        self._require_writable()
+        with self._append_lock, self._commit_lock:
+            if app_id is not None:
+                done = self.state.txns.get(app_id)
+                if done is not None and int(done["version"]) >= int(app_version):
+                    return CommitResult(self.state.version, 0, skipped=True)
+            staged = [_load_staged(self.sfs, p) for p in paths]
+            self._check_staged_topics(staged)
+            self.commitlog.seal_active()
+            total = 0
+            affected = []
+            for rel, buf, positions in staged:
+                base = self.commitlog.written_offset
+                ref = SegmentRef(rel, base, len(buf), True)
+                self.commitlog.add_segment(ref)
+                for pos in positions:
+                    batch = seg.read_batch_at(buf, pos)
+                    qos = self._dispatch(batch, base + pos)
+                    affected.append((batch, qos))
+                    total += batch.num_rows
+            self.commitlog.flushed_offset = self.commitlog.written_offset
+            extra = []
+            if app_id is not None:
+                extra.append({"txn": {"appId": app_id, "version": int(app_version),
+                                      "lastUpdated": self.clock_ms()}})
+            state = self.publish(force=True, extra_actions=extra, operation="ADOPT",
+                                 parameters={"files": len(paths), "messages": total})
+        for batch, qos in affected:
+            self._after_visible(batch, qos)
+        return CommitResult(state.version, total)
+
+    def _check_staged_topics(self, staged) -> None:
+        for rel, buf, positions in staged:
+            for pos in positions:
+                batch = seg.read_batch_at(buf, pos)
+                for t in pc.unique(batch.column("topic")).to_pylist():
+                    conf = self._writable_topic(t)
+                    qmax = pc.max(batch.column("queue_id")).as_py()
+                    if qmax is not None and qmax >= conf["writeQueueNums"]:
+                        raise QueueNotFoundError(
+                            f"{rel}: queue_id {qmax} out of range for topic {t!r}")
+
+    # ------------------------------------------------------------------ retention
+    def run_retention(self, *, force_hour: bool = False) -> list[str]:
+        """Remove expired segments (at ``deleteWhen`` hours, or at once when the disk
+        is fuller than ``diskMaxUsedSpaceRatio``). Returns the removed paths."""
+        if not self.writable or self._closed:
+            return []
+        self._delete_pending(grace_s=60.0)
+        now = self.clock_ms()
+        hour = _dt.datetime.fromtimestamp(now / 1000).hour
+        ratio = self.sfs.disk_usage_ratio()
+        disk_full = ratio is not None and ratio * 100 > self.config.disk_max_used_space_ratio
+        if not (force_hour or disk_full or hour in self.config.delete_hours()):
+            return []
+        reserved_ms = self.config.file_reserved_time_hours * 3600 * 1000
+        segs = [s for s in self.commitlog.segments() if s.sealed]
+        remove = []
+        for s in segs:
+            newest = self._segment_newest_ts(s)
+            if now - newest >= reserved_ms or (disk_full and not remove):
+                remove.append(s)
+            else:
+                break
+        if not remove:
+            return []
+        return self.remove_segments([s.path for s in remove])
+
+    def _segment_newest_ts(self, ref: SegmentRef) -> int:
+        try:
+            buf = self.sfs.read_buffer(ref.path, cache=True)
+            res = seg.scan(buf)
+            if not res.positions:
+                return 0
+            b = seg.read_batch_at(buf, res.positions[-1])
+            return int(pc.max(b.column("store_timestamp").cast(pa.int64())).as_py())
+        except Exception:
+            return 0
+
+    def remove_segments(self, paths: Sequence[str]) -> list[str]:
+        """Remove the oldest segments (a prefix of the CommitLog) and everything
+        that points into them; their offsets then read as removed."""
+        self._require_writable()
+        with self._append_lock, self._commit_lock:
+            segs = self.commitlog.segments()
+            prefix = segs[:len(paths)]
+            if [s.path for s in prefix] != list(paths) or any(
+                    self.commitlog.active is not None and s.path == self.commitlog.active.rel_path
+                    for s in prefix):
+                raise UserError("only a prefix of sealed segments can be removed")
+            floor = prefix[-1].end_offset
+            self.publish(force=True)
+            queues = self._queue_floors(floor)
+            now = self.clock_ms()
+            actions = [{"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}}
+                       for p in paths]
+            for add in self.state.consumequeue_files.values():
+                if all(int(q.get("maxBatchOffset", 1 << 62)) < floor for q in add["queues"]):
+                    actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
+                                               "dataChange": False}})
+            actions.append({"retention": {"minPhysicalOffset": floor, "queues": queues,
+                                          "time": now}})
+            self._commit(lambda s: actions, "RETENTION", {"segments": len(paths)})
+            self.commitlog.drop_segments(set(paths))
+            for p in paths:
+                self._pending_deletes.append((time.monotonic(), p))
+            log.info("retention removed %d segments below physical offset %d", len(paths), floor)
+            return list(paths)
+
+    def _queue_floors(self, floor: int) -> list[dict]:
+        out = []
+        prev = {(q["topicId"], q["queueId"]): q["minOffset"]
+                for q in (self.state.retention or {}).get("queues", ())}
+        keys = set(self._next_offsets) | set(prev)
+        for tid, qid in sorted(keys):
+            nxt = self._next_offsets.get((tid, qid), 0)
+            lo = prev.get((tid, qid), 0)
+            hi = nxt
+            while lo < hi:   # first offset whose batch is at or above the floor
+                mid = (lo + hi) // 2
+                e = self._entries(tid, qid, mid, mid + 1)
+                if e.num_rows and int(e.column("batch_offset")[0].as_py()) >= floor:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            out.append({"topicId": tid, "queueId": qid, "minOffset": lo})
+        return out
+
+    # ------------------------------------------------------------------ close
+    def flush(self) -> None:
+        """fsync everything appended so far and publish it."""
+        self._require_writable()
+        off = self.commitlog.flush(sync=True)
+        if self._group_commit is not None:
+            self._group_commit.note_flushed(off)
+        self.publish(force=True)
+
+    def close(self) -> None:
+        """Flush, publish, release the lease, remove the abort marker."""
+        if self._closed:
+            return
+        if self.writable:
+            self._stop_services()
+            try:
+                self.commitlog.flush(sync=True)
+                self.publish(force=True)
+                lease = dict(self.state.lease or {})
+                lease.update(released=True, expiresTime=self.clock_ms())
+                self._commit(lambda s: [{"lease": lease}], "RELEASE LEASE")
+                self.sfs.delete(fmt.abort_file())
+            except FencedError:
+                log.warning("store %s: fenced at close; leaving the lease to its new owner",
+                            self.url)
+            finally:
+                self.commitlog.close()
+                self._delete_pending(grace_s=0.0)
+                _LIVE_TOKENS.pop(self.token, None)
+        self._closed = True
+        self.sfs.close()
+
+    def _crash(self) -> None:
+        """Test hook: stop as a killed process would (no flush, publish or release)."""
+        self._stop_services()
+        if self.commitlog.active is not None:
+            self.commitlog.active.close()
+            self.commitlog.active = None
+        self._closed = True
+        _LIVE_TOKENS.pop(self.token, None)
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _check_queue_nums(rq: int, wq: int, perm: int) -> None:
+    for name, v in (("read_queue_nums", rq), ("write_queue_nums", wq)):
+        if not isinstance(v, int) or not 1 <= v <= 1024:
+            raise UserError(f"{name} must be an integer in 1..1024, got {v!r}")
+    if perm not in (0, 2, 4, 6):
+        raise UserError(f"perm must be 2 (write), 4 (read) or 6 (read+write), got {perm!r}")
+
+
+def _split_by_size(msgs: list[Message]) -> list[list[Message]]:
+    groups, cur, size = [], [], 0
+    for m in msgs:
+        n = len(m.body) if isinstance(m.body, (bytes, bytearray, str)) else 0
+        if cur and size + n > MAX_BATCH_BODY_BYTES:
+            groups.append(cur)
+            cur, size = [], 0
+        cur.append(m)
+        size += n
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def _load_staged(sfs: StoreFS, rel: str) -> tuple[str, pa.Buffer, list[int]]:
+    if not fmt.is_relative_store_path(rel) or not rel.startswith(fmt.COMMITLOG_DIR + "/w-"):
+        raise UserError(f"{rel!r} is not a staged segment path of this store")
+    buf = sfs.read_buffer(rel)
+    res = seg.scan(buf, validate=True)
+    if res.valid_end == 0 or not res.sealed or res.valid_end + 8 != len(buf):
+        raise UserError(f"staged segment {rel} is incomplete or corrupt; rewrite it")
+    return rel, buf, res.positions

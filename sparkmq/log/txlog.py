@@ -1,0 +1,375 @@
+"""The transaction log (``_log/``), modelled on Delta Lake's ``_delta_log``.
+
+Version ``N`` is the file ``_log/<N, 20 digits>.json``: one JSON action per
+line, written with put-if-absent so exactly one writer wins each version. A
+snapshot is the state after replaying versions ``0..N`` (from the newest
+checkpoint on). Every commit carries a ``commitInfo`` whose ``timestamp`` is
+monotonic across versions, which is what time travel searches.
+
+Actions (docs/FORMAT.md has a JSON example of each): ``protocol``,
+``metaData``, ``topic``, ``add``, ``remove``, ``txn``, ``lease``,
+``consumerOffset``, ``retention``, ``commitInfo``.
+
+Writers commit with :meth:`TransactionLog.commit`, giving a function that
+builds the actions from the newest snapshot; on a lost race the snapshot is
+brought up to date and the function runs again (so offsets are re-assigned
+from the winner's state and no data file is rewritten).
+
+Thread-safety: ``TransactionLog`` is safe to share; ``LogState`` objects are
+immutable once returned (``apply`` is used only while building them).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
+
+from ..errors import (CommitConflictError, CorruptStoreError, StoreNotFoundError,
+                      UnsupportedFormatError, VersionNotFoundError)
+from . import format as fmt
+from .fs import StoreFS
+
+log = logging.getLogger("sparkmq.txlog")
+
+Action = dict
+
+
+@dataclass
+class LogState:
+    """The reconciled state of the log at one version."""
+
+    version: int = -1
+    timestamp_ms: int = 0
+    protocol: dict | None = None
+    metadata: dict | None = None
+    topics: dict[str, dict] = field(default_factory=dict)        # live topics by name
+    topics_by_id: dict[int, dict] = field(default_factory=dict)  # every topic ever, by id
+    segments: dict[str, dict] = field(default_factory=dict)      # path -> add (kind=segment)
+    consumequeue_files: dict[str, dict] = field(default_factory=dict)
+    index_files: dict[str, dict] = field(default_factory=dict)
+    txns: dict[str, dict] = field(default_factory=dict)          # appId -> txn
+    lease: dict | None = None
+    consumer_offsets: dict[tuple, int] = field(default_factory=dict)
+    retention: dict | None = None
+
+    # -- replay ------------------------------------------------------------
+    def apply(self, action: Action) -> None:
+        if len(action) != 1:
+            raise CorruptStoreError(f"an action has exactly one key, got {sorted(action)}")
+        (kind, body), = action.items()
+        if kind == "protocol":
+            if body.get("minReaderVersion", 1) > fmt.FORMAT_VERSION:
+                raise UnsupportedFormatError(
+                    f"store needs reader version {body['minReaderVersion']}; this sparkmq "
+                    f"reads format version {fmt.FORMAT_VERSION}. Upgrade sparkmq.")
+            self.protocol = body
+        elif kind == "metaData":
+            self.metadata = body
+        elif kind == "topic":
+            self.topics_by_id[body["id"]] = body
+            for name, t in list(self.topics.items()):
+                if t["id"] == body["id"]:
+                    del self.topics[name]
+            if not body.get("deleted"):
+                self.topics[body["name"]] = body
+        elif kind == "add":
+            target = self._files(body.get("kind"))
+            target[body["path"]] = body
+        elif kind == "remove":
+            for target in (self.segments, self.consumequeue_files, self.index_files):
+                target.pop(body["path"], None)
+        elif kind == "txn":
+            self.txns[body["appId"]] = body
+        elif kind == "lease":
+            self.lease = body
+        elif kind == "consumerOffset":
+            key = (body["group"], body["topicId"], body["queueId"], body.get("clientId") or "")
+            if body.get("offset") is None:
+                self.consumer_offsets.pop(key, None)
+            else:
+                self.consumer_offsets[key] = int(body["offset"])
+        elif kind == "retention":
+            self.retention = body
+        elif kind == "commitInfo":
+            self.timestamp_ms = int(body.get("timestamp", self.timestamp_ms))
+        else:
+            # Unknown actions from newer writers of the same reader version are ignored.
+            log.debug("ignoring unknown action %s", kind)
+
+    def _files(self, kind: str | None) -> dict:
+        if kind == "segment":
+            return self.segments
+        if kind == "consumequeue":
+            return self.consumequeue_files
+        if kind == "index":
+            return self.index_files
+        raise CorruptStoreError(f"add action has unknown kind {kind!r}")
+
+    def copy(self) -> "LogState":
+        return copy.deepcopy(self)
+
+    # -- derived views -----------------------------------------------------
+    @property
+    def store_id(self) -> str:
+        return (self.metadata or {}).get("storeId", "")
+
+    def next_topic_id(self) -> int:
+        return max(self.topics_by_id, default=-1) + 1
+
+    def address_end(self) -> int:
+        """First physical offset after every segment (the next segment's base)."""
+        end = int((self.retention or {}).get("minPhysicalOffset", 0))
+        for add in self.segments.values():
+            end = max(end, int(add["baseOffset"]) + int(add.get("reservedSize", add["size"])))
+        return end
+
+    def min_physical_offset(self) -> int:
+        return int((self.retention or {}).get("minPhysicalOffset", 0))
+
+    def queue_max_offsets(self) -> dict[tuple[int, int], int]:
+        """(topic_id, queue_id) -> next queue offset, from the ConsumeQueue file stats."""
+        out: dict[tuple[int, int], int] = {}
+        for add in self.consumequeue_files.values():
+            for q in add.get("queues", ()):
+                key = (q["topicId"], q["queueId"])
+                out[key] = max(out.get(key, 0), int(q["maxOffset"]))
+        return out
+
+    def queue_min_offsets(self) -> dict[tuple[int, int], int]:
+        """(topic_id, queue_id) -> first queue offset still stored."""
+        out: dict[tuple[int, int], int] = {}
+        for add in self.consumequeue_files.values():
+            for q in add.get("queues", ()):
+                key = (q["topicId"], q["queueId"])
+                out[key] = min(out.get(key, 1 << 62), int(q["minOffset"]))
+        for q in (self.retention or {}).get("queues", ()):
+            key = (q["topicId"], q["queueId"])
+            if key in out:
+                out[key] = max(out[key], int(q["minOffset"]))
+        return out
+
+    def live_actions(self) -> list[Action]:
+        """The actions that rebuild this state (the content of a checkpoint)."""
+        out: list[Action] = []
+        if self.protocol:
+            out.append({"protocol": self.protocol})
+        if self.metadata:
+            out.append({"metaData": self.metadata})
+        for t in sorted(self.topics_by_id.values(), key=lambda t: t["id"]):
+            out.append({"topic": t})
+        for files in (self.segments, self.consumequeue_files, self.index_files):
+            for add in files.values():
+                out.append({"add": add})
+        for txn in self.txns.values():
+            out.append({"txn": txn})
+        if self.lease:
+            out.append({"lease": self.lease})
+        for (group, tid, qid, cid), off in sorted(self.consumer_offsets.items()):
+            out.append({"consumerOffset": {"group": group, "topicId": tid, "queueId": qid,
+                                           "clientId": cid or None, "offset": off}})
+        if self.retention:
+            out.append({"retention": self.retention})
+        out.append({"commitInfo": {"timestamp": self.timestamp_ms, "operation": "CHECKPOINT"}})
+        return out
+
+
+def encode_actions(actions: Iterable[Action]) -> bytes:
+    return ("\n".join(json.dumps(a, separators=(",", ":"), sort_keys=True) for a in actions)
+            + "\n").encode()
+
+
+def decode_actions(data: bytes, where: str) -> list[Action]:
+    out = []
+    for n, line in enumerate(data.decode().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise CorruptStoreError(f"{where} line {n} is not JSON: {exc}") from exc
+    return out
+
+
+class TransactionLog:
+    """Reads and commits the numbered versions under ``_log/``."""
+
+    def __init__(self, sfs: StoreFS, *, checkpoint_interval_versions: int = 10,
+                 clock_ms: Callable[[], int] | None = None):
+        self.sfs = sfs
+        self.checkpoint_interval_versions = checkpoint_interval_versions
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+
+    # -- reading -----------------------------------------------------------
+    def exists(self) -> bool:
+        return self.sfs.exists(fmt.commit_file(0))
+
+    def versions(self) -> list[int]:
+        names = self.sfs.list_names(fmt.LOG_DIR)
+        return sorted(v for v in (fmt.parse_commit_file(n) for n in names) if v is not None)
+
+    def latest_version(self) -> int:
+        versions = self.versions()
+        return versions[-1] if versions else -1
+
+    def read_version(self, version: int) -> list[Action]:
+        rel = fmt.commit_file(version)
+        try:
+            data = self.sfs.read_bytes(rel)
+        except FileNotFoundError:
+            raise VersionNotFoundError(f"version {version} is not in the log") from None
+        return decode_actions(data, rel)
+
+    def _last_checkpoint(self) -> int | None:
+        try:
+            data = json.loads(self.sfs.read_bytes(fmt.last_checkpoint_file()))
+            return int(data["version"])
+        except (FileNotFoundError, ValueError, KeyError, json.JSONDecodeError):
+            return None
+
+    def _load_checkpoint(self, version: int) -> LogState | None:
+        rel = fmt.checkpoint_file(version)
+        try:
+            actions = decode_actions(self.sfs.read_bytes(rel), rel)
+        except FileNotFoundError:
+            return None
+        state = LogState()
+        for a in actions:
+            state.apply(a)
+        state.version = version
+        return state
+
+    def snapshot(self, version: int | None = None, *, timestamp_ms: int | None = None,
+                 base: LogState | None = None) -> LogState:
+        """The state at ``version`` (default: newest), or the newest at or before
+        ``timestamp_ms``. ``base`` (an older state) is brought forward instead of
+        starting from a checkpoint."""
+        if timestamp_ms is not None:
+            version = self.version_at(timestamp_ms)
+        latest = self.latest_version()
+        if latest < 0:
+            raise StoreNotFoundError(
+                f"no store at {self.sfs.url!r} (no {fmt.LOG_DIR}/ commit 0); "
+                "create it with Store.open(url, create=True)")
+        if version is None:
+            version = latest
+        if version < 0 or version > latest:
+            raise VersionNotFoundError(
+                f"version {version} does not exist; the log has versions up to {latest}")
+        state = None
+        if base is not None and base.version <= version:
+            state = base.copy()
+        if state is None or state.version < 0:
+            cp = self._checkpoint_at_or_before(version)
+            state = self._load_checkpoint(cp) if cp is not None else None
+            if state is None:
+                state = LogState()
+        for v in range(state.version + 1, version + 1):
+            try:
+                actions = self.read_version(v)
+            except VersionNotFoundError:
+                raise VersionNotFoundError(
+                    f"version {v} is missing from the log (needed to build version {version}); "
+                    "it may have been cleaned up: read a newer version") from None
+            for a in actions:
+                state.apply(a)
+            state.version = v
+        return state
+
+    def _checkpoint_at_or_before(self, version: int) -> int | None:
+        last = self._last_checkpoint()
+        if last is not None and last <= version:
+            return last
+        names = self.sfs.list_names(fmt.LOG_DIR)
+        cps = [c for c in (fmt.parse_checkpoint_file(n) for n in names)
+               if c is not None and c <= version]
+        return max(cps) if cps else None
+
+    def commit_timestamp(self, version: int) -> int:
+        for a in self.read_version(version):
+            if "commitInfo" in a:
+                return int(a["commitInfo"].get("timestamp", 0))
+        return 0
+
+    def version_at(self, timestamp_ms: int) -> int:
+        """The newest version committed at or before ``timestamp_ms``."""
+        versions = self.versions()
+        if not versions:
+            raise StoreNotFoundError(f"no store at {self.sfs.url!r}")
+        lo, hi = 0, len(versions) - 1
+        if self.commit_timestamp(versions[0]) > timestamp_ms:
+            raise VersionNotFoundError(
+                f"no version at or before timestamp {timestamp_ms}; the first version was "
+                f"committed at {self.commit_timestamp(versions[0])}")
+        while lo < hi:  # commit timestamps are monotonic
+            mid = (lo + hi + 1) // 2
+            if self.commit_timestamp(versions[mid]) <= timestamp_ms:
+                lo = mid
+            else:
+                hi = mid - 1
+        return versions[lo]
+
+    # -- writing -----------------------------------------------------------
+    def try_commit(self, version: int, actions: list[Action], *, previous_ts: int,
+                   operation: str, parameters: dict | None = None) -> int | None:
+        """Write ``version`` if no one has; its commit timestamp, or None if another
+        writer won it."""
+        ts = max(self.clock_ms(), previous_ts)
+        info = {"commitInfo": {"timestamp": ts, "operation": operation,
+                               "operationParameters": parameters or {}}}
+        won = self.sfs.put_if_absent(fmt.commit_file(version), encode_actions([*actions, info]))
+        return ts if won else None
+
+    def commit(self, build: Callable[[LogState], list[Action] | None], *,
+               operation: str, parameters: dict | None = None,
+               state: LogState | None = None, retries: int = 50) -> LogState:
+        """Commit the actions ``build(state)`` returns at the next version.
+
+        ``build`` sees the newest snapshot and may raise to refuse; it returns
+        None to commit nothing. On a lost race the snapshot is refreshed and
+        ``build`` runs again, up to ``retries`` times. Returns the state after
+        the commit (or the fresh state if nothing was committed).
+        """
+        state = self.snapshot(base=state)
+        for attempt in range(retries + 1):
+            actions = build(state)
+            if actions is None:
+                return state
+            version = state.version + 1
+            ts = self.try_commit(version, actions, previous_ts=state.timestamp_ms,
+                                 operation=operation, parameters=parameters)
+            if ts is not None:
+                new = state.copy()
+                for a in actions:
+                    new.apply(a)
+                new.version = version
+                new.timestamp_ms = ts
+                self._maybe_checkpoint(new)
+                return new
+            log.debug("lost the race for version %d (attempt %d); refreshing", version, attempt)
+            state = self.snapshot(base=state)
+            if attempt > 3:
+                time.sleep(min(0.2, 0.002 * (2 ** min(attempt, 7))))
+        raise CommitConflictError(
+            f"{operation}: other writers won {retries + 1} versions in a row; try again")
+
+    def create(self, actions: list[Action]) -> LogState:
+        """Write version 0 (a new store); raises if one exists."""
+        if self.try_commit(0, actions, previous_ts=0, operation="CREATE STORE") is None:
+            raise CommitConflictError("another writer created this store at the same time")
+        return self.snapshot(0)
+
+    def _maybe_checkpoint(self, state: LogState) -> None:
+        if state.version == 0 or state.version % self.checkpoint_interval_versions:
+            return
+        self.write_checkpoint(state)
+
+    def write_checkpoint(self, state: LogState) -> None:
+        data = encode_actions(state.live_actions())
+        self.sfs.put_if_absent(fmt.checkpoint_file(state.version), data)
+        last = self._last_checkpoint()
+        if last is None or last < state.version:
+            self.sfs.replace(fmt.last_checkpoint_file(),
+                             json.dumps({"version": state.version}).encode())
