@@ -1,0 +1,1 @@
+"""The NameServer routing registry. Not built yet (issue 4)."""
