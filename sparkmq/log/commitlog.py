@@ -55,7 +55,7 @@ class CommitLog:
         self._cache: OrderedDict[int, pa.RecordBatch] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
-        self._flush_lock = threading.Lock()
+        self._flush_lock = threading.RLock()   # also held while a segment is sealed
         self.flushed_offset = 0               # physical offset up to which bytes are flushed
         self.written_offset = 0               # physical offset after the last appended byte
 
@@ -134,19 +134,20 @@ class CommitLog:
         """Seal the active segment without starting a new one (adoption, close)."""
         if self.active is None:
             return None
-        a = self.active
-        if a.size <= seg.HEADER_SIZE:
-            return None   # empty: keep it active
-        a.append(seg.EOS)
-        self.flush(sync=True)
-        with self._lock:
-            ref = self._ref(a.rel_path)
-            ref.size = a.size
-            ref.sealed = True
-        a.close()
-        self.active = None
-        self.written_offset = ref.end_offset
-        return ref
+        with self._flush_lock:
+            a = self.active
+            if a.size <= seg.HEADER_SIZE:
+                return None   # empty: keep it active
+            a.append(seg.EOS)
+            self.flush(sync=True)
+            with self._lock:
+                ref = self._ref(a.rel_path)
+                ref.size = a.size
+                ref.sealed = True
+            a.close()
+            self.active = None
+            self.written_offset = ref.end_offset
+            return ref
 
     def _ref(self, path: str) -> SegmentRef:
         for r in self._segments:
