@@ -1,0 +1,507 @@
+"""Committers: how staged segment files (written by Spark tasks) join a store.
+
+A writer task stages a sealed segment file under ``commitlog/w-<job>-...``
+(:func:`sparkmq.log.format.staged_segment_file`); nothing reads it until a
+committer makes it part of the store. The contract of every
+:class:`Committer`:
+
+* **Atomic**: all staged files of one ``commit`` become visible in ONE
+  transaction-log version, or none do.
+* **Idempotent**: with ``(app_id, app_version)``, a version already recorded
+  in the log's ``txn`` actions (same app id, version at or above) is skipped
+  and reported as ``skipped``; this is what makes streaming writes exactly
+  once (app id = the query's writer id, version = the micro-batch id).
+* **Offsets are assigned at commit**: segment files never hold queue
+  offsets. Each staged segment is placed in the CommitLog's address space and
+  its rows get queue offsets that continue every (topic, queue); on a lost
+  race both are re-assigned from the winner's state and no data file is
+  rewritten (only the small ConsumeQueue and Index side files are).
+
+Who commits (:func:`committer_for`):
+
+* no live writer lease -> :class:`DirectCommitter` (the driver commits through
+  the transaction log with put-if-absent, re-read and retry);
+* the lease is held by a :class:`~sparkmq.log.store.Store` open for writing
+  in this process -> :class:`StoreCommitter` (``Store.adopt``);
+* the lease is held by another process (a broker) -> :class:`BrokerCommitter`,
+  which hands the commit to the lease holder's admin endpoint (recorded as
+  ``endpoint`` in the lease action). Until the broker records one, it refuses
+  with :class:`~sparkmq.errors.StoreLockedError`.
+
+A lease that was never released and whose holder is gone (a crash) makes
+every committer refuse with :class:`~sparkmq.errors.UncleanWriterError`: the
+crashed writer's unpublished CommitLog tail must be recovered first (open the
+store for writing once), else staged segments would be placed over it.
+
+This module imports neither pyspark nor anything network-bound except
+``urllib`` for the broker hand-off. Thread-safety: every committer may be used
+from several threads; concurrent commits from several processes are safe
+(put-if-absent picks one winner per version, the others retry).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import (InvalidConfigError, PermissionDeniedError, QueueNotFoundError,
+                      StoreLockedError, TopicNotFoundError, UncleanWriterError, UserError)
+from . import format as fmt
+from . import segment as seg
+from .consumequeue import Chunk, chunks_to_side_table, consumequeue_add, write_side_table
+from .fs import StoreFS
+from .index import index_add, index_entries
+from .names import validate_group
+from .store import _LIVE_TOKENS, PERM_WRITE, CommitResult
+from .txlog import LogState, TransactionLog
+
+log = logging.getLogger("sparkmq.committer")
+
+SIDE_TABLE_ROW_GROUP_ROWS = 65_536
+COMMIT_RETRIES = 50
+BROKER_TIMEOUT_S = 120.0
+
+
+class Committer(Protocol):
+    """Makes staged segment files part of a store (see the module docstring)."""
+
+    def check(self) -> None:
+        """Raise now if a commit would certainly be refused (locked or unclean store).
+
+        Called on the Spark driver before any task writes, so errors come early."""
+
+    def commit(self, staged_paths: list[str], *, app_id: str | None,
+               app_version: int | None) -> CommitResult:
+        """Make every staged file visible in one log version, or none of them."""
+
+
+# ---------------------------------------------------------------------- leases
+LEASE_FREE = "free"
+LEASE_LIVE = "live"
+LEASE_CRASHED = "crashed"
+
+
+def lease_status(lease: dict | None, now_ms: int) -> str:
+    """``free`` (none, or released), ``live`` (held), or ``crashed`` (its holder is gone).
+
+    A lease is live while it is unexpired and, when its owner runs on this host,
+    the owner process (and in this process, the owning Store) still exists.
+    """
+    if not lease or lease.get("released"):
+        return LEASE_FREE
+    if now_ms > int(lease.get("expiresTime", 0)):
+        return LEASE_CRASHED
+    host, _, rest = str(lease.get("owner", "")).partition(":")
+    pid_s, _, token = rest.partition(":")
+    if host == socket.gethostname() and pid_s.isdigit():
+        pid = int(pid_s)
+        if pid == os.getpid():
+            return LEASE_LIVE if token in _LIVE_TOKENS else LEASE_CRASHED
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return LEASE_CRASHED
+        except PermissionError:
+            return LEASE_LIVE
+    return LEASE_LIVE
+
+
+def _unclean_error(url: str, lease: dict) -> UncleanWriterError:
+    return UncleanWriterError(
+        f"store {url}: the last writer ({lease.get('owner')}, epoch {lease.get('epoch')}) "
+        "stopped without releasing its lease (a crash); its unpublished CommitLog tail must "
+        "be recovered first: open the store for writing once (sparkmq.Store.open(url, "
+        "mode='w').close()), then retry the write")
+
+
+def _locked_error(url: str, lease: dict) -> StoreLockedError:
+    return StoreLockedError(
+        f"store {url}: a broker/writer holds the store ({lease.get('owner')}, epoch "
+        f"{lease.get('epoch')}); commit through it, or stop it and retry")
+
+
+# ---------------------------------------------------------------------- staged files
+@dataclass
+class _Staged:
+    """One staged segment file, read once: its size and (position, batch) pairs."""
+
+    path: str
+    size: int
+    batches: list[tuple[int, pa.RecordBatch]]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(b.num_rows for _, b in self.batches)
+
+
+def _load_staged(sfs: StoreFS, rel: str) -> _Staged:
+    if not fmt.is_relative_store_path(rel) or not rel.startswith(fmt.COMMITLOG_DIR + "/w-"):
+        raise UserError(f"{rel!r} is not a staged segment path of this store")
+    try:
+        buf = sfs.read_buffer(rel)
+    except FileNotFoundError:
+        raise UserError(f"staged segment {rel} does not exist (aborted or cleaned up?); "
+                        "rerun the write") from None
+    res = seg.scan(buf, validate=True)
+    if res.valid_end == 0 or not res.sealed or res.valid_end + 8 != len(buf):
+        raise UserError(f"staged segment {rel} is incomplete or corrupt; rerun the write")
+    return _Staged(rel, len(buf), [(p, seg.read_batch_at(buf, p)) for p in res.positions])
+
+
+def _check_topics(url: str, state: LogState, staged: list[_Staged]) -> None:
+    """Every row's topic exists and is writable; queue ids are in range."""
+    for st in staged:
+        for _, batch in st.batches:
+            topics = batch.column("topic")
+            qids = batch.column("queue_id")
+            for name in pc.unique(topics).to_pylist():
+                conf = state.topics.get(name)
+                if conf is None:
+                    raise TopicNotFoundError(
+                        f"{st.path}: topic {name!r} does not exist in {url} (topics: "
+                        f"{sorted(state.topics) or 'none'}); create it and rerun the write")
+                if not conf["perm"] & PERM_WRITE:
+                    raise PermissionDeniedError(f"topic {name!r} is not writable "
+                                                f"(perm {conf['perm']})")
+                mine = qids.filter(pc.equal(topics, name))
+                lo, hi = pc.min(mine).as_py(), pc.max(mine).as_py()
+                if lo is not None and (lo < 0 or hi >= conf["writeQueueNums"]):
+                    raise QueueNotFoundError(
+                        f"{st.path}: queue_id {hi if hi >= conf['writeQueueNums'] else lo} is "
+                        f"out of range for topic {name!r} (0..{conf['writeQueueNums'] - 1})")
+
+
+def next_queue_offsets(state: LogState) -> dict[tuple[int, int], int]:
+    """(topic_id, queue_id) -> next queue offset, never below a retention floor."""
+    out = dict(state.queue_max_offsets())
+    for q in (state.retention or {}).get("queues", ()):
+        key = (q["topicId"], q["queueId"])
+        out[key] = max(out.get(key, 0), int(q["minOffset"]))
+    return out
+
+
+@dataclass
+class _Placement:
+    """What one attempt decided: segment adds and side tables."""
+
+    segment_adds: list[dict]
+    cq_table: pa.Table
+    index_table: pa.Table | None
+    num_messages: int
+
+
+def _place(state: LogState, staged: list[_Staged], now_ms: int) -> _Placement:
+    """Place staged segments at the end of the address space; assign queue offsets
+    per (topic, queue) in file, batch, row order."""
+    base = state.address_end()
+    nxt = next_queue_offsets(state)
+    taken: list[tuple[int, int, Chunk]] = []
+    index_parts: list[pa.Table] = []
+    adds = []
+    total = 0
+    for st in staged:
+        for pos, batch in st.batches:
+            qos, tids = _assign(state, batch, base + pos, nxt, taken)
+            it = index_entries(batch, tids, qos, base + pos)
+            if it is not None and it.num_rows:
+                index_parts.append(it)
+            total += batch.num_rows
+        adds.append({"add": {"path": st.path, "kind": "segment", "baseOffset": base,
+                             "size": st.size, "sealed": True, "modificationTime": now_ms}})
+        base += st.size
+    index = None
+    if index_parts:
+        index = pa.concat_tables(index_parts).sort_by([("topic_id", "ascending"),
+                                                       ("key", "ascending")])
+    return _Placement(adds, chunks_to_side_table(taken), index, total)
+
+
+def _assign(state: LogState, batch: pa.RecordBatch, batch_offset: int,
+            nxt: dict[tuple[int, int], int], taken: list) -> tuple[np.ndarray, np.ndarray]:
+    """Queue offsets (and topic ids) of one batch's rows; appends its chunks to ``taken``."""
+    n = batch.num_rows
+    enc = pc.dictionary_encode(batch.column("topic"))
+    ids = np.asarray([state.topics[t]["id"] for t in enc.dictionary.to_pylist()], np.int64)
+    tids = ids[enc.indices.to_numpy()] if n else np.zeros(0, np.int64)
+    qids = batch.column("queue_id").to_numpy().astype(np.int64)
+    sizes = pc.binary_length(batch.column("body")).to_numpy().astype(np.int32)
+    tcodes = _tags_codes(batch.column("tags"))
+    ts = batch.column("store_timestamp").cast(pa.int64()).to_numpy()
+    key = (tids << 32) | qids
+    qos = np.zeros(n, np.int64)
+    uniq = np.unique(key)
+    for k in uniq.tolist():
+        tid, qid = k >> 32, k & 0xFFFFFFFF
+        rows = np.flatnonzero(key == k) if len(uniq) > 1 else np.arange(n)
+        start = nxt.get((tid, qid), 0)
+        nxt[(tid, qid)] = start + len(rows)
+        qos[rows] = np.arange(start, start + len(rows))
+        taken.append((tid, qid, Chunk(start, batch_offset, rows.astype(np.int32), sizes[rows],
+                                      tcodes[rows], ts[rows])))
+    return qos, tids
+
+
+def _tags_codes(tags: pa.Array) -> np.ndarray:
+    n = len(tags)
+    if tags.null_count == n:
+        return np.zeros(n, np.int64)
+    enc = pc.dictionary_encode(tags)
+    codes = np.asarray([fmt.tags_code(t) for t in enc.dictionary.to_pylist()] + [0], np.int64)
+    return codes[enc.indices.fill_null(len(codes) - 1).to_numpy()]
+
+
+# ---------------------------------------------------------------------- direct
+class DirectCommitter:
+    """Commits staged segments straight through the transaction log (no broker).
+
+    Runs on the Spark driver (or any process). Refuses while a writer lease is
+    live (:class:`StoreLockedError`) or was left by a crash
+    (:class:`UncleanWriterError`). Safe to share between threads; any number of
+    DirectCommitters in any processes may commit at once.
+    """
+
+    def __init__(self, url: str, storage_options: dict | None = None, *,
+                 retries: int = COMMIT_RETRIES):
+        self.url = url
+        self.sfs = StoreFS(url, storage_options)
+        self.txlog = TransactionLog(self.sfs)
+        self.retries = retries
+
+    def check(self) -> None:
+        state = self.txlog.snapshot()
+        self._check_lease(state)
+
+    def _check_lease(self, state: LogState) -> None:
+        status = lease_status(state.lease, self.txlog.clock_ms())
+        if status == LEASE_LIVE:
+            raise _locked_error(self.url, state.lease)
+        if status == LEASE_CRASHED:
+            raise _unclean_error(self.url, state.lease)
+
+    def commit(self, staged_paths: Sequence[str], *, app_id: str | None = None,
+               app_version: int | None = None) -> CommitResult:
+        """Commit ``staged_paths`` in one version (see the module docstring)."""
+        if (app_id is None) != (app_version is None):
+            raise InvalidConfigError("app_id and app_version go together (both or neither)")
+        paths = list(dict.fromkeys(staged_paths))
+        staged = [_load_staged(self.sfs, p) for p in paths]   # read once, outside the retries
+        written: list[str] = []
+        outcome: dict = {}
+
+        def build(state: LogState):
+            self.sfs.delete_many(written)      # a lost race: drop the loser's side files
+            written.clear()
+            self._check_lease(state)
+            if app_id is not None:
+                done = state.txns.get(app_id)
+                if done is not None and int(done["version"]) >= int(app_version):
+                    outcome["skipped"] = True
+                    return None
+            already = [p for p in paths if p in state.segments]
+            if already:
+                raise UserError(f"staged segments already committed: {already[:3]}")
+            _check_topics(self.url, state, staged)
+            now = self.txlog.clock_ms()
+            placed = _place(state, staged, now)
+            actions = list(placed.segment_adds)
+            actions.extend(self._write_side_files(placed, written))
+            if app_id is not None:
+                actions.append({"txn": {"appId": app_id, "version": int(app_version),
+                                        "lastUpdated": now}})
+            outcome["messages"] = placed.num_messages
+            return actions
+
+        try:
+            state = self.txlog.commit(build, operation="WRITE", retries=self.retries,
+                                      parameters={"files": len(paths), "appId": app_id,
+                                                  "appVersion": app_version})
+        except BaseException:
+            if not self._committed(written):
+                self.sfs.delete_many(written)
+            raise
+        if outcome.get("skipped"):
+            log.info("store %s: %s version %s already committed; skipped", self.url, app_id,
+                     app_version)
+            return CommitResult(state.version, 0, skipped=True)
+        return CommitResult(state.version, int(outcome.get("messages", 0)))
+
+    def _write_side_files(self, placed: _Placement, written: list[str]) -> list[dict]:
+        actions = []
+        if placed.cq_table.num_rows:
+            rel = fmt.consumequeue_file()
+            written.append(rel)
+            size = write_side_table(self.sfs, rel, placed.cq_table,
+                                    row_group_rows=SIDE_TABLE_ROW_GROUP_ROWS)
+            actions.append({"add": consumequeue_add(rel, placed.cq_table, size)})
+        if placed.index_table is not None:
+            rel = fmt.index_file()
+            written.append(rel)
+            size = write_side_table(self.sfs, rel, placed.index_table,
+                                    row_group_rows=SIDE_TABLE_ROW_GROUP_ROWS)
+            actions.append({"add": index_add(rel, placed.index_table, size)})
+        return actions
+
+    def _committed(self, side_files: list[str]) -> bool:
+        """True if a side file of ours made it into the newest version (the commit won)."""
+        if not side_files:
+            return False
+        try:
+            state = self.txlog.snapshot()
+        except Exception:
+            return True    # cannot tell: keep the files (orphans are harmless)
+        return any(f in state.consumequeue_files or f in state.index_files for f in side_files)
+
+
+# ---------------------------------------------------------------------- in-process store
+class StoreCommitter:
+    """Hands the commit to a Store open for writing in this process (``Store.adopt``)."""
+
+    def __init__(self, store):
+        self.store = store
+        self.url = store.url
+
+    def check(self) -> None:
+        self.store._require_writable()
+
+    def commit(self, staged_paths: Sequence[str], *, app_id: str | None = None,
+               app_version: int | None = None) -> CommitResult:
+        return self.store.adopt(list(staged_paths), app_id=app_id, app_version=app_version)
+
+
+# ---------------------------------------------------------------------- broker
+class BrokerCommitter:
+    """Hands the commit to the broker holding the store's writer lease.
+
+    The broker records its admin endpoint (``http://host:port``) as
+    ``endpoint`` in its lease action. The hand-off is one HTTP request::
+
+        POST <endpoint>/admin/adopt
+        {"url": ..., "paths": [...], "appId": ... | null, "appVersion": ... | null}
+        -> 200 {"version": N, "numMessages": M, "skipped": false}
+        -> 4xx/5xx {"code": "SPARKMQ_...", "message": "..."}
+
+    and the broker answers it with ``Store.adopt`` (same atomicity and
+    idempotence). Without an endpoint (a broker that predates it, or a plain
+    ``Store`` in another process) the commit is refused with StoreLockedError.
+    """
+
+    def __init__(self, url: str, lease: dict, *, timeout_s: float = BROKER_TIMEOUT_S):
+        self.url = url
+        self.lease = dict(lease)
+        self.endpoint = self.lease.get("endpoint")
+        self.timeout_s = timeout_s
+
+    def check(self) -> None:
+        if not self.endpoint:
+            raise StoreLockedError(
+                f"store {self.url}: a broker/writer holds the store ({self.lease.get('owner')}, "
+                f"epoch {self.lease.get('epoch')}) and publishes no admin endpoint; commit "
+                "through it (the broker commit path arrives with the broker), or stop it "
+                "and retry")
+
+    def commit(self, staged_paths: Sequence[str], *, app_id: str | None = None,
+               app_version: int | None = None) -> CommitResult:
+        self.check()
+        body = json.dumps({"url": self.url, "paths": list(staged_paths), "appId": app_id,
+                           "appVersion": app_version}).encode()
+        req = urllib.request.Request(self.endpoint.rstrip("/") + "/admin/adopt", data=body,
+                                     headers={"Content-Type": "application/json"},
+                                     method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                out = json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            raise StoreLockedError(f"broker at {self.endpoint} refused the commit "
+                                   f"({exc.code}): {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise StoreLockedError(f"broker at {self.endpoint} did not answer the commit: "
+                                   f"{exc}; the staged files are kept, retry") from None
+        return CommitResult(int(out["version"]), int(out.get("numMessages", 0)),
+                            skipped=bool(out.get("skipped")))
+
+
+def committer_for(url: str, storage_options: dict | None = None) -> Committer:
+    """The committer for the store's current lease holder (see the module docstring).
+
+    A crashed holder yields a DirectCommitter, which refuses with UncleanWriterError.
+    """
+    direct = DirectCommitter(url, storage_options)
+    state = direct.txlog.snapshot()
+    lease = state.lease
+    if lease_status(lease, direct.txlog.clock_ms()) != LEASE_LIVE:
+        return direct
+    host, _, rest = str(lease.get("owner", "")).partition(":")
+    pid_s, _, token = rest.partition(":")
+    if host == socket.gethostname() and pid_s == str(os.getpid()):
+        store = _LIVE_TOKENS.get(token)
+        if store is not None:
+            return StoreCommitter(store)
+    return BrokerCommitter(url, lease)
+
+
+# ---------------------------------------------------------------------- offsets, cleanup
+def commit_consumer_offsets(url: str, group: str, offsets: dict[tuple[str, int], int],
+                            storage_options: dict | None = None, *,
+                            client_id: str | None = None) -> int:
+    """Record ``group``'s next offsets per (topic, queue_id) in one log version.
+
+    Allowed while a broker holds the lease: consumerOffset actions do not
+    conflict with its commits (it re-reads the log on its next commit).
+    Returns the committed version (or the current one if ``offsets`` is empty).
+    """
+    validate_group(group)
+    txlog = TransactionLog(StoreFS(url, storage_options))
+
+    def build(state: LogState):
+        actions = []
+        for (topic, qid), off in sorted(offsets.items()):
+            t = state.topics.get(topic)
+            if t is None:
+                raise TopicNotFoundError(f"topic {topic!r} does not exist in {url}")
+            actions.append({"consumerOffset": {"group": group, "topicId": t["id"],
+                                               "queueId": int(qid), "offset": int(off),
+                                               "clientId": client_id}})
+        return actions or None
+    return txlog.commit(build, operation="COMMIT OFFSETS", parameters={"group": group},
+                        retries=COMMIT_RETRIES).version
+
+
+def uncommitted_staged_files(url: str, job_id: str, *,
+                             storage_options: dict | None = None) -> list[str]:
+    """Staged files of ``job_id`` that no committed version of the newest state lists."""
+    sfs = StoreFS(url, storage_options)
+    prefix = fmt.staged_prefix(job_id)
+    folder, _, name_prefix = prefix.rpartition("/")
+    names = [n for n in sfs.list_names(folder) if n.startswith(name_prefix)]
+    if not names:
+        return []
+    state = TransactionLog(sfs).snapshot()
+    return [f"{folder}/{n}" for n in names if f"{folder}/{n}" not in state.segments]
+
+
+def abort_job(url: str, job_id: str, *, storage_options: dict | None = None,
+              paths: Sequence[str] = ()) -> list[str]:
+    """Delete the job's staged files (its prefix, plus ``paths``) that are not committed.
+
+    Files a committed version lists are never deleted, so calling this after a
+    commit that did succeed is harmless. Returns the deleted paths.
+    """
+    sfs = StoreFS(url, storage_options)
+    doomed = set(uncommitted_staged_files(url, job_id, storage_options=storage_options))
+    extra = [p for p in paths if p and fmt.is_relative_store_path(p)
+             and p.startswith(fmt.COMMITLOG_DIR + "/w-")]
+    if extra:
+        state = TransactionLog(sfs).snapshot()
+        doomed.update(p for p in extra if p not in state.segments)
+    sfs.delete_many(sorted(doomed))
+    return sorted(doomed)
