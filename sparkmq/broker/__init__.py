@@ -1,1 +1,47 @@
-"""The broker daemon (RocketMQ 5.x gRPC MessagingService over a store). Not built yet (issue 4)."""
+"""The broker daemon: a store served over the RocketMQ 5.x gRPC MessagingService.
+
+Run it with ``python -m sparkmq.broker -c conf/broker-a.properties``;
+:func:`main` is the entry point ``sparkmq broker`` calls. See
+:mod:`sparkmq.broker.broker` for the lifecycle and :mod:`sparkmq.broker.service`
+for the protocol mapping.
+"""
+from __future__ import annotations
+
+from .broker import Broker, BrokerState
+from .config import BrokerConfig, load_properties
+
+__all__ = ["Broker", "BrokerState", "BrokerConfig", "load_properties", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a broker until SIGINT/SIGTERM. ``-c FILE`` (properties), ``-n namesrvAddr``,
+    ``-p listenPort``, ``--admin-port``, ``--store`` override the file."""
+    import argparse
+    import logging
+    import signal
+    import threading
+
+    p = argparse.ArgumentParser(prog="sparkmq broker", description="run a sparkmq broker")
+    p.add_argument("-c", "--config", help="broker.properties file (RocketMQ names)")
+    p.add_argument("-n", "--namesrv", help="NameServer addresses, 'h:p;h:p'")
+    p.add_argument("-p", "--port", type=int, help="gRPC listenPort")
+    p.add_argument("--admin-port", type=int, help="HTTP adminPort")
+    p.add_argument("--store", help="storePathRootDir")
+    args = p.parse_args(argv)
+    props = load_properties(args.config) if args.config else {}
+    for key, val in (("namesrvAddr", args.namesrv), ("listenPort", args.port),
+                     ("adminPort", args.admin_port), ("storePathRootDir", args.store)):
+        if val is not None:
+            props[key] = str(val)
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    broker = Broker(BrokerConfig.from_properties(props))
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    broker.start()
+    print(f"sparkmq broker {broker.config.broker_name} running: gRPC {broker.endpoint}, "
+          f"admin http://{broker.config.host}:{broker.admin_port}", flush=True)
+    done.wait()
+    broker.stop()
+    return 0

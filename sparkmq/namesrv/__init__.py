@@ -1,1 +1,45 @@
-"""The NameServer routing registry. Not built yet (issue 4)."""
+"""The NameServer: the routing registry brokers register with (HTTP/JSON on loopback).
+
+Run it with ``python -m sparkmq.namesrv -p 9876`` (or ``-c conf/namesrv.properties``);
+:func:`main` is the entry point ``sparkmq namesrv`` calls.
+"""
+from __future__ import annotations
+
+from .client import NameServerClient, parse_addresses
+from .registry import BrokerRegistration, RouteRegistry
+from .server import DEFAULT_PORT, NameServer
+
+__all__ = ["NameServer", "NameServerClient", "RouteRegistry", "BrokerRegistration",
+           "DEFAULT_PORT", "parse_addresses", "main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a NameServer until SIGINT/SIGTERM. Options: ``-p PORT``, ``-c FILE``
+    (properties: listenPort, brokerExpiryMs, scanIntervalMs), ``--host``."""
+    import argparse
+    import logging
+    import signal
+    import threading
+
+    from ..broker.config import load_properties
+
+    p = argparse.ArgumentParser(prog="sparkmq namesrv", description="run a NameServer")
+    p.add_argument("-c", "--config", help="namesrv.properties file")
+    p.add_argument("-p", "--port", type=int, help=f"listen port (default {DEFAULT_PORT})")
+    p.add_argument("--host", default="127.0.0.1")
+    args = p.parse_args(argv)
+    props = load_properties(args.config) if args.config else {}
+    port = args.port if args.port is not None else int(props.get("listenPort", DEFAULT_PORT))
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    srv = NameServer(host=args.host, port=port,
+                     broker_expiry_ms=int(props.get("brokerExpiryMs", 120_000)),
+                     scan_interval_ms=int(props.get("scanIntervalMs", 10_000)))
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    srv.start()
+    print(f"sparkmq NameServer listening on {srv.address}", flush=True)
+    done.wait()
+    srv.stop()
+    return 0

@@ -1,0 +1,464 @@
+"""The broker daemon: one store, the gRPC MessagingService, the admin endpoint.
+
+Lifecycle (explicit states, logged): ``STARTING`` -> ``RECOVERING`` (the store
+is opened for writing: writer lease, crash recovery) -> ``RUNNING`` (gRPC and
+HTTP serve, registered with every NameServer) -> ``STOPPING`` (servers stop,
+consumer offsets persisted, unregistered, store closed) -> ``STOPPED``.
+
+Named background services: ``RegisterBrokerService`` (every
+``registerBrokerIntervalMs``, and at once when a topic is created) and
+``ConsumerOffsetPersistService`` (every ``flushConsumerOffsetInterval``, and
+at stop). Long polling is woken by the store's arrival listener.
+
+Thread-safety: the store and the pop service are thread-safe; the gRPC server
+calls the broker from many threads.
+"""
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import threading
+import time
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+import grpc
+from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
+
+from ..errors import SparkMQError, TopicNotFoundError
+from ..log.message import Message, StoredMessage
+from ..log.services import ServiceThread
+from ..log.store import Store
+from ..namesrv.client import NameServerClient
+from .config import BrokerConfig
+from .longpoll import ArrivalNotifier
+from .metrics import Metrics
+from .pop import PopService, TagFilter
+
+log = logging.getLogger("sparkmq.broker")
+
+MIN_WAIT_S = 0.01
+
+
+class BrokerState(enum.Enum):
+    STARTING = "starting"
+    RECOVERING = "recovering"
+    RUNNING = "running"
+    STOPPING = "stopping"
+    STOPPED = "stopped"
+
+
+class ClientRegistry:
+    """Clients seen by heartbeat/settings: client id -> (group, type, last seen ms)."""
+
+    def __init__(self, clock_ms: Callable[[], int]):
+        self.clock_ms = clock_ms
+        self._lock = threading.Lock()
+        self._clients: dict[str, tuple[str | None, int, int]] = {}
+
+    def heartbeat(self, client_id: str, group: str | None, client_type: int) -> None:
+        with self._lock:
+            self._clients[client_id] = (group, client_type, self.clock_ms())
+
+    def remove(self, client_id: str) -> None:
+        with self._lock:
+            self._clients.pop(client_id, None)
+
+    def groups(self) -> dict[str, int]:
+        with self._lock:
+            out: dict[str, int] = {}
+            for group, _, _ in self._clients.values():
+                if group:
+                    out[group] = out.get(group, 0) + 1
+            return out
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._clients)
+
+
+class RegisterBrokerService(ServiceThread):
+    name = "register-broker"
+
+    def __init__(self, broker: "Broker", interval_ms: int):
+        super().__init__(interval_ms)
+        self.broker = broker
+
+    def run_once(self) -> None:
+        self.broker.register_once()
+
+
+class ConsumerOffsetPersistService(ServiceThread):
+    name = "consumer-offset-persist"
+
+    def __init__(self, broker: "Broker", interval_ms: int):
+        super().__init__(interval_ms)
+        self.broker = broker
+
+    def run_once(self) -> None:
+        self.broker.persist_offsets()
+
+
+class Broker:
+    """One broker; ``start()`` / ``stop()`` (idempotent). See the module docstring."""
+
+    def __init__(self, config: BrokerConfig, *, clock_ms: Callable[[], int] | None = None):
+        self.config = config
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.state = BrokerState.STOPPED
+        self.store: Store | None = None
+        self.pop: PopService | None = None
+        self.notifier = ArrivalNotifier()
+        self.metrics = Metrics()
+        self.clients = ClientRegistry(self.clock_ms)
+        self.namesrv = NameServerClient(config.namesrv_addr) if config.namesrv_addr else None
+        self._grpc: grpc.Server | None = None
+        self._admin: ThreadingHTTPServer | None = None
+        self._services: list[ServiceThread] = []
+        self._register_service: RegisterBrokerService | None = None
+        self._topic_lock = threading.Lock()
+        self.listen_port = config.listen_port
+        self.admin_port = config.admin_port
+        self.started_ms = 0
+
+    # ------------------------------------------------------------ lifecycle
+    def _set_state(self, state: BrokerState) -> None:
+        self.state = state
+        log.info("broker %s#%d: %s", self.config.broker_name, self.config.broker_id, state.value)
+
+    def start(self) -> "Broker":
+        self._set_state(BrokerState.STARTING)
+        self._set_state(BrokerState.RECOVERING)
+        cfg = self.config
+        self.store = Store.open(cfg.store_path, mode="w", clock_ms=self.clock_ms,
+                                **cfg.store_config_options())
+        if self.store.recovered_from_crash:
+            log.warning("store %s: recovered after a crash (abort marker found)", cfg.store_path)
+        self.pop = PopService(self.store, broker_name=cfg.broker_name,
+                              max_delivery_attempts=cfg.max_delivery_attempts,
+                              consume_from_where=cfg.consume_from_where, clock_ms=self.clock_ms,
+                              on_topic_created=self._topic_created)
+        self.store.add_listener(self.notifier.on_arrival)
+        try:
+            self._start_grpc()
+            self._start_admin()
+        except BaseException:
+            self._stop_servers()
+            self.store.close()
+            self._set_state(BrokerState.STOPPED)
+            raise
+        self._start_services()
+        self.started_ms = self.clock_ms()
+        self._set_state(BrokerState.RUNNING)
+        log.info("broker %s serving gRPC on %s:%d, admin on http://%s:%d, store %s",
+                 cfg.broker_name, cfg.host, self.listen_port, cfg.host, self.admin_port,
+                 cfg.store_path)
+        return self
+
+    def _start_grpc(self) -> None:
+        limit = max(64 << 20, 2 * self.store.config.max_message_size_bytes)
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers,
+                                       thread_name_prefix="sparkmq-grpc"),
+            options=[("grpc.max_receive_message_length", limit),
+                     ("grpc.max_send_message_length", limit),
+                     ("grpc.so_reuseport", 0)])
+        from .service import MessagingServicer
+        sgrpc.add_MessagingServiceServicer_to_server(MessagingServicer(self), server)
+        port = server.add_insecure_port(f"{self.config.host}:{self.config.listen_port}")
+        if port == 0:
+            raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.listen_port}")
+        self.listen_port = port
+        server.start()
+        self._grpc = server
+
+    def _start_admin(self) -> None:
+        self._admin = ThreadingHTTPServer((self.config.host, self.config.admin_port),
+                                          _admin_handler(self))
+        self._admin.daemon_threads = True
+        self.admin_port = self._admin.server_address[1]
+        threading.Thread(target=self._admin.serve_forever, name="sparkmq-broker-admin",
+                         daemon=True).start()
+
+    def _start_services(self) -> None:
+        persist = ConsumerOffsetPersistService(self, self.config.offset_persist_interval_ms)
+        self._services = [persist]
+        if self.namesrv is not None:
+            self.register_once()
+            self._register_service = RegisterBrokerService(self, self.config.register_interval_ms)
+            self._services.append(self._register_service)
+        for s in self._services:
+            s.start()
+
+    def stop(self) -> None:
+        if self.state in (BrokerState.STOPPED, BrokerState.STOPPING):
+            return
+        self._set_state(BrokerState.STOPPING)
+        self.notifier.close()
+        self._stop_servers()
+        for s in self._services:
+            s.stop()
+        try:
+            self.persist_offsets()
+        except SparkMQError as e:
+            log.error("could not persist consumer offsets at stop: %s", e)
+        if self.namesrv is not None:
+            self.namesrv.unregister(self.config.broker_name, self.config.broker_id)
+        self.store.close()
+        self._set_state(BrokerState.STOPPED)
+
+    def _stop_servers(self) -> None:
+        if self._grpc is not None:
+            self._grpc.stop(grace=1.0).wait(5)
+            self._grpc = None
+        if self._admin is not None:
+            self._admin.shutdown()
+            self._admin.server_close()
+            self._admin = None
+
+    def __enter__(self) -> "Broker":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.config.host}:{self.listen_port}"
+
+    # ------------------------------------------------------------ registration
+    def registration(self) -> dict:
+        topics = {name: {"readQueueNums": t["readQueueNums"], "writeQueueNums": t["writeQueueNums"],
+                         "perm": t["perm"]}
+                  for name, t in self.store.topics().items() if not t.get("deleted")}
+        return {"cluster": self.config.cluster_name, "brokerName": self.config.broker_name,
+                "brokerId": self.config.broker_id, "role": self.config.broker_role,
+                "endpoint": self.endpoint,
+                "adminEndpoint": f"{self.config.host}:{self.admin_port}", "topics": topics}
+
+    def register_once(self) -> None:
+        ok = self.namesrv.register(self.registration())
+        failed = [a for a, good in ok.items() if not good]
+        if failed:
+            log.warning("registration with NameServer(s) %s failed; will retry", failed)
+
+    def _topic_created(self, topic: str) -> None:
+        log.info("topic %s created on %s", topic, self.config.broker_name)
+        if self._register_service is not None:
+            self._register_service.wakeup()
+
+    # ------------------------------------------------------------ routes
+    def local_queues(self, topic: str) -> list[dict]:
+        conf = self.store.topics().get(topic)
+        if conf is None or conf.get("deleted"):
+            return []
+        n = max(conf["readQueueNums"], conf["writeQueueNums"])
+        return [{"brokerName": self.config.broker_name, "brokerId": self.config.broker_id,
+                 "endpoint": self.endpoint, "queueId": q, "perm": conf["perm"],
+                 "readable": q < conf["readQueueNums"], "writable": q < conf["writeQueueNums"]}
+                for q in range(n)]
+
+    def route(self, topic: str) -> list[dict]:
+        """Every queue of ``topic`` in the cluster (this broker's from its store,
+        the others' from the NameServers); auto-creates it here if allowed."""
+        queues = self.local_queues(topic)
+        if self.namesrv is not None:
+            remote = self.namesrv.route(topic) or []
+            me = (self.config.broker_name, self.config.broker_id)
+            queues += [q for q in remote if (q["brokerName"], q["brokerId"]) != me]
+        if not queues and self.store.config.auto_create_topic:
+            self._ensure_topic(topic)
+            queues = self.local_queues(topic)
+        return queues
+
+    def _ensure_topic(self, topic: str) -> bool:
+        """True if ``topic`` exists here (created now when autoCreateTopicEnable)."""
+        if topic in self.store.topics():
+            return True
+        if not self.store.config.auto_create_topic:
+            return False
+        with self._topic_lock:
+            if topic not in self.store.topics():
+                self.store.create_topic(topic, exist_ok=True)
+                self._topic_created(topic)
+        return True
+
+    # ------------------------------------------------------------ send
+    def send(self, messages: list[Message]) -> list:
+        """Append ``messages`` (one store batch when possible); one AppendResult or
+        exception per message, in order. SYNC_FLUSH returns after the fsync."""
+        out: list = [None] * len(messages)
+        ok_idx = []
+        for i, m in enumerate(messages):
+            if self._ensure_topic(m.topic):
+                ok_idx.append(i)
+            else:
+                out[i] = TopicNotFoundError(
+                    f"topic {m.topic!r} does not exist on broker {self.config.broker_name}; "
+                    "create it first (autoCreateTopicEnable is off)")
+        if ok_idx:
+            for i, r in zip(ok_idx, self._append([messages[i] for i in ok_idx])):
+                out[i] = r
+        for m, r in zip(messages, out):
+            if not isinstance(r, Exception):
+                self.metrics.inc("sparkmq_messages_sent_total", topic=m.topic)
+                self.metrics.inc("sparkmq_bytes_sent_total", len(m.body), topic=m.topic)
+        return out
+
+    def _append(self, msgs: list[Message]) -> list:
+        try:
+            return self.store.append(msgs)
+        except SparkMQError:
+            if len(msgs) == 1:
+                raise
+        results = []   # isolate the bad message(s): append one by one
+        for m in msgs:
+            try:
+                results.extend(self.store.append([m]))
+            except SparkMQError as e:
+                results.append(e)
+        return results
+
+    # ------------------------------------------------------------ receive
+    def receive(self, group: str, topic: str, *, batch_size: int, invisible_ms: int,
+                tag_filter: TagFilter, poll_ms: int, is_active: Callable[[], bool] = lambda: True,
+                on_cancel: Callable | None = None) -> list:
+        """Pop up to ``batch_size`` deliveries; if none, hold up to ``poll_ms`` and
+        answer as soon as a message arrives (woken by the store), a lease expires,
+        the client goes away or the broker stops."""
+        if topic not in self.store.topics():
+            raise TopicNotFoundError(f"topic {topic!r} does not exist on broker "
+                                     f"{self.config.broker_name}")
+        self.metrics.inc("sparkmq_receive_requests_total")
+        if on_cancel is not None:
+            on_cancel(self.notifier.poke)
+        deadline = time.monotonic() + poll_ms / 1000.0
+        while True:
+            seen = self.notifier.version(topic)
+            out = self.pop.pop(group, topic, batch_size=batch_size, invisible_ms=invisible_ms,
+                               tag_filter=tag_filter)
+            if out:
+                self.metrics.inc("sparkmq_messages_received_total", len(out), topic=topic,
+                                 group=group)
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0 or not is_active() or self.state is not BrokerState.RUNNING:
+                return []
+            expiry = self.pop.next_expiry_ms(group, topic)
+            if expiry is not None:
+                left = min(left, max(MIN_WAIT_S, (expiry - self.clock_ms()) / 1000.0))
+            self.notifier.wait(topic, seen, left)
+
+    def ack(self, group: str, handle: str, topic: str | None) -> None:
+        self.pop.ack(group, handle, topic)
+        self.metrics.inc("sparkmq_acks_total", group=group)
+
+    def pull(self, topic: str, qid: int, offset: int, batch: int, tag_filter: TagFilter,
+             poll_ms: int) -> tuple[list[StoredMessage], int]:
+        """Messages of one queue from ``offset`` (PullMessage); waits up to ``poll_ms``
+        for the first one. Returns (matching messages, next offset)."""
+        deadline = time.monotonic() + poll_ms / 1000.0
+        lo = self.store.min_offset(topic, qid)
+        offset = max(offset, lo)
+        while True:
+            seen = self.notifier.version(topic)
+            msgs = self.store.read(topic, qid, offset, batch)
+            if msgs:
+                nxt = msgs[-1].queue_offset + 1
+                return [m for m in msgs if tag_filter.matches(m.tags)], nxt
+            left = deadline - time.monotonic()
+            if left <= 0 or self.state is not BrokerState.RUNNING:
+                return [], offset
+            self.notifier.wait(topic, seen, left)
+
+    # ------------------------------------------------------------ offsets
+    def persist_offsets(self) -> None:
+        """Commit consumer offsets that moved since the last pass (one commit per group)."""
+        if self.pop is None:
+            return
+        dirty = self.pop.take_dirty()
+        for group, floors in dirty.items():
+            try:
+                self.store.commit_consumer_offsets(group, floors)
+            except SparkMQError:
+                self.pop.mark_dirty({group: floors})
+                raise
+
+    # ------------------------------------------------------------ admin
+    def status(self) -> dict:
+        store = self.store
+        topics = {}
+        for name, conf in sorted(store.topics().items()):
+            if conf.get("deleted"):
+                continue
+            ranges = store.queue_ranges(name)
+            topics[name] = {"queues": max(conf["readQueueNums"], conf["writeQueueNums"]),
+                            "messages": sum(hi - lo for lo, hi in ranges.values())}
+        return {"cluster": self.config.cluster_name, "brokerName": self.config.broker_name,
+                "brokerId": self.config.broker_id, "role": self.config.broker_role,
+                "state": self.state.value, "endpoint": self.endpoint,
+                "adminPort": self.admin_port, "store": self.config.store_path,
+                "storeVersion": store.version,
+                "flushDiskType": store.config.flush_disk_type,
+                "namesrvAddr": self.config.namesrv_addr, "startedMs": self.started_ms,
+                "topics": topics, "clients": self.clients.count(),
+                "groups": {g: {"clients": self.clients.groups().get(g, 0)}
+                           for g in sorted(set(self.pop.groups()) | set(self.clients.groups()))},
+                "longPollWaiting": self.notifier.waiting}
+
+    def metrics_text(self) -> str:
+        depth = []
+        for name in self.store.topic_names():
+            for (t, q), (lo, hi) in sorted(self.store.queue_ranges(name).items()):
+                depth.append(({"topic": t, "queue": str(q)}, hi - lo))
+        lag = [({"group": g, "topic": t}, v) for (g, t), v in sorted(self.pop.lag().items())]
+        gauges = {
+            "sparkmq_queue_depth": ("Messages retained per queue (max - min offset).", depth),
+            "sparkmq_consumer_lag": ("Messages not yet consumed per group and topic.", lag),
+            "sparkmq_long_poll_waiting": ("Receives held by long polling now.",
+                                          [({}, self.notifier.waiting)]),
+            "sparkmq_broker_up": ("1 while the broker is running.",
+                                  [({}, 1 if self.state is BrokerState.RUNNING else 0)]),
+        }
+        counters = {"sparkmq_dlq_messages_total": (
+            "Messages moved to a dead-letter topic (max attempts or forwarded).",
+            [({}, self.pop.dlq_count)])}
+        return self.metrics.render(gauges, counters)
+
+
+def _admin_handler(broker: Broker):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, fmt, *args):
+            log.debug("admin " + fmt, *args)
+
+        def _reply(self, code: int, body: str, ctype: str) -> None:
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            path = self.path.split("?", 1)[0]
+            try:
+                if path == "/health":
+                    up = broker.state is BrokerState.RUNNING
+                    return self._reply(200 if up else 503, broker.state.value + "\n", "text/plain")
+                if path == "/status":
+                    return self._reply(200, json.dumps(broker.status(), indent=1),
+                                       "application/json")
+                if path == "/metrics":
+                    return self._reply(200, broker.metrics_text(),
+                                       "text/plain; version=0.0.4; charset=utf-8")
+                return self._reply(404, f"unknown path {path}; try /health /status /metrics\n",
+                                   "text/plain")
+            except Exception as e:
+                log.exception("admin %s failed", path)
+                return self._reply(500, f"{type(e).__name__}: {e}\n", "text/plain")
+
+    return Handler

@@ -1,0 +1,158 @@
+"""Broker configuration from a RocketMQ-style ``broker.conf`` (Java properties).
+
+``BrokerConfig.from_properties(props)`` reads the broker's own names
+(brokerClusterName, brokerName, brokerId, brokerRole, namesrvAddr, listenPort,
+adminPort, maxReconsumeTimes, ...); every other name (flushDiskType,
+storePathRootDir, fileReservedTime, maxMessageSize, autoCreateTopicEnable,
+defaultTopicQueueNums, ...) is handed to ``Store.open`` as store config.
+Attributes carry their unit in the name. Immutable; thread-safe to share.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..config import MIB, StoreConfig
+from ..errors import InvalidConfigError
+
+ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
+CONSUME_FROM = ("CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_LAST_OFFSET")
+
+
+def load_properties(path: str) -> dict[str, str]:
+    """Parse a Java-style properties file: ``key=value`` (or ``key: value``),
+    ``#``/``!`` comments, blank lines ignored. Raises InvalidConfigError if unreadable."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise InvalidConfigError(f"cannot read config file {path!r}: {e}") from None
+    return parse_properties(text, source=path)
+
+
+def parse_properties(text: str, *, source: str = "<string>") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line[0] in "#!":
+            continue
+        seps = [i for i in (line.find("="), line.find(":")) if i > 0]
+        if not seps:
+            raise InvalidConfigError(f"{source}:{n}: expected key=value, got {raw!r}")
+        i = min(seps)
+        out[line[:i].strip()] = line[i + 1:].strip()
+    return out
+
+
+def _bool(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    s = str(raw).strip().lower()
+    if s in ("true", "1", "yes"):
+        return True
+    if s in ("false", "0", "no"):
+        return False
+    raise InvalidConfigError(f"{name} must be true or false, got {raw!r}")
+
+
+def _int(name: str, raw: Any) -> int:
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise InvalidConfigError(f"{name} must be an integer, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """One broker's settings (RocketMQ property name in each comment)."""
+
+    cluster_name: str = "DefaultCluster"          # brokerClusterName
+    broker_name: str = "broker-a"                 # brokerName
+    broker_id: int = 0                            # brokerId (0 = master)
+    broker_role: str = "ASYNC_MASTER"             # brokerRole
+    store_path: str = "./store/broker-a"          # storePathRootDir
+    namesrv_addr: str = ""                        # namesrvAddr ("h:p;h:p")
+    host: str = "127.0.0.1"                       # brokerIP1
+    listen_port: int = 8081                       # listenPort (gRPC MessagingService)
+    admin_port: int = 8082                        # adminPort (HTTP health/status/metrics)
+    register_interval_ms: int = 30_000            # registerBrokerIntervalMs
+    offset_persist_interval_ms: int = 5_000       # flushConsumerOffsetInterval
+    max_reconsume_times: int = 16                 # maxReconsumeTimes
+    default_invisible_ms: int = 30_000            # defaultInvisibleTimeMs
+    max_long_polling_ms: int = 30_000             # maxLongPollingTimeMs
+    consume_from_where: str = "CONSUME_FROM_FIRST_OFFSET"  # consumeFromWhere (new groups)
+    grpc_workers: int = 128                       # grpcThreadPoolNums
+    store_options: dict = field(default_factory=dict)  # everything else -> Store.open
+
+    _ALIASES = {
+        "brokerClusterName": "cluster_name", "brokerName": "broker_name",
+        "brokerId": "broker_id", "brokerRole": "broker_role",
+        "storePathRootDir": "store_path", "namesrvAddr": "namesrv_addr",
+        "brokerIP1": "host", "listenPort": "listen_port", "grpcServerPort": "listen_port",
+        "adminPort": "admin_port", "registerBrokerIntervalMs": "register_interval_ms",
+        "flushConsumerOffsetInterval": "offset_persist_interval_ms",
+        "maxReconsumeTimes": "max_reconsume_times",
+        "defaultInvisibleTimeMs": "default_invisible_ms",
+        "maxLongPollingTimeMs": "max_long_polling_ms",
+        "consumeFromWhere": "consume_from_where", "grpcThreadPoolNums": "grpc_workers",
+    }
+    _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
+             "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
+             "max_long_polling_ms", "grpc_workers")
+
+    def __post_init__(self):
+        if self.broker_role not in ROLES:
+            raise InvalidConfigError(f"brokerRole must be one of {ROLES}, got {self.broker_role!r}")
+        if self.consume_from_where not in CONSUME_FROM:
+            raise InvalidConfigError(
+                f"consumeFromWhere must be one of {CONSUME_FROM}, got {self.consume_from_where!r}")
+        if self.max_reconsume_times < 0:
+            raise InvalidConfigError("maxReconsumeTimes must be >= 0")
+        for name in ("register_interval_ms", "offset_persist_interval_ms",
+                     "default_invisible_ms", "max_long_polling_ms", "grpc_workers"):
+            if getattr(self, name) <= 0:
+                raise InvalidConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        StoreConfig.from_options(self.store_config_options())  # validates store options
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, Any]) -> "BrokerConfig":
+        """Build from RocketMQ property names (strings are parsed)."""
+        values: dict[str, Any] = {}
+        store: dict[str, Any] = {}
+        for key, raw in props.items():
+            name = cls._ALIASES.get(key)
+            if name is None:
+                store[key] = raw
+            elif name in cls._INTS:
+                values[name] = _int(key, raw)
+            else:
+                values[name] = str(raw)
+        return cls(store_options=store, **values)
+
+    @classmethod
+    def from_file(cls, path: str) -> "BrokerConfig":
+        return cls.from_properties(load_properties(path))
+
+    @property
+    def max_delivery_attempts(self) -> int:
+        """Deliveries before a message goes to the DLQ (first delivery + maxReconsumeTimes)."""
+        return self.max_reconsume_times + 1
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.listen_port}"
+
+    def store_config_options(self) -> dict[str, Any]:
+        opts = dict(self.store_options)
+        opts.setdefault("brokerName", self.broker_name)
+        opts.setdefault("storeHost", self.endpoint)
+        opts.setdefault("maxMessageSize", 4 * MIB)
+        return opts
+
+    @property
+    def store_config(self) -> StoreConfig:
+        return StoreConfig.from_options(self.store_config_options())
+
+    @property
+    def is_master(self) -> bool:
+        return self.broker_id == 0 and self.broker_role != "SLAVE"

@@ -1,0 +1,76 @@
+"""Broker metrics: counters kept in memory, rendered as Prometheus text.
+
+Counters (monotonic, since start): sends, send bytes, send errors, receives
+(messages delivered), receive calls, acks, DLQ moves, per topic where it
+helps. Gauges are computed at scrape time from the store and the pop state:
+queue depth (max - min offset per queue) and consumer lag per (group, topic).
+Thread-safety: one lock around the counters.
+"""
+from __future__ import annotations
+
+import threading
+
+
+def _esc(v: str) -> str:
+    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+class Metrics:
+    COUNTERS = {
+        "sparkmq_messages_sent_total": "Messages stored by SendMessage, per topic.",
+        "sparkmq_bytes_sent_total": "Body bytes stored by SendMessage, per topic.",
+        "sparkmq_send_errors_total": "Messages refused by SendMessage, per status code.",
+        "sparkmq_messages_received_total": "Messages delivered by ReceiveMessage, per topic and group.",
+        "sparkmq_receive_requests_total": "ReceiveMessage calls.",
+        "sparkmq_acks_total": "Messages acked, per group.",
+        "sparkmq_rpc_errors_total": "RPCs answered with an internal error, per method.",
+    }
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._values: dict[tuple[str, tuple], float] = {}
+
+    def inc(self, name: str, value: float = 1, **labels) -> None:
+        key = (name, tuple(sorted(labels.items())))
+        with self._lock:
+            self._values[key] = self._values.get(key, 0) + value
+
+    def get(self, name: str, **labels) -> float:
+        """Sum of ``name`` over the series whose labels include ``labels``."""
+        want = set(labels.items())
+        with self._lock:
+            return sum(v for (n, lab), v in self._values.items()
+                       if n == name and want <= set(lab))
+
+    def render(self, gauges: dict[str, tuple[str, list[tuple[dict, float]]]],
+               counters: dict[str, tuple[str, list[tuple[dict, float]]]] | None = None) -> str:
+        """Prometheus text format: own counters, ``counters`` kept elsewhere, then
+        ``gauges`` (name -> (help, samples))."""
+        with self._lock:
+            values = dict(self._values)
+        lines = []
+        for name, help_text in self.COUNTERS.items():
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter"]
+            series = [(lab, v) for (n, lab), v in values.items() if n == name]
+            if not series:
+                lines.append(f"{name} 0")
+            for lab, v in sorted(series):
+                lines.append(f"{name}{_labels(dict(lab))} {v:g}")
+        for kind, extra in (("counter", counters or {}), ("gauge", gauges)):
+            lines += _family(kind, extra)
+        return "\n".join(lines) + "\n"
+
+
+def _family(kind: str, families: dict) -> list[str]:
+    lines = []
+    for name, (help_text, samples) in families.items():
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        for lab, v in samples:
+            lines.append(f"{name}{_labels(lab)} {v:g}")
+    return lines
+
+
+def _labels(lab: dict) -> str:
+    if not lab:
+        return ""
+    return "{" + ",".join(f'{k}="{_esc(v)}"' for k, v in sorted(lab.items())) + "}"

@@ -1,0 +1,399 @@
+"""Consumer groups on the broker: pop (receive), invisible time, ack, redelivery, DLQ.
+
+RocketMQ 5's pop consumption, kept in memory over the store:
+
+* per (group, topic, queue) a :class:`QueueProgress`: ``floor`` (every offset
+  below it is done: acked, filtered out or sent to the DLQ — this is the
+  group's committed consumer offset), ``next_offset`` (the next offset never
+  delivered), the in-flight leases and the done offsets above the floor;
+* ``pop`` hands out expired leases first (delivery attempt + 1) and then fresh
+  messages across all queues of the topic on this broker, round robin, skipping
+  messages the tag filter refuses (they count as done);
+* a message whose lease expires after ``max_delivery_attempts`` deliveries
+  (``maxReconsumeTimes`` + 1) is appended to ``%DLQ%<group>`` (an ordinary
+  topic, one queue) and counts as done;
+* receipt handles name (lease serial, queue, offset, topic, broker); a handle
+  whose lease was superseded (redelivered, acked) is refused.
+
+Invariant: every offset in ``[floor, next_offset)`` is either in flight or done.
+Offsets persist as floors (``Store.commit_consumer_offsets``), so after a
+restart un-acked messages come back (at least once).
+
+Thread-safety: one lock per group; store reads and DLQ appends run under it.
+The clock is injected (``clock_ms``).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import DataLossError, TopicNotFoundError
+from ..log.message import Message, StoredMessage
+from ..log.names import DLQ_PREFIX
+
+log = logging.getLogger("sparkmq.broker.pop")
+
+CONSUME_FROM_FIRST = "CONSUME_FROM_FIRST_OFFSET"
+ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
+ORIGIN_QUEUE = "DLQ_ORIGIN_QUEUE"
+ORIGIN_OFFSET = "DLQ_ORIGIN_QUEUE_OFFSET"
+MAX_SCAN_PER_POP = 4096   # filtered-out messages skipped per pop call, at most
+
+
+class InvalidHandle(Exception):
+    """A receipt handle that does not decode, or whose lease is gone."""
+
+
+def dlq_topic(group: str) -> str:
+    return f"{DLQ_PREFIX}{group}"
+
+
+@dataclass
+class Lease:
+    offset: int
+    attempt: int            # 1-based delivery attempt of this lease
+    visible_at_ms: int
+    seq: int
+
+
+@dataclass
+class QueueProgress:
+    floor: int
+    next_offset: int
+    inflight: dict[int, Lease] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+    dirty: bool = False
+
+    def finish(self, offset: int) -> None:
+        self.inflight.pop(offset, None)
+        if offset >= self.floor:
+            self.done.add(offset)
+        while self.floor in self.done:
+            self.done.discard(self.floor)
+            self.floor += 1
+            self.dirty = True
+
+
+@dataclass
+class Delivery:
+    """One message handed to a consumer."""
+
+    message: StoredMessage
+    attempt: int
+    receipt_handle: str
+    invisible_ms: int
+
+
+def encode_handle(seq: int, qid: int, offset: int, topic: str, broker: str) -> str:
+    return f"{seq:x}.{qid}.{offset}.{topic}.{broker}"
+
+
+def decode_handle(handle: str) -> tuple[int, int, int, str, str]:
+    """(seq, queue id, offset, topic, broker) of a receipt handle; InvalidHandle if malformed."""
+    parts = handle.split(".", 4) if isinstance(handle, str) else []
+    if len(parts) != 5:
+        raise InvalidHandle(f"receipt handle {handle!r} is malformed")
+    try:
+        return int(parts[0], 16), int(parts[1]), int(parts[2]), parts[3], parts[4]
+    except ValueError:
+        raise InvalidHandle(f"receipt handle {handle!r} is malformed") from None
+
+
+class TagFilter:
+    """RocketMQ tag expressions: ``*`` (or empty) matches all; ``A || B`` matches either."""
+
+    def __init__(self, expression: str | None):
+        expr = (expression or "").strip()
+        if not expr or expr == "*":
+            self.tags = None
+        else:
+            tags = {t.strip() for t in expr.split("||")}
+            if "" in tags:
+                raise ValueError(f"tag expression {expression!r} has an empty tag")
+            self.tags = tags
+
+    def matches(self, tag: str | None) -> bool:
+        return self.tags is None or (tag is not None and tag in self.tags)
+
+
+class GroupState:
+    def __init__(self, name: str):
+        self.name = name
+        self.lock = threading.Lock()
+        self.queues: dict[tuple[str, int], QueueProgress] = {}
+        self.rr: dict[str, int] = {}
+
+
+class PopService:
+    """Receive/ack state of every consumer group of one broker (see module doc)."""
+
+    def __init__(self, store, *, broker_name: str, max_delivery_attempts: int = 17,
+                 consume_from_where: str = CONSUME_FROM_FIRST,
+                 clock_ms: Callable[[], int] | None = None,
+                 on_topic_created: Callable[[str], None] | None = None):
+        self.store = store
+        self.broker_name = broker_name
+        self.max_delivery_attempts = max_delivery_attempts
+        self.consume_from_where = consume_from_where
+        self.clock_ms = clock_ms or store.clock_ms
+        self.on_topic_created = on_topic_created
+        self._groups: dict[str, GroupState] = {}
+        self._groups_lock = threading.Lock()
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self.dlq_count = 0
+
+    # ---------------------------------------------------------------- state
+    def group(self, name: str) -> GroupState:
+        with self._groups_lock:
+            g = self._groups.get(name)
+            if g is None:
+                g = self._groups[name] = GroupState(name)
+            return g
+
+    def groups(self) -> list[str]:
+        with self._groups_lock:
+            return sorted(self._groups)
+
+    def _next_seq(self) -> int:
+        with self._seq_lock:
+            self._seq += 1
+            return self._seq
+
+    def _progress(self, g: GroupState, topic: str, qid: int) -> QueueProgress:
+        qp = g.queues.get((topic, qid))
+        if qp is None:
+            lo = self.store.min_offset(topic, qid)
+            committed = self.store.consumer_offsets(g.name).get((topic, qid))
+            if committed is None:
+                committed = lo if self.consume_from_where == CONSUME_FROM_FIRST \
+                    else self.store.max_offset(topic, qid)
+            start = max(committed, lo)
+            qp = g.queues[(topic, qid)] = QueueProgress(floor=start, next_offset=start)
+        return qp
+
+    def _queue_ids(self, topic: str) -> list[int]:
+        conf = self.store.topics().get(topic)
+        if conf is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist on {self.broker_name}")
+        return list(range(conf["readQueueNums"]))
+
+    # ---------------------------------------------------------------- pop
+    def pop(self, group: str, topic: str, *, batch_size: int, invisible_ms: int,
+            tag_filter: TagFilter) -> list[Delivery]:
+        """Up to ``batch_size`` messages of ``topic`` for ``group``: expired leases
+        first, then fresh messages. Returns [] if nothing is ready now."""
+        g = self.group(group)
+        qids = self._queue_ids(topic)
+        with g.lock:
+            out = self._pop_expired(g, topic, qids, batch_size, invisible_ms)
+            if len(out) < batch_size:
+                out += self._pop_fresh(g, topic, qids, batch_size - len(out), invisible_ms,
+                                       tag_filter)
+            return out
+
+    def _lease(self, qp: QueueProgress, offset: int, attempt: int, invisible_ms: int) -> Lease:
+        lease = Lease(offset, attempt, self.clock_ms() + invisible_ms, self._next_seq())
+        qp.inflight[offset] = lease
+        return lease
+
+    def _handle(self, lease: Lease, topic: str, qid: int) -> str:
+        return encode_handle(lease.seq, qid, lease.offset, topic, self.broker_name)
+
+    def _read_one(self, topic: str, qid: int, offset: int) -> StoredMessage | None:
+        try:
+            msgs = self.store.read(topic, qid, offset, 1)
+        except DataLossError:
+            return None
+        return msgs[0] if msgs and msgs[0].queue_offset == offset else None
+
+    def _pop_expired(self, g: GroupState, topic: str, qids: list[int], limit: int,
+                     invisible_ms: int) -> list[Delivery]:
+        now = self.clock_ms()
+        expired = sorted(((lease.visible_at_ms, qid, lease)
+                          for qid in qids if (topic, qid) in g.queues
+                          for lease in g.queues[(topic, qid)].inflight.values()
+                          if lease.visible_at_ms <= now), key=lambda t: (t[0], t[1], t[2].offset))
+        out: list[Delivery] = []
+        for _, qid, lease in expired:
+            if len(out) >= limit:
+                break
+            qp = g.queues[(topic, qid)]
+            msg = self._read_one(topic, qid, lease.offset)
+            if msg is None:
+                qp.finish(lease.offset)
+                continue
+            if lease.attempt >= self.max_delivery_attempts:
+                self._to_dlq(g.name, msg, lease.attempt)
+                qp.finish(lease.offset)
+                continue
+            new = self._lease(qp, lease.offset, lease.attempt + 1, invisible_ms)
+            out.append(Delivery(msg, new.attempt, self._handle(new, topic, qid), invisible_ms))
+        return out
+
+    def _pop_fresh(self, g: GroupState, topic: str, qids: list[int], limit: int,
+                   invisible_ms: int, tag_filter: TagFilter) -> list[Delivery]:
+        out: list[Delivery] = []
+        if not qids:
+            return out
+        start = g.rr.get(topic, 0)
+        g.rr[topic] = (start + 1) % len(qids)
+        scanned = 0
+        for i in range(len(qids)):
+            qid = qids[(start + i) % len(qids)]
+            qp = self._progress(g, topic, qid)
+            hi = self.store.max_offset(topic, qid)
+            while len(out) < limit and qp.next_offset < hi and scanned < MAX_SCAN_PER_POP:
+                try:
+                    msgs = self.store.read(topic, qid, qp.next_offset,
+                                           min(limit - len(out) + 16, 256))
+                except DataLossError as e:
+                    self._skip_removed(qp, e.earliest_offset or qp.next_offset)
+                    continue
+                if not msgs:
+                    break
+                for m in msgs:
+                    scanned += 1
+                    qp.next_offset = m.queue_offset + 1
+                    if not tag_filter.matches(m.tags):
+                        qp.finish(m.queue_offset)
+                        continue
+                    lease = self._lease(qp, m.queue_offset, 1, invisible_ms)
+                    out.append(Delivery(m, 1, self._handle(lease, topic, qid), invisible_ms))
+                    if len(out) >= limit:
+                        break
+            if len(out) >= limit:
+                break
+        return out
+
+    def _skip_removed(self, qp: QueueProgress, earliest: int) -> None:
+        for off in range(qp.next_offset, earliest):
+            qp.finish(off)
+        qp.next_offset = max(qp.next_offset, earliest)
+        if qp.floor < earliest and not qp.inflight:
+            qp.floor, qp.done, qp.dirty = earliest, set(), True
+
+    def next_expiry_ms(self, group: str, topic: str) -> int | None:
+        """When the earliest in-flight lease of ``group`` on ``topic`` expires (None if none)."""
+        g = self.group(group)
+        with g.lock:
+            times = [lease.visible_at_ms for (t, _), qp in g.queues.items() if t == topic
+                     for lease in qp.inflight.values()]
+        return min(times) if times else None
+
+    # ---------------------------------------------------------------- ack & co
+    def _lease_of(self, g: GroupState, handle: str, topic: str | None
+                  ) -> tuple[QueueProgress, Lease, str, int]:
+        seq, qid, offset, h_topic, broker = decode_handle(handle)
+        if broker != self.broker_name:
+            raise InvalidHandle(f"receipt handle belongs to broker {broker!r}, "
+                                f"not {self.broker_name!r}")
+        if topic is not None and topic != h_topic:
+            raise InvalidHandle(f"receipt handle is for topic {h_topic!r}, not {topic!r}")
+        qp = g.queues.get((h_topic, qid))
+        lease = qp.inflight.get(offset) if qp else None
+        if lease is None or lease.seq != seq:
+            raise InvalidHandle("receipt handle expired: the message was acked, redelivered "
+                                "or its invisible time changed since; use the newest handle")
+        return qp, lease, h_topic, qid
+
+    def ack(self, group: str, handle: str, topic: str | None = None) -> None:
+        """Mark the message of ``handle`` consumed. InvalidHandle if the lease is gone."""
+        g = self.group(group)
+        with g.lock:
+            qp, lease, _, _ = self._lease_of(g, handle, topic)
+            qp.finish(lease.offset)
+
+    def change_invisible(self, group: str, handle: str, invisible_ms: int,
+                         topic: str | None = None) -> str:
+        """Make the message invisible for ``invisible_ms`` from now; returns the new handle."""
+        g = self.group(group)
+        with g.lock:
+            qp, lease, t, qid = self._lease_of(g, handle, topic)
+            new = self._lease(qp, lease.offset, lease.attempt, invisible_ms)
+            return self._handle(new, t, qid)
+
+    def forward_to_dlq(self, group: str, handle: str, topic: str | None = None) -> None:
+        """Send the message of ``handle`` to ``%DLQ%<group>`` now and mark it done."""
+        g = self.group(group)
+        with g.lock:
+            qp, lease, t, qid = self._lease_of(g, handle, topic)
+            msg = self._read_one(t, qid, lease.offset)
+            if msg is not None:
+                self._to_dlq(group, msg, lease.attempt)
+            qp.finish(lease.offset)
+
+    def _to_dlq(self, group: str, msg: StoredMessage, attempts: int) -> None:
+        topic = dlq_topic(group)
+        if topic not in self.store.topics():
+            self.store.create_topic(topic, read_queue_nums=1, write_queue_nums=1,
+                                    system=True, exist_ok=True)
+            if self.on_topic_created:
+                self.on_topic_created(topic)
+        props = dict(msg.properties)
+        props.update({ORIGIN_TOPIC: msg.topic, ORIGIN_MESSAGE_ID: msg.unique_key or msg.message_id,
+                      ORIGIN_QUEUE: str(msg.queue_id), ORIGIN_OFFSET: str(msg.queue_offset)})
+        self.store.append([Message(topic=topic, body=msg.body, tags=msg.tags, keys=msg.keys,
+                                   properties=props, born_timestamp=msg.born_timestamp,
+                                   born_host=msg.born_host, reconsume_times=attempts,
+                                   message_group=msg.message_group,
+                                   unique_key=msg.unique_key or msg.message_id)])
+        self.dlq_count += 1
+        log.info("group %s: message %s of %s/%d after %d deliveries -> %s", group,
+                 msg.unique_key or msg.message_id, msg.topic, msg.queue_id, attempts, topic)
+
+    # ---------------------------------------------------------------- offsets
+    def floors(self, group: str) -> dict[tuple[str, int], int]:
+        g = self.group(group)
+        with g.lock:
+            return {k: qp.floor for k, qp in g.queues.items()}
+
+    def committed_offset(self, group: str, topic: str, qid: int) -> int:
+        g = self.group(group)
+        with g.lock:
+            return self._progress(g, topic, qid).floor
+
+    def reset_offset(self, group: str, topic: str, qid: int, offset: int) -> None:
+        """Move ``group``'s offset of a queue (UpdateOffset); drops its in-flight leases."""
+        g = self.group(group)
+        with g.lock:
+            g.queues[(topic, qid)] = QueueProgress(floor=offset, next_offset=offset, dirty=True)
+
+    def take_dirty(self) -> dict[str, dict[tuple[str, int], int]]:
+        """Floors changed since the last call, per group (for the persist service)."""
+        out: dict[str, dict[tuple[str, int], int]] = {}
+        for name in self.groups():
+            g = self.group(name)
+            with g.lock:
+                for k, qp in g.queues.items():
+                    if qp.dirty:
+                        out.setdefault(name, {})[k] = qp.floor
+                        qp.dirty = False
+        return out
+
+    def mark_dirty(self, dirty: dict[str, dict[tuple[str, int], int]]) -> None:
+        """Put back floors whose commit failed, so the next pass retries them."""
+        for name, floors in dirty.items():
+            g = self.group(name)
+            with g.lock:
+                for k in floors:
+                    if k in g.queues:
+                        g.queues[k].dirty = True
+
+    def lag(self) -> dict[tuple[str, str], int]:
+        """(group, topic) -> messages not yet done (max offset - floor, summed over queues)."""
+        out: dict[tuple[str, str], int] = {}
+        for name in self.groups():
+            g = self.group(name)
+            with g.lock:
+                items = list(g.queues.items())
+            for (t, q), qp in items:
+                try:
+                    hi = self.store.max_offset(t, q)
+                except TopicNotFoundError:
+                    continue
+                out[(name, t)] = out.get((name, t), 0) + max(0, hi - qp.floor)
+        return out

@@ -1,0 +1,500 @@
+"""The gRPC front-end: ``apache.rocketmq.v2.MessagingService`` over a :class:`Broker`.
+
+Each method turns a request into broker operations and the outcome into the
+protocol's status codes (RocketMQ 5 proxy semantics): expected outcomes are
+status values, never gRPC errors; an unexpected exception becomes
+``INTERNAL_ERROR`` with its text, and the broker keeps serving.
+
+Mapping of notable outcomes: unknown topic -> TOPIC_NOT_FOUND; illegal topic or
+group name -> ILLEGAL_TOPIC / ILLEGAL_CONSUMER_GROUP; empty body ->
+MESSAGE_BODY_EMPTY; body over maxMessageSize -> MESSAGE_BODY_TOO_LARGE;
+delayed or transactional messages, EndTransaction, RecallMessage, SQL filters
+-> UNSUPPORTED; stale or malformed receipt handle -> INVALID_RECEIPT_HANDLE;
+fsync over syncFlushTimeout -> MASTER_PERSISTENCE_TIMEOUT; nothing to receive
+after the long poll -> MESSAGE_NOT_FOUND.
+
+Threading: the gRPC server runs each call on a worker thread; long polls and
+telemetry streams hold one thread each for their duration.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+import zlib
+
+from google.protobuf.duration_pb2 import Duration
+from google.protobuf.timestamp_pb2 import Timestamp
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
+
+from ..errors import (DataLossError, InvalidMessageError, InvalidNameError, PermissionDeniedError,
+                      QueueNotFoundError, SparkMQError, TopicNotFoundError)
+from ..log import format as fmt
+from ..log.message import Message
+from ..log.names import validate_group, validate_topic
+from ..log.status import PutMessageStatus
+from .pop import InvalidHandle, TagFilter
+
+log = logging.getLogger("sparkmq.broker.grpc")
+
+Code = pb.Code
+ALL_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
+PERM = {6: pb.READ_WRITE, 4: pb.READ, 2: pb.WRITE, 0: pb.NONE}
+TYPE_TO_STORE = {pb.NORMAL: fmt.MESSAGE_TYPE_NORMAL, pb.FIFO: getattr(fmt, "MESSAGE_TYPE_FIFO", 1)}
+MAX_BATCH_SIZE = 1024
+MAX_INVISIBLE_MS = 12 * 3600 * 1000
+PUSH_BACKOFF_S = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
+
+
+def status(code: int, message: str = "OK") -> pb.Status:
+    return pb.Status(code=code, message=message)
+
+
+OK = status(Code.OK)
+
+
+def _error_status(e: Exception) -> pb.Status:
+    if isinstance(e, TopicNotFoundError):
+        return status(Code.TOPIC_NOT_FOUND, e.message)
+    if isinstance(e, InvalidNameError):
+        code = Code.ILLEGAL_CONSUMER_GROUP if "group" in e.message else Code.ILLEGAL_TOPIC
+        return status(code, e.message)
+    if isinstance(e, PermissionDeniedError):
+        return status(Code.FORBIDDEN, e.message)
+    if isinstance(e, InvalidMessageError):
+        code = Code.MESSAGE_BODY_TOO_LARGE if "large" in e.message or "exceeds" in e.message \
+            else Code.BAD_REQUEST
+        return status(code, e.message)
+    if isinstance(e, (QueueNotFoundError, DataLossError)):
+        return status(Code.BAD_REQUEST, e.message)
+    if isinstance(e, InvalidHandle):
+        return status(Code.INVALID_RECEIPT_HANDLE, str(e))
+    if isinstance(e, SparkMQError):
+        return status(Code.INTERNAL_ERROR if not e.retriable else Code.TOO_MANY_REQUESTS, e.message)
+    return status(Code.INTERNAL_ERROR, f"{type(e).__name__}: {e}")
+
+
+def guarded(response_type):
+    """Turn an exception of a unary handler into ``response_type(status=...)``."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(self, request, context):
+            try:
+                return fn(self, request, context)
+            except Exception as e:  # the broker keeps serving whatever a request does
+                st = _error_status(e)
+                if st.code == Code.INTERNAL_ERROR:
+                    log.exception("%s failed", fn.__name__)
+                    self.broker.metrics.inc("sparkmq_rpc_errors_total", method=fn.__name__)
+                return response_type(status=st)
+        return inner
+    return wrap
+
+
+def _ms(d: Duration) -> int:
+    return d.seconds * 1000 + d.nanos // 1_000_000
+
+
+def _ts(ms: int | None) -> Timestamp:
+    t = Timestamp()
+    if ms:
+        t.FromMilliseconds(int(ms))
+    return t
+
+
+def _duration(ms: int) -> Duration:
+    d = Duration()
+    d.FromMilliseconds(int(ms))
+    return d
+
+
+class MessagingServicer(sgrpc.MessagingServiceServicer):
+    """See the module docstring. ``broker`` is a :class:`sparkmq.broker.Broker`."""
+
+    def __init__(self, broker):
+        self.broker = broker
+
+    # ------------------------------------------------------------ helpers
+    def _endpoints(self, endpoint: str) -> pb.Endpoints:
+        host, port = endpoint.rsplit(":", 1)
+        return pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host=host, port=int(port))])
+
+    def _queue(self, topic: str, q: dict, ns: str = "") -> pb.MessageQueue:
+        perm = PERM.get(q["perm"] & 6, pb.READ_WRITE)
+        if not q.get("writable", True) and perm == pb.READ_WRITE:
+            perm = pb.READ
+        if not q.get("readable", True) and perm == pb.READ_WRITE:
+            perm = pb.WRITE
+        return pb.MessageQueue(
+            topic=pb.Resource(name=topic, resource_namespace=ns), id=q["queueId"],
+            permission=perm,
+            broker=pb.Broker(name=q["brokerName"], id=q["brokerId"],
+                             endpoints=self._endpoints(q["endpoint"])),
+            accept_message_types=ALL_TYPES)
+
+    # ------------------------------------------------------------ route
+    @guarded(spb.QueryRouteResponse)
+    def QueryRoute(self, request, context):
+        topic = validate_topic(request.topic.name, system=True)
+        queues = self.broker.route(topic)
+        if not queues:
+            return spb.QueryRouteResponse(status=status(
+                Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on any broker of the "
+                "cluster; create it first (autoCreateTopicEnable is off)"))
+        ns = request.topic.resource_namespace
+        return spb.QueryRouteResponse(status=OK,
+                                      message_queues=[self._queue(topic, q, ns) for q in queues])
+
+    @guarded(spb.QueryAssignmentResponse)
+    def QueryAssignment(self, request, context):
+        topic = validate_topic(request.topic.name, system=True)
+        validate_group(request.group.name)
+        queues = self.broker.route(topic)
+        if not queues:
+            return spb.QueryAssignmentResponse(status=status(
+                Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist"))
+        ns = request.topic.resource_namespace
+        seen, out = set(), []
+        for q in queues:   # pop mode: one assignment per broker; the broker balances inside
+            if q["brokerName"] in seen or q.get("brokerId", 0) != 0:
+                continue
+            seen.add(q["brokerName"])
+            out.append(pb.Assignment(message_queue=self._queue(topic, {**q, "queueId": -1}, ns)))
+        return spb.QueryAssignmentResponse(status=OK, assignments=out)
+
+    # ------------------------------------------------------------ clients
+    @guarded(spb.HeartbeatResponse)
+    def Heartbeat(self, request, context):
+        group = request.group.name if request.HasField("group") else None
+        if group:
+            validate_group(group)
+        self.broker.clients.heartbeat(_client_id(context), group, request.client_type)
+        return spb.HeartbeatResponse(status=OK)
+
+    @guarded(spb.NotifyClientTerminationResponse)
+    def NotifyClientTermination(self, request, context):
+        self.broker.clients.remove(_client_id(context))
+        return spb.NotifyClientTerminationResponse(status=OK)
+
+    def Telemetry(self, request_iterator, context):
+        """The settings handshake: answer each client Settings with the broker's."""
+        cid = _client_id(context)
+        try:
+            for cmd in request_iterator:
+                if cmd.HasField("settings"):
+                    yield self._settings_reply(cid, cmd.settings)
+        except Exception as e:  # a client that vanished mid-stream ends here
+            log.debug("telemetry stream of %s ended: %s", cid, e)
+
+    def _settings_reply(self, cid: str, s: pb.Settings) -> spb.TelemetryCommand:
+        cfg = self.broker.config
+        out = pb.Settings()
+        out.CopyFrom(s)
+        if s.HasField("publishing"):
+            out.publishing.max_body_size = self.broker.store.config.max_message_size_bytes
+            out.publishing.validate_message_type = True
+            out.backoff_policy.CopyFrom(pb.RetryPolicy(
+                max_attempts=3, exponential_backoff=pb.ExponentialBackoff(
+                    initial=_duration(10), max=_duration(1000), multiplier=2.0)))
+        elif s.HasField("subscription"):
+            group = s.subscription.group.name
+            self.broker.clients.heartbeat(cid, group, s.client_type)
+            lp = _ms(s.subscription.long_polling_timeout) or 20_000
+            out.subscription.long_polling_timeout.CopyFrom(
+                _duration(min(lp, cfg.max_long_polling_ms)))
+            out.subscription.fifo = False
+            out.subscription.receive_batch_size = 32
+            attempts = cfg.max_delivery_attempts
+            out.backoff_policy.CopyFrom(pb.RetryPolicy(
+                max_attempts=attempts, customized_backoff=pb.CustomizedBackoff(
+                    next=[_duration(x * 1000) for x in PUSH_BACKOFF_S])))
+        return spb.TelemetryCommand(status=OK, settings=out)
+
+    # ------------------------------------------------------------ send
+    @guarded(spb.SendMessageResponse)
+    def SendMessage(self, request, context):
+        if not request.messages:
+            return spb.SendMessageResponse(status=status(Code.BAD_REQUEST, "no messages to send"))
+        entries: list[spb.SendResultEntry | None] = [None] * len(request.messages)
+        good: list[tuple[int, Message, str]] = []
+        for i, m in enumerate(request.messages):
+            try:
+                good.append((i, self._to_store_message(m), m.system_properties.message_id))
+            except Exception as e:
+                st = e.args[0] if isinstance(e, _Refused) else _error_status(e)
+                entries[i] = spb.SendResultEntry(status=st)
+                self.broker.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
+        if good:
+            results = self.broker.send([m for _, m, _ in good])
+            for (i, m, cid_msg), r in zip(good, results):
+                entries[i] = self._send_entry(r, cid_msg)
+        return _send_response(entries)
+
+    def _send_entry(self, r, client_message_id: str) -> spb.SendResultEntry:
+        if isinstance(r, Exception):
+            return spb.SendResultEntry(status=_error_status(r))
+        if r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
+            st = status(Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but the fsync did not finish "
+                        "within syncFlushTimeout")
+        elif r.status is PutMessageStatus.PUT_OK:
+            st = OK
+        else:
+            st = status(Code.INTERNAL_ERROR, f"store answered {r.status.value}")
+        return spb.SendResultEntry(status=st, message_id=client_message_id or r.message_id,
+                                   offset=r.queue_offset)
+
+    def _to_store_message(self, m: pb.Message) -> Message:
+        sp = m.system_properties
+        topic = m.topic.name
+        try:
+            validate_topic(topic)
+        except InvalidNameError as e:
+            raise _Refused(status(Code.ILLEGAL_TOPIC, e.message)) from None
+        if not m.body:
+            raise _Refused(status(Code.MESSAGE_BODY_EMPTY, "message body is empty"))
+        limit = self.broker.store.config.max_message_size_bytes
+        if len(m.body) > limit:
+            raise _Refused(status(Code.MESSAGE_BODY_TOO_LARGE,
+                                  f"message body is {len(m.body)} bytes; maxMessageSize is {limit}"))
+        if sp.message_type in (pb.DELAY, pb.TRANSACTION) or sp.HasField("delivery_timestamp"):
+            raise _Refused(status(Code.UNSUPPORTED, "delayed and transactional messages are not "
+                                  "supported by this broker yet"))
+        if sp.message_type not in (pb.NORMAL, pb.FIFO, pb.MESSAGE_TYPE_UNSPECIFIED):
+            raise _Refused(status(Code.UNSUPPORTED,
+                                  f"message type {pb.MessageType.Name(sp.message_type)} is not supported"))
+        if (sp.message_type == pb.FIFO) != bool(sp.message_group):
+            raise _Refused(status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                                  "a FIFO message needs a message group, and only FIFO messages "
+                                  "may have one"))
+        if sp.HasField("tag") and (not sp.tag.strip() or "|" in sp.tag):
+            raise _Refused(status(Code.ILLEGAL_MESSAGE_TAG,
+                                  f"tag {sp.tag!r} is blank or contains '|'"))
+        if sp.body_encoding == pb.GZIP:
+            raise _Refused(status(Code.UNSUPPORTED, "gzip-encoded bodies are not supported"))
+        born = sp.born_timestamp.ToMilliseconds() if sp.HasField("born_timestamp") else None
+        return Message(topic=topic, body=bytes(m.body), tags=sp.tag if sp.HasField("tag") else None,
+                       keys=list(sp.keys), properties=dict(m.user_properties),
+                       born_timestamp=born or None, born_host=sp.born_host or None,
+                       message_group=sp.message_group or None,
+                       message_type=TYPE_TO_STORE.get(sp.message_type, fmt.MESSAGE_TYPE_NORMAL),
+                       unique_key=sp.message_id or None)
+
+    # ------------------------------------------------------------ receive
+    def ReceiveMessage(self, request, context):
+        try:
+            yield from self._receive(request, context)
+        except Exception as e:
+            st = _error_status(e)
+            if st.code == Code.INTERNAL_ERROR:
+                log.exception("ReceiveMessage failed")
+            yield spb.ReceiveMessageResponse(status=st)
+
+    def _receive(self, request, context):
+        group = validate_group(request.group.name)
+        topic = validate_topic(request.message_queue.topic.name, system=True)
+        ftype = request.filter_expression.type
+        if ftype == pb.SQL:
+            yield spb.ReceiveMessageResponse(status=status(Code.UNSUPPORTED,
+                                                           "SQL92 filters are not supported"))
+            return
+        try:
+            tag_filter = TagFilter(request.filter_expression.expression)
+        except ValueError as e:
+            yield spb.ReceiveMessageResponse(status=status(Code.ILLEGAL_FILTER_EXPRESSION, str(e)))
+            return
+        batch = request.batch_size
+        if not 0 < batch <= MAX_BATCH_SIZE:
+            yield spb.ReceiveMessageResponse(status=status(
+                Code.BAD_REQUEST, f"batch_size must be 1..{MAX_BATCH_SIZE}, got {batch}"))
+            return
+        invisible_ms = (_ms(request.invisible_duration) if request.HasField("invisible_duration")
+                        else self.broker.config.default_invisible_ms)
+        if not 0 < invisible_ms <= MAX_INVISIBLE_MS:
+            yield spb.ReceiveMessageResponse(status=status(
+                Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be 1 ms..12 h, got {invisible_ms} ms"))
+            return
+        poll_ms = self._poll_ms(request, context)
+        deliveries = self.broker.receive(group, topic, batch_size=batch, invisible_ms=invisible_ms,
+                                         tag_filter=tag_filter, poll_ms=poll_ms,
+                                         is_active=context.is_active,
+                                         on_cancel=context.add_callback)
+        if not deliveries:
+            yield spb.ReceiveMessageResponse(status=status(
+                Code.MESSAGE_NOT_FOUND, "no new message within the long-polling time"))
+            return
+        yield spb.ReceiveMessageResponse(delivery_timestamp=_ts(int(time.time() * 1000)))
+        for d in deliveries:
+            yield spb.ReceiveMessageResponse(message=self._to_pb(d.message, d))
+        yield spb.ReceiveMessageResponse(status=OK)
+
+    def _poll_ms(self, request, context) -> int:
+        poll = (_ms(request.long_polling_timeout) if request.HasField("long_polling_timeout")
+                else 0)
+        poll = min(poll, self.broker.config.max_long_polling_ms)
+        left = context.time_remaining()
+        if left is not None:   # answer before the client's own deadline
+            poll = min(poll, max(0, int(left * 1000) - 300))
+        return max(0, poll)
+
+    def _to_pb(self, sm, delivery=None) -> pb.Message:
+        msg = pb.Message(topic=pb.Resource(name=sm.topic), body=sm.body)
+        msg.user_properties.update(sm.properties or {})
+        sp = msg.system_properties
+        if sm.tags:
+            sp.tag = sm.tags
+        sp.keys.extend(sm.keys or [])
+        sp.message_id = sm.unique_key or sm.message_id
+        sp.body_digest.type = pb.CRC32
+        sp.body_digest.checksum = format(zlib.crc32(sm.body) & 0xFFFFFFFF, "08X")
+        sp.body_encoding = pb.IDENTITY
+        sp.message_type = pb.FIFO if sm.message_group else pb.NORMAL
+        sp.born_timestamp.CopyFrom(_ts(sm.born_timestamp))
+        sp.born_host = sm.born_host or ""
+        sp.store_timestamp.CopyFrom(_ts(sm.store_timestamp))
+        sp.store_host = sm.store_host or ""
+        sp.queue_id = sm.queue_id
+        sp.queue_offset = sm.queue_offset
+        if sm.message_group:
+            sp.message_group = sm.message_group
+        if delivery is not None:
+            sp.receipt_handle = delivery.receipt_handle
+            sp.delivery_attempt = delivery.attempt
+            sp.invisible_duration.CopyFrom(_duration(delivery.invisible_ms))
+        return msg
+
+    # ------------------------------------------------------------ ack & co
+    @guarded(spb.AckMessageResponse)
+    def AckMessage(self, request, context):
+        group = validate_group(request.group.name)
+        topic = request.topic.name or None
+        out = []
+        for e in request.entries:
+            try:
+                self.broker.ack(group, e.receipt_handle, topic)
+                st = OK
+            except InvalidHandle as err:
+                st = status(Code.INVALID_RECEIPT_HANDLE, str(err))
+            out.append(spb.AckMessageResultEntry(message_id=e.message_id,
+                                                 receipt_handle=e.receipt_handle, status=st))
+        if not out:
+            return spb.AckMessageResponse(status=status(Code.BAD_REQUEST, "no entries to ack"))
+        codes = {x.status.code for x in out}
+        top = out[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "see entries")
+        return spb.AckMessageResponse(status=top, entries=out)
+
+    @guarded(spb.ChangeInvisibleDurationResponse)
+    def ChangeInvisibleDuration(self, request, context):
+        group = validate_group(request.group.name)
+        ms = _ms(request.invisible_duration)
+        if not 0 < ms <= MAX_INVISIBLE_MS:
+            return spb.ChangeInvisibleDurationResponse(status=status(
+                Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be 1 ms..12 h, got {ms} ms"))
+        handle = self.broker.pop.change_invisible(group, request.receipt_handle, ms,
+                                                  request.topic.name or None)
+        self.broker.notifier.poke()
+        return spb.ChangeInvisibleDurationResponse(status=OK, receipt_handle=handle)
+
+    @guarded(spb.ForwardMessageToDeadLetterQueueResponse)
+    def ForwardMessageToDeadLetterQueue(self, request, context):
+        group = validate_group(request.group.name)
+        self.broker.pop.forward_to_dlq(group, request.receipt_handle, request.topic.name or None)
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=OK)
+
+    # ------------------------------------------------------------ offsets
+    def _local_queue(self, mq) -> tuple[str, int]:
+        topic = validate_topic(mq.topic.name, system=True)
+        conf = self.broker.store.topics().get(topic)
+        if conf is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
+        if not 0 <= mq.id < max(conf["readQueueNums"], conf["writeQueueNums"]):
+            raise QueueNotFoundError(f"queue {mq.id} of {topic!r} does not exist")
+        return topic, mq.id
+
+    @guarded(spb.GetOffsetResponse)
+    def GetOffset(self, request, context):
+        group = validate_group(request.group.name)
+        topic, qid = self._local_queue(request.message_queue)
+        return spb.GetOffsetResponse(status=OK,
+                                     offset=self.broker.pop.committed_offset(group, topic, qid))
+
+    @guarded(spb.UpdateOffsetResponse)
+    def UpdateOffset(self, request, context):
+        group = validate_group(request.group.name)
+        topic, qid = self._local_queue(request.message_queue)
+        store = self.broker.store
+        if not store.min_offset(topic, qid) <= request.offset <= store.max_offset(topic, qid):
+            return spb.UpdateOffsetResponse(status=status(
+                Code.ILLEGAL_OFFSET, f"offset {request.offset} is outside "
+                f"{store.min_offset(topic, qid)}..{store.max_offset(topic, qid)}"))
+        self.broker.pop.reset_offset(group, topic, qid, request.offset)
+        return spb.UpdateOffsetResponse(status=OK)
+
+    @guarded(spb.QueryOffsetResponse)
+    def QueryOffset(self, request, context):
+        topic, qid = self._local_queue(request.message_queue)
+        store = self.broker.store
+        policy = request.query_offset_policy
+        if policy == pb.BEGINNING:
+            off = store.min_offset(topic, qid)
+        elif policy == pb.END:
+            off = store.max_offset(topic, qid)
+        else:
+            off = store.offset_for_time(topic, qid, request.timestamp.ToMilliseconds())
+        return spb.QueryOffsetResponse(status=OK, offset=off)
+
+    def PullMessage(self, request, context):
+        try:
+            yield from self._pull(request, context)
+        except Exception as e:
+            st = _error_status(e)
+            if st.code == Code.INTERNAL_ERROR:
+                log.exception("PullMessage failed")
+            yield spb.PullMessageResponse(status=st)
+
+    def _pull(self, request, context):
+        validate_group(request.group.name)
+        topic, qid = self._local_queue(request.message_queue)
+        tag_filter = TagFilter(request.filter_expression.expression)
+        batch = min(max(1, request.batch_size or 32), MAX_BATCH_SIZE)
+        poll_ms = min(_ms(request.long_polling_timeout), self.broker.config.max_long_polling_ms)
+        msgs, next_offset = self.broker.pull(topic, qid, request.offset, batch, tag_filter, poll_ms)
+        if not msgs:
+            yield spb.PullMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
+            yield spb.PullMessageResponse(next_offset=next_offset)
+            return
+        yield spb.PullMessageResponse(status=OK)
+        for m in msgs:
+            yield spb.PullMessageResponse(message=self._to_pb(m))
+        yield spb.PullMessageResponse(next_offset=next_offset)
+
+    # ------------------------------------------------------------ not supported yet
+    def EndTransaction(self, request, context):
+        return spb.EndTransactionResponse(status=status(
+            Code.UNSUPPORTED, "transactional messages are not supported by this broker yet"))
+
+    def RecallMessage(self, request, context):
+        return spb.RecallMessageResponse(status=status(
+            Code.UNSUPPORTED, "recalling delayed messages is not supported by this broker yet"))
+
+    def SyncLiteSubscription(self, request, context):
+        return spb.SyncLiteSubscriptionResponse(status=status(
+            Code.UNSUPPORTED, "lite topics are not supported by this broker"))
+
+
+class _Refused(Exception):
+    """A message refused before it reached the store; args[0] is its Status."""
+
+
+def _send_response(entries) -> spb.SendMessageResponse:
+    codes = {e.status.code for e in entries}
+    top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "see entries")
+    return spb.SendMessageResponse(status=top, entries=entries)
+
+
+def _client_id(context) -> str:
+    for k, v in context.invocation_metadata() or ():
+        if k == "x-mq-client-id":
+            return v
+    return context.peer()

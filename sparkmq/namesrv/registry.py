@@ -1,0 +1,125 @@
+"""The NameServer's routing table (RocketMQ's RouteInfoManager).
+
+A broker registers a :class:`BrokerRegistration` (cluster, broker name, broker
+id, role, gRPC endpoint, topics with queue counts) on start and every 30 s.
+A broker silent for ``broker_expiry_ms`` (120 s) is dropped: route queries
+skip it at once, and ``expire()`` removes it from the table.
+
+Invariants: one entry per (broker name, broker id); a route lists every queue
+of a topic across broker groups, masters (id 0) first. The clock is injected
+(``clock_ms``) so tests can age a broker without waiting.
+
+Thread-safety: every public method takes one lock; safe from many threads.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+BROKER_EXPIRY_MS = 120_000
+MASTER_ID = 0
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class BrokerRegistration:
+    """What a broker tells the NameServer about itself."""
+
+    cluster: str
+    broker_name: str
+    broker_id: int
+    role: str
+    endpoint: str                       # "host:port" of its gRPC MessagingService
+    topics: dict[str, dict] = field(default_factory=dict)  # name -> {readQueueNums, writeQueueNums, perm}
+    admin_endpoint: str | None = None
+    last_seen_ms: int = 0
+
+    @classmethod
+    def from_json(cls, data: dict) -> "BrokerRegistration":
+        """Build from the JSON body of a register call; raises ValueError if malformed."""
+        try:
+            topics = {str(k): {"readQueueNums": int(v.get("readQueueNums", 0)),
+                               "writeQueueNums": int(v.get("writeQueueNums", 0)),
+                               "perm": int(v.get("perm", 6))}
+                      for k, v in dict(data.get("topics") or {}).items()}
+            return cls(cluster=str(data["cluster"]), broker_name=str(data["brokerName"]),
+                       broker_id=int(data["brokerId"]), role=str(data.get("role", "ASYNC_MASTER")),
+                       endpoint=str(data["endpoint"]), topics=topics,
+                       admin_endpoint=data.get("adminEndpoint"))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"malformed broker registration: {e!r}") from None
+
+    def to_json(self) -> dict:
+        return {"cluster": self.cluster, "brokerName": self.broker_name,
+                "brokerId": self.broker_id, "role": self.role, "endpoint": self.endpoint,
+                "adminEndpoint": self.admin_endpoint, "topics": self.topics,
+                "lastSeenMs": self.last_seen_ms}
+
+
+class RouteRegistry:
+    """Brokers and their topics; see the module docstring for the contract."""
+
+    def __init__(self, *, broker_expiry_ms: int = BROKER_EXPIRY_MS,
+                 clock_ms: Callable[[], int] | None = None):
+        self.broker_expiry_ms = broker_expiry_ms
+        self.clock_ms = clock_ms or _now_ms
+        self._brokers: dict[tuple[str, int], BrokerRegistration] = {}
+        self._lock = threading.Lock()
+
+    def register(self, reg: BrokerRegistration) -> None:
+        """Add or refresh a broker; its topic list replaces the previous one."""
+        reg.last_seen_ms = self.clock_ms()
+        with self._lock:
+            self._brokers[(reg.broker_name, reg.broker_id)] = reg
+
+    def unregister(self, broker_name: str, broker_id: int) -> bool:
+        with self._lock:
+            return self._brokers.pop((broker_name, broker_id), None) is not None
+
+    def _alive(self, reg: BrokerRegistration, now_ms: int) -> bool:
+        return now_ms - reg.last_seen_ms < self.broker_expiry_ms
+
+    def expire(self) -> list[str]:
+        """Drop brokers silent for ``broker_expiry_ms``; returns their names."""
+        now = self.clock_ms()
+        with self._lock:
+            dead = [k for k, r in self._brokers.items() if not self._alive(r, now)]
+            for k in dead:
+                del self._brokers[k]
+        return [f"{name}#{bid}" for name, bid in dead]
+
+    def brokers(self) -> list[BrokerRegistration]:
+        """Live brokers, sorted by (name, id)."""
+        now = self.clock_ms()
+        with self._lock:
+            return [r for _, r in sorted(self._brokers.items()) if self._alive(r, now)]
+
+    def route(self, topic: str) -> list[dict]:
+        """Every queue of ``topic`` on live brokers: dicts with brokerName,
+        brokerId, endpoint, queueId, perm. Empty if no live broker has it."""
+        out = []
+        for reg in self.brokers():
+            conf = reg.topics.get(topic)
+            if conf is None:
+                continue
+            n = max(conf["readQueueNums"], conf["writeQueueNums"])
+            for qid in range(n):
+                out.append({"brokerName": reg.broker_name, "brokerId": reg.broker_id,
+                            "cluster": reg.cluster, "endpoint": reg.endpoint, "queueId": qid,
+                            "perm": conf["perm"], "readable": qid < conf["readQueueNums"],
+                            "writable": qid < conf["writeQueueNums"]})
+        out.sort(key=lambda q: (q["brokerName"], q["brokerId"] != MASTER_ID, q["queueId"]))
+        return out
+
+    def clusters(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for reg in self.brokers():
+            out.setdefault(reg.cluster, [])
+            if reg.broker_name not in out[reg.cluster]:
+                out[reg.cluster].append(reg.broker_name)
+        return out
