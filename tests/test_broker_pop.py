@@ -1,0 +1,191 @@
+"""PopService (receive / invisible time / ack / redelivery / DLQ) over a real store,
+with an injected clock; and the long-polling notifier."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from sparkmq import Message, Store
+from sparkmq.broker.longpoll import ArrivalNotifier
+from sparkmq.broker.pop import (ORIGIN_MESSAGE_ID, ORIGIN_TOPIC, InvalidHandle, PopService,
+                                TagFilter, decode_handle, dlq_topic)
+
+ALL = TagFilter("*")
+
+
+class FakeClock:
+    def __init__(self, ms: int = 1_700_000_000_000):
+        self.ms = ms
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+@pytest.fixture
+def env(local_store_url):
+    clock = FakeClock()
+    store = Store.open(local_store_url, mode="w", clock_ms=clock, defaultTopicQueueNums=2)
+    store.create_topic("T")
+    pop = PopService(store, broker_name="b1", max_delivery_attempts=3, clock_ms=clock)
+    yield store, pop, clock
+    store.close()
+
+
+def send(store, n, topic="T", tags=None):
+    return store.append([Message(topic=topic, body=f"m{i}".encode(), tags=tags,
+                                 unique_key=f"id{i}") for i in range(n)])
+
+
+def test_pop_hands_each_message_once_and_ack_moves_the_floor(env):
+    store, pop, clock = env
+    send(store, 6)
+    first = pop.pop("G", "T", batch_size=4, invisible_ms=10_000, tag_filter=ALL)
+    rest = pop.pop("G", "T", batch_size=4, invisible_ms=10_000, tag_filter=ALL)
+    assert len(first) == 4 and len(rest) == 2
+    bodies = sorted(d.message.body for d in first + rest)
+    assert bodies == [f"m{i}".encode() for i in range(6)]
+    assert all(d.attempt == 1 for d in first + rest)
+    assert pop.pop("G", "T", batch_size=4, invisible_ms=10_000, tag_filter=ALL) == []
+    for d in first + rest:
+        pop.ack("G", d.receipt_handle, "T")
+    assert sum(pop.floors("G").values()) == 6
+    assert pop.take_dirty() == {"G": {("T", 0): 3, ("T", 1): 3}}
+    # another group sees everything again
+    assert len(pop.pop("H", "T", batch_size=10, invisible_ms=1000, tag_filter=ALL)) == 6
+
+
+def test_unacked_message_comes_back_with_attempt_plus_one_and_old_handle_is_stale(env):
+    store, pop, clock = env
+    send(store, 1)
+    [d1] = pop.pop("G", "T", batch_size=1, invisible_ms=5_000, tag_filter=ALL)
+    clock.ms += 4_999
+    assert pop.pop("G", "T", batch_size=1, invisible_ms=5_000, tag_filter=ALL) == []
+    clock.ms += 1
+    [d2] = pop.pop("G", "T", batch_size=1, invisible_ms=5_000, tag_filter=ALL)
+    assert d2.message.message_id == d1.message.message_id and d2.attempt == 2
+    with pytest.raises(InvalidHandle):
+        pop.ack("G", d1.receipt_handle, "T")
+    pop.ack("G", d2.receipt_handle, "T")
+    assert pop.floors("G")[("T", d2.message.queue_id)] == 1
+
+
+def test_after_max_attempts_the_message_goes_to_the_dlq_topic(env):
+    store, pop, clock = env
+    send(store, 1)
+    attempts = []
+    for _ in range(3):
+        [d] = pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
+        attempts.append(d.attempt)
+        clock.ms += 1_000
+    assert attempts == [1, 2, 3]
+    assert pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
+    dlq = store.read(dlq_topic("G"), 0, 0, 10)
+    assert [m.body for m in dlq] == [b"m0"]
+    assert dlq[0].properties[ORIGIN_TOPIC] == "T"
+    assert dlq[0].properties[ORIGIN_MESSAGE_ID] == "id0"
+    assert pop.dlq_count == 1 and sum(pop.floors("G").values()) == 1
+
+
+def test_change_invisible_duration_extends_and_reissues_the_handle(env):
+    store, pop, clock = env
+    send(store, 1)
+    [d] = pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
+    h2 = pop.change_invisible("G", d.receipt_handle, 60_000, "T")
+    assert h2 != d.receipt_handle
+    clock.ms += 30_000
+    assert pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
+    with pytest.raises(InvalidHandle):
+        pop.change_invisible("G", d.receipt_handle, 1000, "T")
+    pop.ack("G", h2, "T")
+
+
+def test_forward_to_dlq_marks_done(env):
+    store, pop, clock = env
+    send(store, 1)
+    [d] = pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
+    pop.forward_to_dlq("G", d.receipt_handle, "T")
+    assert [m.body for m in store.read(dlq_topic("G"), 0, 0, 10)] == [b"m0"]
+    clock.ms += 10_000
+    assert pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
+
+
+def test_tag_filter_skips_unmatched_messages_as_done(env):
+    store, pop, clock = env
+    send(store, 2, tags="TagA")
+    send(store, 2, tags="TagB")
+    send(store, 2, tags="TagC")
+    got = pop.pop("G", "T", batch_size=10, invisible_ms=1_000, tag_filter=TagFilter("TagA || TagC"))
+    assert sorted(d.message.tags for d in got) == ["TagA", "TagA", "TagC", "TagC"]
+    for d in got:
+        pop.ack("G", d.receipt_handle)
+    assert sum(pop.floors("G").values()) == 6
+
+
+def test_tag_filter_parsing():
+    assert TagFilter("*").matches(None) and TagFilter("").matches("x")
+    f = TagFilter(" A ||B ")
+    assert f.matches("A") and f.matches("B") and not f.matches("C") and not f.matches(None)
+    with pytest.raises(ValueError):
+        TagFilter("A || ")
+
+
+@pytest.mark.parametrize("bad", ["", "x", "1.2.3", "zz.0.0.T.b1", "1.x.0.T.b1", None])
+def test_malformed_handles_are_refused(env, bad):
+    _, pop, _ = env
+    with pytest.raises(InvalidHandle):
+        pop.ack("G", bad)
+
+
+def test_handles_of_another_broker_or_topic_are_refused(env):
+    store, pop, clock = env
+    send(store, 1)
+    [d] = pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
+    seq, qid, off, topic, broker = decode_handle(d.receipt_handle)
+    with pytest.raises(InvalidHandle, match="broker"):
+        pop.ack("G", f"{seq:x}.{qid}.{off}.{topic}.other")
+    with pytest.raises(InvalidHandle, match="topic"):
+        pop.ack("G", d.receipt_handle, "U")
+    with pytest.raises(InvalidHandle):
+        pop.ack("OtherGroup", d.receipt_handle)
+
+
+def test_committed_offsets_survive_a_reopen(local_store_url):
+    clock = FakeClock()
+    store = Store.open(local_store_url, mode="w", clock_ms=clock, defaultTopicQueueNums=1)
+    store.create_topic("T")
+    send(store, 5)
+    pop = PopService(store, broker_name="b1", clock_ms=clock)
+    got = pop.pop("G", "T", batch_size=3, invisible_ms=1_000, tag_filter=ALL)
+    for d in got:
+        pop.ack("G", d.receipt_handle)
+    for group, floors in pop.take_dirty().items():
+        store.commit_consumer_offsets(group, floors)
+    store.close()
+    store = Store.open(local_store_url, mode="w", clock_ms=clock)
+    try:
+        pop = PopService(store, broker_name="b1", clock_ms=clock)
+        again = pop.pop("G", "T", batch_size=10, invisible_ms=1_000, tag_filter=ALL)
+        assert [d.message.body for d in again] == [b"m3", b"m4"]
+    finally:
+        store.close()
+
+
+def test_arrival_notifier_wakes_a_waiter_and_never_loses_an_arrival():
+    n = ArrivalNotifier()
+    seen = n.version("T")
+    n.on_arrival("T", 0, 1)                        # arrives before the wait starts
+    assert n.wait("T", seen, timeout_s=30) is True
+    seen = n.version("T")
+    assert n.wait("T", seen, timeout_s=0.01) is False
+    result = []
+    t = threading.Thread(target=lambda: result.append(n.wait("T", seen, timeout_s=30)))
+    t.start()
+    for _ in range(1000):                           # bounded: until the waiter is parked
+        if n.waiting:
+            break
+        threading.Event().wait(0.005)
+    n.on_arrival("U", 0, 1)                         # another topic does not count...
+    n.on_arrival("T", 0, 2)
+    t.join(30)
+    assert result == [True] and not t.is_alive()
