@@ -1,0 +1,434 @@
+"""Writing a DataFrame to a store: ``df.write`` and ``df.writeStream`` with ``format("sparkmq")``.
+
+Input columns (anything else is refused, so a typo never drops data):
+
+==================  ==============================  ===========================================
+column              Spark type                      meaning
+==================  ==============================  ===========================================
+``body``            binary or string (required)     the message body (strings as UTF-8)
+``topic``           string                          the topic of the row (or option ``topic``)
+``tags``            string                          RocketMQ tags
+``keys``            array<string> or string         message keys (indexed for lookup by key)
+``properties``      map<string,string>              user properties
+``queue_id``        byte/short/int/long             an explicit queue
+``message_group``   string                          sharding key: queue = crc32(group) %
+                                                    writeQueueNums, so equal groups keep order
+``born_timestamp``  timestamp or long (ms)          when the producer made it (default: now)
+==================  ==============================  ===========================================
+
+Like Spark's Kafka sink, option ``topic`` overrides a ``topic`` column. A row
+without ``queue_id`` or ``message_group`` goes round robin over the topic's
+write queues, starting at the task's partition id.
+
+Where things run and what pickles:
+
+* the writer's constructor runs on the driver (in Spark's Python planner
+  worker): it validates the schema, the options and the topics, and asks the
+  committer whether a commit could succeed, so errors come before any task
+  writes. The writer (plain options, topic configs, a job id) is pickled to
+  executors and back to the driver's commit worker.
+* ``write`` runs on executors: each task turns its Arrow record batches into
+  CommitLog segment batches and writes staged segment files (rolled every
+  ``maxSegmentBytes``), never touching the transaction log; it returns a
+  :class:`SparkMQCommitMessage` with the paths.
+* ``commit`` runs on the driver: ONE commit of all tasks' files through
+  :func:`sparkmq.log.committer.committer_for` — all rows visible in one log
+  version or none. ``abort`` deletes the job's uncommitted staged files.
+
+Streaming (``df.writeStream.format("sparkmq")``) is exactly once: each
+micro-batch commits with ``app_id`` = the query's writer id and
+``app_version`` = the batch id; a batch replayed after a restart finds its id
+in the log's ``txn`` actions and is skipped (its staged files are deleted).
+Spark hands a Python sink neither the query id nor (reliably) the checkpoint,
+so the writer id is: option ``writerId`` if set (set it, and keep it with the
+checkpoint: a new checkpoint needs a new ``writerId``), else the
+``checkpointLocation`` option if Spark passes it, else the store URL plus the
+topic option. Two concurrent streaming queries into one store must use
+different writer ids.
+
+Options: ``topic``, ``writerId``, ``maxSegmentBytes`` (default 64 MiB),
+``maxMessageSize`` (default 4 MiB), and ``storage.<name>`` for fsspec storage
+options (e.g. ``storage.anon``).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import socket
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter,
+                                    WriterCommitMessage)
+from pyspark.sql.types import (ArrayType, BinaryType, ByteType, IntegerType, LongType,
+                               MapType, ShortType, StringType, StructType, TimestampNTZType,
+                               TimestampType)
+
+from ..errors import (InvalidConfigError, InvalidMessageError, PermissionDeniedError,
+                      QueueNotFoundError, TopicNotFoundError, UserError)
+from ..log import format as fmt
+from ..log.committer import abort_job, committer_for
+from ..log.fs import StoreFS
+from ..log.segment import write_segment
+from ..log.txlog import TransactionLog
+
+log = logging.getLogger("sparkmq.datasource.writer")
+
+DEFAULT_MAX_SEGMENT_BYTES = 64 << 20
+DEFAULT_MAX_MESSAGE_SIZE_BYTES = 4 << 20
+PERM_WRITE = 2
+
+_INTS = (ByteType, ShortType, IntegerType, LongType)
+#: column -> (accepted Spark types, what to tell the user)
+INPUT_COLUMNS = {
+    "body": ((BinaryType, StringType), "binary or string"),
+    "topic": ((StringType,), "string"),
+    "tags": ((StringType,), "string"),
+    "keys": ((ArrayType, StringType), "array<string> or string"),
+    "properties": ((MapType,), "map<string,string>"),
+    "queue_id": (_INTS, "an integer type"),
+    "message_group": ((StringType,), "string"),
+    "born_timestamp": ((TimestampType, TimestampNTZType, LongType), "timestamp or long (ms)"),
+}
+
+
+@dataclass
+class SparkMQCommitMessage(WriterCommitMessage):
+    """What one task wrote: staged segment paths (relative to the store) and row count."""
+
+    paths: list[str] = field(default_factory=list)
+    num_rows: int = 0
+
+
+def validate_schema(schema: StructType, *, topic_option: str | None) -> None:
+    """Raise InvalidMessageError naming every wrong, missing or unknown column."""
+    problems = []
+    names = {f.name for f in schema.fields}
+    for f in schema.fields:
+        spec = INPUT_COLUMNS.get(f.name)
+        if spec is None:
+            problems.append(f"unknown column {f.name!r}")
+            continue
+        types, want = spec
+        ok = isinstance(f.dataType, types)
+        if isinstance(f.dataType, ArrayType):
+            ok = ok and isinstance(f.dataType.elementType, StringType)
+        if isinstance(f.dataType, MapType):
+            ok = ok and isinstance(f.dataType.keyType, StringType) and \
+                isinstance(f.dataType.valueType, StringType)
+        if not ok:
+            problems.append(f"column {f.name!r} has type {f.dataType.simpleString()}, "
+                            f"expected {want}")
+    if "body" not in names:
+        problems.append("the required column 'body' (binary or string) is missing")
+    if "topic" not in names and not topic_option:
+        problems.append("no 'topic' column and no topic option: say where rows go with "
+                        ".option('topic', ...) or a 'topic' column")
+    if problems:
+        accepted = ", ".join(f"{k} ({v[1]})" for k, v in INPUT_COLUMNS.items())
+        raise InvalidMessageError("cannot write this DataFrame to sparkmq: " +
+                                  "; ".join(problems) + f". Accepted columns: {accepted}")
+
+
+def _storage_options(options) -> dict | None:
+    out = {k[len("storage."):]: v for k, v in options.items() if k.lower().startswith("storage.")}
+    return out or None
+
+
+def _int_option(options, name: str, default: int) -> int:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidConfigError(f"option {name} must be an integer, got {raw!r}") from None
+    if value <= 0:
+        raise InvalidConfigError(f"option {name} must be positive, got {value}")
+    return value
+
+
+class _SegmentWriterBase:
+    """Shared by the batch and the streaming writer (see the module docstring)."""
+
+    job_id: str
+
+    def __init__(self, options, schema: StructType, overwrite: bool):
+        self.url = options.get("path")
+        if not self.url:
+            raise InvalidConfigError("sparkmq needs the store URL: .save(url) / "
+                                     ".option('path', url)")
+        if overwrite:
+            raise UserError("sparkmq stores are append-only: use mode('append'), not "
+                            "'overwrite' (delete a topic to drop its messages)")
+        self.storage_options = _storage_options(options)
+        self.topic_option = options.get("topic") or None
+        self.max_segment_bytes = _int_option(options, "maxSegmentBytes",
+                                             DEFAULT_MAX_SEGMENT_BYTES)
+        self.max_message_size = _int_option(options, "maxMessageSize",
+                                            DEFAULT_MAX_MESSAGE_SIZE_BYTES)
+        validate_schema(schema, topic_option=self.topic_option)
+        self.columns = [f.name for f in schema.fields]
+        state = TransactionLog(StoreFS(self.url, self.storage_options)).snapshot()
+        self.topics = {name: {"id": t["id"], "writeQueueNums": int(t["writeQueueNums"]),
+                              "perm": int(t["perm"])} for name, t in state.topics.items()}
+        if self.topic_option:
+            self._topic_conf(self.topic_option)
+        committer_for(self.url, self.storage_options).check()
+
+    # -- executors ---------------------------------------------------------
+    def _topic_conf(self, name: str) -> dict:
+        conf = self.topics.get(name)
+        if conf is None:
+            raise TopicNotFoundError(
+                f"topic {name!r} does not exist in {self.url} (topics: "
+                f"{sorted(self.topics) or 'none'}); create it first")
+        if not conf["perm"] & PERM_WRITE:
+            raise PermissionDeniedError(f"topic {name!r} is not writable (perm {conf['perm']})")
+        return conf
+
+    def _write_task(self, iterator: Iterator[pa.RecordBatch]) -> SparkMQCommitMessage:
+        from pyspark import TaskContext
+        ctx = TaskContext.get()
+        partition = ctx.partitionId() if ctx else 0
+        task = f"{partition}_{ctx.attemptNumber() if ctx else 0}"
+        sfs = StoreFS(self.url, self.storage_options)
+        converter = _BatchConverter(self, partition)
+        paths: list[str] = []
+        pending: list[pa.RecordBatch] = []
+        pending_bytes = 0
+        rows = 0
+        try:
+            for batch in iterator:
+                if batch.num_rows == 0:
+                    continue
+                out = converter.convert(batch)
+                pending.append(out)
+                pending_bytes += out.nbytes
+                rows += out.num_rows
+                if pending_bytes >= self.max_segment_bytes:
+                    paths.append(self._stage(sfs, task, pending))
+                    pending, pending_bytes = [], 0
+            if pending:
+                paths.append(self._stage(sfs, task, pending))
+        except BaseException:
+            sfs.delete_many(paths)
+            raise
+        return SparkMQCommitMessage(paths=paths, num_rows=rows)
+
+    def _stage(self, sfs: StoreFS, task: str, batches: list[pa.RecordBatch]) -> str:
+        rel = fmt.staged_segment_file(self.job_id, task)
+        try:
+            write_segment(sfs, rel, batches)
+        except BaseException:
+            sfs.delete(rel)
+            raise
+        return rel
+
+    # -- driver ------------------------------------------------------------
+    def _commit(self, messages, *, app_id: str | None, app_version: int | None):
+        paths = [p for m in messages if m is not None for p in m.paths]
+        result = None
+        if paths or app_id is not None:
+            result = committer_for(self.url, self.storage_options).commit(
+                paths, app_id=app_id, app_version=app_version)
+        # files of failed task attempts, or of a skipped replay, are not committed
+        abort_job(self.url, self.job_id, storage_options=self.storage_options)
+        return result
+
+    def _abort(self, messages) -> None:
+        paths = [p for m in messages if m is not None for p in m.paths]
+        abort_job(self.url, self.job_id, storage_options=self.storage_options, paths=paths)
+
+
+class SparkMQBatchWriter(_SegmentWriterBase, DataSourceArrowWriter):
+    """``df.write.format("sparkmq")``: one atomic commit for the whole job."""
+
+    def __init__(self, options, schema: StructType, overwrite: bool):
+        self.job_id = uuid.uuid4().hex[:16]
+        super().__init__(options, schema, overwrite)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SparkMQCommitMessage:
+        """Executor: stage this task's rows as segment files."""
+        return self._write_task(iterator)
+
+    def commit(self, messages) -> None:
+        """Driver: all tasks' files in one log version."""
+        res = self._commit(messages, app_id=None, app_version=None)
+        if res is not None:
+            log.info("sparkmq write to %s: %d messages committed as version %d",
+                     self.url, res.num_messages, res.version)
+
+    def abort(self, messages) -> None:
+        """Driver: delete the job's staged files; nothing became visible."""
+        self._abort(messages)
+
+
+class SparkMQStreamWriter(_SegmentWriterBase, DataSourceStreamArrowWriter):
+    """``df.writeStream.format("sparkmq")``: exactly once per micro-batch."""
+
+    def __init__(self, options, schema: StructType, overwrite: bool):
+        self.app_id = streaming_writer_id(options)
+        self.job_id = "s" + hashlib.sha1(self.app_id.encode()).hexdigest()[:20]
+        super().__init__(options, schema, overwrite)
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> SparkMQCommitMessage:
+        """Executor: stage this task's rows of the micro-batch."""
+        return self._write_task(iterator)
+
+    def commit(self, messages, batchId: int) -> None:
+        """Driver: commit the micro-batch as (writer id, batch id); a replay is skipped."""
+        res = self._commit(messages, app_id=self.app_id, app_version=int(batchId))
+        if res is not None and res.skipped:
+            log.warning("sparkmq stream %s: batch %d was already committed; replay skipped",
+                        self.app_id, batchId)
+
+    def abort(self, messages, batchId: int) -> None:
+        """Driver: delete the micro-batch's staged files."""
+        self._abort(messages)
+
+
+def streaming_writer_id(options) -> str:
+    """The stable id under which a streaming query's batches are recorded (``txn`` appId)."""
+    explicit = options.get("writerId")
+    if explicit:
+        return f"spark-stream:{explicit}"
+    checkpoint = options.get("checkpointLocation")
+    if checkpoint:
+        return f"spark-stream:checkpoint:{checkpoint}"
+    return f"spark-stream:{options.get('path')}:{options.get('topic') or '*'}"
+
+
+class _BatchConverter:
+    """Turns Spark's Arrow batches into SEGMENT_SCHEMA batches (runs on executors)."""
+
+    def __init__(self, writer: _SegmentWriterBase, partition: int):
+        self.w = writer
+        self.partition = partition
+        self.round_robin: dict[str, int] = {}
+        self.host = socket.gethostname()
+
+    def convert(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        n = batch.num_rows
+        names = batch.schema.names
+        col = {name: batch.column(i) for i, name in enumerate(names)}
+        now_ms = int(time.time() * 1000)
+        topics = self._topics(col, n)
+        body = self._body(col["body"])
+        qids = self._queues(topics, col.get("queue_id"), col.get("message_group"), n)
+        group = _cast(col, "message_group", pa.string(), n)
+        out = {
+            "topic": topics, "queue_id": qids, "body": body,
+            "tags": _cast(col, "tags", pa.string(), n),
+            "keys": self._keys(col.get("keys"), n),
+            "properties": _cast(col, "properties", pa.map_(pa.string(), pa.string()), n),
+            "born_timestamp": _born(col.get("born_timestamp"), n, now_ms),
+            "store_timestamp": pa.array(np.full(n, now_ms, np.int64)).cast(fmt.TS),
+            "born_host": pa.array([self.host] * n, pa.string()),
+            "store_host": pa.nulls(n, pa.string()),
+            "reconsume_times": pa.array(np.zeros(n, np.int32)),
+            "delivery_timestamp": pa.nulls(n, fmt.TS),
+            "message_group": group,
+            "transaction_id": pa.nulls(n, pa.string()),
+            "message_type": pc.if_else(pc.is_valid(group),
+                                       pa.scalar(fmt.MESSAGE_TYPE_FIFO, pa.int8()),
+                                       pa.scalar(fmt.MESSAGE_TYPE_NORMAL, pa.int8())),
+            "unique_key": pa.nulls(n, pa.string()),
+        }
+        return pa.RecordBatch.from_arrays([out[f.name] for f in fmt.SEGMENT_SCHEMA],
+                                          schema=fmt.SEGMENT_SCHEMA)
+
+    def _topics(self, col: dict, n: int) -> pa.Array:
+        if self.w.topic_option:
+            return pa.repeat(pa.scalar(self.w.topic_option, pa.string()), n)
+        topics = col["topic"].cast(pa.string())
+        if topics.null_count:
+            raise InvalidMessageError("a row has a null topic and no topic option is set; "
+                                      "fill the topic column or set .option('topic', ...)")
+        for t in pc.unique(topics).to_pylist():
+            self.w._topic_conf(t)
+        return topics
+
+    def _body(self, body: pa.Array) -> pa.Array:
+        if not pa.types.is_binary(body.type):
+            body = body.cast(pa.binary())
+        if body.null_count:
+            raise InvalidMessageError("a row has a null body; every message needs a body")
+        longest = pc.max(pc.binary_length(body)).as_py() or 0
+        if longest > self.w.max_message_size:
+            raise InvalidMessageError(
+                f"a body of {longest} bytes exceeds maxMessageSize ({self.w.max_message_size} "
+                "bytes); raise the option maxMessageSize or split the message")
+        return body
+
+    def _queues(self, topics: pa.Array, queue_id, group, n: int) -> pa.Array:
+        """Explicit queue_id, else crc32(message_group) % queues, else round robin."""
+        qids = np.full(n, -1, np.int64)
+        explicit = np.zeros(n, bool)
+        if queue_id is not None:
+            valid = np.asarray(pc.is_valid(queue_id).to_numpy(zero_copy_only=False))
+            qids[valid] = np.asarray(queue_id.cast(pa.int64()).fill_null(-1).to_numpy())[valid]
+            explicit = valid
+        grouped = np.zeros(n, bool)
+        group_hash = None
+        if group is not None:
+            g = group.cast(pa.string())
+            grouped = np.asarray(pc.is_valid(g).to_numpy(zero_copy_only=False)) & ~explicit
+            if grouped.any():
+                enc = pc.dictionary_encode(g)
+                hashes = np.asarray([zlib.crc32(v.encode()) for v in enc.dictionary.to_pylist()]
+                                    + [0], np.int64)
+                group_hash = hashes[enc.indices.fill_null(len(hashes) - 1).to_numpy()]
+        enc_t = pc.dictionary_encode(topics)
+        tnames = enc_t.dictionary.to_pylist()
+        tidx = enc_t.indices.to_numpy()
+        for i, name in enumerate(tnames):
+            nq = self.w._topic_conf(name)["writeQueueNums"]
+            mine = tidx == i
+            bad = mine & explicit & ((qids < 0) | (qids >= nq))
+            if bad.any():
+                raise QueueNotFoundError(
+                    f"queue_id {int(qids[bad][0])} is out of range for topic {name!r} "
+                    f"(0..{nq - 1})")
+            if group_hash is not None:
+                sel = mine & grouped
+                qids[sel] = group_hash[sel] % nq
+            rr = np.flatnonzero(mine & ~explicit & ~grouped)
+            if len(rr):
+                start = self.round_robin.get(name, self.partition)
+                qids[rr] = (start + np.arange(len(rr))) % nq
+                self.round_robin[name] = (start + len(rr)) % nq
+        return pa.array(qids.astype(np.int32))
+
+    def _keys(self, keys, n: int) -> pa.Array:
+        if keys is None:
+            return pa.nulls(n, pa.list_(pa.string()))
+        if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
+            s = keys.cast(pa.string())
+            offsets = np.arange(n + 1, dtype=np.int32)
+            arr = pa.ListArray.from_arrays(pa.array(offsets), s)
+            return pc.if_else(pc.is_valid(s), arr, pa.nulls(n, arr.type))
+        return keys.cast(pa.list_(pa.string()))
+
+
+def _cast(col: dict, name: str, typ: pa.DataType, n: int) -> pa.Array:
+    arr = col.get(name)
+    if arr is None:
+        return pa.nulls(n, typ)
+    return arr.cast(typ)
+
+
+def _born(arr, n: int, now_ms: int) -> pa.Array:
+    if arr is None:
+        return pa.array(np.full(n, now_ms, np.int64)).cast(fmt.TS)
+    if pa.types.is_timestamp(arr.type):
+        ms = pc.cast(arr, pa.timestamp("ms", tz=arr.type.tz), safe=False).cast(pa.int64())
+    else:
+        ms = arr.cast(pa.int64())
+    return ms.fill_null(now_ms).cast(fmt.TS)
