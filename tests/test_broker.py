@@ -441,3 +441,72 @@ def test_sigkill_under_sync_flush_loses_no_acked_message(tmp_path):
             proc.wait(10)
     with Store.open(str(store), mode="r") as s2:      # clean stop: published, lease released
         assert s2.state.lease.get("released")
+
+
+# ---------------------------------------------------------------- push consumer, FIFO
+def test_official_push_consumer_consumes_and_a_failed_message_comes_back(make_broker, clients):
+    from rocketmq import ConsumeResult, MessageListener, PushConsumer
+    b = make_broker()
+    producer = clients(Producer(client_conf(b), ("P",)))
+    for i in range(6):
+        producer.send(msg("P", f"p{i}".encode()))
+    seen: list[tuple[bytes, int]] = []
+    lock = threading.Lock()
+
+    class Listener(MessageListener):
+        def consume(self, message):
+            with lock:
+                seen.append((message.body, message.delivery_attempt))
+            if message.body == b"p3" and message.delivery_attempt == 1:
+                return ConsumeResult.FAILURE            # -> invisible for the back-off, then again
+            return ConsumeResult.SUCCESS
+    clients(PushConsumer(client_conf(b), "PushG", Listener(), {"P": FilterExpression()}))
+    for _ in range(1500):                               # bounded: back-off is 1 s
+        with lock:
+            if (b"p3", 2) in seen and len({x for x, _ in seen}) == 6:
+                break
+        time.sleep(0.01)
+    with lock:
+        assert {x for x, _ in seen} == {f"p{i}".encode() for i in range(6)}
+        assert (b"p3", 1) in seen and (b"p3", 2) in seen
+
+
+def test_fifo_message_groups_keep_their_order_under_concurrent_consumers(make_broker, clients):
+    b = make_broker()
+    producer = clients(Producer(client_conf(b), ("Fifo",)))
+    groups, per_group = ["g1", "g2", "g3"], 8
+    for i in range(per_group):
+        for g in groups:
+            m = msg("Fifo", f"{g}:{i}".encode())
+            m.message_group = g
+            producer.send(m)
+    consumed: list[tuple[str, int]] = []
+    acked: set[tuple[str, int]] = set()
+    early: list[tuple[str, int]] = []     # delivered before its predecessor was acked
+    lock = threading.Lock()
+
+    def consume(consumer):
+        for _ in range(200):
+            with lock:
+                if len(consumed) >= len(groups) * per_group:
+                    return
+            for m in consumer.receive(8, 30):
+                g, i = m.body.decode().split(":")
+                with lock:
+                    consumed.append((g, int(i)))
+                    if int(i) > 0 and (g, int(i) - 1) not in acked:
+                        early.append((g, int(i)))
+                consumer.ack(m)
+                with lock:
+                    acked.add((g, int(i)))
+    consumers = [clients(SimpleConsumer(client_conf(b), "FifoG", {"Fifo": FilterExpression()},
+                                        await_duration=1)) for _ in range(2)]
+    threads = [threading.Thread(target=consume, args=(c,)) for c in consumers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert sorted(consumed) == sorted((g, i) for g in groups for i in range(per_group))
+    assert early == []
+    for g in groups:
+        assert [i for gg, i in consumed if gg == g] == list(range(per_group))

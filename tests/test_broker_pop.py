@@ -189,3 +189,37 @@ def test_arrival_notifier_wakes_a_waiter_and_never_loses_an_arrival():
     n.on_arrival("T", 0, 2)
     t.join(30)
     assert result == [True] and not t.is_alive()
+
+
+def test_fifo_a_message_group_is_delivered_in_order_one_at_a_time(local_store_url):
+    clock = FakeClock()
+    store = Store.open(local_store_url, mode="w", clock_ms=clock)
+    try:
+        store.create_topic("F", read_queue_nums=1, write_queue_nums=1)
+        order = [("g1", 0), ("g2", 0), ("g1", 1), ("g1", 2), ("g2", 1), ("g3", 0)]
+        store.append([Message(topic="F", body=f"{g}-{i}".encode(), message_group=g)
+                      for g, i in order])
+        pop = PopService(store, broker_name="b1", max_delivery_attempts=2, clock_ms=clock)
+
+        def take(n=10, invisible_ms=1_000):
+            return pop.pop("G", "F", batch_size=n, invisible_ms=invisible_ms, tag_filter=ALL)
+        first = take()
+        assert [d.message.body for d in first] == [b"g1-0", b"g2-0", b"g3-0"]
+        assert take() == []                                  # g1/g2 busy: the rest is held
+        by_body = {d.message.body: d for d in first}
+        assert pop.ack("G", by_body[b"g1-0"].receipt_handle) is True
+        pop.ack("G", by_body[b"g3-0"].receipt_handle)
+        [g1_1] = take()
+        assert g1_1.message.body == b"g1-1"
+        clock.ms += 1_000                                    # g2-0 and g1-1 expire unacked
+        again = take()
+        assert sorted((d.message.body, d.attempt) for d in again) == [(b"g1-1", 2), (b"g2-0", 2)]
+        for d in again:
+            if d.message.body == b"g1-1":
+                pop.ack("G", d.receipt_handle)
+        clock.ms += 1_000                                    # g2-0: max attempts -> DLQ
+        rest = take()
+        assert sorted(d.message.body for d in rest) == [b"g1-2", b"g2-1"]
+        assert [m.body for m in store.read(dlq_topic("G"), 0, 0, 5)] == [b"g2-0"]
+    finally:
+        store.close()

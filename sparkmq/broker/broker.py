@@ -352,7 +352,8 @@ class Broker:
             self.notifier.wait(topic, seen, left)
 
     def ack(self, group: str, handle: str, topic: str | None) -> None:
-        self.pop.ack(group, handle, topic)
+        if self.pop.ack(group, handle, topic):
+            self.notifier.poke()          # a held FIFO message may be deliverable now
         self.metrics.inc("sparkmq_acks_total", group=group)
 
     def pull(self, topic: str, qid: int, offset: int, batch: int, tag_filter: TagFilter,

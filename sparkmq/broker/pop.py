@@ -13,9 +13,13 @@ RocketMQ 5's pop consumption, kept in memory over the store:
   (``maxReconsumeTimes`` + 1) is appended to ``%DLQ%<group>`` (an ordinary
   topic, one queue) and counts as done;
 * receipt handles name (lease serial, queue, offset, topic, broker); a handle
-  whose lease was superseded (redelivered, acked) is refused.
+  whose lease was superseded (redelivered, acked) is refused;
+* FIFO: a message with a message group is delivered only when no earlier
+  message of its group (in its queue) is in flight; a message read while its
+  group is busy is *held* and delivered, in offset order, once the earlier one
+  is acked, sent to the DLQ or forwarded. One message per group is in flight.
 
-Invariant: every offset in ``[floor, next_offset)`` is either in flight or done.
+Invariant: every offset in ``[floor, next_offset)`` is in flight, held or done.
 Offsets persist as floors (``Store.commit_consumer_offsets``), so after a
 restart un-acked messages come back (at least once).
 
@@ -41,6 +45,7 @@ ORIGIN_MESSAGE_ID = "DLQ_ORIGIN_MESSAGE_ID"
 ORIGIN_QUEUE = "DLQ_ORIGIN_QUEUE"
 ORIGIN_OFFSET = "DLQ_ORIGIN_QUEUE_OFFSET"
 MAX_SCAN_PER_POP = 4096   # filtered-out messages skipped per pop call, at most
+MAX_HELD_PER_QUEUE = 10_000   # FIFO messages waiting for their group, per queue
 
 
 class InvalidHandle(Exception):
@@ -57,6 +62,7 @@ class Lease:
     attempt: int            # 1-based delivery attempt of this lease
     visible_at_ms: int
     seq: int
+    message_group: str | None = None
 
 
 @dataclass
@@ -65,10 +71,17 @@ class QueueProgress:
     next_offset: int
     inflight: dict[int, Lease] = field(default_factory=dict)
     done: set[int] = field(default_factory=set)
+    held: dict[int, str] = field(default_factory=dict)   # offset -> message group (FIFO)
     dirty: bool = False
+
+    def busy_groups(self) -> set[str]:
+        """Message groups with a message in flight or held in this queue."""
+        return ({x.message_group for x in self.inflight.values() if x.message_group}
+                | set(self.held.values()))
 
     def finish(self, offset: int) -> None:
         self.inflight.pop(offset, None)
+        self.held.pop(offset, None)
         if offset >= self.floor:
             self.done.add(offset)
         while self.floor in self.done:
@@ -195,8 +208,10 @@ class PopService:
                                        tag_filter)
             return out
 
-    def _lease(self, qp: QueueProgress, offset: int, attempt: int, invisible_ms: int) -> Lease:
-        lease = Lease(offset, attempt, self.clock_ms() + invisible_ms, self._next_seq())
+    def _lease(self, qp: QueueProgress, offset: int, attempt: int, invisible_ms: int,
+               message_group: str | None = None) -> Lease:
+        lease = Lease(offset, attempt, self.clock_ms() + invisible_ms, self._next_seq(),
+                      message_group)
         qp.inflight[offset] = lease
         return lease
 
@@ -230,8 +245,29 @@ class PopService:
                 self._to_dlq(g.name, msg, lease.attempt)
                 qp.finish(lease.offset)
                 continue
-            new = self._lease(qp, lease.offset, lease.attempt + 1, invisible_ms)
+            new = self._lease(qp, lease.offset, lease.attempt + 1, invisible_ms,
+                              lease.message_group)
             out.append(Delivery(msg, new.attempt, self._handle(new, topic, qid), invisible_ms))
+        return out
+
+    def _pop_held(self, qp: QueueProgress, topic: str, qid: int, limit: int,
+                  invisible_ms: int) -> list[Delivery]:
+        """FIFO: deliver held messages whose group is free, oldest first."""
+        out: list[Delivery] = []
+        busy = {x.message_group for x in qp.inflight.values() if x.message_group}
+        for offset, group in sorted(qp.held.items()):
+            if len(out) >= limit:
+                break
+            if group in busy:
+                continue
+            busy.add(group)          # later held messages of this group wait for this one
+            del qp.held[offset]
+            msg = self._read_one(topic, qid, offset)
+            if msg is None:
+                qp.finish(offset)
+                continue
+            lease = self._lease(qp, offset, 1, invisible_ms, group)
+            out.append(Delivery(msg, 1, self._handle(lease, topic, qid), invisible_ms))
         return out
 
     def _pop_fresh(self, g: GroupState, topic: str, qids: list[int], limit: int,
@@ -241,35 +277,53 @@ class PopService:
             return out
         start = g.rr.get(topic, 0)
         g.rr[topic] = (start + 1) % len(qids)
-        scanned = 0
+        budget = [MAX_SCAN_PER_POP]
         for i in range(len(qids)):
             qid = qids[(start + i) % len(qids)]
             qp = self._progress(g, topic, qid)
-            hi = self.store.max_offset(topic, qid)
-            while len(out) < limit and qp.next_offset < hi and scanned < MAX_SCAN_PER_POP:
-                try:
-                    msgs = self.store.read(topic, qid, qp.next_offset,
-                                           min(limit - len(out) + 16, 256))
-                except DataLossError as e:
-                    self._skip_removed(qp, e.earliest_offset or qp.next_offset)
-                    continue
-                if not msgs:
-                    break
-                for m in msgs:
-                    scanned += 1
-                    qp.next_offset = m.queue_offset + 1
-                    if not tag_filter.matches(m.tags):
-                        qp.finish(m.queue_offset)
-                        continue
-                    lease = self._lease(qp, m.queue_offset, 1, invisible_ms)
-                    out.append(Delivery(m, 1, self._handle(lease, topic, qid), invisible_ms))
-                    if len(out) >= limit:
-                        break
+            if qp.held:
+                out += self._pop_held(qp, topic, qid, limit - len(out), invisible_ms)
+            out += self._scan_queue(qp, topic, qid, limit - len(out), invisible_ms, tag_filter,
+                                    budget)
             if len(out) >= limit:
                 break
         return out
 
+    def _scan_queue(self, qp: QueueProgress, topic: str, qid: int, limit: int,
+                    invisible_ms: int, tag_filter: TagFilter, budget: list[int]
+                    ) -> list[Delivery]:
+        """Fresh messages of one queue from ``next_offset`` on (filtered, FIFO-aware)."""
+        out: list[Delivery] = []
+        hi = self.store.max_offset(topic, qid)
+        busy = qp.busy_groups()
+        while (len(out) < limit and qp.next_offset < hi and budget[0] > 0
+               and len(qp.held) < MAX_HELD_PER_QUEUE):
+            try:
+                msgs = self.store.read(topic, qid, qp.next_offset, min(limit - len(out) + 16, 256))
+            except DataLossError as e:
+                self._skip_removed(qp, e.earliest_offset or qp.next_offset)
+                continue
+            if not msgs:
+                break
+            for m in msgs:
+                budget[0] -= 1
+                qp.next_offset = m.queue_offset + 1
+                if not tag_filter.matches(m.tags):
+                    qp.finish(m.queue_offset)
+                elif m.message_group and m.message_group in busy:
+                    qp.held[m.queue_offset] = m.message_group
+                else:
+                    if m.message_group:
+                        busy.add(m.message_group)
+                    lease = self._lease(qp, m.queue_offset, 1, invisible_ms, m.message_group)
+                    out.append(Delivery(m, 1, self._handle(lease, topic, qid), invisible_ms))
+                if len(out) >= limit or budget[0] <= 0:
+                    break
+        return out
+
     def _skip_removed(self, qp: QueueProgress, earliest: int) -> None:
+        for off in [o for o in qp.held if o < earliest]:
+            qp.finish(off)
         for off in range(qp.next_offset, earliest):
             qp.finish(off)
         qp.next_offset = max(qp.next_offset, earliest)
@@ -300,12 +354,14 @@ class PopService:
                                 "or its invisible time changed since; use the newest handle")
         return qp, lease, h_topic, qid
 
-    def ack(self, group: str, handle: str, topic: str | None = None) -> None:
-        """Mark the message of ``handle`` consumed. InvalidHandle if the lease is gone."""
+    def ack(self, group: str, handle: str, topic: str | None = None) -> bool:
+        """Mark the message of ``handle`` consumed. InvalidHandle if the lease is gone.
+        Returns True if held FIFO messages may now be deliverable (wake receivers)."""
         g = self.group(group)
         with g.lock:
             qp, lease, _, _ = self._lease_of(g, handle, topic)
             qp.finish(lease.offset)
+            return bool(qp.held)
 
     def change_invisible(self, group: str, handle: str, invisible_ms: int,
                          topic: str | None = None) -> str:
@@ -313,11 +369,12 @@ class PopService:
         g = self.group(group)
         with g.lock:
             qp, lease, t, qid = self._lease_of(g, handle, topic)
-            new = self._lease(qp, lease.offset, lease.attempt, invisible_ms)
+            new = self._lease(qp, lease.offset, lease.attempt, invisible_ms, lease.message_group)
             return self._handle(new, t, qid)
 
     def forward_to_dlq(self, group: str, handle: str, topic: str | None = None) -> None:
-        """Send the message of ``handle`` to ``%DLQ%<group>`` now and mark it done."""
+        """Send the message of ``handle`` to ``%DLQ%<group>`` now and mark it done
+        (a FIFO consumer that gives up on a message)."""
         g = self.group(group)
         with g.lock:
             qp, lease, t, qid = self._lease_of(g, handle, topic)

@@ -400,6 +400,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
     def ForwardMessageToDeadLetterQueue(self, request, context):
         group = validate_group(request.group.name)
         self.broker.pop.forward_to_dlq(group, request.receipt_handle, request.topic.name or None)
+        self.broker.notifier.poke()
         return spb.ForwardMessageToDeadLetterQueueResponse(status=OK)
 
     # ------------------------------------------------------------ offsets
