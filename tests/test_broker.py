@@ -496,9 +496,9 @@ def test_fifo_message_groups_keep_their_order_under_concurrent_consumers(make_br
                     consumed.append((g, int(i)))
                     if int(i) > 0 and (g, int(i) - 1) not in acked:
                         early.append((g, int(i)))
+                with lock:                      # noted before the ack is sent: the broker
+                    acked.add((g, int(i)))      # may hand out the next one once it has it
                 consumer.ack(m)
-                with lock:
-                    acked.add((g, int(i)))
     consumers = [clients(SimpleConsumer(client_conf(b), "FifoG", {"Fifo": FilterExpression()},
                                         await_duration=1)) for _ in range(2)]
     threads = [threading.Thread(target=consume, args=(c,)) for c in consumers]
