@@ -139,6 +139,7 @@ class Store(MessageReader):
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.token}"
         self.epoch = 0
         self.recovered_from_crash = False
+        self.lease_endpoint: str | None = None   # admin URL of a broker holding the lease
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -880,7 +881,9 @@ class Store(MessageReader):
                 actions.append({"lease": {"owner": self.owner, "epoch": self.epoch,
                                           "acquiredTime": lease.get("acquiredTime", now),
                                           "expiresTime": now + self.config.lease_timeout_ms,
-                                          "released": False}})
+                                          "released": False,
+                                          **({"endpoint": self.lease_endpoint}
+                                             if self.lease_endpoint else {})}})
                 frozen = list(actions)
                 state = self._commit(lambda s: frozen, operation, parameters)
             except BaseException:
@@ -979,6 +982,19 @@ class Store(MessageReader):
                     if qmax is not None and qmax >= conf["writeQueueNums"]:
                         raise QueueNotFoundError(
                             f"{rel}: queue_id {qmax} out of range for topic {t!r}")
+
+    def advertise_endpoint(self, endpoint: str) -> None:
+        """Record ``endpoint`` (the lease holder's admin URL, ``http://host:port``)
+        in the writer lease, and keep it there on renewals, so that committers in
+        other processes hand their commits to it (``BrokerCommitter``)."""
+        self._require_writable()
+        self.lease_endpoint = endpoint
+
+        def build(state: LogState):
+            lease = dict(state.lease or {})
+            lease["endpoint"] = endpoint
+            return [{"lease": lease}]
+        self._commit(build, "ADVERTISE ENDPOINT", {"endpoint": endpoint})
 
     # ------------------------------------------------------------------ retention
     def run_retention(self, *, force_hour: bool = False) -> list[str]:
