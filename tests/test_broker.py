@@ -510,3 +510,42 @@ def test_fifo_message_groups_keep_their_order_under_concurrent_consumers(make_br
     assert early == []
     for g in groups:
         assert [i for gg, i in consumed if gg == g] == list(range(per_group))
+
+
+# ---------------------------------------------------------------- Spark committer hand-off
+def test_spark_commit_goes_through_the_broker_and_online_consumers_see_it(make_broker, clients):
+    from sparkmq.log import format as fmt
+    from sparkmq.log.committer import BrokerCommitter
+    from sparkmq.log.fs import StoreFS
+    from sparkmq.log.message import messages_to_batch
+    from sparkmq.log.segment import write_segment
+    from sparkmq import Message as StoreMessage
+    b = make_broker()
+    b.store.create_topic("Job", read_queue_nums=1, write_queue_nums=1)
+    lease = b.store.txlog.snapshot().lease
+    assert lease["endpoint"] == f"http://127.0.0.1:{b.admin_port}"
+    consumer = clients(SimpleConsumer(client_conf(b), "Online", {"Job": FilterExpression()},
+                                      await_duration=20))
+    result = []
+    t = threading.Thread(target=lambda: result.append(consumer.receive(16, 30)))
+    t.start()
+    for _ in range(2000):                                  # bounded: until the poll is parked
+        if b.notifier.waiting:
+            break
+        time.sleep(0.005)
+    url = b.config.store_path
+    batch = messages_to_batch([StoreMessage("Job", f"row{i}".encode()) for i in range(3)],
+                              queue_ids=[0, 0, 0], store_timestamp_ms=1_700_000_000_000,
+                              store_host="spark", max_message_size_bytes=1 << 20)
+    rel = fmt.staged_segment_file("job1", "t0")
+    write_segment(StoreFS(url), rel, [batch])
+    committer = BrokerCommitter(url, lease, timeout_s=30)
+    first = committer.commit([rel], app_id="q1", app_version=0)
+    assert first.num_messages == 3 and not first.skipped
+    assert committer.commit([rel], app_id="q1", app_version=0).skipped     # replay: once only
+    t.join(12)
+    assert not t.is_alive()
+    assert sorted(m.body for m in result[0]) == [b"row0", b"row1", b"row2"]
+    bad = BrokerCommitter(url, lease, timeout_s=30)
+    with pytest.raises(Exception, match="staged"):
+        bad.commit(["commitlog/not-staged.arrow"])

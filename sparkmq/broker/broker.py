@@ -27,7 +27,7 @@ from typing import Callable
 import grpc
 from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
-from ..errors import SparkMQError, TopicNotFoundError
+from ..errors import InvalidConfigError, SparkMQError, TopicNotFoundError, UserError
 from ..log.message import Message, StoredMessage
 from ..log.services import ServiceThread
 from ..log.store import Store
@@ -149,6 +149,7 @@ class Broker:
             self.store.close()
             self._set_state(BrokerState.STOPPED)
             raise
+        self.store.advertise_endpoint(f"http://{self.config.host}:{self.admin_port}")
         self._start_services()
         self.started_ms = self.clock_ms()
         self._set_state(BrokerState.RUNNING)
@@ -387,6 +388,27 @@ class Broker:
                 self.pop.mark_dirty({group: floors})
                 raise
 
+    # ------------------------------------------------------------ Spark commits
+    def adopt(self, request: dict) -> dict:
+        """The broker side of the Spark committer hand-off (``POST /admin/adopt``):
+        ``Store.adopt`` the staged segment files, atomically and idempotently; online
+        consumers see the job's messages at once (the store wakes long polls)."""
+        paths = request.get("paths")
+        if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+            raise InvalidConfigError("adopt needs 'paths': a list of staged segment files")
+        app_id, app_version = request.get("appId"), request.get("appVersion")
+        if (app_id is None) != (app_version is None):
+            raise InvalidConfigError("give both appId and appVersion, or neither")
+        before = set(self.store.topics())
+        result = self.store.adopt(paths, app_id=app_id,
+                                  app_version=None if app_version is None else int(app_version))
+        for topic in set(self.store.topics()) - before:
+            self._topic_created(topic)
+        log.info("adopted %d staged file(s), %d messages, version %d%s", len(paths),
+                 result.num_messages, result.version, " (replay skipped)" if result.skipped else "")
+        return {"version": result.version, "numMessages": result.num_messages,
+                "skipped": result.skipped}
+
     # ------------------------------------------------------------ admin
     def status(self) -> dict:
         store = self.store
@@ -461,5 +483,31 @@ def _admin_handler(broker: Broker):
             except Exception as e:
                 log.exception("admin %s failed", path)
                 return self._reply(500, f"{type(e).__name__}: {e}\n", "text/plain")
+
+        def do_POST(self):
+            path = self.path.split("?", 1)[0]
+            if path != "/admin/adopt":
+                return self._json(404, {"code": "NOT_FOUND", "message": f"unknown path {path}"})
+            try:
+                n = int(self.headers.get("Content-Length") or 0)
+                request = json.loads(self.rfile.read(n) or b"{}")
+                if not isinstance(request, dict):
+                    raise ValueError("body must be a JSON object")
+            except ValueError as e:
+                return self._json(400, {"code": "BAD_REQUEST", "message": f"malformed body: {e}"})
+            if broker.state is not BrokerState.RUNNING:
+                return self._json(503, {"code": "SPARKMQ_RETRIABLE",
+                                        "message": f"broker is {broker.state.value}"})
+            try:
+                return self._json(200, broker.adopt(request))
+            except SparkMQError as e:
+                code = 400 if isinstance(e, UserError) else 409 if e.retriable else 500
+                return self._json(code, {"code": e.code, "message": e.message})
+            except Exception as e:
+                log.exception("adopt failed")
+                return self._json(500, {"code": "SPARKMQ_ERROR", "message": f"{type(e).__name__}: {e}"})
+
+        def _json(self, code: int, payload: dict) -> None:
+            self._reply(code, json.dumps(payload), "application/json")
 
     return Handler
