@@ -66,7 +66,12 @@ def test_write_then_read_back_equals_input(spark, tmp_path):
         "array(concat('k', id)) as keys", "map('n', cast(id as string)) as properties",
         "cast(id % 3 as int) as queue_id",
         "timestamp_millis(1700000000000 + id) as born_timestamp")
-    df.write.format("sparkmq").mode("append").option("topic", "orders").save(url)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "8")
+    try:    # several Arrow batches, and several staged files, per task
+        df.write.format("sparkmq").mode("append").option("topic", "orders") \
+            .option("maxSegmentBytes", 1024).save(url)
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
 
     rows = read_all(url, "orders", ["body", "tags", "keys", "properties", "queue_id",
                                     "born_timestamp", "queue_offset"])
@@ -87,6 +92,7 @@ def test_write_then_read_back_equals_input(spark, tmp_path):
     snap = Snapshot.load(url)
     assert [m.body for m in snap.query_by_key("orders", "k42")] == [b"42"]
     assert len(write_versions(url)) == 1 and staged_leftovers(url) == []
+    assert len(snap.state.segments) > 2
 
 
 def test_missing_body_is_a_clear_error_and_nothing_is_written(spark, tmp_path):

@@ -75,7 +75,7 @@ from ..errors import (InvalidConfigError, InvalidMessageError, PermissionDeniedE
 from ..log import format as fmt
 from ..log.committer import abort_job, committer_for
 from ..log.fs import StoreFS
-from ..log.segment import write_segment
+from ..log import segment as seg
 from ..log.txlog import TransactionLog
 
 log = logging.getLogger("sparkmq.datasource.writer")
@@ -200,36 +200,20 @@ class _SegmentWriterBase:
         task = f"{partition}_{ctx.attemptNumber() if ctx else 0}"
         sfs = StoreFS(self.url, self.storage_options)
         converter = _BatchConverter(self, partition)
-        paths: list[str] = []
-        pending: list[pa.RecordBatch] = []
-        pending_bytes = 0
+        staged = _StagedFiles(sfs, self.job_id, task, self.max_segment_bytes)
         rows = 0
         try:
             for batch in iterator:
                 if batch.num_rows == 0:
                     continue
                 out = converter.convert(batch)
-                pending.append(out)
-                pending_bytes += out.nbytes
+                staged.append(out)
                 rows += out.num_rows
-                if pending_bytes >= self.max_segment_bytes:
-                    paths.append(self._stage(sfs, task, pending))
-                    pending, pending_bytes = [], 0
-            if pending:
-                paths.append(self._stage(sfs, task, pending))
+            paths = staged.finish()
         except BaseException:
-            sfs.delete_many(paths)
+            staged.discard()
             raise
         return SparkMQCommitMessage(paths=paths, num_rows=rows)
-
-    def _stage(self, sfs: StoreFS, task: str, batches: list[pa.RecordBatch]) -> str:
-        rel = fmt.staged_segment_file(self.job_id, task)
-        try:
-            write_segment(sfs, rel, batches)
-        except BaseException:
-            sfs.delete(rel)
-            raise
-        return rel
 
     # -- driver ------------------------------------------------------------
     def _commit(self, messages, *, app_id: str | None, app_version: int | None):
@@ -292,6 +276,45 @@ class SparkMQStreamWriter(_SegmentWriterBase, DataSourceStreamArrowWriter):
     def abort(self, messages, batchId: int) -> None:
         """Driver: delete the micro-batch's staged files."""
         self._abort(messages)
+
+
+class _StagedFiles:
+    """One task's staged segment files: batches are appended as they come (no
+    buffering of the task's data), a file is sealed and fsynced when it reaches
+    ``max_bytes`` and at the end. Executor-side; not thread-safe."""
+
+    def __init__(self, sfs: StoreFS, job_id: str, task: str, max_bytes: int):
+        self.sfs, self.job_id, self.task, self.max_bytes = sfs, job_id, task, max_bytes
+        self.paths: list[str] = []
+        self.active: seg.SegmentWriter | None = None
+
+    def append(self, batch: pa.RecordBatch) -> None:
+        if self.active is None:
+            rel = fmt.staged_segment_file(self.job_id, self.task)
+            self.paths.append(rel)
+            self.active = seg.SegmentWriter(self.sfs, rel, 0, create=True)
+        self.active.append(seg.serialize_batch(batch))
+        if self.active.size >= self.max_bytes:
+            self._seal()
+
+    def _seal(self) -> None:
+        a, self.active = self.active, None
+        try:
+            a.append(seg.EOS)
+            a.flush(sync=True)
+        finally:
+            a.close()
+
+    def finish(self) -> list[str]:
+        if self.active is not None:
+            self._seal()
+        return list(self.paths)
+
+    def discard(self) -> None:
+        if self.active is not None:
+            self.active.close()
+            self.active = None
+        self.sfs.delete_many(self.paths)
 
 
 def streaming_writer_id(options) -> str:

@@ -1,0 +1,152 @@
+"""Spark benchmark: sparkmq against Spark's own Parquet source and sink, in one run.
+
+    .venv/bin/python bench/bench_spark.py [--quick] [--rows N] [--body-bytes B]
+
+1. batch write of N rows with B-byte bodies: ``df.write.format("sparkmq")``
+   against ``df.write.parquet`` (same cached DataFrame, same partitions);
+2. streaming read of the same N messages with ``Trigger.AvailableNow`` into
+   the ``noop`` sink: ``spark.readStream.format("sparkmq")`` over the store
+   the write made, against Spark's Parquet file-stream source over the
+   Parquet files the write made.
+
+Prints rows/s for each and the ratio sparkmq/parquet (above 1.0: sparkmq is
+faster). Data lives under a fresh folder in /tmp, deleted at the end. The
+streaming read is skipped (and the report says so) if the read side of the
+data source is not available.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+DEFAULT_ROWS = 1_000_000
+QUICK_ROWS = 100_000
+BODY_BYTES = 1024
+PARTITIONS = 2
+TIMEOUT_S = 1800
+
+
+def spark_session():
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master(f"local[{PARTITIONS}]").appName("sparkmq-bench")
+             .config("spark.ui.enabled", "false")
+             .config("spark.driver.memory", "4g")
+             .config("spark.driver.bindAddress", "127.0.0.1")
+             .config("spark.driver.host", "127.0.0.1")
+             .config("spark.sql.shuffle.partitions", str(PARTITIONS))
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    from sparkmq.datasource import register
+    register(spark)
+    return spark
+
+
+def source_frame(spark, rows: int, body_bytes: int):
+    """N rows of ``body_bytes``-byte bodies (hex of hashes: not trivially compressible)."""
+    from pyspark.sql import functions as F
+    parts = -(-body_bytes // 64)
+    hexes = [F.sha2(F.concat(F.col("id").cast("string"), F.lit(f"/{i}")), 256)
+             for i in range(parts)]
+    body = F.substring(F.concat(*hexes), 1, body_bytes).cast("binary")
+    df = spark.range(rows, numPartitions=PARTITIONS).select(body.alias("body"))
+    df = df.cache()
+    assert df.count() == rows
+    return df
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_write(spark, df, rows: int, root: str) -> dict:
+    from sparkmq import Store
+    store = os.path.join(root, "store")
+    with Store.open(store, mode="w", start_services=False) as s:
+        s.create_topic("bench", write_queue_nums=4, read_queue_nums=4)
+        s.create_topic("warmup", write_queue_nums=1, read_queue_nums=1)
+    pq_dir = os.path.join(root, "parquet")
+    warm = df.limit(1000)      # start Python workers and JIT both paths before timing
+    warm.write.format("sparkmq").mode("append").option("topic", "warmup").save(store)
+    warm.write.mode("overwrite").parquet(os.path.join(root, "warmup"))
+    t_mq = timed(lambda: df.write.format("sparkmq").mode("append")
+                 .option("topic", "bench").save(store))
+    t_pq = timed(lambda: df.write.mode("overwrite").parquet(pq_dir))
+    return {"store": store, "parquet": pq_dir, "sparkmq_s": t_mq, "parquet_s": t_pq}
+
+
+def run_available_now(stream_df, checkpoint: str) -> float:
+    def go():
+        q = (stream_df.writeStream.format("noop").option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start())
+        try:
+            if not q.awaitTermination(TIMEOUT_S):
+                raise TimeoutError(f"streaming query did not finish in {TIMEOUT_S} s")
+        finally:
+            if q.isActive:
+                q.stop()
+    return timed(go)
+
+
+def bench_stream_read(spark, rows: int, written: dict, root: str) -> dict:
+    schema = spark.read.parquet(written["parquet"]).schema
+    t_pq = run_available_now(spark.readStream.schema(schema).parquet(written["parquet"])
+                             .select("body"), os.path.join(root, "ck-parquet"))
+    mq = spark.readStream.format("sparkmq").option("topic", "bench") \
+        .option("startingOffsets", "earliest").load(written["store"]).select("body")
+    t_mq = run_available_now(mq, os.path.join(root, "ck-sparkmq"))
+    return {"sparkmq_s": t_mq, "parquet_s": t_pq}
+
+
+def read_side_available(spark, store: str) -> str | None:
+    """None if ``spark.readStream.format("sparkmq")`` can be planned, else why not."""
+    try:
+        spark.readStream.format("sparkmq").option("topic", "bench").load(store).schema
+        return None
+    except Exception as exc:   # the read side may not have landed yet
+        return str(exc).splitlines()[0][:200]
+
+
+def report(name: str, rows: int, res: dict) -> None:
+    mq, pq = rows / res["sparkmq_s"], rows / res["parquet_s"]
+    print(f"{name:<22} sparkmq {mq:>12,.0f} rows/s ({res['sparkmq_s']:.2f} s)   "
+          f"parquet {pq:>12,.0f} rows/s ({res['parquet_s']:.2f} s)   "
+          f"ratio sparkmq/parquet {mq / pq:.2f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help=f"{QUICK_ROWS:,} rows instead of "
+                    f"{DEFAULT_ROWS:,}")
+    ap.add_argument("--rows", type=int, default=None)
+    ap.add_argument("--body-bytes", type=int, default=BODY_BYTES)
+    args = ap.parse_args(argv)
+    rows = args.rows or (QUICK_ROWS if args.quick else DEFAULT_ROWS)
+    root = tempfile.mkdtemp(prefix="sparkmq-bench-", dir="/tmp")
+    spark = spark_session()
+    try:
+        print(f"rows {rows:,}, body {args.body_bytes} bytes, local[{PARTITIONS}], data in {root}")
+        df = source_frame(spark, rows, args.body_bytes)
+        written = bench_write(spark, df, rows, root)
+        report("batch write", rows, written)
+        df.unpersist()
+        why = read_side_available(spark, written["store"])
+        if why is None:
+            report("stream read (AvNow)", rows, bench_stream_read(spark, rows, written, root))
+        else:
+            print(f"stream read skipped: the sparkmq read side is not available ({why})")
+    finally:
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
