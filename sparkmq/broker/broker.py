@@ -5,6 +5,12 @@ is opened for writing: writer lease, crash recovery) -> ``RUNNING`` (gRPC and
 HTTP serve, registered with every NameServer) -> ``STOPPING`` (servers stop,
 consumer offsets persisted, unregistered, store closed) -> ``STOPPED``.
 
+Admin endpoint (HTTP on ``127.0.0.1:adminPort``): ``GET /health`` (200 while
+running, else 503), ``GET /status`` (JSON), ``GET /metrics`` (Prometheus text),
+``POST /admin/topics`` (create/update a topic, mqadmin updateTopic),
+``POST /admin/adopt`` (the Spark committer hand-off; the lease advertises
+this endpoint).
+
 Named background services: ``RegisterBrokerService`` (every
 ``registerBrokerIntervalMs``, and at once when a topic is created) and
 ``ConsumerOffsetPersistService`` (every ``flushConsumerOffsetInterval``, and
@@ -388,6 +394,20 @@ class Broker:
                 self.pop.mark_dirty({group: floors})
                 raise
 
+    def create_topic(self, request: dict) -> dict:
+        """``POST /admin/topics`` ``{"name": .., "queueNums": N, "perm": 6}`` (mqadmin
+        updateTopic): create the topic here (or change its queue counts) and re-register."""
+        name = request.get("name")
+        n = int(request.get("queueNums") or self.store.config.default_topic_queue_nums)
+        perm = int(request.get("perm") or 6)
+        if name in self.store.topics():
+            conf = self.store.update_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm)
+        else:
+            conf = self.store.create_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm)
+        self._topic_created(name)
+        return {"topic": name, "readQueueNums": conf["readQueueNums"],
+                "writeQueueNums": conf["writeQueueNums"], "perm": conf["perm"]}
+
     # ------------------------------------------------------------ Spark commits
     def adopt(self, request: dict) -> dict:
         """The broker side of the Spark committer hand-off (``POST /admin/adopt``):
@@ -486,7 +506,8 @@ def _admin_handler(broker: Broker):
 
         def do_POST(self):
             path = self.path.split("?", 1)[0]
-            if path != "/admin/adopt":
+            actions = {"/admin/adopt": broker.adopt, "/admin/topics": broker.create_topic}
+            if path not in actions:
                 return self._json(404, {"code": "NOT_FOUND", "message": f"unknown path {path}"})
             try:
                 n = int(self.headers.get("Content-Length") or 0)
@@ -499,7 +520,7 @@ def _admin_handler(broker: Broker):
                 return self._json(503, {"code": "SPARKMQ_RETRIABLE",
                                         "message": f"broker is {broker.state.value}"})
             try:
-                return self._json(200, broker.adopt(request))
+                return self._json(200, actions[path](request))
             except SparkMQError as e:
                 code = 400 if isinstance(e, UserError) else 409 if e.retriable else 500
                 return self._json(code, {"code": e.code, "message": e.message})

@@ -1,0 +1,161 @@
+"""Real processes on 127.0.0.1: a NameServer and two broker groups started with
+``python -m sparkmq.namesrv`` / ``python -m sparkmq.broker``; the official client
+produces through one broker and consumes from the other; offsets survive a restart."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message, Producer,
+                      SimpleConsumer)
+
+from conftest import free_port
+from sparkmq.broker import Broker, BrokerConfig
+from sparkmq.namesrv import NameServerClient
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def spawn(args: list[str], health_url: str, procs: list):
+    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    procs.append(proc)
+    deadline = time.monotonic() + 60
+    while not http_ok(health_url):
+        assert proc.poll() is None, proc.stdout.read().decode(errors="replace")
+        assert time.monotonic() < deadline, f"{args} did not come up"
+        time.sleep(0.1)
+    return proc
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in reversed(started):
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in started:
+        try:
+            p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+def test_nameserver_and_two_broker_processes(tmp_path, procs):
+    ns_port = free_port()
+    spawn(["sparkmq.namesrv", "-p", str(ns_port)], f"http://127.0.0.1:{ns_port}/health", procs)
+    brokers = {}
+    for name in ("broker-a", "broker-b"):
+        grpc_port, admin_port = free_port(), free_port()
+        conf = tmp_path / f"{name}.properties"
+        conf.write_text(f"brokerClusterName=C\nbrokerName={name}\nflushDiskType=SYNC_FLUSH\n"
+                        f"storePathRootDir={tmp_path / name}\nautoCreateTopicEnable=false\n")
+        spawn(["sparkmq.broker", "-c", str(conf), "-n", f"127.0.0.1:{ns_port}",
+               "-p", str(grpc_port), "--admin-port", str(admin_port)],
+              f"http://127.0.0.1:{admin_port}/health", procs)
+        brokers[name] = (grpc_port, admin_port)
+        post(f"http://127.0.0.1:{admin_port}/admin/topics", {"name": "Shared", "queueNums": 2})
+    ns = NameServerClient(f"127.0.0.1:{ns_port}")
+    for _ in range(300):                             # bounded: until both re-registered
+        if len(ns.route("Shared") or []) == 4:
+            break
+        time.sleep(0.05)
+    assert {q["brokerName"] for q in ns.route("Shared")} == {"broker-a", "broker-b"}
+
+    conf_a = ClientConfiguration(f"127.0.0.1:{brokers['broker-a'][0]}", Credentials())
+    conf_b = ClientConfiguration(f"127.0.0.1:{brokers['broker-b'][0]}", Credentials())
+    producer = Producer(conf_a, ("Shared",))
+    consumer = SimpleConsumer(conf_b, "G", {"Shared": FilterExpression()}, await_duration=1)
+    producer.startup()
+    consumer.startup()
+    try:
+        for i in range(12):
+            m = Message()
+            m.topic, m.body = "Shared", f"x{i}".encode()
+            producer.send(m)
+        got = []
+        for _ in range(40):
+            for m in consumer.receive(16, 30):
+                got.append(m.body)
+                consumer.ack(m)
+            if len(got) >= 12:
+                break
+    finally:
+        consumer.shutdown()
+        producer.shutdown()
+    assert sorted(got) == sorted(f"x{i}".encode() for i in range(12))
+    per_broker = [json.loads(urllib.request.urlopen(
+        f"http://127.0.0.1:{admin}/status", timeout=5).read())["topics"]["Shared"]["messages"]
+        for _, admin in brokers.values()]
+    assert sum(per_broker) == 12 and all(n > 0 for n in per_broker)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    assert [p.wait(30) for p in procs] == [0, 0, 0]
+
+
+def test_consumer_offsets_are_persisted_at_stop_and_restored(tmp_path):
+    props = {"brokerName": "broker-o", "storePathRootDir": str(tmp_path / "o"),
+             "listenPort": str(free_port()), "adminPort": str(free_port()),
+             "autoCreateTopicEnable": "true", "flushConsumerOffsetInterval": "600000"}
+    broker = Broker(BrokerConfig.from_properties(props)).start()
+    conf = ClientConfiguration(broker.endpoint, Credentials())
+    try:
+        producer = Producer(conf, ("O",))
+        producer.startup()
+        for i in range(8):
+            m = Message()
+            m.topic, m.body = "O", f"o{i}".encode()
+            producer.send(m)
+        producer.shutdown()
+        consumer = SimpleConsumer(conf, "G", {"O": FilterExpression()}, await_duration=1)
+        consumer.startup()
+        acked = []
+        for _ in range(10):
+            for m in consumer.receive(1, 30):
+                if len(acked) < 5:
+                    consumer.ack(m)
+                    acked.append(m.body)
+            if len(acked) >= 5:
+                break
+        consumer.shutdown()
+    finally:
+        broker.stop()                                # persists offsets (interval is 10 min)
+    broker = Broker(BrokerConfig.from_properties(props)).start()
+    try:
+        consumer = SimpleConsumer(ClientConfiguration(broker.endpoint, Credentials()), "G",
+                                  {"O": FilterExpression()}, await_duration=1)
+        consumer.startup()
+        rest = []
+        for _ in range(10):
+            rest += [m.body for m in consumer.receive(16, 30)]
+            if len(rest) >= 3:
+                break
+        consumer.shutdown()
+    finally:
+        broker.stop()
+    assert len(acked) == 5
+    assert sorted(rest + acked) == sorted(f"o{i}".encode() for i in range(8))
