@@ -26,15 +26,18 @@ import json
 import logging
 import threading
 import time
+import zlib
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 import grpc
+import pyarrow as pa
 from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
 from ..errors import InvalidConfigError, SparkMQError, TopicNotFoundError, UserError
-from ..log.message import Message, StoredMessage
+from ..log import format as fmt
+from ..log.message import StoredMessage, encode_message_id, store_tag
 from ..log.services import ServiceThread
 from ..log.store import Store
 from ..namesrv.client import NameServerClient
@@ -125,6 +128,8 @@ class Broker:
         self._services: list[ServiceThread] = []
         self._register_service: RegisterBrokerService | None = None
         self._topic_lock = threading.Lock()
+        self._rr: dict[str, int] = {}
+        self._rr_lock = threading.Lock()
         self.listen_port = config.listen_port
         self.admin_port = config.admin_port
         self.started_ms = 0
@@ -276,11 +281,11 @@ class Broker:
             me = (self.config.broker_name, self.config.broker_id)
             queues += [q for q in remote if (q["brokerName"], q["brokerId"]) != me]
         if not queues and self.store.config.auto_create_topic:
-            self._ensure_topic(topic)
+            self.ensure_topic(topic)
             queues = self.local_queues(topic)
         return queues
 
-    def _ensure_topic(self, topic: str) -> bool:
+    def ensure_topic(self, topic: str) -> bool:
         """True if ``topic`` exists here (created now when autoCreateTopicEnable)."""
         if topic in self.store.topics():
             return True
@@ -293,40 +298,70 @@ class Broker:
         return True
 
     # ------------------------------------------------------------ send
-    def send(self, messages: list[Message]) -> list:
-        """Append ``messages`` (one store batch when possible); one AppendResult or
-        exception per message, in order. SYNC_FLUSH returns after the fsync."""
-        out: list = [None] * len(messages)
-        ok_idx = []
-        for i, m in enumerate(messages):
-            if self._ensure_topic(m.topic):
-                ok_idx.append(i)
-            else:
-                out[i] = TopicNotFoundError(
-                    f"topic {m.topic!r} does not exist on broker {self.config.broker_name}; "
-                    "create it first (autoCreateTopicEnable is off)")
-        if ok_idx:
-            for i, r in zip(ok_idx, self._append([messages[i] for i in ok_idx])):
-                out[i] = r
-        for m, r in zip(messages, out):
-            if not isinstance(r, Exception):
-                self.metrics.inc("sparkmq_messages_sent_total", topic=m.topic)
-                self.metrics.inc("sparkmq_bytes_sent_total", len(m.body), topic=m.topic)
+    def send_rows(self, rows) -> list:
+        """Append the accepted messages of one request (a ``service.SendRows``) as one
+        record batch; returns per row ``(PutMessageStatus, message id, queue offset)``
+        or the exception that refused it. SYNC_FLUSH returns after the fsync. If the
+        batch is refused as a whole, rows are appended one by one to isolate the bad one."""
+        try:
+            return self._append_rows(rows)
+        except SparkMQError as e:
+            if len(rows) == 1:
+                return [e]
+        out: list = []
+        for p in range(len(rows)):
+            try:
+                out += self._append_rows(rows.subset([p]))
+            except SparkMQError as e:
+                out.append(e)
         return out
 
-    def _append(self, msgs: list[Message]) -> list:
-        try:
-            return self.store.append(msgs)
-        except SparkMQError:
-            if len(msgs) == 1:
-                raise
-        results = []   # isolate the bad message(s): append one by one
-        for m in msgs:
-            try:
-                results.extend(self.store.append([m]))
-            except SparkMQError as e:
-                results.append(e)
-        return results
+    def _append_rows(self, rows) -> list:
+        n = len(rows)
+        now = self.clock_ms()
+        table = pa.table({
+            "topic": pa.array(rows.topic, pa.string()),
+            "queue_id": pa.array(self._choose_queues(rows.topic, rows.message_group), pa.int32()),
+            "body": pa.array(rows.body, pa.binary()),
+            "tags": pa.array(rows.tags, pa.string()),
+            "keys": pa.array(rows.keys, pa.list_(pa.string())),
+            "properties": pa.array(rows.properties, pa.map_(pa.string(), pa.string())),
+            "born_timestamp": pa.array([b or now for b in rows.born_timestamp],
+                                       pa.int64()).cast(fmt.TS),
+            "born_host": pa.array(rows.born_host, pa.string()),
+            "message_group": pa.array(rows.message_group, pa.string()),
+            "message_type": pa.array(rows.message_type, pa.int8()),
+            "unique_key": pa.array(rows.unique_key, pa.string()),
+        })
+        r = self.store.append_batch(table)
+        tag = store_tag(self.store.store_id)
+        per_topic: dict[str, list[int]] = {}
+        for t, body in zip(rows.topic, rows.body):
+            acc = per_topic.setdefault(t, [0, 0])
+            acc[0] += 1
+            acc[1] += len(body)
+        for t, (count, nbytes) in per_topic.items():
+            self.metrics.inc("sparkmq_messages_sent_total", count, topic=t)
+            self.metrics.inc("sparkmq_bytes_sent_total", nbytes, topic=t)
+        qos = r.queue_offsets.tolist()
+        return [(r.status, rows.unique_key[j] or encode_message_id(tag, r.batch_offset, j), qos[j])
+                for j in range(n)]
+
+    def _choose_queues(self, topics: list[str], groups: list[str | None]) -> list[int]:
+        """Queue per message: a message group hashes to a fixed queue (FIFO order),
+        others go round robin per topic."""
+        out = []
+        confs = self.store.topics()
+        with self._rr_lock:
+            for t, g in zip(topics, groups):
+                n = confs[t]["writeQueueNums"]
+                if g:
+                    out.append(zlib.crc32(g.encode()) % n)
+                else:
+                    i = self._rr.get(t, 0)
+                    self._rr[t] = (i + 1) % n
+                    out.append(i % n)
+        return out
 
     # ------------------------------------------------------------ receive
     def receive(self, group: str, topic: str, *, batch_size: int, invisible_ms: int,

@@ -32,7 +32,6 @@ from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 from ..errors import (DataLossError, InvalidMessageError, InvalidNameError, PermissionDeniedError,
                       QueueNotFoundError, SparkMQError, TopicNotFoundError)
 from ..log import format as fmt
-from ..log.message import Message
 from ..log.names import validate_group, validate_topic
 from ..log.status import PutMessageStatus
 from .pop import InvalidHandle, TagFilter
@@ -215,71 +214,76 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
     # ------------------------------------------------------------ send
     @guarded(spb.SendMessageResponse)
     def SendMessage(self, request, context):
+        """Validate each message (a refused one gets its own status), then store
+        the rest as ONE record batch (one fsync under SYNC_FLUSH)."""
         if not request.messages:
             return spb.SendMessageResponse(status=status(Code.BAD_REQUEST, "no messages to send"))
         entries: list[spb.SendResultEntry | None] = [None] * len(request.messages)
-        good: list[tuple[int, Message, str]] = []
+        rows = SendRows()
+        topics: dict[str, pb.Status | None] = {}
         for i, m in enumerate(request.messages):
-            try:
-                good.append((i, self._to_store_message(m), m.system_properties.message_id))
-            except Exception as e:
-                st = e.args[0] if isinstance(e, _Refused) else _error_status(e)
+            st = self._refusal(m, topics)
+            if st is not None:
                 entries[i] = spb.SendResultEntry(status=st)
                 self.broker.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
-        if good:
-            results = self.broker.send([m for _, m, _ in good])
-            for (i, m, cid_msg), r in zip(good, results):
-                entries[i] = self._send_entry(r, cid_msg)
+            else:
+                rows.add(i, m)
+        if rows.index:
+            for i, r in zip(rows.index, self.broker.send_rows(rows)):
+                entries[i] = (spb.SendResultEntry(status=_error_status(r))
+                              if isinstance(r, Exception) else self._send_entry(*r))
         return _send_response(entries)
 
-    def _send_entry(self, r, client_message_id: str) -> spb.SendResultEntry:
-        if isinstance(r, Exception):
-            return spb.SendResultEntry(status=_error_status(r))
-        if r.status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
-            st = status(Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but the fsync did not finish "
-                        "within syncFlushTimeout")
-        elif r.status is PutMessageStatus.PUT_OK:
-            st = OK
-        else:
-            st = status(Code.INTERNAL_ERROR, f"store answered {r.status.value}")
-        return spb.SendResultEntry(status=st, message_id=client_message_id or r.message_id,
-                                   offset=r.queue_offset)
-
-    def _to_store_message(self, m: pb.Message) -> Message:
-        sp = m.system_properties
+    def _refusal(self, m: pb.Message, topics: dict) -> pb.Status | None:
+        """The status refusing ``m`` before it reaches the store, or None if it may go."""
         topic = m.topic.name
+        if topic not in topics:
+            topics[topic] = self._topic_refusal(topic)
+        if topics[topic] is not None:
+            return topics[topic]
+        if not m.body:
+            return status(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+        limit = self.broker.store.config.max_message_size_bytes
+        if len(m.body) > limit:
+            return status(Code.MESSAGE_BODY_TOO_LARGE,
+                          f"message body is {len(m.body)} bytes; maxMessageSize is {limit}")
+        sp = m.system_properties
+        mtype = sp.message_type
+        if mtype in (pb.DELAY, pb.TRANSACTION) or sp.HasField("delivery_timestamp"):
+            return status(Code.UNSUPPORTED, "delayed and transactional messages are not "
+                          "supported by this broker yet")
+        if mtype not in (pb.NORMAL, pb.FIFO, pb.MESSAGE_TYPE_UNSPECIFIED):
+            return status(Code.UNSUPPORTED,
+                          f"message type {pb.MessageType.Name(mtype)} is not supported")
+        if (mtype == pb.FIFO) != bool(sp.message_group):
+            return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                          "a FIFO message needs a message group, and only FIFO messages may have one")
+        if sp.HasField("tag") and (not sp.tag.strip() or "|" in sp.tag):
+            return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or contains '|'")
+        if sp.body_encoding == pb.GZIP:
+            return status(Code.UNSUPPORTED, "gzip-encoded bodies are not supported")
+        return None
+
+    def _topic_refusal(self, topic: str) -> pb.Status | None:
         try:
             validate_topic(topic)
         except InvalidNameError as e:
-            raise _Refused(status(Code.ILLEGAL_TOPIC, e.message)) from None
-        if not m.body:
-            raise _Refused(status(Code.MESSAGE_BODY_EMPTY, "message body is empty"))
-        limit = self.broker.store.config.max_message_size_bytes
-        if len(m.body) > limit:
-            raise _Refused(status(Code.MESSAGE_BODY_TOO_LARGE,
-                                  f"message body is {len(m.body)} bytes; maxMessageSize is {limit}"))
-        if sp.message_type in (pb.DELAY, pb.TRANSACTION) or sp.HasField("delivery_timestamp"):
-            raise _Refused(status(Code.UNSUPPORTED, "delayed and transactional messages are not "
-                                  "supported by this broker yet"))
-        if sp.message_type not in (pb.NORMAL, pb.FIFO, pb.MESSAGE_TYPE_UNSPECIFIED):
-            raise _Refused(status(Code.UNSUPPORTED,
-                                  f"message type {pb.MessageType.Name(sp.message_type)} is not supported"))
-        if (sp.message_type == pb.FIFO) != bool(sp.message_group):
-            raise _Refused(status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
-                                  "a FIFO message needs a message group, and only FIFO messages "
-                                  "may have one"))
-        if sp.HasField("tag") and (not sp.tag.strip() or "|" in sp.tag):
-            raise _Refused(status(Code.ILLEGAL_MESSAGE_TAG,
-                                  f"tag {sp.tag!r} is blank or contains '|'"))
-        if sp.body_encoding == pb.GZIP:
-            raise _Refused(status(Code.UNSUPPORTED, "gzip-encoded bodies are not supported"))
-        born = sp.born_timestamp.ToMilliseconds() if sp.HasField("born_timestamp") else None
-        return Message(topic=topic, body=bytes(m.body), tags=sp.tag if sp.HasField("tag") else None,
-                       keys=list(sp.keys), properties=dict(m.user_properties),
-                       born_timestamp=born or None, born_host=sp.born_host or None,
-                       message_group=sp.message_group or None,
-                       message_type=TYPE_TO_STORE.get(sp.message_type, fmt.MESSAGE_TYPE_NORMAL),
-                       unique_key=sp.message_id or None)
+            return status(Code.ILLEGAL_TOPIC, e.message)
+        if not self.broker.ensure_topic(topic):
+            return status(Code.TOPIC_NOT_FOUND,
+                          f"topic {topic!r} does not exist on broker {self.broker.config.broker_name}; "
+                          "create it first (autoCreateTopicEnable is off)")
+        return None
+
+    def _send_entry(self, put_status, message_id: str, offset: int) -> spb.SendResultEntry:
+        if put_status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
+            st = status(Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but the fsync did not finish "
+                        "within syncFlushTimeout")
+        elif put_status is PutMessageStatus.PUT_OK:
+            st = OK
+        else:
+            st = status(Code.INTERNAL_ERROR, f"store answered {put_status.value}")
+        return spb.SendResultEntry(status=st, message_id=message_id, offset=offset)
 
     # ------------------------------------------------------------ receive
     def ReceiveMessage(self, request, context):
@@ -484,8 +488,46 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             Code.UNSUPPORTED, "lite topics are not supported by this broker"))
 
 
-class _Refused(Exception):
-    """A message refused before it reached the store; args[0] is its Status."""
+class SendRows:
+    """The accepted messages of one SendMessage request, as columns (segment schema
+    names) ready for ``Store.append_batch``; ``index`` maps rows to request entries."""
+
+    def __init__(self):
+        self.index: list[int] = []
+        self.topic: list[str] = []
+        self.body: list[bytes] = []
+        self.tags: list[str | None] = []
+        self.keys: list[list[str] | None] = []
+        self.properties: list[list[tuple[str, str]] | None] = []
+        self.born_timestamp: list[int | None] = []
+        self.born_host: list[str | None] = []
+        self.message_group: list[str | None] = []
+        self.message_type: list[int] = []
+        self.unique_key: list[str | None] = []
+
+    def add(self, i: int, m: pb.Message) -> None:
+        sp = m.system_properties
+        self.index.append(i)
+        self.topic.append(m.topic.name)
+        self.body.append(m.body)
+        self.tags.append(sp.tag if sp.HasField("tag") else None)
+        self.keys.append(list(sp.keys) or None)
+        self.properties.append(list(m.user_properties.items()) or None)
+        born = sp.born_timestamp.ToMilliseconds() if sp.HasField("born_timestamp") else 0
+        self.born_timestamp.append(born or None)
+        self.born_host.append(sp.born_host or None)
+        self.message_group.append(sp.message_group or None)
+        self.message_type.append(TYPE_TO_STORE.get(sp.message_type, fmt.MESSAGE_TYPE_NORMAL))
+        self.unique_key.append(sp.message_id or None)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def subset(self, positions: list[int]) -> "SendRows":
+        out = SendRows()
+        for name, values in vars(self).items():
+            setattr(out, name, [values[p] for p in positions])
+        return out
 
 
 def _send_response(entries) -> spb.SendMessageResponse:
