@@ -549,3 +549,37 @@ def test_spark_commit_goes_through_the_broker_and_online_consumers_see_it(make_b
     bad = BrokerCommitter(url, lease, timeout_s=30)
     with pytest.raises(Exception, match="staged"):
         bad.commit(["commitlog/not-staged.arrow"])
+
+
+def test_broadcasting_each_instance_gets_every_message_with_its_own_offsets(stub):
+    b, s, _ = stub
+    b.store.create_topic("Bc", read_queue_nums=1, write_queue_nums=1)
+    assert send_code(s, *[raw_message("Bc", f"b{i}".encode()) for i in range(3)]) == [Code.OK] * 3
+    mq = pb.MessageQueue(topic=pb.Resource(name="Bc"), id=0)
+
+    def receive(cid):
+        meta = [("x-mq-client-id", cid), ("x-sparkmq-consume-mode", "BROADCASTING")]
+        out = list(s.ReceiveMessage(spb.ReceiveMessageRequest(
+            group=pb.Resource(name="BG"), message_queue=mq, batch_size=10,
+            invisible_duration=Duration(seconds=30)), timeout=10, metadata=meta))
+        msgs = [r.message for r in out if r.HasField("message")]
+        if msgs:
+            ack = s.AckMessage(spb.AckMessageRequest(
+                group=pb.Resource(name="BG"), topic=pb.Resource(name="Bc"),
+                entries=[spb.AckMessageEntry(receipt_handle=m.system_properties.receipt_handle)
+                         for m in msgs]), timeout=5, metadata=meta)
+            assert ack.status.code == Code.OK
+        offset = s.GetOffset(spb.GetOffsetRequest(group=pb.Resource(name="BG"), message_queue=mq),
+                             timeout=5, metadata=meta).offset
+        return sorted(m.body for m in msgs), offset
+    assert receive("instance-1") == ([b"b0", b"b1", b"b2"], 3)
+    assert receive("instance-2") == ([b"b0", b"b1", b"b2"], 3)
+    clustering = s.GetOffset(spb.GetOffsetRequest(group=pb.Resource(name="BG"), message_queue=mq),
+                             timeout=5)
+    assert clustering.offset == 0                   # the group's own offset did not move
+    no_id = list(s.ReceiveMessage(spb.ReceiveMessageRequest(
+        group=pb.Resource(name="BG"), message_queue=mq, batch_size=1), timeout=5,
+        metadata=[("x-sparkmq-consume-mode", "BROADCASTING")]))
+    assert [r.status.code for r in no_id] == [Code.CLIENT_ID_REQUIRED]
+    b.persist_offsets()
+    assert b.store.consumer_offsets("BG", client_id="instance-1") == {("Bc", 0): 3}

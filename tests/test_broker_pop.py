@@ -8,7 +8,8 @@ import pytest
 
 from sparkmq import Message, Store
 from sparkmq.broker.longpoll import ArrivalNotifier
-from sparkmq.broker.pop import (ORIGIN_MESSAGE_ID, ORIGIN_TOPIC, InvalidHandle, PopService,
+from sparkmq.broker.pop import (ORIGIN_MESSAGE_ID, ORIGIN_TOPIC, GroupKey, InvalidHandle,
+                                PopService,
                                 TagFilter, decode_handle, dlq_topic)
 
 ALL = TagFilter("*")
@@ -50,7 +51,7 @@ def test_pop_hands_each_message_once_and_ack_moves_the_floor(env):
     for d in first + rest:
         pop.ack("G", d.receipt_handle, "T")
     assert sum(pop.floors("G").values()) == 6
-    assert pop.take_dirty() == {"G": {("T", 0): 3, ("T", 1): 3}}
+    assert pop.take_dirty() == {GroupKey("G"): {("T", 0): 3, ("T", 1): 3}}
     # another group sees everything again
     assert len(pop.pop("H", "T", batch_size=10, invisible_ms=1000, tag_filter=ALL)) == 6
 
@@ -159,8 +160,8 @@ def test_committed_offsets_survive_a_reopen(local_store_url):
     got = pop.pop("G", "T", batch_size=3, invisible_ms=1_000, tag_filter=ALL)
     for d in got:
         pop.ack("G", d.receipt_handle)
-    for group, floors in pop.take_dirty().items():
-        store.commit_consumer_offsets(group, floors)
+    for key, floors in pop.take_dirty().items():
+        store.commit_consumer_offsets(key.group, floors, client_id=key.client_id)
     store.close()
     store = Store.open(local_store_url, mode="w", clock_ms=clock)
     try:
@@ -223,3 +224,22 @@ def test_fifo_a_message_group_is_delivered_in_order_one_at_a_time(local_store_ur
         assert [m.body for m in store.read(dlq_topic("G"), 0, 0, 5)] == [b"g2-0"]
     finally:
         store.close()
+
+
+def test_broadcasting_consumers_each_get_every_message_with_their_own_offsets(env):
+    store, pop, clock = env
+    send(store, 3)
+    a, b = GroupKey("B", "client-a"), GroupKey("B", "client-b")
+    got_a = pop.pop(a, "T", batch_size=10, invisible_ms=1_000, tag_filter=ALL)
+    got_b = pop.pop(b, "T", batch_size=10, invisible_ms=1_000, tag_filter=ALL)
+    assert len(got_a) == len(got_b) == 3
+    for d in got_a:
+        pop.ack(a, d.receipt_handle)
+    with pytest.raises(InvalidHandle):
+        pop.ack(b, got_a[0].receipt_handle)       # a's handle is not b's lease
+    dirty = pop.take_dirty()
+    assert set(dirty) == {a} and sum(dirty[a].values()) == 3
+    for key, floors in dirty.items():
+        store.commit_consumer_offsets(key.group, floors, client_id=key.client_id)
+    assert sum(store.consumer_offsets("B", client_id="client-a").values()) == 3
+    assert store.consumer_offsets("B", client_id="client-b") == {}

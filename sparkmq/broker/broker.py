@@ -383,7 +383,7 @@ class Broker:
                                tag_filter=tag_filter)
             if out:
                 self.metrics.inc("sparkmq_messages_received_total", len(out), topic=topic,
-                                 group=group)
+                                 group=getattr(group, "group", group))
                 return out
             left = deadline - time.monotonic()
             if left <= 0 or not is_active() or self.state is not BrokerState.RUNNING:
@@ -396,7 +396,7 @@ class Broker:
     def ack(self, group: str, handle: str, topic: str | None) -> None:
         if self.pop.ack(group, handle, topic):
             self.notifier.poke()          # a held FIFO message may be deliverable now
-        self.metrics.inc("sparkmq_acks_total", group=group)
+        self.metrics.inc("sparkmq_acks_total", group=getattr(group, "group", group))
 
     def pull(self, topic: str, qid: int, offset: int, batch: int, tag_filter: TagFilter,
              poll_ms: int) -> tuple[list[StoredMessage], int]:
@@ -422,11 +422,11 @@ class Broker:
         if self.pop is None:
             return
         dirty = self.pop.take_dirty()
-        for group, floors in dirty.items():
+        for key, floors in dirty.items():
             try:
-                self.store.commit_consumer_offsets(group, floors)
+                self.store.commit_consumer_offsets(key.group, floors, client_id=key.client_id)
             except SparkMQError:
-                self.pop.mark_dirty({group: floors})
+                self.pop.mark_dirty({key: floors})
                 raise
 
     def create_topic(self, request: dict) -> dict:
@@ -483,7 +483,8 @@ class Broker:
                 "namesrvAddr": self.config.namesrv_addr, "startedMs": self.started_ms,
                 "topics": topics, "clients": self.clients.count(),
                 "groups": {g: {"clients": self.clients.groups().get(g, 0)}
-                           for g in sorted(set(self.pop.groups()) | set(self.clients.groups()))},
+                           for g in sorted({k.group for k in self.pop.groups()}
+                                           | set(self.clients.groups()))},
                 "longPollWaiting": self.notifier.waiting}
 
     def metrics_text(self) -> str:
@@ -491,7 +492,8 @@ class Broker:
         for name in self.store.topic_names():
             for (t, q), (lo, hi) in sorted(self.store.queue_ranges(name).items()):
                 depth.append(({"topic": t, "queue": str(q)}, hi - lo))
-        lag = [({"group": g, "topic": t}, v) for (g, t), v in sorted(self.pop.lag().items())]
+        lag = [({"group": k.group, "topic": t, **({"client": k.client_id} if k.client_id else {})}, v)
+               for (k, t), v in self.pop.lag().items()]
         gauges = {
             "sparkmq_queue_depth": ("Messages retained per queue (max - min offset).", depth),
             "sparkmq_consumer_lag": ("Messages not yet consumed per group and topic.", lag),

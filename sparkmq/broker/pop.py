@@ -23,6 +23,12 @@ Invariant: every offset in ``[floor, next_offset)`` is in flight, held or done.
 Offsets persist as floors (``Store.commit_consumer_offsets``), so after a
 restart un-acked messages come back (at least once).
 
+Clustering and broadcasting: a consumer is a :class:`GroupKey` — the group
+alone (clustering: the group's consumers share the messages), or the group and
+one consumer instance's client id (broadcasting: every instance gets every
+message, with offsets of its own, persisted with ``client_id``). Methods take a
+group name or a GroupKey.
+
 Thread-safety: one lock per group; store reads and DLQ appends run under it.
 The clock is injected (``clock_ms``).
 """
@@ -31,7 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from ..errors import DataLossError, TopicNotFoundError
 from ..log.message import Message, StoredMessage
@@ -46,6 +52,17 @@ ORIGIN_QUEUE = "DLQ_ORIGIN_QUEUE"
 ORIGIN_OFFSET = "DLQ_ORIGIN_QUEUE_OFFSET"
 MAX_SCAN_PER_POP = 4096   # filtered-out messages skipped per pop call, at most
 MAX_HELD_PER_QUEUE = 10_000   # FIFO messages waiting for their group, per queue
+
+
+class GroupKey(NamedTuple):
+    """A consumer: the group (clustering), or the group and a client id (broadcasting)."""
+
+    group: str
+    client_id: str | None = None
+
+
+def _key(group: "str | GroupKey") -> GroupKey:
+    return group if isinstance(group, GroupKey) else GroupKey(group)
 
 
 class InvalidHandle(Exception):
@@ -133,8 +150,9 @@ class TagFilter:
 
 
 class GroupState:
-    def __init__(self, name: str):
-        self.name = name
+    def __init__(self, key: GroupKey):
+        self.key = key
+        self.name = key.group
         self.lock = threading.Lock()
         self.queues: dict[tuple[str, int], QueueProgress] = {}
         self.rr: dict[str, int] = {}
@@ -153,23 +171,24 @@ class PopService:
         self.consume_from_where = consume_from_where
         self.clock_ms = clock_ms or store.clock_ms
         self.on_topic_created = on_topic_created
-        self._groups: dict[str, GroupState] = {}
+        self._groups: dict[GroupKey, GroupState] = {}
         self._groups_lock = threading.Lock()
         self._seq = 0
         self._seq_lock = threading.Lock()
         self.dlq_count = 0
 
     # ---------------------------------------------------------------- state
-    def group(self, name: str) -> GroupState:
+    def group(self, group: "str | GroupKey") -> GroupState:
+        key = _key(group)
         with self._groups_lock:
-            g = self._groups.get(name)
+            g = self._groups.get(key)
             if g is None:
-                g = self._groups[name] = GroupState(name)
+                g = self._groups[key] = GroupState(key)
             return g
 
-    def groups(self) -> list[str]:
+    def groups(self) -> list[GroupKey]:
         with self._groups_lock:
-            return sorted(self._groups)
+            return sorted(self._groups, key=lambda k: (k.group, k.client_id or ""))
 
     def _next_seq(self) -> int:
         with self._seq_lock:
@@ -180,7 +199,8 @@ class PopService:
         qp = g.queues.get((topic, qid))
         if qp is None:
             lo = self.store.min_offset(topic, qid)
-            committed = self.store.consumer_offsets(g.name).get((topic, qid))
+            committed = self.store.consumer_offsets(
+                g.name, client_id=g.key.client_id).get((topic, qid))
             if committed is None:
                 committed = lo if self.consume_from_where == CONSUME_FROM_FIRST \
                     else self.store.max_offset(topic, qid)
@@ -195,7 +215,7 @@ class PopService:
         return list(range(conf["readQueueNums"]))
 
     # ---------------------------------------------------------------- pop
-    def pop(self, group: str, topic: str, *, batch_size: int, invisible_ms: int,
+    def pop(self, group: "str | GroupKey", topic: str, *, batch_size: int, invisible_ms: int,
             tag_filter: TagFilter) -> list[Delivery]:
         """Up to ``batch_size`` messages of ``topic`` for ``group``: expired leases
         first, then fresh messages. Returns [] if nothing is ready now."""
@@ -330,7 +350,7 @@ class PopService:
         if qp.floor < earliest and not qp.inflight:
             qp.floor, qp.done, qp.dirty = earliest, set(), True
 
-    def next_expiry_ms(self, group: str, topic: str) -> int | None:
+    def next_expiry_ms(self, group: "str | GroupKey", topic: str) -> int | None:
         """When the earliest in-flight lease of ``group`` on ``topic`` expires (None if none)."""
         g = self.group(group)
         with g.lock:
@@ -354,7 +374,7 @@ class PopService:
                                 "or its invisible time changed since; use the newest handle")
         return qp, lease, h_topic, qid
 
-    def ack(self, group: str, handle: str, topic: str | None = None) -> bool:
+    def ack(self, group: "str | GroupKey", handle: str, topic: str | None = None) -> bool:
         """Mark the message of ``handle`` consumed. InvalidHandle if the lease is gone.
         Returns True if held FIFO messages may now be deliverable (wake receivers)."""
         g = self.group(group)
@@ -363,7 +383,7 @@ class PopService:
             qp.finish(lease.offset)
             return bool(qp.held)
 
-    def change_invisible(self, group: str, handle: str, invisible_ms: int,
+    def change_invisible(self, group: "str | GroupKey", handle: str, invisible_ms: int,
                          topic: str | None = None) -> str:
         """Make the message invisible for ``invisible_ms`` from now; returns the new handle."""
         g = self.group(group)
@@ -372,7 +392,7 @@ class PopService:
             new = self._lease(qp, lease.offset, lease.attempt, invisible_ms, lease.message_group)
             return self._handle(new, t, qid)
 
-    def forward_to_dlq(self, group: str, handle: str, topic: str | None = None) -> None:
+    def forward_to_dlq(self, group: "str | GroupKey", handle: str, topic: str | None = None) -> None:
         """Send the message of ``handle`` to ``%DLQ%<group>`` now and mark it done
         (a FIFO consumer that gives up on a message)."""
         g = self.group(group)
@@ -380,7 +400,7 @@ class PopService:
             qp, lease, t, qid = self._lease_of(g, handle, topic)
             msg = self._read_one(t, qid, lease.offset)
             if msg is not None:
-                self._to_dlq(group, msg, lease.attempt)
+                self._to_dlq(g.name, msg, lease.attempt)
             qp.finish(lease.offset)
 
     def _to_dlq(self, group: str, msg: StoredMessage, attempts: int) -> None:
@@ -408,20 +428,20 @@ class PopService:
         with g.lock:
             return {k: qp.floor for k, qp in g.queues.items()}
 
-    def committed_offset(self, group: str, topic: str, qid: int) -> int:
+    def committed_offset(self, group: "str | GroupKey", topic: str, qid: int) -> int:
         g = self.group(group)
         with g.lock:
             return self._progress(g, topic, qid).floor
 
-    def reset_offset(self, group: str, topic: str, qid: int, offset: int) -> None:
+    def reset_offset(self, group: "str | GroupKey", topic: str, qid: int, offset: int) -> None:
         """Move ``group``'s offset of a queue (UpdateOffset); drops its in-flight leases."""
         g = self.group(group)
         with g.lock:
             g.queues[(topic, qid)] = QueueProgress(floor=offset, next_offset=offset, dirty=True)
 
-    def take_dirty(self) -> dict[str, dict[tuple[str, int], int]]:
-        """Floors changed since the last call, per group (for the persist service)."""
-        out: dict[str, dict[tuple[str, int], int]] = {}
+    def take_dirty(self) -> dict[GroupKey, dict[tuple[str, int], int]]:
+        """Floors changed since the last call, per consumer (for the persist service)."""
+        out: dict[GroupKey, dict[tuple[str, int], int]] = {}
         for name in self.groups():
             g = self.group(name)
             with g.lock:
@@ -431,7 +451,7 @@ class PopService:
                         qp.dirty = False
         return out
 
-    def mark_dirty(self, dirty: dict[str, dict[tuple[str, int], int]]) -> None:
+    def mark_dirty(self, dirty: dict[GroupKey, dict[tuple[str, int], int]]) -> None:
         """Put back floors whose commit failed, so the next pass retries them."""
         for name, floors in dirty.items():
             g = self.group(name)
@@ -440,9 +460,9 @@ class PopService:
                     if k in g.queues:
                         g.queues[k].dirty = True
 
-    def lag(self) -> dict[tuple[str, str], int]:
-        """(group, topic) -> messages not yet done (max offset - floor, summed over queues)."""
-        out: dict[tuple[str, str], int] = {}
+    def lag(self) -> dict[tuple[GroupKey, str], int]:
+        """(consumer, topic) -> messages not yet done (max offset - floor, summed over queues)."""
+        out: dict[tuple[GroupKey, str], int] = {}
         for name in self.groups():
             g = self.group(name)
             with g.lock:

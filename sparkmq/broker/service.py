@@ -13,6 +13,14 @@ delayed or transactional messages, EndTransaction, RecallMessage, SQL filters
 fsync over syncFlushTimeout -> MASTER_PERSISTENCE_TIMEOUT; nothing to receive
 after the long poll -> MESSAGE_NOT_FOUND.
 
+Broadcasting: the protocol has no field for it, so a client asks for it with
+the request metadata ``x-sparkmq-consume-mode: BROADCASTING`` (next to the
+standard ``x-mq-client-id``) on ReceiveMessage, AckMessage,
+ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, GetOffset and
+UpdateOffset: that consumer instance then gets every message of the group's
+topics, with offsets of its own (persisted per client id). Without the header
+(the official clients) consumption is clustering.
+
 Threading: the gRPC server runs each call on a worker thread; long polls and
 telemetry streams hold one thread each for their duration.
 """
@@ -34,7 +42,7 @@ from ..errors import (DataLossError, InvalidMessageError, InvalidNameError, Perm
 from ..log import format as fmt
 from ..log.names import validate_group, validate_topic
 from ..log.status import PutMessageStatus
-from .pop import InvalidHandle, TagFilter
+from .pop import GroupKey, InvalidHandle, TagFilter
 
 log = logging.getLogger("sparkmq.broker.grpc")
 
@@ -70,6 +78,8 @@ def _error_status(e: Exception) -> pb.Status:
         return status(Code.BAD_REQUEST, e.message)
     if isinstance(e, InvalidHandle):
         return status(Code.INVALID_RECEIPT_HANDLE, str(e))
+    if isinstance(e, _ClientIdRequired):
+        return status(Code.CLIENT_ID_REQUIRED, str(e))
     if isinstance(e, SparkMQError):
         return status(Code.INTERNAL_ERROR if not e.retriable else Code.TOO_MANY_REQUESTS, e.message)
     return status(Code.INTERNAL_ERROR, f"{type(e).__name__}: {e}")
@@ -320,7 +330,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                 Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be 1 ms..12 h, got {invisible_ms} ms"))
             return
         poll_ms = self._poll_ms(request, context)
-        deliveries = self.broker.receive(group, topic, batch_size=batch, invisible_ms=invisible_ms,
+        consumer = _consumer(context, group)
+        deliveries = self.broker.receive(consumer, topic, batch_size=batch,
+                                         invisible_ms=invisible_ms,
                                          tag_filter=tag_filter, poll_ms=poll_ms,
                                          is_active=context.is_active,
                                          on_cancel=context.add_callback)
@@ -371,7 +383,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
     # ------------------------------------------------------------ ack & co
     @guarded(spb.AckMessageResponse)
     def AckMessage(self, request, context):
-        group = validate_group(request.group.name)
+        group = _consumer(context, validate_group(request.group.name))
         topic = request.topic.name or None
         out = []
         for e in request.entries:
@@ -395,7 +407,8 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         if not 0 < ms <= MAX_INVISIBLE_MS:
             return spb.ChangeInvisibleDurationResponse(status=status(
                 Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be 1 ms..12 h, got {ms} ms"))
-        handle = self.broker.pop.change_invisible(group, request.receipt_handle, ms,
+        handle = self.broker.pop.change_invisible(_consumer(context, group),
+                                                  request.receipt_handle, ms,
                                                   request.topic.name or None)
         self.broker.notifier.poke()
         return spb.ChangeInvisibleDurationResponse(status=OK, receipt_handle=handle)
@@ -403,7 +416,8 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
     @guarded(spb.ForwardMessageToDeadLetterQueueResponse)
     def ForwardMessageToDeadLetterQueue(self, request, context):
         group = validate_group(request.group.name)
-        self.broker.pop.forward_to_dlq(group, request.receipt_handle, request.topic.name or None)
+        self.broker.pop.forward_to_dlq(_consumer(context, group), request.receipt_handle,
+                                       request.topic.name or None)
         self.broker.notifier.poke()
         return spb.ForwardMessageToDeadLetterQueueResponse(status=OK)
 
@@ -421,8 +435,8 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
     def GetOffset(self, request, context):
         group = validate_group(request.group.name)
         topic, qid = self._local_queue(request.message_queue)
-        return spb.GetOffsetResponse(status=OK,
-                                     offset=self.broker.pop.committed_offset(group, topic, qid))
+        return spb.GetOffsetResponse(status=OK, offset=self.broker.pop.committed_offset(
+            _consumer(context, group), topic, qid))
 
     @guarded(spb.UpdateOffsetResponse)
     def UpdateOffset(self, request, context):
@@ -433,7 +447,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             return spb.UpdateOffsetResponse(status=status(
                 Code.ILLEGAL_OFFSET, f"offset {request.offset} is outside "
                 f"{store.min_offset(topic, qid)}..{store.max_offset(topic, qid)}"))
-        self.broker.pop.reset_offset(group, topic, qid, request.offset)
+        self.broker.pop.reset_offset(_consumer(context, group), topic, qid, request.offset)
         return spb.UpdateOffsetResponse(status=OK)
 
     @guarded(spb.QueryOffsetResponse)
@@ -534,6 +548,25 @@ def _send_response(entries) -> spb.SendMessageResponse:
     codes = {e.status.code for e in entries}
     top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "see entries")
     return spb.SendMessageResponse(status=top, entries=entries)
+
+
+BROADCAST_HEADER = "x-sparkmq-consume-mode"
+
+
+class _ClientIdRequired(Exception):
+    pass
+
+
+def _consumer(context, group: str):
+    """The group (clustering), or GroupKey(group, client id) when the request asks
+    for broadcasting (see the module docstring)."""
+    meta = dict(context.invocation_metadata() or ()) if context is not None else {}
+    if str(meta.get(BROADCAST_HEADER, "")).upper() != "BROADCASTING":
+        return group
+    cid = meta.get("x-mq-client-id")
+    if not cid:
+        raise _ClientIdRequired("broadcasting consumption needs the x-mq-client-id header")
+    return GroupKey(group, cid)
 
 
 def _client_id(context) -> str:
