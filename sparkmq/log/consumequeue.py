@@ -251,9 +251,16 @@ def read_side_entries(sfs: StoreFS, adds: list[dict], tid: int, qid: int, lo: in
     return t
 
 
+_MIN_DATETIME_MS = -62_135_596_800_000 + 86_400_000   # 0001-01-02
+_MAX_DATETIME_MS = 253_402_300_799_999 - 86_400_000   # 9999-12-30
+
+
 def read_side_by_time(sfs: StoreFS, adds: list[dict], tid: int, qid: int | None,
                       start_ms: int, end_ms: int) -> pa.Table:
     """Entries of topic ``tid`` (one queue or all) stored within [start_ms, end_ms]."""
+    # open-ended bounds (1 << 62) do not fit a Python datetime: clamp to years 1..9999
+    start_ms = max(start_ms, _MIN_DATETIME_MS)
+    end_ms = min(end_ms, _MAX_DATETIME_MS)
     tables = []
     for add in adds:
         for q in add.get("queues", ()):

@@ -1,0 +1,1 @@
+"""Helpers shared by the store tests (message builders, segment paths)."""

@@ -1,0 +1,47 @@
+"""Small helpers for the store tests: message builders and file access.
+
+Everything goes through public APIs (``Store``, ``Message``, ``format``) so the
+tests exercise what users and other processes see.
+"""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+
+from sparkmq.log import Message
+from sparkmq.log import format as fmt
+from sparkmq.log import segment as seg
+
+SMALL_SEGMENT_BYTES = 8192
+
+
+def msg(topic: str, body: bytes, queue_id: int | None = 0, **kw) -> Message:
+    return Message(topic=topic, body=body, queue_id=queue_id, **kw)
+
+
+def bodies(store, topic: str, queue_id: int, start: int = 0, end: int | None = None) -> list[bytes]:
+    table = store.read_table(topic, queue_id, start, end, columns=["body"])
+    return table.column("body").to_pylist()
+
+
+def segment_batch(n: int = 3, topic: str = "t", prefix: bytes = b"m") -> pa.RecordBatch:
+    """A record batch in the segment schema with ``n`` rows."""
+    from sparkmq.log.message import messages_to_batch
+    msgs = [Message(topic=topic, body=prefix + str(i).encode()) for i in range(n)]
+    return messages_to_batch(msgs, queue_ids=[0] * n, store_timestamp_ms=1_700_000_000_000,
+                             store_host="127.0.0.1:10911", max_message_size_bytes=1 << 20)
+
+
+def segment_paths(local_root: str) -> list[str]:
+    """Absolute paths of the broker-written segments of a local store, oldest first."""
+    folder = os.path.join(local_root, fmt.COMMITLOG_DIR)
+    names = [n for n in os.listdir(folder) if fmt.parse_segment_file(n) is not None]
+    return [os.path.join(folder, n) for n in sorted(names)]
+
+
+def batch_ends(path: str) -> list[int]:
+    """End byte position of each whole batch in a segment file (its valid prefixes)."""
+    buf = pa.py_buffer(open(path, "rb").read())
+    res = seg.scan(buf)
+    return [p + n for p, n in zip(res.positions, res.lengths)]

@@ -1,0 +1,404 @@
+"""The store through its public API, on a local folder and on memory://."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from sparkmq import ASYNC_FLUSH, SYNC_FLUSH, Message, PutMessageStatus, Snapshot, Store
+from sparkmq.errors import (DataLossError, InvalidMessageError, InvalidMessageIdError,
+                            PermissionDeniedError, QueueNotFoundError, ReadOnlyStoreError,
+                            StoreClosedError, StoreLockedError, StoreNotFoundError,
+                            TopicExistsError, TopicNotFoundError, UserError)
+from sparkmq.log.store import PERM_READ
+
+from helpers.storetools import SMALL_SEGMENT_BYTES, bodies, msg
+
+T0_MS = 1_700_000_000_000
+HOUR_MS = 3600 * 1000
+
+
+class Clock:
+    def __init__(self, start_ms: int = T0_MS):
+        self.now_ms = start_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+@pytest.fixture
+def store(store_url, clock):
+    s = Store.open(store_url, clock_ms=clock, start_services=False,
+                   mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES)
+    s.create_topic("t", read_queue_nums=2, write_queue_nums=2)
+    yield s
+    s.close()
+
+
+def _fill(store, n: int, *, topic="t", queue_id=0, size=200, tag=b"m") -> list:
+    out = []
+    for i in range(n):
+        out += store.append([msg(topic, tag + b"%05d" % i + b"." * size, queue_id)])
+    return out
+
+
+# --------------------------------------------------------------------- topics
+def test_open_without_create_refuses(store_url):
+    with pytest.raises(StoreNotFoundError):
+        Store.open(store_url, create=False)
+    with pytest.raises(StoreNotFoundError):
+        Store.open(store_url, mode="r")
+
+
+def test_create_update_delete_topic(store):
+    conf = store.create_topic("orders", read_queue_nums=4, write_queue_nums=4)
+    assert conf["name"] == "orders" and conf["writeQueueNums"] == 4
+    with pytest.raises(TopicExistsError):
+        store.create_topic("orders")
+    assert store.create_topic("orders", exist_ok=True)["id"] == conf["id"]
+    store.append([msg("orders", b"a", 3)])
+    assert store.update_topic("orders", write_queue_nums=8)["writeQueueNums"] == 8
+    store.append([msg("orders", b"b", 7)])
+    assert store.max_offset("orders", 7) == 1
+    with pytest.raises(UserError):
+        store.update_topic("orders", write_queue_nums=0)
+    with pytest.raises(TopicNotFoundError):
+        store.update_topic("nope", perm=PERM_READ)
+    store.delete_topic("orders")
+    assert "orders" not in store.topic_names()
+    with pytest.raises(TopicNotFoundError):
+        store.read_table("orders", 3, 0)
+    with pytest.raises(TopicNotFoundError):
+        store.delete_topic("orders")
+    again = store.create_topic("orders", read_queue_nums=4, write_queue_nums=4)
+    assert again["id"] != conf["id"]
+    assert store.max_offset("orders", 3) == 0        # a new topic starts empty
+    assert store.append([msg("orders", b"c", 3)])[0].queue_offset == 0
+
+
+def test_read_only_topic_refuses_appends(store):
+    store.update_topic("t", perm=PERM_READ)
+    with pytest.raises(PermissionDeniedError):
+        store.append([msg("t", b"x")])
+
+
+# --------------------------------------------------------------------- append/read
+def test_append_returns_offsets_and_ids(store):
+    res = store.append([msg("t", b"a", 0), msg("t", b"b", 1), msg("t", b"c", 0)])
+    assert [r.status for r in res] == [PutMessageStatus.PUT_OK] * 3
+    assert all(r.ok for r in res)
+    assert [(r.queue_id, r.queue_offset) for r in res] == [(0, 0), (1, 0), (0, 1)]
+    assert [r.physical_offset for r in res] == [res[0].physical_offset + i for i in range(3)]
+    assert len({r.message_id for r in res}) == 3
+    more = store.append([msg("t", b"d", 0)])
+    assert more[0].queue_offset == 2 and more[0].physical_offset > res[-1].physical_offset
+
+
+def test_read_by_queue_offset(store):
+    _fill(store, 10, queue_id=1)
+    got = store.read("t", 1, 3, max_messages=4)
+    assert [m.queue_offset for m in got] == [3, 4, 5, 6]
+    assert got[0].body.startswith(b"m00003")
+    table = store.read_table("t", 1, 8)
+    assert table.column("queue_offset").to_pylist() == [8, 9]
+    assert store.read("t", 1, 10) == []
+    assert store.read_table("t", 0, 0).num_rows == 0
+    with pytest.raises(QueueNotFoundError):
+        store.read_table("t", 2, 0)
+    batches = list(store.iter_batches("t", 1, 0, columns=["queue_offset", "body"]))
+    assert sum(b.num_rows for b in batches) == 10
+    assert all(isinstance(b, pa.RecordBatch) for b in batches)
+
+
+def test_read_with_max_bytes_stops_early(store):
+    _fill(store, 10, size=100)
+    table = store.read_table("t", 0, 0, max_bytes=350)
+    assert 1 <= table.num_rows < 10
+    assert table.column("queue_offset").to_pylist() == list(range(table.num_rows))
+
+
+def test_message_fields_round_trip(store):
+    m = Message(topic="t", body=b"payload", tags="TagA", keys=["k1", "k2"],
+                properties={"p": "v"}, queue_id=1, born_timestamp=T0_MS - 5,
+                born_host="10.0.0.1:1", message_group="g1", unique_key="u1")
+    r = store.append([m])[0]
+    got = store.lookup(r.message_id)
+    assert (got.body, got.tags, got.keys, got.properties) == (b"payload", "TagA", ["k1", "k2"],
+                                                              {"p": "v"})
+    assert (got.queue_id, got.queue_offset, got.physical_offset) == (1, 0, r.physical_offset)
+    assert got.born_timestamp == T0_MS - 5 and got.store_timestamp == T0_MS
+    assert (got.born_host, got.message_group, got.unique_key) == ("10.0.0.1:1", "g1", "u1")
+
+
+def test_lookup_and_bad_ids(store, store_url, tmp_path):
+    res = _fill(store, 3)
+    for r in res:
+        assert store.lookup(r.message_id).queue_offset == r.queue_offset
+    for bad in ("zz", "", "G" * 32, 42):
+        with pytest.raises(InvalidMessageIdError):
+            store.lookup(bad)
+    with Store.open(str(tmp_path / "other"), start_services=False) as other:
+        other.create_topic("t")
+        foreign = other.append([msg("t", b"x")])[0].message_id
+    with pytest.raises(InvalidMessageIdError):
+        store.lookup(foreign)
+    tag = res[0].message_id[:8]
+    with pytest.raises(InvalidMessageIdError):
+        store.lookup(tag + res[0].message_id[8:24] + "000000FF")   # past its batch
+
+
+def test_query_by_key(store):
+    store.append([Message("t", b"a", keys=["order-1"], queue_id=0),
+                  Message("t", b"b", keys=["order-2"], queue_id=1),
+                  Message("t", b"c", keys=["order-1", "x"], queue_id=1)])
+    store.flush()                              # persisted index files and in-memory both
+    store.append([Message("t", b"d", keys=["order-1"], queue_id=0)])
+    assert sorted(m.body for m in store.query_by_key("t", "order-1")) == [b"a", b"c", b"d"]
+    assert [m.body for m in store.query_by_key("t", "order-2")] == [b"b"]
+    assert store.query_by_key("t", "missing") == []
+    assert len(store.query_by_key("t", "order-1", max_results=2)) == 2
+
+
+def test_query_by_time(store, clock):
+    for i in range(6):
+        clock.now_ms = T0_MS + i * 1000
+        store.append([msg("t", b"at%d" % i, i % 2)])
+        if i == 2:
+            store.flush()
+    got = store.query_by_time("t", T0_MS + 1000, T0_MS + 3500)
+    assert sorted(m.body for m in got) == [b"at1", b"at2", b"at3"]
+    only_q0 = store.query_by_time("t", T0_MS, T0_MS + 10_000, queue_id=0)
+    assert sorted(m.body for m in only_q0) == [b"at0", b"at2", b"at4"]
+    assert store.offset_for_time("t", 0, T0_MS + 1500) == 1
+    assert store.offset_for_time("t", 0, T0_MS + 10**6) == store.max_offset("t", 0)
+
+
+# --------------------------------------------------------------------- segments
+def test_segment_roll_and_reads_across_segments(store):
+    res = _fill(store, 80, queue_id=0, size=300)
+    assert len(store.commitlog.segments()) > 3
+    assert all(s.size <= SMALL_SEGMENT_BYTES for s in store.commitlog.segments())
+    got = bodies(store, "t", 0)
+    assert got == [b"m%05d" % i + b"." * 300 for i in range(80)]
+    for r in (res[0], res[33], res[-1]):
+        assert store.lookup(r.message_id).queue_offset == r.queue_offset
+
+
+def test_reopen_after_clean_close_sees_everything(store_url, clock):
+    with Store.open(store_url, clock_ms=clock, start_services=False,
+                    mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES) as s:
+        s.create_topic("t", read_queue_nums=2, write_queue_nums=2)
+        res = _fill(s, 40, queue_id=1, size=300)
+    with Store.open(store_url, clock_ms=clock, start_services=False,
+                    mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES) as s:
+        assert not s.recovered_from_crash
+        assert s.max_offset("t", 1) == 40
+        assert bodies(s, "t", 1) == [b"m%05d" % i + b"." * 300 for i in range(40)]
+        assert s.lookup(res[7].message_id).body.startswith(b"m00007")
+        assert s.append([msg("t", b"next", 1)])[0].queue_offset == 40
+    with Store.open(store_url, mode="r") as r:
+        assert r.max_offset("t", 1) == 41
+        assert bodies(r, "t", 1)[-1] == b"next"
+
+
+def test_read_only_mode(store_url, clock):
+    w = Store.open(store_url, clock_ms=clock, start_services=False)
+    w.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    w.append([msg("t", b"published")])
+    w.flush()
+    w.append([msg("t", b"not yet published")])
+    r = Store.open(store_url, mode="r")
+    assert bodies(r, "t", 0) == [b"published"]
+    with pytest.raises(ReadOnlyStoreError):
+        r.append([msg("t", b"x")])
+    with pytest.raises(ReadOnlyStoreError):
+        r.create_topic("u")
+    w.flush()
+    r.refresh()
+    assert bodies(r, "t", 0) == [b"published", b"not yet published"]
+    r.close()
+    w.close()
+
+
+def test_snapshot_time_travel(store, store_url, clock):
+    store.append([msg("t", b"one")])
+    store.flush()
+    v1 = store.version
+    t1 = clock.now_ms
+    clock.now_ms += 60_000
+    store.append([msg("t", b"two")])
+    store.flush()
+    old = store.snapshot(v1)
+    assert bodies(old, "t", 0) == [b"one"] and old.max_offset("t", 0) == 1
+    by_time = Snapshot.load(store_url, timestamp_ms=t1 + 1)
+    assert by_time.version <= v1 and bodies(by_time, "t", 0) == [b"one"]
+    new = Snapshot.load(store_url)
+    assert bodies(new, "t", 0) == [b"one", b"two"]
+    assert new.version > v1
+
+
+@pytest.mark.parametrize("flush_type", [SYNC_FLUSH, ASYNC_FLUSH])
+def test_flush_modes_with_services(store_url, flush_type):
+    with Store.open(store_url, flushDiskType=flush_type, flushIntervalCommitLog=20,
+                    publishIntervalMs=50, mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES) as s:
+        s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        res = []
+        for i in range(30):
+            res += s.append([msg("t", b"f%03d" % i + b"." * 300)])
+        assert all(r.status is PutMessageStatus.PUT_OK for r in res)
+        assert [r.queue_offset for r in res] == list(range(30))
+        assert len(bodies(s, "t", 0)) == 30
+    with Store.open(store_url, mode="r") as r:
+        assert [b[:4] for b in bodies(r, "t", 0)] == [b"f%03d" % i for i in range(30)]
+
+
+def test_consumer_offsets(store, store_url):
+    store.commit_consumer_offsets("g1", {("t", 0): 5, ("t", 1): 2})
+    store.commit_consumer_offsets("g1", {("t", 0): 7})
+    store.commit_consumer_offsets("g2", {("t", 0): 1})
+    assert store.consumer_offsets("g1") == {("t", 0): 7, ("t", 1): 2}
+    assert Snapshot.load(store_url).consumer_offsets("g2") == {("t", 0): 1}
+    with pytest.raises(TopicNotFoundError):
+        store.commit_consumer_offsets("g1", {("nope", 0): 1})
+    with pytest.raises(UserError):
+        store.commit_consumer_offsets("bad group", {("t", 0): 1})
+
+
+# --------------------------------------------------------------------- retention
+def _expire_all(store, clock):
+    store.flush()
+    clock.now_ms += 200 * HOUR_MS
+
+
+def test_retention_removes_old_segments_and_reports_data_loss(store, clock):
+    _fill(store, 60, queue_id=0, size=300)
+    n_before = len(store.commitlog.segments())
+    _expire_all(store, clock)
+    removed = store.run_retention(force_hour=True)
+    assert removed and len(store.commitlog.segments()) == n_before - len(removed)
+    earliest = store.min_offset("t", 0)
+    assert 0 < earliest < 60
+    with pytest.raises(DataLossError) as exc:
+        store.read_table("t", 0, 0)
+    assert exc.value.earliest_offset == earliest
+    assert str(earliest) in str(exc.value)
+    skipped = store.read_table("t", 0, 0, on_removed="skip")
+    assert skipped.column("queue_offset").to_pylist() == list(range(earliest, 60))
+    assert store.read_table("t", 0, earliest).num_rows == 60 - earliest
+    assert store.append([msg("t", b"after", 0)])[0].queue_offset == 60
+
+
+def test_retention_keeps_young_segments_and_waits_for_delete_hour(store, clock):
+    _fill(store, 40, size=300)
+    store.flush()
+    assert store.run_retention(force_hour=True) == []   # nothing old enough
+    clock.now_ms += 200 * HOUR_MS
+    hour = __import__("datetime").datetime.fromtimestamp(clock.now_ms / 1000).hour
+    if hour not in store.config.delete_hours():
+        assert store.run_retention() == []             # not a deleteWhen hour
+
+
+def test_remove_segments_prefix_only_and_survives_reopen(store_url, clock):
+    s = Store.open(store_url, clock_ms=clock, start_services=False,
+                   mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES)
+    s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    _fill(s, 60, size=300)
+    segs = [x.path for x in s.commitlog.segments()]
+    with pytest.raises(UserError):
+        s.remove_segments([segs[1]])
+    s.remove_segments(segs[:2])
+    earliest = s.min_offset("t", 0)
+    assert earliest > 0
+    s.close()
+    with Store.open(store_url, clock_ms=clock, start_services=False) as s2:
+        assert s2.min_offset("t", 0) == earliest
+        with pytest.raises(DataLossError) as exc:
+            s2.read("t", 0, 0)
+        assert exc.value.earliest_offset == earliest
+        assert bodies(s2, "t", 0, earliest)[-1].startswith(b"m00059")
+    snap = Snapshot.load(store_url)
+    with pytest.raises(DataLossError):
+        snap.read_table("t", 0, 0)
+
+
+# --------------------------------------------------------------------- columnar
+def test_append_batch_columnar(store):
+    table = pa.table({"topic": ["t"] * 5, "queue_id": pa.array([0, 1, 0, 1, 0], pa.int32()),
+                      "body": [b"c%d" % i for i in range(5)],
+                      "keys": [["k"], None, None, ["k"], None]})
+    res = store.append_batch(table)
+    assert res.status is PutMessageStatus.PUT_OK and res.num_rows == 5
+    assert list(res.queue_offsets) == [0, 0, 1, 1, 2]
+    assert list(res.queue_ids) == [0, 1, 0, 1, 0]
+    assert bodies(store, "t", 0) == [b"c0", b"c2", b"c4"]
+    assert sorted(m.body for m in store.query_by_key("t", "k")) == [b"c0", b"c3"]
+    rr = store.append_batch(pa.table({"topic": ["t"] * 4, "body": ["s0", "s1", "s2", "s3"]}))
+    assert sorted(rr.queue_ids.tolist()) == [0, 0, 1, 1]
+    assert store.max_offset("t", 0) + store.max_offset("t", 1) == 9
+
+
+def test_append_batch_bad_input(store):
+    bad_tables = [
+        (pa.table({"body": [b"x"]}), InvalidMessageError),
+        (pa.table({"topic": ["t"], "body": pa.array([None], pa.binary())}), InvalidMessageError),
+        (pa.table({"topic": ["nope"], "body": [b"x"]}), TopicNotFoundError),
+        (pa.table({"topic": ["t"], "queue_id": pa.array([5], pa.int32()), "body": [b"x"]}),
+         QueueNotFoundError),
+        (pa.table({"topic": ["t"], "body": [b"x" * (5 << 20)]}), InvalidMessageError),
+    ]
+    for table, err in bad_tables:
+        with pytest.raises(err):
+            store.append_batch(table)
+    assert store.max_offset("t", 0) == 0 and store.max_offset("t", 1) == 0
+
+
+# --------------------------------------------------------------------- locking, bad input
+def test_second_writer_is_locked_out(store, store_url, clock):
+    with pytest.raises(StoreLockedError):
+        Store.open(store_url, clock_ms=clock, start_services=False)
+    clock.now_ms += 5_000
+    with pytest.raises(StoreLockedError):
+        Store.open(store_url, clock_ms=clock, start_services=False)
+    assert store.append([msg("t", b"still the writer")])[0].queue_offset == 0
+    with Store.open(store_url, mode="r") as reader:     # readers are welcome
+        assert "t" in reader.topic_names()
+
+
+def test_writer_after_clean_close_takes_the_lease(store_url):
+    s = Store.open(store_url, start_services=False)
+    s.close()
+    with Store.open(store_url, start_services=False) as s2:
+        assert s2.epoch == s.epoch + 1
+
+
+def test_bad_input_is_refused_and_nothing_is_lost(store):
+    good = _fill(store, 3, queue_id=0, size=10)
+    cases = [
+        ([msg("t", b"x" * (store.config.max_message_size_bytes + 1))], InvalidMessageError),
+        ([msg("nope", b"x")], TopicNotFoundError),
+        ([msg("t", b"x", 2)], QueueNotFoundError),
+        ([msg("t", b"x", -1)], QueueNotFoundError),
+        ([msg("t", 12345)], InvalidMessageError),
+        ([msg("t", None)], InvalidMessageError),
+        ([msg("t", b"ok"), msg("t", b"x", 9)], QueueNotFoundError),   # all or nothing
+        (["not a message"], InvalidMessageError),
+    ]
+    for messages, err in cases:
+        with pytest.raises(err):
+            store.append(messages)
+    assert store.max_offset("t", 0) == 3 and store.max_offset("t", 1) == 0
+    assert [store.lookup(r.message_id).body for r in good] == bodies(store, "t", 0)
+    assert store.append([msg("t", b"fine", 0)])[0].queue_offset == 3
+
+
+def test_closed_store_refuses_writes(store_url):
+    s = Store.open(store_url, start_services=False)
+    s.create_topic("t")
+    s.close()
+    with pytest.raises(StoreClosedError):
+        s.append([msg("t", b"x")])
+    s.close()   # idempotent
