@@ -39,12 +39,13 @@ Streaming (``df.writeStream.format("sparkmq")``) is exactly once: each
 micro-batch commits with ``app_id`` = the query's writer id and
 ``app_version`` = the batch id; a batch replayed after a restart finds its id
 in the log's ``txn`` actions and is skipped (its staged files are deleted).
-Spark hands a Python sink neither the query id nor (reliably) the checkpoint,
-so the writer id is: option ``writerId`` if set (set it, and keep it with the
-checkpoint: a new checkpoint needs a new ``writerId``), else the
-``checkpointLocation`` option if Spark passes it, else the store URL plus the
-topic option. Two concurrent streaming queries into one store must use
-different writer ids.
+Spark hands a Python sink no query id (only, as an option, the checkpoint
+location), so the writer id is: option ``writerId`` if set (keep it with the checkpoint:
+a new checkpoint needs a new ``writerId``), else the query id Spark stores in
+``<checkpointLocation>/metadata`` (stable across restarts, new with a new
+checkpoint), else the store URL plus the topic option (when Spark passes no
+``checkpointLocation`` option). Two concurrent streaming queries into one
+store must have different writer ids.
 
 Options: ``topic``, ``writerId``, ``maxSegmentBytes`` (default 64 MiB),
 ``maxMessageSize`` (default 4 MiB), and ``storage.<name>`` for fsspec storage
@@ -318,14 +319,41 @@ class _StagedFiles:
 
 
 def streaming_writer_id(options) -> str:
-    """The stable id under which a streaming query's batches are recorded (``txn`` appId)."""
+    """The stable id under which a streaming query's batches are recorded (``txn`` appId).
+
+    In order: option ``writerId``; the query id Spark keeps in
+    ``<checkpointLocation>/metadata`` (stable across restarts from that
+    checkpoint, new for a new checkpoint); the checkpoint path; the store URL
+    plus topic (only when Spark passes no checkpointLocation option).
+    """
     explicit = options.get("writerId")
     if explicit:
         return f"spark-stream:{explicit}"
     checkpoint = options.get("checkpointLocation")
     if checkpoint:
+        query_id = _checkpoint_query_id(checkpoint)
+        if query_id:
+            return f"spark-query:{query_id}"
         return f"spark-stream:checkpoint:{checkpoint}"
     return f"spark-stream:{options.get('path')}:{options.get('topic') or '*'}"
+
+
+def _checkpoint_query_id(checkpoint: str) -> str | None:
+    """The query id in Spark's ``<checkpoint>/metadata`` file, or None if it is absent."""
+    import json
+
+    import fsspec
+    try:
+        fs, root = fsspec.core.url_to_fs(checkpoint)
+        with fs.open(root.rstrip("/") + "/metadata", "rb") as f:
+            first = f.read(4096).decode().splitlines()[0]
+        return str(json.loads(first)["id"])
+    except (FileNotFoundError, ImportError, ValueError):
+        return None
+    except (OSError, KeyError, IndexError) as exc:
+        raise InvalidConfigError(
+            f"cannot read the streaming query id from {checkpoint}/metadata ({exc}); set "
+            ".option('writerId', ...) to a name that stays with this checkpoint") from None
 
 
 class _BatchConverter:
