@@ -583,3 +583,23 @@ def test_broadcasting_each_instance_gets_every_message_with_its_own_offsets(stub
     assert [r.status.code for r in no_id] == [Code.CLIENT_ID_REQUIRED]
     b.persist_offsets()
     assert b.store.consumer_offsets("BG", client_id="instance-1") == {("Bc", 0): 3}
+
+
+def test_a_second_broker_on_the_same_store_is_refused(tmp_path, make_broker):
+    from sparkmq.errors import StoreLockedError
+    b = make_broker()
+    twin = Broker(BrokerConfig.from_properties({
+        "brokerName": "broker-a", "storePathRootDir": b.config.store_path,
+        "listenPort": str(free_port()), "adminPort": str(free_port())}))
+    with pytest.raises(StoreLockedError):
+        twin.start()
+    assert twin.state.value == "stopped" and b.state.value == "running"
+
+
+def test_main_reports_a_bad_config_and_exits_nonzero(tmp_path, capsys):
+    from sparkmq.broker import main
+    conf = tmp_path / "bad.properties"
+    conf.write_text("brokerRole=BOSS\n")
+    assert main(["-c", str(conf)]) == 1
+    assert "brokerRole" in capsys.readouterr().err
+    assert main(["-c", str(tmp_path / "missing.properties")]) == 2

@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import logging
     import signal
+    import sys
     import threading
 
     p = argparse.ArgumentParser(prog="sparkmq broker", description="run a sparkmq broker")
@@ -28,18 +29,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--admin-port", type=int, help="HTTP adminPort")
     p.add_argument("--store", help="storePathRootDir")
     args = p.parse_args(argv)
-    props = load_properties(args.config) if args.config else {}
+    from ..errors import SparkMQError
+    try:
+        props = load_properties(args.config) if args.config else {}
+    except SparkMQError as e:
+        print(f"sparkmq broker: {e}", file=sys.stderr)
+        return 2
     for key, val in (("namesrvAddr", args.namesrv), ("listenPort", args.port),
                      ("adminPort", args.admin_port), ("storePathRootDir", args.store)):
         if val is not None:
             props[key] = str(val)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    broker = Broker(BrokerConfig.from_properties(props))
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    broker.start()
+    try:
+        broker = Broker(BrokerConfig.from_properties(props))
+        broker.start()
+    except (SparkMQError, OSError) as e:
+        print(f"sparkmq broker: cannot start: {e}", file=sys.stderr)
+        return 1
     print(f"sparkmq broker {broker.config.broker_name} running: gRPC {broker.endpoint}, "
           f"admin http://{broker.config.host}:{broker.admin_port}", flush=True)
     done.wait()

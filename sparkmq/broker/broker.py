@@ -59,8 +59,12 @@ class BrokerState(enum.Enum):
     STOPPED = "stopped"
 
 
+CLIENT_EXPIRY_MS = 120_000
+
+
 class ClientRegistry:
-    """Clients seen by heartbeat/settings: client id -> (group, type, last seen ms)."""
+    """Clients seen by heartbeat/settings: client id -> (group, type, last seen ms).
+    A client silent for ``CLIENT_EXPIRY_MS`` is forgotten."""
 
     def __init__(self, clock_ms: Callable[[], int]):
         self.clock_ms = clock_ms
@@ -75,8 +79,14 @@ class ClientRegistry:
         with self._lock:
             self._clients.pop(client_id, None)
 
+    def _expire(self) -> None:
+        cutoff = self.clock_ms() - CLIENT_EXPIRY_MS
+        for cid in [c for c, (_, _, seen) in self._clients.items() if seen < cutoff]:
+            del self._clients[cid]
+
     def groups(self) -> dict[str, int]:
         with self._lock:
+            self._expire()
             out: dict[str, int] = {}
             for group, _, _ in self._clients.values():
                 if group:
@@ -85,6 +95,7 @@ class ClientRegistry:
 
     def count(self) -> int:
         with self._lock:
+            self._expire()
             return len(self._clients)
 
 
@@ -143,8 +154,12 @@ class Broker:
         self._set_state(BrokerState.STARTING)
         self._set_state(BrokerState.RECOVERING)
         cfg = self.config
-        self.store = Store.open(cfg.store_path, mode="w", clock_ms=self.clock_ms,
-                                **cfg.store_config_options())
+        try:
+            self.store = Store.open(cfg.store_path, mode="w", clock_ms=self.clock_ms,
+                                    **cfg.store_config_options())
+        except BaseException:
+            self._set_state(BrokerState.STOPPED)
+            raise
         if self.store.recovered_from_crash:
             log.warning("store %s: recovered after a crash (abort marker found)", cfg.store_path)
         self.pop = PopService(self.store, broker_name=cfg.broker_name,
@@ -382,8 +397,11 @@ class Broker:
             out = self.pop.pop(group, topic, batch_size=batch_size, invisible_ms=invisible_ms,
                                tag_filter=tag_filter)
             if out:
+                label = getattr(group, "group", group)
                 self.metrics.inc("sparkmq_messages_received_total", len(out), topic=topic,
-                                 group=getattr(group, "group", group))
+                                 group=label)
+                self.metrics.inc("sparkmq_bytes_received_total",
+                                 sum(len(d.message.body) for d in out), topic=topic, group=label)
                 return out
             left = deadline - time.monotonic()
             if left <= 0 or not is_active() or self.state is not BrokerState.RUNNING:

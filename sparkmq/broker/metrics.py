@@ -21,6 +21,7 @@ class Metrics:
         "sparkmq_bytes_sent_total": "Body bytes stored by SendMessage, per topic.",
         "sparkmq_send_errors_total": "Messages refused by SendMessage, per status code.",
         "sparkmq_messages_received_total": "Messages delivered by ReceiveMessage, per topic and group.",
+        "sparkmq_bytes_received_total": "Body bytes delivered by ReceiveMessage, per topic and group.",
         "sparkmq_receive_requests_total": "ReceiveMessage calls.",
         "sparkmq_acks_total": "Messages acked, per group.",
         "sparkmq_rpc_errors_total": "RPCs answered with an internal error, per method.",

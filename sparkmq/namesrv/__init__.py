@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import logging
     import signal
+    import sys
     import threading
 
     from ..broker.config import load_properties
@@ -38,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    srv.start()
+    try:
+        srv.start()
+    except OSError as e:
+        print(f"sparkmq namesrv: cannot listen on {args.host}:{port}: {e}", file=sys.stderr)
+        return 1
     print(f"sparkmq NameServer listening on {srv.address}", flush=True)
     done.wait()
     srv.stop()
