@@ -221,3 +221,19 @@ def test_consumer_offsets_commit_even_while_a_store_holds_the_lease(local_store_
         assert s.consumer_offsets("spark-group") == {("T", 0): 5, ("T", 1): 2}
     assert Snapshot.load(local_store_url).consumer_offsets("spark-group") == {
         ("T", 0): 5, ("T", 1): 2}
+
+
+def test_an_advertised_endpoint_routes_commits_to_the_broker(local_store_url):
+    make_store(local_store_url)
+    with Store.open(local_store_url, mode="w", start_services=False) as s:
+        s.advertise_endpoint("http://127.0.0.1:9")
+        c = committer_for(local_store_url)
+        assert isinstance(c, BrokerCommitter) and c.endpoint == "http://127.0.0.1:9"
+
+
+def test_broker_replies_become_sparkmq_errors():
+    from sparkmq.errors import RetriableError, TopicNotFoundError as TNF
+    from sparkmq.log.committer import _broker_error
+    e = _broker_error("http://b", 400, b'{"code": "SPARKMQ_TOPIC_NOT_FOUND", "message": "no X"}')
+    assert isinstance(e, TNF) and "no X" in str(e)
+    assert isinstance(_broker_error("http://b", 503, b"not json"), RetriableError)

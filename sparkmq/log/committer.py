@@ -21,12 +21,13 @@ Who commits (:func:`committer_for`):
 
 * no live writer lease -> :class:`DirectCommitter` (the driver commits through
   the transaction log with put-if-absent, re-read and retry);
+* the lease advertises an admin ``endpoint`` (a broker,
+  ``Store.advertise_endpoint``) -> :class:`BrokerCommitter`: ``POST
+  <endpoint>/admin/adopt``; the broker answers with ``Store.adopt``;
 * the lease is held by a :class:`~sparkmq.log.store.Store` open for writing
-  in this process -> :class:`StoreCommitter` (``Store.adopt``);
-* the lease is held by another process (a broker) -> :class:`BrokerCommitter`,
-  which hands the commit to the lease holder's admin endpoint (recorded as
-  ``endpoint`` in the lease action). Until the broker records one, it refuses
-  with :class:`~sparkmq.errors.StoreLockedError`.
+  in this process, without an endpoint -> :class:`StoreCommitter` (``Store.adopt``);
+* any other live holder -> :class:`BrokerCommitter` without an endpoint, which
+  refuses with :class:`~sparkmq.errors.StoreLockedError`.
 
 A lease that was never released and whose holder is gone (a crash) makes
 every committer refuse with :class:`~sparkmq.errors.UncleanWriterError`: the
@@ -53,6 +54,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .. import errors
 from ..errors import (InvalidConfigError, PermissionDeniedError, QueueNotFoundError,
                       StoreLockedError, TopicNotFoundError, UncleanWriterError, UserError)
 from . import format as fmt
@@ -387,7 +389,7 @@ class BrokerCommitter:
         POST <endpoint>/admin/adopt
         {"url": ..., "paths": [...], "appId": ... | null, "appVersion": ... | null}
         -> 200 {"version": N, "numMessages": M, "skipped": false}
-        -> 4xx/5xx {"code": "SPARKMQ_...", "message": "..."}
+        -> 4xx/5xx {"code": "SPARKMQ_...", "message": "..."}  (raised as that error class)
 
     and the broker answers it with ``Store.adopt`` (same atomicity and
     idempotence). Without an endpoint (a broker that predates it, or a plain
@@ -420,14 +422,32 @@ class BrokerCommitter:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 out = json.loads(resp.read())
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")
-            raise StoreLockedError(f"broker at {self.endpoint} refused the commit "
-                                   f"({exc.code}): {detail}") from None
+            raise _broker_error(self.endpoint, exc.code, exc.read()) from None
         except (urllib.error.URLError, OSError) as exc:
             raise StoreLockedError(f"broker at {self.endpoint} did not answer the commit: "
                                    f"{exc}; the staged files are kept, retry") from None
         return CommitResult(int(out["version"]), int(out.get("numMessages", 0)),
                             skipped=bool(out.get("skipped")))
+
+
+def _error_classes(root: type = errors.SparkMQError) -> dict[str, type]:
+    out = {root.code: root}
+    for sub in root.__subclasses__():
+        out.update(_error_classes(sub))
+    return out
+
+
+def _broker_error(endpoint: str, status: int, body: bytes) -> errors.SparkMQError:
+    """The sparkmq error a broker's JSON reply names (``{"code", "message"}``)."""
+    try:
+        reply = json.loads(body)
+        code, message = reply["code"], reply["message"]
+    except (ValueError, KeyError, TypeError):
+        code, message = None, body.decode(errors="replace")[:500]
+    cls = _error_classes().get(code)
+    if cls is None or cls is errors.DataLossError:
+        cls = errors.RetriableError if status in (409, 503) else errors.StoreError
+    return cls(f"broker at {endpoint} refused the commit ({status}): {message}")
 
 
 def committer_for(url: str, storage_options: dict | None = None) -> Committer:
@@ -440,6 +460,8 @@ def committer_for(url: str, storage_options: dict | None = None) -> Committer:
     lease = state.lease
     if lease_status(lease, direct.txlog.clock_ms()) != LEASE_LIVE:
         return direct
+    if lease.get("endpoint"):
+        return BrokerCommitter(url, lease)
     host, _, rest = str(lease.get("owner", "")).partition(":")
     pid_s, _, token = rest.partition(":")
     if host == socket.gethostname() and pid_s == str(os.getpid()):
