@@ -389,8 +389,17 @@ class Broker:
             raise TopicNotFoundError(f"topic {topic!r} does not exist on broker "
                                      f"{self.config.broker_name}")
         self.metrics.inc("sparkmq_receive_requests_total")
-        if on_cancel is not None:
-            on_cancel(self.notifier.poke)
+        finished = threading.Event()
+        if on_cancel is not None:      # a client gone mid-poll wakes its own wait, once
+            on_cancel(lambda: None if finished.is_set() else self.notifier.poke())
+        try:
+            return self._receive_loop(group, topic, batch_size, invisible_ms, tag_filter,
+                                      poll_ms, is_active)
+        finally:
+            finished.set()
+
+    def _receive_loop(self, group, topic: str, batch_size: int, invisible_ms: int,
+                      tag_filter: TagFilter, poll_ms: int, is_active: Callable[[], bool]) -> list:
         deadline = time.monotonic() + poll_ms / 1000.0
         while True:
             seen = self.notifier.version(topic)
