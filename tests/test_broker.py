@@ -603,3 +603,13 @@ def test_main_reports_a_bad_config_and_exits_nonzero(tmp_path, capsys):
     assert main(["-c", str(conf)]) == 1
     assert "brokerRole" in capsys.readouterr().err
     assert main(["-c", str(tmp_path / "missing.properties")]) == 2
+
+
+def test_a_taken_port_fails_the_start_cleanly(tmp_path, make_broker):
+    b = make_broker()
+    clash = Broker(broker_config(tmp_path, "broker-z", listenPort=b.listen_port))
+    with pytest.raises(OSError, match="cannot bind"):
+        clash.start()
+    assert clash.state.value == "stopped"
+    again = make_broker("broker-z")                 # the store's lease was released
+    assert again.state.value == "running"

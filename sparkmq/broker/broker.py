@@ -194,7 +194,11 @@ class Broker:
                      ("grpc.so_reuseport", 0)])
         from .service import MessagingServicer
         sgrpc.add_MessagingServiceServicer_to_server(MessagingServicer(self), server)
-        port = server.add_insecure_port(f"{self.config.host}:{self.config.listen_port}")
+        try:
+            port = server.add_insecure_port(f"{self.config.host}:{self.config.listen_port}")
+        except RuntimeError as e:   # grpc reports a taken port this way
+            raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.listen_port}: "
+                          f"{e}") from None
         if port == 0:
             raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.listen_port}")
         self.listen_port = port
