@@ -59,7 +59,7 @@ from ..errors import (InvalidConfigError, PermissionDeniedError, QueueNotFoundEr
                       StoreLockedError, TopicNotFoundError, UncleanWriterError, UserError)
 from . import format as fmt
 from . import segment as seg
-from .consumequeue import Chunk, chunks_to_side_table, consumequeue_add, write_side_table
+from .consumequeue import consumequeue_add, write_side_table
 from .fs import StoreFS
 from .index import index_add, index_entries
 from .names import validate_group
@@ -206,13 +206,14 @@ def _place(state: LogState, staged: list[_Staged], now_ms: int) -> _Placement:
     per (topic, queue) in file, batch, row order."""
     base = state.address_end()
     nxt = next_queue_offsets(state)
-    taken: list[tuple[int, int, Chunk]] = []
+    cq_parts: list[pa.Table] = []
     index_parts: list[pa.Table] = []
     adds = []
     total = 0
     for st in staged:
         for pos, batch in st.batches:
-            qos, tids = _assign(state, batch, base + pos, nxt, taken)
+            entries, qos, tids = _assign(state, batch, base + pos, nxt)
+            cq_parts.append(entries)
             it = index_entries(batch, tids, qos, base + pos)
             if it is not None and it.num_rows:
                 index_parts.append(it)
@@ -220,36 +221,45 @@ def _place(state: LogState, staged: list[_Staged], now_ms: int) -> _Placement:
         adds.append({"add": {"path": st.path, "kind": "segment", "baseOffset": base,
                              "size": st.size, "sealed": True, "modificationTime": now_ms}})
         base += st.size
+    cq = fmt.CONSUMEQUEUE_SCHEMA.empty_table()
+    if cq_parts:
+        cq = pa.concat_tables(cq_parts).sort_by([("topic_id", "ascending"),
+                                                 ("queue_id", "ascending"),
+                                                 ("queue_offset", "ascending")])
     index = None
     if index_parts:
         index = pa.concat_tables(index_parts).sort_by([("topic_id", "ascending"),
                                                        ("key", "ascending")])
-    return _Placement(adds, chunks_to_side_table(taken), index, total)
+    return _Placement(adds, cq, index, total)
 
 
 def _assign(state: LogState, batch: pa.RecordBatch, batch_offset: int,
-            nxt: dict[tuple[int, int], int], taken: list) -> tuple[np.ndarray, np.ndarray]:
-    """Queue offsets (and topic ids) of one batch's rows; appends its chunks to ``taken``."""
+            nxt: dict[tuple[int, int], int]) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """ConsumeQueue entries, queue offsets and topic ids of one batch's rows
+    (offsets continue ``nxt``, which is advanced)."""
     n = batch.num_rows
     enc = pc.dictionary_encode(batch.column("topic"))
     ids = np.asarray([state.topics[t]["id"] for t in enc.dictionary.to_pylist()], np.int64)
     tids = ids[enc.indices.to_numpy()] if n else np.zeros(0, np.int64)
     qids = batch.column("queue_id").to_numpy().astype(np.int64)
-    sizes = pc.binary_length(batch.column("body")).to_numpy().astype(np.int32)
-    tcodes = _tags_codes(batch.column("tags"))
-    ts = batch.column("store_timestamp").cast(pa.int64()).to_numpy()
     key = (tids << 32) | qids
     qos = np.zeros(n, np.int64)
     uniq = np.unique(key)
     for k in uniq.tolist():
         tid, qid = k >> 32, k & 0xFFFFFFFF
-        rows = np.flatnonzero(key == k) if len(uniq) > 1 else np.arange(n)
+        rows = np.flatnonzero(key == k) if len(uniq) > 1 else slice(None)
         start = nxt.get((tid, qid), 0)
-        nxt[(tid, qid)] = start + len(rows)
-        qos[rows] = np.arange(start, start + len(rows))
-        taken.append((tid, qid, Chunk(start, batch_offset, rows.astype(np.int32), sizes[rows],
-                                      tcodes[rows], ts[rows])))
-    return qos, tids
+        count = n if len(uniq) == 1 else len(rows)
+        nxt[(tid, qid)] = start + count
+        qos[rows] = np.arange(start, start + count)
+    entries = pa.table([
+        pa.array(tids.astype(np.int32)), pa.array(qids.astype(np.int32)), pa.array(qos),
+        pa.array(np.full(n, batch_offset, np.int64)), pa.array(np.arange(n, dtype=np.int32)),
+        pc.binary_length(batch.column("body")).cast(pa.int32()),
+        pa.array(_tags_codes(batch.column("tags"))),
+        batch.column("store_timestamp"),
+    ], schema=fmt.CONSUMEQUEUE_SCHEMA)
+    return entries, qos, tids
 
 
 def _tags_codes(tags: pa.Array) -> np.ndarray:
