@@ -146,6 +146,9 @@ def test_consumer_offsets_are_persisted_at_stop_and_restored(tmp_path):
         broker.stop()                                # persists offsets (interval is 10 min)
     broker = Broker(BrokerConfig.from_properties(props)).start()
     try:
+        lag = urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}/metrics",
+                                     timeout=5).read().decode()
+        assert 'sparkmq_consumer_lag{group="G",topic="O"} 3' in lag   # from the stored offsets
         consumer = SimpleConsumer(ClientConfiguration(broker.endpoint, Credentials()), "G",
                                   {"O": FilterExpression()}, await_duration=1)
         consumer.startup()
@@ -155,7 +158,10 @@ def test_consumer_offsets_are_persisted_at_stop_and_restored(tmp_path):
             if len(rest) >= 3:
                 break
         consumer.shutdown()
+        text = urllib.request.urlopen(f"http://127.0.0.1:{broker.admin_port}/metrics",
+                                      timeout=5).read().decode()
     finally:
         broker.stop()
     assert len(acked) == 5
     assert sorted(rest + acked) == sorted(f"o{i}".encode() for i in range(8))
+    assert 'sparkmq_consumer_lag{group="G",topic="O"} 3' in text   # received, not acked yet

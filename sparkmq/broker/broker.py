@@ -44,7 +44,7 @@ from ..namesrv.client import NameServerClient
 from .config import BrokerConfig
 from .longpoll import ArrivalNotifier
 from .metrics import Metrics
-from .pop import PopService, TagFilter
+from .pop import GroupKey, PopService, TagFilter
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -518,13 +518,30 @@ class Broker:
                                            | set(self.clients.groups()))},
                 "longPollWaiting": self.notifier.waiting}
 
+    def _consumer_lag(self) -> dict:
+        """Lag per (consumer, topic): live pop state, else the persisted offsets
+        (groups not active since this broker started)."""
+        lag = dict(self.pop.lag())
+        live = {k for k, _ in lag}
+        names = {t["id"]: name for name, t in self.store.topics().items()}
+        persisted: dict = {}
+        for (group, tid, qid, cid), off in self.store.state.consumer_offsets.items():
+            key = GroupKey(group, cid or None)
+            topic = names.get(tid)
+            if key in live or topic is None:
+                continue
+            hi = self.store.max_offset(topic, qid)
+            persisted[(key, topic)] = persisted.get((key, topic), 0) + max(0, hi - off)
+        lag.update(persisted)
+        return lag
+
     def metrics_text(self) -> str:
         depth = []
         for name in self.store.topic_names():
             for (t, q), (lo, hi) in sorted(self.store.queue_ranges(name).items()):
                 depth.append(({"topic": t, "queue": str(q)}, hi - lo))
         lag = [({"group": k.group, "topic": t, **({"client": k.client_id} if k.client_id else {})}, v)
-               for (k, t), v in self.pop.lag().items()]
+               for (k, t), v in self._consumer_lag().items()]
         gauges = {
             "sparkmq_queue_depth": ("Messages retained per queue (max - min offset).", depth),
             "sparkmq_consumer_lag": ("Messages not yet consumed per group and topic.", lag),
