@@ -272,3 +272,27 @@ def test_stream_write_killed_mid_batch_then_restarted_is_exactly_once(spark, tmp
     _run_stream(spark, src, url, ck, body_expr=fail_on_25_while_marked("id"))
     assert _stream_ids(url) == list(range(40))
     assert staged_leftovers(url) == []
+
+
+def test_overwrite_is_refused_with_a_clear_error(spark, tmp_path):
+    url = str(tmp_path / "store")
+    make_store(url, [("T", 1)])
+    with pytest.raises(Exception, match="append-only"):
+        spark.range(3).selectExpr("cast(id as string) as body").write.format("sparkmq") \
+            .mode("overwrite").option("topic", "T").save(url)
+
+
+def test_streaming_writer_id_prefers_writer_id_then_the_checkpoint_query_id(tmp_path):
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    from sparkmq.datasource.writer import streaming_writer_id
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    base = {"path": "/s", "topic": "T", "checkpointLocation": str(ck)}
+    assert streaming_writer_id(CaseInsensitiveDict({**base, "writerId": "w1"})) == \
+        "spark-stream:w1"
+    assert streaming_writer_id(CaseInsensitiveDict(base)) == f"spark-stream:checkpoint:{ck}"
+    (ck / "metadata").write_text('{"id":"q-123"}\n')
+    assert streaming_writer_id(CaseInsensitiveDict(base)) == "spark-query:q-123"
+    assert streaming_writer_id(CaseInsensitiveDict({"path": "/s", "topic": "T"})) == \
+        "spark-stream:/s:T"
