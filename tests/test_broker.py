@@ -613,3 +613,24 @@ def test_a_taken_port_fails_the_start_cleanly(tmp_path, make_broker):
     assert clash.state.value == "stopped"
     again = make_broker("broker-z")                 # the store's lease was released
     assert again.state.value == "running"
+
+
+def test_admin_topic_api_and_bad_admin_requests(make_broker):
+    b = make_broker()
+    base = f"http://127.0.0.1:{b.admin_port}"
+
+    def post(path, body: bytes):
+        req = urllib.request.Request(base + path, data=body, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+    assert post("/admin/topics", b'{"name": "New", "queueNums": 3}') == (
+        200, {"topic": "New", "readQueueNums": 3, "writeQueueNums": 3, "perm": 6})
+    assert post("/admin/topics", b'{"name": "bad name!"}')[0] == 400
+    assert post("/admin/topics", b'{"name": "X", "queueNums": "many"}')[0] == 400
+    assert post("/admin/topics", b"{not json")[0] == 400
+    assert post("/admin/adopt", b'{"paths": "not-a-list"}')[0] == 400
+    assert post("/nope", b"{}")[0] == 404
+    assert b.store.topics()["New"]["readQueueNums"] == 3

@@ -609,6 +609,8 @@ def _admin_handler(broker: Broker):
             except SparkMQError as e:
                 code = 400 if isinstance(e, UserError) else 409 if e.retriable else 500
                 return self._json(code, {"code": e.code, "message": e.message})
+            except (TypeError, ValueError) as e:
+                return self._json(400, {"code": "BAD_REQUEST", "message": f"bad field: {e}"})
             except Exception as e:
                 log.exception("adopt failed")
                 return self._json(500, {"code": "SPARKMQ_ERROR", "message": f"{type(e).__name__}: {e}"})
