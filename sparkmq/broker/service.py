@@ -49,7 +49,7 @@ log = logging.getLogger("sparkmq.broker.grpc")
 Code = pb.Code
 ALL_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
 PERM = {6: pb.READ_WRITE, 4: pb.READ, 2: pb.WRITE, 0: pb.NONE}
-TYPE_TO_STORE = {pb.NORMAL: fmt.MESSAGE_TYPE_NORMAL, pb.FIFO: getattr(fmt, "MESSAGE_TYPE_FIFO", 1)}
+NORMAL_TYPE, FIFO_TYPE = fmt.MESSAGE_TYPE_NORMAL, fmt.MESSAGE_TYPE_FIFO
 MAX_BATCH_SIZE = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 PUSH_BACKOFF_S = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
@@ -247,27 +247,33 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
     def _refusal(self, m: pb.Message, topics: dict) -> pb.Status | None:
         """The status refusing ``m`` before it reaches the store, or None if it may go."""
         topic = m.topic.name
-        if topic not in topics:
-            topics[topic] = self._topic_refusal(topic)
-        if topics[topic] is not None:
-            return topics[topic]
-        if not m.body:
+        refused = topics.get(topic, False)
+        if refused is False:
+            refused = topics[topic] = self._topic_refusal(topic)
+        if refused is not None:
+            return refused
+        size = len(m.body)
+        if not size:
             return status(Code.MESSAGE_BODY_EMPTY, "message body is empty")
         limit = self.broker.store.config.max_message_size_bytes
-        if len(m.body) > limit:
+        if size > limit:
             return status(Code.MESSAGE_BODY_TOO_LARGE,
-                          f"message body is {len(m.body)} bytes; maxMessageSize is {limit}")
+                          f"message body is {size} bytes; maxMessageSize is {limit}")
         sp = m.system_properties
         mtype = sp.message_type
-        if mtype in (pb.DELAY, pb.TRANSACTION) or sp.HasField("delivery_timestamp"):
+        if mtype == pb.NORMAL and not sp.message_group:
+            pass
+        elif mtype in (pb.DELAY, pb.TRANSACTION):
             return status(Code.UNSUPPORTED, "delayed and transactional messages are not "
                           "supported by this broker yet")
-        if mtype not in (pb.NORMAL, pb.FIFO, pb.MESSAGE_TYPE_UNSPECIFIED):
+        elif mtype not in (pb.NORMAL, pb.FIFO, pb.MESSAGE_TYPE_UNSPECIFIED):
             return status(Code.UNSUPPORTED,
                           f"message type {pb.MessageType.Name(mtype)} is not supported")
-        if (mtype == pb.FIFO) != bool(sp.message_group):
+        elif (mtype == pb.FIFO) != bool(sp.message_group):
             return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                           "a FIFO message needs a message group, and only FIFO messages may have one")
+        if sp.HasField("delivery_timestamp"):
+            return status(Code.UNSUPPORTED, "delayed messages are not supported by this broker yet")
         if sp.HasField("tag") and (not sp.tag.strip() or "|" in sp.tag):
             return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or contains '|'")
         if sp.body_encoding == pb.GZIP:
@@ -520,18 +526,21 @@ class SendRows:
         self.unique_key: list[str | None] = []
 
     def add(self, i: int, m: pb.Message) -> None:
+        """Append one message that passed ``_refusal`` (so a present tag is not blank)."""
         sp = m.system_properties
         self.index.append(i)
         self.topic.append(m.topic.name)
         self.body.append(m.body)
-        self.tags.append(sp.tag if sp.HasField("tag") else None)
-        self.keys.append(list(sp.keys) or None)
-        self.properties.append(list(m.user_properties.items()) or None)
-        born = sp.born_timestamp.ToMilliseconds() if sp.HasField("born_timestamp") else 0
-        self.born_timestamp.append(born or None)
+        self.tags.append(sp.tag or None)
+        keys = sp.keys
+        self.keys.append(list(keys) if keys else None)
+        props = m.user_properties
+        self.properties.append(list(props.items()) if props else None)
+        born = sp.born_timestamp
+        self.born_timestamp.append(born.seconds * 1000 + born.nanos // 1_000_000 or None)
         self.born_host.append(sp.born_host or None)
         self.message_group.append(sp.message_group or None)
-        self.message_type.append(TYPE_TO_STORE.get(sp.message_type, fmt.MESSAGE_TYPE_NORMAL))
+        self.message_type.append(FIFO_TYPE if sp.message_type == pb.FIFO else NORMAL_TYPE)
         self.unique_key.append(sp.message_id or None)
 
     def __len__(self) -> int:
