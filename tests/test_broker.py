@@ -253,12 +253,17 @@ def test_bad_input_gets_the_protocol_status_and_the_broker_keeps_serving(stub):
     end = s.EndTransaction(spb.EndTransactionRequest(topic=pb.Resource(name="Known")), timeout=5)
     assert end.status.code == Code.UNSUPPORTED
 
-    # malformed bytes where a request should be: a gRPC error, not a dead broker
+    # malformed or truncated bytes where a request should be: BAD_REQUEST, not a dead broker
     garbage = channel.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",
                                   request_serializer=lambda x: x,
                                   response_deserializer=spb.SendMessageResponse.FromString)
-    with pytest.raises(grpc.RpcError):
-        garbage(b"\xff\xff\xff\x0f\x01", timeout=5)
+    assert garbage(b"\xff\xff\xff\x0f\x01", timeout=5).status.code == Code.BAD_REQUEST
+    whole = spb.SendMessageRequest(messages=[raw_message("Known", b"y" * 100)]).SerializeToString()
+    assert garbage(whole[: len(whole) // 2], timeout=5).status.code == Code.BAD_REQUEST
+    raw_receive = channel.unary_stream("/apache.rocketmq.v2.MessagingService/ReceiveMessage",
+                                       request_serializer=lambda x: x,
+                                       response_deserializer=spb.ReceiveMessageResponse.FromString)
+    assert [r.status.code for r in raw_receive(b"\x0a\xff", timeout=5)] == [Code.BAD_REQUEST]
     # a client that vanishes in the middle of a long poll: its held receive ends
     b.store.create_topic("Empty")
     stream = s.ReceiveMessage(spb.ReceiveMessageRequest(

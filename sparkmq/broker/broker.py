@@ -33,7 +33,6 @@ from typing import Callable
 
 import grpc
 import pyarrow as pa
-from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
 from ..errors import InvalidConfigError, SparkMQError, TopicNotFoundError, UserError
 from ..log import format as fmt
@@ -192,8 +191,8 @@ class Broker:
             options=[("grpc.max_receive_message_length", limit),
                      ("grpc.max_send_message_length", limit),
                      ("grpc.so_reuseport", 0)])
-        from .service import MessagingServicer
-        sgrpc.add_MessagingServiceServicer_to_server(MessagingServicer(self), server)
+        from .service import MessagingServicer, add_to_server
+        add_to_server(MessagingServicer(self), server)
         try:
             port = server.add_insecure_port(f"{self.config.host}:{self.config.listen_port}")
         except RuntimeError as e:   # grpc reports a taken port this way

@@ -2,7 +2,8 @@
 
 Each method turns a request into broker operations and the outcome into the
 protocol's status codes (RocketMQ 5 proxy semantics): expected outcomes are
-status values, never gRPC errors; an unexpected exception becomes
+status values, never gRPC errors; request bytes that do not decode (malformed
+or truncated) get BAD_REQUEST; an unexpected exception becomes
 ``INTERNAL_ERROR`` with its text, and the broker keeps serving.
 
 Mapping of notable outcomes: unknown topic -> TOPIC_NOT_FOUND; illegal topic or
@@ -31,6 +32,7 @@ import logging
 import time
 import zlib
 
+import grpc
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -85,11 +87,52 @@ def _error_status(e: Exception) -> pb.Status:
     return status(Code.INTERNAL_ERROR, f"{type(e).__name__}: {e}")
 
 
+class Malformed:
+    """Stands in for request bytes that do not decode; handlers answer BAD_REQUEST."""
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+def _lenient(message_class):
+    def parse(data: bytes):
+        try:
+            return message_class.FromString(data)
+        except Exception as e:   # DecodeError and friends: malformed or truncated bytes
+            return Malformed(f"{message_class.__name__} does not decode ({e}); "
+                             "the request is malformed or truncated")
+    return parse
+
+
+def add_to_server(servicer: "MessagingServicer", server) -> None:
+    """Register ``servicer`` for every method of ``apache.rocketmq.v2.MessagingService``,
+    with request parsing that turns undecodable bytes into :class:`Malformed` (so the
+    client gets the protocol's BAD_REQUEST status rather than a transport error)."""
+    svc = spb.DESCRIPTOR.services_by_name["MessagingService"]
+    makers = {(False, False): grpc.unary_unary_rpc_method_handler,
+              (False, True): grpc.unary_stream_rpc_method_handler,
+              (True, False): grpc.stream_unary_rpc_method_handler,
+              (True, True): grpc.stream_stream_rpc_method_handler}
+    handlers = {}
+    for m in svc.methods:
+        make = makers[(m.client_streaming, m.server_streaming)]
+        handlers[m.name] = make(getattr(servicer, m.name),
+                                request_deserializer=_lenient(getattr(spb, m.input_type.name)),
+                                response_serializer=getattr(spb, m.output_type.name).SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(svc.full_name, handlers),))
+
+
+def _bad_request(request: Malformed) -> pb.Status:
+    return status(Code.BAD_REQUEST, request.error)
+
+
 def guarded(response_type):
     """Turn an exception of a unary handler into ``response_type(status=...)``."""
     def wrap(fn):
         @functools.wraps(fn)
         def inner(self, request, context):
+            if isinstance(request, Malformed):
+                return response_type(status=_bad_request(request))
             try:
                 return fn(self, request, context)
             except Exception as e:  # the broker keeps serving whatever a request does
@@ -192,7 +235,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         cid = _client_id(context)
         try:
             for cmd in request_iterator:
-                if cmd.HasField("settings"):
+                if isinstance(cmd, Malformed):
+                    yield spb.TelemetryCommand(status=_bad_request(cmd))
+                elif cmd.HasField("settings"):
                     yield self._settings_reply(cid, cmd.settings)
         except Exception as e:  # a client that vanished mid-stream ends here
             log.debug("telemetry stream of %s ended: %s", cid, e)
@@ -303,6 +348,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ receive
     def ReceiveMessage(self, request, context):
+        if isinstance(request, Malformed):
+            yield spb.ReceiveMessageResponse(status=_bad_request(request))
+            return
         try:
             yield from self._receive(request, context)
         except Exception as e:
@@ -470,6 +518,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         return spb.QueryOffsetResponse(status=OK, offset=off)
 
     def PullMessage(self, request, context):
+        if isinstance(request, Malformed):
+            yield spb.PullMessageResponse(status=_bad_request(request))
+            return
         try:
             yield from self._pull(request, context)
         except Exception as e:
