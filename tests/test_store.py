@@ -402,3 +402,57 @@ def test_closed_store_refuses_writes(store_url):
     with pytest.raises(StoreClosedError):
         s.append([msg("t", b"x")])
     s.close()   # idempotent
+
+
+def test_negative_start_offset_is_a_user_error(store):
+    _fill(store, 2)
+    with pytest.raises(UserError, match="non-negative"):
+        store.read_table("t", 0, -1)
+
+
+def test_old_snapshot_after_retention_deleted_its_files(store_url, clock):
+    s = Store.open(store_url, clock_ms=clock, start_services=False,
+                   mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES)
+    s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    _fill(s, 60, size=300)
+    s.flush()
+    old_version = s.version
+    clock.now_ms += 500 * HOUR_MS
+    assert s.run_retention(force_hour=True)
+    s.close()                                   # deletes the removed segment files
+    old = Snapshot.load(store_url, version=old_version)
+    assert old.max_offset("t", 0) == 60
+    with pytest.raises(DataLossError, match="newer version"):
+        old.read_table("t", 0, 0)
+    new = Snapshot.load(store_url)
+    assert new.read_table("t", 0, new.min_offset("t", 0)).num_rows == 60 - new.min_offset("t", 0)
+
+
+def test_many_publishes_compact_side_tables_and_evict_hot_entries(store_url, clock):
+    opts = dict(clock_ms=clock, start_services=False, mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES,
+                compact_after_files=3, memory_consume_queue_entries=5)
+    with Store.open(store_url, **opts) as s:
+        s.create_topic("t", read_queue_nums=2, write_queue_nums=2)
+        for i in range(40):
+            s.append([msg("t", b"c%03d" % i, i % 2, keys=["k%d" % (i % 4)])])
+            if i % 3 == 0:
+                s.flush()
+        assert len(s.state.consumequeue_files) <= 4
+        assert bodies(s, "t", 0) == [b"c%03d" % i for i in range(0, 40, 2)]
+        assert sorted(m.body for m in s.query_by_key("t", "k1")) == [
+            b"c%03d" % i for i in range(1, 40, 4)]
+    with Store.open(store_url, **opts) as s:
+        assert bodies(s, "t", 1) == [b"c%03d" % i for i in range(1, 40, 2)]
+        assert len(s.query_by_time("t", 0, clock.now_ms + 1)) == 40
+        s.commit_consumer_offsets("g", {("t", 1): 4})
+    with Store.open(store_url, mode="r") as r:
+        assert r.consumer_offsets("g") == {("t", 1): 4}
+        assert bodies(r, "t", 0, 10) == [b"c%03d" % i for i in range(20, 40, 2)]
+
+
+def test_message_group_picks_a_stable_queue(store):
+    res = store.append([Message("t", b"%d" % i, message_group="order-42") for i in range(6)])
+    assert len({r.queue_id for r in res}) == 1
+    assert [r.queue_offset for r in res] == list(range(6))
+    rr = store.append([Message("t", b"x") for _ in range(4)])
+    assert sorted(r.queue_id for r in rr) == [0, 0, 1, 1]      # round robin without a group

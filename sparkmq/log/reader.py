@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import (DataLossError, InvalidMessageIdError, QueueNotFoundError,
-                      TopicNotFoundError)
+                      TopicNotFoundError, UserError)
 from . import format as fmt
 from . import segment as seg
 from .consumequeue import empty_entries, read_side_by_time, read_side_entries
@@ -133,6 +133,8 @@ class MessageReader:
                      ) -> Iterator[pa.RecordBatch]:
         """Record batches of messages in ``[start, end)``, in queue-offset order."""
         tid = self._check_queue(topic, queue_id)
+        if not isinstance(start, (int, np.integer)) or start < 0:
+            raise UserError(f"start offset must be a non-negative integer, got {start!r}")
         lo_avail = self.min_offset(topic, queue_id)
         hi_avail = self.max_offset(topic, queue_id)
         end = hi_avail if end is None else min(end, hi_avail)
@@ -406,7 +408,13 @@ class Snapshot(MessageReader):
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         add = self._segment(batch_offset)
-        buf = self.sfs.read_buffer(add["path"], cache=True)
+        try:
+            buf = self.sfs.read_buffer(add["path"], cache=True)
+        except FileNotFoundError:
+            raise DataLossError(
+                f"segment {add['path']} of version {self.state.version} was deleted by "
+                "retention after that version; read a newer version",
+                earliest_offset=None) from None
         return seg.read_batch_at(buf, batch_offset - add["baseOffset"])
 
     def _index_hits(self, tid, key):
