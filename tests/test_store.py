@@ -456,3 +456,58 @@ def test_message_group_picks_a_stable_queue(store):
     assert [r.queue_offset for r in res] == list(range(6))
     rr = store.append([Message("t", b"x") for _ in range(4)])
     assert sorted(r.queue_id for r in rr) == [0, 0, 1, 1]      # round robin without a group
+
+
+@pytest.mark.parametrize("flush_type", [SYNC_FLUSH, ASYNC_FLUSH])
+def test_concurrent_appends_from_threads(store_url, flush_type):
+    """Appenders on several threads (SYNC_FLUSH: they share group-commit fsyncs)
+    get unique, gap-free queue offsets; a concurrent reader sees growing prefixes."""
+    import threading
+    threads_n, per_thread = 4, 40
+    with Store.open(store_url, flushDiskType=flush_type, flushIntervalCommitLog=10,
+                    publishIntervalMs=30, mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES) as s:
+        s.create_topic("t", read_queue_nums=2, write_queue_nums=2)
+        results, errors, prefixes = [], [], []
+        done = threading.Event()
+
+        def writer(w):
+            try:
+                for i in range(per_thread):
+                    results.extend(s.append([msg("t", b"w%d-%03d" % (w, i), i % 2)]))
+            except Exception as exc:
+                errors.append(exc)
+
+        def reader():
+            try:
+                for _ in range(10_000):
+                    got = bodies(s, "t", 0)
+                    prefixes.append(len(got))
+                    if done.is_set():
+                        return
+            except Exception as exc:
+                errors.append(exc)
+        rt = threading.Thread(target=reader)
+        rt.start()
+        ts = [threading.Thread(target=writer, args=(w,)) for w in range(threads_n)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        done.set()
+        rt.join(60)
+        assert not errors
+        assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+        for q in (0, 1):
+            offs = sorted(r.queue_offset for r in results if r.queue_id == q)
+            assert offs == list(range(threads_n * per_thread // 2))
+            by_offset = {r.queue_offset: r for r in results if r.queue_id == q}
+            stored = bodies(s, "t", q)
+            for o, b in enumerate(stored):
+                assert s.lookup(by_offset[o].message_id).body == b
+        assert prefixes == sorted(prefixes)
+        # each writer's messages keep its order within a queue
+        for w in range(threads_n):
+            mine = [b for b in bodies(s, "t", 0) if b.startswith(b"w%d-" % w)]
+            assert mine == sorted(mine)
+    with Store.open(store_url, mode="r") as r:
+        assert r.max_offset("t", 0) + r.max_offset("t", 1) == threads_n * per_thread

@@ -1,8 +1,8 @@
 """A writer process for the SIGKILL crash test.
 
-Usage: python crash_writer.py URL ROUND
+Usage: python crash_writer.py URL ROUND [FLUSH_DISK_TYPE]
 
-Opens the store for writing under SYNC_FLUSH (recovering from the previous
+Opens the store for writing under SYNC_FLUSH (or the given flushDiskType) (recovering from the previous
 round's kill), prints ``{"start": {queue: max_offset}}``, then appends batches
 of 1-3 messages in a loop and prints, after each append returns, one JSON line
 per batch with every message's queue id, queue offset, message id and body.
@@ -25,7 +25,8 @@ QUEUES = 2
 
 def main() -> int:
     url, rnd = sys.argv[1], int(sys.argv[2])
-    store = Store.open(url, flushDiskType=SYNC_FLUSH, mappedFileSizeCommitLog=8192,
+    flush_type = sys.argv[3] if len(sys.argv) > 3 else SYNC_FLUSH
+    store = Store.open(url, flushDiskType=flush_type, mappedFileSizeCommitLog=8192,
                        publishIntervalMs=100)
     store.create_topic(TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES, exist_ok=True)
     start = {q: store.max_offset(TOPIC, q) for q in range(QUEUES)}
