@@ -7,6 +7,9 @@ Subcommands that inspect a store (read-only; safe while a writer runs):
 * ``sparkmq print STORE -t TOPIC``    messages of a queue (or ``--id`` / ``--key``)
 * ``sparkmq create-topic STORE NAME`` create a topic (takes the writer lease briefly)
 * ``sparkmq demo``                    the main job on an embedded default
+
+Daemons: ``sparkmq namesrv -p 9876`` and ``sparkmq broker -c conf/broker-a.properties``
+(their own option parsers; ``--help`` lists them).
 """
 from __future__ import annotations
 
@@ -120,9 +123,11 @@ def cmd_demo(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="sparkmq", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="sparkmq", description="sparkmq: a RocketMQ-style log stored as a Spark table")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("namesrv", help="run a NameServer (sparkmq namesrv --help)")
+    sub.add_parser("broker", help="run a broker daemon (sparkmq broker --help)")
 
     s = sub.add_parser("topics", help="list topics and queues with their offsets")
     s.add_argument("store")
@@ -163,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("broker", "namesrv"):
+        if argv[0] == "broker":
+            from .broker import main as daemon_main
+        else:
+            from .namesrv import main as daemon_main
+        return daemon_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
