@@ -136,9 +136,7 @@ class CommitLog:
             return None
         with self._flush_lock:
             a = self.active
-            if a.size <= seg.HEADER_SIZE:
-                return None   # empty: keep it active
-            a.append(seg.EOS)
+            a.append(seg.EOS)    # even an empty segment is sealed: nothing may land after it
             self.flush(sync=True)
             with self._lock:
                 ref = self._ref(a.rel_path)

@@ -108,6 +108,8 @@ class StoreFS:
         if cache:
             with self._maps_lock:
                 buf = self._maps.get(path)
+                if buf is not None and len(buf) < os.path.getsize(path):
+                    buf = None   # the file grew (an unsealed segment): map it again
                 if buf is None:
                     buf = _map(path)
                     self._maps[path] = buf

@@ -46,7 +46,7 @@ def read_batch_at(buf: pa.Buffer, pos: int) -> pa.RecordBatch:
     try:
         msg = pa.ipc.read_message(buf.slice(pos))
         return pa.ipc.read_record_batch(msg, fmt.SEGMENT_SCHEMA)
-    except (pa.ArrowInvalid, OSError, IndexError) as exc:
+    except (pa.ArrowInvalid, OSError, IndexError, EOFError) as exc:
         raise CorruptStoreError(f"no record batch at byte {pos}: {exc}") from exc
 
 

@@ -136,6 +136,10 @@ class LogState:
             for q in add.get("queues", ()):
                 key = (q["topicId"], q["queueId"])
                 out[key] = max(out.get(key, 0), int(q["maxOffset"]))
+        for q in (self.retention or {}).get("queues", ()):
+            # a queue whose files all went to retention still continues from its floor
+            key = (q["topicId"], q["queueId"])
+            out[key] = max(out.get(key, 0), int(q["minOffset"]))
         return out
 
     def queue_min_offsets(self) -> dict[tuple[int, int], int]:
