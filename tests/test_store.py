@@ -511,3 +511,27 @@ def test_concurrent_appends_from_threads(store_url, flush_type):
             assert mine == sorted(mine)
     with Store.open(store_url, mode="r") as r:
         assert r.max_offset("t", 0) + r.max_offset("t", 1) == threads_n * per_thread
+
+
+def test_pickled_snapshot_keeps_its_version(store, store_url):
+    """Snapshots travel to Spark executors by pickle: the copy must read the same version."""
+    import pickle
+    store.append([msg("t", b"one")])
+    store.flush()
+    old = store.snapshot()
+    store.append([msg("t", b"two")])
+    store.flush()
+    copy = pickle.loads(pickle.dumps(old))
+    assert copy.version == old.version < store.version
+    assert bodies(copy, "t", 0) == [b"one"]
+
+
+def test_snapshot_by_datetime(store, clock):
+    import datetime as dt
+    store.append([msg("t", b"one")])
+    store.flush()
+    when = dt.datetime.fromtimestamp(clock.now_ms / 1000, tz=dt.timezone.utc)
+    clock.now_ms += 10_000
+    store.append([msg("t", b"two")])
+    store.flush()
+    assert bodies(store.snapshot(timestamp_ms=when), "t", 0) == [b"one"]

@@ -354,10 +354,8 @@ class Snapshot(MessageReader):
         return cls(url, state, storage_options=storage_options, sfs=sfs)
 
     def __reduce__(self):
-        return (Snapshot.load, (self.url,), {"version": self.state.version})
-
-    def __setstate__(self, st):  # pragma: no cover - via __reduce__
-        pass
+        # pickles as (url, version): the copy reads the same committed version
+        return (_load_snapshot, (self.url, self.state.version, self.storage_options))
 
     @property
     def version(self) -> int:
@@ -428,3 +426,8 @@ class Snapshot(MessageReader):
         return {(names.get(tid, str(tid)), qid): off
                 for (g, tid, qid, cid), off in self.state.consumer_offsets.items()
                 if g == group and not cid}
+
+
+def _load_snapshot(url: str, version: int, storage_options: dict | None) -> Snapshot:
+    """Unpickle a :class:`Snapshot` at the version it was pickled at."""
+    return Snapshot.load(url, version=version, storage_options=storage_options)
