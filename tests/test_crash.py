@@ -129,3 +129,32 @@ def test_sigkill_writer_loses_no_acknowledged_append(tmp_path, flush_type, round
             assert (got.queue_id, got.queue_offset) == (m["q"], m["o"])
         _check_whole_batches(rows)
         assert len({b for _q, _o, b in rows}) == len(rows), "a message is stored twice"
+
+
+@pytest.mark.integration
+def test_live_writer_in_another_process_holds_the_lease(tmp_path):
+    """While a writer process lives, a second writer gets StoreLockedError and a
+    reader is welcome; once it is SIGKILLed, the next writer recovers at once
+    (the lease names a dead pid) without waiting for the lease to expire."""
+    from sparkmq.errors import StoreLockedError
+    url = str(tmp_path / "store")
+    proc = subprocess.Popen([sys.executable, str(WRITER), url, "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines: list[str] = []
+    buf = bytearray()
+    try:
+        _read_lines(proc, time.monotonic() + 60, 3, lines, buf)
+        assert len(lines) >= 3, proc.stderr.read().decode()[-2000:] if proc.poll() else lines
+        with pytest.raises(StoreLockedError, match="held by writer"):
+            Store.open(url, start_services=False)
+        time.sleep(0.3)                      # let a publish happen
+        with Store.open(url, mode="r") as reader:
+            assert TOPIC in reader.topic_names()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        proc.stdout.close()
+        proc.stderr.close()
+    with Store.open(url, start_services=False) as store:
+        assert store.recovered_from_crash
+        _check_whole_batches(_all_rows(store))
