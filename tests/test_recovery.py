@@ -279,3 +279,24 @@ def test_crash_after_retention(store_url):
     with _open(store_url) as s2:
         assert s2.min_offset("t", 0) == floor
         assert bodies(s2, "t", 0, floor) == _expected(65 - floor, start=floor, size=300)
+
+
+def test_crash_between_seal_and_new_segment(store_url):
+    """The active segment got its end-of-stream marker (roll) but the next
+    segment was never created: reopen treats it as sealed and rolls on append."""
+    s = _new_store(store_url, queues=1)
+    _append_n(s, 5)
+    s.flush()
+    _append_n(s, 3, start=5)
+    s._crash()
+    sfs = StoreFS(store_url)
+    rel = _newest_segment(sfs)
+    sfs.write(rel, sfs.read_bytes(rel) + seg.EOS)
+    with _open(store_url) as s2:
+        assert bodies(s2, "t", 0) == _expected(8)
+        r = s2.append([msg("t", b"after", 0)])[0]
+        assert r.queue_offset == 8
+        assert _newest_segment(sfs) != rel          # appended into a new segment
+        assert seg.scan(sfs.read_buffer(rel)).sealed
+    with _open(store_url) as s3:
+        assert bodies(s3, "t", 0) == _expected(8) + [b"after"]
