@@ -58,6 +58,7 @@ class CommitLog:
         self._flush_lock = threading.RLock()   # also held while a segment is sealed
         self.flushed_offset = 0               # physical offset up to which bytes are flushed
         self.written_offset = 0               # physical offset after the last appended byte
+        self.segments_created = 0             # rolls by this process (publish wakes on a roll)
 
     # -- segment list ------------------------------------------------------
     def load(self, refs: list[SegmentRef]) -> None:
@@ -112,6 +113,7 @@ class CommitLog:
     def _new_segment(self, base: int) -> None:
         rel = fmt.segment_file(base)
         self.active = seg.SegmentWriter(self.sfs, rel, base, create=True)
+        self.segments_created += 1
         self.add_segment(SegmentRef(rel, base, self.active.size, False))
         self.written_offset = base + self.active.size
 

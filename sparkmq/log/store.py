@@ -328,6 +328,7 @@ class Store(MessageReader):
         pub = CallbackService("publish", c.publish_interval_ms, self.publish)
         pub.start()
         self._services.append(pub)
+        self._publisher = pub
         ret = CallbackService("retention", c.retention_check_interval_ms, self.run_retention)
         ret.start()
         self._services.append(ret)
@@ -626,8 +627,13 @@ class Store(MessageReader):
     def _append_locked(self, batch: pa.RecordBatch) -> tuple[int, np.ndarray]:
         if self._closed:
             raise StoreClosedError(f"store {self.url} is closed")
+        rolls = self.commitlog.segments_created
         batch_offset = self.commitlog.append(batch)
         qos = self._dispatch(batch, batch_offset)
+        if rolls != self.commitlog.segments_created:
+            publisher = getattr(self, "_publisher", None)
+            if publisher is not None:
+                publisher.wakeup()   # publish at segment roll, not only on the interval
         return batch_offset, qos
 
     def _await_flush(self, batch_offset: int) -> PutMessageStatus:
