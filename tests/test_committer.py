@@ -8,6 +8,8 @@ import multiprocessing as mp
 import threading
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sparkmq import Message, Snapshot, Store
 from sparkmq.errors import (QueueNotFoundError, StoreLockedError, TopicNotFoundError,
@@ -237,3 +239,53 @@ def test_broker_replies_become_sparkmq_errors():
     e = _broker_error("http://b", 400, b'{"code": "SPARKMQ_TOPIC_NOT_FOUND", "message": "no X"}')
     assert isinstance(e, TNF) and "no X" in str(e)
     assert isinstance(_broker_error("http://b", 503, b"not json"), RetriableError)
+
+
+# ---------------------------------------------------------------------- property
+
+_ROW = st.tuples(st.sampled_from(["T", "U"]), st.integers(0, 1))
+_OP = st.one_of(
+    st.tuples(st.just("commit"), st.lists(st.lists(_ROW, min_size=1, max_size=4),
+                                          min_size=1, max_size=3)),
+    st.tuples(st.just("append"), st.lists(_ROW, min_size=1, max_size=4)),
+    st.tuples(st.just("replay"), st.just(None)))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(_OP, min_size=1, max_size=6))
+def test_commits_and_appends_match_a_model(tmp_path_factory, ops):
+    """Direct commits (several files, idempotent replays) interleaved with a
+    Store's own appends read back exactly as a list-per-queue model says."""
+    url = str(tmp_path_factory.mktemp("prop") / "store")
+    make_store(url, [("T", 2), ("U", 2)])
+    model: dict[tuple[str, int], list[bytes]] = {}
+    n = 0
+    version = -1
+    for kind, arg in ops:
+        if kind == "commit":
+            paths = []
+            for f, rows in enumerate(arg):
+                data = [(t, q, f"m{n + i}".encode(), [f"k{n + i}"]) for i, (t, q) in
+                        enumerate(rows)]
+                n += len(rows)
+                paths.append(stage(url, "prop", f"{n}_{f}", data))
+                for t, q, b, _ in data:
+                    model.setdefault((t, q), []).append(b)
+            version += 1
+            res = DirectCommitter(url).commit(paths, app_id="app", app_version=version)
+            assert not res.skipped
+        elif kind == "append":
+            with Store.open(url, mode="w", start_services=False) as s:
+                for t, q in arg:
+                    s.append(Message(t, f"m{n}".encode(), queue_id=q))
+                    model.setdefault((t, q), []).append(f"m{n}".encode())
+                    n += 1
+        elif version >= 0:
+            p = stage(url, "prop", f"r{n}", [("T", 0, b"never", [])])
+            assert DirectCommitter(url).commit([p], app_id="app", app_version=version).skipped
+    snap = Snapshot.load(url)
+    for t in ("T", "U"):
+        for q in (0, 1):
+            table = snap.read_table(t, q, 0)
+            assert table.column("body").to_pylist() == model.get((t, q), [])
+            assert table.column("queue_offset").to_pylist() == list(range(table.num_rows))
