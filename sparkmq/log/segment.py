@@ -86,18 +86,39 @@ class ScanResult:
     sealed: bool         # the stream ended with an end-of-stream marker
 
 
+def header_length(buf: pa.Buffer) -> int:
+    """Length of the segment's schema message, or 0 if it does not start with one.
+
+    The schema is compared decoded, not byte for byte, so a segment written by
+    another pyarrow version (which may serialize the same schema differently)
+    is still recognised.
+    """
+    if len(buf) >= HEADER_SIZE and buf.slice(0, HEADER_SIZE).to_pybytes() == SCHEMA_BYTES:
+        return HEADER_SIZE
+    n = message_length(buf, 0)
+    if not n:
+        return 0
+    try:
+        schema = pa.ipc.read_schema(buf.slice(0, n))
+    except (pa.ArrowInvalid, OSError, EOFError):
+        return 0
+    return n if schema.equals(fmt.SEGMENT_SCHEMA, check_metadata=False) else 0
+
+
 def scan(buf: pa.Buffer, start: int = HEADER_SIZE, *, validate: bool = False) -> ScanResult:
     """Walk the messages of a segment from ``start``; stop at the first torn one.
 
     With ``validate`` each batch is also decoded and fully validated, so a
     message whose framing is whole but whose bytes are not (zeros, garbage)
-    ends the valid prefix too.
+    ends the valid prefix too. A file without a valid schema message scans as
+    empty (``valid_end`` 0).
     """
-    if len(buf) < HEADER_SIZE or buf.slice(0, HEADER_SIZE).to_pybytes() != SCHEMA_BYTES:
+    header = header_length(buf)
+    if header == 0:
         return ScanResult([], [], 0, False)
     positions: list[int] = []
     lengths: list[int] = []
-    pos = start
+    pos = max(start, header)
     sealed = False
     while True:
         n = message_length(buf, pos)

@@ -135,6 +135,7 @@ class Store(MessageReader):
         self._group_commit: GroupCommitService | None = None
         self._pending_deletes: list[tuple[float, str]] = []
         self._closed = False
+        self._fenced = False       # a newer writer took the lease: refuse all writes
         self.token = uuid.uuid4().hex[:12]
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.token}"
         self.epoch = 0
@@ -298,7 +299,10 @@ class Store(MessageReader):
         # continue appending to the last unsealed segment, if it is the newest
         segs = self.commitlog.segments()
         if segs and not segs[-1].sealed and fmt.parse_segment_file(segs[-1].path) is not None:
-            self.commitlog.open_active(segs[-1])
+            if crashed:
+                self._seal_foreign_tail(segs[-1])
+            else:
+                self.commitlog.open_active(segs[-1])
         for s in segs[:-1]:
             s.sealed = True  # frozen: something was placed after it
         self.commitlog.flushed_offset = self.commitlog.written_offset
@@ -309,6 +313,22 @@ class Store(MessageReader):
                      self.url, redispatched)
         sfs.write(fmt.abort_file(), self.owner.encode())
         self.publish(force=True)
+
+    def _seal_foreign_tail(self, ref: SegmentRef) -> None:
+        """After an unclean stop the previous writer may still be alive (its lease
+        expired while it was paused): never append to its file. Seal it with an
+        end-of-stream marker, so bytes it writes late land past the sealed end and
+        are never read; the next append rolls to a new segment."""
+        w = seg.SegmentWriter(self.sfs, ref.path, ref.base_offset, create=False)
+        try:
+            w.append(seg.EOS)
+            w.flush(sync=True)
+            size = w.size
+        finally:
+            w.close()
+        ref.size = size
+        ref.sealed = True
+        self.commitlog.load(self.commitlog.segments())
 
     def _reset_offsets(self) -> None:
         self._next_offsets = dict(self.state.queue_max_offsets())
@@ -347,12 +367,19 @@ class Store(MessageReader):
             raise StoreClosedError(f"store {self.url} is closed")
         if not self.writable:
             raise ReadOnlyStoreError(f"store {self.url} was opened with mode='r'")
+        if self._fenced:
+            raise FencedError(f"store {self.url}: a newer writer took the lease from this one "
+                              f"(epoch {self.epoch}); open the store again to write")
 
     def _commit(self, build: Callable[[LogState], list | None], operation: str,
                 parameters: dict | None = None) -> LogState:
         with self._commit_lock:
             def fenced_build(state):
-                self._check_fence(state)
+                try:
+                    self._check_fence(state)
+                except FencedError:
+                    self._fenced = True
+                    raise
                 return build(state)
             self.state = self.txlog.commit(fenced_build, operation=operation,
                                            parameters=parameters, state=self.state,
@@ -1033,11 +1060,12 @@ class Store(MessageReader):
             buf = self.sfs.read_buffer(ref.path, cache=True)
             res = seg.scan(buf)
             if not res.positions:
-                return 0
+                # an empty segment holds nothing to lose; an unreadable one is kept
+                return 0 if res.valid_end else 1 << 62
             b = seg.read_batch_at(buf, res.positions[-1])
             return int(pc.max(b.column("store_timestamp").cast(pa.int64())).as_py())
         except Exception:
-            return 0
+            return 1 << 62   # unreadable: never expired by age (disk pressure still applies)
 
     def remove_segments(self, paths: Sequence[str]) -> list[str]:
         """Remove the oldest segments (a prefix of the CommitLog) and everything
