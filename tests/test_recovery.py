@@ -200,26 +200,32 @@ def test_torn_tail_cut_at_sampled_bytes_of_the_last_batch(tmp_path):
         _check_cut(pristine, work, cut, file_end, reopen_again=True)
 
 
-def test_torn_tail_memory_backend(store_url):
-    """The same on every backend (a stride of cut points on memory://)."""
-    s = _new_store(store_url, queues=1)
+def _store_with_last_batch(url):
+    s = _new_store(url, queues=1)
     _append_n(s, 3, size=20)
     s.append([msg("t", b"L0", 0), msg("t", b"L1", 0)])
     s._crash()
-    sfs = StoreFS(store_url)
+    sfs = StoreFS(url)
     rel = _newest_segment(sfs)
     data = sfs.read_bytes(rel)
     import pyarrow as pa
-    res = seg.scan(pa.py_buffer(data))
-    prev_end = res.positions[-1]
-    for cut in (prev_end, prev_end + 1, prev_end + 8, (prev_end + len(data)) // 2, len(data) - 1):
+    return sfs, rel, data, seg.scan(pa.py_buffer(data)).positions[-1]
+
+
+def test_torn_tail_on_every_backend(store_url):
+    """The same on every backend (memory:// included), at a sample of cut points."""
+    _sfs, _rel, data, prev_end = _store_with_last_batch(store_url + "-probe")
+    for cut in (prev_end, prev_end + 1, prev_end + 8, (prev_end + len(data)) // 2,
+                len(data) - 1, len(data)):
+        url = f"{store_url}-{cut}"
+        sfs, rel, data, _ = _store_with_last_batch(url)
         sfs.write(rel, data[:cut])
-        s = _open(store_url)
-        assert bodies(s, "t", 0) == _expected(3, size=20), cut
-        s._crash()
-        sfs.write(rel, data)          # put the tail back for the next cut: nothing appended
-    with _open(store_url) as s:
-        assert bodies(s, "t", 0)[-2:] == [b"L0", b"L1"]
+        with _open(url) as s:
+            tail = [b"L0", b"L1"] if cut == len(data) else []
+            assert bodies(s, "t", 0) == _expected(3, size=20) + tail, cut
+            assert s.append([msg("t", b"after", 0)])[0].queue_offset == 3 + len(tail)
+        with _open(url) as s:
+            assert bodies(s, "t", 0)[-1] == b"after"
 
 
 @pytest.mark.parametrize("tail", [b"\x00" * 4096, b"\xff\xff\xff\xff\x40\x00\x00\x00" + b"\x00" * 200,
@@ -234,11 +240,11 @@ def test_garbage_or_zeros_after_the_tail(store_url, tail):
     sfs.write(rel, good + tail)                # preallocated zeros, a torn write, junk
     with _open(store_url) as s2:
         assert bodies(s2, "t", 0) == _expected(7)
-        assert sfs.size(rel) == len(good)      # the tail was cut
+        assert sfs.read_bytes(rel) == good + seg.EOS   # tail cut; sealed for the new writer
         r = s2.append([msg("t", b"after", 0)])[0]
         assert r.queue_offset == 7
         base = fmt.parse_segment_file(rel.rsplit("/", 1)[-1])
-        assert r.physical_offset == base + len(good) > res[-1].physical_offset
+        assert r.physical_offset > base + len(good) > res[-1].physical_offset
     with _open(store_url) as s3:
         assert bodies(s3, "t", 0) == _expected(7) + [b"after"]
 

@@ -535,3 +535,31 @@ def test_snapshot_by_datetime(store, clock):
     store.append([msg("t", b"two")])
     store.flush()
     assert bodies(store.snapshot(timestamp_ms=when), "t", 0) == [b"one"]
+
+
+def test_fenced_writer_refuses_and_never_corrupts_the_new_writer(store_url, clock):
+    """Writer A's lease expires (a paused process); B takes over with a higher
+    epoch. A learns it is fenced at its next commit and refuses every write
+    after; bytes A wrote late never show up in B's queues."""
+    from sparkmq.errors import FencedError
+    a = Store.open(store_url, clock_ms=clock, start_services=False, flushDiskType=SYNC_FLUSH)
+    a.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    a.append([msg("t", b"a0")])
+    a.flush()
+    clock.now_ms += a.config.lease_timeout_ms + 1
+    b = Store.open(store_url, clock_ms=clock, start_services=False, flushDiskType=SYNC_FLUSH)
+    assert b.epoch == a.epoch + 1
+    a.append([msg("t", b"late")])             # A has not noticed yet: its bytes must not leak
+    b.append([msg("t", b"b1")])
+    with pytest.raises(FencedError):
+        a.flush()
+    for write in (lambda: a.append([msg("t", b"z")]), lambda: a.create_topic("u"),
+                  lambda: a.commit_consumer_offsets("g", {("t", 0): 1})):
+        with pytest.raises(FencedError):
+            write()
+    b.append([msg("t", b"b2")])
+    assert bodies(b, "t", 0) == [b"a0", b"b1", b"b2"]
+    a.close()                                  # a fenced close leaves the lease alone
+    b.close()
+    with Store.open(store_url, clock_ms=clock, start_services=False) as c:
+        assert bodies(c, "t", 0) == [b"a0", b"b1", b"b2"]
