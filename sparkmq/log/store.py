@@ -21,8 +21,14 @@ or written (ASYNC_FLUSH); to other processes and Spark once published.
 
 Crash recovery (``abort`` marker present at open): the unpublished tail of the
 CommitLog is scanned from the last published size, cut at the last whole
-batch, and re-dispatched; then published. Thread-safety: every public method
-is safe to call from several threads.
+batch, and re-dispatched; then published. The recovered last segment is then
+sealed and appends go to a new one: the previous writer may only be paused
+(its lease expired), and its late bytes must land where no one reads them.
+
+Fencing: a writer whose lease was taken over learns it at its next commit
+(publish, at most ``publish_interval_ms`` later) and refuses every write after
+with FencedError. Thread-safety: every public method is safe to call from
+several threads.
 """
 from __future__ import annotations
 
