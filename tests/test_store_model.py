@@ -1,10 +1,12 @@
 """Property test: the store against a simple in-memory model (hypothesis).
 
 Rules append (random topic, queue, bodies), force segment rolls with a tiny
-segment size, publish, reopen cleanly, crash and reopen (appends are fsynced
-under SYNC_FLUSH, so a crash loses nothing), read ranges and look up ids. The
-invariant: every queue reads exactly what the model holds, and a published
-snapshot reads a prefix of it.
+segment size, remove the oldest segment (retention), publish, reopen cleanly,
+crash and reopen (appends are fsynced under SYNC_FLUSH, so a crash loses
+nothing), read ranges and look up ids. The invariant: every queue reads
+exactly what the model holds from its first retained offset on (which only
+grows; below it reads raise DataLossError), and a published snapshot reads a
+contiguous part of it.
 """
 from __future__ import annotations
 
@@ -16,7 +18,10 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+import pytest
+
 from sparkmq import SYNC_FLUSH, Message, Snapshot, Store
+from sparkmq.errors import DataLossError
 
 TOPICS = {"a": 2, "b": 1}      # topic -> queues
 SEGMENT_BYTES = 4096
@@ -45,6 +50,7 @@ class StoreModel(RuleBasedStateMachine):
                                                           for q in range(n))}
         self.ids: list[tuple[str, bytes, str, int, int]] = []
         self.published: dict[tuple[str, int], int] = {k: 0 for k in self.model}
+        self.floors: dict[tuple[str, int], int] = {k: 0 for k in self.model}
 
     # ------------------------------------------------------------------ rules
     @rule(key=queue_keys, data=small_bodies)
@@ -75,6 +81,14 @@ class StoreModel(RuleBasedStateMachine):
             assert r.queue_offset == len(self.model[(t, q)])
             self.model[(t, q)].append(m.body)
 
+    @precondition(lambda self: len([s for s in self.store.commitlog.segments() if s.sealed]) >= 2)
+    @rule()
+    def remove_oldest_segment(self):
+        first = self.store.commitlog.segments()[0]
+        self.store.remove_segments([first.path])
+        self.ids = [i for i in self.ids if int(i[0][8:24], 16) >= first.end_offset]
+        self.published = {k: len(v) for k, v in self.model.items()}
+
     @rule()
     def publish(self):
         self.store.flush()
@@ -97,6 +111,13 @@ class StoreModel(RuleBasedStateMachine):
     @rule(key=queue_keys, a=st.integers(0, 60), b=st.integers(0, 60))
     def read_range(self, key, a, b):
         start, end = min(a, b), max(a, b)
+        floor = self.store.min_offset(*key)
+        if start < floor and start < min(end, len(self.model[key])):
+            with pytest.raises(DataLossError) as exc:
+                self.store.read_table(key[0], key[1], start, end)
+            assert exc.value.earliest_offset == floor
+            start = floor
+        end = max(start, end)
         table = self.store.read_table(key[0], key[1], start, end, columns=["queue_offset", "body"])
         assert table.column("body").to_pylist() == self.model[key][start:end]
         assert table.column("queue_offset").to_pylist() == list(
@@ -114,16 +135,21 @@ class StoreModel(RuleBasedStateMachine):
         snap = Snapshot.load(self.url)
         for (t, q), n in self.published.items():
             assert snap.max_offset(t, q) >= n
-            got = snap.read_table(t, q, 0, columns=["body"]).column("body").to_pylist()
-            assert got == self.model[(t, q)][:len(got)]
+            lo = snap.min_offset(t, q)
+            got = snap.read_table(t, q, lo, columns=["body"]).column("body").to_pylist()
+            assert got == self.model[(t, q)][lo:lo + len(got)]
 
     # ------------------------------------------------------------------ invariant
     @invariant()
     def queues_equal_the_model(self):
         for (t, q), expected in self.model.items():
             assert self.store.max_offset(t, q) == len(expected)
-            got = self.store.read_table(t, q, 0, columns=["body"]).column("body").to_pylist()
-            assert got == expected
+            floor = self.store.min_offset(t, q)
+            assert self.floors[(t, q)] <= floor <= len(expected)
+            self.floors[(t, q)] = floor
+            got = self.store.read_table(t, q, 0, columns=["body"],
+                                        on_removed="skip").column("body").to_pylist()
+            assert got == expected[floor:]
 
     def teardown(self):
         try:
