@@ -306,3 +306,23 @@ def test_crash_between_seal_and_new_segment(store_url):
         assert seg.scan(sfs.read_buffer(rel)).sealed
     with _open(store_url) as s3:
         assert bodies(s3, "t", 0) == _expected(8) + [b"after"]
+
+
+def test_crash_around_adoption_of_staged_segments(store_url):
+    """A staged segment written but not adopted is invisible after a crash; once
+    adopted it survives the next crash, and a replayed adoption is skipped."""
+    from helpers.storetools import segment_batch
+    s = _new_store(store_url, queues=1)
+    _append_n(s, 3)
+    rel = fmt.staged_segment_file("job1", "task0")
+    seg.write_segment(s.sfs, rel, [segment_batch(2, prefix=b"st")])
+    s._crash()
+    s = _open(store_url)
+    assert bodies(s, "t", 0) == _expected(3)
+    assert s.adopt([rel], app_id="job1", app_version=1).num_messages == 2
+    s.append([msg("t", b"post", 0)])
+    s._crash()
+    with _open(store_url) as s2:
+        assert bodies(s2, "t", 0) == _expected(3) + [b"st0", b"st1", b"post"]
+        assert s2.adopt([rel], app_id="job1", app_version=1).skipped
+        assert s2.append([msg("t", b"post2", 0)])[0].queue_offset == 6
