@@ -563,3 +563,24 @@ def test_fenced_writer_refuses_and_never_corrupts_the_new_writer(store_url, cloc
     b.close()
     with Store.open(store_url, clock_ms=clock, start_services=False) as c:
         assert bodies(c, "t", 0) == [b"a0", b"b1", b"b2"]
+
+
+def test_queue_emptied_by_retention_keeps_its_floor(store_url, clock):
+    """Regression (found by the model test): once retention removed every
+    ConsumeQueue file of a queue, its min offset fell back to 0."""
+    with Store.open(store_url, clock_ms=clock, start_services=False,
+                    mappedFileSizeCommitLog=4096) as s:
+        s.create_topic("a", read_queue_nums=2, write_queue_nums=2)
+        for _ in range(3):
+            s.append([msg("a", b"", 0)])
+        for q in (1, 1):
+            s.remove_segments([s.commitlog.segments()[0].path])
+            s.append([msg("a", b"", q)])
+        s.remove_segments([s.commitlog.segments()[0].path])
+        assert s.min_offset("a", 0) == s.max_offset("a", 0) == 3
+        assert s.read_table("a", 0, 0, on_removed="skip").num_rows == 0
+    for reader in (Snapshot.load(store_url), Store.open(store_url, mode="r")):
+        assert reader.min_offset("a", 0) == reader.max_offset("a", 0) == 3
+    with Store.open(store_url, clock_ms=clock, start_services=False) as s:
+        assert s.append([msg("a", b"next", 0)])[0].queue_offset == 3
+        assert s.min_offset("a", 0) == 3 and bodies(s, "a", 0, 3) == [b"next"]

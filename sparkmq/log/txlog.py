@@ -150,9 +150,9 @@ class LogState:
                 key = (q["topicId"], q["queueId"])
                 out[key] = min(out.get(key, 1 << 62), int(q["minOffset"]))
         for q in (self.retention or {}).get("queues", ()):
+            # also when retention removed every file of the queue: it starts at its floor
             key = (q["topicId"], q["queueId"])
-            if key in out:
-                out[key] = max(out[key], int(q["minOffset"]))
+            out[key] = max(out.get(key, 0), int(q["minOffset"]))
         return out
 
     def live_actions(self) -> list[Action]:
