@@ -60,7 +60,7 @@ def test_create_update_delete_topic(store):
     with pytest.raises(TopicExistsError):
         store.create_topic("orders")
     assert store.create_topic("orders", exist_ok=True)["id"] == conf["id"]
-    store.append([msg("orders", b"a", 3)])
+    old_id = store.append([msg("orders", b"a", 3)])[0].message_id
     assert store.update_topic("orders", write_queue_nums=8)["writeQueueNums"] == 8
     store.append([msg("orders", b"b", 7)])
     assert store.max_offset("orders", 7) == 1
@@ -72,6 +72,7 @@ def test_create_update_delete_topic(store):
     assert "orders" not in store.topic_names()
     with pytest.raises(TopicNotFoundError):
         store.read_table("orders", 3, 0)
+    assert store.lookup(old_id) is None           # a deleted topic's messages are unreadable
     with pytest.raises(TopicNotFoundError):
         store.delete_topic("orders")
     again = store.create_topic("orders", read_queue_nums=4, write_queue_nums=4)
@@ -275,7 +276,8 @@ def _expire_all(store, clock):
 
 
 def test_retention_removes_old_segments_and_reports_data_loss(store, clock):
-    _fill(store, 60, queue_id=0, size=300)
+    res = _fill(store, 60, queue_id=0, size=300)
+    store.append([Message("t", b"keyed-old", keys=["K"], queue_id=0)])
     n_before = len(store.commitlog.segments())
     _expire_all(store, clock)
     removed = store.run_retention(force_hour=True)
@@ -287,9 +289,13 @@ def test_retention_removes_old_segments_and_reports_data_loss(store, clock):
     assert exc.value.earliest_offset == earliest
     assert str(earliest) in str(exc.value)
     skipped = store.read_table("t", 0, 0, on_removed="skip")
-    assert skipped.column("queue_offset").to_pylist() == list(range(earliest, 60))
-    assert store.read_table("t", 0, earliest).num_rows == 60 - earliest
-    assert store.append([msg("t", b"after", 0)])[0].queue_offset == 60
+    assert skipped.column("queue_offset").to_pylist() == list(range(earliest, 61))
+    assert store.read_table("t", 0, earliest).num_rows == 61 - earliest
+    assert store.lookup(res[0].message_id) is None            # removed: no longer stored
+    assert store.lookup(res[-1].message_id).queue_offset == 59
+    store.append([Message("t", b"keyed-new", keys=["K"], queue_id=0)])
+    assert [m.body for m in store.query_by_key("t", "K")] == [b"keyed-old", b"keyed-new"]
+    assert store.append([msg("t", b"after", 0)])[0].queue_offset == 62
 
 
 def test_retention_keeps_young_segments_and_waits_for_delete_hour(store, clock):

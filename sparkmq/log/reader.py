@@ -232,6 +232,8 @@ class MessageReader:
         topic = one.column("topic")[0].as_py()
         qid = one.column("queue_id")[0].as_py()
         qo = self._queue_offset_of(topic, qid, batch_offset, row)
+        if qo < 0:
+            return None   # not in its queue: removed by retention, or its topic deleted
         d = one.to_pylist()[0]
         d.update(queue_offset=qo, physical_offset=batch_offset + row, message_id=message_id)
         return StoredMessage.from_row(d)
