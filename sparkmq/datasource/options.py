@@ -1,0 +1,240 @@
+"""Read options of the ``sparkmq`` data source: parsing and offset resolution.
+
+Option names follow Spark's Kafka source where the meaning is the same.
+Everything here is pure (no Spark): functions take a :class:`Snapshot` and
+the option map and return plain Python values, so they run on the driver's
+planner worker and pickle to executors.
+
+Offset JSON (``startingOffsets`` / ``endingOffsets``) is
+``{"topic": {"queue_id": offset}}`` where ``-2`` means earliest and ``-1``
+latest, exactly as in the Kafka source. Streaming offsets have the same shape
+with non-negative offsets only: the next queue offset to read per queue.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+from ..errors import UserError
+from ..log.reader import Snapshot
+
+EARLIEST = -2
+LATEST = -1
+
+TopicQueue = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Parsed read options (case-insensitive keys were already folded by Spark)."""
+
+    url: str
+    topics: tuple[str, ...] | None = None
+    topic_pattern: str | None = None
+    queues: str | None = None
+    starting_offsets: str | None = None
+    ending_offsets: str | None = None
+    starting_timestamp_ms: int | None = None
+    ending_timestamp_ms: int | None = None
+    version_as_of: int | None = None
+    timestamp_as_of_ms: int | None = None
+    min_partitions: int | None = None
+    fail_on_data_loss: bool = True
+    max_messages_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    consumer_group: str | None = None
+    storage_options: dict | None = None
+
+
+def _get(options, name: str):
+    """Option lookup that works for Spark's case-insensitive dict and plain dicts."""
+    for key in (name, name.lower()):
+        if key in options:
+            return options[key]
+    for key, value in options.items():
+        if key.lower() == name.lower():
+            return value
+    return None
+
+
+def _int(options, name: str, *, minimum: int | None = None) -> int | None:
+    raw = _get(options, name)
+    if raw is None or str(raw).strip() == "":
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise UserError(f"option {name} must be an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise UserError(f"option {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool(options, name: str, default: bool) -> bool:
+    raw = _get(options, name)
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text not in ("true", "false"):
+        raise UserError(f"option {name} must be true or false, got {raw!r}")
+    return text == "true"
+
+
+def _timestamp_ms(options, name: str) -> int | None:
+    """An epoch-millisecond option, or an ISO timestamp string (timestampAsOf)."""
+    raw = _get(options, name)
+    if raw is None:
+        return None
+    text = str(raw).strip()
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    import datetime as dt
+    try:
+        parsed = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise UserError(f"option {name} must be epoch milliseconds or an ISO timestamp, "
+                        f"got {raw!r}") from None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=dt.timezone.utc)
+    return int(parsed.timestamp() * 1000)
+
+
+def parse_options(options) -> ReadOptions:
+    """Validate and parse the options of a read. Raises UserError naming the bad option."""
+    url = _get(options, "path")
+    if not url:
+        raise UserError("no store given: use .load(url) or .option('path', url)")
+    topic_opts = [n for n in ("topic", "topics", "topicPattern") if _get(options, n)]
+    if len(topic_opts) > 1:
+        raise UserError(f"give only one of topic, topics, topicPattern (got {topic_opts})")
+    topics = None
+    for name in ("topic", "topics"):
+        if _get(options, name):
+            topics = tuple(t.strip() for t in str(_get(options, name)).split(",") if t.strip())
+    pattern = _get(options, "topicPattern")
+    if pattern:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise UserError(f"option topicPattern is not a valid regex: {exc}") from None
+    if _get(options, "versionAsOf") is not None and _get(options, "timestampAsOf") is not None:
+        raise UserError("give only one of versionAsOf and timestampAsOf")
+    storage = _get(options, "storageOptions")
+    return ReadOptions(
+        url=str(url), topics=topics, topic_pattern=pattern, queues=_get(options, "queues"),
+        starting_offsets=_get(options, "startingOffsets"),
+        ending_offsets=_get(options, "endingOffsets"),
+        starting_timestamp_ms=_int(options, "startingTimestamp", minimum=0),
+        ending_timestamp_ms=_int(options, "endingTimestamp", minimum=0),
+        version_as_of=_int(options, "versionAsOf", minimum=0),
+        timestamp_as_of_ms=_timestamp_ms(options, "timestampAsOf"),
+        min_partitions=_int(options, "minPartitions", minimum=1),
+        fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+        max_messages_per_trigger=_int(options, "maxMessagesPerTrigger", minimum=1),
+        max_bytes_per_trigger=_int(options, "maxBytesPerTrigger", minimum=1),
+        consumer_group=_get(options, "consumerGroup") or None,
+        storage_options=json.loads(storage) if storage else None)
+
+
+# -- topics and queues ------------------------------------------------------
+def select_topics(snap: Snapshot, opts: ReadOptions) -> list[str]:
+    """Topics the read covers, in this snapshot. Named topics must exist."""
+    names = snap.topic_names()
+    if opts.topics:
+        missing = [t for t in opts.topics if t not in names]
+        if missing:
+            raise UserError(f"topics {missing} do not exist in version {snap.version} of "
+                            f"{opts.url}; topics: {names or 'none'}")
+        return list(opts.topics)
+    if opts.topic_pattern:
+        rx = re.compile(opts.topic_pattern)
+        return [t for t in names if rx.fullmatch(t)]
+    return names
+
+
+def _queue_count(snap: Snapshot, topic: str) -> int:
+    conf = snap.topics()[topic]
+    return max(conf["readQueueNums"], conf["writeQueueNums"])
+
+
+def select_queues(snap: Snapshot, topics: list[str], opts: ReadOptions) -> list[TopicQueue]:
+    """(topic, queue) pairs to read. ``queues``: "0,2" for every topic or JSON {"T":[0,1]}."""
+    spec = opts.queues
+    chosen: dict[str, list[int] | None] = {t: None for t in topics}
+    if spec:
+        text = str(spec).strip()
+        if text.startswith("{"):
+            try:
+                parsed = json.loads(text)
+            except ValueError as exc:
+                raise UserError(f"option queues is not valid JSON: {exc}") from None
+            chosen = {t: [int(q) for q in parsed[t]] for t in topics if t in parsed}
+        else:
+            try:
+                ids = [int(q) for q in text.split(",") if q.strip()]
+            except ValueError:
+                raise UserError(f"option queues must be like '0,2' or JSON, got {spec!r}") from None
+            chosen = {t: ids for t in topics}
+    out = []
+    for topic, ids in chosen.items():
+        n = _queue_count(snap, topic)
+        for q in (range(n) if ids is None else ids):
+            if not 0 <= q < n:
+                raise UserError(f"queue {q} of topic {topic!r} does not exist (queues 0..{n - 1})")
+            out.append((topic, q))
+    return out
+
+
+# -- offsets ----------------------------------------------------------------
+def parse_offset_json(text: str, name: str) -> dict[str, dict[str, int]]:
+    try:
+        parsed = json.loads(text)
+        return {str(t): {str(q): int(o) for q, o in qs.items()} for t, qs in parsed.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise UserError(f"option {name} must be earliest, latest or JSON like "
+                        f'{{"topic":{{"0":5,"1":-2}}}}; got {text!r} ({exc})') from None
+
+
+def resolve_offsets(snap: Snapshot, pairs: list[TopicQueue], spec: str | None,
+                    timestamp_ms: int | None, default: str, name: str,
+                    ) -> dict[TopicQueue, int]:
+    """Concrete queue offsets for ``pairs`` from an offsets option or a timestamp.
+
+    A timestamp wins over ``spec`` (first offset stored at or after it). JSON
+    entries missing for a pair fall back to ``default`` ("earliest"/"latest").
+    """
+    if timestamp_ms is not None:
+        return {(t, q): snap.offset_for_time(t, q, timestamp_ms) for t, q in pairs}
+    text = (spec or default).strip()
+    per_pair: dict[TopicQueue, int] = {}
+    if text.lower() in ("earliest", "latest"):
+        code = EARLIEST if text.lower() == "earliest" else LATEST
+        per_pair = {p: code for p in pairs}
+    else:
+        parsed = parse_offset_json(text, name)
+        fallback = EARLIEST if default == "earliest" else LATEST
+        per_pair = {(t, q): parsed.get(t, {}).get(str(q), fallback) for t, q in pairs}
+    out = {}
+    for (t, q), code in per_pair.items():
+        if code == EARLIEST:
+            out[(t, q)] = snap.min_offset(t, q)
+        elif code == LATEST:
+            out[(t, q)] = snap.max_offset(t, q)
+        elif code < 0:
+            raise UserError(f"option {name}: offset {code} for {t}/{q} is not -2, -1 or >= 0")
+        else:
+            out[(t, q)] = code
+    return out
+
+
+def to_offset_json(offsets: dict[TopicQueue, int]) -> dict[str, dict[str, int]]:
+    """{(topic, queue): offset} -> the JSON-able streaming offset {topic: {"queue": offset}}."""
+    out: dict[str, dict[str, int]] = {}
+    for (t, q), o in sorted(offsets.items()):
+        out.setdefault(t, {})[str(q)] = int(o)
+    return out
+
+
+def from_offset_json(offset: dict) -> dict[TopicQueue, int]:
+    return {(t, int(q)): int(o) for t, qs in (offset or {}).items() for q, o in qs.items()}

@@ -1,0 +1,582 @@
+"""Reading a store from Spark: batch (``spark.read``) and streaming (``spark.readStream``).
+
+Where things run:
+
+* ``SparkMQBatchReader.__init__``, ``pushFilters`` and ``partitions`` run on
+  the driver (Spark's Python planner worker). The reader pins ONE committed
+  snapshot version there; every partition carries (url, version), so all
+  tasks of a read see the same whole committed version.
+* ``read(partition)`` runs on executors: it opens that version (cached per
+  Python worker), and yields ``pyarrow.RecordBatch`` es straight from the
+  memory-mapped segments (``Snapshot.iter_batches``; no per-row Python), cast
+  to :data:`ARROW_SCHEMA`.
+* ``SparkMQStreamReader`` lives in the driver's streaming source worker for
+  the whole query: ``latestOffset`` applies admission control
+  (``maxMessagesPerTrigger`` / ``maxBytesPerTrigger``, exactly), and
+  ``commit`` records the ``consumerGroup`` offsets in the store's log.
+
+Pushed filters (batch only) are applied exactly: topic / queue_id / queue_offset
+prune the plan; store_timestamp lower bounds prune via the ConsumeQueue time
+column and are re-checked per row; ``keys = array(...)`` uses the Index; tags
+are filtered per batch. Anything else goes back to Spark.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (DataSourceReader, DataSourceStreamReader, EqualTo,
+                                    GreaterThan, GreaterThanOrEqual, In, InputPartition,
+                                    LessThan, LessThanOrEqual)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes,
+                                              ReadMaxRows, SupportsTriggerAvailableNow)
+from pyspark.sql.types import (ArrayType, BinaryType, ByteType, IntegerType, LongType,
+                               MapType, StringType, StructField, StructType, TimestampType)
+
+from ..errors import DataLossError, UserError
+from ..log.reader import Snapshot
+from .options import (ReadOptions, TopicQueue, from_offset_json, parse_options,
+                      resolve_offsets, select_queues, select_topics, to_offset_json)
+
+log = logging.getLogger("sparkmq.datasource")
+
+#: Output columns of a read, in order (see the README's schema table).
+SPARK_SCHEMA = StructType([
+    StructField("topic", StringType(), False),
+    StructField("queue_id", IntegerType(), False),
+    StructField("queue_offset", LongType(), False),
+    StructField("message_id", StringType(), False),
+    StructField("tags", StringType(), True),
+    StructField("keys", ArrayType(StringType(), True), True),
+    StructField("body", BinaryType(), False),
+    StructField("properties", MapType(StringType(), StringType(), True), True),
+    StructField("born_timestamp", TimestampType(), False),
+    StructField("store_timestamp", TimestampType(), False),
+    StructField("born_host", StringType(), True),
+    StructField("store_host", StringType(), True),
+    StructField("broker_name", StringType(), False),
+    StructField("physical_offset", LongType(), False),
+    StructField("reconsume_times", IntegerType(), False),
+    StructField("delivery_timestamp", TimestampType(), True),
+    StructField("message_group", StringType(), True),
+    StructField("transaction_id", StringType(), True),
+    StructField("message_type", ByteType(), False),
+    StructField("unique_key", StringType(), True),
+])
+ARROW_SCHEMA = to_arrow_schema(SPARK_SCHEMA, timezone="UTC")
+_STORE_COLUMNS = [f.name for f in SPARK_SCHEMA.fields if f.name != "broker_name"]
+
+# -- snapshots on executors ---------------------------------------------------
+_SNAPSHOTS: "OrderedDict[tuple, Snapshot]" = OrderedDict()
+_SNAPSHOTS_LOCK = threading.Lock()
+_SNAPSHOTS_MAX = 4
+
+
+def open_snapshot(url: str, version: int | None = None, *, timestamp_ms: int | None = None,
+                  storage_options: dict | None = None) -> Snapshot:
+    """A Snapshot; pinned versions are cached per process (thread-safe)."""
+    if version is None:
+        return Snapshot.load(url, timestamp_ms=timestamp_ms, storage_options=storage_options)
+    key = (url, version)
+    with _SNAPSHOTS_LOCK:
+        snap = _SNAPSHOTS.get(key)
+        if snap is not None:
+            _SNAPSHOTS.move_to_end(key)
+            return snap
+    snap = Snapshot.load(url, version=version, storage_options=storage_options)
+    with _SNAPSHOTS_LOCK:
+        _SNAPSHOTS[key] = snap
+        while len(_SNAPSHOTS) > _SNAPSHOTS_MAX:
+            _SNAPSHOTS.popitem(last=False)
+    return snap
+
+
+def broker_name(snap: Snapshot) -> str:
+    """The store's brokerName (metaData configuration), else its store id."""
+    conf = (snap.state.metadata or {}).get("configuration") or {}
+    return str(conf.get("brokerName") or snap.store_id)
+
+
+# -- partitions ---------------------------------------------------------------
+@dataclass
+class RangeFilter:
+    """Row filters applied per batch (all exact): tags, store_timestamp, keys."""
+
+    tags_in: tuple | None = None
+    ts_min_ms: int | None = None          # store_timestamp >= (inclusive)
+    ts_max_ms: int | None = None          # store_timestamp <= (inclusive)
+    ts_min_strict: bool = False
+    ts_max_strict: bool = False
+    keys_equal: tuple | None = None       # keys = array(...)
+
+    def active(self) -> bool:
+        return any(v is not None for v in (self.tags_in, self.ts_min_ms, self.ts_max_ms,
+                                           self.keys_equal))
+
+
+@dataclass
+class QueueRange(InputPartition):
+    """Queue offsets ``[start, end)`` of one queue in one committed version
+    (or the explicit ``offsets`` list, sorted, for Index lookups)."""
+
+    url: str
+    version: int
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+    fail_on_data_loss: bool = True
+    row_filter: RangeFilter = field(default_factory=RangeFilter)
+    offsets: tuple | None = None
+    storage_options: dict | None = None
+
+    def __post_init__(self):
+        InputPartition.__init__(self, None)
+
+
+def split_ranges(ranges: list[QueueRange], min_partitions: int | None) -> list[QueueRange]:
+    """Split big ranges so there are at least ``min_partitions`` (like Kafka's option)."""
+    ranges = [r for r in ranges if r.offsets is not None or r.end > r.start]
+    if not min_partitions or len(ranges) >= min_partitions:
+        return ranges
+    total = sum(r.end - r.start for r in ranges if r.offsets is None)
+    if total == 0:
+        return ranges
+    out = []
+    for r in ranges:
+        size = r.end - r.start
+        pieces = 1 if r.offsets is not None else max(1, min(size, -(-size * min_partitions // total)))
+        bounds = np.linspace(r.start, r.end, pieces + 1).astype(np.int64).tolist()
+        for lo, hi in zip(bounds[:-1], bounds[1:]):
+            if hi > lo or r.offsets is not None:
+                out.append(QueueRange(r.url, r.version, r.topic, r.queue_id, lo, hi,
+                                      r.fail_on_data_loss, r.row_filter, r.offsets,
+                                      r.storage_options))
+    return out
+
+
+def check_data_loss(snap: Snapshot, r: QueueRange) -> QueueRange | None:
+    """Apply failOnDataLoss to a planned range whose start retention removed."""
+    earliest = snap.min_offset(r.topic, r.queue_id)
+    if r.start >= earliest or r.end <= r.start:
+        return r
+    if r.fail_on_data_loss:
+        raise DataLossError(
+            f"offsets {r.start}..{min(r.end, earliest) - 1} of {r.topic}/{r.queue_id} were "
+            f"removed by retention; the earliest available offset is {earliest}. Restart from "
+            "it (startingOffsets) or set failOnDataLoss=false to skip removed offsets.",
+            earliest_offset=earliest)
+    log.warning("failOnDataLoss=false: skipping removed offsets %d..%d of %s/%d (earliest "
+                "available is %d)", r.start, min(r.end, earliest) - 1, r.topic, r.queue_id,
+                earliest)
+    if earliest >= r.end:
+        return None
+    return QueueRange(r.url, r.version, r.topic, r.queue_id, earliest, r.end,
+                      r.fail_on_data_loss, r.row_filter, r.offsets, r.storage_options)
+
+
+# -- reading a partition (executors) ----------------------------------------------
+def _runs(offsets: tuple) -> list[tuple[int, int]]:
+    runs = []
+    for o in offsets:
+        if runs and runs[-1][1] == o:
+            runs[-1][1] = o + 1
+        else:
+            runs.append([o, o + 1])
+    return [(a, b) for a, b in runs]
+
+
+def _to_spark(batch: pa.RecordBatch, broker: str) -> pa.RecordBatch:
+    arrays = []
+    for f in ARROW_SCHEMA:
+        if f.name == "broker_name":
+            arrays.append(pa.repeat(pa.scalar(broker, pa.string()), batch.num_rows))
+        else:
+            arrays.append(batch.column(f.name).cast(f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=ARROW_SCHEMA)
+
+
+def _filter_rows(batch: pa.RecordBatch, flt: RangeFilter) -> pa.RecordBatch:
+    mask = None
+
+    def both(m):
+        return m if mask is None else pc.and_(mask, m)
+    if flt.tags_in is not None:
+        mask = both(pc.fill_null(pc.is_in(batch.column("tags"), pa.array(flt.tags_in, pa.string())),
+                                 False))
+    ts = batch.column("store_timestamp").cast(pa.int64())
+    if flt.ts_min_ms is not None:
+        fn = pc.greater if flt.ts_min_strict else pc.greater_equal
+        mask = both(fn(ts, flt.ts_min_ms))
+    if flt.ts_max_ms is not None:
+        fn = pc.less if flt.ts_max_strict else pc.less_equal
+        mask = both(fn(ts, flt.ts_max_ms))
+    if flt.keys_equal is not None:   # few rows (Index hits): Python is fine here
+        want = list(flt.keys_equal)
+        mask = both(pa.array([k == want for k in batch.column("keys").to_pylist()], pa.bool_()))
+    return batch if mask is None else batch.filter(mask)
+
+
+def read_range(r: QueueRange):
+    """Yield Spark-typed record batches of one partition (runs on executors)."""
+    snap = open_snapshot(r.url, r.version, storage_options=r.storage_options)
+    broker = broker_name(snap)
+    spans = _runs(r.offsets) if r.offsets is not None else [(r.start, r.end)]
+    on_removed = "error" if r.fail_on_data_loss else "skip"
+    for lo, hi in spans:
+        try:
+            for batch in snap.iter_batches(r.topic, r.queue_id, lo, hi,
+                                           columns=_STORE_COLUMNS, on_removed=on_removed):
+                if r.row_filter.active():
+                    batch = _filter_rows(batch, r.row_filter)
+                if batch.num_rows:
+                    yield _to_spark(batch, broker)
+        except DataLossError:
+            if r.fail_on_data_loss:
+                raise
+            log.warning("failOnDataLoss=false: offsets %d..%d of %s/%d are gone; skipped",
+                        lo, hi - 1, r.topic, r.queue_id)
+
+
+# -- filter pushdown ------------------------------------------------------------
+def _ms(value) -> int | None:
+    if isinstance(value, dt.datetime):
+        if value.tzinfo is None:
+            value = value.astimezone()
+        return int(value.timestamp() * 1000)
+    if isinstance(value, (int, float)):
+        return int(value)
+    return None
+
+
+@dataclass
+class PushedPlan:
+    """What pushed filters narrowed: all exact (see module docstring)."""
+
+    topics: set | None = None
+    queues: set | None = None
+    offset_lo: int = 0               # queue_offset >= (inclusive)
+    offset_hi: int | None = None     # queue_offset < (exclusive)
+    row_filter: RangeFilter = field(default_factory=RangeFilter)
+    empty: bool = False
+
+    def intersect(self, name: str, values) -> None:
+        cur = getattr(self, name)
+        values = set(values)
+        setattr(self, name, values if cur is None else cur & values)
+
+    def push(self, f) -> bool:
+        """Record filter ``f`` if it can be applied exactly; False leaves it to Spark."""
+        if len(f.attribute) != 1:
+            return False
+        col = f.attribute[0]
+        if isinstance(f, EqualTo) and col in ("topic", "queue_id", "tags"):
+            return self._push_in(col, [f.value])
+        if isinstance(f, In) and col in ("topic", "queue_id", "tags"):
+            return self._push_in(col, list(f.value))
+        if isinstance(f, EqualTo) and col == "keys" and isinstance(f.value, (list, tuple)):
+            if not f.value or not all(isinstance(k, str) for k in f.value):
+                return False
+            if self.row_filter.keys_equal not in (None, tuple(f.value)):
+                self.empty = True
+            self.row_filter.keys_equal = tuple(f.value)
+            return True
+        bound = (GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
+        if isinstance(f, bound) and col == "queue_offset" and isinstance(f.value, int):
+            self._push_offset(f)
+            return True
+        if isinstance(f, bound) and col == "store_timestamp" and _ms(f.value) is not None:
+            self._push_time(f, _ms(f.value))
+            return True
+        return False
+
+    def _push_in(self, col: str, values: list) -> bool:
+        if col == "topic" and all(isinstance(v, str) for v in values):
+            self.intersect("topics", values)
+        elif col == "queue_id" and all(isinstance(v, int) for v in values):
+            self.intersect("queues", values)
+        elif col == "tags" and all(isinstance(v, str) for v in values):
+            cur = self.row_filter.tags_in
+            self.row_filter.tags_in = tuple(values) if cur is None else \
+                tuple(v for v in cur if v in values)
+        else:
+            return False
+        return True
+
+    def _push_offset(self, f) -> None:
+        v = f.value
+        if isinstance(f, GreaterThan):
+            self.offset_lo = max(self.offset_lo, v + 1)
+        elif isinstance(f, GreaterThanOrEqual):
+            self.offset_lo = max(self.offset_lo, v)
+        else:
+            hi = v if isinstance(f, LessThan) else v + 1
+            self.offset_hi = hi if self.offset_hi is None else min(self.offset_hi, hi)
+
+    def _push_time(self, f, ms: int) -> None:
+        rf = self.row_filter
+        if isinstance(f, (GreaterThan, GreaterThanOrEqual)):
+            strict = isinstance(f, GreaterThan)
+            if rf.ts_min_ms is None or ms > rf.ts_min_ms or (ms == rf.ts_min_ms and strict):
+                rf.ts_min_ms, rf.ts_min_strict = ms, strict
+        else:
+            strict = isinstance(f, LessThan)
+            if rf.ts_max_ms is None or ms < rf.ts_max_ms or (ms == rf.ts_max_ms and strict):
+                rf.ts_max_ms, rf.ts_max_strict = ms, strict
+
+
+# -- batch reader -------------------------------------------------------------------
+class SparkMQBatchReader(DataSourceReader):
+    """``spark.read.format("sparkmq")``: one committed version, planned on the driver."""
+
+    def __init__(self, options):
+        self.opts: ReadOptions = parse_options(options)
+        self.pushed = PushedPlan()
+        snap = open_snapshot(self.opts.url, self.opts.version_as_of,
+                             timestamp_ms=self.opts.timestamp_as_of_ms,
+                             storage_options=self.opts.storage_options)
+        self.version = snap.version
+
+    def pushFilters(self, filters):
+        for f in filters:
+            if not self.pushed.push(f):
+                yield f
+
+    def _snapshot(self) -> Snapshot:
+        return open_snapshot(self.opts.url, self.version,
+                             storage_options=self.opts.storage_options)
+
+    def planned_ranges(self) -> list[QueueRange]:
+        """Queue ranges of this read, after options and pushed filters (driver)."""
+        snap, opts, pushed = self._snapshot(), self.opts, self.pushed
+        if pushed.empty:
+            return []
+        topics = [t for t in select_topics(snap, opts)
+                  if pushed.topics is None or t in pushed.topics]
+        pairs = [(t, q) for t, q in select_queues(snap, topics, opts)
+                 if pushed.queues is None or q in pushed.queues]
+        starts = resolve_offsets(snap, pairs, opts.starting_offsets, opts.starting_timestamp_ms,
+                                 "earliest", "startingOffsets")
+        ends = resolve_offsets(snap, pairs, opts.ending_offsets, opts.ending_timestamp_ms,
+                               "latest", "endingOffsets")
+        rf = pushed.row_filter
+        key_hits = self._key_hits(snap, topics) if rf.keys_equal is not None else None
+        out = []
+        for t, q in pairs:
+            lo = max(starts[(t, q)], pushed.offset_lo)
+            hi = min(ends[(t, q)], snap.max_offset(t, q))
+            if pushed.offset_hi is not None:
+                hi = min(hi, pushed.offset_hi)
+            if rf.ts_min_ms is not None and lo < hi:
+                lo = max(lo, min(snap.offset_for_time(t, q, rf.ts_min_ms), hi))
+            offsets = None
+            if key_hits is not None:
+                offsets = tuple(o for o in key_hits.get((t, q), ()) if lo <= o < hi)
+                if not offsets:
+                    continue
+            r = check_data_loss(snap, QueueRange(opts.url, self.version, t, q, lo, hi,
+                                                 opts.fail_on_data_loss, rf, offsets,
+                                                 opts.storage_options))
+            if r is not None:
+                if r.offsets is not None:
+                    r.offsets = tuple(o for o in r.offsets if o >= r.start)
+                out.append(r)
+        return split_ranges(out, opts.min_partitions)
+
+    def _key_hits(self, snap: Snapshot, topics: list[str]) -> dict[TopicQueue, list[int]]:
+        """Queue offsets carrying the first wanted key, per queue (via the Index)."""
+        key = self.pushed.row_filter.keys_equal[0]
+        hits: dict[TopicQueue, set] = {}
+        for t in topics:
+            table = snap._index_hits(snap._topic_id(t), key)
+            for q, o in zip(table.column("queue_id").to_pylist(),
+                            table.column("queue_offset").to_pylist()):
+                hits.setdefault((t, q), set()).add(o)
+        return {k: sorted(v) for k, v in hits.items()}
+
+    def partitions(self):
+        ranges = self.planned_ranges()
+        return ranges or [QueueRange(self.opts.url, self.version, "", 0, 0, 0)]
+
+    def read(self, partition: QueueRange):
+        if partition.end <= partition.start and partition.offsets is None:
+            return iter(())
+        return read_range(partition)
+
+
+# -- admission control -----------------------------------------------------------------
+def admit(snap: Snapshot, start: dict[TopicQueue, int], avail: dict[TopicQueue, int],
+          max_rows: int | None, max_bytes: int | None) -> dict[TopicQueue, int]:
+    """End offsets taking at most ``max_rows`` messages and ``max_bytes`` body bytes.
+
+    Messages are admitted round robin over the queues (message i of every queue
+    before message i+1 of any), so a trigger is shared fairly. The byte limit
+    always admits at least one message, else a message bigger than the limit
+    would stall the query. Both limits hold exactly otherwise.
+    """
+    pairs = [p for p in sorted(avail) if avail[p] > start.get(p, avail[p])]
+    if not pairs or (max_rows is None and max_bytes is None):
+        return dict(avail)
+    sizes = []
+    for t, q in pairs:
+        lo, hi = start[(t, q)], avail[(t, q)]
+        if max_rows is not None:
+            hi = min(hi, lo + max_rows)
+        sizes.append(_entry_sizes(snap, t, q, lo, hi, max_bytes)
+                     if max_bytes is not None else np.ones(hi - lo, np.int64))
+    qidx = np.concatenate([np.full(len(s), i, np.int64) for i, s in enumerate(sizes)])
+    rank = np.concatenate([np.arange(len(s), dtype=np.int64) for s in sizes])
+    flat = np.concatenate(sizes)
+    order = np.lexsort((qidx, rank))
+    k = len(order)
+    if max_rows is not None:
+        k = min(k, max_rows)
+    if max_bytes is not None:
+        cum = np.cumsum(flat[order])
+        k = min(k, max(1, int(np.searchsorted(cum, max_bytes, "right"))))
+    taken = np.bincount(qidx[order[:k]], minlength=len(pairs))
+    out = dict(avail)
+    for i, p in enumerate(pairs):
+        out[p] = start[p] + int(taken[i])
+    return out
+
+
+def _entry_sizes(snap: Snapshot, topic: str, qid: int, lo: int, hi: int,
+                 max_bytes: int) -> np.ndarray:
+    """Body sizes of offsets lo.. until their sum passes ``max_bytes`` (or ``hi``)."""
+    tid = snap._topic_id(topic)
+    chunks, total, pos = [], 0, lo
+    while pos < hi and total <= max_bytes:
+        step = min(hi, pos + 65_536)
+        e = snap._entries(tid, qid, pos, step)
+        if e.num_rows == 0:
+            break
+        s = e.column("size").to_numpy().astype(np.int64)
+        chunks.append(s)
+        total += int(s.sum())
+        pos += len(s)
+    return np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+
+
+# -- streaming reader ----------------------------------------------------------------------
+class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("sparkmq")``. Offsets: {"topic": {"queue": next_offset}}.
+
+    One instance lives in the driver's streaming source worker for the query
+    (not thread-safe; Spark calls it from one thread). Each micro-batch is
+    planned from one committed snapshot: the newest at ``partitions`` time,
+    which holds every offset below the batch's end (versions only grow).
+    """
+
+    def __init__(self, options):
+        self.opts: ReadOptions = parse_options(options)
+        if self.opts.version_as_of is not None or self.opts.timestamp_as_of_ms is not None:
+            raise UserError("versionAsOf / timestampAsOf are for batch reads; a stream "
+                            "always follows the newest version")
+        if self.opts.ending_offsets or self.opts.ending_timestamp_ms is not None:
+            raise UserError("endingOffsets / endingTimestamp are for batch reads only")
+        self.target: dict[TopicQueue, int] | None = None
+
+    def _latest(self) -> Snapshot:
+        return open_snapshot(self.opts.url, storage_options=self.opts.storage_options)
+
+    def _pairs(self, snap: Snapshot) -> list[TopicQueue]:
+        return select_queues(snap, select_topics(snap, self.opts), self.opts)
+
+    def initialOffset(self):
+        snap = self._latest()
+        pairs = self._pairs(snap)
+        starts = resolve_offsets(snap, pairs, self.opts.starting_offsets,
+                                 self.opts.starting_timestamp_ms, "latest", "startingOffsets")
+        return to_offset_json(starts)
+
+    def _available(self, snap: Snapshot, start: dict[TopicQueue, int]) -> dict[TopicQueue, int]:
+        """Max offsets now; queues new since ``start`` begin at their earliest (like Kafka)."""
+        avail = {}
+        for p in self._pairs(snap):
+            avail[p] = max(snap.max_offset(*p), start.get(p, 0))
+        for p, o in start.items():   # a topic that vanished keeps its position
+            avail.setdefault(p, o)
+        if self.target is not None:
+            avail = {p: max(start.get(p, o), min(o, self.target.get(p, start.get(p, 0))))
+                     for p, o in avail.items()}
+        return avail
+
+    def _start(self, snap: Snapshot, start: dict) -> dict[TopicQueue, int]:
+        s = from_offset_json(start)
+        for p in self._pairs(snap):
+            s.setdefault(p, snap.min_offset(*p))
+        return s
+
+    def prepareForTriggerAvailableNow(self):
+        snap = self._latest()
+        self.target = {p: snap.max_offset(*p) for p in self._pairs(snap)}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_messages_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_messages_per_trigger)
+        if self.opts.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start=None, limit=None):
+        snap = self._latest()
+        begin = self._start(snap, start or {})
+        avail = self._available(snap, begin)
+        if limit is None or isinstance(limit, ReadAllAvailable):
+            return to_offset_json(avail)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
+        # both options set: the default limit carries rows; bytes come from the options
+        if max_rows is not None and self.opts.max_bytes_per_trigger is not None:
+            max_bytes = self.opts.max_bytes_per_trigger
+        return to_offset_json(admit(snap, begin, avail, max_rows, max_bytes))
+
+    def reportLatestOffset(self):
+        snap = self._latest()
+        return to_offset_json({p: snap.max_offset(*p) for p in self._pairs(snap)})
+
+    def partitions(self, start, end):
+        snap = self._latest()
+        begin = self._start(snap, start or {})
+        ranges = []
+        for (t, q), hi in sorted(from_offset_json(end).items()):
+            lo = begin.get((t, q), 0)
+            if hi <= lo or t not in snap.state.topics:
+                continue
+            r = check_data_loss(snap, QueueRange(self.opts.url, snap.version, t, q, lo, hi,
+                                                 self.opts.fail_on_data_loss,
+                                                 storage_options=self.opts.storage_options))
+            if r is not None:
+                ranges.append(r)
+        return split_ranges(ranges, self.opts.min_partitions)
+
+    def read(self, partition: QueueRange):
+        return read_range(partition)
+
+    def commit(self, end):
+        group = self.opts.consumer_group
+        if not group:
+            return
+        offsets = from_offset_json(end)
+        if offsets:
+            commit_consumer_offsets(self.opts.url, group, offsets,
+                                    storage_options=self.opts.storage_options)
+
+    def stop(self):
+        pass
+
+
+def commit_consumer_offsets(url: str, group: str, offsets: dict[TopicQueue, int],
+                            storage_options: dict | None = None) -> None:
+    """Record ``group``'s next offsets in the store (no broker needed; see
+    :func:`sparkmq.log.committer.commit_consumer_offsets`)."""
+    from ..log.committer import commit_consumer_offsets as commit
+    commit(url, group, offsets, storage_options=storage_options)

@@ -1,0 +1,39 @@
+"""The ``sparkmq`` PySpark data source: a store (any fsspec URL) read and written as a table.
+
+``SparkMQDataSource`` is what Spark instantiates (on the driver's planner
+worker, then pickled with its options): ``schema()`` is fixed
+(:data:`sparkmq.datasource.reader.SPARK_SCHEMA`), ``reader``/``streamReader``
+build the read side, ``writer``/``streamWriter`` the write side (imported
+lazily from :mod:`sparkmq.datasource.writer`).
+"""
+from __future__ import annotations
+
+from pyspark.sql.datasource import DataSource
+from pyspark.sql.types import StructType
+
+from .reader import SPARK_SCHEMA, SparkMQBatchReader, SparkMQStreamReader
+
+
+class SparkMQDataSource(DataSource):
+    """Short name ``sparkmq``; path = the store's URL (``.load(url)`` or option ``path``)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "sparkmq"
+
+    def schema(self):
+        return SPARK_SCHEMA
+
+    def reader(self, schema: StructType):
+        return SparkMQBatchReader(self.options)
+
+    def streamReader(self, schema: StructType):
+        return SparkMQStreamReader(self.options)
+
+    def writer(self, schema: StructType, overwrite: bool):
+        from .writer import SparkMQBatchWriter
+        return SparkMQBatchWriter(dict(self.options), schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool):
+        from .writer import SparkMQStreamWriter
+        return SparkMQStreamWriter(dict(self.options), schema, overwrite)
