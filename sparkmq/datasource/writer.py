@@ -48,12 +48,13 @@ checkpoint), else the store URL plus the topic option (when Spark passes no
 store must have different writer ids.
 
 Options: ``topic``, ``writerId``, ``maxSegmentBytes`` (default 64 MiB),
-``maxMessageSize`` (default 4 MiB), and ``storage.<name>`` for fsspec storage
-options (e.g. ``storage.anon``).
+``maxMessageSize`` (default 4 MiB), ``storageOptions`` (a JSON object of fsspec
+storage options, as for reads) or ``storage.<name>`` options one by one.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import socket
 import time
@@ -137,13 +138,29 @@ def validate_schema(schema: StructType, *, topic_option: str | None) -> None:
                                   "; ".join(problems) + f". Accepted columns: {accepted}")
 
 
+def lower_options(options) -> dict[str, str]:
+    """Options with lower-case names: Spark's option names are case-insensitive, and
+    a plain ``dict(options)`` of its CaseInsensitiveDict already holds lower-case keys."""
+    return {str(k).lower(): v for k, v in dict(options).items()}
+
+
 def _storage_options(options) -> dict | None:
-    out = {k[len("storage."):]: v for k, v in options.items() if k.lower().startswith("storage.")}
+    """fsspec storage options: option ``storageOptions`` (a JSON object, as for reads)
+    plus any ``storage.<name>`` options."""
+    out = {}
+    raw = options.get("storageoptions")
+    if raw:
+        try:
+            out.update(json.loads(raw))
+        except (ValueError, TypeError) as exc:
+            raise InvalidConfigError(f"option storageOptions must be a JSON object: {exc}") \
+                from None
+    out.update({k[len("storage."):]: v for k, v in options.items() if k.startswith("storage.")})
     return out or None
 
 
 def _int_option(options, name: str, default: int) -> int:
-    raw = options.get(name)
+    raw = options.get(name.lower())
     if raw is None:
         return default
     try:
@@ -161,6 +178,7 @@ class _SegmentWriterBase:
     job_id: str
 
     def __init__(self, options, schema: StructType, overwrite: bool):
+        options = lower_options(options)
         self.url = options.get("path")
         if not self.url:
             raise InvalidConfigError("sparkmq needs the store URL: .save(url) / "
@@ -326,10 +344,11 @@ def streaming_writer_id(options) -> str:
     checkpoint, new for a new checkpoint); the checkpoint path; the store URL
     plus topic (only when Spark passes no checkpointLocation option).
     """
-    explicit = options.get("writerId")
+    options = lower_options(options)
+    explicit = options.get("writerid")
     if explicit:
         return f"spark-stream:{explicit}"
-    checkpoint = options.get("checkpointLocation")
+    checkpoint = options.get("checkpointlocation")
     if checkpoint:
         query_id = _checkpoint_query_id(checkpoint)
         if query_id:
@@ -340,8 +359,6 @@ def streaming_writer_id(options) -> str:
 
 def _checkpoint_query_id(checkpoint: str) -> str | None:
     """The query id in Spark's ``<checkpoint>/metadata`` file, or None if it is absent."""
-    import json
-
     import fsspec
     try:
         fs, root = fsspec.core.url_to_fs(checkpoint)
