@@ -1,0 +1,202 @@
+"""Reading a store with Spark: spark.read / spark.readStream .format("sparkmq").
+
+Real local SparkSession (session fixture ``spark``), real stores in tmp dirs
+written with sparkmq.Store.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import pyarrow as pa
+import pytest
+
+from sparkmq.log.store import Store
+
+pytestmark = pytest.mark.spark
+
+TOPIC = "Orders"
+QUEUES = 4
+
+
+def _rows(n: int, start: int = 0, *, keys_every: int = 0) -> pa.Table:
+    bodies = [f"m{i}".encode() for i in range(start, start + n)]
+    keys = [[f"k{i % keys_every}"] if keys_every else None for i in range(start, start + n)]
+    return pa.table({"topic": [TOPIC] * n, "body": bodies,
+                     "tags": ["even" if i % 2 == 0 else "odd" for i in range(start, start + n)],
+                     "keys": pa.array(keys, pa.list_(pa.string()))})
+
+
+def make_store(url: str, n: int = 40, *, keys_every: int = 0, batches: int = 1,
+               **config) -> None:
+    with Store.open(url, start_services=False, **config) as s:
+        s.create_topic(TOPIC, read_queue_nums=QUEUES, write_queue_nums=QUEUES)
+        per = n // batches
+        for b in range(batches):
+            s.append_batch(_rows(per, b * per, keys_every=keys_every))
+
+
+def read(spark, url, **opts):
+    r = spark.read.format("sparkmq")
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return r.load(url)
+
+
+def bodies(df) -> list[str]:
+    return sorted(r.body.decode() for r in df.select("body").collect())
+
+
+def test_batch_read_equals_what_was_written(spark, local_store_url):
+    make_store(local_store_url, 40, keys_every=5)
+    df = read(spark, local_store_url)
+    rows = df.collect()
+    assert len(rows) == 40
+    assert sorted(bytes(r.body).decode() for r in rows) == sorted(f"m{i}" for i in range(40))
+    assert {r.topic for r in rows} == {TOPIC}
+    assert {r.broker_name for r in rows} == {"broker-a"}
+    per_queue = {}
+    for r in rows:
+        per_queue.setdefault(r.queue_id, []).append(r.queue_offset)
+    assert sorted(per_queue) == list(range(QUEUES))
+    for offs in per_queue.values():
+        assert sorted(offs) == list(range(len(offs)))
+    assert all(len(r.message_id) == 32 for r in rows)
+    assert rows[0].store_timestamp is not None
+
+
+def snapshot_version(url) -> int:
+    from sparkmq.log.reader import Snapshot
+    return Snapshot.load(url).version
+
+
+# -- batch options ----------------------------------------------------------------
+def test_topic_options_and_queues(spark, local_store_url):
+    make_store(local_store_url, 40)
+    with Store.open(local_store_url, start_services=False) as s:
+        s.create_topic("Other", read_queue_nums=1, write_queue_nums=1)
+        s.append_batch(pa.table({"topic": ["Other"] * 3, "body": [b"o0", b"o1", b"o2"]}))
+    assert read(spark, local_store_url).count() == 43
+    assert read(spark, local_store_url, topic="Other").count() == 3
+    assert read(spark, local_store_url, topics=f"{TOPIC},Other").count() == 43
+    assert read(spark, local_store_url, topicPattern="Ord.*").count() == 40
+    q02 = read(spark, local_store_url, topic=TOPIC, queues="0,2")
+    assert {r.queue_id for r in q02.select("queue_id").collect()} == {0, 2}
+    assert q02.count() == 20
+    js = read(spark, local_store_url, queues=json.dumps({TOPIC: [1]}))
+    assert {(r.topic, r.queue_id) for r in js.select("topic", "queue_id").collect()} == {(TOPIC, 1)}
+    with pytest.raises(Exception, match="do not exist"):
+        read(spark, local_store_url, topic="Nope").count()
+
+
+def test_starting_and_ending_offsets(spark, local_store_url):
+    make_store(local_store_url, 40)      # 10 per queue
+    start = json.dumps({TOPIC: {"0": 5, "1": -1, "2": -2}})
+    end = json.dumps({TOPIC: {"0": 8, "2": 3}})
+    df = read(spark, local_store_url, startingOffsets=start, endingOffsets=end)
+    got = sorted((r.queue_id, r.queue_offset) for r in df.collect())
+    want = [(0, o) for o in range(5, 8)] + [(2, o) for o in range(0, 3)] + \
+        [(3, o) for o in range(0, 10)]   # queue 1 starts latest; queue 3 defaults to all
+    assert got == want
+    assert read(spark, local_store_url, startingOffsets="latest").count() == 0
+
+
+def test_starting_and_ending_timestamp(spark, local_store_url):
+    with Store.open(local_store_url, start_services=False) as s:
+        s.create_topic(TOPIC, read_queue_nums=1, write_queue_nums=1)
+        s.append_batch(_rows(5, 0))
+        time.sleep(0.02)
+        t1 = int(time.time() * 1000)
+        time.sleep(0.02)
+        s.append_batch(_rows(5, 5))
+        time.sleep(0.02)
+        t2 = int(time.time() * 1000)
+        time.sleep(0.02)
+        s.append_batch(_rows(5, 10))
+    df = read(spark, local_store_url, startingTimestamp=str(t1), endingTimestamp=str(t2))
+    assert bodies(df) == sorted(f"m{i}" for i in range(5, 10))
+
+
+def test_time_travel_returns_older_snapshot(spark, local_store_url):
+    make_store(local_store_url, 20)
+    v1 = snapshot_version(local_store_url)
+    time.sleep(0.02)
+    ts_between = int(time.time() * 1000)
+    time.sleep(0.02)
+    with Store.open(local_store_url, start_services=False) as s:
+        s.append_batch(_rows(20, 20))
+    assert read(spark, local_store_url).count() == 40
+    assert bodies(read(spark, local_store_url, versionAsOf=str(v1))) == \
+        sorted(f"m{i}" for i in range(20))
+    assert read(spark, local_store_url, timestampAsOf=str(ts_between)).count() == 20
+
+
+def test_min_partitions_splits_queue_ranges(spark, local_store_url):
+    from sparkmq.datasource.reader import SparkMQBatchReader
+    make_store(local_store_url, 40)
+    reader = SparkMQBatchReader({"path": local_store_url, "minPartitions": "10"})
+    parts = reader.partitions()
+    assert len(parts) >= 10
+    covered = sorted((p.queue_id, o) for p in parts for o in range(p.start, p.end))
+    assert covered == sorted((q, o) for q in range(QUEUES) for o in range(10))
+    df = read(spark, local_store_url, minPartitions="10")
+    assert df.rdd.getNumPartitions() >= 10
+    assert bodies(df) == sorted(f"m{i}" for i in range(40))
+
+
+# -- filter pushdown --------------------------------------------------------------
+def test_pushdown_filters_prune_and_are_exact(spark, local_store_url):
+    from pyspark.sql import functions as F
+    make_store(local_store_url, 40, keys_every=5)
+    df = read(spark, local_store_url)
+    keyed = df.filter(F.col("keys") == F.array(F.lit("k1"))).collect()
+    assert sorted(bytes(r.body).decode() for r in keyed) == sorted(f"m{i}" for i in range(1, 40, 5))
+    q = df.filter((F.col("queue_id").isin(1, 2)) & (F.col("queue_offset") >= 3)
+                  & (F.col("queue_offset") < 6) & (F.col("tags") == "even"))
+    got = q.collect()
+    assert got and all(r.queue_id in (1, 2) and 3 <= r.queue_offset < 6 and r.tags == "even"
+                       for r in got)
+    full = [r for r in df.collect() if r.queue_id in (1, 2) and 3 <= r.queue_offset < 6
+            and r.tags == "even"]
+    assert sorted(r.message_id for r in got) == sorted(r.message_id for r in full)
+    assert df.filter(F.col("topic") == "nope").count() == 0
+    ts = sorted(r.store_timestamp for r in df.collect())
+    assert df.filter(F.col("store_timestamp") >= ts[0]).count() == 40
+    assert df.filter(F.col("store_timestamp") > ts[-1]).count() == 0
+
+
+def test_pushdown_plans_only_index_hits(local_store_url):
+    """The key filter is answered from the Index: the plan lists only keyed offsets."""
+    from pyspark.sql.datasource import EqualTo, GreaterThan
+    from sparkmq.datasource.reader import SparkMQBatchReader
+    make_store(local_store_url, 40, keys_every=5)
+    reader = SparkMQBatchReader({"path": local_store_url})
+    body_filter = GreaterThan(("body",), b"x")
+    left = list(reader.pushFilters([EqualTo(("keys",), ["k1"]), EqualTo(("queue_id",), 1),
+                                    body_filter]))
+    assert left == [body_filter]
+    parts = reader.partitions()
+    planned = sum(len(p.offsets) for p in parts)
+    assert 0 < planned <= 40 // 5 and {p.queue_id for p in parts} == {1}
+    rows = [r for p in parts for b in reader.read(p) for r in b.to_pylist()]
+    assert rows and all(r["keys"] == ["k1"] and r["queue_id"] == 1 for r in rows)
+
+
+# -- data loss --------------------------------------------------------------------
+def test_fail_on_data_loss_both_ways(spark, local_store_url):
+    with Store.open(local_store_url, start_services=False, mappedFileSizeCommitLog=8192) as s:
+        s.create_topic(TOPIC, read_queue_nums=1, write_queue_nums=1)
+        for b in range(12):
+            s.append_batch(pa.table({"topic": [TOPIC] * 5, "body": [b"x" * 300] * 5}))
+        segs = [x.path for x in s.commitlog.segments()]
+        assert len(segs) > 2
+        s.remove_segments(segs[:1])
+        earliest = s.min_offset(TOPIC, 0)
+    assert earliest > 0
+    from_zero = json.dumps({TOPIC: {"0": 0}})
+    with pytest.raises(Exception, match=f"earliest available offset is {earliest}"):
+        read(spark, local_store_url, startingOffsets=from_zero).count()
+    df = read(spark, local_store_url, startingOffsets=from_zero, failOnDataLoss="false")
+    offs = sorted(r.queue_offset for r in df.select("queue_offset").collect())
+    assert offs == list(range(earliest, 60))
+    assert read(spark, local_store_url).count() == 60 - earliest   # earliest: no loss
