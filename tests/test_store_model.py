@@ -1,12 +1,12 @@
 """Property test: the store against a simple in-memory model (hypothesis).
 
-Rules append (random topic, queue, bodies), force segment rolls with a tiny
-segment size, remove the oldest segment (retention), publish, reopen cleanly,
-crash and reopen (appends are fsynced under SYNC_FLUSH, so a crash loses
-nothing), read ranges and look up ids. The invariant: every queue reads
-exactly what the model holds from its first retained offset on (which only
-grows; below it reads raise DataLossError), and a published snapshot reads a
-contiguous part of it.
+Rules append (random topic, queue, bodies; row and columnar paths), force
+segment rolls with a tiny segment size, remove the oldest segment
+(retention), publish, reopen cleanly, crash and reopen (appends are fsynced
+under SYNC_FLUSH, so a crash loses nothing), read ranges and look up ids.
+The invariant: every queue reads exactly what the model holds from its first
+retained offset on (which only grows; below it reads raise DataLossError),
+and a published snapshot reads a contiguous part of it.
 """
 from __future__ import annotations
 
@@ -88,6 +88,17 @@ class StoreModel(RuleBasedStateMachine):
         self.store.remove_segments([first.path])
         self.ids = [i for i in self.ids if int(i[0][8:24], 16) >= first.end_offset]
         self.published = {k: len(v) for k, v in self.model.items()}
+
+    @rule(rows=st.lists(st.tuples(queue_keys, st.binary(max_size=30)), min_size=1, max_size=6))
+    def append_columnar(self, rows):
+        import pyarrow as pa
+        table = pa.table({"topic": [t for (t, _q), _b in rows],
+                          "queue_id": pa.array([q for (_t, q), _b in rows], pa.int32()),
+                          "body": pa.array([b for _k, b in rows], pa.binary())})
+        res = self.store.append_batch(table)
+        for (key, body), qo in zip(rows, res.queue_offsets.tolist()):
+            assert qo == len(self.model[key])
+            self.model[key].append(body)
 
     @rule()
     def publish(self):
