@@ -299,13 +299,19 @@ def test_retention_removes_old_segments_and_reports_data_loss(store, clock):
 
 
 def test_retention_keeps_young_segments_and_waits_for_delete_hour(store, clock):
+    import datetime as dt
+
+    def local_ms(hour):
+        return int(dt.datetime(2030, 1, 15, hour, 30).timestamp() * 1000)
+    clock.now_ms = local_ms(1)
     _fill(store, 40, size=300)
     store.flush()
     assert store.run_retention(force_hour=True) == []   # nothing old enough
-    clock.now_ms += 200 * HOUR_MS
-    hour = __import__("datetime").datetime.fromtimestamp(clock.now_ms / 1000).hour
-    if hour not in store.config.delete_hours():
-        assert store.run_retention() == []             # not a deleteWhen hour
+    assert store.config.delete_hours() == {4}
+    clock.now_ms = local_ms(1) + 200 * HOUR_MS           # old enough, but 09:30 local
+    assert store.run_retention() == []                  # not a deleteWhen hour
+    clock.now_ms = local_ms(4) + 9 * 24 * HOUR_MS        # 04:30 local, days later
+    assert store.run_retention()                        # deleteWhen hour: removed
 
 
 def test_remove_segments_prefix_only_and_survives_reopen(store_url, clock):
