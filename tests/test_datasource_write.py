@@ -95,6 +95,22 @@ def test_write_then_read_back_equals_input(spark, tmp_path):
     assert len(snap.state.segments) > 2
 
 
+def test_write_then_spark_read_back_equals_input(spark, tmp_path):
+    url = str(tmp_path / "store")
+    make_store(url, [("A", 2), ("B", 3)])
+    df = spark.range(50, numPartitions=2).selectExpr(
+        "cast(id as string) as body", "if(id % 2 = 0, 'A', 'B') as topic",
+        "if(id % 5 = 0, null, concat('t', id % 3)) as tags", "array(concat('k', id)) as keys",
+        "map('id', cast(id as string)) as properties")
+    df.write.format("sparkmq").mode("append").save(url)
+    back = spark.read.format("sparkmq").option("topics", "A,B").load(url).selectExpr(
+        "cast(body as string) as body", "topic", "tags", "keys", "properties")
+    assert_df_equality(back.drop("properties"), df.drop("properties"), ignore_row_order=True,
+                       ignore_nullable=True)
+    got = sorted((r.body, r.properties["id"]) for r in back.collect())
+    assert got == sorted((str(i), str(i)) for i in range(50))
+
+
 def test_missing_body_is_a_clear_error_and_nothing_is_written(spark, tmp_path):
     url = str(tmp_path / "store")
     make_store(url, [("T", 2)])
