@@ -326,3 +326,25 @@ def test_crash_around_adoption_of_staged_segments(store_url):
         assert bodies(s2, "t", 0) == _expected(3) + [b"st0", b"st1", b"post"]
         assert s2.adopt([rel], app_id="job1", app_version=1).skipped
         assert s2.append([msg("t", b"post2", 0)])[0].queue_offset == 6
+
+
+def test_segment_files_removed_by_retention_are_deleted_after_a_crash(store_url):
+    """Retention committed, then the writer died before deleting the files: the
+    next writer deletes them (they are below the retention floor)."""
+    clock = [1_700_000_000_000]
+    s = _open(store_url, clock_ms=lambda: clock[0])
+    s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    _append_n(s, 40, size=300)
+    s.flush()
+    clock[0] += 400 * 3600 * 1000
+    removed = s.run_retention(force_hour=True)
+    assert removed
+    s._crash()
+    sfs = StoreFS(store_url)
+    assert all(sfs.exists(p) for p in removed)      # the crash left them behind
+    with _open(store_url, clock_ms=lambda: clock[0]) as s2:
+        floor = s2.min_offset("t", 0)
+        assert bodies(s2, "t", 0, floor) == _expected(40 - floor, start=floor, size=300)
+    assert not any(sfs.exists(p) for p in removed)
+    with _open(store_url) as s3:
+        assert s3.min_offset("t", 0) == floor

@@ -265,6 +265,9 @@ class Store(MessageReader):
             rel = f"{fmt.COMMITLOG_DIR}/{name}"
             if base is not None and rel not in known and base >= end:
                 extra.append((base, rel))
+            elif base is not None and rel not in known and base < self.state.min_physical_offset():
+                # removed by retention, but the writer stopped before deleting the file
+                self._pending_deletes.append((time.monotonic(), rel))
         extra.sort()
         tail: list[SegmentRef] = []
         if refs and not refs[-1].sealed:
