@@ -200,3 +200,97 @@ def test_fail_on_data_loss_both_ways(spark, local_store_url):
     offs = sorted(r.queue_offset for r in df.select("queue_offset").collect())
     assert offs == list(range(earliest, 60))
     assert read(spark, local_store_url).count() == 60 - earliest   # earliest: no loss
+
+
+# -- streaming --------------------------------------------------------------------
+def stream(spark, url, **opts):
+    r = spark.readStream.format("sparkmq").option("startingOffsets", "earliest")
+    for k, v in opts.items():
+        r = r.option(k, v)
+    return r.load(url)
+
+
+def run_available_now(df, name, checkpoint, *, foreach=None, timeout_s=120):
+    w = df.writeStream.trigger(availableNow=True).option("checkpointLocation", str(checkpoint))
+    if foreach is not None:
+        w = w.foreachBatch(foreach)
+    else:
+        w = w.format("memory").queryName(name)
+    q = w.start()
+    try:
+        assert q.awaitTermination(timeout_s), "query did not finish"
+        assert q.exception() is None
+        return q
+    finally:
+        q.stop()
+
+
+def batch_rows(q) -> list[int]:
+    return [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
+
+
+def test_stream_max_messages_per_trigger_batch_by_batch(spark, local_store_url, tmp_path):
+    make_store(local_store_url, 40)
+    df = stream(spark, local_store_url, maxMessagesPerTrigger="7", consumerGroup="spark-g")
+    q = run_available_now(df, "mmpt", tmp_path / "ckpt")
+    assert batch_rows(q) == [7, 7, 7, 7, 7, 5]
+    got = spark.sql("select body from mmpt").collect()
+    assert sorted(bytes(r.body).decode() for r in got) == sorted(f"m{i}" for i in range(40))
+    latest = json.loads(q.lastProgress["sources"][0]["latestOffset"])
+    assert latest == {TOPIC: {str(qid): 10 for qid in range(QUEUES)}}
+    from sparkmq.log.reader import Snapshot
+    assert Snapshot.load(local_store_url).consumer_offsets("spark-g") == \
+        {(TOPIC, qid): 10 for qid in range(QUEUES)}
+
+
+def test_stream_max_bytes_per_trigger(spark, local_store_url, tmp_path):
+    with Store.open(local_store_url, start_services=False) as s:
+        s.create_topic(TOPIC, read_queue_nums=2, write_queue_nums=2)
+        s.append_batch(pa.table({"topic": [TOPIC] * 10, "body": [b"y" * 100] * 10}))
+    df = stream(spark, local_store_url, maxBytesPerTrigger="350")
+    q = run_available_now(df, "mbpt", tmp_path / "ckpt")
+    assert batch_rows(q) == [3, 3, 3, 1]
+
+
+def test_available_now_stops_at_backlog_seen_at_start(spark, local_store_url, tmp_path):
+    make_store(local_store_url, 40)
+    seen = []
+
+    def each(batch_df, batch_id):
+        seen.extend(bytes(r.body).decode() for r in batch_df.select("body").collect())
+        if batch_id == 0:   # new messages arrive while the query runs
+            with Store.open(local_store_url, start_services=False) as s:
+                s.append_batch(_rows(20, 100))
+    df = stream(spark, local_store_url, maxMessagesPerTrigger="10")
+    q = run_available_now(df, None, tmp_path / "ckpt", foreach=each)
+    assert len(batch_rows(q)) == 4
+    assert sorted(seen) == sorted(f"m{i}" for i in range(40))
+
+
+def test_stream_restart_from_checkpoint_exactly_once(spark, local_store_url, tmp_path):
+    make_store(local_store_url, 40)
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+
+    def start(trigger):
+        df = stream(spark, local_store_url, maxMessagesPerTrigger="10").select("body", "queue_id",
+                                                                             "queue_offset")
+        return (df.writeStream.format("parquet").option("path", str(out))
+                .option("checkpointLocation", str(ckpt)).trigger(**trigger).start())
+    q = start({"processingTime": "0 seconds"})
+    try:
+        deadline = time.monotonic() + 120
+        while len(batch_rows(q)) < 2 and time.monotonic() < deadline:
+            assert q.exception() is None
+            time.sleep(0.2)
+        assert len(batch_rows(q)) >= 2
+    finally:
+        q.stop()
+    with Store.open(local_store_url, start_services=False) as s:
+        s.append_batch(_rows(20, 40))
+    q = start({"availableNow": True})
+    try:
+        assert q.awaitTermination(120)
+    finally:
+        q.stop()
+    got = spark.read.parquet(str(out)).collect()
+    assert sorted(bytes(r.body).decode() for r in got) == sorted(f"m{i}" for i in range(60))

@@ -483,6 +483,7 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.opts.ending_offsets or self.opts.ending_timestamp_ms is not None:
             raise UserError("endingOffsets / endingTimestamp are for batch reads only")
         self.target: dict[TopicQueue, int] | None = None
+        self._recorded: dict[TopicQueue, int] | None = None
 
     def _latest(self) -> Snapshot:
         return open_snapshot(self.opts.url, storage_options=self.opts.storage_options)
@@ -528,6 +529,7 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start=None, limit=None):
         snap = self._latest()
+        self._record_group(from_offset_json(start or {}))
         begin = self._start(snap, start or {})
         avail = self._available(snap, begin)
         if limit is None or isinstance(limit, ReadAllAvailable):
@@ -562,13 +564,22 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_range(partition)
 
     def commit(self, end):
+        self._record_group(from_offset_json(end))
+
+    def _record_group(self, offsets: dict[TopicQueue, int]) -> None:
+        """Record ``offsets`` as the consumerGroup's offsets (when set and changed).
+
+        Spark calls ``commit(end of batch N-1)`` only when it plans batch N, so
+        the last batch of a run would never be recorded; ``latestOffset``'s
+        ``start`` is the end of the last batch whose commit-log entry is
+        written, so it is recorded too. One log version per change, none when idle.
+        """
         group = self.opts.consumer_group
-        if not group:
+        if not group or not offsets or offsets == self._recorded:
             return
-        offsets = from_offset_json(end)
-        if offsets:
-            commit_consumer_offsets(self.opts.url, group, offsets,
-                                    storage_options=self.opts.storage_options)
+        commit_consumer_offsets(self.opts.url, group, offsets,
+                                storage_options=self.opts.storage_options)
+        self._recorded = dict(offsets)
 
     def stop(self):
         pass
