@@ -440,7 +440,7 @@ class Broker:
             msgs = self.store.read(topic, qid, offset, batch)
             if msgs:
                 nxt = msgs[-1].queue_offset + 1
-                return [m for m in msgs if tag_filter.matches(m.tags)], nxt
+                return [m for m in msgs if tag_filter.accepts(m)], nxt
             left = deadline - time.monotonic()
             if left <= 0 or self.state is not BrokerState.RUNNING:
                 return [], offset

@@ -62,6 +62,17 @@ def _int(name: str, raw: Any) -> int:
         raise InvalidConfigError(f"{name} must be an integer, got {raw!r}") from None
 
 
+def _bool(name: str, raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise InvalidConfigError(f"{name} must be true or false, got {raw!r}")
+
+
 @dataclass(frozen=True)
 class BrokerConfig:
     """One broker's settings (RocketMQ property name in each comment)."""
@@ -82,6 +93,7 @@ class BrokerConfig:
     max_long_polling_ms: int = 30_000             # maxLongPollingTimeMs
     consume_from_where: str = "CONSUME_FROM_FIRST_OFFSET"  # consumeFromWhere (new groups)
     grpc_workers: int = 128                       # grpcThreadPoolNums
+    enable_property_filter: bool = False          # enablePropertyFilter (SQL92 filters)
     store_options: dict = field(default_factory=dict)  # everything else -> Store.open
 
     _ALIASES = {
@@ -95,7 +107,9 @@ class BrokerConfig:
         "defaultInvisibleTimeMs": "default_invisible_ms",
         "maxLongPollingTimeMs": "max_long_polling_ms",
         "consumeFromWhere": "consume_from_where", "grpcThreadPoolNums": "grpc_workers",
+        "enablePropertyFilter": "enable_property_filter",
     }
+    _BOOLS = ("enable_property_filter",)
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers")
@@ -125,6 +139,8 @@ class BrokerConfig:
                 store[key] = raw
             elif name in cls._INTS:
                 values[name] = _int(key, raw)
+            elif name in cls._BOOLS:
+                values[name] = _bool(key, raw)
             else:
                 values[name] = str(raw)
         return cls(store_options=store, **values)

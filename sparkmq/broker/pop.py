@@ -148,6 +148,10 @@ class TagFilter:
     def matches(self, tag: str | None) -> bool:
         return self.tags is None or (tag is not None and tag in self.tags)
 
+    def accepts(self, message) -> bool:
+        """Decide a StoredMessage (the interface SqlFilter shares)."""
+        return self.matches(message.tags)
+
 
 class GroupState:
     def __init__(self, key: GroupKey):
@@ -328,7 +332,7 @@ class PopService:
             for m in msgs:
                 budget[0] -= 1
                 qp.next_offset = m.queue_offset + 1
-                if not tag_filter.matches(m.tags):
+                if not tag_filter.accepts(m):
                     qp.finish(m.queue_offset)
                 elif m.message_group and m.message_group in busy:
                     qp.held[m.queue_offset] = m.message_group

@@ -44,6 +44,7 @@ from ..errors import (DataLossError, InvalidMessageError, InvalidNameError, Perm
 from ..log import format as fmt
 from ..log.names import validate_group, validate_topic
 from ..log.status import PutMessageStatus
+from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
 
 log = logging.getLogger("sparkmq.broker.grpc")
@@ -264,6 +265,10 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             out.backoff_policy.CopyFrom(pb.RetryPolicy(
                 max_attempts=attempts, customized_backoff=pb.CustomizedBackoff(
                     next=[_duration(x * 1000) for x in PUSH_BACKOFF_S])))
+            refused = self._subscription_refusal(s.subscription)
+            if refused is not None:
+                log.info("client %s: %s", cid, refused.message)
+                return spb.TelemetryCommand(status=refused, settings=out)
         return spb.TelemetryCommand(status=OK, settings=out)
 
     # ------------------------------------------------------------ send
@@ -359,18 +364,37 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                 log.exception("ReceiveMessage failed")
             yield spb.ReceiveMessageResponse(status=st)
 
+    def _filter(self, fe: pb.FilterExpression) -> "TagFilter | SqlFilter":
+        """The filter a ReceiveMessage/PullMessage asks for; _FilterRefused (with the status
+        to answer) if it is malformed or SQL92 while enablePropertyFilter is off."""
+        try:
+            if fe.type == pb.SQL:
+                if not self.broker.config.enable_property_filter:
+                    raise _FilterRefused(status(
+                        Code.UNSUPPORTED, "SQL92 filters are disabled on this broker; set "
+                        "enablePropertyFilter=true in its configuration"))
+                return SqlFilter(fe.expression)
+            return TagFilter(fe.expression)
+        except ValueError as e:          # FilterExpressionError is a ValueError
+            raise _FilterRefused(status(Code.ILLEGAL_FILTER_EXPRESSION, str(e))) from None
+
+    def _subscription_refusal(self, sub: pb.Subscription) -> pb.Status | None:
+        """The status refusing a client's subscriptions (checked at subscribe time)."""
+        for entry in sub.subscriptions:
+            try:
+                self._filter(entry.expression)
+            except _FilterRefused as e:
+                return status(e.status.code, f"subscription to {entry.topic.name!r}: "
+                                             f"{e.status.message}")
+        return None
+
     def _receive(self, request, context):
         group = validate_group(request.group.name)
         topic = validate_topic(request.message_queue.topic.name, system=True)
-        ftype = request.filter_expression.type
-        if ftype == pb.SQL:
-            yield spb.ReceiveMessageResponse(status=status(Code.UNSUPPORTED,
-                                                           "SQL92 filters are not supported"))
-            return
         try:
-            tag_filter = TagFilter(request.filter_expression.expression)
-        except ValueError as e:
-            yield spb.ReceiveMessageResponse(status=status(Code.ILLEGAL_FILTER_EXPRESSION, str(e)))
+            tag_filter = self._filter(request.filter_expression)
+        except _FilterRefused as e:
+            yield spb.ReceiveMessageResponse(status=e.status)
             return
         batch = request.batch_size
         if not 0 < batch <= MAX_BATCH_SIZE:
@@ -532,7 +556,11 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
     def _pull(self, request, context):
         validate_group(request.group.name)
         topic, qid = self._local_queue(request.message_queue)
-        tag_filter = TagFilter(request.filter_expression.expression)
+        try:
+            tag_filter = self._filter(request.filter_expression)
+        except _FilterRefused as e:
+            yield spb.PullMessageResponse(status=e.status)
+            return
         batch = min(max(1, request.batch_size or 32), MAX_BATCH_SIZE)
         poll_ms = min(_ms(request.long_polling_timeout), self.broker.config.max_long_polling_ms)
         msgs, next_offset = self.broker.pull(topic, qid, request.offset, batch, tag_filter, poll_ms)
@@ -611,6 +639,14 @@ def _send_response(entries) -> spb.SendMessageResponse:
 
 
 BROADCAST_HEADER = "x-sparkmq-consume-mode"
+
+
+class _FilterRefused(Exception):
+    """A filter expression refused; ``status`` is the answer to send."""
+
+    def __init__(self, st: pb.Status):
+        super().__init__(st.message)
+        self.status = st
 
 
 class _ClientIdRequired(Exception):
