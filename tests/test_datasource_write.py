@@ -312,3 +312,14 @@ def test_streaming_writer_id_prefers_writer_id_then_the_checkpoint_query_id(tmp_
     assert streaming_writer_id(CaseInsensitiveDict(base)) == "spark-query:q-123"
     assert streaming_writer_id(CaseInsensitiveDict({"path": "/s", "topic": "T"})) == \
         "spark-stream:/s:T"
+
+
+def test_unkeyed_rows_go_to_queues_in_contiguous_balanced_blocks():
+    import numpy as np
+
+    from sparkmq.datasource.writer import _spread
+    q = _spread(10, 1, 4)
+    assert q.tolist() == [1, 1, 1, 2, 2, 3, 3, 3, 0, 0]
+    assert (np.diff(q) != 0).sum() == 3                   # one run per queue
+    counts = np.bincount(_spread(10_001, 0, 4), minlength=4)
+    assert counts.max() - counts.min() <= 1
