@@ -13,7 +13,6 @@ import pytest
 
 from sparkmq.log.store import Store
 
-pytestmark = pytest.mark.spark
 
 TOPIC = "Orders"
 QUEUES = 4
@@ -47,6 +46,7 @@ def bodies(df) -> list[str]:
     return sorted(r.body.decode() for r in df.select("body").collect())
 
 
+@pytest.mark.spark
 def test_batch_read_equals_what_was_written(spark, local_store_url):
     make_store(local_store_url, 40, keys_every=5)
     df = read(spark, local_store_url)
@@ -71,6 +71,7 @@ def snapshot_version(url) -> int:
 
 
 # -- batch options ----------------------------------------------------------------
+@pytest.mark.spark
 def test_topic_options_and_queues(spark, local_store_url):
     make_store(local_store_url, 40)
     with Store.open(local_store_url, start_services=False) as s:
@@ -89,6 +90,7 @@ def test_topic_options_and_queues(spark, local_store_url):
         read(spark, local_store_url, topic="Nope").count()
 
 
+@pytest.mark.spark
 def test_starting_and_ending_offsets(spark, local_store_url):
     make_store(local_store_url, 40)      # 10 per queue
     start = json.dumps({TOPIC: {"0": 5, "1": -1, "2": -2}})
@@ -101,6 +103,7 @@ def test_starting_and_ending_offsets(spark, local_store_url):
     assert read(spark, local_store_url, startingOffsets="latest").count() == 0
 
 
+@pytest.mark.spark
 def test_starting_and_ending_timestamp(spark, local_store_url):
     with Store.open(local_store_url, start_services=False) as s:
         s.create_topic(TOPIC, read_queue_nums=1, write_queue_nums=1)
@@ -117,6 +120,7 @@ def test_starting_and_ending_timestamp(spark, local_store_url):
     assert bodies(df) == sorted(f"m{i}" for i in range(5, 10))
 
 
+@pytest.mark.spark
 def test_time_travel_returns_older_snapshot(spark, local_store_url):
     make_store(local_store_url, 20)
     v1 = snapshot_version(local_store_url)
@@ -131,6 +135,7 @@ def test_time_travel_returns_older_snapshot(spark, local_store_url):
     assert read(spark, local_store_url, timestampAsOf=str(ts_between)).count() == 20
 
 
+@pytest.mark.spark
 def test_min_partitions_splits_queue_ranges(spark, local_store_url):
     from sparkmq.datasource.reader import SparkMQBatchReader
     make_store(local_store_url, 40)
@@ -145,6 +150,7 @@ def test_min_partitions_splits_queue_ranges(spark, local_store_url):
 
 
 # -- filter pushdown --------------------------------------------------------------
+@pytest.mark.spark
 def test_pushdown_filters_prune_and_are_exact(spark, local_store_url):
     from pyspark.sql import functions as F
     make_store(local_store_url, 40, keys_every=5)
@@ -183,6 +189,7 @@ def test_pushdown_plans_only_index_hits(local_store_url):
 
 
 # -- data loss --------------------------------------------------------------------
+@pytest.mark.spark
 def test_fail_on_data_loss_both_ways(spark, local_store_url):
     with Store.open(local_store_url, start_services=False, mappedFileSizeCommitLog=8192) as s:
         s.create_topic(TOPIC, read_queue_nums=1, write_queue_nums=1)
@@ -229,6 +236,7 @@ def batch_rows(q) -> list[int]:
     return [p["numInputRows"] for p in q.recentProgress if p["numInputRows"]]
 
 
+@pytest.mark.spark
 def test_stream_max_messages_per_trigger_batch_by_batch(spark, local_store_url, tmp_path):
     make_store(local_store_url, 40)
     df = stream(spark, local_store_url, maxMessagesPerTrigger="7", consumerGroup="spark-g")
@@ -243,6 +251,7 @@ def test_stream_max_messages_per_trigger_batch_by_batch(spark, local_store_url, 
         {(TOPIC, qid): 10 for qid in range(QUEUES)}
 
 
+@pytest.mark.spark
 def test_stream_max_bytes_per_trigger(spark, local_store_url, tmp_path):
     with Store.open(local_store_url, start_services=False) as s:
         s.create_topic(TOPIC, read_queue_nums=2, write_queue_nums=2)
@@ -252,6 +261,7 @@ def test_stream_max_bytes_per_trigger(spark, local_store_url, tmp_path):
     assert batch_rows(q) == [3, 3, 3, 1]
 
 
+@pytest.mark.spark
 def test_available_now_stops_at_backlog_seen_at_start(spark, local_store_url, tmp_path):
     make_store(local_store_url, 40)
     seen = []
@@ -267,6 +277,7 @@ def test_available_now_stops_at_backlog_seen_at_start(spark, local_store_url, tm
     assert sorted(seen) == sorted(f"m{i}" for i in range(40))
 
 
+@pytest.mark.spark
 def test_stream_restart_from_checkpoint_exactly_once(spark, local_store_url, tmp_path):
     make_store(local_store_url, 40)
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
@@ -294,3 +305,96 @@ def test_stream_restart_from_checkpoint_exactly_once(spark, local_store_url, tmp
         q.stop()
     got = spark.read.parquet(str(out)).collect()
     assert sorted(bytes(r.body).decode() for r in got) == sorted(f"m{i}" for i in range(60))
+
+
+@pytest.mark.spark
+def test_reader_sees_only_whole_committed_versions(spark, local_store_url):
+    """Reads while a writer commits batches of 7: each read is a whole number of
+    batches and every queue is a gap-free prefix."""
+    import threading
+    with Store.open(local_store_url, start_services=False) as s:
+        s.create_topic(TOPIC, read_queue_nums=2, write_queue_nums=2)
+        s.append_batch(_rows(7))
+    stop = threading.Event()
+    errors = []
+
+    def write():
+        try:
+            with Store.open(local_store_url) as s:   # services on: publishes on its interval
+                for b in range(1, 400):
+                    if stop.is_set():
+                        break
+                    s.append_batch(_rows(7, 7 * b))
+                    if b % 5 == 0:
+                        s.publish()
+                    time.sleep(0.005)
+        except Exception as exc:   # surfaced below
+            errors.append(exc)
+    t = threading.Thread(target=write)
+    t.start()
+    counts = []
+    try:
+        for _ in range(3):
+            rows = read(spark, local_store_url).select("queue_id", "queue_offset").collect()
+            counts.append(len(rows))
+            assert len(rows) % 7 == 0
+            for qid in (0, 1):
+                offs = sorted(r.queue_offset for r in rows if r.queue_id == qid)
+                assert offs == list(range(len(offs)))
+    finally:
+        stop.set()
+        t.join(60)
+    assert not errors and not t.is_alive()
+    assert counts == sorted(counts) and counts[-1] > 7
+
+
+# -- admission control (no Spark) ---------------------------------------------------
+def _admit_store(url, sizes_per_queue):
+    with Store.open(url, start_services=False) as s:
+        s.create_topic(TOPIC, read_queue_nums=len(sizes_per_queue),
+                       write_queue_nums=len(sizes_per_queue))
+        for qid, sizes in enumerate(sizes_per_queue):
+            if sizes:
+                s.append_batch(pa.table({"topic": [TOPIC] * len(sizes),
+                                         "queue_id": pa.array([qid] * len(sizes), pa.int32()),
+                                         "body": [b"z" * n for n in sizes]}))
+
+
+def test_admit_rows_and_bytes_exact_and_fair(local_store_url):
+    from sparkmq.datasource.reader import admit
+    from sparkmq.log.reader import Snapshot
+    _admit_store(local_store_url, [[10] * 9, [10] * 2, [50] * 5])
+    snap = Snapshot.load(local_store_url)
+    start = {(TOPIC, 0): 0, (TOPIC, 1): 0, (TOPIC, 2): 0}
+    avail = {(TOPIC, 0): 9, (TOPIC, 1): 2, (TOPIC, 2): 5}
+    assert admit(snap, start, avail, None, None) == avail
+    # rows: round robin, queue 1 runs dry and the rest share what is left
+    assert admit(snap, start, avail, 7, None) == {(TOPIC, 0): 3, (TOPIC, 1): 2, (TOPIC, 2): 2}
+    assert admit(snap, start, avail, 100, None) == avail
+    # bytes: order q0,q1,q2,q0,q1,q2 = 10,10,50,10,10,50 -> 90 fits the first 5
+    assert admit(snap, start, avail, None, 90) == {(TOPIC, 0): 2, (TOPIC, 1): 2, (TOPIC, 2): 1}
+    # a message bigger than the limit is still admitted alone (no stall)
+    only2 = {(TOPIC, 0): 9, (TOPIC, 1): 2, (TOPIC, 2): 0}
+    assert admit(snap, only2, avail, None, 5) == {(TOPIC, 0): 9, (TOPIC, 1): 2, (TOPIC, 2): 1}
+    # both limits: the tighter one wins
+    assert admit(snap, start, avail, 4, 1000) == {(TOPIC, 0): 2, (TOPIC, 1): 1, (TOPIC, 2): 1}
+
+
+def test_offset_options_parse_and_reject(local_store_url):
+    from sparkmq.datasource.options import parse_options, resolve_offsets
+    from sparkmq.errors import UserError
+    from sparkmq.log.reader import Snapshot
+    make_store(local_store_url, 8)
+    snap = Snapshot.load(local_store_url)
+    pairs = [(TOPIC, q) for q in range(QUEUES)]
+    got = resolve_offsets(snap, pairs, json.dumps({TOPIC: {"0": 1, "1": -1}}), None,
+                          "earliest", "startingOffsets")
+    assert got == {(TOPIC, 0): 1, (TOPIC, 1): 2, (TOPIC, 2): 0, (TOPIC, 3): 0}
+    with pytest.raises(UserError, match="startingOffsets"):
+        resolve_offsets(snap, pairs, "{bad", None, "earliest", "startingOffsets")
+    with pytest.raises(UserError, match="one of topic"):
+        parse_options({"path": local_store_url, "topic": "a", "topicPattern": "b"})
+    with pytest.raises(UserError, match="maxMessagesPerTrigger"):
+        parse_options({"path": local_store_url, "maxMessagesPerTrigger": "0"})
+    with pytest.raises(UserError, match="no store"):
+        parse_options({})
