@@ -5,6 +5,39 @@ Everything here is pure (no Spark): functions take a :class:`Snapshot` and
 the option map and return plain Python values, so they run on the driver's
 planner worker and pickle to executors.
 
+Options (names are case-insensitive; B = batch, S = streaming):
+
+=========================  =======  ==========================================================
+option                     default  meaning
+=========================  =======  ==========================================================
+``path`` (or load(url))    —        the store's URL (any fsspec URL)
+``topic`` / ``topics``     all      one topic / a comma list (B, S); must exist
+``topicPattern``           —        regex over topic names (full match); S picks up new
+                                    topics at their earliest offset, like Kafka
+``queues``                 all      ``"0,2"`` (every selected topic) or JSON ``{"T":[0,1]}``
+``startingOffsets``        B earl.  ``earliest``, ``latest`` or JSON ``{"T":{"0":5,"1":-2}}``
+                           S latest (-2 earliest, -1 latest); S: only for a new query
+``endingOffsets``          latest   B only; same forms (exclusive end)
+``startingTimestamp``      —        epoch ms: first offset stored at or after it (wins over
+                                    startingOffsets)
+``endingTimestamp``        —        B only: end at the first offset stored at or after it
+``versionAsOf``            newest   B only: read that transaction-log version
+``timestampAsOf``          newest   B only: newest version committed at or before (ms or ISO)
+``minPartitions``          —        split big queue ranges so there are at least N tasks
+``failOnDataLoss``         true     offsets removed by retention: fail naming the earliest
+                                    available offset, or (false) skip them with a warning
+``maxMessagesPerTrigger``  —        S: at most N messages per micro-batch (exact; round robin
+                                    over queues)
+``maxBytesPerTrigger``     —        S: at most N body bytes per micro-batch (exact, but at
+                                    least one message so a big one cannot stall the query)
+``consumerGroup``          —        S: record the query's progress as this group's consumer
+                                    offsets in the store (lag visible to admin tools)
+``storageOptions``         —        JSON dict passed to fsspec
+=========================  =======  ==========================================================
+
+The Python data source API has no column pruning: a read materializes every
+column (cheap: slices of memory-mapped Arrow batches).
+
 Offset JSON (``startingOffsets`` / ``endingOffsets``) is
 ``{"topic": {"queue_id": offset}}`` where ``-2`` means earliest and ``-1``
 latest, exactly as in the Kafka source. Streaming offsets have the same shape
