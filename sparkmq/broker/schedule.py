@@ -1,0 +1,360 @@
+"""Delayed messages: RocketMQ's ``messageDelayLevel`` levels and 5.x delivery timestamps.
+
+Contract:
+- ``DelayPolicy`` turns a send's delay (a level 1..N via the ``DELAY`` user property, or a
+  delivery timestamp) into ``(schedule queue, due ms)``; a delay beyond ``maxDelayMs``
+  (default 3 days) or an unknown level raises ``DelayRefused``; a due time already past means
+  "deliver now" (``None``).
+- Parked messages are ordinary rows of the system topic ``SCHEDULE_TOPIC_XXXX`` (queue
+  ``level-1`` per level, queue ``N`` for arbitrary timestamps) with ``delivery_timestamp`` =
+  due time and the real topic in property ``REAL_TOPIC``: Spark readers of the real topic do
+  not see them; admin tools do (the system topic is readable).
+- ``ScheduleService`` (thread ``sparkmq-schedule``; ``start()``/``stop()``, injected
+  ``clock_ms``) keeps every parked, undelivered message in a heap by due time, woken by the
+  store's arrival listener and by a timer for the earliest due time (no polling loop). Due
+  messages are re-appended to their real topic (same body, tags, keys, properties, unique key
+  and ``delivery_timestamp``; property ``SCHEDULE_SOURCE`` = ``"queue:offset"`` of the parked
+  copy), never before ``clock_ms() >= due``.
+- Progress: per schedule queue, the lowest undelivered offset is committed with
+  ``Store.commit_consumer_offsets`` under group ``SCHEDULE_GROUP`` (every ``persist_interval_ms``
+  and at ``stop()``). ``start()`` rebuilds the heap from there; a parked message already due that
+  the real topic holds a copy of (by ``SCHEDULE_SOURCE``) is not delivered again, so restart
+  and crash neither lose nor duplicate a delivery.
+- Thread-safety: ``wake()``, ``run_due()``, ``pending_count()`` may be called from any thread.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import re
+import threading
+import time
+from typing import Callable
+
+from ..errors import SparkMQError, UserError
+from ..log.message import Message
+from ..log import format as fmt
+
+log = logging.getLogger(__name__)
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+SCHEDULE_GROUP = "SCHEDULE_CONSUMER_GROUP"
+PROP_REAL_TOPIC = "REAL_TOPIC"
+PROP_DELAY_LEVEL = "DELAY"                  # RocketMQ MessageConst.PROPERTY_DELAY_TIME_LEVEL
+PROP_SOURCE = "SCHEDULE_SOURCE"
+DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+DEFAULT_MAX_DELAY_MS = 3 * 24 * 3600 * 1000
+DELIVER_BATCH = 256
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+class DelayRefused(UserError):
+    """A delay the broker will not take (too long, unknown level); the message says why."""
+
+    code = "SPARKMQ_ILLEGAL_DELIVERY_TIME"
+
+
+def parse_delay_levels(text: str) -> list[int]:
+    """``"1s 5s 1m 2h"`` -> milliseconds per level (level 1 first)."""
+    out = []
+    for item in text.split():
+        m = re.fullmatch(r"(\d+)(ms|s|m|h|d)", item.strip())
+        if m is None:
+            raise UserError(f"messageDelayLevel item {item!r} is not <number><ms|s|m|h|d>")
+        out.append(int(m.group(1)) * _UNIT_MS[m.group(2)])
+    if not out:
+        raise UserError("messageDelayLevel is empty")
+    return out
+
+
+class DelayPolicy:
+    """Where and until when a delayed message is parked. Immutable; thread-safe."""
+
+    def __init__(self, levels_ms: list[int], max_delay_ms: int = DEFAULT_MAX_DELAY_MS):
+        self.levels_ms = list(levels_ms)
+        self.max_delay_ms = max_delay_ms
+
+    @property
+    def timer_queue(self) -> int:
+        """The schedule queue of arbitrary delivery timestamps (after the level queues)."""
+        return len(self.levels_ms)
+
+    @property
+    def queue_count(self) -> int:
+        return len(self.levels_ms) + 1
+
+    def park(self, now_ms: int, *, level: int | None = None,
+             deliver_at_ms: int | None = None) -> tuple[int, int] | None:
+        """(schedule queue, due ms), or None to deliver at once (level 0, a past timestamp)."""
+        if level is not None:
+            if level <= 0:
+                return None
+            if level > len(self.levels_ms):
+                raise DelayRefused(f"delay level {level} does not exist; levels are 1.."
+                                   f"{len(self.levels_ms)} (messageDelayLevel)")
+            return level - 1, now_ms + self.levels_ms[level - 1]
+        if deliver_at_ms is None or deliver_at_ms <= now_ms:
+            return None
+        if deliver_at_ms - now_ms > self.max_delay_ms:
+            raise DelayRefused(
+                f"delivery time is {deliver_at_ms - now_ms} ms ahead; at most {self.max_delay_ms}"
+                " ms (maxDelayMs) is allowed")
+        return self.timer_queue, deliver_at_ms
+
+
+def parked_row(policy: DelayPolicy, now_ms: int, topic: str, properties: dict[str, str],
+               deliver_at_ms: int | None) -> tuple[str, int | None, int | None, dict]:
+    """(topic, queue id or None, delivery ms or None, properties) for one sent message: the
+    schedule topic if it must wait, else the real topic unchanged. Raises DelayRefused."""
+    level = None
+    raw = properties.get(PROP_DELAY_LEVEL)
+    if raw is not None:
+        try:
+            level = int(raw)
+        except ValueError:
+            raise DelayRefused(f"{PROP_DELAY_LEVEL} property {raw!r} is not a level number") from None
+    parked = policy.park(now_ms, level=level, deliver_at_ms=None if level else deliver_at_ms)
+    if parked is None:
+        return topic, None, deliver_at_ms, properties
+    qid, due = parked
+    props = {k: v for k, v in properties.items() if k != PROP_DELAY_LEVEL}
+    props[PROP_REAL_TOPIC] = topic
+    return SCHEDULE_TOPIC, qid, due, props
+
+
+class ScheduleService:
+    """Delivers parked messages when due (see module docstring)."""
+
+    def __init__(self, store, policy: DelayPolicy, *, clock_ms: Callable[[], int] | None = None,
+                 persist_interval_ms: int = 1000, max_wait_s: float = 5.0,
+                 on_delivered: Callable[[int], None] | None = None):
+        self.store = store
+        self.policy = policy
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.persist_interval_ms = persist_interval_ms
+        self.max_wait_s = max_wait_s
+        self.on_delivered = on_delivered
+        self.delivered_total = 0
+        self._cond = threading.Condition()
+        self._run_lock = threading.Lock()
+        self._heap: list[tuple[int, int, int]] = []     # (due ms, queue, offset)
+        self._pending: dict[int, set[int]] = {}         # queue -> undelivered parked offsets
+        self._scanned: dict[int, int] = {}              # queue -> next offset to load
+        self._committed: dict[int, int] = {}
+        self._dirty = False
+        self._stopping = False
+        self._last_persist_ms = 0
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> "ScheduleService":
+        n = self.policy.queue_count
+        conf = self.store.topics().get(SCHEDULE_TOPIC)
+        if conf is None:
+            self.store.create_topic(SCHEDULE_TOPIC, read_queue_nums=n, write_queue_nums=n,
+                                    system=True, exist_ok=True)
+        elif conf["readQueueNums"] < n:
+            self.store.update_topic(SCHEDULE_TOPIC, read_queue_nums=n, write_queue_nums=n)
+        self._rebuild()
+        self.store.add_listener(self._on_arrival)
+        self._thread = threading.Thread(target=self._run, name="sparkmq-schedule", daemon=True)
+        self._thread.start()
+        log.info("schedule service: %d parked message(s) pending", self.pending_count())
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self.store.remove_listener(self._on_arrival)
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        try:
+            self.persist()
+        except SparkMQError as e:
+            log.error("schedule service: could not persist progress at stop: %s", e)
+
+    def wake(self) -> None:
+        """Re-evaluate now (after an injected clock moved, or new parked messages)."""
+        with self._cond:
+            self._dirty = True
+            self._cond.notify_all()
+
+    def pending_count(self) -> int:
+        with self._cond:
+            return sum(len(s) for s in self._pending.values())
+
+    def next_due_ms(self) -> int | None:
+        with self._cond:
+            return self._heap[0][0] if self._heap else None
+
+    # ------------------------------------------------------------ loading
+    def _rebuild(self) -> None:
+        offsets = self.store.consumer_offsets(SCHEDULE_GROUP)
+        now = self.clock_ms()
+        maybe_done: list[tuple[int, int, int, str, int]] = []
+        for qid in range(self.policy.queue_count):
+            floor = max(offsets.get((SCHEDULE_TOPIC, qid), 0),
+                        self.store.min_offset(SCHEDULE_TOPIC, qid))
+            self._scanned[qid] = self._committed[qid] = floor
+            self._pending[qid] = set()
+            for due, off, real, stored in self._load(qid):
+                if due <= now:
+                    maybe_done.append((due, qid, off, real, stored))
+                else:
+                    self._push(due, qid, off)
+        done = self._already_delivered(maybe_done)
+        for due, qid, off, _, _ in maybe_done:
+            if (qid, off) not in done:
+                self._push(due, qid, off)
+
+    def _load(self, qid: int) -> list[tuple[int, int, str, int]]:
+        """(due, offset, real topic, store ms) of parked messages from ``_scanned[qid]`` on."""
+        out = []
+        hi = self.store.max_offset(SCHEDULE_TOPIC, qid)
+        while self._scanned[qid] < hi:
+            t = self.store.read_table(SCHEDULE_TOPIC, qid, self._scanned[qid],
+                                      min(hi, self._scanned[qid] + 4096),
+                                      columns=["queue_offset", "delivery_timestamp",
+                                               "properties", "store_timestamp"],
+                                      on_removed="skip")
+            if t.num_rows == 0:
+                self._scanned[qid] = hi
+                break
+            for r in t.to_pylist():
+                props = dict(r["properties"] or [])
+                out.append((_ms(r["delivery_timestamp"]), r["queue_offset"],
+                            props.get(PROP_REAL_TOPIC, ""), _ms(r["store_timestamp"])))
+            self._scanned[qid] = t.column("queue_offset")[-1].as_py() + 1
+        return out
+
+    def _already_delivered(self, candidates) -> set[tuple[int, int]]:
+        """The (queue, offset) of due candidates whose copy the real topic already holds."""
+        found: set[tuple[int, int]] = set()
+        by_topic: dict[str, int] = {}
+        for _, _, _, real, stored in candidates:
+            if real in self.store.topics():
+                by_topic[real] = min(stored, by_topic.get(real, stored))
+        for topic, since in by_topic.items():
+            for q in range(self.store.topics()[topic]["readQueueNums"]):
+                start = self.store.offset_for_time(topic, q, since)
+                t = self.store.read_table(topic, q, start, columns=["properties"],
+                                          on_removed="skip")
+                for props in t.column("properties").to_pylist():
+                    src = dict(props or []).get(PROP_SOURCE)
+                    if src:
+                        a, b = src.split(":")
+                        found.add((int(a), int(b)))
+        return found
+
+    def _push(self, due: int, qid: int, off: int) -> None:
+        heapq.heappush(self._heap, (due, qid, off))
+        self._pending[qid].add(off)
+
+    def _on_arrival(self, topic: str, qid: int, max_offset: int) -> None:
+        if topic == SCHEDULE_TOPIC:
+            self.wake()
+
+    # ------------------------------------------------------------ delivering
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                if not self._dirty:
+                    self._cond.wait(self._wait_s())
+                self._dirty = False
+                if self._stopping:
+                    return
+            try:
+                self.run_due()
+            except Exception:       # keep the service alive; the next wake retries
+                log.exception("schedule service: delivery failed")
+                time.sleep(0.1)
+
+    def _wait_s(self) -> float:
+        if not self._heap:
+            return self.max_wait_s
+        return min(self.max_wait_s, max(0.0, (self._heap[0][0] - self.clock_ms()) / 1000.0))
+
+    def run_due(self) -> int:
+        """Load newly parked messages and deliver every due one now; returns how many."""
+        with self._run_lock:
+            with self._cond:
+                for qid in self._pending:
+                    for due, off, _, _ in self._load(qid):
+                        self._push(due, qid, off)
+            total = 0
+            while True:
+                with self._cond:
+                    now = self.clock_ms()
+                    due = []
+                    while self._heap and self._heap[0][0] <= now and len(due) < DELIVER_BATCH:
+                        due.append(heapq.heappop(self._heap))
+                if not due:
+                    break
+                self._deliver(due)
+                total += len(due)
+            self._maybe_persist()
+            return total
+
+    def _deliver(self, due: list[tuple[int, int, int]]) -> None:
+        msgs = []
+        for _, qid, off in due:
+            rows = self.store.read(SCHEDULE_TOPIC, qid, off, 1)
+            if not rows or rows[0].queue_offset != off:
+                continue                      # removed by retention meanwhile
+            real = rows[0].properties.get(PROP_REAL_TOPIC)
+            if real not in self.store.topics():
+                log.error("schedule service: dropping parked message %s:%d, its topic %r "
+                          "no longer exists", qid, off, real)
+                continue
+            msgs.append(_real_message(rows[0], qid))
+        try:
+            if msgs:
+                self.store.append(msgs)
+        except BaseException:
+            with self._cond:
+                for item in due:
+                    heapq.heappush(self._heap, item)
+            raise
+        with self._cond:
+            for _, qid, off in due:
+                self._pending[qid].discard(off)
+        self.delivered_total += len(msgs)
+        if self.on_delivered is not None and msgs:
+            self.on_delivered(len(msgs))
+
+    def _maybe_persist(self) -> None:
+        if self.clock_ms() - self._last_persist_ms >= self.persist_interval_ms:
+            self.persist()
+
+    def persist(self) -> None:
+        """Commit each schedule queue's lowest undelivered offset (if it moved)."""
+        with self._cond:
+            floors = {qid: (min(p) if p else self._scanned[qid])
+                      for qid, p in self._pending.items()}
+        changed = {(SCHEDULE_TOPIC, q): f for q, f in floors.items() if f != self._committed.get(q)}
+        self._last_persist_ms = self.clock_ms()
+        if changed:
+            self.store.commit_consumer_offsets(SCHEDULE_GROUP, changed)
+            for (_, q), f in changed.items():
+                self._committed[q] = f
+
+
+def _ms(v) -> int:
+    if v is None:
+        return 0
+    return v if isinstance(v, int) else int(v.timestamp() * 1000)
+
+
+def _real_message(m, qid: int) -> Message:
+    props = dict(m.properties)
+    topic = props.pop(PROP_REAL_TOPIC)
+    props[PROP_SOURCE] = f"{qid}:{m.queue_offset}"
+    return Message(topic=topic, body=m.body, tags=m.tags, keys=list(m.keys), properties=props,
+                   born_timestamp=m.born_timestamp, born_host=m.born_host,
+                   delivery_timestamp=m.delivery_timestamp, unique_key=m.unique_key,
+                   message_type=fmt.MESSAGE_TYPE_DELAY)
