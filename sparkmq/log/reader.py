@@ -50,10 +50,16 @@ def message_schema() -> pa.Schema:
 MESSAGE_SCHEMA = message_schema()
 
 
+# byte -> its two upper-case hex digits, as one little-endian uint16 per byte value
+_HEX_PAIRS16 = np.ascontiguousarray(
+    _HEX[np.stack([np.arange(256) >> 4, np.arange(256) & 0xF], axis=1)]).view(np.uint16).ravel()
+
+
 def _hex_digits(values: np.ndarray, width: int) -> np.ndarray:
-    shifts = np.arange(width - 1, -1, -1, dtype=np.uint64) * np.uint64(4)
-    nibbles = (values.astype(np.uint64)[:, None] >> shifts[None, :]) & np.uint64(0xF)
-    return _HEX[nibbles.astype(np.int64)]
+    """The low ``width`` (even) upper-case hex digits of each value, as (n, width) ASCII."""
+    be = np.ascontiguousarray(values, dtype=np.uint64).astype(">u8").view(np.uint8)
+    pairs = be.reshape(-1, 8)[:, 8 - width // 2:].astype(np.intp)
+    return _HEX_PAIRS16.take(pairs).view(np.uint8).reshape(-1, width)
 
 
 def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> pa.Array:
@@ -62,12 +68,11 @@ def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> p
     if n == 0:
         return pa.array([], pa.string())
     digits = np.empty((n, 32), dtype=np.uint8)
-    digits[:, :8] = _hex_digits(np.full(n, tag, dtype=np.uint64), 8)
+    digits[:, :8] = _hex_digits(np.array([tag], dtype=np.uint64), 8)
     digits[:, 8:24] = _hex_digits(batch_offsets, 16)
     digits[:, 24:] = _hex_digits(rows, 8)
     offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets.tobytes()),
-                                       pa.py_buffer(digits.tobytes()))
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(digits))
 
 
 class MessageReader:
@@ -181,9 +186,16 @@ class MessageReader:
         cuts = np.flatnonzero(bos[1:] != bos[:-1]) + 1
         starts = np.concatenate([[0], cuts])
         ends = np.concatenate([cuts, [n]])
-        seg_cols = [c for c in (columns or MESSAGE_COLUMNS)
-                    if c not in ("queue_offset", "physical_offset", "message_id")]
-        tag = store_tag(self.store_id)
+        wanted = list(columns or MESSAGE_COLUMNS)
+        # columns that live outside the segments: built once for all entries, sliced per batch
+        computed: dict[str, pa.Array] = {}
+        if "queue_offset" in wanted:
+            computed["queue_offset"] = pa.array(qos, pa.int64())
+        if "physical_offset" in wanted:
+            computed["physical_offset"] = pa.array(bos + rows.astype(np.int64), pa.int64())
+        if "message_id" in wanted:
+            computed["message_id"] = message_id_array(store_tag(self.store_id), bos, rows)
+        schema = _select_schema(columns)
         for s, e in zip(starts.tolist(), ends.tolist()):
             batch = self._read_batch(int(bos[s]))
             r = rows[s:e]
@@ -191,19 +203,9 @@ class MessageReader:
                 part = batch.slice(int(r[0]), e - s)
             else:
                 part = batch.take(pa.array(r))
-            part = part.select(seg_cols) if seg_cols else None
-            out_cols = {}
-            for c in (columns or MESSAGE_COLUMNS):
-                if c == "queue_offset":
-                    out_cols[c] = pa.array(qos[s:e], pa.int64())
-                elif c == "physical_offset":
-                    out_cols[c] = pa.array(bos[s:e] + r.astype(np.int64), pa.int64())
-                elif c == "message_id":
-                    out_cols[c] = message_id_array(tag, bos[s:e], r)
-                else:
-                    out_cols[c] = part.column(c)
-            yield pa.RecordBatch.from_arrays(list(out_cols.values()),
-                                             schema=_select_schema(columns))
+            arrays = [computed[c].slice(s, e - s) if c in computed else part.column(c)
+                      for c in wanted]
+            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
              ) -> list[StoredMessage]:
