@@ -142,6 +142,9 @@ class Store(MessageReader):
         self._pending_deletes: list[tuple[float, str]] = []
         self._closed = False
         self._fenced = False       # a newer writer took the lease: refuse all writes
+        # every batch below this physical offset has its ConsumeQueue/Index entries;
+        # publish never commits segment bytes past it (a crash would skip their dispatch)
+        self._dispatched_offset = 0
         self.token = uuid.uuid4().hex[:12]
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.token}"
         self.epoch = 0
@@ -315,6 +318,7 @@ class Store(MessageReader):
         for s in segs[:-1]:
             s.sealed = True  # frozen: something was placed after it
         self.commitlog.flushed_offset = self.commitlog.written_offset
+        self._dispatched_offset = self.commitlog.written_offset
         for key, nxt in self._next_offsets.items():
             self._visible_next[key] = nxt
         if redispatched:
@@ -666,6 +670,7 @@ class Store(MessageReader):
         rolls = self.commitlog.segments_created
         batch_offset = self.commitlog.append(batch)
         qos = self._dispatch(batch, batch_offset)
+        self._dispatched_offset = self.commitlog.written_offset
         if rolls != self.commitlog.segments_created:
             publisher = getattr(self, "_publisher", None)
             if publisher is not None:
@@ -882,23 +887,26 @@ class Store(MessageReader):
         if not self.writable or self._closed and not force:
             return self.state
         with self._commit_lock:
-            upto = self.commitlog.flushed_offset
+            # flushed and dispatched: an append writes its bytes before it dispatches, and
+            # the flush service may flush them in between
+            upto = min(self._dispatched_offset, self.commitlog.flushed_offset)
             taken = self.cq.take_unpersisted(upto)
             itable = self.index.take_unpersisted(upto)
             actions: list[dict] = []
             written: list[str] = []
             try:
                 for ref in self.commitlog.segments():
-                    size = ref.size if ref.sealed else min(ref.size, max(0, upto - ref.base_offset))
+                    sealed = ref.sealed and ref.end_offset <= upto  # (a roll may be newer)
+                    size = ref.size if sealed else min(ref.size, max(0, upto - ref.base_offset))
                     prev = self.state.segments.get(ref.path)
                     if prev is not None and int(prev["size"]) == size and \
-                            bool(prev.get("sealed")) == ref.sealed:
+                            bool(prev.get("sealed")) == sealed:
                         continue
                     if size <= 0:
                         continue
                     actions.append({"add": {"path": ref.path, "kind": "segment",
                                             "baseOffset": ref.base_offset, "size": size,
-                                            "sealed": ref.sealed,
+                                            "sealed": sealed,
                                             "modificationTime": self.clock_ms()}})
                 if taken:
                     table = chunks_to_side_table(taken)
@@ -1004,6 +1012,7 @@ class Store(MessageReader):
                     affected.append((batch, qos))
                     total += batch.num_rows
             self.commitlog.flushed_offset = self.commitlog.written_offset
+            self._dispatched_offset = self.commitlog.written_offset
             extra = []
             if app_id is not None:
                 extra.append({"txn": {"appId": app_id, "version": int(app_version),
