@@ -398,3 +398,20 @@ def test_offset_options_parse_and_reject(local_store_url):
         parse_options({"path": local_store_url, "maxMessagesPerTrigger": "0"})
     with pytest.raises(UserError, match="no store"):
         parse_options({})
+
+
+@pytest.mark.spark
+def test_stream_topic_pattern_picks_up_new_topic_from_earliest(spark, local_store_url, tmp_path):
+    with Store.open(local_store_url, start_services=False) as s:
+        s.create_topic("Other", read_queue_nums=1, write_queue_nums=1)
+    ckpt = tmp_path / "ckpt"
+    df = spark.readStream.format("sparkmq").option("topicPattern", "Ord.*").load(local_store_url)
+    seen = []
+
+    def each(batch_df, batch_id):
+        seen.extend(bytes(r.body).decode() for r in batch_df.select("body").collect())
+    run_available_now(df, None, ckpt, foreach=each)
+    assert seen == []
+    make_store(local_store_url, 12)     # topic Orders appears after the query started
+    run_available_now(df, None, ckpt, foreach=each)
+    assert sorted(seen) == sorted(f"m{i}" for i in range(12))
