@@ -1,0 +1,385 @@
+"""Consumers: SimpleConsumer (receive / ack / change invisible duration), PushConsumer
+(a listener fed by long-polling receives) and PullConsumer (by queue and offset).
+
+Delivery model (RocketMQ 5 "pop"): ReceiveMessage asks one broker for up to N
+messages of a topic for a group; the broker picks the queues, hides each delivered
+message for its invisible duration and redelivers it (attempt + 1) unless it is acked
+in time. Clustering: the broker gives each message to one consumer of the group.
+Broadcasting (sparkmq extension, request metadata ``x-sparkmq-consume-mode``): every
+consumer instance gets every message, with offsets of its own.
+
+Every RPC has a deadline: a long poll waits at most ``wait_s`` plus the request timeout.
+SimpleConsumer and PullConsumer methods are thread-safe; PushConsumer runs one poller
+thread per (topic, broker) and a pool of ``consume_threads`` listener threads.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import enum
+import itertools
+import logging
+import threading
+import time
+from typing import Callable, Mapping
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+
+from ..errors import UserError
+from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
+                   Connections, Queue, ReceivedMessage, RouteCache, check, duration,
+                   parse_endpoints)
+
+log = logging.getLogger("sparkmq.client.consumer")
+BROADCAST_HEADER = "x-sparkmq-consume-mode"
+
+
+class ConsumeResult(enum.Enum):
+    """What a PushConsumer listener returns: SUCCESS acks, FAILURE leaves the message to
+    come back after its invisible duration (an exception counts as FAILURE)."""
+
+    SUCCESS = "SUCCESS"
+    FAILURE = "FAILURE"
+
+
+class ConsumeMode(enum.Enum):
+    CLUSTERING = "CLUSTERING"
+    BROADCASTING = "BROADCASTING"
+
+
+class _GroupClient:
+    """Shared plumbing of the consumers of one group."""
+
+    def __init__(self, endpoints, group: str, subscriptions: Mapping[str, str], *,
+                 request_timeout_s: float, mode: ConsumeMode):
+        if not group:
+            raise UserError("a consumer needs a consumer group name")
+        if not subscriptions:
+            raise UserError("a consumer needs at least one subscription {topic: 'TagA || TagB'}")
+        self.endpoints = parse_endpoints(endpoints)
+        self.group = group
+        self.subscriptions = {t: (e or "*") for t, e in subscriptions.items()}
+        extra = [(BROADCAST_HEADER, "BROADCASTING")] if mode is ConsumeMode.BROADCASTING else []
+        self.conns = Connections(request_timeout_s, extra)
+        self.routes = RouteCache(self.conns, self.endpoints)
+        self._closed = False
+
+    @property
+    def client_id(self) -> str:
+        return self.conns.client_id
+
+    def _heartbeat(self) -> None:
+        req = spb.HeartbeatRequest(group=pb.Resource(name=self.group),
+                                   client_type=pb.SIMPLE_CONSUMER)
+        for ep in {q.endpoint for t in self.subscriptions for q in self.routes.queues(t)}:
+            try:
+                self.conns.call(ep, "Heartbeat", req)
+            except BrokerUnavailableError as e:
+                log.info("heartbeat: %s", e)
+
+    def _brokers(self, topic: str) -> list[Queue]:
+        """One readable queue per broker of ``topic`` (the broker chooses inside)."""
+        seen: dict[str, Queue] = {}
+        for q in self.routes.queues(topic):
+            if q.readable and q.broker_id == 0 and q.broker_name not in seen:
+                seen[q.broker_name] = q
+        return list(seen.values())
+
+    def _receive_from(self, queue: Queue, max_messages: int, invisible_s: float,
+                      wait_s: float) -> list[ReceivedMessage]:
+        expr = self.subscriptions[queue.topic]
+        mq = queue.to_pb()
+        mq.id = -1
+        req = spb.ReceiveMessageRequest(
+            group=pb.Resource(name=self.group), message_queue=mq,
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression=expr),
+            batch_size=max_messages, invisible_duration=duration(invisible_s), auto_renew=False,
+            long_polling_timeout=duration(wait_s))
+        stub = self.conns.stub(queue.endpoint)
+        out: list[ReceivedMessage] = []
+        try:
+            for r in stub.ReceiveMessage(req, timeout=wait_s + self.conns.request_timeout_s,
+                                         metadata=self.conns.metadata):
+                kind = r.WhichOneof("content")
+                if kind == "message":
+                    out.append(ReceivedMessage.from_pb(r.message, queue.endpoint))
+                elif kind == "status" and r.status.code not in (Code.OK, Code.MESSAGE_NOT_FOUND):
+                    check(r.status, f"ReceiveMessage {queue.topic!r} at {queue.endpoint}")
+        except Exception as e:
+            import grpc
+            if isinstance(e, grpc.RpcError):
+                raise BrokerUnavailableError(f"ReceiveMessage at {queue.endpoint}: {e.code()} "
+                                             f"{e.details()}") from None
+            raise
+        return out
+
+    def _ack(self, m: ReceivedMessage) -> None:
+        r = self.conns.call(m.endpoint, "AckMessage", spb.AckMessageRequest(
+            group=pb.Resource(name=self.group), topic=pb.Resource(name=m.topic),
+            entries=[spb.AckMessageEntry(message_id=m.message_id, receipt_handle=m.receipt_handle)]))
+        check(r.status, f"AckMessage {m.message_id}")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            req = spb.NotifyClientTerminationRequest(group=pb.Resource(name=self.group))
+            for ep in self.endpoints:
+                try:
+                    self.conns.call(ep, "NotifyClientTermination", req, timeout_s=1.0)
+                except BrokerUnavailableError:
+                    pass
+        finally:
+            self.conns.close()
+
+
+class SimpleConsumer(_GroupClient):
+    """Receive, process, ack at your own pace. ``receive`` long-polls one (topic, broker)
+    after another, round robin, and returns what the first non-empty one gave."""
+
+    def __init__(self, endpoints, group: str, subscriptions: Mapping[str, str], *,
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 mode: ConsumeMode = ConsumeMode.CLUSTERING):
+        super().__init__(endpoints, group, subscriptions, request_timeout_s=request_timeout_s,
+                         mode=mode)
+        self._rr = itertools.count()
+        self._heartbeat()
+
+    def receive(self, max_messages: int = 16, invisible_duration_s: float = 30.0,
+                wait_s: float = 5.0) -> list[ReceivedMessage]:
+        """Up to ``max_messages`` messages; waits up to ``wait_s`` per (topic, broker)
+        for one to arrive. Each must be acked within ``invisible_duration_s`` or it
+        is delivered again."""
+        targets = [q for t in self.subscriptions for q in self._brokers(t)]
+        start = next(self._rr)
+        errors = []
+        for i in range(len(targets)):
+            q = targets[(start + i) % len(targets)]
+            try:
+                got = self._receive_from(q, max_messages, invisible_duration_s, wait_s)
+            except BrokerUnavailableError as e:
+                errors.append(str(e))
+                continue
+            if got:
+                return got
+        if errors and len(errors) == len(targets):
+            raise BrokerUnavailableError("; ".join(errors))
+        return []
+
+    def ack(self, message: ReceivedMessage) -> None:
+        """Acknowledge a delivery; raises ClientError(INVALID_RECEIPT_HANDLE) if it expired."""
+        self._ack(message)
+
+    def change_invisible_duration(self, message: ReceivedMessage,
+                                  invisible_duration_s: float) -> ReceivedMessage:
+        """Hide the message ``invisible_duration_s`` from now; returns it with the new
+        receipt handle (use that one to ack)."""
+        r = self.conns.call(message.endpoint, "ChangeInvisibleDuration",
+                            spb.ChangeInvisibleDurationRequest(
+                                group=pb.Resource(name=self.group),
+                                topic=pb.Resource(name=message.topic),
+                                receipt_handle=message.receipt_handle,
+                                invisible_duration=duration(invisible_duration_s),
+                                message_id=message.message_id))
+        check(r.status, f"ChangeInvisibleDuration {message.message_id}")
+        import dataclasses
+        return dataclasses.replace(message, receipt_handle=r.receipt_handle)
+
+
+class PushConsumer(_GroupClient):
+    """Background consumption: per (topic, broker) a poller thread long-polls receives
+    and hands messages to ``listener(message) -> ConsumeResult`` on ``consume_threads``
+    threads; SUCCESS acks, FAILURE or an exception does not (the message comes back).
+
+    ``orderly=True``: messages of one message group from one receive are processed one
+    after another in order, and after a failure the rest of that group is not processed
+    (the broker redelivers from the failed one). At most ``consume_threads * batch_size``
+    messages are in flight; a poller waits for room before receiving again.
+    ``shutdown()`` stops polling, lets running listeners finish (unacked ones come back
+    to the group), and closes the connections."""
+
+    def __init__(self, endpoints, group: str, subscriptions: Mapping[str, str],
+                 listener: Callable[[ReceivedMessage], ConsumeResult], *,
+                 consume_threads: int = 4, orderly: bool = False, batch_size: int = 16,
+                 invisible_duration_s: float = 30.0, wait_s: float = 2.0,
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 mode: ConsumeMode = ConsumeMode.CLUSTERING, start: bool = True):
+        super().__init__(endpoints, group, subscriptions, request_timeout_s=request_timeout_s,
+                         mode=mode)
+        self.listener = listener
+        self.orderly = orderly
+        self.batch_size = batch_size
+        self.invisible_duration_s = invisible_duration_s
+        self.wait_s = wait_s
+        self._pool = cf.ThreadPoolExecutor(consume_threads, thread_name_prefix="sparkmq-consume")
+        self._room = threading.BoundedSemaphore(consume_threads * batch_size)
+        self._stop = threading.Event()
+        self._pollers: list[threading.Thread] = []
+        self.consumed = 0
+        self.failed = 0
+        self._count_lock = threading.Lock()
+        if start:
+            self.start()
+
+    def start(self) -> "PushConsumer":
+        self._heartbeat()
+        for topic in self.subscriptions:
+            for q in self._brokers(topic):
+                t = threading.Thread(target=self._poll_loop, args=(q,), daemon=True,
+                                     name=f"sparkmq-poll-{topic}-{q.broker_name}")
+                t.start()
+                self._pollers.append(t)
+        return self
+
+    def _poll_loop(self, queue: Queue) -> None:
+        while not self._stop.is_set():
+            n = self._reserve()
+            if n == 0:
+                continue
+            try:
+                got = self._receive_from(queue, n, self.invisible_duration_s, self.wait_s)
+            except Exception as e:
+                log.info("receive from %s failed: %s", queue.endpoint, e)
+                got = []
+                self._stop.wait(1.0)
+            for _ in range(n - len(got)):
+                self._room.release()
+            self._dispatch(got)
+
+    def _reserve(self) -> int:
+        """Take room for up to batch_size messages (at least one; waits up to 1 s)."""
+        if not self._room.acquire(timeout=1.0):
+            return 0
+        n = 1
+        while n < self.batch_size and self._room.acquire(blocking=False):
+            n += 1
+        return n
+
+    def _dispatch(self, got: list[ReceivedMessage]) -> None:
+        if not self.orderly:
+            for m in got:
+                self._pool.submit(self._consume_all, [m])
+            return
+        groups: dict[str | None, list[ReceivedMessage]] = {}
+        for m in got:
+            groups.setdefault(m.message_group, []).append(m)
+        for g, ms in groups.items():
+            if g is None:
+                for m in ms:
+                    self._pool.submit(self._consume_all, [m])
+            else:
+                self._pool.submit(self._consume_all, ms)
+
+    def _consume_all(self, messages: list[ReceivedMessage]) -> None:
+        ok = True
+        for m in messages:
+            try:
+                if ok and not self._stop.is_set():
+                    ok = self._consume_one(m)
+            finally:
+                self._room.release()
+
+    def _consume_one(self, m: ReceivedMessage) -> bool:
+        try:
+            result = self.listener(m)
+        except Exception:
+            log.exception("listener raised on %s; it will be redelivered", m.message_id)
+            result = ConsumeResult.FAILURE
+        if result is ConsumeResult.SUCCESS:
+            try:
+                self._ack(m)
+            except (ClientError, BrokerUnavailableError) as e:
+                log.warning("ack of %s failed (%s); it will be redelivered", m.message_id, e)
+                return False
+            with self._count_lock:
+                self.consumed += 1
+            return True
+        with self._count_lock:
+            self.failed += 1
+        return False
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop polling, wait (bounded) for pollers and running listeners, close. Idempotent."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        for t in self._pollers:
+            t.join(max(0.0, deadline - time.monotonic()))
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self.close()
+
+    def __enter__(self) -> "PushConsumer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+class PullConsumer:
+    """Read queues by offset (PullMessage); the caller keeps or commits offsets
+    (UpdateOffset / GetOffset keep them at the broker per group). Thread-safe."""
+
+    def __init__(self, endpoints, group: str, *,
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S):
+        self.endpoints = parse_endpoints(endpoints)
+        self.group = group
+        self.conns = Connections(request_timeout_s)
+        self.routes = RouteCache(self.conns, self.endpoints)
+
+    def queues(self, topic: str) -> list[Queue]:
+        """The readable master queues of ``topic`` across brokers."""
+        return [q for q in self.routes.queues(topic) if q.readable and q.broker_id == 0]
+
+    def pull(self, queue: Queue, offset: int, max_messages: int = 32, wait_s: float = 0.0,
+             tag_expression: str = "*") -> tuple[list[ReceivedMessage], int]:
+        """Messages of ``queue`` from ``offset`` (waits up to ``wait_s`` for the first);
+        returns (messages, next offset to pull from)."""
+        req = spb.PullMessageRequest(
+            group=pb.Resource(name=self.group), message_queue=queue.to_pb(), offset=offset,
+            batch_size=max_messages,
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression=tag_expression),
+            long_polling_timeout=duration(wait_s))
+        out, nxt = [], offset
+        try:
+            for r in self.conns.stub(queue.endpoint).PullMessage(
+                    req, timeout=wait_s + self.conns.request_timeout_s,
+                    metadata=self.conns.metadata):
+                kind = r.WhichOneof("content")
+                if kind == "message":
+                    out.append(ReceivedMessage.from_pb(r.message, queue.endpoint))
+                elif kind == "next_offset":
+                    nxt = r.next_offset
+                elif kind == "status" and r.status.code not in (Code.OK, Code.MESSAGE_NOT_FOUND):
+                    check(r.status, f"PullMessage {queue.topic}/{queue.queue_id}")
+        except Exception as e:
+            import grpc
+            if isinstance(e, grpc.RpcError):
+                raise BrokerUnavailableError(f"PullMessage at {queue.endpoint}: {e.code()} "
+                                             f"{e.details()}") from None
+            raise
+        return out, nxt
+
+    def query_offset(self, queue: Queue, policy: str = "BEGINNING",
+                     timestamp_ms: int | None = None) -> int:
+        """Offset at BEGINNING, END, or (policy TIMESTAMP) the first stored at/after timestamp_ms."""
+        req = spb.QueryOffsetRequest(message_queue=queue.to_pb(),
+                                     query_offset_policy=pb.QueryOffsetPolicy.Value(policy))
+        if timestamp_ms is not None:
+            req.timestamp.FromMilliseconds(timestamp_ms)
+        r = self.conns.call(queue.endpoint, "QueryOffset", req)
+        check(r.status, f"QueryOffset {queue.topic}/{queue.queue_id}")
+        return r.offset
+
+    def committed_offset(self, queue: Queue) -> int:
+        r = self.conns.call(queue.endpoint, "GetOffset", spb.GetOffsetRequest(
+            group=pb.Resource(name=self.group), message_queue=queue.to_pb()))
+        check(r.status, f"GetOffset {queue.topic}/{queue.queue_id}")
+        return r.offset
+
+    def commit_offset(self, queue: Queue, offset: int) -> None:
+        r = self.conns.call(queue.endpoint, "UpdateOffset", spb.UpdateOffsetRequest(
+            group=pb.Resource(name=self.group), message_queue=queue.to_pb(), offset=offset))
+        check(r.status, f"UpdateOffset {queue.topic}/{queue.queue_id}")
+
+    def close(self) -> None:
+        self.conns.close()

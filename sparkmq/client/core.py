@@ -1,0 +1,254 @@
+"""Shared parts of sparkmq's clients: messages, the gRPC connection pool and routes.
+
+The clients speak the Apache RocketMQ 5.x ``apache.rocketmq.v2.MessagingService``
+(the generated modules shipped with ``rocketmq-python-client``) to a sparkmq
+broker or any RocketMQ 5 proxy.
+
+Contracts:
+- Every RPC carries a deadline (``request_timeout_s``; long polls add their polling
+  time), so no call blocks forever.
+- Routes are asked of every configured endpoint and merged by (broker name, queue
+  id): with a NameServer behind the brokers one endpoint is enough, without one the
+  client still sees every broker it was given. A route is cached ``route_ttl_s``.
+- :class:`Connections` and :class:`RouteCache` are thread-safe.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+import uuid
+from typing import Iterable, Sequence
+
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+from ..errors import InvalidConfigError, RetriableError, SparkMQError, TopicNotFoundError, UserError
+
+Code = pb.Code
+DEFAULT_REQUEST_TIMEOUT_S = 5.0
+DEFAULT_ROUTE_TTL_S = 30.0
+
+
+class ClientError(SparkMQError):
+    """A broker answered a request with a non-OK status; ``status_code`` is the protocol code."""
+
+    code = "SPARKMQ_CLIENT_ERROR"
+
+    def __init__(self, message: str, status_code: int = Code.INTERNAL_ERROR):
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class BrokerUnavailableError(RetriableError):
+    """No broker could be reached (or every one failed); retry later or check the endpoints."""
+
+    code = "SPARKMQ_BROKER_UNAVAILABLE"
+
+
+@dataclasses.dataclass
+class Message:
+    """A message to send. ``message_group`` is the sharding key: messages with equal
+    keys go to the same queue and keep their send order (FIFO)."""
+
+    topic: str
+    body: bytes
+    tag: str | None = None
+    keys: Sequence[str] = ()
+    properties: dict[str, str] = dataclasses.field(default_factory=dict)
+    message_group: str | None = None
+
+    def to_pb(self, born_host: str) -> pb.Message:
+        if not isinstance(self.body, (bytes, bytearray)):
+            raise UserError(f"message body must be bytes, got {type(self.body).__name__}")
+        m = pb.Message(topic=pb.Resource(name=self.topic), body=bytes(self.body))
+        m.user_properties.update(self.properties or {})
+        sp = m.system_properties
+        if self.tag:
+            sp.tag = self.tag
+        sp.keys.extend(self.keys or ())
+        sp.message_id = uuid.uuid4().hex.upper()
+        sp.born_timestamp.FromMilliseconds(int(time.time() * 1000))
+        sp.born_host = born_host
+        sp.body_encoding = pb.IDENTITY
+        if self.message_group:
+            sp.message_group = self.message_group
+            sp.message_type = pb.FIFO
+        else:
+            sp.message_type = pb.NORMAL
+        return m
+
+
+@dataclasses.dataclass(frozen=True)
+class ReceivedMessage:
+    """A message as delivered to a consumer. ``receipt_handle`` and ``endpoint`` identify
+    this delivery for ack / change_invisible_duration (SimpleConsumer, PushConsumer)."""
+
+    topic: str
+    body: bytes
+    message_id: str
+    tag: str | None
+    keys: tuple[str, ...]
+    properties: dict[str, str]
+    message_group: str | None
+    queue_id: int
+    queue_offset: int
+    born_timestamp_ms: int
+    delivery_attempt: int
+    receipt_handle: str
+    endpoint: str
+
+    @classmethod
+    def from_pb(cls, m: pb.Message, endpoint: str) -> "ReceivedMessage":
+        sp = m.system_properties
+        return cls(topic=m.topic.name, body=m.body, message_id=sp.message_id,
+                   tag=sp.tag if sp.HasField("tag") else None, keys=tuple(sp.keys),
+                   properties=dict(m.user_properties),
+                   message_group=sp.message_group if sp.HasField("message_group") else None,
+                   queue_id=sp.queue_id, queue_offset=sp.queue_offset,
+                   born_timestamp_ms=sp.born_timestamp.ToMilliseconds(),
+                   delivery_attempt=sp.delivery_attempt, receipt_handle=sp.receipt_handle,
+                   endpoint=endpoint)
+
+
+@dataclasses.dataclass(frozen=True)
+class Queue:
+    """One queue of a route: where it lives and what it permits."""
+
+    topic: str
+    queue_id: int
+    broker_name: str
+    broker_id: int
+    endpoint: str
+    permission: int
+
+    @property
+    def writable(self) -> bool:
+        return self.permission in (pb.WRITE, pb.READ_WRITE) and self.broker_id == 0
+
+    @property
+    def readable(self) -> bool:
+        return self.permission in (pb.READ, pb.READ_WRITE)
+
+    def to_pb(self) -> pb.MessageQueue:
+        host, port = self.endpoint.rsplit(":", 1)
+        return pb.MessageQueue(
+            topic=pb.Resource(name=self.topic), id=self.queue_id, permission=self.permission,
+            broker=pb.Broker(name=self.broker_name, id=self.broker_id, endpoints=pb.Endpoints(
+                scheme=pb.IPv4, addresses=[pb.Address(host=host, port=int(port))])))
+
+
+def parse_endpoints(endpoints: str | Iterable[str]) -> list[str]:
+    """``"h1:p1;h2:p2"`` (or a list of ``host:port``) -> list of ``host:port``."""
+    items = endpoints.replace(",", ";").split(";") if isinstance(endpoints, str) else endpoints
+    out = [e.strip() for e in items if e and e.strip()]
+    for e in out:
+        host, _, port = e.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidConfigError(f"endpoint {e!r} is not host:port")
+    if not out:
+        raise InvalidConfigError("no endpoints given; pass 'host:port' or a list of them")
+    return out
+
+
+def duration(seconds: float):
+    from google.protobuf.duration_pb2 import Duration
+    d = Duration()
+    d.FromMilliseconds(int(seconds * 1000))
+    return d
+
+
+def check(st: pb.Status, what: str) -> None:
+    """Raise ClientError unless ``st`` is OK."""
+    if st.code != Code.OK:
+        raise ClientError(f"{what}: {Code.Name(st.code)}: {st.message}", st.code)
+
+
+class Connections:
+    """One gRPC channel and stub per endpoint, plus the client id sent as
+    ``x-mq-client-id`` on every call. Thread-safe; ``close()`` closes the channels."""
+
+    def __init__(self, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 extra_metadata: Sequence[tuple[str, str]] = ()):
+        self.request_timeout_s = request_timeout_s
+        self.client_id = f"sparkmq-py@{uuid.uuid4().hex[:12]}"
+        self.metadata = (("x-mq-client-id", self.client_id), ("x-mq-language", "PYTHON"),
+                         ("x-mq-protocol", "v2"), *extra_metadata)
+        self._lock = threading.Lock()
+        self._stubs: dict[str, tuple[grpc.Channel, MessagingServiceStub]] = {}
+
+    def stub(self, endpoint: str) -> MessagingServiceStub:
+        with self._lock:
+            pair = self._stubs.get(endpoint)
+            if pair is None:
+                ch = grpc.insecure_channel(endpoint, options=[
+                    ("grpc.max_receive_message_length", 64 << 20),
+                    ("grpc.max_send_message_length", 64 << 20)])
+                pair = self._stubs[endpoint] = (ch, MessagingServiceStub(ch))
+            return pair[1]
+
+    def call(self, endpoint: str, method: str, request, timeout_s: float | None = None):
+        """Unary call with a deadline; gRPC failures become BrokerUnavailableError."""
+        fn = getattr(self.stub(endpoint), method)
+        try:
+            return fn(request, timeout=timeout_s or self.request_timeout_s, metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise BrokerUnavailableError(f"{method} to {endpoint} failed: {e.code()} "
+                                         f"{e.details()}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            pairs, self._stubs = list(self._stubs.values()), {}
+        for ch, _ in pairs:
+            ch.close()
+
+
+class RouteCache:
+    """Topic -> queues, asked of every endpoint and merged; cached ``ttl_s``. Thread-safe."""
+
+    def __init__(self, conns: Connections, endpoints: list[str], ttl_s: float = DEFAULT_ROUTE_TTL_S):
+        self.conns, self.endpoints, self.ttl_s = conns, endpoints, ttl_s
+        self._lock = threading.Lock()
+        self._cache: dict[str, tuple[float, list[Queue]]] = {}
+
+    def queues(self, topic: str, refresh: bool = False) -> list[Queue]:
+        with self._lock:
+            hit = self._cache.get(topic)
+        if hit and not refresh and time.monotonic() - hit[0] < self.ttl_s:
+            return hit[1]
+        queues = self._query(topic)
+        with self._lock:
+            self._cache[topic] = (time.monotonic(), queues)
+        return queues
+
+    def _query(self, topic: str) -> list[Queue]:
+        merged: dict[tuple[str, int, int], Queue] = {}
+        errors, not_found = [], None
+        for ep in self.endpoints:
+            try:
+                r = self.conns.call(ep, "QueryRoute", spb.QueryRouteRequest(
+                    topic=pb.Resource(name=topic), endpoints=_pb_endpoints(ep)))
+            except BrokerUnavailableError as e:
+                errors.append(str(e))
+                continue
+            if r.status.code == Code.TOPIC_NOT_FOUND:
+                not_found = r.status.message
+                continue
+            check(r.status, f"QueryRoute {topic!r} at {ep}")
+            for q in r.message_queues:
+                a = q.broker.endpoints.addresses[0]
+                queue = Queue(topic, q.id, q.broker.name, q.broker.id, f"{a.host}:{a.port}",
+                              q.permission)
+                merged[(queue.broker_name, queue.broker_id, queue.queue_id)] = queue
+        if merged:
+            return sorted(merged.values(), key=lambda q: (q.broker_name, q.queue_id))
+        if not_found:
+            raise TopicNotFoundError(f"topic {topic!r}: {not_found}")
+        raise BrokerUnavailableError(f"no route for {topic!r}: {'; '.join(errors)}")
+
+
+def _pb_endpoints(endpoint: str) -> pb.Endpoints:
+    host, port = endpoint.rsplit(":", 1)
+    return pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host=host, port=int(port))])

@@ -1,0 +1,189 @@
+"""Producer: sync, async, oneway and batch sends over RocketMQ 5.x ``SendMessage``.
+
+Queue choice: the broker places a message in one of its queues (round robin, or by
+hash of the message group), so the client's choice is the *broker*: round robin over
+the topic's writable queues (brokers weighted by their queue count), or, for a message
+with a sharding key (``message_group``), a fixed queue by CRC32 of the key — equal keys
+reach the same broker, which keeps them in one queue, in send order.
+
+Failover: a send that fails (broker unreachable, or a retriable status) marks that
+broker's endpoint isolated for ``isolation_s`` and is retried, up to ``max_retries``
+times (2 by default), on the next broker not isolated. Keyed (FIFO) messages are
+retried on their own broker only: order before availability.
+
+Thread-safety: all methods may be called from any thread. Async and oneway sends run
+on a bounded thread pool of ``async_threads``. ``shutdown()`` waits for them.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import itertools
+import logging
+import socket
+import threading
+import time
+import zlib
+from typing import Callable, Iterable, Sequence
+
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+
+from ..errors import UserError
+from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
+                   Connections, Message, Queue, RouteCache, parse_endpoints)
+
+log = logging.getLogger("sparkmq.client.producer")
+
+# Statuses after which another broker may well succeed (nothing was stored).
+RETRIABLE_CODES = {Code.INTERNAL_ERROR, Code.TOO_MANY_REQUESTS, Code.INTERNAL_SERVER_ERROR,
+                   Code.PROXY_TIMEOUT, Code.TOPIC_NOT_FOUND, Code.FORBIDDEN}
+
+
+@dataclasses.dataclass(frozen=True)
+class SendReceipt:
+    """Where a sent message was stored. ``queue_offset`` is its offset in its queue;
+    the queue id itself is chosen by the broker and not returned by SendMessage."""
+
+    message_id: str
+    queue_offset: int
+    broker_name: str
+    endpoint: str
+    status_code: int = Code.OK
+
+
+class Producer:
+    """See the module docstring. Use as a context manager or call ``shutdown()``."""
+
+    def __init__(self, endpoints, *, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 max_retries: int = 2, isolation_s: float = 30.0, async_threads: int = 4,
+                 max_pending_async: int = 10_000):
+        self.endpoints = parse_endpoints(endpoints)
+        self.max_retries = max_retries
+        self.isolation_s = isolation_s
+        self.conns = Connections(request_timeout_s)
+        self.routes = RouteCache(self.conns, self.endpoints)
+        self._rr = itertools.count()
+        self._isolated: dict[str, float] = {}
+        self._lock = threading.Lock()
+        self._pool = cf.ThreadPoolExecutor(async_threads, thread_name_prefix="sparkmq-send")
+        self._pending = threading.BoundedSemaphore(max_pending_async)
+        self._host = socket.gethostname()
+        self._closed = False
+
+    # ------------------------------------------------------------ public API
+    def send(self, message: Message) -> SendReceipt:
+        """Send one message; returns once the broker stored it (fsynced under SYNC_FLUSH)."""
+        return self._send([message], message.topic, message.message_group)[0]
+
+    def send_batch(self, messages: Sequence[Message]) -> list[SendReceipt]:
+        """Send several messages of one topic in ONE SendMessage request (one broker,
+        stored as one record batch). All must share one topic and one sharding key (or none)."""
+        if not messages:
+            raise UserError("send_batch needs at least one message")
+        topics = {m.topic for m in messages}
+        groups = {m.message_group for m in messages}
+        if len(topics) != 1 or len(groups) != 1:
+            raise UserError("a batch must have one topic and one message_group; got topics "
+                            f"{sorted(topics)} and groups {sorted(map(str, groups))}")
+        return self._send(list(messages), topics.pop(), groups.pop())
+
+    def send_async(self, message: Message,
+                   callback: Callable[[SendReceipt | None, BaseException | None], None] | None = None
+                   ) -> cf.Future:
+        """Send on the pool; returns a Future of the SendReceipt. ``callback(receipt, error)``
+        runs when it completes. Blocks if ``max_pending_async`` sends are outstanding."""
+        self._check_open()
+        self._pending.acquire()
+        fut = self._pool.submit(self.send, message)
+        fut.add_done_callback(lambda f: self._pending.release())
+        if callback is not None:
+            fut.add_done_callback(lambda f: _run_callback(callback, f))
+        return fut
+
+    def send_oneway(self, message: Message) -> None:
+        """Fire and forget: the result is not reported (failures are logged at debug)."""
+        self.send_async(message).add_done_callback(
+            lambda f: f.exception() and log.debug("oneway send failed: %s", f.exception()))
+
+    def shutdown(self) -> None:
+        """Wait for async sends, then close the connections. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self.conns.close()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ------------------------------------------------------------ internals
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UserError("the producer is shut down; create a new one")
+
+    def _send(self, messages: list[Message], topic: str, key: str | None) -> list[SendReceipt]:
+        self._check_open()
+        request = spb.SendMessageRequest(messages=[m.to_pb(self._host) for m in messages])
+        tried: list[str] = []
+        errors: list[str] = []
+        for attempt in range(self.max_retries + 1):
+            queue = self._choose(topic, key, tried, refresh=attempt > 0)
+            try:
+                return self._send_to(queue, request)
+            except (BrokerUnavailableError, ClientError) as e:
+                retriable = not isinstance(e, ClientError) or e.status_code in RETRIABLE_CODES
+                if not retriable:
+                    raise
+                self._isolate(queue.endpoint)
+                tried.append(queue.endpoint)
+                errors.append(str(e))
+        raise BrokerUnavailableError(f"send to {topic!r} failed after {self.max_retries + 1} "
+                                     f"attempts: {' | '.join(errors)}")
+
+    def _send_to(self, queue: Queue, request) -> list[SendReceipt]:
+        r = self.conns.call(queue.endpoint, "SendMessage", request)
+        bad = [e for e in r.entries if e.status.code not in (Code.OK, Code.MASTER_PERSISTENCE_TIMEOUT)]
+        if r.status.code not in (Code.OK, Code.MASTER_PERSISTENCE_TIMEOUT, Code.MULTIPLE_RESULTS) \
+                or bad or len(r.entries) != len(request.messages):
+            st = bad[0].status if bad else r.status
+            raise ClientError(f"SendMessage to {queue.broker_name} ({queue.endpoint}): "
+                              f"{Code.Name(st.code)}: {st.message}", st.code)
+        return [SendReceipt(e.message_id, e.offset, queue.broker_name, queue.endpoint,
+                            e.status.code) for e in r.entries]
+
+    def _choose(self, topic: str, key: str | None, tried: list[str], refresh: bool) -> Queue:
+        writable = [q for q in self.routes.queues(topic, refresh=refresh) if q.writable]
+        if not writable:
+            raise ClientError(f"topic {topic!r} has no writable queue", Code.FORBIDDEN)
+        if key is not None:         # order first: a key always maps to the same queue
+            return writable[zlib.crc32(key.encode()) % len(writable)]
+        now = time.monotonic()
+        start = next(self._rr)
+        ranked = [writable[(start + i) % len(writable)] for i in range(len(writable))]
+        with self._lock:
+            healthy = [q for q in ranked if self._isolated.get(q.endpoint, 0) <= now]
+        fresh = [q for q in healthy if q.endpoint not in tried]
+        return (fresh or healthy or [q for q in ranked if q.endpoint not in tried] or ranked)[0]
+
+    def _isolate(self, endpoint: str) -> None:
+        with self._lock:
+            self._isolated[endpoint] = time.monotonic() + self.isolation_s
+        log.info("broker %s isolated for %.0f s after a failed send", endpoint, self.isolation_s)
+
+    def isolated_endpoints(self) -> list[str]:
+        """Endpoints currently avoided after a failure (for inspection and tests)."""
+        now = time.monotonic()
+        with self._lock:
+            return sorted(e for e, until in self._isolated.items() if until > now)
+
+
+def _run_callback(callback, fut: cf.Future) -> None:
+    try:
+        err = fut.exception()
+        callback(None if err else fut.result(), err)
+    except Exception:
+        log.exception("send callback raised")
