@@ -348,3 +348,28 @@ def test_segment_files_removed_by_retention_are_deleted_after_a_crash(store_url)
     assert not any(sfs.exists(p) for p in removed)
     with _open(store_url) as s3:
         assert s3.min_offset("t", 0) == floor
+
+
+def test_crash_after_a_publish_that_ran_between_write_and_dispatch(store_url, monkeypatch):
+    """Crash point: the flush and publish services run after an append wrote its
+    bytes but before it dispatched them (ASYNC_FLUSH threads can). The publish
+    must not commit those bytes, or recovery skips them and shifts offsets."""
+    from sparkmq import ASYNC_FLUSH
+    s = _open(store_url, flushDiskType=ASYNC_FLUSH)
+    s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    _append_n(s, 3)
+    real_dispatch = s._dispatch
+
+    def dispatch_late(batch, batch_offset):
+        s.commitlog.flush(sync=True)      # the flush service ...
+        s.publish()                       # ... and the publish service got in first
+        return real_dispatch(batch, batch_offset)
+    monkeypatch.setattr(s, "_dispatch", dispatch_late)
+    res = _append_n(s, 2, start=3)
+    monkeypatch.setattr(s, "_dispatch", real_dispatch)
+    s.commitlog.flush(sync=True)
+    s._crash()
+    with _open(store_url) as s2:
+        assert bodies(s2, "t", 0) == _expected(5)
+        assert [s2.lookup(r.message_id).queue_offset for r in res] == [3, 4]
+        assert s2.append([msg("t", b"next", 0)])[0].queue_offset == 5
