@@ -190,7 +190,7 @@ def test_pushdown_plans_only_index_hits(local_store_url):
 
 # -- data loss --------------------------------------------------------------------
 @pytest.mark.spark
-def test_fail_on_data_loss_both_ways(spark, local_store_url):
+def test_fail_on_data_loss_both_ways(spark, local_store_url, tmp_path):
     with Store.open(local_store_url, start_services=False, mappedFileSizeCommitLog=8192) as s:
         s.create_topic(TOPIC, read_queue_nums=1, write_queue_nums=1)
         for b in range(12):
@@ -207,6 +207,14 @@ def test_fail_on_data_loss_both_ways(spark, local_store_url):
     offs = sorted(r.queue_offset for r in df.select("queue_offset").collect())
     assert offs == list(range(earliest, 60))
     assert read(spark, local_store_url).count() == 60 - earliest   # earliest: no loss
+    # streaming: a start below the earliest offset fails, or skips to it
+    sdf = stream(spark, local_store_url, startingOffsets=from_zero)
+    with pytest.raises(Exception, match=f"earliest available offset is {earliest}"):
+        run_available_now(sdf, "loss_fail", tmp_path / "c1")
+    sdf = stream(spark, local_store_url, startingOffsets=from_zero, failOnDataLoss="false")
+    run_available_now(sdf, "loss_skip", tmp_path / "c2")
+    got = sorted(r.queue_offset for r in spark.sql("select queue_offset from loss_skip").collect())
+    assert got == list(range(earliest, 60))
 
 
 # -- streaming --------------------------------------------------------------------
