@@ -221,7 +221,8 @@ def test_bad_input_gets_the_protocol_status_and_the_broker_keeps_serving(stub):
     assert send_code(s, raw_message("Known", b"x" * 1025)) == [Code.MESSAGE_BODY_TOO_LARGE]
     assert send_code(s, raw_message("bad topic!", b"x")) == [Code.ILLEGAL_TOPIC]
     assert send_code(s, raw_message("Known", b"")) == [Code.MESSAGE_BODY_EMPTY]
-    assert send_code(s, raw_message("Known", b"x", message_type=pb.DELAY)) == [Code.UNSUPPORTED]
+    assert send_code(s, raw_message("Known", b"x", message_type=pb.DELAY)) == \
+        [Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE]          # a DELAY message needs a due time
     assert send_code(s, raw_message("Known", b"x", message_type=pb.TRANSACTION)) == [Code.UNSUPPORTED]
     assert send_code(s, raw_message("Known", b"x", message_type=pb.FIFO)) == \
         [Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE]

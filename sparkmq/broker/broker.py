@@ -44,6 +44,7 @@ from .config import BrokerConfig
 from .longpoll import ArrivalNotifier
 from .metrics import Metrics
 from .pop import GroupKey, PopService, TagFilter
+from .schedule import ScheduleService
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -143,6 +144,8 @@ class Broker:
         self.listen_port = config.listen_port
         self.admin_port = config.admin_port
         self.started_ms = 0
+        self.delay_policy = config.delay_policy
+        self.schedule: ScheduleService | None = None
 
     # ------------------------------------------------------------ lifecycle
     def _set_state(self, state: BrokerState) -> None:
@@ -215,6 +218,9 @@ class Broker:
     def _start_services(self) -> None:
         persist = ConsumerOffsetPersistService(self, self.config.offset_persist_interval_ms)
         self._services = [persist]
+        if self.config.is_master:     # only the master delivers parked delayed messages
+            self.schedule = ScheduleService(self.store, self.delay_policy,
+                                            clock_ms=self.clock_ms).start()
         if self.namesrv is not None:
             self.register_once()
             self._register_service = RegisterBrokerService(self, self.config.register_interval_ms)
@@ -230,6 +236,9 @@ class Broker:
         self._stop_servers()
         for s in self._services:
             s.stop()
+        if self.schedule is not None:
+            self.schedule.stop()
+            self.schedule = None
         try:
             self.persist_offsets()
         except SparkMQError as e:
@@ -339,7 +348,9 @@ class Broker:
         now = self.clock_ms()
         table = pa.table({
             "topic": pa.array(rows.topic, pa.string()),
-            "queue_id": pa.array(self._choose_queues(rows.topic, rows.message_group), pa.int32()),
+            "queue_id": pa.array([q if fixed is None else fixed for q, fixed in zip(
+                self._choose_queues(rows.topic, rows.message_group), rows.queue_id)],
+                pa.int32()),
             "body": pa.array(rows.body, pa.binary()),
             "tags": pa.array(rows.tags, pa.string()),
             "keys": pa.array(rows.keys, pa.list_(pa.string())),
@@ -350,6 +361,7 @@ class Broker:
             "message_group": pa.array(rows.message_group, pa.string()),
             "message_type": pa.array(rows.message_type, pa.int8()),
             "unique_key": pa.array(rows.unique_key, pa.string()),
+            "delivery_timestamp": pa.array(rows.delivery_timestamp, pa.int64()).cast(fmt.TS),
         })
         r = self.store.append_batch(table)
         tag = store_tag(self.store.store_id)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..config import MIB, StoreConfig
-from ..errors import InvalidConfigError
+from ..errors import InvalidConfigError, SparkMQError
 
 ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 CONSUME_FROM = ("CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_LAST_OFFSET")
@@ -94,6 +94,9 @@ class BrokerConfig:
     consume_from_where: str = "CONSUME_FROM_FIRST_OFFSET"  # consumeFromWhere (new groups)
     grpc_workers: int = 128                       # grpcThreadPoolNums
     enable_property_filter: bool = False          # enablePropertyFilter (SQL92 filters)
+    message_delay_level: str = ("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m "
+                                "1h 2h")              # messageDelayLevel
+    timer_max_delay_s: int = 3 * 24 * 3600        # timerMaxDelaySec (longest delivery delay)
     store_options: dict = field(default_factory=dict)  # everything else -> Store.open
 
     _ALIASES = {
@@ -108,11 +111,12 @@ class BrokerConfig:
         "maxLongPollingTimeMs": "max_long_polling_ms",
         "consumeFromWhere": "consume_from_where", "grpcThreadPoolNums": "grpc_workers",
         "enablePropertyFilter": "enable_property_filter",
+        "messageDelayLevel": "message_delay_level", "timerMaxDelaySec": "timer_max_delay_s",
     }
     _BOOLS = ("enable_property_filter",)
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
-             "max_long_polling_ms", "grpc_workers")
+             "max_long_polling_ms", "grpc_workers", "timer_max_delay_s")
 
     def __post_init__(self):
         if self.broker_role not in ROLES:
@@ -122,8 +126,14 @@ class BrokerConfig:
                 f"consumeFromWhere must be one of {CONSUME_FROM}, got {self.consume_from_where!r}")
         if self.max_reconsume_times < 0:
             raise InvalidConfigError("maxReconsumeTimes must be >= 0")
+        from .schedule import parse_delay_levels
+        try:
+            parse_delay_levels(self.message_delay_level)
+        except SparkMQError as e:
+            raise InvalidConfigError(e.message) from None
         for name in ("register_interval_ms", "offset_persist_interval_ms",
-                     "default_invisible_ms", "max_long_polling_ms", "grpc_workers"):
+                     "default_invisible_ms", "max_long_polling_ms", "grpc_workers",
+                     "timer_max_delay_s"):
             if getattr(self, name) <= 0:
                 raise InvalidConfigError(f"{name} must be positive, got {getattr(self, name)}")
         StoreConfig.from_options(self.store_config_options())  # validates store options
@@ -168,6 +178,13 @@ class BrokerConfig:
     @property
     def store_config(self) -> StoreConfig:
         return StoreConfig.from_options(self.store_config_options())
+
+    @property
+    def delay_policy(self):
+        """The DelayPolicy of messageDelayLevel and timerMaxDelaySec."""
+        from .schedule import DelayPolicy, parse_delay_levels
+        return DelayPolicy(parse_delay_levels(self.message_delay_level),
+                           self.timer_max_delay_s * 1000)
 
     @property
     def is_master(self) -> bool:

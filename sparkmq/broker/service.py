@@ -46,6 +46,7 @@ from ..log.names import validate_group, validate_topic
 from ..log.status import PutMessageStatus
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
+from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
 
 log = logging.getLogger("sparkmq.broker.grpc")
 
@@ -53,6 +54,7 @@ Code = pb.Code
 ALL_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
 PERM = {6: pb.READ_WRITE, 4: pb.READ, 2: pb.WRITE, 0: pb.NONE}
 NORMAL_TYPE, FIFO_TYPE = fmt.MESSAGE_TYPE_NORMAL, fmt.MESSAGE_TYPE_FIFO
+DELAY_TYPE = fmt.MESSAGE_TYPE_DELAY
 MAX_BATCH_SIZE = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 PUSH_BACKOFF_S = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
@@ -148,6 +150,10 @@ def guarded(response_type):
 
 def _ms(d: Duration) -> int:
     return d.seconds * 1000 + d.nanos // 1_000_000
+
+
+def _ms_of(t: Timestamp) -> int:
+    return t.seconds * 1000 + t.nanos // 1_000_000
 
 
 def _ts(ms: int | None) -> Timestamp:
@@ -283,11 +289,17 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         topics: dict[str, pb.Status | None] = {}
         for i, m in enumerate(request.messages):
             st = self._refusal(m, topics)
+            parked = None
+            if st is None:
+                try:
+                    parked = self._park(m)
+                except DelayRefused as e:
+                    st = status(Code.ILLEGAL_DELIVERY_TIME, e.message)
             if st is not None:
                 entries[i] = spb.SendResultEntry(status=st)
                 self.broker.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
             else:
-                rows.add(i, m)
+                rows.add(i, m, parked)
         if rows.index:
             for i, r in zip(rows.index, self.broker.send_rows(rows)):
                 entries[i] = (spb.SendResultEntry(status=_error_status(r))
@@ -313,22 +325,37 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         mtype = sp.message_type
         if mtype == pb.NORMAL and not sp.message_group:
             pass
-        elif mtype in (pb.DELAY, pb.TRANSACTION):
-            return status(Code.UNSUPPORTED, "delayed and transactional messages are not "
+        elif mtype == pb.TRANSACTION:
+            return status(Code.UNSUPPORTED, "transactional messages are not "
                           "supported by this broker yet")
-        elif mtype not in (pb.NORMAL, pb.FIFO, pb.MESSAGE_TYPE_UNSPECIFIED):
+        elif mtype == pb.DELAY and not sp.HasField("delivery_timestamp") \
+                and PROP_DELAY_LEVEL not in m.user_properties:
+            return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                          "a DELAY message needs a delivery timestamp (or a DELAY level property)")
+        elif mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.MESSAGE_TYPE_UNSPECIFIED):
             return status(Code.UNSUPPORTED,
                           f"message type {pb.MessageType.Name(mtype)} is not supported")
         elif (mtype == pb.FIFO) != bool(sp.message_group):
             return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                           "a FIFO message needs a message group, and only FIFO messages may have one")
-        if sp.HasField("delivery_timestamp"):
-            return status(Code.UNSUPPORTED, "delayed messages are not supported by this broker yet")
+        if sp.HasField("delivery_timestamp") and mtype != pb.DELAY:
+            return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                          "only DELAY messages may carry a delivery timestamp")
         if sp.HasField("tag") and (not sp.tag.strip() or "|" in sp.tag):
             return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or contains '|'")
         if sp.body_encoding == pb.GZIP:
             return status(Code.UNSUPPORTED, "gzip-encoded bodies are not supported")
         return None
+
+    def _park(self, m: pb.Message) -> tuple | None:
+        """Where a delayed message waits: (schedule topic, queue, due ms, properties), or
+        None for a message to store at once. Raises DelayRefused (ILLEGAL_DELIVERY_TIME)."""
+        sp = m.system_properties
+        if not sp.HasField("delivery_timestamp") and PROP_DELAY_LEVEL not in m.user_properties:
+            return None
+        at_ms = _ms_of(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") else None
+        return parked_row(self.broker.delay_policy, self.broker.clock_ms(), m.topic.name,
+                          dict(m.user_properties), at_ms)
 
     def _topic_refusal(self, topic: str) -> pb.Status | None:
         try:
@@ -452,6 +479,10 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         sp.queue_offset = sm.queue_offset
         if sm.message_group:
             sp.message_group = sm.message_group
+        if sm.delivery_timestamp:
+            sp.delivery_timestamp.CopyFrom(_ts(sm.delivery_timestamp))
+            if not sm.message_group:
+                sp.message_type = pb.DELAY
         if delivery is not None:
             sp.receipt_handle = delivery.receipt_handle
             sp.delivery_attempt = delivery.attempt
@@ -603,23 +634,34 @@ class SendRows:
         self.message_group: list[str | None] = []
         self.message_type: list[int] = []
         self.unique_key: list[str | None] = []
+        self.queue_id: list[int | None] = []
+        self.delivery_timestamp: list[int | None] = []
 
-    def add(self, i: int, m: pb.Message) -> None:
-        """Append one message that passed ``_refusal`` (so a present tag is not blank)."""
+    def add(self, i: int, m: pb.Message, parked: tuple | None = None) -> None:
+        """Append one message that passed ``_refusal`` (so a present tag is not blank);
+        ``parked`` = (topic, queue, due ms, properties) of a delayed message."""
         sp = m.system_properties
         self.index.append(i)
-        self.topic.append(m.topic.name)
+        if parked is None:
+            self.topic.append(m.topic.name)
+            self.queue_id.append(None)
+            self.delivery_timestamp.append(None)
+        else:
+            self.topic.append(parked[0])
+            self.queue_id.append(parked[1])
+            self.delivery_timestamp.append(parked[2])
         self.body.append(m.body)
         self.tags.append(sp.tag or None)
         keys = sp.keys
         self.keys.append(list(keys) if keys else None)
-        props = m.user_properties
+        props = parked[3] if parked is not None else m.user_properties
         self.properties.append(list(props.items()) if props else None)
         born = sp.born_timestamp
         self.born_timestamp.append(born.seconds * 1000 + born.nanos // 1_000_000 or None)
         self.born_host.append(sp.born_host or None)
         self.message_group.append(sp.message_group or None)
-        self.message_type.append(FIFO_TYPE if sp.message_type == pb.FIFO else NORMAL_TYPE)
+        self.message_type.append(FIFO_TYPE if sp.message_type == pb.FIFO else
+                                 DELAY_TYPE if parked is not None else NORMAL_TYPE)
         self.unique_key.append(sp.message_id or None)
 
     def __len__(self) -> int:
