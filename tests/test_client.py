@@ -240,3 +240,30 @@ def test_no_broker_reachable_raises_after_retries(closing):
     p = closing(Producer(f"127.0.0.1:{free_port()}", request_timeout_s=0.5))
     with pytest.raises(BrokerUnavailableError):
         p.send(Message("T10", b"x"))
+
+
+def test_nameserver_route_reaches_both_groups_and_push_consumer_follows_a_joining_broker(
+        make_broker, closing):
+    from sparkmq.namesrv import NameServer
+    with NameServer(port=free_port()) as ns:
+        a = make_broker("broker-a", namesrvAddr=ns.address, autoCreateTopicEnable="false")
+        b = make_broker("broker-b", namesrvAddr=ns.address, autoCreateTopicEnable="false")
+        a.store.create_topic("Shared")
+        a.register_once()
+        got, lock = set(), threading.Lock()
+
+        def listener(m):
+            with lock:
+                got.add(m.body)
+            return ConsumeResult.SUCCESS
+        closing(PushConsumer(a.endpoint, "GS", {"Shared": "*"}, listener, wait_s=0.5,
+                             refresh_s=0.3))
+        b.store.create_topic("Shared")          # broker-b joins the topic's route
+        b.register_once()
+        p = closing(Producer(a.endpoint))       # one endpoint: the route names both
+        receipts = [p.send(Message("Shared", f"m{i}".encode())) for i in range(8)]
+        assert {r.broker_name for r in receipts} == {"broker-a", "broker-b"}
+        deadline = time.monotonic() + 20
+        while len(got) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got == {f"m{i}".encode() for i in range(8)}

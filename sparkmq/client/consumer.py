@@ -25,7 +25,7 @@ from typing import Callable, Mapping
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from ..errors import UserError
+from ..errors import SparkMQError, UserError
 from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
                    Connections, Queue, ReceivedMessage, RouteCache, check, duration,
                    parse_endpoints)
@@ -71,7 +71,13 @@ class _GroupClient:
     def _heartbeat(self) -> None:
         req = spb.HeartbeatRequest(group=pb.Resource(name=self.group),
                                    client_type=pb.SIMPLE_CONSUMER)
-        for ep in {q.endpoint for t in self.subscriptions for q in self.routes.queues(t)}:
+        endpoints = set()
+        for t in self.subscriptions:
+            try:
+                endpoints |= {q.endpoint for q in self.routes.queues(t)}
+            except SparkMQError as e:       # topic not there yet, brokers down: try later
+                log.warning("no route for %r yet: %s", t, e)
+        for ep in endpoints:
             try:
                 self.conns.call(ep, "Heartbeat", req)
             except BrokerUnavailableError as e:
@@ -204,7 +210,8 @@ class PushConsumer(_GroupClient):
                  consume_threads: int = 4, orderly: bool = False, batch_size: int = 16,
                  invisible_duration_s: float = 30.0, wait_s: float = 2.0,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                 mode: ConsumeMode = ConsumeMode.CLUSTERING, start: bool = True):
+                 mode: ConsumeMode = ConsumeMode.CLUSTERING, refresh_s: float = 20.0,
+                 start: bool = True):
         super().__init__(endpoints, group, subscriptions, request_timeout_s=request_timeout_s,
                          mode=mode)
         self.listener = listener
@@ -216,6 +223,9 @@ class PushConsumer(_GroupClient):
         self._room = threading.BoundedSemaphore(consume_threads * batch_size)
         self._stop = threading.Event()
         self._pollers: list[threading.Thread] = []
+        self._polled: set[tuple[str, str]] = set()
+        self._maintainer: threading.Thread | None = None
+        self.refresh_s = refresh_s
         self.consumed = 0
         self.failed = 0
         self._count_lock = threading.Lock()
@@ -224,13 +234,38 @@ class PushConsumer(_GroupClient):
 
     def start(self) -> "PushConsumer":
         self._heartbeat()
+        try:
+            self._start_pollers()
+        except SparkMQError as e:           # the maintenance loop retries every refresh_s
+            log.warning("consumer %s: no route yet (%s); retrying every %.0f s",
+                        self.group, e, self.refresh_s)
+        t = threading.Thread(target=self._maintain_loop, daemon=True, name="sparkmq-push-maintain")
+        t.start()
+        self._maintainer = t
+        return self
+
+    def _start_pollers(self) -> None:
+        """One poller per (topic, broker) not polled yet (brokers that joined the route)."""
         for topic in self.subscriptions:
             for q in self._brokers(topic):
+                if (topic, q.broker_name) in self._polled:
+                    continue
+                self._polled.add((topic, q.broker_name))
                 t = threading.Thread(target=self._poll_loop, args=(q,), daemon=True,
                                      name=f"sparkmq-poll-{topic}-{q.broker_name}")
                 t.start()
                 self._pollers.append(t)
-        return self
+
+    def _maintain_loop(self) -> None:
+        """Every ``refresh_s``: heartbeat, refresh routes, poll brokers that joined."""
+        while not self._stop.wait(self.refresh_s):
+            try:
+                for topic in self.subscriptions:
+                    self.routes.queues(topic, refresh=True)
+                self._heartbeat()
+                self._start_pollers()
+            except Exception as e:      # a broker down must not end the consumer
+                log.info("route refresh failed: %s", e)
 
     def _poll_loop(self, queue: Queue) -> None:
         while not self._stop.is_set():
@@ -303,7 +338,7 @@ class PushConsumer(_GroupClient):
         """Stop polling, wait (bounded) for pollers and running listeners, close. Idempotent."""
         self._stop.set()
         deadline = time.monotonic() + timeout_s
-        for t in self._pollers:
+        for t in [*self._pollers, *([self._maintainer] if self._maintainer else [])]:
             t.join(max(0.0, deadline - time.monotonic()))
         self._pool.shutdown(wait=True, cancel_futures=True)
         self.close()

@@ -15,6 +15,7 @@ Contracts:
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import threading
 import time
 import uuid
@@ -60,25 +61,45 @@ class Message:
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     message_group: str | None = None
 
-    def to_pb(self, born_host: str) -> pb.Message:
+    def to_pb(self, born_host: str, message_id: str, born_timestamp) -> pb.Message:
+        """The protocol message; ``born_timestamp`` is a protobuf Timestamp shared by a batch."""
         if not isinstance(self.body, (bytes, bytearray)):
             raise UserError(f"message body must be bytes, got {type(self.body).__name__}")
-        m = pb.Message(topic=pb.Resource(name=self.topic), body=bytes(self.body))
-        m.user_properties.update(self.properties or {})
-        sp = m.system_properties
+        sp = pb.SystemProperties(
+            message_id=message_id, born_timestamp=born_timestamp, born_host=born_host,
+            body_encoding=pb.IDENTITY,
+            message_type=pb.FIFO if self.message_group else pb.NORMAL)
         if self.tag:
             sp.tag = self.tag
-        sp.keys.extend(self.keys or ())
-        sp.message_id = uuid.uuid4().hex.upper()
-        sp.born_timestamp.FromMilliseconds(int(time.time() * 1000))
-        sp.born_host = born_host
-        sp.body_encoding = pb.IDENTITY
+        if self.keys:
+            sp.keys.extend(self.keys)
         if self.message_group:
             sp.message_group = self.message_group
-            sp.message_type = pb.FIFO
-        else:
-            sp.message_type = pb.NORMAL
+        body = self.body if type(self.body) is bytes else bytes(self.body)
+        m = pb.Message(topic=pb.Resource(name=self.topic), body=body,
+                       system_properties=sp)
+        if self.properties:
+            m.user_properties.update(self.properties)
         return m
+
+
+class MessageIds:
+    """Unique message ids: a random per-process prefix and a counter (32 hex digits,
+    like RocketMQ's unique key). Thread-safe (itertools.count is atomic under the GIL)."""
+
+    def __init__(self):
+        self._prefix = uuid.uuid4().hex[:20].upper()
+        self._counter = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
+
+
+def now_timestamp():
+    from google.protobuf.timestamp_pb2 import Timestamp
+    ts = Timestamp()
+    ts.FromMilliseconds(int(time.time() * 1000))
+    return ts
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,8 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import UserError
 from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
-                   Connections, Message, Queue, RouteCache, parse_endpoints)
+                   Connections, Message, MessageIds, Queue, RouteCache, now_timestamp,
+                   parse_endpoints)
 
 log = logging.getLogger("sparkmq.client.producer")
 
@@ -69,6 +70,7 @@ class Producer:
         self._pool = cf.ThreadPoolExecutor(async_threads, thread_name_prefix="sparkmq-send")
         self._pending = threading.BoundedSemaphore(max_pending_async)
         self._host = socket.gethostname()
+        self._ids = MessageIds()
         self._closed = False
 
     # ------------------------------------------------------------ public API
@@ -127,7 +129,9 @@ class Producer:
 
     def _send(self, messages: list[Message], topic: str, key: str | None) -> list[SendReceipt]:
         self._check_open()
-        request = spb.SendMessageRequest(messages=[m.to_pb(self._host) for m in messages])
+        born = now_timestamp()
+        request = spb.SendMessageRequest(messages=[m.to_pb(self._host, self._ids.next(), born)
+                                                   for m in messages])
         tried: list[str] = []
         errors: list[str] = []
         for attempt in range(self.max_retries + 1):
