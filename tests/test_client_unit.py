@@ -1,0 +1,91 @@
+"""sparkmq.client without a broker: endpoints, message conversion, queue choice."""
+from __future__ import annotations
+
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from sparkmq.client import Message, Producer, Queue
+from sparkmq.client.core import MessageIds, now_timestamp, parse_endpoints
+from sparkmq.errors import InvalidConfigError, UserError
+
+
+def test_parse_endpoints():
+    assert parse_endpoints("127.0.0.1:8081; 127.0.0.1:8091") == ["127.0.0.1:8081", "127.0.0.1:8091"]
+    assert parse_endpoints(["h:1"]) == ["h:1"]
+    for bad in ("", "nohost", "h:port"):
+        with pytest.raises(InvalidConfigError):
+            parse_endpoints(bad)
+
+
+def test_message_to_pb_normal_and_fifo():
+    ids = MessageIds()
+    m = Message("T", b"x", tag="A", keys=["k"], properties={"p": "1"}).to_pb("h", ids.next(),
+                                                                              now_timestamp())
+    assert m.system_properties.message_type == pb.NORMAL and m.system_properties.tag == "A"
+    assert list(m.system_properties.keys) == ["k"] and m.user_properties["p"] == "1"
+    f = Message("T", b"x", message_group="g").to_pb("h", ids.next(), now_timestamp())
+    assert f.system_properties.message_type == pb.FIFO and f.system_properties.message_group == "g"
+    with pytest.raises(UserError):
+        Message("T", "not bytes").to_pb("h", ids.next(), now_timestamp())
+
+
+def test_message_ids_are_unique_and_fixed_width():
+    ids = MessageIds()
+    got = [ids.next() for _ in range(10_000)]
+    assert len(set(got)) == len(got) and {len(x) for x in got} == {32}
+
+
+class FixedRoutes:
+    """Stands in for the route cache (the network edge) with a fixed route."""
+
+    def __init__(self, queues):
+        self._queues = queues
+
+    def queues(self, topic, refresh=False):
+        return self._queues
+
+
+def producer_with(queues) -> Producer:
+    p = Producer("127.0.0.1:1")
+    p.routes = FixedRoutes(queues)
+    return p
+
+
+QUEUES = [Queue("T", i, name, 0, ep, pb.READ_WRITE)
+          for name, ep in (("a", "127.0.0.1:1"), ("b", "127.0.0.1:2")) for i in range(2)]
+
+
+def test_round_robin_covers_every_broker_and_keys_are_stable():
+    p = producer_with(QUEUES)
+    try:
+        assert {p._choose("T", None, [], False).broker_name for _ in range(4)} == {"a", "b"}
+        for key in ("k1", "k2", "order-42"):
+            assert len({p._choose("T", key, [], False) for _ in range(5)}) == 1
+    finally:
+        p.shutdown()
+
+
+def test_isolated_broker_is_avoided_and_read_only_queues_are_not_written():
+    p = producer_with(QUEUES + [Queue("T", 9, "c", 0, "127.0.0.1:3", pb.READ)])
+    try:
+        p._isolate("127.0.0.1:1")
+        assert {p._choose("T", None, [], False).endpoint for _ in range(6)} == {"127.0.0.1:2"}
+        assert p.isolated_endpoints() == ["127.0.0.1:1"]
+        # every broker isolated: still try one rather than fail without trying
+        p._isolate("127.0.0.1:2")
+        assert p._choose("T", None, [], False).endpoint in {"127.0.0.1:1", "127.0.0.1:2"}
+    finally:
+        p.shutdown()
+
+
+def test_send_batch_checks_its_input():
+    p = producer_with(QUEUES)
+    try:
+        with pytest.raises(UserError):
+            p.send_batch([])
+        with pytest.raises(UserError, match="one topic"):
+            p.send_batch([Message("T", b"a", message_group="x"), Message("T", b"b")])
+    finally:
+        p.shutdown()
+    with pytest.raises(UserError, match="shut down"):
+        p.send(Message("T", b"a"))
