@@ -223,7 +223,9 @@ def test_bad_input_gets_the_protocol_status_and_the_broker_keeps_serving(stub):
     assert send_code(s, raw_message("Known", b"")) == [Code.MESSAGE_BODY_EMPTY]
     assert send_code(s, raw_message("Known", b"x", message_type=pb.DELAY)) == \
         [Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE]          # a DELAY message needs a due time
-    assert send_code(s, raw_message("Known", b"x", message_type=pb.TRANSACTION)) == [Code.UNSUPPORTED]
+    tx_with_time = raw_message("Known", b"x", message_type=pb.TRANSACTION)
+    tx_with_time.system_properties.delivery_timestamp.FromMilliseconds(1)
+    assert send_code(s, tx_with_time) == [Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE]
     assert send_code(s, raw_message("Known", b"x", message_type=pb.FIFO)) == \
         [Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE]
     assert send_code(s, raw_message("Known", b"x", tag="a||b")) == [Code.ILLEGAL_MESSAGE_TAG]
@@ -252,7 +254,10 @@ def test_bad_input_gets_the_protocol_status_and_the_broker_keeps_serving(stub):
         filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 1")), timeout=5))
     assert [r.status.code for r in recv] == [Code.UNSUPPORTED]
     end = s.EndTransaction(spb.EndTransactionRequest(topic=pb.Resource(name="Known")), timeout=5)
-    assert end.status.code == Code.UNSUPPORTED
+    assert end.status.code == Code.BAD_REQUEST                 # no resolution
+    end = s.EndTransaction(spb.EndTransactionRequest(
+        topic=pb.Resource(name="Known"), transaction_id="nope", resolution=pb.COMMIT), timeout=5)
+    assert end.status.code == Code.INVALID_TRANSACTION_ID
 
     # malformed or truncated bytes where a request should be: BAD_REQUEST, not a dead broker
     garbage = channel.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",

@@ -45,6 +45,7 @@ from .longpoll import ArrivalNotifier
 from .metrics import Metrics
 from .pop import GroupKey, PopService, TagFilter
 from .schedule import ScheduleService
+from .transaction import ProducerStreams, TransactionService
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -146,6 +147,8 @@ class Broker:
         self.started_ms = 0
         self.delay_policy = config.delay_policy
         self.schedule: ScheduleService | None = None
+        self.streams = ProducerStreams()
+        self.transactions: TransactionService | None = None
 
     # ------------------------------------------------------------ lifecycle
     def _set_state(self, state: BrokerState) -> None:
@@ -221,6 +224,13 @@ class Broker:
         if self.config.is_master:     # only the master delivers parked delayed messages
             self.schedule = ScheduleService(self.store, self.delay_policy,
                                             clock_ms=self.clock_ms).start()
+            from .service import recover_command
+            cfg = self.config
+            self.transactions = TransactionService(
+                self.store, self.streams, make_command=recover_command, clock_ms=self.clock_ms,
+                timeout_ms=cfg.transaction_timeout_ms,
+                check_interval_ms=cfg.transaction_check_interval_ms,
+                check_max=cfg.transaction_check_max).start()
         if self.namesrv is not None:
             self.register_once()
             self._register_service = RegisterBrokerService(self, self.config.register_interval_ms)
@@ -239,6 +249,9 @@ class Broker:
         if self.schedule is not None:
             self.schedule.stop()
             self.schedule = None
+        if self.transactions is not None:
+            self.transactions.stop()
+            self.transactions = None
         try:
             self.persist_offsets()
         except SparkMQError as e:
@@ -362,6 +375,7 @@ class Broker:
             "message_type": pa.array(rows.message_type, pa.int8()),
             "unique_key": pa.array(rows.unique_key, pa.string()),
             "delivery_timestamp": pa.array(rows.delivery_timestamp, pa.int64()).cast(fmt.TS),
+            "transaction_id": pa.array(rows.transaction_id, pa.string()),
         })
         r = self.store.append_batch(table)
         tag = store_tag(self.store.store_id)
@@ -374,8 +388,10 @@ class Broker:
             self.metrics.inc("sparkmq_messages_sent_total", count, topic=t)
             self.metrics.inc("sparkmq_bytes_sent_total", nbytes, topic=t)
         qos = r.queue_offsets.tolist()
-        return [(r.status, rows.unique_key[j] or encode_message_id(tag, r.batch_offset, j), qos[j])
-                for j in range(n)]
+        if self.transactions is not None and any(rows.transaction_id):
+            self.transactions.on_stored()
+        return [(r.status, rows.unique_key[j] or encode_message_id(tag, r.batch_offset, j), qos[j],
+                 rows.transaction_id[j]) for j in range(n)]
 
     def _choose_queues(self, topics: list[str], groups: list[str | None]) -> list[int]:
         """Queue per message: a message group hashes to a fixed queue (FIFO order),

@@ -97,6 +97,9 @@ class BrokerConfig:
     message_delay_level: str = ("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m "
                                 "1h 2h")              # messageDelayLevel
     timer_max_delay_s: int = 3 * 24 * 3600        # timerMaxDelaySec (longest delivery delay)
+    transaction_timeout_ms: int = 6_000           # transactionTimeOut (first check-back)
+    transaction_check_interval_ms: int = 30_000   # transactionCheckInterval (between checks)
+    transaction_check_max: int = 15               # transactionCheckMax (then rolled back)
     store_options: dict = field(default_factory=dict)  # everything else -> Store.open
 
     _ALIASES = {
@@ -112,11 +115,15 @@ class BrokerConfig:
         "consumeFromWhere": "consume_from_where", "grpcThreadPoolNums": "grpc_workers",
         "enablePropertyFilter": "enable_property_filter",
         "messageDelayLevel": "message_delay_level", "timerMaxDelaySec": "timer_max_delay_s",
+        "transactionTimeOut": "transaction_timeout_ms",
+        "transactionCheckInterval": "transaction_check_interval_ms",
+        "transactionCheckMax": "transaction_check_max",
     }
     _BOOLS = ("enable_property_filter",)
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
-             "max_long_polling_ms", "grpc_workers", "timer_max_delay_s")
+             "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",
+             "transaction_timeout_ms", "transaction_check_interval_ms", "transaction_check_max")
 
     def __post_init__(self):
         if self.broker_role not in ROLES:
@@ -133,7 +140,8 @@ class BrokerConfig:
             raise InvalidConfigError(e.message) from None
         for name in ("register_interval_ms", "offset_persist_interval_ms",
                      "default_invisible_ms", "max_long_polling_ms", "grpc_workers",
-                     "timer_max_delay_s"):
+                     "timer_max_delay_s", "transaction_timeout_ms",
+                     "transaction_check_interval_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidConfigError(f"{name} must be positive, got {getattr(self, name)}")
         StoreConfig.from_options(self.store_config_options())  # validates store options

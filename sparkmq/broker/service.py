@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import queue
+import threading
 import time
 import zlib
 
@@ -47,6 +49,7 @@ from ..log.status import PutMessageStatus
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
 from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
+from .transaction import UnknownTransaction
 
 log = logging.getLogger("sparkmq.broker.grpc")
 
@@ -54,7 +57,7 @@ Code = pb.Code
 ALL_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
 PERM = {6: pb.READ_WRITE, 4: pb.READ, 2: pb.WRITE, 0: pb.NONE}
 NORMAL_TYPE, FIFO_TYPE = fmt.MESSAGE_TYPE_NORMAL, fmt.MESSAGE_TYPE_FIFO
-DELAY_TYPE = fmt.MESSAGE_TYPE_DELAY
+DELAY_TYPE, TRANSACTION_TYPE = fmt.MESSAGE_TYPE_DELAY, fmt.MESSAGE_TYPE_TRANSACTION
 MAX_BATCH_SIZE = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 PUSH_BACKOFF_S = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
@@ -238,16 +241,40 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         return spb.NotifyClientTerminationResponse(status=OK)
 
     def Telemetry(self, request_iterator, context):
-        """The settings handshake: answer each client Settings with the broker's."""
+        """The settings handshake (each client Settings answered with the broker's), and the
+        broker's commands to the client (transaction check-backs) on the same stream. A
+        reader thread consumes the client's side; this generator writes the outbound queue."""
         cid = _client_id(context)
+        out = self.broker.streams.open(cid)
+        done = object()
+
+        def read():
+            try:
+                for cmd in request_iterator:
+                    if isinstance(cmd, Malformed):
+                        out.put(spb.TelemetryCommand(status=_bad_request(cmd)))
+                    elif cmd.HasField("settings"):
+                        if cmd.settings.HasField("publishing"):
+                            self.broker.streams.set_topics(
+                                cid, [t.name for t in cmd.settings.publishing.topics])
+                        out.put(self._settings_reply(cid, cmd.settings))
+            except Exception as e:  # a client that vanished mid-stream ends here
+                log.debug("telemetry stream of %s ended: %s", cid, e)
+            finally:
+                out.put(done)
+
+        threading.Thread(target=read, name="sparkmq-telemetry-read", daemon=True).start()
         try:
-            for cmd in request_iterator:
-                if isinstance(cmd, Malformed):
-                    yield spb.TelemetryCommand(status=_bad_request(cmd))
-                elif cmd.HasField("settings"):
-                    yield self._settings_reply(cid, cmd.settings)
-        except Exception as e:  # a client that vanished mid-stream ends here
-            log.debug("telemetry stream of %s ended: %s", cid, e)
+            while context.is_active() and self.broker.state.value not in ("stopping", "stopped"):
+                try:
+                    item = out.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                if item is done:
+                    break
+                yield item
+        finally:
+            self.broker.streams.close(cid, out)
 
     def _settings_reply(self, cid: str, s: pb.Settings) -> spb.TelemetryCommand:
         cfg = self.broker.config
@@ -290,7 +317,11 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         for i, m in enumerate(request.messages):
             st = self._refusal(m, topics)
             parked = None
-            if st is None:
+            if st is None and m.system_properties.message_type == pb.TRANSACTION:
+                topic, props, txid = self.broker.transactions.prepare_row(
+                    m.topic.name, dict(m.user_properties), _client_id(context))
+                parked = (topic, 0, None, props, txid)
+            elif st is None:
                 try:
                     parked = self._park(m)
                 except DelayRefused as e:
@@ -325,14 +356,18 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         mtype = sp.message_type
         if mtype == pb.NORMAL and not sp.message_group:
             pass
-        elif mtype == pb.TRANSACTION:
-            return status(Code.UNSUPPORTED, "transactional messages are not "
-                          "supported by this broker yet")
+        elif mtype == pb.TRANSACTION and self.broker.transactions is None:
+            return status(Code.UNSUPPORTED, "transactional messages are served by the master "
+                          "only")
+        elif mtype == pb.TRANSACTION and sp.HasField("delivery_timestamp"):
+            return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                          "a transactional message cannot carry a delivery timestamp")
         elif mtype == pb.DELAY and not sp.HasField("delivery_timestamp") \
                 and PROP_DELAY_LEVEL not in m.user_properties:
             return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                           "a DELAY message needs a delivery timestamp (or a DELAY level property)")
-        elif mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.MESSAGE_TYPE_UNSPECIFIED):
+        elif mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION,
+                           pb.MESSAGE_TYPE_UNSPECIFIED):
             return status(Code.UNSUPPORTED,
                           f"message type {pb.MessageType.Name(mtype)} is not supported")
         elif (mtype == pb.FIFO) != bool(sp.message_group):
@@ -368,7 +403,8 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                           "create it first (autoCreateTopicEnable is off)")
         return None
 
-    def _send_entry(self, put_status, message_id: str, offset: int) -> spb.SendResultEntry:
+    def _send_entry(self, put_status, message_id: str, offset: int,
+                    transaction_id: str | None = None) -> spb.SendResultEntry:
         if put_status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
             st = status(Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but the fsync did not finish "
                         "within syncFlushTimeout")
@@ -376,7 +412,8 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             st = OK
         else:
             st = status(Code.INTERNAL_ERROR, f"store answered {put_status.value}")
-        return spb.SendResultEntry(status=st, message_id=message_id, offset=offset)
+        return spb.SendResultEntry(status=st, message_id=message_id, offset=offset,
+                                   transaction_id=transaction_id or "")
 
     # ------------------------------------------------------------ receive
     def ReceiveMessage(self, request, context):
@@ -605,9 +642,22 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         yield spb.PullMessageResponse(next_offset=next_offset)
 
     # ------------------------------------------------------------ not supported yet
+    @guarded(spb.EndTransactionResponse)
     def EndTransaction(self, request, context):
-        return spb.EndTransactionResponse(status=status(
-            Code.UNSUPPORTED, "transactional messages are not supported by this broker yet"))
+        """COMMIT makes the half message visible in its topic; ROLLBACK discards it."""
+        tx = self.broker.transactions
+        if tx is None:
+            return spb.EndTransactionResponse(status=status(
+                Code.UNSUPPORTED, "transactional messages are served by the master only"))
+        res = request.resolution
+        if res not in (pb.COMMIT, pb.ROLLBACK):
+            return spb.EndTransactionResponse(status=status(
+                Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK"))
+        try:
+            tx.end(request.transaction_id, res == pb.COMMIT)
+        except UnknownTransaction as e:
+            return spb.EndTransactionResponse(status=status(Code.INVALID_TRANSACTION_ID, e.message))
+        return spb.EndTransactionResponse(status=OK)
 
     def RecallMessage(self, request, context):
         return spb.RecallMessageResponse(status=status(
@@ -636,6 +686,7 @@ class SendRows:
         self.unique_key: list[str | None] = []
         self.queue_id: list[int | None] = []
         self.delivery_timestamp: list[int | None] = []
+        self.transaction_id: list[str | None] = []
 
     def add(self, i: int, m: pb.Message, parked: tuple | None = None) -> None:
         """Append one message that passed ``_refusal`` (so a present tag is not blank);
@@ -650,6 +701,7 @@ class SendRows:
             self.topic.append(parked[0])
             self.queue_id.append(parked[1])
             self.delivery_timestamp.append(parked[2])
+        self.transaction_id.append(parked[4] if parked is not None and len(parked) > 4 else None)
         self.body.append(m.body)
         self.tags.append(sp.tag or None)
         keys = sp.keys
@@ -661,6 +713,7 @@ class SendRows:
         self.born_host.append(sp.born_host or None)
         self.message_group.append(sp.message_group or None)
         self.message_type.append(FIFO_TYPE if sp.message_type == pb.FIFO else
+                                 TRANSACTION_TYPE if sp.message_type == pb.TRANSACTION else
                                  DELAY_TYPE if parked is not None else NORMAL_TYPE)
         self.unique_key.append(sp.message_id or None)
 
@@ -681,6 +734,14 @@ def _send_response(entries) -> spb.SendMessageResponse:
 
 
 BROADCAST_HEADER = "x-sparkmq-consume-mode"
+
+
+def recover_command(stored_message, transaction_id: str) -> spb.TelemetryCommand:
+    """The RecoverOrphanedTransactionCommand asking a producer to resolve a half message."""
+    msg = MessagingServicer._to_pb(None, stored_message)
+    msg.system_properties.message_type = pb.TRANSACTION
+    return spb.TelemetryCommand(recover_orphaned_transaction_command=(
+        spb.RecoverOrphanedTransactionCommand(message=msg, transaction_id=transaction_id)))
 
 
 class _FilterRefused(Exception):

@@ -1,0 +1,301 @@
+"""Transactional messages: half messages, EndTransaction, check-back over Telemetry.
+
+Contract:
+- ``TransactionService.prepare_row`` turns a sent TRANSACTION message into a *half* message:
+  topic ``RMQ_SYS_TRANS_HALF_TOPIC`` (queue 0), the real topic in property ``REAL_TOPIC``, the
+  sending client in ``TRANS_CLIENT_ID`` and a fresh transaction id. Consumers and Spark
+  readers of the real topic do not see it.
+- ``end(transaction_id, commit)``: COMMIT appends the real message (same body, tags, keys,
+  properties, unique key; type TRANSACTION) to its topic and an op record to
+  ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` in ONE store append (one record batch: both or neither);
+  ROLLBACK appends only the op. An unknown or already resolved transaction raises
+  ``UnknownTransaction``.
+- A half message unresolved ``transaction_timeout_ms`` (transactionTimeOut, 6 s) after it was
+  stored is checked back: a ``RecoverOrphanedTransactionCommand`` goes to the sending
+  producer's Telemetry stream (or another producer of the topic) every
+  ``check_interval_ms`` (transactionCheckInterval), up to ``check_max`` (transactionCheckMax,
+  15) times; then it is rolled back (op tag ``x``) and logged.
+- State is the store: on ``start()`` the pending set is rebuilt from the half topic (from the
+  committed floor of group ``TRANS_CHECK_GROUP``) minus the op topic. Check counts start over
+  after a restart.
+- ``ProducerStreams``: the open Telemetry streams (client id -> outbound queue, topics);
+  thread-safe.
+- Thread ``sparkmq-transaction-check`` (``start()``/``stop()``), woken by a condition at the
+  earliest due check (no polling loop); ``run_checks()`` runs one pass synchronously (tests).
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import SparkMQError, UserError
+from ..log import format as fmt
+from ..log.message import Message
+
+log = logging.getLogger(__name__)
+
+HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+OP_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+CHECK_GROUP = "TRANS_CHECK_GROUP"
+PROP_REAL_TOPIC = "REAL_TOPIC"
+PROP_CLIENT_ID = "TRANS_CLIENT_ID"
+OP_COMMIT, OP_ROLLBACK, OP_EXPIRED = "c", "r", "x"
+
+
+class UnknownTransaction(UserError):
+    """EndTransaction for a transaction that is not pending (unknown or already resolved)."""
+
+    code = "SPARKMQ_INVALID_TRANSACTION_ID"
+
+
+class ProducerStreams:
+    """Open Telemetry streams of producers: ``client id -> (outbound queue, topics)``."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._streams: dict[str, tuple[queue.Queue, set[str]]] = {}
+
+    def open(self, client_id: str) -> queue.Queue:
+        q: queue.Queue = queue.Queue()
+        with self._lock:
+            self._streams[client_id] = (q, set())
+        return q
+
+    def set_topics(self, client_id: str, topics) -> None:
+        with self._lock:
+            if client_id in self._streams:
+                self._streams[client_id][1].update(topics)
+
+    def close(self, client_id: str, q: queue.Queue) -> None:
+        with self._lock:
+            if self._streams.get(client_id, (None,))[0] is q:
+                del self._streams[client_id]
+
+    def send(self, client_id: str | None, topic: str, command) -> str | None:
+        """Queue ``command`` to ``client_id``'s stream, else to a producer of ``topic``;
+        returns the client id used, or None if no producer is connected."""
+        with self._lock:
+            target = self._streams.get(client_id) if client_id else None
+            cid = client_id
+            if target is None:
+                for c, (q, topics) in self._streams.items():
+                    if topic in topics:
+                        target, cid = (q, topics), c
+                        break
+        if target is None:
+            return None
+        target[0].put(command)
+        return cid
+
+
+@dataclass
+class Half:
+    offset: int
+    transaction_id: str
+    real_topic: str
+    client_id: str | None
+    next_check_ms: int
+    checks: int = 0
+
+
+class TransactionService:
+    """Half messages and their resolution (see module docstring)."""
+
+    def __init__(self, store, streams: ProducerStreams, *, make_command: Callable,
+                 clock_ms: Callable[[], int] | None = None, timeout_ms: int = 6000,
+                 check_interval_ms: int = 6000, check_max: int = 15):
+        self.store = store
+        self.streams = streams
+        self.make_command = make_command      # (StoredMessage, transaction id) -> TelemetryCommand
+        self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.timeout_ms = timeout_ms
+        self.check_interval_ms = check_interval_ms
+        self.check_max = check_max
+        self._cond = threading.Condition()
+        self._by_txid: dict[str, Half] = {}
+        self._by_offset: dict[int, Half] = {}
+        self._heap: list[tuple[int, int]] = []     # (next check ms, half offset)
+        self._scanned = 0
+        self._committed = 0
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.rolled_back_unresolved = 0
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> "TransactionService":
+        for t in (HALF_TOPIC, OP_TOPIC):
+            if t not in self.store.topics():
+                self.store.create_topic(t, read_queue_nums=1, write_queue_nums=1, system=True,
+                                        exist_ok=True)
+        self._rebuild()
+        self._thread = threading.Thread(target=self._run, name="sparkmq-transaction-check",
+                                        daemon=True)
+        self._thread.start()
+        log.info("transaction service: %d half message(s) pending", len(self._by_offset))
+        return self
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(10)
+            self._thread = None
+        try:
+            self.persist()
+        except SparkMQError as e:
+            log.error("transaction service: could not persist progress: %s", e)
+
+    def pending(self) -> list[Half]:
+        with self._cond:
+            return sorted(self._by_offset.values(), key=lambda h: h.offset)
+
+    # ------------------------------------------------------------ state
+    def _rebuild(self) -> None:
+        floor = max(self.store.consumer_offsets(CHECK_GROUP).get((HALF_TOPIC, 0), 0),
+                    self.store.min_offset(HALF_TOPIC, 0))
+        self._scanned = self._committed = floor
+        done = set()
+        t = self.store.read_table(OP_TOPIC, 0, 0, columns=["body"], on_removed="skip")
+        for body in t.column("body").to_pylist():
+            done.add(int(body))
+        self._load(skip=done)
+
+    def _load(self, skip=frozenset()) -> None:
+        hi = self.store.max_offset(HALF_TOPIC, 0)
+        while self._scanned < hi:
+            msgs = self.store.read(HALF_TOPIC, 0, self._scanned, 1024)
+            if not msgs:
+                break
+            for m in msgs:
+                self._scanned = m.queue_offset + 1
+                if m.queue_offset in skip or m.queue_offset in self._by_offset:
+                    continue
+                h = Half(m.queue_offset, m.transaction_id, m.properties.get(PROP_REAL_TOPIC, ""),
+                         m.properties.get(PROP_CLIENT_ID), m.store_timestamp + self.timeout_ms)
+                self._by_txid[h.transaction_id] = h
+                self._by_offset[h.offset] = h
+                heapq.heappush(self._heap, (h.next_check_ms, h.offset))
+
+    def prepare_row(self, topic: str, properties: dict, client_id: str | None
+                    ) -> tuple[str, dict, str]:
+        """(half topic, properties, transaction id) for a sent TRANSACTION message."""
+        props = dict(properties)
+        props[PROP_REAL_TOPIC] = topic
+        if client_id:
+            props[PROP_CLIENT_ID] = client_id
+        return HALF_TOPIC, props, uuid.uuid4().hex.upper()
+
+    def on_stored(self) -> None:
+        """Call after half messages were appended: load them and re-arm the timer."""
+        with self._cond:
+            self._load()
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------ resolution
+    def end(self, transaction_id: str, commit: bool) -> None:
+        with self._cond:
+            self._load()
+            h = self._by_txid.get(transaction_id)
+            if h is None:
+                raise UnknownTransaction(
+                    f"transaction {transaction_id!r} is not pending on this broker (unknown, "
+                    "already committed or rolled back)")
+            self._resolve(h, OP_COMMIT if commit else OP_ROLLBACK)
+
+    def _resolve(self, h: Half, op: str) -> None:
+        """Append the op (and for a commit, the real message) in one batch. Holds _cond."""
+        out = [Message(topic=OP_TOPIC, body=str(h.offset).encode(), tags=op,
+                       properties={"transactionId": h.transaction_id})]
+        if op == OP_COMMIT:
+            rows = self.store.read(HALF_TOPIC, 0, h.offset, 1)
+            if not rows or rows[0].queue_offset != h.offset:
+                raise UnknownTransaction(f"half message of {h.transaction_id} is gone (retention)")
+            if h.real_topic not in self.store.topics():
+                raise UnknownTransaction(f"topic {h.real_topic!r} of {h.transaction_id} is gone")
+            out.insert(0, _real_message(rows[0]))
+        self.store.append(out)
+        del self._by_txid[h.transaction_id]
+        del self._by_offset[h.offset]
+
+    # ------------------------------------------------------------ check-back
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                wait = 5.0
+                if self._heap:
+                    wait = min(wait, max(0.0, (self._heap[0][0] - self.clock_ms()) / 1000.0))
+                self._cond.wait(wait)
+                if self._stopping:
+                    return
+            try:
+                self.run_checks()
+            except Exception:
+                log.exception("transaction check failed")
+                time.sleep(0.1)
+
+    def run_checks(self) -> int:
+        """Check back (or expire) every half message whose check is due; returns how many."""
+        n = 0
+        with self._cond:
+            self._load()
+            now = self.clock_ms()
+            while self._heap and self._heap[0][0] <= now:
+                _, off = heapq.heappop(self._heap)
+                h = self._by_offset.get(off)
+                if h is None:
+                    continue
+                n += 1
+                if h.checks >= self.check_max:
+                    log.warning("transaction %s (topic %s) unresolved after %d check(s): rolled "
+                                "back", h.transaction_id, h.real_topic, h.checks)
+                    self._resolve(h, OP_EXPIRED)
+                    self.rolled_back_unresolved += 1
+                    continue
+                self._check_back(h)
+                h.checks += 1
+                h.next_check_ms = now + self.check_interval_ms
+                heapq.heappush(self._heap, (h.next_check_ms, h.offset))
+        self.persist()
+        return n
+
+    def _check_back(self, h: Half) -> None:
+        rows = self.store.read(HALF_TOPIC, 0, h.offset, 1)
+        if not rows:
+            return
+        cmd = self.make_command(_real_message_view(rows[0]), h.transaction_id)
+        sent_to = self.streams.send(h.client_id, h.real_topic, cmd)
+        log.info("transaction %s: check-back #%d %s", h.transaction_id, h.checks + 1,
+                 f"sent to {sent_to}" if sent_to else "found no connected producer")
+
+    def persist(self) -> None:
+        with self._cond:
+            floor = min(self._by_offset) if self._by_offset else self._scanned
+        if floor != self._committed:
+            self.store.commit_consumer_offsets(CHECK_GROUP, {(HALF_TOPIC, 0): floor})
+            self._committed = floor
+
+
+def _real_message(m) -> Message:
+    props = {k: v for k, v in m.properties.items() if k not in (PROP_REAL_TOPIC, PROP_CLIENT_ID)}
+    return Message(topic=m.properties[PROP_REAL_TOPIC], body=m.body, tags=m.tags,
+                   keys=list(m.keys), properties=props, born_timestamp=m.born_timestamp,
+                   born_host=m.born_host, transaction_id=m.transaction_id,
+                   unique_key=m.unique_key, message_type=fmt.MESSAGE_TYPE_TRANSACTION)
+
+
+def _real_message_view(m):
+    """The half message as its producer sent it (real topic, no internal properties)."""
+    import dataclasses
+    props = {k: v for k, v in m.properties.items() if k not in (PROP_REAL_TOPIC, PROP_CLIENT_ID)}
+    return dataclasses.replace(m, topic=m.properties.get(PROP_REAL_TOPIC, m.topic),
+                               properties=props)

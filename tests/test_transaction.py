@@ -1,0 +1,153 @@
+"""Transactional messages end to end with the official client's transaction producer:
+commit, rollback, check-back deciding both ways, give-up after transactionCheckMax, restart
+mid-transaction. Check-backs are driven by an injected clock and ``run_checks()``."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from rocketmq import (FilterExpression, Producer, SimpleConsumer, TransactionChecker,
+                      TransactionResolution)
+
+from sparkmq.broker import Broker
+from sparkmq.broker.transaction import HALF_TOPIC, OP_TOPIC
+
+from test_broker import broker_config, client_conf, clients, msg  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.integration
+
+
+class Clock:
+    def __init__(self):
+        self.ms = int(time.time() * 1000)
+
+    def __call__(self):
+        return self.ms
+
+
+class Checker(TransactionChecker):
+    """Decides by body; records what it was asked about."""
+
+    def __init__(self, decisions: dict[bytes, TransactionResolution]):
+        self.decisions = decisions
+        self.asked: list[bytes] = []
+        self.event = threading.Event()
+
+    def check(self, message):
+        self.asked.append(message.body)
+        self.event.set()
+        return self.decisions.get(message.body, TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED)  # unknown
+
+
+@pytest.fixture
+def tx_broker(tmp_path):
+    clock = Clock()
+    started = []
+
+    def make(**props):
+        b = Broker(broker_config(tmp_path, transactionTimeOut=6000,
+                                 transactionCheckInterval=6000, **props), clock_ms=clock).start()
+        started.append(b)
+        if "T" not in b.store.topics():
+            b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        return b
+    yield make, clock
+    for b in started:
+        b.stop()
+
+
+def visible(b) -> list[bytes]:
+    return [m.body for m in b.store.read("T", 0, 0, 100)]
+
+
+def half_send(producer, body: bytes):
+    tx = producer.begin_transaction()
+    receipt = producer.send(msg("T", body, tag="Tx"), tx)
+    return tx, receipt
+
+
+def wait_asked(checker, n, tries=100):
+    for _ in range(tries):                       # bounded: 10 s
+        if len(checker.asked) >= n:
+            return
+        time.sleep(0.1)
+
+
+def wait_until(pred, tries=100):
+    for _ in range(tries):
+        if pred():
+            return True
+        time.sleep(0.1)
+    return pred()
+
+
+def test_commit_and_rollback(tx_broker, clients):  # noqa: F811
+    make, _ = tx_broker
+    b = make()
+    producer = clients(Producer(client_conf(b), ("T",), Checker({})))
+    tx1, r1 = half_send(producer, b"commit-me")
+    tx2, _ = half_send(producer, b"roll-me-back")
+    assert r1.transaction_id
+    assert visible(b) == []                                     # half: invisible
+    assert b.store.max_offset(HALF_TOPIC, 0) == 2               # but stored
+    tx1.commit()
+    tx2.rollback()
+    assert visible(b) == [b"commit-me"]
+    assert [m.tags for m in b.store.read(OP_TOPIC, 0, 0, 10)] == ["c", "r"]
+    assert b.transactions.pending() == []
+    got = b.store.read("T", 0, 0, 1)[0]
+    assert got.unique_key == r1.message_id and got.message_type == 3
+    consumer = clients(SimpleConsumer(client_conf(b), "G", {"T": FilterExpression("*")},
+                                      await_duration=2))
+    got = []
+    for _ in range(3):
+        got += consumer.receive(16, 30)
+        if got:
+            break
+    assert [m.body for m in got] == [b"commit-me"] and got[0].message_id == r1.message_id
+
+
+def test_check_back_decides_both_ways_then_gives_up(tx_broker, clients):  # noqa: F811
+    make, clock = tx_broker
+    b = make(transactionCheckMax=2)
+    checker = Checker({b"yes": TransactionResolution.COMMIT,
+                       b"no": TransactionResolution.ROLLBACK})
+    producer = clients(Producer(client_conf(b), ("T",), checker))
+    for body in (b"yes", b"no", b"dunno"):
+        half_send(producer, body)                                # never ended by the producer
+    b.transactions.run_checks()
+    assert checker.asked == []                                   # not before transactionTimeOut
+    clock.ms += 6000
+    b.transactions.run_checks()
+    wait_asked(checker, 3)
+    assert sorted(checker.asked) == [b"dunno", b"no", b"yes"]
+    assert wait_until(lambda: len(b.transactions.pending()) == 1)
+    assert visible(b) == [b"yes"]
+    for _ in range(2):                                           # second check, then give up
+        clock.ms += 6000
+        b.transactions.run_checks()
+    wait_asked(checker, 4)
+    assert checker.asked.count(b"dunno") == 2
+    assert b.transactions.pending() == [] and b.transactions.rolled_back_unresolved == 1
+    assert visible(b) == [b"yes"]
+    assert sorted(m.tags for m in b.store.read(OP_TOPIC, 0, 0, 10)) == ["c", "r", "x"]
+
+
+def test_restart_mid_transaction_keeps_the_half_message(tx_broker, clients):  # noqa: F811
+    make, clock = tx_broker
+    b = make()
+    producer = clients(Producer(client_conf(b), ("T",), Checker({})))
+    _, receipt = half_send(producer, b"survivor")
+    tx2, _ = half_send(producer, b"done")
+    tx2.rollback()
+    producer.shutdown()
+    b.stop()
+    b = make()                                                   # same store, new process state
+    assert [h.transaction_id for h in b.transactions.pending()] == [receipt.transaction_id]
+    checker = Checker({b"survivor": TransactionResolution.COMMIT})
+    clients(Producer(client_conf(b), ("T",), checker))
+    clock.ms += 6000
+    assert wait_until(lambda: b.transactions.run_checks() >= 0 and visible(b) == [b"survivor"])
+    assert checker.asked[:1] == [b"survivor"]
