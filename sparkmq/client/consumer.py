@@ -15,6 +15,7 @@ thread per (topic, broker) and a pool of ``consume_threads`` listener threads.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import dataclasses
 import enum
 import itertools
 import logging
@@ -22,6 +23,7 @@ import threading
 import time
 from typing import Callable, Mapping
 
+import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
@@ -112,7 +114,6 @@ class _GroupClient:
                 elif kind == "status" and r.status.code not in (Code.OK, Code.MESSAGE_NOT_FOUND):
                     check(r.status, f"ReceiveMessage {queue.topic!r} at {queue.endpoint}")
         except Exception as e:
-            import grpc
             if isinstance(e, grpc.RpcError):
                 raise BrokerUnavailableError(f"ReceiveMessage at {queue.endpoint}: {e.code()} "
                                              f"{e.details()}") from None
@@ -189,7 +190,6 @@ class SimpleConsumer(_GroupClient):
                                 invisible_duration=duration(invisible_duration_s),
                                 message_id=message.message_id))
         check(r.status, f"ChangeInvisibleDuration {message.message_id}")
-        import dataclasses
         return dataclasses.replace(message, receipt_handle=r.receipt_handle)
 
 
@@ -387,7 +387,6 @@ class PullConsumer:
                 elif kind == "status" and r.status.code not in (Code.OK, Code.MESSAGE_NOT_FOUND):
                     check(r.status, f"PullMessage {queue.topic}/{queue.queue_id}")
         except Exception as e:
-            import grpc
             if isinstance(e, grpc.RpcError):
                 raise BrokerUnavailableError(f"PullMessage at {queue.endpoint}: {e.code()} "
                                              f"{e.details()}") from None

@@ -24,9 +24,8 @@ import socket
 import threading
 import time
 import zlib
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
-from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import UserError
