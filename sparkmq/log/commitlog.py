@@ -52,7 +52,7 @@ class CommitLog:
         self._bases: list[int] = []
         self._lock = threading.RLock()        # guards the segment list
         self.active: seg.SegmentWriter | None = None
-        self._cache: OrderedDict[int, pa.RecordBatch] = OrderedDict()
+        self._cache: OrderedDict[int, tuple[pa.RecordBatch, int]] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._flush_lock = threading.RLock()   # also held while a segment is sealed
@@ -167,7 +167,7 @@ class CommitLog:
         with self._lock:
             self._ref(a.rel_path).size = a.size
         self.written_offset = a.base_offset + a.size
-        self._cache_put(offset, batch)
+        self._cache_put(offset, batch, len(data))
         return offset
 
     def flush(self, *, sync: bool) -> int:
@@ -191,22 +191,22 @@ class CommitLog:
         self._cache_bytes = 0
 
     # -- reading -----------------------------------------------------------
-    def _cache_put(self, offset: int, batch: pa.RecordBatch) -> None:
-        size = batch.nbytes
+    def _cache_put(self, offset: int, batch: pa.RecordBatch, size: int) -> None:
+        """Keep ``batch`` (``size`` bytes serialized; ``RecordBatch.nbytes`` is slow)."""
         if size > self._cache_limit:
             return
         with self._lock:
-            self._cache[offset] = batch
+            self._cache[offset] = (batch, size)
             self._cache_bytes += size
             while self._cache_bytes > self._cache_limit and self._cache:
-                _, old = self._cache.popitem(last=False)
-                self._cache_bytes -= old.nbytes
+                _, (_, old_size) = self._cache.popitem(last=False)
+                self._cache_bytes -= old_size
 
     def read_batch(self, batch_offset: int) -> pa.RecordBatch:
         with self._lock:
             cached = self._cache.get(batch_offset)
         if cached is not None:
-            return cached
+            return cached[0]
         ref = self.segment_for(batch_offset)
         if ref is None:
             first = self.min_offset()

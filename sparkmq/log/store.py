@@ -571,11 +571,11 @@ class Store(MessageReader):
         n = table.num_rows
         if n == 0:
             raise InvalidMessageError("append_batch got no rows")
-        table = table.combine_chunks()
-        topics = table.column("topic").combine_chunks()
+        table = table.combine_chunks()   # now one chunk per column: _col is zero copy
+        topics = _col(table, "topic")
         if topics.null_count:
             raise InvalidMessageError("topic column has nulls")
-        body = table.column("body").combine_chunks()
+        body = _col(table, "body")
         if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
             body = body.cast(pa.binary())
         if body.null_count:
@@ -588,11 +588,16 @@ class Store(MessageReader):
         uniq = pc.unique(topics).to_pylist()
         confs = {t: self._writable_topic(t) for t in uniq}
         if "queue_id" in names and table.column("queue_id").null_count == 0:
-            qids = table.column("queue_id").combine_chunks().cast(pa.int32())
+            qids = _col(table, "queue_id").cast(pa.int32())
             for t, conf in confs.items():
-                mask = pc.equal(topics, t)
-                bad = pc.any(pc.and_(mask, pc.or_(pc.less(qids, 0), pc.greater_equal(
-                    qids, conf["writeQueueNums"])))).as_py()
+                if len(confs) == 1:   # every row has this topic: min/max decide
+                    lo_hi = pc.min_max(qids)
+                    bad = lo_hi["min"].as_py() < 0 or \
+                        lo_hi["max"].as_py() >= conf["writeQueueNums"]
+                else:
+                    mask = pc.equal(topics, t)
+                    bad = pc.any(pc.and_(mask, pc.or_(pc.less(qids, 0), pc.greater_equal(
+                        qids, conf["writeQueueNums"])))).as_py()
                 if bad:
                     raise QueueNotFoundError(
                         f"queue_id out of range for topic {t!r} (0..{conf['writeQueueNums'] - 1})")
@@ -612,7 +617,7 @@ class Store(MessageReader):
                 continue
             if f.name in names:
                 try:
-                    cols[f.name] = table.column(f.name).combine_chunks().cast(f.type)
+                    cols[f.name] = _col(table, f.name).cast(f.type)
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     raise InvalidMessageError(
                         f"column {f.name!r} has type {table.column(f.name).type}, expected "
@@ -1188,6 +1193,13 @@ def _check_queue_nums(rq: int, wq: int, perm: int) -> None:
             raise UserError(f"{name} must be an integer in 1..1024, got {v!r}")
     if perm not in (0, 2, 4, 6):
         raise UserError(f"perm must be 2 (write), 4 (read) or 6 (read+write), got {perm!r}")
+
+
+def _col(table: pa.Table, name: str) -> pa.Array:
+    """Column ``name`` as one array; zero copy when it has one chunk
+    (``ChunkedArray.combine_chunks`` copies even then)."""
+    col = table.column(name)
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
 def _split_by_size(msgs: list[Message]) -> list[list[Message]]:
