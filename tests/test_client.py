@@ -267,3 +267,37 @@ def test_nameserver_route_reaches_both_groups_and_push_consumer_follows_a_joinin
         while len(got) < 8 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert got == {f"m{i}".encode() for i in range(8)}
+
+
+def test_sql92_subscription(make_broker, closing):
+    b = make_broker(enablePropertyFilter="true")
+    p = closing(Producer(b.endpoint))
+    for i in range(6):
+        p.send(Message("TS", f"m{i}".encode(), properties={"n": str(i)}))
+    c = closing(SimpleConsumer(b.endpoint, "GSQL", {"TS": ("SQL92", "n > 3")}))
+    assert sorted(m.body for m in receive_all(c, 2)) == [b"m4", b"m5"]
+    assert c.receive(max_messages=8, wait_s=0.3) == []
+
+
+def test_orderly_push_consumer_keeps_group_order(make_broker, closing):
+    b = make_broker()
+    p = closing(Producer(b.endpoint))
+    groups = [f"g{i}" for i in range(4)]
+    n_per = 15
+    for i in range(n_per):
+        for g in groups:
+            p.send(Message("TO", f"{g}:{i}".encode(), message_group=g))
+    seen: dict[str, list[int]] = {g: [] for g in groups}
+    lock, done = threading.Lock(), threading.Event()
+
+    def listener(m):
+        g, i = m.body.decode().split(":")
+        with lock:
+            seen[g].append(int(i))
+            if sum(map(len, seen.values())) == n_per * len(groups):
+                done.set()
+        return ConsumeResult.SUCCESS
+    closing(PushConsumer(b.endpoint, "GO", {"TO": "*"}, listener, consume_threads=4,
+                         orderly=True, wait_s=0.5))
+    assert done.wait(30), {g: len(v) for g, v in seen.items()}
+    assert seen == {g: list(range(n_per)) for g in groups}

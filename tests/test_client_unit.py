@@ -89,3 +89,12 @@ def test_send_batch_checks_its_input():
         p.shutdown()
     with pytest.raises(UserError, match="shut down"):
         p.send(Message("T", b"a"))
+
+
+def test_subscription_filters():
+    from sparkmq.client.consumer import _filter_of
+    assert _filter_of("TagA || TagB") == (pb.TAG, "TagA || TagB")
+    assert _filter_of(("SQL92", "a > 1")) == (pb.SQL, "a > 1")
+    for bad in (("XPATH", "x"), 42, ("SQL92",)):
+        with pytest.raises(UserError):
+            _filter_of(bad)

@@ -49,10 +49,23 @@ class ConsumeMode(enum.Enum):
     BROADCASTING = "BROADCASTING"
 
 
+def _filter_of(subscription) -> tuple[int, str]:
+    """A subscription value -> (protocol filter type, expression): a string is a tag
+    expression (``"TagA || TagB"``, ``"*"``); ``("SQL92", "a > 1")`` is a property filter
+    (the broker must have enablePropertyFilter=true)."""
+    if isinstance(subscription, str):
+        return pb.TAG, subscription
+    if isinstance(subscription, tuple) and len(subscription) == 2 \
+            and str(subscription[0]).upper() in ("TAG", "SQL92", "SQL"):
+        return (pb.TAG if str(subscription[0]).upper() == "TAG" else pb.SQL), subscription[1]
+    raise UserError(f"subscription {subscription!r} is neither a tag expression string nor "
+                    "a ('SQL92', expression) pair")
+
+
 class _GroupClient:
     """Shared plumbing of the consumers of one group."""
 
-    def __init__(self, endpoints, group: str, subscriptions: Mapping[str, str], *,
+    def __init__(self, endpoints, group: str, subscriptions: Mapping[str, "str | tuple[str, str]"], *,
                  request_timeout_s: float, mode: ConsumeMode):
         if not group:
             raise UserError("a consumer needs a consumer group name")
@@ -61,6 +74,8 @@ class _GroupClient:
         self.endpoints = parse_endpoints(endpoints)
         self.group = group
         self.subscriptions = {t: (e or "*") for t, e in subscriptions.items()}
+        for e in self.subscriptions.values():
+            _filter_of(e)
         extra = [(BROADCAST_HEADER, "BROADCASTING")] if mode is ConsumeMode.BROADCASTING else []
         self.conns = Connections(request_timeout_s, extra)
         self.routes = RouteCache(self.conns, self.endpoints)
@@ -95,12 +110,12 @@ class _GroupClient:
 
     def _receive_from(self, queue: Queue, max_messages: int, invisible_s: float,
                       wait_s: float) -> list[ReceivedMessage]:
-        expr = self.subscriptions[queue.topic]
+        kind, expr = _filter_of(self.subscriptions[queue.topic])
         mq = queue.to_pb()
         mq.id = -1
         req = spb.ReceiveMessageRequest(
             group=pb.Resource(name=self.group), message_queue=mq,
-            filter_expression=pb.FilterExpression(type=pb.TAG, expression=expr),
+            filter_expression=pb.FilterExpression(type=kind, expression=expr),
             batch_size=max_messages, invisible_duration=duration(invisible_s), auto_renew=False,
             long_polling_timeout=duration(wait_s))
         stub = self.conns.stub(queue.endpoint)
@@ -145,7 +160,7 @@ class SimpleConsumer(_GroupClient):
     """Receive, process, ack at your own pace. ``receive`` long-polls one (topic, broker)
     after another, round robin, and returns what the first non-empty one gave."""
 
-    def __init__(self, endpoints, group: str, subscriptions: Mapping[str, str], *,
+    def __init__(self, endpoints, group: str, subscriptions: Mapping[str, "str | tuple[str, str]"], *,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  mode: ConsumeMode = ConsumeMode.CLUSTERING):
         super().__init__(endpoints, group, subscriptions, request_timeout_s=request_timeout_s,
@@ -205,7 +220,7 @@ class PushConsumer(_GroupClient):
     ``shutdown()`` stops polling, lets running listeners finish (unacked ones come back
     to the group), and closes the connections."""
 
-    def __init__(self, endpoints, group: str, subscriptions: Mapping[str, str],
+    def __init__(self, endpoints, group: str, subscriptions: Mapping[str, "str | tuple[str, str]"],
                  listener: Callable[[ReceivedMessage], ConsumeResult], *,
                  consume_threads: int = 4, orderly: bool = False, batch_size: int = 16,
                  invisible_duration_s: float = 30.0, wait_s: float = 2.0,
