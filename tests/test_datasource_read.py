@@ -166,6 +166,10 @@ def test_pushdown_filters_prune_and_are_exact(spark, local_store_url):
             and r.tags == "even"]
     assert sorted(r.message_id for r in got) == sorted(r.message_id for r in full)
     assert df.filter(F.col("topic") == "nope").count() == 0
+    one = df.filter((F.col("queue_id") == 3) & (F.col("queue_offset") == 4)).collect()
+    assert [(r.queue_id, r.queue_offset) for r in one] == [(3, 4)]
+    some = df.filter(F.col("queue_offset").isin(1, 7) & (F.col("queue_id") == 0)).collect()
+    assert sorted(r.queue_offset for r in some) == [1, 7]
     ts = sorted(r.store_timestamp for r in df.collect())
     assert df.filter(F.col("store_timestamp") >= ts[0]).count() == 40
     assert df.filter(F.col("store_timestamp") > ts[-1]).count() == 0
@@ -173,7 +177,7 @@ def test_pushdown_filters_prune_and_are_exact(spark, local_store_url):
 
 def test_pushdown_plans_only_index_hits(local_store_url):
     """The key filter is answered from the Index: the plan lists only keyed offsets."""
-    from pyspark.sql.datasource import EqualTo, GreaterThan
+    from pyspark.sql.datasource import EqualTo, GreaterThan, In
     from sparkmq.datasource.reader import SparkMQBatchReader
     make_store(local_store_url, 40, keys_every=5)
     reader = SparkMQBatchReader({"path": local_store_url})
@@ -186,6 +190,11 @@ def test_pushdown_plans_only_index_hits(local_store_url):
     assert 0 < planned <= 40 // 5 and {p.queue_id for p in parts} == {1}
     rows = [r for p in parts for b in reader.read(p) for r in b.to_pylist()]
     assert rows and all(r["keys"] == ["k1"] and r["queue_id"] == 1 for r in rows)
+    # IN on queue_offset prunes the plan to [min, max] and is left to Spark
+    reader = SparkMQBatchReader({"path": local_store_url})
+    in_filter = In(("queue_offset",), (2, 4))
+    assert list(reader.pushFilters([in_filter, EqualTo(("queue_id",), 0)])) == [in_filter]
+    assert [(p.queue_id, p.start, p.end) for p in reader.partitions()] == [(0, 2, 5)]
 
 
 # -- data loss --------------------------------------------------------------------

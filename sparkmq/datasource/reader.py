@@ -288,6 +288,14 @@ class PushedPlan:
                 self.empty = True
             self.row_filter.keys_equal = tuple(f.value)
             return True
+        if isinstance(f, EqualTo) and col in ("queue_offset", "store_timestamp"):
+            return all(self.push(cls(f.attribute, f.value))
+                       for cls in (GreaterThanOrEqual, LessThanOrEqual))
+        if isinstance(f, In) and col == "queue_offset" and f.value and \
+                all(isinstance(v, int) for v in f.value):
+            self._push_offset(GreaterThanOrEqual(f.attribute, min(f.value)))
+            self._push_offset(LessThanOrEqual(f.attribute, max(f.value)))
+            return False   # pruned to [min, max]; Spark still applies the exact IN
         bound = (GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)
         if isinstance(f, bound) and col == "queue_offset" and isinstance(f.value, int):
             self._push_offset(f)
