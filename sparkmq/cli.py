@@ -119,7 +119,8 @@ def cmd_create_topic(args) -> int:
 
 def cmd_demo(args) -> int:
     from .demo import run_demo
-    return run_demo(store_path=args.store, messages=args.messages, spark=not args.no_spark)
+    return run_demo(store_path=args.store, messages=args.messages, spark=not args.no_spark,
+                    online=not args.no_online)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--store", default="demo-store", help="folder for the store (recreated)")
     s.add_argument("--messages", type=int, default=5000)
     s.add_argument("--no-spark", action="store_true", help="skip the Spark part")
+    s.add_argument("--no-online", action="store_true",
+                   help="skip the NameServer/broker/online-client part")
     s.set_defaults(fn=cmd_demo)
     return p
 
