@@ -1,0 +1,352 @@
+"""``sparkmq admin`` — mqadmin-style administration (``python -m sparkmq.admin ...``).
+
+Targets (global options before the command):
+- ``--store URL``: the store itself. Read commands open it read-only (safe next to a live
+  broker holding the writer lease: they see its last published version). Write commands
+  (topic create/update/delete, group reset-offset) open it writable and are refused with a
+  clear message while a broker holds the lease: then use ``--broker``.
+- ``--broker URL``: a broker's admin HTTP endpoint (``http://127.0.0.1:8082``): broker status;
+  topic create through the broker.
+- ``--namesrv host:port[;host:port]``: cluster list, topic route.
+
+Output: aligned text tables, or ``--json`` (one JSON document on stdout). Exit status 0 on
+success, 1 on an error (message on stderr naming what was wrong), 2 on bad usage.
+``main(argv)`` is the entry point (``sparkmq admin`` calls it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from typing import Any, Sequence
+
+from .errors import SparkMQError
+
+__all__ = ["main"]
+
+
+# ---------------------------------------------------------------- output
+def _table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
+    if not rows:
+        return "(none)"
+    cols = list(columns or rows[0].keys())
+    cells = [[_cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = lambda vals: "  ".join(v.ljust(w) for v, w in zip(vals, widths)).rstrip()  # noqa: E731
+    return "\n".join([line(cols), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bytes):
+        text = v.decode("utf-8", "replace")
+        return text if len(text) <= 60 else text[:57] + "..."
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, default=str)
+    return str(v)
+
+
+def _emit(args, payload, columns=None) -> None:
+    if args.json:
+        print(json.dumps(payload, default=_json_default, indent=2))
+    elif isinstance(payload, list):
+        print(_table(payload, columns))
+    elif isinstance(payload, dict):
+        print(_table([{"key": k, "value": v} for k, v in payload.items()]))
+    else:
+        print(payload)
+
+
+def _json_default(v):
+    if isinstance(v, bytes):
+        return v.decode("utf-8", "replace")
+    return str(v)
+
+
+# ---------------------------------------------------------------- targets
+def _store(args, *, write: bool = False):
+    from .log.store import Store
+    if not args.store:
+        raise SparkMQError("this command needs --store URL (the broker's storePathRootDir)")
+    if write:
+        return Store.open(args.store, mode="w", create=False)
+    return Store.open(args.store, mode="r", create=False)
+
+
+def _http(url: str, path: str, body: dict | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url.rstrip("/") + path, data=data,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        raise SparkMQError(f"{url}{path} answered {e.code}: {e.read().decode(errors='replace')}")
+    except OSError as e:
+        raise SparkMQError(f"cannot reach {url}{path}: {e}") from None
+
+
+def _namesrv(args):
+    from .namesrv import NameServerClient
+    if not args.namesrv:
+        raise SparkMQError("this command needs --namesrv host:port")
+    return NameServerClient(args.namesrv)
+
+
+def _msg_row(m) -> dict:
+    return {"topic": m.topic, "queueId": m.queue_id, "queueOffset": m.queue_offset,
+            "messageId": m.unique_key or m.message_id, "tags": m.tags, "keys": ",".join(m.keys),
+            "storeTimestamp": m.store_timestamp, "deliveryTimestamp": m.delivery_timestamp,
+            "properties": dict(m.properties), "body": m.body}
+
+
+# ---------------------------------------------------------------- topic
+def topic_list(args) -> None:
+    with _store(args) as s:
+        rows = [{"topic": name, "readQueues": c["readQueueNums"],
+                 "writeQueues": c["writeQueueNums"], "perm": c["perm"],
+                 "messages": sum(s.max_offset(name, q) - s.min_offset(name, q)
+                                 for q in range(c["readQueueNums"]))}
+                for name, c in sorted(s.topics().items())]
+    _emit(args, rows)
+
+
+def topic_status(args) -> None:
+    with _store(args) as s:
+        c = _topic_conf(s, args.topic)
+        rows = [{"queueId": q, "minOffset": s.min_offset(args.topic, q),
+                 "maxOffset": s.max_offset(args.topic, q)} for q in range(c["readQueueNums"])]
+    _emit(args, rows)
+
+
+def _topic_conf(s, topic: str) -> dict:
+    c = s.topics().get(topic)
+    if c is None:
+        raise SparkMQError(f"topic {topic!r} does not exist in this store; see 'topic list'")
+    return c
+
+
+def topic_create(args) -> None:
+    if args.broker:
+        body = {"name": args.topic, **({"queueNums": args.queues} if args.queues else {})}
+        return _emit(args, _http(args.broker, "/admin/topics", body))
+    with _store(args, write=True) as s:
+        c = s.create_topic(args.topic, read_queue_nums=args.queues, write_queue_nums=args.queues)
+    _emit(args, {"topic": args.topic, **c})
+
+
+def topic_update(args) -> None:
+    with _store(args, write=True) as s:
+        c = s.update_topic(args.topic, read_queue_nums=args.read_queues,
+                           write_queue_nums=args.write_queues, perm=args.perm)
+    _emit(args, {"topic": args.topic, **c})
+
+
+def topic_delete(args) -> None:
+    with _store(args, write=True) as s:
+        s.delete_topic(args.topic)
+    _emit(args, {"deleted": args.topic})
+
+
+def topic_route(args) -> None:
+    queues = _namesrv(args).route(args.topic)
+    if queues is None:
+        raise SparkMQError(f"no NameServer of {args.namesrv} answered")
+    _emit(args, queues, ["brokerName", "brokerId", "endpoint", "queueId", "perm", "readable",
+                         "writable"])
+
+
+# ---------------------------------------------------------------- consumer groups
+def group_list(args) -> None:
+    with _store(args) as s:
+        groups = sorted({g for (g, _, _, _) in s.state.consumer_offsets})
+    _emit(args, [{"group": g} for g in groups])
+
+
+def group_progress(args) -> None:
+    """Lag per (topic, queue) of a group: broker consumers and Spark queries alike (both
+    record offsets in the store's log)."""
+    with _store(args) as s:
+        rows = []
+        for (topic, q), off in sorted(s.consumer_offsets(args.group).items()):
+            if topic not in s.topics():
+                continue
+            hi = s.max_offset(topic, q)
+            rows.append({"topic": topic, "queueId": q, "consumerOffset": off,
+                         "maxOffset": hi, "lag": max(0, hi - off)})
+    if not rows:
+        raise SparkMQError(f"group {args.group!r} has no recorded offsets in this store")
+    if args.json:
+        return _emit(args, {"group": args.group, "totalLag": sum(r["lag"] for r in rows),
+                            "queues": rows})
+    _emit(args, rows)
+    print(f"total lag: {sum(r['lag'] for r in rows)}")
+
+
+def group_reset_offset(args) -> None:
+    """Set a group's offsets of one topic to the first message stored at/after a time."""
+    with _store(args, write=True) as s:
+        c = _topic_conf(s, args.topic)
+        offsets = {(args.topic, q): s.offset_for_time(args.topic, q, args.timestamp)
+                   for q in range(c["readQueueNums"])}
+        s.commit_consumer_offsets(args.group, offsets)
+    _emit(args, [{"topic": t, "queueId": q, "offset": o} for (t, q), o in offsets.items()])
+
+
+# ---------------------------------------------------------------- messages
+def message_by_id(args) -> None:
+    with _store(args) as s:
+        try:
+            m = s.lookup(args.id)
+        except SparkMQError:          # not a store-issued id: a client-generated unique key
+            m = None
+        if m is None:
+            m = _by_unique_key(s, args.id)
+    if m is None:
+        raise SparkMQError(f"no message with id {args.id} (removed by retention, or not "
+                           "from this store)")
+    _emit(args, _msg_row(m))
+
+
+def _by_unique_key(s, unique_key: str):
+    """The message whose client-side id is ``unique_key`` (a column scan: not indexed)."""
+    import pyarrow.compute as pc
+    for topic, conf in s.topics().items():
+        for q in range(conf["readQueueNums"]):
+            lo = s.min_offset(topic, q)
+            for batch in s.iter_batches(topic, q, lo, columns=["queue_offset", "unique_key"],
+                                        on_removed="skip"):
+                hit = batch.filter(pc.equal(batch.column("unique_key"), unique_key))
+                if hit.num_rows:
+                    off = hit.column("queue_offset")[0].as_py()
+                    return s.read(topic, q, off, 1)[0]
+    return None
+
+
+def message_by_key(args) -> None:
+    with _store(args) as s:
+        msgs = s.query_by_key(args.topic, args.key, max_results=args.max)
+    _emit(args, [_msg_row(m) for m in msgs], _LIST_COLUMNS)
+
+
+def message_by_offset(args) -> None:
+    with _store(args) as s:
+        msgs = s.read(args.topic, args.queue, args.offset, 1)
+    if not msgs or msgs[0].queue_offset != args.offset:
+        raise SparkMQError(f"no message at {args.topic}:{args.queue}:{args.offset}")
+    _emit(args, _msg_row(msgs[0]))
+
+
+_LIST_COLUMNS = ["queueId", "queueOffset", "messageId", "tags", "keys", "storeTimestamp",
+                 "deliveryTimestamp", "body"]
+
+
+def message_print(args) -> None:
+    with _store(args) as s:
+        start = args.offset if args.offset is not None else s.min_offset(args.topic, args.queue)
+        msgs = s.read(args.topic, args.queue, start, args.count)
+    _emit(args, [_msg_row(m) for m in msgs], _LIST_COLUMNS)
+
+
+# ---------------------------------------------------------------- cluster / broker
+def cluster_list(args) -> None:
+    brokers = _namesrv(args).brokers()
+    if brokers is None:
+        raise SparkMQError(f"no NameServer of {args.namesrv} answered")
+    rows = [{"cluster": b.get("cluster"), "brokerName": b.get("brokerName"),
+             "brokerId": b.get("brokerId"), "role": b.get("role"), "endpoint": b.get("endpoint"),
+             "topics": len(b.get("topics") or {})} for b in brokers]
+    _emit(args, rows)
+
+
+def broker_status(args) -> None:
+    if not args.broker:
+        raise SparkMQError("broker status needs --broker http://host:adminPort")
+    _emit(args, _http(args.broker, "/status"))
+
+
+# ---------------------------------------------------------------- parser
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="sparkmq admin", description=__doc__.split("\n")[0])
+    p.add_argument("--store", help="store URL or path (read: read-only; write: needs the lease)")
+    p.add_argument("--broker", help="broker admin URL, e.g. http://127.0.0.1:8082")
+    p.add_argument("--namesrv", help="NameServer address(es) host:port[;host:port]")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    sub = p.add_subparsers(dest="area", required=True)
+
+    t = sub.add_parser("topic").add_subparsers(dest="cmd", required=True)
+    t.add_parser("list").set_defaults(fn=topic_list)
+    for name, fn in (("status", topic_status), ("delete", topic_delete), ("route", topic_route)):
+        c = t.add_parser(name)
+        c.add_argument("topic")
+        c.set_defaults(fn=fn)
+    c = t.add_parser("create")
+    c.add_argument("topic")
+    c.add_argument("--queues", type=int, default=None)
+    c.set_defaults(fn=topic_create)
+    c = t.add_parser("update")
+    c.add_argument("topic")
+    c.add_argument("--read-queues", type=int)
+    c.add_argument("--write-queues", type=int)
+    c.add_argument("--perm", type=int)
+    c.set_defaults(fn=topic_update)
+
+    g = sub.add_parser("group").add_subparsers(dest="cmd", required=True)
+    g.add_parser("list").set_defaults(fn=group_list)
+    c = g.add_parser("progress")
+    c.add_argument("group")
+    c.set_defaults(fn=group_progress)
+    c = g.add_parser("reset-offset")
+    c.add_argument("group")
+    c.add_argument("--topic", required=True)
+    c.add_argument("--timestamp", type=int, required=True, help="ms since epoch")
+    c.set_defaults(fn=group_reset_offset)
+
+    m = sub.add_parser("message").add_subparsers(dest="cmd", required=True)
+    c = m.add_parser("id")
+    c.add_argument("id")
+    c.set_defaults(fn=message_by_id)
+    c = m.add_parser("key")
+    c.add_argument("topic")
+    c.add_argument("key")
+    c.add_argument("--max", type=int, default=64)
+    c.set_defaults(fn=message_by_key)
+    c = m.add_parser("offset")
+    c.add_argument("topic")
+    c.add_argument("queue", type=int)
+    c.add_argument("offset", type=int)
+    c.set_defaults(fn=message_by_offset)
+    c = m.add_parser("print")
+    c.add_argument("topic")
+    c.add_argument("queue", type=int)
+    c.add_argument("--offset", type=int)
+    c.add_argument("--count", type=int, default=32)
+    c.set_defaults(fn=message_print)
+
+    cl = sub.add_parser("cluster").add_subparsers(dest="cmd", required=True)
+    cl.add_parser("list").set_defaults(fn=cluster_list)
+    b = sub.add_parser("broker").add_subparsers(dest="cmd", required=True)
+    b.add_parser("status").set_defaults(fn=broker_status)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one admin command; returns the exit status (0 ok, 1 error, 2 usage)."""
+    try:
+        args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as e:
+        return int(e.code or 0)
+    try:
+        args.fn(args)
+    except SparkMQError as e:
+        print(f"error: {e.message if hasattr(e, 'message') else e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

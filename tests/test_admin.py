@@ -1,0 +1,123 @@
+"""sparkmq admin against a live two-broker cluster (NameServer, brokers' admin HTTP, their
+stores read-only next to the writer) and against a stopped broker's store (writes)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from rocketmq import Producer
+
+from sparkmq import Store
+from sparkmq.admin import main
+from sparkmq.namesrv import NameServer
+
+from conftest import free_port
+from test_broker import client_conf, clients, make_broker, msg  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.integration
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv):
+    code, out, err = run(capsys, "--json", *argv)
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture
+def cluster(make_broker):  # noqa: F811
+    ns = NameServer(port=free_port()).start()
+    brokers = [make_broker(name, namesrvAddr=ns.address) for name in ("broker-a", "broker-b")]
+    yield ns, brokers
+    ns.stop()
+
+
+def test_admin_on_a_live_two_broker_cluster(cluster, clients, capsys):  # noqa: F811
+    ns, (a, b) = cluster
+    for br in (a, b):
+        br.store.create_topic("Orders", read_queue_nums=2, write_queue_nums=2)
+        br.register_once()
+    producer = clients(Producer(client_conf(a), ("Orders",)))
+    receipts = [producer.send(msg("Orders", f"o{i}".encode(), tag="T", keys=f"key{i}"))
+                for i in range(6)]
+    a.store.publish(force=True)
+    a.store.commit_consumer_offsets("G1", {("Orders", 0): 1, ("Orders", 1): 0})
+    store_a = a.config.store_path
+
+    brokers = run_json(capsys, "--namesrv", ns.address, "cluster", "list")
+    assert sorted(r["brokerName"] for r in brokers) == ["broker-a", "broker-b"]
+    route = run_json(capsys, "--namesrv", ns.address, "topic", "route", "Orders")
+    assert sorted((q["brokerName"], q["queueId"]) for q in route) == [
+        ("broker-a", 0), ("broker-a", 1), ("broker-b", 0), ("broker-b", 1)]
+    status = run_json(capsys, "--broker", f"http://127.0.0.1:{a.admin_port}", "broker", "status")
+    assert status["brokerName"] == "broker-a"
+
+    # store read-only next to the live broker; checked against what the store holds
+    topics = {t["topic"]: t for t in run_json(capsys, "--store", store_a, "topic", "list")}
+    held = [m for q in range(2) for m in a.store.read("Orders", q, 0, 100)]
+    assert topics["Orders"]["messages"] == len(held) > 0      # the route spread the sends
+    st = run_json(capsys, "--store", store_a, "topic", "status", "Orders")
+    assert [(q["queueId"], q["maxOffset"]) for q in st] == [
+        (q, a.store.max_offset("Orders", q)) for q in range(2)]
+    prog = run_json(capsys, "--store", store_a, "group", "progress", "G1")
+    assert prog["totalLag"] == len(held) - 1
+    assert {(q["queueId"], q["lag"]) for q in prog["queues"]} == {
+        (0, a.store.max_offset("Orders", 0) - 1), (1, a.store.max_offset("Orders", 1))}
+    assert run_json(capsys, "--store", store_a, "group", "list") == [{"group": "G1"}]
+    one = held[-1]
+    assert one.unique_key in {r.message_id for r in receipts}
+    by_id = run_json(capsys, "--store", store_a, "message", "id", one.unique_key)
+    assert by_id["body"] == one.body.decode() and by_id["keys"] == one.keys[0]
+    by_key = run_json(capsys, "--store", store_a, "message", "key", "Orders", one.keys[0])
+    assert [m["body"] for m in by_key] == [one.body.decode()]
+    m0 = a.store.read("Orders", 1, 0, 1)[0]
+    by_off = run_json(capsys, "--store", store_a, "message", "offset", "Orders", "1", "0")
+    assert by_off["body"] == m0.body.decode()
+    printed = run_json(capsys, "--store", store_a, "message", "print", "Orders", "0")
+    assert [p["queueOffset"] for p in printed] == list(range(a.store.max_offset("Orders", 0)))
+
+    # a readable table, too
+    code, out, _ = run(capsys, "--store", store_a, "group", "progress", "G1")
+    assert code == 0 and "consumerOffset" in out.splitlines()[0]
+    assert f"total lag: {len(held) - 1}" in out
+
+    # writes go through the broker while it holds the lease
+    created = run_json(capsys, "--broker", f"http://127.0.0.1:{b.admin_port}",
+                       "topic", "create", "Fresh", "--queues", "3")
+    assert created["readQueueNums"] == 3 and "Fresh" in b.store.topics()
+    code, _, err = run(capsys, "--store", store_a, "topic", "delete", "Orders")
+    assert code == 1 and "error:" in err                        # lease held: refused clearly
+    assert "Orders" in a.store.topics()
+
+
+def test_admin_writes_on_a_stopped_store_and_errors(local_store_url, capsys):
+    with Store.open(local_store_url) as s:
+        s.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        from sparkmq.log.message import Message
+        s.append([Message(topic="T", body=b"a")])
+        t_mid = s.read("T", 0, 0, 1)[0].store_timestamp + 1
+        time.sleep(0.01)
+        s.append([Message(topic="T", body=b"b")])
+    out = run_json(capsys, "--store", local_store_url, "group", "reset-offset", "G",
+                   "--topic", "T", "--timestamp", str(t_mid))
+    assert out == [{"topic": "T", "queueId": 0, "offset": 1}]
+    assert run_json(capsys, "--store", local_store_url, "group", "progress", "G")["totalLag"] == 1
+    upd = run_json(capsys, "--store", local_store_url, "topic", "update", "T", "--read-queues", "2",
+                   "--write-queues", "2")
+    assert upd["readQueueNums"] == 2
+    run_json(capsys, "--store", local_store_url, "topic", "create", "U")
+    run_json(capsys, "--store", local_store_url, "topic", "delete", "U")
+    assert "U" not in {t["topic"] for t in run_json(capsys, "--store", local_store_url,
+                                                    "topic", "list")}
+    code, _, err = run(capsys, "--store", local_store_url, "message", "offset", "T", "0", "99")
+    assert code == 1 and "no message at T:0:99" in err
+    code, _, err = run(capsys, "topic", "list")
+    assert code == 1 and "--store" in err
+    assert run(capsys, "bogus")[0] == 2
