@@ -302,16 +302,15 @@ class ScheduleService:
 
     def _deliver(self, due: list[tuple[int, int, int]]) -> None:
         msgs = []
-        for _, qid, off in due:
-            rows = self.store.read(SCHEDULE_TOPIC, qid, off, 1)
-            if not rows or rows[0].queue_offset != off:
+        for qid, off, parked in self._read_parked(due):
+            if parked is None:
                 continue                      # removed by retention meanwhile
-            real = rows[0].properties.get(PROP_REAL_TOPIC)
+            real = parked.properties.get(PROP_REAL_TOPIC)
             if real not in self.store.topics():
                 log.error("schedule service: dropping parked message %s:%d, its topic %r "
                           "no longer exists", qid, off, real)
                 continue
-            msgs.append(_real_message(rows[0], qid))
+            msgs.append(_real_message(parked, qid))
         try:
             if msgs:
                 self.store.append(msgs)
@@ -326,6 +325,25 @@ class ScheduleService:
         self.delivered_total += len(msgs)
         if self.on_delivered is not None and msgs:
             self.on_delivered(len(msgs))
+
+    def _read_parked(self, due: list[tuple[int, int, int]]):
+        """(queue, offset, StoredMessage or None) for due items, in due order; contiguous
+        offsets of one queue (the level queues) are read as one range."""
+        wanted: dict[int, list[int]] = {}
+        for _, qid, off in due:
+            wanted.setdefault(qid, []).append(off)
+        found: dict[tuple[int, int], object] = {}
+        for qid, offs in wanted.items():
+            lo, hi = min(offs), max(offs)
+            if hi - lo + 1 <= 2 * len(offs):
+                rows = self.store.read(SCHEDULE_TOPIC, qid, lo, hi - lo + 1)
+            else:
+                rows = [r for o in offs for r in self.store.read(SCHEDULE_TOPIC, qid, o, 1)]
+            want = set(offs)
+            for r in rows:
+                if r.queue_offset in want:
+                    found[(qid, r.queue_offset)] = r
+        return [(qid, off, found.get((qid, off))) for _, qid, off in due]
 
     def _maybe_persist(self) -> None:
         if self.clock_ms() - self._last_persist_ms >= self.persist_interval_ms:
