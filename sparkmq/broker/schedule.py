@@ -46,6 +46,7 @@ PROP_SOURCE = "SCHEDULE_SOURCE"
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 DEFAULT_MAX_DELAY_MS = 3 * 24 * 3600 * 1000
 DELIVER_BATCH = 256
+PERSIST_SLACK_MS = 200
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
@@ -346,8 +347,17 @@ class ScheduleService:
         return [(qid, off, found.get((qid, off))) for _, qid, off in due]
 
     def _maybe_persist(self) -> None:
-        if self.clock_ms() - self._last_persist_ms >= self.persist_interval_ms:
-            self.persist()
+        """Persist progress every persist_interval_ms, but not while the next message is
+        due within PERSIST_SLACK_MS (a log commit then would make it late), unless progress
+        is 10 intervals old."""
+        now = self.clock_ms()
+        age = now - self._last_persist_ms
+        if age < self.persist_interval_ms:
+            return
+        nxt = self.next_due_ms()
+        if nxt is not None and nxt - now < PERSIST_SLACK_MS and age < 10 * self.persist_interval_ms:
+            return
+        self.persist()
 
     def persist(self) -> None:
         """Commit each schedule queue's lowest undelivered offset (if it moved)."""
