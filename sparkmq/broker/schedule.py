@@ -32,8 +32,11 @@ import threading
 import time
 from typing import Callable
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from ..errors import SparkMQError, UserError
-from ..log.message import Message
 from ..log import format as fmt
 
 log = logging.getLogger(__name__)
@@ -47,6 +50,8 @@ DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 
 DEFAULT_MAX_DELAY_MS = 3 * 24 * 3600 * 1000
 DELIVER_BATCH = 256
 PERSIST_SLACK_MS = 200
+_PARKED_COLUMNS = ["queue_offset", "body", "tags", "keys", "properties", "born_timestamp",
+                   "born_host", "delivery_timestamp", "unique_key"]
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
@@ -302,19 +307,10 @@ class ScheduleService:
             return total
 
     def _deliver(self, due: list[tuple[int, int, int]]) -> None:
-        msgs = []
-        for qid, off, parked in self._read_parked(due):
-            if parked is None:
-                continue                      # removed by retention meanwhile
-            real = parked.properties.get(PROP_REAL_TOPIC)
-            if real not in self.store.topics():
-                log.error("schedule service: dropping parked message %s:%d, its topic %r "
-                          "no longer exists", qid, off, real)
-                continue
-            msgs.append(_real_message(parked, qid))
+        table = self._real_table(due)
         try:
-            if msgs:
-                self.store.append(msgs)
+            if table is not None and table.num_rows:
+                self.store.append_batch(table)
         except BaseException:
             with self._cond:
                 for item in due:
@@ -323,28 +319,55 @@ class ScheduleService:
         with self._cond:
             for _, qid, off in due:
                 self._pending[qid].discard(off)
-        self.delivered_total += len(msgs)
-        if self.on_delivered is not None and msgs:
-            self.on_delivered(len(msgs))
+        n = 0 if table is None else table.num_rows
+        self.delivered_total += n
+        if self.on_delivered is not None and n:
+            self.on_delivered(n)
 
-    def _read_parked(self, due: list[tuple[int, int, int]]):
-        """(queue, offset, StoredMessage or None) for due items, in due order; contiguous
-        offsets of one queue (the level queues) are read as one range."""
+    def _real_table(self, due: list[tuple[int, int, int]]):
+        """The due parked messages as their real-topic rows, one Arrow table (columnar: no
+        per-message Python objects but the properties). Parked messages removed by retention
+        meanwhile, or whose topic is gone (logged), are left out."""
         wanted: dict[int, list[int]] = {}
         for _, qid, off in due:
             wanted.setdefault(qid, []).append(off)
-        found: dict[tuple[int, int], object] = {}
+        live = set(self.store.topics())
+        tables = []
         for qid, offs in wanted.items():
             lo, hi = min(offs), max(offs)
-            if hi - lo + 1 <= 2 * len(offs):
-                rows = self.store.read(SCHEDULE_TOPIC, qid, lo, hi - lo + 1)
-            else:
-                rows = [r for o in offs for r in self.store.read(SCHEDULE_TOPIC, qid, o, 1)]
-            want = set(offs)
-            for r in rows:
-                if r.queue_offset in want:
-                    found[(qid, r.queue_offset)] = r
-        return [(qid, off, found.get((qid, off))) for _, qid, off in due]
+            t = self.store.read_table(SCHEDULE_TOPIC, qid, lo, hi + 1, columns=_PARKED_COLUMNS,
+                                      on_removed="skip")
+            if len(offs) != hi - lo + 1:
+                t = t.filter(pc.is_in(t.column("queue_offset"), pa.array(offs, pa.int64())))
+            props_out, topics, keep = [], [], []
+            for i, (off, props) in enumerate(zip(t.column("queue_offset").to_pylist(),
+                                                 t.column("properties").to_pylist())):
+                d = dict(props or [])
+                real = d.pop(PROP_REAL_TOPIC, None)
+                if real not in live:
+                    log.error("schedule service: dropping parked message %s:%d, its topic %r "
+                              "no longer exists", qid, off, real)
+                    continue
+                d[PROP_SOURCE] = f"{qid}:{off}"
+                keep.append(i)
+                topics.append(real)
+                props_out.append(list(d.items()))
+            if not keep:
+                continue
+            if len(keep) != t.num_rows:
+                t = t.take(pa.array(keep, pa.int64()))
+            tables.append(pa.table({
+                "topic": pa.array(topics, pa.string()), "body": t.column("body"),
+                "tags": t.column("tags"), "keys": t.column("keys"),
+                "properties": pa.array(props_out, pa.map_(pa.string(), pa.string())),
+                "born_timestamp": t.column("born_timestamp"), "born_host": t.column("born_host"),
+                "delivery_timestamp": t.column("delivery_timestamp"),
+                "unique_key": t.column("unique_key"),
+                "message_type": pa.array(np.full(t.num_rows, fmt.MESSAGE_TYPE_DELAY, np.int8)),
+            }))
+        if not tables:
+            return None
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
     def _maybe_persist(self) -> None:
         """Persist progress every persist_interval_ms, but not while the next message is
@@ -376,13 +399,3 @@ def _ms(v) -> int:
     if v is None:
         return 0
     return v if isinstance(v, int) else int(v.timestamp() * 1000)
-
-
-def _real_message(m, qid: int) -> Message:
-    props = dict(m.properties)
-    topic = props.pop(PROP_REAL_TOPIC)
-    props[PROP_SOURCE] = f"{qid}:{m.queue_offset}"
-    return Message(topic=topic, body=m.body, tags=m.tags, keys=list(m.keys), properties=props,
-                   born_timestamp=m.born_timestamp, born_host=m.born_host,
-                   delivery_timestamp=m.delivery_timestamp, unique_key=m.unique_key,
-                   message_type=fmt.MESSAGE_TYPE_DELAY)
