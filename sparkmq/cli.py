@@ -129,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("namesrv", help="run a NameServer (sparkmq namesrv --help)")
     sub.add_parser("broker", help="run a broker daemon (sparkmq broker --help)")
+    sub.add_parser("admin", help="mqadmin-style commands (sparkmq admin --help)")
 
     s = sub.add_parser("topics", help="list topics and queues with their offsets")
     s.add_argument("store")
@@ -172,9 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ("broker", "namesrv"):
+    if argv and argv[0] in ("broker", "namesrv", "admin"):
         if argv[0] == "broker":
             from .broker import main as daemon_main
+        elif argv[0] == "admin":
+            from .admin import main as daemon_main
         else:
             from .namesrv import main as daemon_main
         return daemon_main(argv[1:]) or 0
