@@ -350,8 +350,21 @@ def test_reader_sees_only_whole_committed_versions(spark, local_store_url):
     t = threading.Thread(target=write)
     t.start()
     counts = []
+
+    def committed_messages() -> int:
+        from sparkmq.log.reader import Snapshot
+        snap = Snapshot.load(local_store_url)
+        return sum(hi - lo for lo, hi in snap.queue_ranges(TOPIC).values())
+
     try:
-        for _ in range(3):
+        for i in range(3):
+            if i:
+                # let the writer commit more before the next read (a bounded wait, not a
+                # timing assertion): the next read must then see the newer versions
+                deadline = time.monotonic() + 60
+                while (t.is_alive() and committed_messages() <= counts[-1]
+                       and time.monotonic() < deadline):
+                    time.sleep(0.05)
             rows = read(spark, local_store_url).select("queue_id", "queue_offset").collect()
             counts.append(len(rows))
             assert len(rows) % 7 == 0
