@@ -402,14 +402,19 @@ class Store(MessageReader):
     def create_topic(self, name: str, *, read_queue_nums: int | None = None,
                      write_queue_nums: int | None = None, perm: int = PERM_RW,
                      attributes: dict | None = None, system: bool = False,
-                     exist_ok: bool = False) -> dict:
-        """Create a topic (committed at once). Returns its config."""
+                     exist_ok: bool = False, retention_ms: int | None = None,
+                     retention_bytes: int | None = None) -> dict:
+        """Create a topic (committed at once). Returns its config.
+
+        ``retention_ms`` / ``retention_bytes`` (per queue, message bodies) give the
+        topic its own retention on top of the broker default (log/retention.py)."""
         self._require_writable()
         validate_topic(name, system=system)
         n = self.config.default_topic_queue_nums
         rq = n if read_queue_nums is None else read_queue_nums
         wq = n if write_queue_nums is None else write_queue_nums
         _check_queue_nums(rq, wq, perm)
+        retention = _retention_fields({}, retention_ms, retention_bytes)
         created: dict = {}
 
         def build(state: LogState):
@@ -420,7 +425,7 @@ class Store(MessageReader):
                 raise TopicExistsError(f"topic {name!r} already exists")
             t = {"name": name, "id": state.next_topic_id(), "readQueueNums": rq,
                  "writeQueueNums": wq, "perm": perm, "createdTime": self.clock_ms(),
-                 "attributes": dict(attributes or {}), "deleted": False}
+                 "attributes": dict(attributes or {}), "deleted": False, **retention}
             created.clear()
             created.update(t)
             return [{"topic": t}]
@@ -429,9 +434,13 @@ class Store(MessageReader):
 
     def update_topic(self, name: str, *, read_queue_nums: int | None = None,
                      write_queue_nums: int | None = None, perm: int | None = None,
-                     attributes: dict | None = None) -> dict:
-        """Change a topic's queue counts, permission or attributes."""
+                     attributes: dict | None = None, retention_ms: int | None = None,
+                     retention_bytes: int | None = None) -> dict:
+        """Change a topic's queue counts, permission, attributes or retention
+        (``retention_ms`` / ``retention_bytes``: None keeps, 0 goes back to the
+        broker default)."""
         self._require_writable()
+        _retention_fields({}, retention_ms, retention_bytes)   # validates before the commit
         updated: dict = {}
 
         def build(state: LogState):
@@ -447,6 +456,7 @@ class Store(MessageReader):
                 t["perm"] = perm
             if attributes is not None:
                 t["attributes"] = dict(attributes)
+            t = _retention_fields(t, retention_ms, retention_bytes)
             _check_queue_nums(t["readQueueNums"], t["writeQueueNums"], t["perm"])
             updated.clear()
             updated.update(t)
@@ -1054,29 +1064,31 @@ class Store(MessageReader):
 
     # ------------------------------------------------------------------ retention
     def run_retention(self, *, force_hour: bool = False) -> list[str]:
-        """Remove expired segments (at ``deleteWhen`` hours, or at once when the disk
-        is fuller than ``diskMaxUsedSpaceRatio``). Returns the removed paths."""
+        """One retention pass (log/retention.py): at ``deleteWhen`` hours (or at once
+        when the disk is fuller than ``diskMaxUsedSpaceRatio``) raise the floors of
+        topics with their own retention and remove the sealed segments every topic
+        has passed. Consumer groups that still needed removed offsets are logged
+        (WARNING) before the commit. Returns the removed segment paths."""
         if not self.writable or self._closed:
             return []
         self._delete_pending(grace_s=60.0)
-        now = self.clock_ms()
+        plan = self.retention_plan(force_hour=force_hour)
+        if not plan.due or not plan.changes:
+            return []
+        for w in plan.warnings:
+            log.warning("retention: %s", w.text())
+        return self.remove_segments(plan.remove_segments, queue_floors=plan.floors())
+
+    def retention_plan(self, *, force_hour: bool = False, now_ms: int | None = None):
+        """What a retention pass would do now (``retention.RetentionPlan``); changes
+        nothing. ``plan.due`` says whether a pass at this moment acts at all."""
+        from .retention import plan_retention
+        now = self.clock_ms() if now_ms is None else now_ms
         hour = _dt.datetime.fromtimestamp(now / 1000).hour
         ratio = self.sfs.disk_usage_ratio()
         disk_full = ratio is not None and ratio * 100 > self.config.disk_max_used_space_ratio
-        if not (force_hour or disk_full or hour in self.config.delete_hours()):
-            return []
-        reserved_ms = self.config.file_reserved_time_hours * 3600 * 1000
-        segs = [s for s in self.commitlog.segments() if s.sealed]
-        remove = []
-        for s in segs:
-            newest = self._segment_newest_ts(s)
-            if now - newest >= reserved_ms or (disk_full and not remove):
-                remove.append(s)
-            else:
-                break
-        if not remove:
-            return []
-        return self.remove_segments([s.path for s in remove])
+        due = force_hour or disk_full or hour in self.config.delete_hours()
+        return plan_retention(self, now, due=due, disk_full=disk_full)
 
     def _segment_newest_ts(self, ref: SegmentRef) -> int:
         try:
@@ -1090,9 +1102,13 @@ class Store(MessageReader):
         except Exception:
             return 1 << 62   # unreadable: never expired by age (disk pressure still applies)
 
-    def remove_segments(self, paths: Sequence[str]) -> list[str]:
+    def remove_segments(self, paths: Sequence[str], *,
+                        queue_floors: dict[tuple[int, int], int] | None = None) -> list[str]:
         """Remove the oldest segments (a prefix of the CommitLog) and everything
-        that points into them; their offsets then read as removed."""
+        that points into them; their offsets then read as removed. ``queue_floors``
+        ((topic id, queue id) -> first offset kept) also raises queue floors
+        (per-topic retention), with or without segments removed; a floor never
+        goes down and never passes the queue's max offset."""
         self._require_writable()
         with self._append_lock, self._commit_lock:
             segs = self.commitlog.segments()
@@ -1101,14 +1117,21 @@ class Store(MessageReader):
                     self.commitlog.active is not None and s.path == self.commitlog.active.rel_path
                     for s in prefix):
                 raise UserError("only a prefix of sealed segments can be removed")
-            floor = prefix[-1].end_offset
+            floor = prefix[-1].end_offset if prefix else self.state.min_physical_offset()
             self.publish(force=True)
-            queues = self._queue_floors(floor)
+            queues = self._queue_floors(floor, queue_floors or {})
+            qmin = {(q["topicId"], q["queueId"]): q["minOffset"] for q in queues}
+            prev = {(q["topicId"], q["queueId"]): q["minOffset"]
+                    for q in (self.state.retention or {}).get("queues", ())}
+            if not paths and all(v <= prev.get(k, 0) for k, v in qmin.items()):
+                return []
             now = self.clock_ms()
             actions = [{"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}}
                        for p in paths]
             for add in self.state.consumequeue_files.values():
-                if all(int(q.get("maxBatchOffset", 1 << 62)) < floor for q in add["queues"]):
+                if all(int(q.get("maxBatchOffset", 1 << 62)) < floor or
+                       int(q["maxOffset"]) <= qmin.get((q["topicId"], q["queueId"]), 0)
+                       for q in add["queues"]):
                     actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
                                                "dataChange": False}})
             actions.append({"retention": {"minPhysicalOffset": floor, "queues": queues,
@@ -1120,14 +1143,14 @@ class Store(MessageReader):
             log.info("retention removed %d segments below physical offset %d", len(paths), floor)
             return list(paths)
 
-    def _queue_floors(self, floor: int) -> list[dict]:
+    def _queue_floors(self, floor: int, raised: dict[tuple[int, int], int]) -> list[dict]:
         out = []
         prev = {(q["topicId"], q["queueId"]): q["minOffset"]
                 for q in (self.state.retention or {}).get("queues", ())}
         keys = set(self._next_offsets) | set(prev)
         for tid, qid in sorted(keys):
             nxt = self._next_offsets.get((tid, qid), 0)
-            lo = prev.get((tid, qid), 0)
+            lo = max(prev.get((tid, qid), 0), min(raised.get((tid, qid), 0), nxt))
             hi = nxt
             while lo < hi:   # first offset whose batch is at or above the floor
                 mid = (lo + hi) // 2
@@ -1193,6 +1216,24 @@ def _check_queue_nums(rq: int, wq: int, perm: int) -> None:
             raise UserError(f"{name} must be an integer in 1..1024, got {v!r}")
     if perm not in (0, 2, 4, 6):
         raise UserError(f"perm must be 2 (write), 4 (read) or 6 (read+write), got {perm!r}")
+
+
+def _retention_fields(topic: dict, retention_ms: int | None,
+                      retention_bytes: int | None) -> dict:
+    """``topic`` with ``retentionMs`` / ``retentionBytes`` set (None keeps, 0 removes)."""
+    out = dict(topic)
+    for key, v, what in (("retentionMs", retention_ms, "retention_ms (milliseconds)"),
+                         ("retentionBytes", retention_bytes, "retention_bytes (bytes per queue)")):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise UserError(f"{what} must be a positive integer, or 0 for the broker "
+                            f"default; got {v!r}")
+        if v == 0:
+            out.pop(key, None)
+        else:
+            out[key] = v
+    return out
 
 
 def _col(table: pa.Table, name: str) -> pa.Array:

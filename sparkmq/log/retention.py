@@ -1,0 +1,264 @@
+"""Retention planning: per-topic floors, which segments may go, who still needs them.
+
+The CommitLog is shared by all topics, so a segment cannot be deleted for one
+topic alone. Retention therefore works in two layers (docs/FORMAT.md section 13):
+
+1. **Queue floors.** Every (topic, queue) has a floor, the first queue offset
+   still readable (the ``retention`` action's ``queues``). A topic with its own
+   retention (``retentionMs`` and/or ``retentionBytes`` in its ``topic`` action)
+   has its floor raised by a retention pass as soon as its messages expire:
+   readers of that topic see them as removed, although the bytes may remain.
+   A topic without its own retention keeps RocketMQ's behaviour: its floor
+   moves only when the segments holding its messages are removed.
+2. **Segments.** A sealed segment at the head of the CommitLog is removed when
+   every live topic has passed it: each queue's first retained message (at its
+   floor, where topics on the broker default use ``fileReservedTime``) lies in
+   a later segment. One long-lived topic thus keeps a shared segment on disk,
+   and the segment goes when the last topic lets it go. A disk fuller than
+   ``diskMaxUsedSpaceRatio`` removes the oldest segment regardless.
+
+:func:`plan_retention` computes what a pass would do at a given time, without
+changing anything; ``Store.run_retention`` applies the plan and logs its
+``warnings`` first: consumer groups (broker consumers and Spark queries that
+record a ``consumerGroup``) whose committed offset is below the new floor of a
+queue, i.e. that still needed messages about to be removed. ``sparkmq admin
+topic retention`` prints the same plan.
+
+Thread-safety: planning only reads (a store's ConsumeQueue and segment list);
+it may run next to appends. It imports neither pyspark nor network code.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+HOUR_MS = 3_600_000
+NO_BATCH = 1 << 62          # "no retained message in this queue": it blocks nothing
+
+
+@dataclass
+class QueuePlan:
+    """One queue's floor now and after the planned pass."""
+
+    topic: str
+    topic_id: int
+    queue_id: int
+    min_offset: int            # current floor (first readable offset)
+    max_offset: int            # next offset to be written
+    new_min_offset: int        # floor after the pass
+    reason: str | None         # "time", "bytes", "segment" or None (unchanged)
+    first_kept_batch: int      # batch offset of the first message kept (NO_BATCH if none)
+    oldest_kept_ms: int | None  # store time of the first message kept, if any
+
+    @property
+    def removed_messages(self) -> int:
+        return self.new_min_offset - self.min_offset
+
+
+@dataclass
+class GroupWarning:
+    """A consumer group whose committed offset lies below a queue's new floor."""
+
+    group: str
+    client_id: str | None
+    topic: str
+    queue_id: int
+    consumer_offset: int
+    new_min_offset: int
+
+    @property
+    def unconsumed_messages(self) -> int:
+        return self.new_min_offset - self.consumer_offset
+
+    def text(self) -> str:
+        who = self.group + (f" (client {self.client_id})" if self.client_id else "")
+        return (f"consumer group {who} is at offset {self.consumer_offset} of "
+                f"{self.topic}:{self.queue_id}; retention removes offsets below "
+                f"{self.new_min_offset} ({self.unconsumed_messages} messages it has not consumed)")
+
+
+@dataclass
+class RetentionPlan:
+    """What a retention pass at ``now_ms`` removes. Nothing is changed by planning."""
+
+    now_ms: int
+    due: bool                                   # a deleteWhen hour, forced, or disk full
+    disk_full: bool
+    remove_segments: list[str] = field(default_factory=list)
+    physical_floor: int = 0                     # minPhysicalOffset after the pass
+    queues: list[QueuePlan] = field(default_factory=list)
+    warnings: list[GroupWarning] = field(default_factory=list)
+    held_by: str | None = None                  # topic whose queue keeps the next segment
+    next_segment: str | None = None             # the oldest segment that stays
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.remove_segments) or any(q.removed_messages for q in self.queues)
+
+    def floors(self) -> dict[tuple[int, int], int]:
+        return {(q.topic_id, q.queue_id): q.new_min_offset for q in self.queues}
+
+
+def topic_retention(conf: dict, default_ms: int) -> tuple[int, int | None, bool]:
+    """(retention ms, retention bytes per queue or None, own) of a topic config."""
+    ms = conf.get("retentionMs")
+    nbytes = conf.get("retentionBytes")
+    own = ms is not None or nbytes is not None
+    return (int(ms) if ms is not None else default_ms,
+            int(nbytes) if nbytes is not None else None, own)
+
+
+def next_run_ms(at_ms: int, delete_hours: set[int]) -> int:
+    """The first moment at or after ``at_ms`` that lies in a ``deleteWhen`` hour
+    (local time), which is when a pass removes what expired at ``at_ms``."""
+    t = _dt.datetime.fromtimestamp(at_ms / 1000)
+    if t.hour in delete_hours:
+        return at_ms
+    hour = t.replace(minute=0, second=0, microsecond=0)
+    for _ in range(48):                          # bounded: some hour of a day matches
+        hour += _dt.timedelta(hours=1)
+        if hour.hour in delete_hours:
+            return int(hour.timestamp() * 1000)
+    return at_ms
+
+
+def plan_retention(store, now_ms: int, *, due: bool = True,
+                   disk_full: bool = False) -> RetentionPlan:
+    """What a retention pass of ``store`` at ``now_ms`` would remove (see module doc).
+
+    ``store`` is a ``Store`` (writable or read-only). Cost: per queue, a binary
+    search over its ConsumeQueue (a few row-group reads); a queue of a topic with
+    ``retentionBytes`` reads its retained entries' sizes once.
+    """
+    plan = RetentionPlan(now_ms=now_ms, due=due, disk_full=disk_full)
+    default_ms = int(store.config.file_reserved_time_hours * HOUR_MS)
+    cur_floor = store.state.min_physical_offset()
+    keep_batch = NO_BATCH
+    for topic, conf in sorted(store.topics().items()):
+        ret_ms, ret_bytes, own = topic_retention(conf, default_ms)
+        for qid in _queue_ids(store, conf):
+            lo, hi = store.min_offset(topic, qid), store.max_offset(topic, qid)
+            time_floor = _first_offset_after(store, conf["id"], qid, lo, hi, now_ms - ret_ms)
+            floor, reason = time_floor, "time"
+            if ret_bytes is not None and hi > floor:
+                bytes_floor = _first_offset_within_bytes(store, conf["id"], qid, floor, hi,
+                                                         ret_bytes)
+                if bytes_floor > floor:
+                    floor, reason = bytes_floor, "bytes"
+            # a topic on the broker default keeps its floor (it moves with segments, below)
+            first_kept = floor if own else lo
+            batch, ts = _entry_at(store, conf["id"], qid, first_kept, hi)
+            # for removability, a default topic counts as passed up to its time floor
+            block = batch if own else _entry_at(store, conf["id"], qid, floor, hi)[0]
+            if block < keep_batch:
+                keep_batch, plan.held_by = block, topic
+            plan.queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, first_kept,
+                                         reason if first_kept > lo else None, batch, ts))
+    # segments: the sealed prefix that every topic has passed
+    for ref in _sealed_segments(store):
+        if ref.end_offset <= keep_batch or (disk_full and not plan.remove_segments):
+            plan.remove_segments.append(ref.path)
+            cur_floor = max(cur_floor, ref.end_offset)
+        else:
+            plan.next_segment = ref.path
+            break
+    plan.physical_floor = cur_floor
+    if not plan.remove_segments:
+        plan.held_by = plan.held_by if plan.next_segment else None
+    # every queue's floor is at least the first offset whose batch survives
+    for q in plan.queues:
+        if q.first_kept_batch < cur_floor and q.max_offset > q.new_min_offset:
+            f = _first_offset_at_batch(store, q.topic_id, q.queue_id, q.new_min_offset,
+                                       q.max_offset, cur_floor)
+            if f > q.new_min_offset:
+                q.new_min_offset = f
+                q.reason = q.reason or "segment"
+                q.first_kept_batch, q.oldest_kept_ms = _entry_at(
+                    store, q.topic_id, q.queue_id, f, q.max_offset)
+    plan.warnings = _group_warnings(store, plan)
+    return plan
+
+
+def _queue_ids(store, conf: dict) -> list[int]:
+    tid = conf["id"]
+    ids = set(range(max(conf["readQueueNums"], conf["writeQueueNums"])))
+    ids.update(q for (t, q) in store.state.queue_max_offsets() if t == tid)
+    return sorted(ids)
+
+
+def _sealed_segments(store) -> list:
+    active = getattr(store.commitlog, "active", None)
+    active_path = active.rel_path if active is not None else None
+    out = []
+    for ref in store.commitlog.segments():
+        add = store.state.segments.get(ref.path)
+        sealed = ref.sealed if store.writable else bool(add and add.get("sealed"))
+        if not sealed or ref.path == active_path:
+            break                                   # only a prefix of sealed segments
+        out.append(ref)
+    return out
+
+
+def _entry_at(store, tid: int, qid: int, off: int, hi: int) -> tuple[int, int | None]:
+    """(batch offset, store ms) of the message at ``off``; (NO_BATCH, None) past the end."""
+    if off >= hi:
+        return NO_BATCH, None
+    e = store._entries(tid, qid, off, off + 1)
+    if not e.num_rows:
+        return -1, None            # unknown: hold everything (never remove blindly)
+    ts = e.column("store_timestamp").cast(pa.int64())[0].as_py()
+    return int(e.column("batch_offset")[0].as_py()), ts
+
+
+def _first_offset_after(store, tid, qid, lo: int, hi: int, cutoff_ms: int) -> int:
+    """First offset in [lo, hi) stored after ``cutoff_ms`` (hi if none); binary search:
+    a queue's store timestamps do not decrease within one writer."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        e = store._entries(tid, qid, mid, mid + 1)
+        if e.num_rows and e.column("store_timestamp").cast(pa.int64())[0].as_py() <= cutoff_ms:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _first_offset_at_batch(store, tid, qid, lo: int, hi: int, floor: int) -> int:
+    """First offset in [lo, hi) whose batch is at or past physical offset ``floor``."""
+    while lo < hi:
+        mid = (lo + hi) // 2
+        e = store._entries(tid, qid, mid, mid + 1)
+        if e.num_rows and int(e.column("batch_offset")[0].as_py()) >= floor:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _first_offset_within_bytes(store, tid, qid, lo: int, hi: int, max_bytes: int) -> int:
+    """The smallest offset f in [lo, hi] such that the bodies of [f, hi) total at most
+    ``max_bytes`` (Kafka's retention.bytes, per queue)."""
+    e = store._entries(tid, qid, lo, hi)
+    if e.num_rows != hi - lo:
+        return lo                                   # entries missing: remove nothing
+    sizes = e.column("size").to_numpy(zero_copy_only=False).astype(np.int64)
+    suffix = np.cumsum(sizes[::-1])[::-1]           # suffix[i] = bytes of [lo + i, hi)
+    over = np.nonzero(suffix > max_bytes)[0]
+    return lo if not len(over) else lo + int(over[-1]) + 1
+
+
+def _group_warnings(store, plan: RetentionPlan) -> list[GroupWarning]:
+    by_key = {(q.topic_id, q.queue_id): q for q in plan.queues}
+    names = {q.topic_id: q.topic for q in plan.queues}
+    out = []
+    for (group, tid, qid, cid), off in sorted(store.state.consumer_offsets.items()):
+        q = by_key.get((tid, qid))
+        if q is None or q.new_min_offset <= q.min_offset:
+            continue
+        if off < q.new_min_offset and off < q.max_offset:
+            out.append(GroupWarning(group, cid or None, names[tid], qid, int(off),
+                                    q.new_min_offset))
+    return out
