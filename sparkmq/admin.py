@@ -130,20 +130,96 @@ def _topic_conf(s, topic: str) -> dict:
     return c
 
 
+def _retention_args(args) -> dict:
+    """--retention-hours / --retention-bytes as store arguments (0 = broker default)."""
+    out = {}
+    if args.retention_hours is not None:
+        if args.retention_hours < 0:
+            raise SparkMQError("--retention-hours must be >= 0 (0 = the broker default)")
+        out["retention_ms"] = int(round(args.retention_hours * 3_600_000))
+        if args.retention_hours and not out["retention_ms"]:
+            raise SparkMQError("--retention-hours is below one millisecond")
+    if args.retention_bytes is not None:
+        if args.retention_bytes < 0:
+            raise SparkMQError("--retention-bytes must be >= 0 (0 = no size limit)")
+        out["retention_bytes"] = args.retention_bytes
+    return out
+
+
 def topic_create(args) -> None:
+    ret = _retention_args(args)
     if args.broker:
-        body = {"name": args.topic, **({"queueNums": args.queues} if args.queues else {})}
+        body = {"name": args.topic, **({"queueNums": args.queues} if args.queues else {}),
+                **({"retentionMs": ret["retention_ms"]} if "retention_ms" in ret else {}),
+                **({"retentionBytes": ret["retention_bytes"]} if "retention_bytes" in ret
+                   else {})}
         return _emit(args, _http(args.broker, "/admin/topics", body))
     with _store(args, write=True) as s:
-        c = s.create_topic(args.topic, read_queue_nums=args.queues, write_queue_nums=args.queues)
+        c = s.create_topic(args.topic, read_queue_nums=args.queues, write_queue_nums=args.queues,
+                           **ret)
     _emit(args, {"topic": args.topic, **c})
 
 
 def topic_update(args) -> None:
+    ret = _retention_args(args)
+    if args.broker:
+        body = {"name": args.topic, "update": True,
+                **({"readQueueNums": args.read_queues} if args.read_queues else {}),
+                **({"writeQueueNums": args.write_queues} if args.write_queues else {}),
+                **({"perm": args.perm} if args.perm is not None else {}),
+                **({"retentionMs": ret["retention_ms"]} if "retention_ms" in ret else {}),
+                **({"retentionBytes": ret["retention_bytes"]} if "retention_bytes" in ret
+                   else {})}
+        return _emit(args, _http(args.broker, "/admin/topics", body))
     with _store(args, write=True) as s:
         c = s.update_topic(args.topic, read_queue_nums=args.read_queues,
-                           write_queue_nums=args.write_queues, perm=args.perm)
+                           write_queue_nums=args.write_queues, perm=args.perm, **ret)
     _emit(args, {"topic": args.topic, **c})
+
+
+def topic_retention(args) -> None:
+    """Per topic: its retention, what the next pass removes and when, and the consumer
+    groups (broker consumers and Spark queries) that still need what goes."""
+    import datetime as dt
+    from .log.retention import describe
+    from .log.store import Store
+    if args.broker:    # the broker knows its fileReservedTime / deleteWhen and unpublished data
+        report = _http(args.broker, "/admin/retention")
+        if args.topic and args.topic not in {t["topic"] for t in report["topics"]}:
+            raise SparkMQError(f"topic {args.topic!r} does not exist on {args.broker}")
+    else:
+        if not args.store:
+            raise SparkMQError("topic retention needs --broker URL or --store URL")
+        conf = {k: v for k, v in (("fileReservedTime", args.file_reserved_time),
+                                  ("deleteWhen", args.delete_when)) if v is not None}
+        with Store.open(args.store, mode="r", create=False, **conf) as s:
+            if args.topic:
+                _topic_conf(s, args.topic)
+            report = describe(s.retention_plan(), s)
+    if args.topic:
+        report["topics"] = [t for t in report["topics"] if t["topic"] == args.topic]
+        report["warnings"] = [w for w in report["warnings"] if w["topic"] == args.topic]
+    if args.json:
+        return _emit(args, report)
+
+    def when(ms):
+        return "-" if ms is None else dt.datetime.fromtimestamp(ms / 1000).strftime(
+            "%Y-%m-%d %H:%M")
+    rows = [{"topic": t["topic"],
+             "retention": f"{t['retentionHours']:g}h" + (
+                 f", {t['retentionBytesPerQueue']} B/queue" if t["retentionBytesPerQueue"]
+                 else "") + (" (broker)" if t["source"] == "broker" else ""),
+             "messages": t["messages"], "removableNow": t["removableNow"],
+             "nextRemoval": when(t["nextRemovalTime"]),
+             "heldBy": t["heldBySegmentOf"], "laggingGroups": ",".join(t["laggingGroups"]) or None}
+            for t in report["topics"]]
+    print(_table(rows))
+    print(f"next retention run: {when(report['nextRunTime'])}; segments it removes: "
+          f"{len(report['removeSegments'])}"
+          + (f"; oldest kept segment held by topic {report['segmentHeldBy']}"
+             if report["segmentHeldBy"] else ""))
+    for w in report["warnings"]:
+        print(f"WARNING: {w['text']}")
 
 
 def topic_delete(args) -> None:
@@ -270,6 +346,13 @@ def broker_status(args) -> None:
 
 
 # ---------------------------------------------------------------- parser
+def _add_retention_options(c) -> None:
+    c.add_argument("--retention-hours", type=float,
+                   help="the topic's own retention time (0: back to fileReservedTime)")
+    c.add_argument("--retention-bytes", type=int,
+                   help="keep at most this many body bytes per queue (0: no size limit)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sparkmq admin", description=__doc__.split("\n")[0])
     p.add_argument("--store", help="store URL or path (read: read-only; write: needs the lease)")
@@ -284,15 +367,23 @@ def _parser() -> argparse.ArgumentParser:
         c = t.add_parser(name)
         c.add_argument("topic")
         c.set_defaults(fn=fn)
+    c = t.add_parser("retention", help="per topic: what retention removes next and when")
+    c.add_argument("topic", nargs="?")
+    c.add_argument("--file-reserved-time", type=float,
+                   help="with --store: the broker's fileReservedTime in hours (default 72)")
+    c.add_argument("--delete-when", help="with --store: the broker's deleteWhen (default 04)")
+    c.set_defaults(fn=topic_retention)
     c = t.add_parser("create")
     c.add_argument("topic")
     c.add_argument("--queues", type=int, default=None)
+    _add_retention_options(c)
     c.set_defaults(fn=topic_create)
     c = t.add_parser("update")
     c.add_argument("topic")
     c.add_argument("--read-queues", type=int)
     c.add_argument("--write-queues", type=int)
     c.add_argument("--perm", type=int)
+    _add_retention_options(c)
     c.set_defaults(fn=topic_update)
 
     g = sub.add_parser("group").add_subparsers(dest="cmd", required=True)

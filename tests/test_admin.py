@@ -121,3 +121,43 @@ def test_admin_writes_on_a_stopped_store_and_errors(local_store_url, capsys):
     code, _, err = run(capsys, "topic", "list")
     assert code == 1 and "--store" in err
     assert run(capsys, "bogus")[0] == 2
+
+
+def test_admin_topic_retention_on_a_live_broker(make_broker, capsys):  # noqa: F811
+    import datetime as dt
+    not_now = f"{(dt.datetime.now().hour + 12) % 24:02d}"    # the broker's own pass stays idle
+    a = make_broker("broker-a", deleteWhen=not_now)
+    url = f"http://127.0.0.1:{a.admin_port}"
+    created = run_json(capsys, "--broker", url, "topic", "create", "Capped", "--queues", "1",
+                       "--retention-hours", "2")
+    assert created["retentionMs"] == 2 * 3_600_000
+    upd = run_json(capsys, "--broker", url, "topic", "update", "Capped",
+                   "--retention-bytes", "1000")
+    assert a.store.topics()["Capped"]["retentionBytes"] == 1000
+    assert upd["retentionMs"] == 2 * 3_600_000 and upd["readQueueNums"] == 1
+    from sparkmq.log.message import Message
+    a.store.append([Message("Capped", b"x" * 100, queue_id=0) for _ in range(25)])
+    a.store.commit_consumer_offsets("G_slow", {("Capped", 0): 2})
+    a.store.commit_consumer_offsets("G_done", {("Capped", 0): 25})
+    a.store.publish(force=True)
+
+    report = run_json(capsys, "--broker", url, "topic", "retention", "Capped")
+    from_store = run_json(capsys, "--store", a.config.store_path, "topic", "retention",
+                          "Capped", "--delete-when", not_now)       # read-only, same answer
+    assert from_store["topics"] == report["topics"]
+    (t,) = report["topics"]
+    assert (t["source"], t["retentionHours"], t["retentionBytesPerQueue"]) == ("topic", 2, 1000)
+    assert t["messages"] == 25 and t["removableNow"] == 15    # keep the newest 10 x 100 B
+    assert t["laggingGroups"] == ["G_slow"] and t["nextRemovalTime"] == report["nextRunTime"]
+    assert dt.datetime.fromtimestamp(report["nextRunTime"] / 1000).hour == int(not_now)
+    assert [(w["group"], w["consumerOffset"], w["newMinOffset"]) for w in report["warnings"]] \
+        == [("G_slow", 2, 15)]
+    code, out, _ = run(capsys, "--broker", url, "topic", "retention")
+    assert code == 0 and "removableNow" in out.splitlines()[0]
+    assert "WARNING: consumer group G_slow" in out and "Capped:0" in out
+    assert a.store.min_offset("Capped", 0) == 0                # planning changed nothing
+    code, _, err = run(capsys, "--broker", url, "topic", "update", "Nope", "--perm", "6")
+    assert code == 1 and "does not exist" in err
+    code, _, err = run(capsys, "--store", a.config.store_path, "topic", "create", "X",
+                       "--retention-hours", "-1")
+    assert code == 1 and "--retention-hours" in err

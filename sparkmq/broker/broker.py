@@ -488,18 +488,41 @@ class Broker:
                 raise
 
     def create_topic(self, request: dict) -> dict:
-        """``POST /admin/topics`` ``{"name": .., "queueNums": N, "perm": 6}`` (mqadmin
-        updateTopic): create the topic here (or change its queue counts) and re-register."""
+        """``POST /admin/topics`` ``{"name": .., "queueNums": N, "perm": 6, "retentionMs":
+        .., "retentionBytes": ..}`` (mqadmin updateTopic): create the topic here (or set
+        its queue counts) and re-register. With ``"update": true`` only the fields given
+        change (``readQueueNums``, ``writeQueueNums``, ``perm``, retention)."""
         name = request.get("name")
+        retention = {k: (None if request.get(f) is None else int(request[f]))
+                     for k, f in (("retention_ms", "retentionMs"),
+                                  ("retention_bytes", "retentionBytes"))}
+        if request.get("update"):
+            if name not in self.store.topics():
+                raise TopicNotFoundError(f"topic {name!r} does not exist; create it first")
+            opt = lambda f: None if request.get(f) is None else int(request[f])  # noqa: E731
+            conf = self.store.update_topic(name, read_queue_nums=opt("readQueueNums"),
+                                           write_queue_nums=opt("writeQueueNums"),
+                                           perm=opt("perm"), **retention)
+            self._topic_created(name)
+            return {"topic": name, **conf}
         n = int(request.get("queueNums") or self.store.config.default_topic_queue_nums)
         perm = int(request.get("perm") or 6)
         if name in self.store.topics():
-            conf = self.store.update_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm)
+            conf = self.store.update_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm,
+                                           **retention)
         else:
-            conf = self.store.create_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm)
+            conf = self.store.create_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm,
+                                           **{k: v for k, v in retention.items() if v})
         self._topic_created(name)
         return {"topic": name, "readQueueNums": conf["readQueueNums"],
-                "writeQueueNums": conf["writeQueueNums"], "perm": conf["perm"]}
+                "writeQueueNums": conf["writeQueueNums"], "perm": conf["perm"],
+                **{k: conf[k] for k in ("retentionMs", "retentionBytes") if k in conf}}
+
+    def retention_report(self) -> dict:
+        """``GET /admin/retention``: what the store's next retention pass removes, per
+        topic, and the consumer groups that still need it (log/retention.py)."""
+        from ..log.retention import describe
+        return describe(self.store.retention_plan(), self.store)
 
     # ------------------------------------------------------------ Spark commits
     def adopt(self, request: dict) -> dict:
@@ -606,6 +629,9 @@ def _admin_handler(broker: Broker):
                     return self._reply(200 if up else 503, broker.state.value + "\n", "text/plain")
                 if path == "/status":
                     return self._reply(200, json.dumps(broker.status(), indent=1),
+                                       "application/json")
+                if path == "/admin/retention":
+                    return self._reply(200, json.dumps(broker.retention_report()),
                                        "application/json")
                 if path == "/metrics":
                     return self._reply(200, broker.metrics_text(),

@@ -262,3 +262,45 @@ def _group_warnings(store, plan: RetentionPlan) -> list[GroupWarning]:
             out.append(GroupWarning(group, cid or None, names[tid], qid, int(off),
                                     q.new_min_offset))
     return out
+
+
+def describe(plan: RetentionPlan, store) -> dict:
+    """The plan for people and scripts (``sparkmq admin topic retention``): per topic its
+    retention, what the next pass removes and when, and the groups that lag behind."""
+    default_ms = int(store.config.file_reserved_time_hours * HOUR_MS)
+    hours = store.config.delete_hours()
+    run_now = plan.now_ms if plan.due else next_run_ms(plan.now_ms, hours)
+    topics = []
+    for topic, conf in sorted(store.topics().items()):
+        ret_ms, ret_bytes, own = topic_retention(conf, default_ms)
+        qs = [q for q in plan.queues if q.topic == topic]
+        due_now = sum(q.removed_messages for q in qs)
+        kept = [q.oldest_kept_ms for q in qs if q.oldest_kept_ms is not None]
+        expires = min(kept) + ret_ms if kept else None
+        if due_now:
+            next_ms = run_now
+        elif expires is not None:
+            next_ms = next_run_ms(max(expires, plan.now_ms), hours)
+        else:
+            next_ms = None
+        topics.append({
+            "topic": topic,
+            "retentionHours": round(ret_ms / HOUR_MS, 3),
+            "retentionBytesPerQueue": ret_bytes,
+            "source": "topic" if own else "broker",
+            "messages": sum(q.max_offset - q.min_offset for q in qs),
+            "removableNow": due_now,
+            "nextRemovalTime": next_ms,
+            "heldBySegmentOf": (plan.held_by if not own and plan.held_by not in (None, topic)
+                                else None),
+            "laggingGroups": sorted({w.group for w in plan.warnings if w.topic == topic}),
+        })
+    return {"nowMs": plan.now_ms, "due": plan.due, "diskFull": plan.disk_full,
+            "nextRunTime": run_now, "removeSegments": plan.remove_segments,
+            "minPhysicalOffset": plan.physical_floor, "nextSegmentKept": plan.next_segment,
+            "segmentHeldBy": plan.held_by, "topics": topics,
+            "warnings": [{"group": w.group, "clientId": w.client_id, "topic": w.topic,
+                          "queueId": w.queue_id, "consumerOffset": w.consumer_offset,
+                          "newMinOffset": w.new_min_offset,
+                          "unconsumedMessages": w.unconsumed_messages, "text": w.text()}
+                         for w in plan.warnings]}
