@@ -238,9 +238,43 @@ def topic_route(args) -> None:
 
 # ---------------------------------------------------------------- consumer groups
 def group_list(args) -> None:
+    """Groups with a config (``group create``) or with recorded offsets (broker
+    consumers, Spark queries' consumerGroup)."""
     with _store(args) as s:
-        groups = sorted({g for (g, _, _, _) in s.state.consumer_offsets})
-    _emit(args, [{"group": g} for g in groups])
+        with_offsets = {g for (g, _, _, _) in s.state.consumer_offsets}
+        confs = s.subscription_groups()
+    rows = [{"group": g, "configured": g in confs, "hasOffsets": g in with_offsets,
+             "retryMaxTimes": confs.get(g, {}).get("retryMaxTimes"),
+             "consumeEnable": confs.get(g, {}).get("consumeEnable", True),
+             "consumeBroadcastEnable": confs.get(g, {}).get("consumeBroadcastEnable", False)}
+            for g in sorted(with_offsets | set(confs))]
+    _emit(args, rows)
+
+
+def group_create(args) -> None:
+    """Create or replace a subscription group config (mqadmin updateSubGroup)."""
+    body = {"name": args.group, "consumeEnable": not args.disable,
+            "consumeBroadcastEnable": args.broadcast,
+            **({"retryMaxTimes": args.retry_max_times} if args.retry_max_times is not None
+               else {})}
+    if args.broker:
+        return _emit(args, _http(args.broker, "/admin/groups", body))
+    with _store(args, write=True) as s:
+        c = s.create_group(args.group, retry_max_times=args.retry_max_times,
+                           consume_enable=not args.disable,
+                           consume_broadcast_enable=args.broadcast)
+    _emit(args, c)
+
+
+def group_delete(args) -> None:
+    """Delete a group's config and its recorded offsets (mqadmin deleteSubGroup)."""
+    if args.broker:
+        return _emit(args, _http(args.broker, "/admin/groups",
+                                 {"name": args.group, "delete": True,
+                                  "keepOffsets": args.keep_offsets}))
+    with _store(args, write=True) as s:
+        s.delete_group(args.group, remove_offsets=not args.keep_offsets)
+    _emit(args, {"deleted": args.group})
 
 
 def group_progress(args) -> None:
@@ -388,6 +422,17 @@ def _parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("group").add_subparsers(dest="cmd", required=True)
     g.add_parser("list").set_defaults(fn=group_list)
+    c = g.add_parser("create", help="create or replace a subscription group config")
+    c.add_argument("group")
+    c.add_argument("--retry-max-times", type=int,
+                   help="redeliveries before the DLQ (default: the broker's maxReconsumeTimes)")
+    c.add_argument("--broadcast", action="store_true", help="consumeBroadcastEnable")
+    c.add_argument("--disable", action="store_true", help="consumeEnable=false: refuse receives")
+    c.set_defaults(fn=group_create)
+    c = g.add_parser("delete", help="delete a group's config and its offsets")
+    c.add_argument("group")
+    c.add_argument("--keep-offsets", action="store_true")
+    c.set_defaults(fn=group_delete)
     c = g.add_parser("progress")
     c.add_argument("group")
     c.set_defaults(fn=group_progress)

@@ -79,6 +79,12 @@ class TopicExistsError(UserError):
     code = "SPARKMQ_TOPIC_EXISTS"
 
 
+class GroupNotFoundError(UserError):
+    """The consumer group has no subscription group config in this store."""
+
+    code = "SPARKMQ_GROUP_NOT_FOUND"
+
+
 class QueueNotFoundError(UserError):
     """The queue id is outside the topic's queues."""
 

@@ -70,7 +70,8 @@ def test_admin_on_a_live_two_broker_cluster(cluster, clients, capsys):  # noqa: 
     assert prog["totalLag"] == len(held) - 1
     assert {(q["queueId"], q["lag"]) for q in prog["queues"]} == {
         (0, a.store.max_offset("Orders", 0) - 1), (1, a.store.max_offset("Orders", 1))}
-    assert run_json(capsys, "--store", store_a, "group", "list") == [{"group": "G1"}]
+    assert [(g["group"], g["hasOffsets"], g["configured"])
+            for g in run_json(capsys, "--store", store_a, "group", "list")] == [("G1", True, False)]
     one = held[-1]
     assert one.unique_key in {r.message_id for r in receipts}
     by_id = run_json(capsys, "--store", store_a, "message", "id", one.unique_key)
@@ -161,3 +162,39 @@ def test_admin_topic_retention_on_a_live_broker(make_broker, capsys):  # noqa: F
     code, _, err = run(capsys, "--store", a.config.store_path, "topic", "create", "X",
                        "--retention-hours", "-1")
     assert code == 1 and "--retention-hours" in err
+
+
+def test_admin_group_create_delete_on_a_live_broker_and_a_stopped_store(make_broker, capsys,
+                                                                         local_store_url):  # noqa: F811
+    a = make_broker("broker-a")
+    url = f"http://127.0.0.1:{a.admin_port}"
+    a.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    c = run_json(capsys, "--broker", url, "group", "create", "GID_x", "--retry-max-times", "1")
+    assert c["retryMaxTimes"] == 1 and a.store.subscription_groups()["GID_x"]["consumeEnable"]
+    assert a.pop.max_attempts("GID_x") == 2
+    a.store.commit_consumer_offsets("GID_x", {("T", 0): 0})
+    a.store.publish(force=True)
+    rows = run_json(capsys, "--store", a.config.store_path, "group", "list")
+    assert [(r["group"], r["configured"], r["hasOffsets"], r["retryMaxTimes"]) for r in rows] \
+        == [("GID_x", True, True, 1)]
+    run_json(capsys, "--broker", url, "group", "create", "GID_off", "--disable")
+    from sparkmq.broker.pop import TagFilter
+    from sparkmq.errors import PermissionDeniedError
+    with pytest.raises(PermissionDeniedError, match="consumeEnable"):
+        a.receive("GID_off", "T", batch_size=1, invisible_ms=1000, tag_filter=TagFilter("*"),
+                  poll_ms=0)
+    assert run_json(capsys, "--broker", url, "group", "delete", "GID_x") == {"deleted": "GID_x"}
+    assert "GID_x" not in a.store.subscription_groups()
+    assert a.store.consumer_offsets("GID_x") == {}
+    code, _, err = run(capsys, "--broker", url, "group", "delete", "GID_x")
+    assert code == 1 and "GID_x" in err
+    code, _, err = run(capsys, "--broker", url, "group", "create", "bad name")
+    assert code == 1 and "bad name" in err
+
+    with Store.open(local_store_url):
+        pass
+    run_json(capsys, "--store", local_store_url, "group", "create", "G2", "--broadcast")
+    assert run_json(capsys, "--store", local_store_url, "group", "list")[0][
+        "consumeBroadcastEnable"] is True
+    run_json(capsys, "--store", local_store_url, "group", "delete", "G2")
+    assert run_json(capsys, "--store", local_store_url, "group", "list") == []

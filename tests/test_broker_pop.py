@@ -243,3 +243,22 @@ def test_broadcasting_consumers_each_get_every_message_with_their_own_offsets(en
         store.commit_consumer_offsets(key.group, floors, client_id=key.client_id)
     assert sum(store.consumer_offsets("B", client_id="client-a").values()) == 3
     assert store.consumer_offsets("B", client_id="client-b") == {}
+
+
+def test_group_retry_max_times_from_its_subscription_group_config(env):
+    store, pop, clock = env
+    store.create_group("Gone", retry_max_times=0)      # first delivery only, then the DLQ
+    store.create_group("Gmany", retry_max_times=4)     # more than the broker's 3 attempts
+    send(store, 1)
+    [d] = pop.pop("Gone", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
+    clock.ms += 1_000
+    assert pop.pop("Gone", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
+    assert [m.body for m in store.read(dlq_topic("Gone"), 0, 0, 10)] == [b"m0"]
+    attempts = []
+    for _ in range(5):
+        [d] = pop.pop("Gmany", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
+        attempts.append(d.attempt)
+        clock.ms += 1_000
+    assert attempts == [1, 2, 3, 4, 5]
+    assert pop.pop("Gmany", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
+    assert pop.max_attempts("Gmany") == 5 and pop.max_attempts("other") == 3

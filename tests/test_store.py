@@ -596,3 +596,33 @@ def test_queue_emptied_by_retention_keeps_its_floor(store_url, clock):
     with Store.open(store_url, clock_ms=clock, start_services=False) as s:
         assert s.append([msg("a", b"next", 0)])[0].queue_offset == 3
         assert s.min_offset("a", 0) == 3 and bodies(s, "a", 0, 3) == [b"next"]
+
+
+# --------------------------------------------------------------------- consumer groups
+def test_subscription_group_config_create_replace_delete_and_reopen(store_url, clock):
+    from sparkmq.errors import GroupNotFoundError, InvalidNameError
+    with Store.open(store_url, clock_ms=clock, start_services=False,
+                    checkpointInterval=3) as s:
+        s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        c = s.create_group("GID_a", retry_max_times=2, consume_broadcast_enable=True)
+        assert (c["retryMaxTimes"], c["consumeBroadcastEnable"], c["consumeEnable"]) == (2, True, True)
+        s.create_group("GID_a", consume_enable=False)           # replaces the whole config
+        assert "retryMaxTimes" not in s.subscription_groups()["GID_a"]
+        s.create_group("GID_b")
+        s.commit_consumer_offsets("GID_b", {("t", 0): 0})
+        s.commit_consumer_offsets("GID_c", {("t", 0): 0})   # offsets only, no config
+        with pytest.raises(UserError, match="retry_max_times"):
+            s.create_group("GID_x", retry_max_times=-1)
+        with pytest.raises(InvalidNameError):
+            s.create_group("bad name")
+        s.delete_group("GID_b")
+        assert s.consumer_offsets("GID_b") == {}
+        s.delete_group("GID_c", remove_offsets=False)       # known by its offsets: allowed
+        assert s.consumer_offsets("GID_c") == {("t", 0): 0}
+        with pytest.raises(GroupNotFoundError):
+            s.delete_group("GID_never")
+        for i in range(4):                                  # past a checkpoint
+            s.commit_consumer_offsets("GID_c", {("t", 0): i})
+    with Store.open(store_url, mode="r") as r:
+        assert sorted(r.subscription_groups()) == ["GID_a"]
+        assert r.subscription_groups()["GID_a"]["consumeEnable"] is False

@@ -34,7 +34,8 @@ from typing import Callable
 import grpc
 import pyarrow as pa
 
-from ..errors import InvalidConfigError, SparkMQError, TopicNotFoundError, UserError
+from ..errors import (InvalidConfigError, PermissionDeniedError, SparkMQError,
+                      TopicNotFoundError, UserError)
 from ..log import format as fmt
 from ..log.message import StoredMessage, encode_message_id, store_tag
 from ..log.services import ServiceThread
@@ -419,6 +420,12 @@ class Broker:
         if topic not in self.store.topics():
             raise TopicNotFoundError(f"topic {topic!r} does not exist on broker "
                                      f"{self.config.broker_name}")
+        conf = self.store.state.subscription_groups.get(
+            group.group if isinstance(group, GroupKey) else group)
+        if conf is not None and not conf.get("consumeEnable", True):
+            raise PermissionDeniedError(f"consumer group {conf['groupName']!r} is disabled "
+                                        "(consumeEnable=false); enable it with "
+                                        "'sparkmq admin group create'")
         self.metrics.inc("sparkmq_receive_requests_total")
         finished = threading.Event()
         if on_cancel is not None:      # a client gone mid-poll wakes its own wait, once
@@ -517,6 +524,24 @@ class Broker:
         return {"topic": name, "readQueueNums": conf["readQueueNums"],
                 "writeQueueNums": conf["writeQueueNums"], "perm": conf["perm"],
                 **{k: conf[k] for k in ("retentionMs", "retentionBytes") if k in conf}}
+
+    def update_group(self, request: dict) -> dict:
+        """``POST /admin/groups`` ``{"name": .., "retryMaxTimes": N, "consumeEnable": true,
+        "consumeBroadcastEnable": false}`` creates or replaces a subscription group
+        config (mqadmin updateSubGroup); ``{"name": .., "delete": true}`` deletes it and
+        its offsets (deleteSubGroup). Configs live in the store's log."""
+        name = request.get("name")
+        if not isinstance(name, str):
+            raise UserError("'name' (the consumer group) is required")
+        if request.get("delete"):
+            self.pop.drop_group(name)
+            self.store.delete_group(name, remove_offsets=not request.get("keepOffsets"))
+            return {"deleted": name}
+        retry = request.get("retryMaxTimes")
+        return self.store.create_group(
+            name, retry_max_times=None if retry is None else int(retry),
+            consume_enable=bool(request.get("consumeEnable", True)),
+            consume_broadcast_enable=bool(request.get("consumeBroadcastEnable", False)))
 
     def retention_report(self) -> dict:
         """``GET /admin/retention``: what the store's next retention pass removes, per
@@ -644,7 +669,8 @@ def _admin_handler(broker: Broker):
 
         def do_POST(self):
             path = self.path.split("?", 1)[0]
-            actions = {"/admin/adopt": broker.adopt, "/admin/topics": broker.create_topic}
+            actions = {"/admin/adopt": broker.adopt, "/admin/topics": broker.create_topic,
+                       "/admin/groups": broker.update_group}
             if path not in actions:
                 return self._json(404, {"code": "NOT_FOUND", "message": f"unknown path {path}"})
             try:

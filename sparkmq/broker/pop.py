@@ -181,6 +181,14 @@ class PopService:
         self._seq_lock = threading.Lock()
         self.dlq_count = 0
 
+    def max_attempts(self, group: str) -> int:
+        """Deliveries of one message before the DLQ: the group's ``retryMaxTimes``
+        + 1 if its subscription group config sets one, else the broker's."""
+        conf = self.store.state.subscription_groups.get(group)
+        if conf is not None and conf.get("retryMaxTimes") is not None:
+            return int(conf["retryMaxTimes"]) + 1
+        return self.max_delivery_attempts
+
     # ---------------------------------------------------------------- state
     def group(self, group: "str | GroupKey") -> GroupState:
         key = _key(group)
@@ -189,6 +197,13 @@ class PopService:
             if g is None:
                 g = self._groups[key] = GroupState(key)
             return g
+
+    def drop_group(self, group: str) -> None:
+        """Forget a group's in-memory progress and leases (all its consumers), so a
+        deleted group starts again from the store's offsets (or its start policy)."""
+        with self._groups_lock:
+            for key in [k for k in self._groups if k.group == group]:
+                del self._groups[key]
 
     def groups(self) -> list[GroupKey]:
         with self._groups_lock:
@@ -265,7 +280,7 @@ class PopService:
             if msg is None:
                 qp.finish(lease.offset)
                 continue
-            if lease.attempt >= self.max_delivery_attempts:
+            if lease.attempt >= self.max_attempts(g.name):
                 self._to_dlq(g.name, msg, lease.attempt)
                 qp.finish(lease.offset)
                 continue

@@ -294,7 +294,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                 _duration(min(lp, cfg.max_long_polling_ms)))
             out.subscription.fifo = False
             out.subscription.receive_batch_size = 32
-            attempts = cfg.max_delivery_attempts
+            attempts = self.broker.pop.max_attempts(group)
             out.backoff_policy.CopyFrom(pb.RetryPolicy(
                 max_attempts=attempts, customized_backoff=pb.CustomizedBackoff(
                     next=[_duration(x * 1000) for x in PUSH_BACKOFF_S])))

@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..config import SYNC_FLUSH, StoreConfig
-from ..errors import (FencedError, InvalidMessageError, PermissionDeniedError,
+from ..errors import (FencedError, GroupNotFoundError, InvalidMessageError, PermissionDeniedError,
                       QueueNotFoundError, ReadOnlyStoreError, StoreClosedError,
                       StoreLockedError, StoreNotFoundError, TopicExistsError,
                       TopicNotFoundError, UserError, InvalidConfigError)
@@ -887,6 +887,57 @@ class Store(MessageReader):
                                                    "clientId": client_id}})
             return actions or None
         self._commit(build, "COMMIT OFFSETS", {"group": group})
+
+    def create_group(self, group: str, *, retry_max_times: int | None = None,
+                     consume_broadcast_enable: bool = False, consume_enable: bool = True,
+                     ) -> dict:
+        """Create or replace a consumer group's subscription group config (mqadmin
+        updateSubGroup), committed at once as a ``subscriptionGroup`` action.
+        ``retry_max_times`` (None: the broker's ``maxReconsumeTimes``) bounds
+        redeliveries before the dead-letter queue; the broker honours it."""
+        self._require_writable()
+        validate_group(group)
+        if retry_max_times is not None and (isinstance(retry_max_times, bool) or not
+                                            isinstance(retry_max_times, int) or
+                                            not 0 <= retry_max_times <= 10_000):
+            raise UserError(f"retry_max_times must be an integer in 0..10000, "
+                            f"got {retry_max_times!r}")
+        conf = {"groupName": group, "consumeEnable": bool(consume_enable),
+                "consumeBroadcastEnable": bool(consume_broadcast_enable),
+                "createdTime": self.clock_ms(), "deleted": False}
+        if retry_max_times is not None:
+            conf["retryMaxTimes"] = retry_max_times
+
+        def build(state: LogState):
+            prev = state.subscription_groups.get(group)
+            if prev is not None:
+                conf["createdTime"] = prev.get("createdTime", conf["createdTime"])
+            return [{"subscriptionGroup": conf}]
+        self._commit(build, "UPDATE GROUP", {"group": group})
+        return dict(conf)
+
+    def delete_group(self, group: str, *, remove_offsets: bool = True) -> None:
+        """Delete a group's config and (``remove_offsets``) its committed consumer
+        offsets, in one commit. A group known only by its offsets can be deleted
+        too; a group unknown in both ways is an error."""
+        self._require_writable()
+
+        def build(state: LogState):
+            keys = [k for k in state.consumer_offsets if k[0] == group]
+            if group not in state.subscription_groups and not keys:
+                raise GroupNotFoundError(
+                    f"consumer group {group!r} has neither a config nor offsets in {self.url}")
+            actions = [{"subscriptionGroup": {"groupName": group, "deleted": True}}]
+            if remove_offsets:
+                actions += [{"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
+                                                "clientId": cid or None, "offset": None}}
+                            for (g, tid, qid, cid) in keys]
+            return actions
+        self._commit(build, "DELETE GROUP", {"group": group})
+
+    def subscription_groups(self) -> dict[str, dict]:
+        """Consumer groups created with ``create_group``: name -> config."""
+        return dict(self.state.subscription_groups)
 
     def consumer_offsets(self, group: str, *, client_id: str | None = None
                          ) -> dict[tuple[str, int], int]:

@@ -8,7 +8,7 @@ monotonic across versions, which is what time travel searches.
 
 Actions (docs/FORMAT.md has a JSON example of each): ``protocol``,
 ``metaData``, ``topic``, ``add``, ``remove``, ``txn``, ``lease``,
-``consumerOffset``, ``retention``, ``commitInfo``.
+``consumerOffset``, ``retention``, ``subscriptionGroup``, ``commitInfo``.
 
 Writers commit with :meth:`TransactionLog.commit`, giving a function that
 builds the actions from the newest snapshot; on a lost race the snapshot is
@@ -54,6 +54,7 @@ class LogState:
     lease: dict | None = None
     consumer_offsets: dict[tuple, int] = field(default_factory=dict)
     retention: dict | None = None
+    subscription_groups: dict[str, dict] = field(default_factory=dict)  # live, by name
 
     # -- replay ------------------------------------------------------------
     def apply(self, action: Action) -> None:
@@ -93,6 +94,11 @@ class LogState:
                 self.consumer_offsets[key] = int(body["offset"])
         elif kind == "retention":
             self.retention = body
+        elif kind == "subscriptionGroup":
+            if body.get("deleted"):
+                self.subscription_groups.pop(body["groupName"], None)
+            else:
+                self.subscription_groups[body["groupName"]] = body
         elif kind == "commitInfo":
             self.timestamp_ms = int(body.get("timestamp", self.timestamp_ms))
         else:
@@ -176,6 +182,8 @@ class LogState:
                                            "clientId": cid or None, "offset": off}})
         if self.retention:
             out.append({"retention": self.retention})
+        for name in sorted(self.subscription_groups):
+            out.append({"subscriptionGroup": self.subscription_groups[name]})
         out.append({"commitInfo": {"timestamp": self.timestamp_ms, "operation": "CHECKPOINT"}})
         return out
 
