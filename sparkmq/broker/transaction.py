@@ -78,6 +78,11 @@ class ProducerStreams:
             if self._streams.get(client_id, (None,))[0] is q:
                 del self._streams[client_id]
 
+    def producers(self, topic: str) -> list[str]:
+        """Client ids of the open streams whose producers publish to ``topic``."""
+        with self._lock:
+            return sorted(c for c, (_, topics) in self._streams.items() if topic in topics)
+
     def send(self, client_id: str | None, topic: str, command) -> str | None:
         """Queue ``command`` to ``client_id``'s stream, else to a producer of ``topic``;
         returns the client id used, or None if no producer is connected."""

@@ -11,6 +11,15 @@ broker's endpoint isolated for ``isolation_s`` and is retried, up to ``max_retri
 times (2 by default), on the next broker not isolated. Keyed (FIFO) messages are
 retried on their own broker only: order before availability.
 
+Transactions (RocketMQ's local-transaction API): ``send_in_transaction(message,
+execute)`` sends a half message, runs ``execute(message, receipt)`` -> COMMIT /
+ROLLBACK / UNKNOWN and ends the transaction accordingly (UNKNOWN, or an exception in
+``execute``: left to the broker's check-back). A producer made with
+``transaction_checker=fn`` keeps Telemetry streams open to the brokers of ``topics``
+(and of every broker it sends a half message to) and answers the broker's
+check-backs with ``fn(received_message)`` -> COMMIT / ROLLBACK / UNKNOWN
+(client/transaction.py).
+
 Thread-safety: all methods may be called from any thread. Async and oneway sends run
 on a bounded thread pool of ``async_threads``. ``shutdown()`` waits for them.
 """
@@ -26,12 +35,15 @@ import time
 import zlib
 from typing import Callable, Sequence
 
+from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import UserError
 from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
                    Connections, Message, MessageIds, Queue, RouteCache, now_timestamp,
                    parse_endpoints)
+from .transaction import (TelemetryStreams, TransactionResolution, as_resolution,
+                          end_transaction)
 
 log = logging.getLogger("sparkmq.client.producer")
 
@@ -52,12 +64,24 @@ class SendReceipt:
     status_code: int = Code.OK
 
 
+@dataclasses.dataclass(frozen=True)
+class TransactionResult:
+    """The outcome of ``send_in_transaction``: the half message's receipt, its
+    transaction id, and what the local transaction decided (UNKNOWN: the broker
+    will check back)."""
+
+    receipt: SendReceipt
+    transaction_id: str
+    resolution: TransactionResolution
+
+
 class Producer:
     """See the module docstring. Use as a context manager or call ``shutdown()``."""
 
     def __init__(self, endpoints, *, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  max_retries: int = 2, isolation_s: float = 30.0, async_threads: int = 4,
-                 max_pending_async: int = 10_000):
+                 max_pending_async: int = 10_000, topics: Sequence[str] = (),
+                 transaction_checker: Callable[..., object] | None = None):
         self.endpoints = parse_endpoints(endpoints)
         self.max_retries = max_retries
         self.isolation_s = isolation_s
@@ -71,6 +95,18 @@ class Producer:
         self._host = socket.gethostname()
         self._ids = MessageIds()
         self._closed = False
+        self._topics: list[str] = list(topics)
+        self._telemetry: TelemetryStreams | None = None
+        if transaction_checker is not None:
+            self._telemetry = TelemetryStreams(self.conns, lambda: list(self._topics),
+                                               transaction_checker, self._pool.submit)
+            if self._topics:
+                try:
+                    self._telemetry.ensure(sorted({q.endpoint for t in self._topics
+                                                   for q in self.routes.queues(t)}))
+                except BaseException:
+                    self.shutdown()
+                    raise
 
     # ------------------------------------------------------------ public API
     def send(self, message: Message) -> SendReceipt:
@@ -107,11 +143,53 @@ class Producer:
         self.send_async(message).add_done_callback(
             lambda f: f.exception() and log.debug("oneway send failed: %s", f.exception()))
 
+    def send_in_transaction(self, message: Message,
+                            execute: Callable[[Message, SendReceipt], object]
+                            ) -> TransactionResult:
+        """Send ``message`` as a half message, run the local transaction
+        ``execute(message, receipt)`` and end the transaction with what it returns:
+        COMMIT makes the message visible to consumers, ROLLBACK discards it, UNKNOWN
+        (or an exception in ``execute``, logged) leaves it to the broker, which asks
+        this producer's ``transaction_checker`` after ``transactionTimeOut``.
+        Transactional messages take no sharding key (``message_group``)."""
+        self._check_open()
+        if message.message_group is not None:
+            raise UserError("a transactional message cannot have a message_group (FIFO)")
+        if message.topic not in self._topics:
+            self._topics.append(message.topic)
+        born = now_timestamp()
+        m = message.to_pb(self._host, self._ids.next(), born)
+        m.system_properties.message_type = pb.TRANSACTION
+        request = spb.SendMessageRequest(messages=[m])
+        queue = self._choose(message.topic, None, [], refresh=False)
+        if self._telemetry is not None:     # check-backs of this half message reach us
+            self._telemetry.ensure([queue.endpoint])
+        r = self.conns.call(queue.endpoint, "SendMessage", request)
+        entry = r.entries[0] if r.entries else None
+        st = entry.status if entry is not None else r.status
+        if st.code not in (Code.OK, Code.MASTER_PERSISTENCE_TIMEOUT) or not entry.transaction_id:
+            raise ClientError(f"half message to {queue.broker_name} ({queue.endpoint}): "
+                              f"{Code.Name(st.code)}: {st.message}", st.code)
+        receipt = SendReceipt(entry.message_id, entry.offset, queue.broker_name,
+                              queue.endpoint, st.code)
+        try:
+            decided = as_resolution(execute(message, receipt), "the local transaction")
+        except Exception:
+            log.exception("local transaction of %s raised; left to the broker's check-back",
+                          entry.transaction_id)
+            decided = TransactionResolution.UNKNOWN
+        if decided is not TransactionResolution.UNKNOWN:
+            end_transaction(self.conns, queue.endpoint, message.topic, entry.message_id,
+                            entry.transaction_id, decided, from_check=False)
+        return TransactionResult(receipt, entry.transaction_id, decided)
+
     def shutdown(self) -> None:
         """Wait for async sends, then close the connections. Idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self._telemetry is not None:
+            self._telemetry.close()
         self._pool.shutdown(wait=True)
         self.conns.close()
 

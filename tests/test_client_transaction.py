@@ -1,0 +1,184 @@
+"""sparkmq's own Producer, local-transaction API, against a real in-process broker:
+commit / rollback / unknown from the local transaction, check-backs over the Telemetry
+stream deciding both ways, a new producer instance answering for half messages of an
+earlier one, and the broker restarting under an open stream. Check-backs are driven by
+an injected broker clock and ``run_checks()``; waits are bounded polls."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from sparkmq.broker import Broker
+from sparkmq.broker.transaction import HALF_TOPIC, OP_TOPIC
+from sparkmq.client import (Message, Producer, SimpleConsumer, TransactionResolution)
+from sparkmq.errors import UserError
+
+from test_broker import broker_config
+
+pytestmark = pytest.mark.integration
+
+COMMIT, ROLLBACK, UNKNOWN = (TransactionResolution.COMMIT, TransactionResolution.ROLLBACK,
+                             TransactionResolution.UNKNOWN)
+
+
+class Clock:
+    def __init__(self):
+        self.ms = int(time.time() * 1000)
+
+    def __call__(self):
+        return self.ms
+
+
+class Checker:
+    """Decides by body; records what the broker asked about."""
+
+    def __init__(self, decisions: dict[bytes, object]):
+        self.decisions = decisions
+        self.asked: list[bytes] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, message):
+        with self.lock:
+            self.asked.append(message.body)
+        d = self.decisions.get(message.body, UNKNOWN)
+        if isinstance(d, Exception):
+            raise d
+        return d
+
+
+@pytest.fixture
+def tx_broker(tmp_path):
+    clock = Clock()
+    started = []
+
+    def make(**props):
+        b = Broker(broker_config(tmp_path, transactionTimeOut=6000,
+                                 transactionCheckInterval=6000, **props), clock_ms=clock).start()
+        started.append(b)
+        if "T" not in b.store.topics():
+            b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        return b
+    yield make, clock
+    for b in started:
+        b.stop()
+
+
+@pytest.fixture
+def producers():
+    made = []
+
+    def make(*args, **kw):
+        p = Producer(*args, **kw)
+        made.append(p)
+        return p
+    yield make
+    for p in made:
+        p.shutdown()
+
+
+def visible(b) -> list[bytes]:
+    return [m.body for m in b.store.read("T", 0, 0, 100)]
+
+
+def wait_until(pred, tries=100):
+    for _ in range(tries):                      # bounded: 10 s
+        if pred():
+            return True
+        time.sleep(0.1)
+    return pred()
+
+
+def test_local_transaction_commit_rollback_unknown_and_raise(tx_broker, producers):
+    make, _ = tx_broker
+    b = make()
+    p = producers(b.endpoint)
+    seen = []
+
+    def local(decision):
+        def execute(message, receipt):
+            seen.append((message.body, receipt.message_id))
+            assert visible(b) == [] or message.body != b"yes"     # half: not visible yet
+            if isinstance(decision, Exception):
+                raise decision
+            return decision
+        return execute
+    r1 = p.send_in_transaction(Message("T", b"yes", tag="Tx"), local(COMMIT))
+    r2 = p.send_in_transaction(Message("T", b"no"), local(ROLLBACK))
+    r3 = p.send_in_transaction(Message("T", b"later"), local(UNKNOWN))
+    r4 = p.send_in_transaction(Message("T", b"boom"), local(RuntimeError("db down")))
+    r5 = p.send_in_transaction(Message("T", b"str"), local("commit"))
+    assert [r.resolution for r in (r1, r2, r3, r4, r5)] == [COMMIT, ROLLBACK, UNKNOWN, UNKNOWN,
+                                                            COMMIT]
+    assert len({r.transaction_id for r in (r1, r2, r3, r4, r5)}) == 5
+    assert [s[0] for s in seen] == [b"yes", b"no", b"later", b"boom", b"str"]
+    assert visible(b) == [b"yes", b"str"]
+    assert b.store.max_offset(HALF_TOPIC, 0) == 5
+    assert sorted(h.transaction_id for h in b.transactions.pending()) == sorted(
+        [r3.transaction_id, r4.transaction_id])
+    got = b.store.read("T", 0, 0, 1)[0]
+    assert got.tags == "Tx" and got.unique_key == r1.receipt.message_id
+    with pytest.raises(UserError, match="message_group"):
+        p.send_in_transaction(Message("T", b"x", message_group="g"), local(COMMIT))
+    c = SimpleConsumer(b.endpoint, "G", {"T": "*"})
+    try:
+        bodies = []
+        for _ in range(5):
+            bodies += [m.body for m in c.receive(16, 30, wait_s=1)]
+            if len(bodies) >= 2:
+                break
+    finally:
+        c.close()
+    assert sorted(bodies) == [b"str", b"yes"]
+
+
+def test_checker_answers_check_backs_both_ways(tx_broker, producers):
+    make, clock = tx_broker
+    b = make(transactionCheckMax=2)
+    checker = Checker({b"c-yes": COMMIT, b"c-no": ROLLBACK, b"c-err": RuntimeError("x")})
+    p = producers(b.endpoint, topics=["T"], transaction_checker=checker)
+    for body in (b"c-yes", b"c-no", b"c-dunno", b"c-err"):
+        p.send_in_transaction(Message("T", body), lambda m, r: UNKNOWN)
+    b.transactions.run_checks()
+    assert checker.asked == []                                   # not before transactionTimeOut
+    clock.ms += 6000
+    b.transactions.run_checks()
+    assert wait_until(lambda: len(checker.asked) == 4)
+    assert wait_until(lambda: len(b.transactions.pending()) == 2)
+    assert visible(b) == [b"c-yes"]
+    for _ in range(2):                                           # asked again, then given up
+        clock.ms += 6000
+        b.transactions.run_checks()
+    assert wait_until(lambda: b.transactions.pending() == [])
+    assert checker.asked.count(b"c-dunno") == 2 and b.transactions.rolled_back_unresolved == 2
+    assert sorted(m.tags for m in b.store.read(OP_TOPIC, 0, 0, 10)) == ["c", "r", "x", "x"]
+    assert visible(b) == [b"c-yes"]
+
+
+def test_new_producer_instance_and_broker_restart(tx_broker, producers):
+    make, clock = tx_broker
+    b = make()
+    first = producers(b.endpoint)                                # no checker: dies "mid-way"
+    r = first.send_in_transaction(Message("T", b"orphan"), lambda m, rc: UNKNOWN)
+    first.shutdown()
+    checker = Checker({b"orphan": COMMIT, b"after-restart": ROLLBACK})
+    p = producers(b.endpoint, topics=["T"], transaction_checker=checker)
+    clock.ms += 6000
+    b.transactions.run_checks()                                  # routed to a producer of T
+    assert wait_until(lambda: visible(b) == [b"orphan"])
+    assert checker.asked == [b"orphan"]
+    assert b.store.read("T", 0, 0, 1)[0].transaction_id == r.transaction_id
+
+    port = b.config.listen_port
+    b.stop()
+    b = make(listenPort=port)                                    # same store and port
+    b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1, exist_ok=True)
+    # the producer's stream re-opens by itself; then a new half message is checked back
+    assert wait_until(lambda: b.streams.producers("T"), tries=150)
+    p.send_in_transaction(Message("T", b"after-restart"), lambda m, rc: UNKNOWN)
+    clock.ms += 6000
+    b.transactions.run_checks()
+    assert wait_until(lambda: b.transactions.pending() == [])
+    assert checker.asked == [b"orphan", b"after-restart"] and visible(b) == [b"orphan"]
