@@ -153,7 +153,9 @@ def test_checker_answers_check_backs_both_ways(tx_broker, producers):
         b.transactions.run_checks()
     assert wait_until(lambda: b.transactions.pending() == [])
     assert checker.asked.count(b"c-dunno") == 2 and b.transactions.rolled_back_unresolved == 2
-    assert sorted(m.tags for m in b.store.read(OP_TOPIC, 0, 0, 10)) == ["c", "r", "x", "x"]
+    ops = b.store.read(OP_TOPIC, 0, 0, 50)
+    assert sorted(m.tags for m in ops if m.tags != "k") == ["c", "r", "x", "x"]
+    assert sorted(m.properties["checks"] for m in ops if m.tags == "k") == ["1"] * 4 + ["2"] * 2
     assert visible(b) == [b"c-yes"]
 
 
@@ -182,3 +184,36 @@ def test_new_producer_instance_and_broker_restart(tx_broker, producers):
     b.transactions.run_checks()
     assert wait_until(lambda: b.transactions.pending() == [])
     assert checker.asked == [b"orphan", b"after-restart"] and visible(b) == [b"orphan"]
+
+
+def test_check_counts_survive_a_broker_restart(tx_broker, producers):
+    make, clock = tx_broker
+    b = make(transactionCheckMax=3)
+    checker = Checker({})                                        # always UNKNOWN
+    p = producers(b.endpoint, topics=["T"], transaction_checker=checker)
+    r = p.send_in_transaction(Message("T", b"undecided"), lambda m, rc: UNKNOWN)
+    for _ in range(2):
+        clock.ms += 6000
+        b.transactions.run_checks()
+    assert wait_until(lambda: len(checker.asked) == 2)
+    [h] = b.transactions.pending()
+    assert h.checks == 2
+    port = b.config.listen_port
+    b.stop()
+    b = make(listenPort=port, transactionCheckMax=3)
+    [h2] = b.transactions.pending()
+    assert (h2.transaction_id, h2.checks) == (r.transaction_id, 2)    # not back to zero
+    assert h2.next_check_ms == h.next_check_ms                     # the schedule too
+    assert wait_until(lambda: b.streams.producers("T"), tries=150)
+    b.transactions.run_checks()
+    assert len(checker.asked) == 2                                 # not due yet
+    clock.ms += 6000
+    b.transactions.run_checks()                                    # third and last check
+    assert wait_until(lambda: len(checker.asked) == 3)
+    clock.ms += 6000
+    b.transactions.run_checks()                                    # given up: rolled back
+    assert b.transactions.pending() == [] and b.transactions.rolled_back_unresolved == 1
+    assert visible(b) == []
+    b.stop()
+    b = make(listenPort=port, transactionCheckMax=3)
+    assert b.transactions.pending() == []                          # resolution survives too

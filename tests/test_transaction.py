@@ -132,7 +132,8 @@ def test_check_back_decides_both_ways_then_gives_up(tx_broker, clients):  # noqa
     assert checker.asked.count(b"dunno") == 2
     assert b.transactions.pending() == [] and b.transactions.rolled_back_unresolved == 1
     assert visible(b) == [b"yes"]
-    assert sorted(m.tags for m in b.store.read(OP_TOPIC, 0, 0, 10)) == ["c", "r", "x"]
+    assert sorted(m.tags for m in b.store.read(OP_TOPIC, 0, 0, 20) if m.tags != "k") == [
+        "c", "r", "x"]
 
 
 def test_restart_mid_transaction_keeps_the_half_message(tx_broker, clients):  # noqa: F811

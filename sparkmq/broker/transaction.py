@@ -16,8 +16,10 @@ Contract:
   ``check_interval_ms`` (transactionCheckInterval), up to ``check_max`` (transactionCheckMax,
   15) times; then it is rolled back (op tag ``x``) and logged.
 - State is the store: on ``start()`` the pending set is rebuilt from the half topic (from the
-  committed floor of group ``TRANS_CHECK_GROUP``) minus the op topic. Check counts start over
-  after a restart.
+  committed floor of group ``TRANS_CHECK_GROUP``) minus the op topic. Every check-back is
+  recorded as an op too (tag ``k``, property ``checks``; one append per pass), so check counts
+  and the time of the next check survive a restart: a restarted broker does not grant a
+  half message another ``transactionCheckMax`` checks.
 - ``ProducerStreams``: the open Telemetry streams (client id -> outbound queue, topics);
   thread-safe.
 - Thread ``sparkmq-transaction-check`` (``start()``/``stop()``), woken by a condition at the
@@ -47,6 +49,8 @@ CHECK_GROUP = "TRANS_CHECK_GROUP"
 PROP_REAL_TOPIC = "REAL_TOPIC"
 PROP_CLIENT_ID = "TRANS_CLIENT_ID"
 OP_COMMIT, OP_ROLLBACK, OP_EXPIRED = "c", "r", "x"
+OP_CHECKED = "k"              # a check-back was sent (not a resolution)
+PROP_CHECKS = "checks"
 
 
 class UnknownTransaction(UserError):
@@ -168,12 +172,24 @@ class TransactionService:
                     self.store.min_offset(HALF_TOPIC, 0))
         self._scanned = self._committed = floor
         done = set()
-        t = self.store.read_table(OP_TOPIC, 0, 0, columns=["body"], on_removed="skip")
-        for body in t.column("body").to_pylist():
-            done.add(int(body))
-        self._load(skip=done)
+        checked: dict[int, tuple[int, int]] = {}       # half offset -> (checks, last check ms)
+        t = self.store.read_table(OP_TOPIC, 0, 0, columns=["body", "tags", "properties",
+                                                           "store_timestamp"],
+                                  on_removed="skip")
+        ts = t.column("store_timestamp").cast("int64").to_pylist()
+        for body, tag, props, at in zip(t.column("body").to_pylist(),
+                                        t.column("tags").to_pylist(),
+                                        t.column("properties").to_pylist(), ts):
+            off = int(body)
+            if tag != OP_CHECKED:
+                done.add(off)
+                continue
+            n = int(dict(props or ()).get(PROP_CHECKS, 0))
+            if n >= checked.get(off, (0, 0))[0]:
+                checked[off] = (n, at)
+        self._load(skip=done, checked=checked)
 
-    def _load(self, skip=frozenset()) -> None:
+    def _load(self, skip=frozenset(), checked=None) -> None:
         hi = self.store.max_offset(HALF_TOPIC, 0)
         while self._scanned < hi:
             msgs = self.store.read(HALF_TOPIC, 0, self._scanned, 1024)
@@ -185,6 +201,9 @@ class TransactionService:
                     continue
                 h = Half(m.queue_offset, m.transaction_id, m.properties.get(PROP_REAL_TOPIC, ""),
                          m.properties.get(PROP_CLIENT_ID), m.store_timestamp + self.timeout_ms)
+                if checked and m.queue_offset in checked:
+                    h.checks, last_ms = checked[m.queue_offset]
+                    h.next_check_ms = last_ms + self.check_interval_ms
                 self._by_txid[h.transaction_id] = h
                 self._by_offset[h.offset] = h
                 heapq.heappush(self._heap, (h.next_check_ms, h.offset))
@@ -254,6 +273,7 @@ class TransactionService:
         with self._cond:
             self._load()
             now = self.clock_ms()
+            records: list[Message] = []
             while self._heap and self._heap[0][0] <= now:
                 _, off = heapq.heappop(self._heap)
                 h = self._by_offset.get(off)
@@ -270,6 +290,12 @@ class TransactionService:
                 h.checks += 1
                 h.next_check_ms = now + self.check_interval_ms
                 heapq.heappush(self._heap, (h.next_check_ms, h.offset))
+                records.append(Message(topic=OP_TOPIC, body=str(h.offset).encode(),
+                                       tags=OP_CHECKED,
+                                       properties={"transactionId": h.transaction_id,
+                                                   PROP_CHECKS: str(h.checks)}))
+            if records:         # check counts survive a restart
+                self.store.append(records)
         self.persist()
         return n
 
