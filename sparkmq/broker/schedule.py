@@ -20,11 +20,18 @@ Contract:
   and at ``stop()``). ``start()`` rebuilds the heap from there; a parked message already due that
   the real topic holds a copy of (by ``SCHEDULE_SOURCE``) is not delivered again, so restart
   and crash neither lose nor duplicate a delivery.
-- Thread-safety: ``wake()``, ``run_due()``, ``pending_count()`` may be called from any thread.
+- Recall (5.x RecallMessage): ``recall(queue, offset)`` cancels a parked message that is not
+  delivered yet. The recall is stored first (a row ``"queue:offset"`` in the system topic
+  ``rmq_sys_SCHEDULE_RECALL``), then the message leaves the heap; ``start()`` skips recalled
+  messages, so a recall survives restart and crash. ``make_recall_handle`` /
+  ``parse_recall_handle`` encode where the parked copy lives (returned with the send).
+- Thread-safety: ``wake()``, ``run_due()``, ``recall()``, ``pending_count()`` may be called from
+  any thread.
 """
 
 from __future__ import annotations
 
+import base64
 import heapq
 import logging
 import re
@@ -38,11 +45,14 @@ import pyarrow.compute as pc
 
 from ..errors import SparkMQError, UserError
 from ..log import format as fmt
+from ..log.message import Message
 
 log = logging.getLogger(__name__)
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 SCHEDULE_GROUP = "SCHEDULE_CONSUMER_GROUP"
+RECALL_TOPIC = "rmq_sys_SCHEDULE_RECALL"
+RECALL_HANDLE_VERSION = "v1"
 PROP_REAL_TOPIC = "REAL_TOPIC"
 PROP_DELAY_LEVEL = "DELAY"                  # RocketMQ MessageConst.PROPERTY_DELAY_TIME_LEVEL
 PROP_SOURCE = "SCHEDULE_SOURCE"
@@ -129,6 +139,31 @@ def parked_row(policy: DelayPolicy, now_ms: int, topic: str, properties: dict[st
     return SCHEDULE_TOPIC, qid, due, props
 
 
+def make_recall_handle(topic: str, broker_name: str, qid: int, offset: int,
+                       message_id: str) -> str:
+    """An opaque handle naming a parked message: ``v1 topic broker queue offset id``,
+    base64url (RocketMQ's handles are base64 text of the same kind)."""
+    text = f"{RECALL_HANDLE_VERSION} {topic} {broker_name} {qid} {offset} {message_id}"
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def parse_recall_handle(handle: str) -> tuple[str, str, int, int, str]:
+    """(topic, broker name, schedule queue, offset, message id); raises UserError."""
+    try:
+        parts = base64.urlsafe_b64decode(handle.encode()).decode().split(" ")
+        if len(parts) != 6 or parts[0] != RECALL_HANDLE_VERSION:
+            raise ValueError(parts[:1])
+        return parts[1], parts[2], int(parts[3]), int(parts[4]), parts[5]
+    except (ValueError, UnicodeError) as e:
+        raise UserError(f"recall handle {handle[:40]!r} is malformed ({e}); use the "
+                        "recall_handle returned by the send of a delayed message") from None
+
+
+class RecallStatus:
+    RECALLED = "RECALLED"
+    NOT_FOUND = "NOT_FOUND"          # delivered already, recalled already, or never parked
+
+
 class ScheduleService:
     """Delivers parked messages when due (see module docstring)."""
 
@@ -148,6 +183,7 @@ class ScheduleService:
         self._pending: dict[int, set[int]] = {}         # queue -> undelivered parked offsets
         self._scanned: dict[int, int] = {}              # queue -> next offset to load
         self._committed: dict[int, int] = {}
+        self._recalled: set[tuple[int, int]] = set()   # recalled, still in the heap
         self._dirty = False
         self._stopping = False
         self._last_persist_ms = 0
@@ -162,6 +198,9 @@ class ScheduleService:
                                     system=True, exist_ok=True)
         elif conf["readQueueNums"] < n:
             self.store.update_topic(SCHEDULE_TOPIC, read_queue_nums=n, write_queue_nums=n)
+        if RECALL_TOPIC not in self.store.topics():
+            self.store.create_topic(RECALL_TOPIC, read_queue_nums=1, write_queue_nums=1,
+                                    system=True, exist_ok=True)
         self._rebuild()
         self.store.add_listener(self._on_arrival)
         self._thread = threading.Thread(target=self._run, name="sparkmq-schedule", daemon=True)
@@ -201,12 +240,15 @@ class ScheduleService:
         offsets = self.store.consumer_offsets(SCHEDULE_GROUP)
         now = self.clock_ms()
         maybe_done: list[tuple[int, int, int, str, int]] = []
+        recalled = self._stored_recalls()
         for qid in range(self.policy.queue_count):
             floor = max(offsets.get((SCHEDULE_TOPIC, qid), 0),
                         self.store.min_offset(SCHEDULE_TOPIC, qid))
             self._scanned[qid] = self._committed[qid] = floor
             self._pending[qid] = set()
             for due, off, real, stored in self._load(qid):
+                if (qid, off) in recalled:
+                    continue
                 if due <= now:
                     maybe_done.append((due, qid, off, real, stored))
                 else:
@@ -215,6 +257,34 @@ class ScheduleService:
         for due, qid, off, _, _ in maybe_done:
             if (qid, off) not in done:
                 self._push(due, qid, off)
+
+    def _stored_recalls(self) -> set[tuple[int, int]]:
+        t = self.store.read_table(RECALL_TOPIC, 0, 0, columns=["body"], on_removed="skip")
+        out = set()
+        for body in t.column("body").to_pylist():
+            a, b = body.decode().split(":")
+            out.add((int(a), int(b)))
+        return out
+
+    def recall(self, qid: int, offset: int) -> str:
+        """Cancel parked message ``qid:offset`` if it is not delivered yet (RecallStatus).
+        The recall is stored before it takes effect; a delivery never races it."""
+        with self._run_lock:
+            with self._cond:
+                if qid not in self._pending:
+                    return RecallStatus.NOT_FOUND
+                for due, off, _, _ in self._load(qid):
+                    self._push(due, qid, off)
+                if offset not in self._pending[qid] or (qid, offset) in self._recalled:
+                    return RecallStatus.NOT_FOUND
+            self.store.append([Message(RECALL_TOPIC, f"{qid}:{offset}".encode(), queue_id=0)])
+            with self._cond:
+                self._pending[qid].discard(offset)
+                self._recalled.add((qid, offset))
+                self._dirty = True
+                self._cond.notify_all()
+            log.info("schedule service: parked message %d:%d recalled", qid, offset)
+            return RecallStatus.RECALLED
 
     def _load(self, qid: int) -> list[tuple[int, int, str, int]]:
         """(due, offset, real topic, store ms) of parked messages from ``_scanned[qid]`` on."""
@@ -298,7 +368,11 @@ class ScheduleService:
                     now = self.clock_ms()
                     due = []
                     while self._heap and self._heap[0][0] <= now and len(due) < DELIVER_BATCH:
-                        due.append(heapq.heappop(self._heap))
+                        item = heapq.heappop(self._heap)
+                        if (item[1], item[2]) in self._recalled:
+                            self._recalled.discard((item[1], item[2]))
+                            continue
+                        due.append(item)
                 if not due:
                     break
                 self._deliver(due)

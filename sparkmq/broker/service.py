@@ -42,13 +42,14 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
 from ..errors import (DataLossError, InvalidMessageError, InvalidNameError, PermissionDeniedError,
-                      QueueNotFoundError, SparkMQError, TopicNotFoundError)
+                      QueueNotFoundError, SparkMQError, TopicNotFoundError, UserError)
 from ..log import format as fmt
 from ..log.names import validate_group, validate_topic
 from ..log.status import PutMessageStatus
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
-from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
+from .schedule import (PROP_DELAY_LEVEL, SCHEDULE_TOPIC, DelayRefused, RecallStatus,
+                       make_recall_handle, parked_row, parse_recall_handle)
 from .transaction import UnknownTransaction
 
 log = logging.getLogger("sparkmq.broker.grpc")
@@ -332,9 +333,13 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             else:
                 rows.add(i, m, parked)
         if rows.index:
-            for i, r in zip(rows.index, self.broker.send_rows(rows)):
+            for k, (i, r) in enumerate(zip(rows.index, self.broker.send_rows(rows))):
                 entries[i] = (spb.SendResultEntry(status=_error_status(r))
                               if isinstance(r, Exception) else self._send_entry(*r))
+                if rows.topic[k] == SCHEDULE_TOPIC and not isinstance(r, Exception):
+                    entries[i].recall_handle = make_recall_handle(
+                        request.messages[i].topic.name, self.broker.config.broker_name,
+                        rows.queue_id[k], r[2], r[1])
         return _send_response(entries)
 
     def _refusal(self, m: pb.Message, topics: dict) -> pb.Status | None:
@@ -659,9 +664,32 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             return spb.EndTransactionResponse(status=status(Code.INVALID_TRANSACTION_ID, e.message))
         return spb.EndTransactionResponse(status=OK)
 
+    @guarded(spb.RecallMessageResponse)
     def RecallMessage(self, request, context):
-        return spb.RecallMessageResponse(status=status(
-            Code.UNSUPPORTED, "recalling delayed messages is not supported by this broker yet"))
+        """Cancel a delayed message before it is delivered (5.x RecallMessage), by the
+        ``recall_handle`` its send returned. NOT_FOUND once delivered or recalled."""
+        sched = self.broker.schedule
+        if sched is None:
+            return spb.RecallMessageResponse(status=status(
+                Code.UNSUPPORTED, "delayed messages are recalled on the master only"))
+        try:
+            topic, broker_name, qid, offset, message_id = parse_recall_handle(
+                request.recall_handle)
+        except UserError as e:
+            return spb.RecallMessageResponse(status=status(Code.BAD_REQUEST, e.message))
+        if request.topic.name and request.topic.name != topic:
+            return spb.RecallMessageResponse(status=status(
+                Code.BAD_REQUEST, f"the recall handle is for topic {topic!r}, not "
+                f"{request.topic.name!r}"))
+        if broker_name != self.broker.config.broker_name:
+            return spb.RecallMessageResponse(status=status(
+                Code.NOT_FOUND, f"the message was sent to broker {broker_name!r}, this is "
+                f"{self.broker.config.broker_name!r}"))
+        if sched.recall(qid, offset) != RecallStatus.RECALLED:
+            return spb.RecallMessageResponse(status=status(
+                Code.NOT_FOUND, f"delayed message {message_id} is not waiting here (delivered "
+                "already, recalled already, or never parked)"), message_id=message_id)
+        return spb.RecallMessageResponse(status=OK, message_id=message_id)
 
     def SyncLiteSubscription(self, request, context):
         return spb.SyncLiteSubscriptionResponse(status=status(

@@ -52,7 +52,9 @@ class BrokerUnavailableError(RetriableError):
 @dataclasses.dataclass
 class Message:
     """A message to send. ``message_group`` is the sharding key: messages with equal
-    keys go to the same queue and keep their send order (FIFO)."""
+    keys go to the same queue and keep their send order (FIFO). ``delivery_timestamp_ms``
+    makes it a DELAY message, delivered at that time (epoch ms); its send receipt carries
+    a ``recall_handle`` to cancel it before then (``Producer.recall_message``)."""
 
     topic: str
     body: bytes
@@ -60,6 +62,7 @@ class Message:
     keys: Sequence[str] = ()
     properties: dict[str, str] = dataclasses.field(default_factory=dict)
     message_group: str | None = None
+    delivery_timestamp_ms: int | None = None
 
     def to_pb(self, born_host: str, message_id: str, born_timestamp) -> pb.Message:
         """The protocol message; ``born_timestamp`` is a protobuf Timestamp shared by a batch."""
@@ -68,7 +71,13 @@ class Message:
         sp = pb.SystemProperties(
             message_id=message_id, born_timestamp=born_timestamp, born_host=born_host,
             body_encoding=pb.IDENTITY,
-            message_type=pb.FIFO if self.message_group else pb.NORMAL)
+            message_type=pb.FIFO if self.message_group else
+            pb.DELAY if self.delivery_timestamp_ms is not None else pb.NORMAL)
+        if self.delivery_timestamp_ms is not None:
+            if self.message_group:
+                raise UserError("a message cannot be both FIFO (message_group) and delayed "
+                                "(delivery_timestamp_ms)")
+            sp.delivery_timestamp.FromMilliseconds(int(self.delivery_timestamp_ms))
         if self.tag:
             sp.tag = self.tag
         if self.keys:

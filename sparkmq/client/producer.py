@@ -62,6 +62,7 @@ class SendReceipt:
     broker_name: str
     endpoint: str
     status_code: int = Code.OK
+    recall_handle: str = ""       # delayed messages: cancels it before delivery
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +143,32 @@ class Producer:
         """Fire and forget: the result is not reported (failures are logged at debug)."""
         self.send_async(message).add_done_callback(
             lambda f: f.exception() and log.debug("oneway send failed: %s", f.exception()))
+
+    def recall_message(self, receipt_or_topic: "SendReceipt | str",
+                       recall_handle: str | None = None) -> str:
+        """Cancel a delayed message before its delivery time (5.x RecallMessage), given
+        its send receipt (or its topic and recall handle); returns its message id. A
+        message already delivered (or recalled) raises ClientError (NOT_FOUND)."""
+        self._check_open()
+        if isinstance(receipt_or_topic, SendReceipt):
+            r = receipt_or_topic
+            if not r.recall_handle:
+                raise UserError("this receipt has no recall handle: only delayed messages "
+                                "(delivery_timestamp_ms in the future) can be recalled")
+            endpoints, topic, handle = [r.endpoint], "", r.recall_handle
+        else:
+            if not recall_handle:
+                raise UserError("recall_message(topic, recall_handle) needs the handle")
+            topic, handle = receipt_or_topic, recall_handle
+            endpoints = sorted({q.endpoint for q in self.routes.queues(topic) if q.writable})
+        last = None
+        for ep in endpoints:       # by topic: the broker named in the handle answers OK
+            r = self.conns.call(ep, "RecallMessage", spb.RecallMessageRequest(
+                topic=pb.Resource(name=topic), recall_handle=handle))
+            if r.status.code == Code.OK:
+                return r.message_id
+            last = r.status
+        raise ClientError(f"RecallMessage: {Code.Name(last.code)}: {last.message}", last.code)
 
     def send_in_transaction(self, message: Message,
                             execute: Callable[[Message, SendReceipt], object]
@@ -234,7 +261,7 @@ class Producer:
             raise ClientError(f"SendMessage to {queue.broker_name} ({queue.endpoint}): "
                               f"{Code.Name(st.code)}: {st.message}", st.code)
         return [SendReceipt(e.message_id, e.offset, queue.broker_name, queue.endpoint,
-                            e.status.code) for e in r.entries]
+                            e.status.code, e.recall_handle) for e in r.entries]
 
     def _choose(self, topic: str, key: str | None, tried: list[str], refresh: bool) -> Queue:
         writable = [q for q in self.routes.queues(topic, refresh=refresh) if q.writable]
