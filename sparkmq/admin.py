@@ -195,7 +195,7 @@ def topic_retention(args) -> None:
         with Store.open(args.store, mode="r", create=False, **conf) as s:
             if args.topic:
                 _topic_conf(s, args.topic)
-            report = describe(s.retention_plan(), s)
+            report = describe(s.retention_plan(detail=True), s)
     if args.topic:
         report["topics"] = [t for t in report["topics"] if t["topic"] == args.topic]
         report["warnings"] = [w for w in report["warnings"] if w["topic"] == args.topic]

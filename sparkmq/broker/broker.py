@@ -547,7 +547,7 @@ class Broker:
         """``GET /admin/retention``: what the store's next retention pass removes, per
         topic, and the consumer groups that still need it (log/retention.py)."""
         from ..log.retention import describe
-        return describe(self.store.retention_plan(), self.store)
+        return describe(self.store.retention_plan(detail=True), self.store)
 
     # ------------------------------------------------------------ Spark commits
     def adopt(self, request: dict) -> dict:

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from . import segment as seg
+
 HOUR_MS = 3_600_000
 NO_BATCH = 1 << 62          # "no retained message in this queue": it blocks nothing
 
@@ -125,49 +127,71 @@ def next_run_ms(at_ms: int, delete_hours: set[int]) -> int:
     return at_ms
 
 
-def plan_retention(store, now_ms: int, *, due: bool = True,
-                   disk_full: bool = False) -> RetentionPlan:
+def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = False,
+                   detail: bool = False) -> RetentionPlan:
     """What a retention pass of ``store`` at ``now_ms`` would remove (see module doc).
 
-    ``store`` is a ``Store`` (writable or read-only). Cost: per queue, a binary
-    search over its ConsumeQueue (a few row-group reads); a queue of a topic with
-    ``retentionBytes`` reads its retained entries' sizes once.
+    ``store`` is a ``Store`` (writable or read-only). Cost: topics on the broker default
+    are judged per segment from a summary of each sealed segment (newest store time per
+    topic; read once per segment and cached, segments being immutable); a topic with its
+    own retention costs a binary search over each of its queues' ConsumeQueue (a few
+    row-group reads; ``retentionBytes`` reads the retained entries' sizes). Queues are
+    probed one entry each only when segments go (to place their floors) or with
+    ``detail`` (the oldest message kept, for ``describe``).
     """
     plan = RetentionPlan(now_ms=now_ms, due=due, disk_full=disk_full)
     default_ms = int(store.config.file_reserved_time_hours * HOUR_MS)
     cur_floor = store.state.min_physical_offset()
-    keep_batch = NO_BATCH
+    own_keep = NO_BATCH                    # first batch any own-retention queue still keeps
+    own_holder = None
+    default_topics: dict[str, dict] = {}
     for topic, conf in sorted(store.topics().items()):
         ret_ms, ret_bytes, own = topic_retention(conf, default_ms)
+        if not own:
+            default_topics[topic] = conf
+            continue
         for qid in _queue_ids(store, conf):
             lo, hi = store.min_offset(topic, qid), store.max_offset(topic, qid)
-            time_floor = _first_offset_after(store, conf["id"], qid, lo, hi, now_ms - ret_ms)
-            floor, reason = time_floor, "time"
+            floor = _first_offset_after(store, conf["id"], qid, lo, hi, now_ms - ret_ms)
+            reason = "time"
             if ret_bytes is not None and hi > floor:
                 bytes_floor = _first_offset_within_bytes(store, conf["id"], qid, floor, hi,
                                                          ret_bytes)
                 if bytes_floor > floor:
                     floor, reason = bytes_floor, "bytes"
-            # a topic on the broker default keeps its floor (it moves with segments, below)
-            first_kept = floor if own else lo
-            batch, ts = _entry_at(store, conf["id"], qid, first_kept, hi)
-            # for removability, a default topic counts as passed up to its time floor
-            block = batch if own else _entry_at(store, conf["id"], qid, floor, hi)[0]
-            if block < keep_batch:
-                keep_batch, plan.held_by = block, topic
-            plan.queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, first_kept,
-                                         reason if first_kept > lo else None, batch, ts))
-    # segments: the sealed prefix that every topic has passed
+            batch, ts = _entry_at(store, conf["id"], qid, floor, hi)
+            if batch < own_keep:
+                own_keep, own_holder = batch, topic
+            plan.queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, floor,
+                                         reason if floor > lo else None, batch, ts))
+    # segments: the sealed prefix that every live topic has passed
+    removed_topics: set[str] = set()
     for ref in _sealed_segments(store):
-        if ref.end_offset <= keep_batch or (disk_full and not plan.remove_segments):
+        holder = None if ref.end_offset <= own_keep else own_holder
+        times = segment_topic_times(store, ref) if holder is None else {}
+        if holder is None:
+            if times is None:
+                holder = "(unreadable segment)"
+            else:
+                young = [(ts, t) for t, ts in times.items()
+                         if t in default_topics and ts > now_ms - default_ms]
+                holder = max(young)[1] if young else None
+        if holder is None or (disk_full and not plan.remove_segments):
             plan.remove_segments.append(ref.path)
+            removed_topics.update(times or segment_topic_times(store, ref) or ())
             cur_floor = max(cur_floor, ref.end_offset)
         else:
-            plan.next_segment = ref.path
+            plan.next_segment, plan.held_by = ref.path, holder
             break
     plan.physical_floor = cur_floor
-    if not plan.remove_segments:
-        plan.held_by = plan.held_by if plan.next_segment else None
+    # default topics: their floors move with the segments
+    for topic, conf in default_topics.items():
+        if not detail and topic not in removed_topics:
+            continue
+        for qid in _queue_ids(store, conf):
+            lo, hi = store.min_offset(topic, qid), store.max_offset(topic, qid)
+            batch, ts = _entry_at(store, conf["id"], qid, lo, hi)
+            plan.queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, lo, None, batch, ts))
     # every queue's floor is at least the first offset whose batch survives
     for q in plan.queues:
         if q.first_kept_batch < cur_floor and q.max_offset > q.new_min_offset:
@@ -178,8 +202,36 @@ def plan_retention(store, now_ms: int, *, due: bool = True,
                 q.reason = q.reason or "segment"
                 q.first_kept_batch, q.oldest_kept_ms = _entry_at(
                     store, q.topic_id, q.queue_id, f, q.max_offset)
+    plan.queues.sort(key=lambda q: (q.topic, q.queue_id))
     plan.warnings = _group_warnings(store, plan)
     return plan
+
+
+def segment_topic_times(store, ref) -> dict[str, int] | None:
+    """Newest store time (ms) per topic of a sealed segment; None if unreadable. Cached
+    per store and path (a sealed segment never changes)."""
+    cache = store.__dict__.setdefault("_segment_topic_times", {})
+    if ref.path in cache:
+        return cache[ref.path]
+    out: dict[str, int] | None = {}
+    try:
+        buf = store.sfs.read_buffer(ref.path, cache=True)
+        res = seg.scan(buf)
+        for pos in res.positions:
+            b = seg.read_batch_at(buf, pos)
+            if not b.num_rows:
+                continue
+            g = pa.table({"topic": b.column("topic"),
+                          "ts": b.column("store_timestamp").cast(pa.int64())}
+                         ).group_by("topic").aggregate([("ts", "max")])
+            for name, ts in zip(g.column("topic").to_pylist(), g.column("ts_max").to_pylist()):
+                out[name] = max(out.get(name, 0), ts)
+    except Exception:
+        out = None                  # unreadable: never expired by age (disk pressure still applies)
+    if len(cache) > 4096:           # bounded: segments come and go
+        cache.clear()
+    cache[ref.path] = out
+    return out
 
 
 def _queue_ids(store, conf: dict) -> list[int]:

@@ -1123,6 +1123,8 @@ class Store(MessageReader):
         if not self.writable or self._closed:
             return []
         self._delete_pending(grace_s=60.0)
+        if not self._retention_due(self.clock_ms(), force_hour)[0]:
+            return []          # outside deleteWhen hours nothing is planned (no reads)
         plan = self.retention_plan(force_hour=force_hour)
         if not plan.due or not plan.changes:
             return []
@@ -1130,16 +1132,22 @@ class Store(MessageReader):
             log.warning("retention: %s", w.text())
         return self.remove_segments(plan.remove_segments, queue_floors=plan.floors())
 
-    def retention_plan(self, *, force_hour: bool = False, now_ms: int | None = None):
+    def retention_plan(self, *, force_hour: bool = False, now_ms: int | None = None,
+                       detail: bool = False):
         """What a retention pass would do now (``retention.RetentionPlan``); changes
-        nothing. ``plan.due`` says whether a pass at this moment acts at all."""
+        nothing. ``plan.due`` says whether a pass at this moment acts at all; ``detail``
+        also reports every queue of topics on the broker default (for admin)."""
         from .retention import plan_retention
         now = self.clock_ms() if now_ms is None else now_ms
-        hour = _dt.datetime.fromtimestamp(now / 1000).hour
+        due, disk_full = self._retention_due(now, force_hour)
+        return plan_retention(self, now, due=due, disk_full=disk_full, detail=detail)
+
+    def _retention_due(self, now_ms: int, force_hour: bool) -> tuple[bool, bool]:
+        """(a pass acts now, the disk is over diskMaxUsedSpaceRatio)."""
+        hour = _dt.datetime.fromtimestamp(now_ms / 1000).hour
         ratio = self.sfs.disk_usage_ratio()
         disk_full = ratio is not None and ratio * 100 > self.config.disk_max_used_space_ratio
-        due = force_hour or disk_full or hour in self.config.delete_hours()
-        return plan_retention(self, now, due=due, disk_full=disk_full)
+        return force_hour or disk_full or hour in self.config.delete_hours(), disk_full
 
     def _segment_newest_ts(self, ref: SegmentRef) -> int:
         try:
