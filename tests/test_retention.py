@@ -186,3 +186,43 @@ def test_floors_survive_reopen(store_url, clock):
     with Store.open(store_url, clock_ms=clock, start_services=False) as s:
         assert s.min_offset("short", 0) == 10
         assert s.append([Message("short", b"x", queue_id=0)])[0].queue_offset == 10
+
+
+@pytest.mark.integration
+def test_live_broker_applies_topic_retention_and_consumers_start_at_the_floor(tmp_path,
+                                                                              caplog):
+    import time
+    from sparkmq.broker import Broker
+    from sparkmq.client import Message as ClientMessage
+    from sparkmq.client import Producer, SimpleConsumer
+    from test_broker import broker_config
+
+    hour = dt.datetime.now().hour
+    b = Broker(broker_config(tmp_path, deleteWhen=f"{hour:02d};{(hour + 1) % 24:02d}",
+                             retention_check_interval_ms=200)).start()
+    try:
+        b.store.create_topic("Capped", read_queue_nums=1, write_queue_nums=1,
+                             retention_bytes=1000)
+        b.store.commit_consumer_offsets("G_slow", {("Capped", 0): 0})
+        with caplog.at_level(logging.WARNING, logger="sparkmq.store"):
+            with Producer(b.endpoint) as p:
+                for i in range(30):
+                    p.send(ClientMessage("Capped", b"%03d" % i + b"." * 97))   # 100 bytes
+            for _ in range(100):                     # bounded: the service looks every 200 ms
+                if b.store.min_offset("Capped", 0) == 20:
+                    break
+                time.sleep(0.1)
+        assert b.store.min_offset("Capped", 0) == 20
+        assert "G_slow" in caplog.text and "Capped:0" in caplog.text
+        c = SimpleConsumer(b.endpoint, "G_slow", {"Capped": "*"})
+        try:
+            got = []
+            for _ in range(5):
+                got += c.receive(32, 30, wait_s=1)
+                if len(got) >= 10:
+                    break
+        finally:
+            c.close()
+        assert sorted(m.body[:3] for m in got) == [b"%03d" % i for i in range(20, 30)]
+    finally:
+        b.stop()

@@ -1149,18 +1149,6 @@ class Store(MessageReader):
         disk_full = ratio is not None and ratio * 100 > self.config.disk_max_used_space_ratio
         return force_hour or disk_full or hour in self.config.delete_hours(), disk_full
 
-    def _segment_newest_ts(self, ref: SegmentRef) -> int:
-        try:
-            buf = self.sfs.read_buffer(ref.path, cache=True)
-            res = seg.scan(buf)
-            if not res.positions:
-                # an empty segment holds nothing to lose; an unreadable one is kept
-                return 0 if res.valid_end else 1 << 62
-            b = seg.read_batch_at(buf, res.positions[-1])
-            return int(pc.max(b.column("store_timestamp").cast(pa.int64())).as_py())
-        except Exception:
-            return 1 << 62   # unreadable: never expired by age (disk pressure still applies)
-
     def remove_segments(self, paths: Sequence[str], *,
                         queue_floors: dict[tuple[int, int], int] | None = None) -> list[str]:
         """Remove the oldest segments (a prefix of the CommitLog) and everything
