@@ -95,6 +95,7 @@ class RetentionPlan:
     warnings: list[GroupWarning] = field(default_factory=list)
     held_by: str | None = None                  # topic whose queue keeps the next segment
     next_segment: str | None = None             # the oldest segment that stays
+    exact: bool = True     # queue floors cover every queue with rows in removed segments
 
     @property
     def changes(self) -> bool:
@@ -134,10 +135,10 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
     ``store`` is a ``Store`` (writable or read-only). Cost: topics on the broker default
     are judged per segment from a summary of each sealed segment (newest store time per
     topic; read once per segment and cached, segments being immutable); a topic with its
-    own retention costs a binary search over each of its queues' ConsumeQueue (a few
-    row-group reads; ``retentionBytes`` reads the retained entries' sizes). Queues are
-    probed one entry each only when segments go (to place their floors) or with
-    ``detail`` (the oldest message kept, for ``describe``).
+    own retention costs one search per queue (the ConsumeQueue files' logged ranges
+    narrow it to one file's rows, read once; ``retentionBytes`` reads the retained
+    entries' sizes). Queues of default topics are searched only when segments holding
+    their rows go, or with ``detail`` (the oldest message kept, for ``describe``).
     """
     plan = RetentionPlan(now_ms=now_ms, due=due, disk_full=disk_full)
     default_ms = int(store.config.file_reserved_time_hours * HOUR_MS)
@@ -145,6 +146,7 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
     own_keep = NO_BATCH                    # first batch any own-retention queue still keeps
     own_holder = None
     default_topics: dict[str, dict] = {}
+    own_queues: list[QueuePlan] = []
     for topic, conf in sorted(store.topics().items()):
         ret_ms, ret_bytes, own = topic_retention(conf, default_ms)
         if not own:
@@ -162,8 +164,8 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
             batch, ts = _entry_at(store, conf["id"], qid, floor, hi)
             if batch < own_keep:
                 own_keep, own_holder = batch, topic
-            plan.queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, floor,
-                                         reason if floor > lo else None, batch, ts))
+            own_queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, floor,
+                                        reason if floor > lo else None, batch, ts))
     # segments: the sealed prefix that every live topic has passed
     removed_topics: set[str] = set()
     for ref in _sealed_segments(store):
@@ -184,16 +186,21 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
             plan.next_segment, plan.held_by = ref.path, holder
             break
     plan.physical_floor = cur_floor
+    plan.exact = None not in (segment_topic_times(store, r) for r in _sealed_segments(store)
+                              if r.path in set(plan.remove_segments))
     # default topics: their floors move with the segments
     for topic, conf in default_topics.items():
-        if not detail and topic not in removed_topics:
+        moved = topic in removed_topics
+        if not detail and not moved:
             continue
         for qid in _queue_ids(store, conf):
             lo, hi = store.min_offset(topic, qid), store.max_offset(topic, qid)
-            batch, ts = _entry_at(store, conf["id"], qid, lo, hi)
-            plan.queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, lo, None, batch, ts))
-    # every queue's floor is at least the first offset whose batch survives
-    for q in plan.queues:
+            f = _first_offset_at_batch(store, conf["id"], qid, lo, hi, cur_floor) if moved else lo
+            batch, ts = _entry_at(store, conf["id"], qid, f, hi) if detail or f > lo else (0, None)
+            plan.queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, f,
+                                         "segment" if f > lo else None, batch, ts))
+    # own-retention queues too keep nothing below the physical floor
+    for q in own_queues:
         if q.first_kept_batch < cur_floor and q.max_offset > q.new_min_offset:
             f = _first_offset_at_batch(store, q.topic_id, q.queue_id, q.new_min_offset,
                                        q.max_offset, cur_floor)
@@ -202,6 +209,7 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
                 q.reason = q.reason or "segment"
                 q.first_kept_batch, q.oldest_kept_ms = _entry_at(
                     store, q.topic_id, q.queue_id, f, q.max_offset)
+    plan.queues += own_queues
     plan.queues.sort(key=lambda q: (q.topic, q.queue_id))
     plan.warnings = _group_warnings(store, plan)
     return plan
@@ -216,16 +224,14 @@ def segment_topic_times(store, ref) -> dict[str, int] | None:
     out: dict[str, int] | None = {}
     try:
         buf = store.sfs.read_buffer(ref.path, cache=True)
-        res = seg.scan(buf)
-        for pos in res.positions:
-            b = seg.read_batch_at(buf, pos)
-            if not b.num_rows:
-                continue
-            g = pa.table({"topic": b.column("topic"),
-                          "ts": b.column("store_timestamp").cast(pa.int64())}
+        batches = [seg.read_batch_at(buf, pos) for pos in seg.scan(buf).positions]
+        batches = [b.select(["topic", "store_timestamp"]) for b in batches if b.num_rows]
+        if batches:
+            t = pa.Table.from_batches(batches)
+            g = pa.table({"topic": t.column("topic"),
+                          "ts": t.column("store_timestamp").cast(pa.int64())}
                          ).group_by("topic").aggregate([("ts", "max")])
-            for name, ts in zip(g.column("topic").to_pylist(), g.column("ts_max").to_pylist()):
-                out[name] = max(out.get(name, 0), ts)
+            out = dict(zip(g.column("topic").to_pylist(), g.column("ts_max").to_pylist()))
     except Exception:
         out = None                  # unreadable: never expired by age (disk pressure still applies)
     if len(cache) > 4096:           # bounded: segments come and go
@@ -265,29 +271,60 @@ def _entry_at(store, tid: int, qid: int, off: int, hi: int) -> tuple[int, int | 
     return int(e.column("batch_offset")[0].as_py()), ts
 
 
-def _first_offset_after(store, tid, qid, lo: int, hi: int, cutoff_ms: int) -> int:
-    """First offset in [lo, hi) stored after ``cutoff_ms`` (hi if none); binary search:
-    a queue's store timestamps do not decrease within one writer."""
-    while lo < hi:
+def _narrow(store, tid: int, qid: int, lo: int, hi: int, min_key: str, max_key: str,
+            value: int) -> tuple[int, int]:
+    """[lo, hi) narrowed by the ConsumeQueue files' logged ranges, for the first offset
+    whose ``min_key``/``max_key`` column is past ``value`` (files wholly at or below it
+    raise lo, files wholly past it lower hi)."""
+    for add in store.state.consumequeue_files.values():
+        for q in add.get("queues", ()):
+            if q["topicId"] != tid or q["queueId"] != qid or max_key not in q:
+                continue
+            if int(q[max_key]) <= value:
+                lo = max(lo, int(q["maxOffset"]))
+            elif int(q[min_key]) > value:
+                hi = min(hi, int(q["minOffset"]))
+    return lo, max(lo, hi)
+
+
+SEARCH_READ_ROWS = 1 << 17      # a narrowed range this small is read once, not probed
+
+
+def _search(store, tid, qid, lo: int, hi: int, column: str, value: int) -> int:
+    """First offset in [lo, hi) whose ``column`` (non-decreasing along the queue) is past
+    ``value``; hi if none."""
+    if hi - lo <= SEARCH_READ_ROWS:
+        e = store._entries(tid, qid, lo, hi)
+        if e.num_rows == hi - lo:
+            col = e.column(column)
+            if column == "store_timestamp":
+                col = col.cast(pa.int64())
+            values = col.to_numpy(zero_copy_only=False)
+            return lo + int(np.searchsorted(values, value, side="right"))
+    while lo < hi:                                  # large or incomplete: probe
         mid = (lo + hi) // 2
         e = store._entries(tid, qid, mid, mid + 1)
-        if e.num_rows and e.column("store_timestamp").cast(pa.int64())[0].as_py() <= cutoff_ms:
+        col = e.column(column) if e.num_rows else None
+        if col is not None and column == "store_timestamp":
+            col = col.cast(pa.int64())
+        if col is not None and col[0].as_py() <= value:
             lo = mid + 1
         else:
             hi = mid
     return lo
+
+
+def _first_offset_after(store, tid, qid, lo: int, hi: int, cutoff_ms: int) -> int:
+    """First offset in [lo, hi) stored after ``cutoff_ms`` (hi if none): a queue's store
+    timestamps do not decrease within one writer."""
+    lo, hi = _narrow(store, tid, qid, lo, hi, "minTimestamp", "maxTimestamp", cutoff_ms)
+    return _search(store, tid, qid, lo, hi, "store_timestamp", cutoff_ms)
 
 
 def _first_offset_at_batch(store, tid, qid, lo: int, hi: int, floor: int) -> int:
     """First offset in [lo, hi) whose batch is at or past physical offset ``floor``."""
-    while lo < hi:
-        mid = (lo + hi) // 2
-        e = store._entries(tid, qid, mid, mid + 1)
-        if e.num_rows and int(e.column("batch_offset")[0].as_py()) >= floor:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
+    lo, hi = _narrow(store, tid, qid, lo, hi, "minBatchOffset", "maxBatchOffset", floor - 1)
+    return _search(store, tid, qid, lo, hi, "batch_offset", floor - 1)
 
 
 def _first_offset_within_bytes(store, tid, qid, lo: int, hi: int, max_bytes: int) -> int:

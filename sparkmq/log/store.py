@@ -1130,7 +1130,8 @@ class Store(MessageReader):
             return []
         for w in plan.warnings:
             log.warning("retention: %s", w.text())
-        return self.remove_segments(plan.remove_segments, queue_floors=plan.floors())
+        return self.remove_segments(plan.remove_segments, queue_floors=plan.floors(),
+                                    exact_floors=plan.exact)
 
     def retention_plan(self, *, force_hour: bool = False, now_ms: int | None = None,
                        detail: bool = False):
@@ -1150,12 +1151,15 @@ class Store(MessageReader):
         return force_hour or disk_full or hour in self.config.delete_hours(), disk_full
 
     def remove_segments(self, paths: Sequence[str], *,
-                        queue_floors: dict[tuple[int, int], int] | None = None) -> list[str]:
+                        queue_floors: dict[tuple[int, int], int] | None = None,
+                        exact_floors: bool = False) -> list[str]:
         """Remove the oldest segments (a prefix of the CommitLog) and everything
         that points into them; their offsets then read as removed. ``queue_floors``
         ((topic id, queue id) -> first offset kept) also raises queue floors
         (per-topic retention), with or without segments removed; a floor never
-        goes down and never passes the queue's max offset."""
+        goes down and never passes the queue's max offset. ``exact_floors``: the
+        given floors already cover every queue with rows in ``paths`` (a retention
+        plan), so no queue is searched here."""
         self._require_writable()
         with self._append_lock, self._commit_lock:
             segs = self.commitlog.segments()
@@ -1166,7 +1170,7 @@ class Store(MessageReader):
                 raise UserError("only a prefix of sealed segments can be removed")
             floor = prefix[-1].end_offset if prefix else self.state.min_physical_offset()
             self.publish(force=True)
-            queues = self._queue_floors(floor, queue_floors or {})
+            queues = self._queue_floors(floor, queue_floors or {}, search=not exact_floors)
             qmin = {(q["topicId"], q["queueId"]): q["minOffset"] for q in queues}
             prev = {(q["topicId"], q["queueId"]): q["minOffset"]
                     for q in (self.state.retention or {}).get("queues", ())}
@@ -1190,7 +1194,8 @@ class Store(MessageReader):
             log.info("retention removed %d segments below physical offset %d", len(paths), floor)
             return list(paths)
 
-    def _queue_floors(self, floor: int, raised: dict[tuple[int, int], int]) -> list[dict]:
+    def _queue_floors(self, floor: int, raised: dict[tuple[int, int], int], *,
+                      search: bool = True) -> list[dict]:
         out = []
         prev = {(q["topicId"], q["queueId"]): q["minOffset"]
                 for q in (self.state.retention or {}).get("queues", ())}
@@ -1198,7 +1203,7 @@ class Store(MessageReader):
         for tid, qid in sorted(keys):
             nxt = self._next_offsets.get((tid, qid), 0)
             lo = max(prev.get((tid, qid), 0), min(raised.get((tid, qid), 0), nxt))
-            hi = nxt
+            hi = nxt if search else lo
             while lo < hi:   # first offset whose batch is at or above the floor
                 mid = (lo + hi) // 2
                 e = self._entries(tid, qid, mid, mid + 1)
