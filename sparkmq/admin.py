@@ -246,7 +246,7 @@ def group_list(args) -> None:
     rows = [{"group": g, "configured": g in confs, "hasOffsets": g in with_offsets,
              "retryMaxTimes": confs.get(g, {}).get("retryMaxTimes"),
              "consumeEnable": confs.get(g, {}).get("consumeEnable", True),
-             "consumeBroadcastEnable": confs.get(g, {}).get("consumeBroadcastEnable", False)}
+             "consumeBroadcastEnable": confs.get(g, {}).get("consumeBroadcastEnable", True)}
             for g in sorted(with_offsets | set(confs))]
     _emit(args, rows)
 
@@ -254,7 +254,7 @@ def group_list(args) -> None:
 def group_create(args) -> None:
     """Create or replace a subscription group config (mqadmin updateSubGroup)."""
     body = {"name": args.group, "consumeEnable": not args.disable,
-            "consumeBroadcastEnable": args.broadcast,
+            "consumeBroadcastEnable": not args.no_broadcast,
             **({"retryMaxTimes": args.retry_max_times} if args.retry_max_times is not None
                else {})}
     if args.broker:
@@ -262,7 +262,7 @@ def group_create(args) -> None:
     with _store(args, write=True) as s:
         c = s.create_group(args.group, retry_max_times=args.retry_max_times,
                            consume_enable=not args.disable,
-                           consume_broadcast_enable=args.broadcast)
+                           consume_broadcast_enable=not args.no_broadcast)
     _emit(args, c)
 
 
@@ -426,7 +426,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("group")
     c.add_argument("--retry-max-times", type=int,
                    help="redeliveries before the DLQ (default: the broker's maxReconsumeTimes)")
-    c.add_argument("--broadcast", action="store_true", help="consumeBroadcastEnable")
+    c.add_argument("--no-broadcast", action="store_true",
+                   help="consumeBroadcastEnable=false: refuse broadcasting consumers")
     c.add_argument("--disable", action="store_true", help="consumeEnable=false: refuse receives")
     c.set_defaults(fn=group_create)
     c = g.add_parser("delete", help="delete a group's config and its offsets")

@@ -183,6 +183,13 @@ def test_admin_group_create_delete_on_a_live_broker_and_a_stopped_store(make_bro
     with pytest.raises(PermissionDeniedError, match="consumeEnable"):
         a.receive("GID_off", "T", batch_size=1, invisible_ms=1000, tag_filter=TagFilter("*"),
                   poll_ms=0)
+    from sparkmq.broker.pop import GroupKey
+    run_json(capsys, "--broker", url, "group", "create", "GID_nb", "--no-broadcast")
+    with pytest.raises(PermissionDeniedError, match="consumeBroadcastEnable"):
+        a.receive(GroupKey("GID_nb", "client-1"), "T", batch_size=1, invisible_ms=1000,
+                  tag_filter=TagFilter("*"), poll_ms=0)
+    assert a.receive("GID_nb", "T", batch_size=1, invisible_ms=1000,
+                     tag_filter=TagFilter("*"), poll_ms=0) == []      # clustering is fine
     assert run_json(capsys, "--broker", url, "group", "delete", "GID_x") == {"deleted": "GID_x"}
     assert "GID_x" not in a.store.subscription_groups()
     assert a.store.consumer_offsets("GID_x") == {}
@@ -193,8 +200,8 @@ def test_admin_group_create_delete_on_a_live_broker_and_a_stopped_store(make_bro
 
     with Store.open(local_store_url):
         pass
-    run_json(capsys, "--store", local_store_url, "group", "create", "G2", "--broadcast")
+    run_json(capsys, "--store", local_store_url, "group", "create", "G2", "--no-broadcast")
     assert run_json(capsys, "--store", local_store_url, "group", "list")[0][
-        "consumeBroadcastEnable"] is True
+        "consumeBroadcastEnable"] is False
     run_json(capsys, "--store", local_store_url, "group", "delete", "G2")
     assert run_json(capsys, "--store", local_store_url, "group", "list") == []

@@ -604,8 +604,8 @@ def test_subscription_group_config_create_replace_delete_and_reopen(store_url, c
     with Store.open(store_url, clock_ms=clock, start_services=False,
                     checkpointInterval=3) as s:
         s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
-        c = s.create_group("GID_a", retry_max_times=2, consume_broadcast_enable=True)
-        assert (c["retryMaxTimes"], c["consumeBroadcastEnable"], c["consumeEnable"]) == (2, True, True)
+        c = s.create_group("GID_a", retry_max_times=2, consume_broadcast_enable=False)
+        assert (c["retryMaxTimes"], c["consumeBroadcastEnable"], c["consumeEnable"]) == (2, False, True)
         s.create_group("GID_a", consume_enable=False)           # replaces the whole config
         assert "retryMaxTimes" not in s.subscription_groups()["GID_a"]
         s.create_group("GID_b")

@@ -426,6 +426,10 @@ class Broker:
             raise PermissionDeniedError(f"consumer group {conf['groupName']!r} is disabled "
                                         "(consumeEnable=false); enable it with "
                                         "'sparkmq admin group create'")
+        if conf is not None and isinstance(group, GroupKey) and group.client_id and \
+                not conf.get("consumeBroadcastEnable", True):
+            raise PermissionDeniedError(f"consumer group {conf['groupName']!r} does not allow "
+                                        "broadcasting consumption (consumeBroadcastEnable=false)")
         self.metrics.inc("sparkmq_receive_requests_total")
         finished = threading.Event()
         if on_cancel is not None:      # a client gone mid-poll wakes its own wait, once
@@ -541,7 +545,7 @@ class Broker:
         return self.store.create_group(
             name, retry_max_times=None if retry is None else int(retry),
             consume_enable=bool(request.get("consumeEnable", True)),
-            consume_broadcast_enable=bool(request.get("consumeBroadcastEnable", False)))
+            consume_broadcast_enable=bool(request.get("consumeBroadcastEnable", True)))
 
     def retention_report(self) -> dict:
         """``GET /admin/retention``: what the store's next retention pass removes, per

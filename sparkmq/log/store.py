@@ -889,12 +889,14 @@ class Store(MessageReader):
         self._commit(build, "COMMIT OFFSETS", {"group": group})
 
     def create_group(self, group: str, *, retry_max_times: int | None = None,
-                     consume_broadcast_enable: bool = False, consume_enable: bool = True,
+                     consume_broadcast_enable: bool = True, consume_enable: bool = True,
                      ) -> dict:
         """Create or replace a consumer group's subscription group config (mqadmin
         updateSubGroup), committed at once as a ``subscriptionGroup`` action.
         ``retry_max_times`` (None: the broker's ``maxReconsumeTimes``) bounds
-        redeliveries before the dead-letter queue; the broker honours it."""
+        redeliveries before the dead-letter queue; ``consume_enable=False`` makes the
+        broker refuse receives of the group, ``consume_broadcast_enable=False`` its
+        broadcasting consumers (RocketMQ's defaults: both allowed)."""
         self._require_writable()
         validate_group(group)
         if retry_max_times is not None and (isinstance(retry_max_times, bool) or not
