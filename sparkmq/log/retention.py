@@ -147,13 +147,14 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
     own_holder = None
     default_topics: dict[str, dict] = {}
     own_queues: list[QueuePlan] = []
+    bounds = _QueueBounds(store)
     for topic, conf in sorted(store.topics().items()):
         ret_ms, ret_bytes, own = topic_retention(conf, default_ms)
         if not own:
             default_topics[topic] = conf
             continue
-        for qid in _queue_ids(store, conf):
-            lo, hi = store.min_offset(topic, qid), store.max_offset(topic, qid)
+        for qid in bounds.queue_ids(conf):
+            lo, hi = bounds.get(conf["id"], qid)
             floor = _first_offset_after(store, conf["id"], qid, lo, hi, now_ms - ret_ms)
             reason = "time"
             if ret_bytes is not None and hi > floor:
@@ -193,8 +194,8 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
         moved = topic in removed_topics
         if not detail and not moved:
             continue
-        for qid in _queue_ids(store, conf):
-            lo, hi = store.min_offset(topic, qid), store.max_offset(topic, qid)
+        for qid in bounds.queue_ids(conf):
+            lo, hi = bounds.get(conf["id"], qid)
             f = _first_offset_at_batch(store, conf["id"], qid, lo, hi, cur_floor) if moved else lo
             batch, ts = _entry_at(store, conf["id"], qid, f, hi) if detail or f > lo else (0, None)
             plan.queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, f,
@@ -240,11 +241,31 @@ def segment_topic_times(store, ref) -> dict[str, int] | None:
     return out
 
 
-def _queue_ids(store, conf: dict) -> list[int]:
-    tid = conf["id"]
-    ids = set(range(max(conf["readQueueNums"], conf["writeQueueNums"])))
-    ids.update(q for (t, q) in store.state.queue_max_offsets() if t == tid)
-    return sorted(ids)
+class _QueueBounds:
+    """(min, max) offsets of queues as ``Store.min_offset`` / ``max_offset`` give them,
+    with the log state's derived views computed once per plan (not once per queue)."""
+
+    def __init__(self, store):
+        self.store = store
+        self.mins = store.state.queue_min_offsets()
+        self.maxes = store.state.queue_max_offsets()
+        self.visible = dict(store._visible_next) if store.writable else None
+        self.by_topic: dict[int, set[int]] = {}
+        for (t, q) in list(self.maxes) + list(self.visible or ()):
+            self.by_topic.setdefault(t, set()).add(q)
+
+    def queue_ids(self, conf: dict) -> list[int]:
+        ids = set(range(max(conf["readQueueNums"], conf["writeQueueNums"])))
+        ids.update(self.by_topic.get(conf["id"], ()))
+        return sorted(ids)
+
+    def get(self, tid: int, qid: int) -> tuple[int, int]:
+        key = (tid, qid)
+        hi = self.visible.get(key, 0) if self.visible is not None else self.maxes.get(key, 0)
+        if key in self.mins:
+            return self.mins[key], hi
+        first = self.store.cq.first_offset(tid, qid)
+        return (first if first is not None else hi), hi
 
 
 def _sealed_segments(store) -> list:
@@ -276,15 +297,27 @@ def _narrow(store, tid: int, qid: int, lo: int, hi: int, min_key: str, max_key: 
     """[lo, hi) narrowed by the ConsumeQueue files' logged ranges, for the first offset
     whose ``min_key``/``max_key`` column is past ``value`` (files wholly at or below it
     raise lo, files wholly past it lower hi)."""
-    for add in store.state.consumequeue_files.values():
-        for q in add.get("queues", ()):
-            if q["topicId"] != tid or q["queueId"] != qid or max_key not in q:
-                continue
+    for q in _file_stats(store).get((tid, qid), ()):
+        if max_key in q:
             if int(q[max_key]) <= value:
                 lo = max(lo, int(q["maxOffset"]))
             elif int(q[min_key]) > value:
                 hi = min(hi, int(q["minOffset"]))
     return lo, max(lo, hi)
+
+
+def _file_stats(store) -> dict[tuple[int, int], list[dict]]:
+    """The ConsumeQueue adds' per-queue ranges, indexed by (topic id, queue id); cached
+    per log state (rebuilt when the store moves to another version)."""
+    cache = store.__dict__.get("_retention_cq_stats")
+    if cache is not None and cache[0] is store.state:
+        return cache[1]
+    out: dict[tuple[int, int], list[dict]] = {}
+    for add in store.state.consumequeue_files.values():
+        for q in add.get("queues", ()):
+            out.setdefault((q["topicId"], q["queueId"]), []).append(q)
+    store.__dict__["_retention_cq_stats"] = (store.state, out)
+    return out
 
 
 SEARCH_READ_ROWS = 1 << 17      # a narrowed range this small is read once, not probed
