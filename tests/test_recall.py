@@ -15,6 +15,7 @@ from sparkmq.broker.schedule import (DEFAULT_DELAY_LEVELS, RECALL_TOPIC, SCHEDUL
                                      parse_delay_levels)
 from sparkmq.errors import UserError
 
+from test_broker import clients  # noqa: F401 (fixture)
 from test_delay import Clock, bodies, park
 
 POLICY = DelayPolicy(parse_delay_levels(DEFAULT_DELAY_LEVELS))
@@ -103,3 +104,29 @@ def _recall_request(topic, handle):
     from rocketmq.grpc_protocol import definition_pb2 as pb
     from rocketmq.grpc_protocol import service_pb2 as spb
     return spb.RecallMessageRequest(topic=pb.Resource(name=topic), recall_handle=handle)
+
+
+@pytest.mark.integration
+def test_recall_with_the_official_client(tmp_path, clients):  # noqa: F811
+    from rocketmq import Producer as OfficialProducer
+    from sparkmq.broker import Broker
+    from test_broker import broker_config, client_conf, msg
+
+    clock = Clock(int(time.time() * 1000))
+    b = Broker(broker_config(tmp_path), clock_ms=clock).start()
+    try:
+        b.store.create_topic("D", read_queue_nums=1, write_queue_nums=1)
+        producer = clients(OfficialProducer(client_conf(b), ("D",)))
+        keep, drop = msg("D", b"keep"), msg("D", b"drop")
+        for m in (keep, drop):
+            m.delivery_timestamp = (clock.ms + 60_000) // 1000   # the client sends seconds
+        r_keep, r_drop = producer.send(keep), producer.send(drop)
+        assert r_drop.recall_handle and r_keep.recall_handle
+        assert producer.recall_message("D", r_drop.recall_handle) == r_drop.message_id
+        with pytest.raises(Exception, match="NOT_FOUND|not waiting"):
+            producer.recall_message("D", r_drop.recall_handle)
+        clock.ms += 61_000
+        b.schedule.run_due()
+        assert [m.body for m in b.store.read("D", 0, 0, 10)] == [b"keep"]
+    finally:
+        b.stop()
