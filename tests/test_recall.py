@@ -45,7 +45,7 @@ def test_recalled_message_is_never_delivered_even_after_restart_and_crash(local_
     assert svc.recall(77, 0) == RecallStatus.NOT_FOUND
     assert svc.pending_count() == 2
     clock.ms = t0 + 1000
-    assert svc.run_due() == 1
+    svc.run_due()          # (the service thread may have delivered first: it holds the same lock)
     assert bodies(store, "T") == [b"keep"]
     assert svc.recall(q, keep.queue_offset) == RecallStatus.NOT_FOUND       # delivered
     assert svc.recall(q, late.queue_offset) == RecallStatus.RECALLED
