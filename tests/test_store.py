@@ -368,6 +368,70 @@ def test_append_batch_bad_input(store):
     assert store.max_offset("t", 0) == 0 and store.max_offset("t", 1) == 0
 
 
+def _segment_batch(table: pa.Table) -> pa.RecordBatch:
+    """``table``'s columns in SEGMENT_SCHEMA (missing ones null): append_batch's fast path."""
+    from sparkmq.log import format as fmt
+    n = table.num_rows
+    cols = [table.column(f.name).cast(f.type).combine_chunks() if f.name in table.column_names
+            else pa.nulls(n, f.type) for f in fmt.SEGMENT_SCHEMA]
+    return pa.RecordBatch.from_arrays(cols, schema=fmt.SEGMENT_SCHEMA)
+
+
+def test_append_batch_in_segment_schema_writes_what_the_general_path_writes(store_url, clock):
+    """A batch already in SEGMENT_SCHEMA skips the casts; the segment bytes, queue
+    offsets and read-back rows equal those of the same rows given as a table."""
+    from sparkmq.log import format as fmt
+    table = pa.table({"topic": ["t", "u", "t", "t"], "queue_id": pa.array([1, 0, 0, 1], pa.int32()),
+                      "body": [b"a", b"bb", b"", b"dddd"], "tags": ["x", None, "y", "x"],
+                      "keys": [["k1"], None, ["k2", "k1"], None],
+                      "born_timestamp": pa.array([T0_MS - 5] * 4, pa.int64()).cast(fmt.TS),
+                      "store_host": ["h:1"] * 4, "reconsume_times": pa.array([0] * 4, pa.int32()),
+                      "message_type": pa.array([0] * 4, pa.int8())})
+    results, files = [], []
+    for i, data in enumerate((table, _segment_batch(table))):
+        url = f"{store_url}/s{i}"
+        with Store.open(url, clock_ms=clock, start_services=False) as s:
+            s.create_topic("t", read_queue_nums=2, write_queue_nums=2)
+            s.create_topic("u", read_queue_nums=1, write_queue_nums=1)
+            res = s.append_batch(data)
+            results.append((res.batch_offset, res.queue_offsets.tolist(), res.queue_ids.tolist()))
+            s.append_batch(data)
+            assert bodies(s, "t", 1) == [b"a", b"dddd"] * 2
+            assert sorted(m.queue_offset for m in s.query_by_key("t", "k1")) == [0, 0, 1, 2]
+            seg_path = s.commitlog.segments()[0].path
+            files.append(s.sfs.read_bytes(seg_path))
+            assert s.read_table("t", 0, 0).column("tags").to_pylist() == ["y", "y"]
+    assert results[0] == results[1] == (results[0][0], [0, 0, 0, 1], [1, 0, 0, 1])
+    assert files[0] == files[1]
+
+
+def test_append_batch_in_segment_schema_checks_like_the_general_path(store):
+    ok = pa.table({"topic": ["t"], "body": [b"x"]})
+    bad_tables = [
+        (ok.set_column(0, "topic", pa.array([None], pa.string())), InvalidMessageError),
+        (ok.set_column(1, "body", pa.array([None], pa.binary())), InvalidMessageError),
+        (ok.set_column(0, "topic", pa.array(["nope"])), TopicNotFoundError),
+        (ok.append_column("queue_id", pa.array([2], pa.int32())), QueueNotFoundError),
+        (ok.append_column("queue_id", pa.array([-1], pa.int32())), QueueNotFoundError),
+        (ok.set_column(1, "body", pa.array([b"x" * (5 << 20)])), InvalidMessageError),
+    ]
+    for table, err in bad_tables:
+        with pytest.raises(err):
+            store.append_batch(_segment_batch(table))
+    assert store.max_offset("t", 0) == 0 and store.max_offset("t", 1) == 0
+    # null queue ids: round robin, continuing across calls
+    rr = [store.append_batch(_segment_batch(pa.table({"topic": ["t"] * 3, "body": [b"r"] * 3})))
+          for _ in range(2)]
+    assert [r.queue_ids.tolist() for r in rr] == [[0, 1, 0], [1, 0, 1]]
+    # a batch without the schema's metadata is accepted, and the segment stays one stream
+    plain = _segment_batch(ok).replace_schema_metadata(None)
+    assert store.append_batch(plain).queue_offsets.tolist() == [3]
+    store.flush()
+    import pyarrow.ipc
+    seg_path = store.commitlog.segments()[0].path
+    assert pa.ipc.open_stream(store.sfs.read_bytes(seg_path)).read_all().num_rows == 7
+
+
 # --------------------------------------------------------------------- locking, bad input
 def test_second_writer_is_locked_out(store, store_url, clock):
     with pytest.raises(StoreLockedError):
