@@ -213,3 +213,25 @@ def test_consumer_offsets_and_removes_replay(txlog):
     txlog.commit(lambda s: [{"remove": {"path": "commitlog/a.arrow"}}], operation="Y")
     assert txlog.snapshot().segments == {}
     assert txlog.snapshot(1).segments != {}
+
+
+def _cq_add(path: str, tid: int, lo: int, hi: int) -> dict:
+    return {"add": {"path": path, "kind": "consumequeue", "size": 1, "rows": hi - lo,
+                    "queues": [{"topicId": tid, "queueId": 0, "minOffset": lo, "maxOffset": hi}]}}
+
+
+def test_states_of_versions_stay_apart_and_their_views_follow_their_actions(txlog):
+    """A commit's new state copies the containers (not the actions): the older
+    state does not change, and cached offset views are per state."""
+    s1 = txlog.commit(lambda s: [_topic(0), _cq_add("consumequeue/a.parquet", 0, 0, 10)],
+                      operation="T")
+    assert s1.queue_max_offsets() == {(0, 0): 10} and s1.queue_min_offsets() == {(0, 0): 0}
+    s2 = txlog.commit(lambda s: [_cq_add("consumequeue/b.parquet", 0, 10, 25),
+                                 {"remove": {"path": "consumequeue/a.parquet"}}],
+                      operation="T", state=s1)
+    assert s2.queue_max_offsets() == {(0, 0): 25} and s2.queue_min_offsets() == {(0, 0): 10}
+    assert sorted(s1.consumequeue_files) == ["consumequeue/a.parquet"]
+    assert s1.queue_max_offsets() == {(0, 0): 10} and s1.queue_min_offsets() == {(0, 0): 0}
+    assert txlog.snapshot(base=s2) is s2                 # up to date: nothing replayed
+    assert txlog.snapshot(base=s1).queue_max_offsets() == {(0, 0): 25}
+    assert txlog.snapshot(s1.version).queue_min_offsets() == {(0, 0): 0}

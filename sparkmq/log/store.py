@@ -601,7 +601,8 @@ class Store(MessageReader):
             qids = qcol.to_numpy()
             for i, conf in enumerate(confs):
                 q = qids if idx is None else qids[idx == i]
-                if len(q) and (int(q.min()) < 0 or int(q.max()) >= conf["writeQueueNums"]):
+                lo, hi = (int(q[0]), int(q[0])) if n == 1 else (int(q.min()), int(q.max()))
+                if lo < 0 or hi >= conf["writeQueueNums"]:
                     raise QueueNotFoundError(
                         f"queue_id out of range for topic {names[i]!r} "
                         f"(0..{conf['writeQueueNums'] - 1})")
@@ -1322,5 +1323,5 @@ def _binary_lengths(arr: pa.Array) -> np.ndarray:
     if arr.type == pa.binary() and arr.null_count == 0:
         offsets = np.frombuffer(arr.buffers()[1], np.int32, count=len(arr) + 1,
                                 offset=arr.offset * 4)
-        return np.diff(offsets)
+        return offsets[1:] - offsets[:-1]      # (np.diff costs ~8 us of Python per call)
     return pc.binary_length(arr).fill_null(0).to_numpy().astype(np.int32)

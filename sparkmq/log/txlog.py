@@ -16,11 +16,13 @@ brought up to date and the function runs again (so offsets are re-assigned
 from the winner's state and no data file is rewritten).
 
 Thread-safety: ``TransactionLog`` is safe to share; ``LogState`` objects are
-immutable once returned (``apply`` is used only while building them).
+immutable once returned (``apply`` is used only while building them). States
+of consecutive versions share their action bodies (``LogState.copy`` copies
+the containers, not the actions), so an action dict is never changed in place:
+build a new one.
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
@@ -54,12 +56,15 @@ class LogState:
     lease: dict | None = None
     consumer_offsets: dict[tuple, int] = field(default_factory=dict)
     retention: dict | None = None
+    # derived views (queue offset ranges, address end), computed once per state
+    _views: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- replay ------------------------------------------------------------
     def apply(self, action: Action) -> None:
         if len(action) != 1:
             raise CorruptStoreError(f"an action has exactly one key, got {sorted(action)}")
         (kind, body), = action.items()
+        self._views.clear()
         if kind == "protocol":
             if body.get("minReaderVersion", 1) > fmt.FORMAT_VERSION:
                 raise UnsupportedFormatError(
@@ -109,7 +114,22 @@ class LogState:
         raise CorruptStoreError(f"add action has unknown kind {kind!r}")
 
     def copy(self) -> "LogState":
-        return copy.deepcopy(self)
+        """A state to apply more actions to: new containers, shared action bodies
+        (they are never changed in place; a deep copy of every add on each
+        commit was the publish thread's main cost on big stores)."""
+        return LogState(
+            version=self.version, timestamp_ms=self.timestamp_ms, protocol=self.protocol,
+            metadata=self.metadata, topics=dict(self.topics),
+            topics_by_id=dict(self.topics_by_id), segments=dict(self.segments),
+            consumequeue_files=dict(self.consumequeue_files),
+            index_files=dict(self.index_files), txns=dict(self.txns), lease=self.lease,
+            consumer_offsets=dict(self.consumer_offsets), retention=self.retention)
+
+    def _view(self, name: str, build: Callable[[], object]):
+        v = self._views.get(name)
+        if v is None:
+            v = self._views[name] = build()
+        return v
 
     # -- derived views -----------------------------------------------------
     @property
@@ -121,6 +141,9 @@ class LogState:
 
     def address_end(self) -> int:
         """First physical offset after every segment (the next segment's base)."""
+        return self._view("address_end", self._address_end)
+
+    def _address_end(self) -> int:
         end = int((self.retention or {}).get("minPhysicalOffset", 0))
         for add in self.segments.values():
             end = max(end, int(add["baseOffset"]) + int(add.get("reservedSize", add["size"])))
@@ -130,7 +153,12 @@ class LogState:
         return int((self.retention or {}).get("minPhysicalOffset", 0))
 
     def queue_max_offsets(self) -> dict[tuple[int, int], int]:
-        """(topic_id, queue_id) -> next queue offset, from the ConsumeQueue file stats."""
+        """(topic_id, queue_id) -> next queue offset, from the ConsumeQueue file stats.
+
+        Computed once per state; callers must not change the dict."""
+        return self._view("queue_max_offsets", self._queue_max_offsets)
+
+    def _queue_max_offsets(self) -> dict[tuple[int, int], int]:
         out: dict[tuple[int, int], int] = {}
         for add in self.consumequeue_files.values():
             for q in add.get("queues", ()):
@@ -143,7 +171,12 @@ class LogState:
         return out
 
     def queue_min_offsets(self) -> dict[tuple[int, int], int]:
-        """(topic_id, queue_id) -> first queue offset still stored."""
+        """(topic_id, queue_id) -> first queue offset still stored.
+
+        Computed once per state; callers must not change the dict."""
+        return self._view("queue_min_offsets", self._queue_min_offsets)
+
+    def _queue_min_offsets(self) -> dict[tuple[int, int], int]:
         out: dict[tuple[int, int], int] = {}
         for add in self.consumequeue_files.values():
             for q in add.get("queues", ()):
@@ -262,6 +295,8 @@ class TransactionLog:
         if version < 0 or version > latest:
             raise VersionNotFoundError(
                 f"version {version} does not exist; the log has versions up to {latest}")
+        if base is not None and base.version == version and version >= 0:
+            return base          # immutable once returned: nothing to replay
         state = None
         if base is not None and base.version <= version:
             state = base.copy()
