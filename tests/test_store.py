@@ -526,6 +526,34 @@ def test_many_publishes_compact_side_tables_and_evict_hot_entries(store_url, clo
         assert bodies(r, "t", 0, 10) == [b"c%03d" % i for i in range(20, 40, 2)]
 
 
+def test_compaction_is_tiered_and_publish_splits_big_files(store_url, clock):
+    """Side-table files hold at most compact_max_rows rows (a lagging publish writes
+    several); compaction merges only files under half of that, so a full file is
+    never read back and rewritten; every entry stays readable."""
+    opts = dict(clock_ms=clock, start_services=False, mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES,
+                compact_after_files=2, compact_max_rows=8)
+    with Store.open(store_url, **opts) as s:
+        s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        for i in range(20):                           # one lagging publish: 20 entries
+            s.append([msg("t", b"a%03d" % i, 0)])
+        s.flush()
+        first = dict(s.state.consumequeue_files)
+        assert sorted(a["rows"] for a in first.values()) == [4, 8, 8]
+        for i in range(30):                           # small publishes, then compactions
+            s.append([msg("t", b"b%03d" % i, 0)])
+            if i % 2:
+                s.flush()
+        files = s.state.consumequeue_files
+        assert all(a["rows"] <= 8 for a in files.values())
+        full = [p for p, a in first.items() if a["rows"] == 8]
+        assert all(p in files for p in full)           # full files were left alone
+        assert sum(a["rows"] for a in files.values()) == 50
+        assert sum(a["rows"] < 4 for a in files.values()) <= 2
+    with Store.open(store_url, mode="r") as r:
+        assert bodies(r, "t", 0) == [b"a%03d" % i for i in range(20)] + [
+            b"b%03d" % i for i in range(30)]
+
+
 def test_message_group_picks_a_stable_queue(store):
     res = store.append([Message("t", b"%d" % i, message_group="order-42") for i in range(6)])
     assert len({r.queue_id for r in res}) == 1

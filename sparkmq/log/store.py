@@ -983,13 +983,16 @@ class Store(MessageReader):
                                             "baseOffset": ref.base_offset, "size": size,
                                             "sealed": sealed,
                                             "modificationTime": self.clock_ms()}})
-                if taken:
-                    table = chunks_to_side_table(taken)
+                for part in _split_chunks(taken, self.config.compact_max_rows):
+                    # one file per compact_max_rows entries: a publish that lagged
+                    # builds no table bigger than a compaction would
+                    table = chunks_to_side_table(part)
                     rel = fmt.consumequeue_file()
                     size = write_side_table(self.sfs, rel, table,
                                             row_group_rows=self.config.side_table_row_group_rows)
                     written.append(rel)
                     actions.append({"add": consumequeue_add(rel, table, size)})
+                    del table
                 if itable.num_rows:
                     rel = fmt.index_file()
                     size = write_side_table(self.sfs, rel, itable,
@@ -1017,8 +1020,9 @@ class Store(MessageReader):
                 self.sfs.delete_many(written)
                 raise
             self.cq.evict()
-        if len(self.state.consumequeue_files) > self.config.compact_after_files or \
-                len(self.state.index_files) > self.config.compact_after_files:
+        if any(len(_small_files(files, self.config.compact_max_rows)) >
+               self.config.compact_after_files
+               for files in (self.state.consumequeue_files, self.state.index_files)):
             try:
                 self.compact()
             except Exception:
@@ -1026,7 +1030,12 @@ class Store(MessageReader):
         return state
 
     def compact(self) -> None:
-        """Merge small side-table files into one per kind (dataChange false)."""
+        """Merge small side-table files of a kind (dataChange false).
+
+        Tiered: a merged file holds at most ``compact_max_rows`` rows, and files
+        of at least half that are left alone. One merge thus reads a bounded
+        number of rows (its memory does not grow with the store) and old
+        entries are not rewritten at every compaction."""
         with self._commit_lock:
             for kind, files, keys, schema, make_add, new_rel in (
                     ("consumequeue", self.state.consumequeue_files,
@@ -1034,20 +1043,20 @@ class Store(MessageReader):
                      consumequeue_add, fmt.consumequeue_file),
                     ("index", self.state.index_files, ["topic_id", "key"], fmt.INDEX_SCHEMA,
                      index_add, fmt.index_file)):
-                if len(files) <= 1:
-                    continue
-                adds = list(files.values())
-                table = compact_side_tables(self.sfs, adds, keys, schema)
-                rel = new_rel()
-                size = write_side_table(self.sfs, rel, table,
-                                        row_group_rows=self.config.side_table_row_group_rows)
-                now = self.clock_ms()
-                actions = [{"remove": {"path": a["path"], "deletionTimestamp": now,
-                                       "dataChange": False}} for a in adds]
-                actions.append({"add": make_add(rel, table, size)})
-                self._commit(lambda s, a=actions: a, "COMPACT", {"kind": kind})
-                for a in adds:
-                    self._pending_deletes.append((time.monotonic(), a["path"]))
+                for adds in _compaction_groups(_small_files(files, self.config.compact_max_rows),
+                                               self.config.compact_max_rows):
+                    table = compact_side_tables(self.sfs, adds, keys, schema)
+                    rel = new_rel()
+                    size = write_side_table(self.sfs, rel, table,
+                                            row_group_rows=self.config.side_table_row_group_rows)
+                    now = self.clock_ms()
+                    actions = [{"remove": {"path": a["path"], "deletionTimestamp": now,
+                                           "dataChange": False}} for a in adds]
+                    actions.append({"add": make_add(rel, table, size)})
+                    del table
+                    self._commit(lambda s, a=actions: a, "COMPACT", {"kind": kind})
+                    for a in adds:
+                        self._pending_deletes.append((time.monotonic(), a["path"]))
             self._delete_pending(grace_s=60.0)
 
     def _delete_pending(self, grace_s: float) -> None:
@@ -1325,3 +1334,46 @@ def _binary_lengths(arr: pa.Array) -> np.ndarray:
                                 offset=arr.offset * 4)
         return offsets[1:] - offsets[:-1]      # (np.diff costs ~8 us of Python per call)
     return pc.binary_length(arr).fill_null(0).to_numpy().astype(np.int32)
+
+
+def _small_files(files: dict[str, dict], max_rows: int) -> list[dict]:
+    """Side-table adds with fewer than ``max_rows // 2`` rows, in commit order."""
+    return [a for a in files.values() if int(a.get("rows", 0)) < max_rows // 2]
+
+
+def _compaction_groups(adds: list[dict], max_rows: int) -> list[list[dict]]:
+    """Split small files into merges of two or more files and at most ``max_rows``
+    rows (greedy in commit order). Each file has under half of ``max_rows``, so
+    every group but the last ends with more than half: it leaves the small tier."""
+    groups: list[list[dict]] = []
+    cur: list[dict] = []
+    rows = 0
+    for a in adds:
+        n = int(a.get("rows", 0))
+        if cur and rows + n > max_rows:
+            if len(cur) > 1:
+                groups.append(cur)
+            cur, rows = [], 0
+        cur.append(a)
+        rows += n
+    if len(cur) > 1:
+        groups.append(cur)
+    return groups
+
+
+def _split_chunks(taken: list, max_rows: int) -> list[list]:
+    """Consecutive parts of (tid, qid, chunk) with at most ``max_rows`` entries each
+    (a single chunk bigger than that is a part of its own)."""
+    parts: list[list] = []
+    cur: list = []
+    rows = 0
+    for item in taken:
+        n = len(item[2].rows)
+        if cur and rows + n > max_rows:
+            parts.append(cur)
+            cur, rows = [], 0
+        cur.append(item)
+        rows += n
+    if cur:
+        parts.append(cur)
+    return parts
