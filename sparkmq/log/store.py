@@ -592,9 +592,11 @@ class Store(MessageReader):
         if n == 1:
             names, idx = [topics[0].as_py()], None
         else:
-            enc = pc.dictionary_encode(topics)
-            names = enc.dictionary.to_pylist()
-            idx = enc.indices.to_numpy() if len(names) > 1 else None
+            names, idx = pc.unique(topics).to_pylist(), None     # (cheaper than encoding)
+            if len(names) > 1:
+                enc = pc.dictionary_encode(topics)
+                names = enc.dictionary.to_pylist()
+                idx = enc.indices.to_numpy()
         confs = [self._writable_topic(t) for t in names]
         qcol = batch.column(1)
         if qcol.null_count == 0:
