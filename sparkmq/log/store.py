@@ -792,8 +792,9 @@ class Store(MessageReader):
         n = batch.num_rows
         if info is None:
             info = _row_info(batch)
-        if store_ts_ms is None:
-            store_ts_ms = batch.column("store_timestamp").cast(pa.int64()).to_numpy()
+        if store_ts_ms is None:   # a copy: chunks must not pin (memory-mapped) segment bytes
+            store_ts_ms = np.array(batch.column("store_timestamp").cast(pa.int64()).to_numpy(),
+                                   dtype=np.int64)
         topics = self.state.topics
         tids = np.asarray([topics[t]["id"] if t in topics else -1 for t in info.topic_names],
                           dtype=np.int64)
