@@ -61,7 +61,7 @@ from .consumequeue import (Chunk, MemoryConsumeQueue, chunks_to_side_table, cons
                            write_side_table, compact_side_tables)
 from .fs import StoreFS
 from .index import MemoryIndex, index_add, index_entries, read_index
-from .message import Message, messages_to_batch, now_ms
+from .message import Message, messages_to_batch, now_ms, store_tag
 from .names import validate_group, validate_topic
 from .reader import MessageReader, Snapshot
 from .services import CallbackService, GroupCommitService
@@ -525,8 +525,11 @@ class Store(MessageReader):
 
     def _append_group(self, msgs: list[Message]) -> list[AppendResult]:
         qids = []
+        confs: dict[str, dict] = {}
         for m in msgs:
-            conf = self._writable_topic(m.topic)
+            conf = confs.get(m.topic) if isinstance(m.topic, str) else None
+            if conf is None:
+                conf = confs[m.topic] = self._writable_topic(m.topic)
             qids.append(self._choose_queue(conf, m))
         with self._append_lock:
             ts = self._store_ts()
@@ -536,11 +539,10 @@ class Store(MessageReader):
             batch_offset, qos, updates = self._append_locked(batch)
         status = self._await_flush(batch_offset)
         self._after_visible(updates)
-        from .message import encode_message_id, store_tag
-        tag = store_tag(self.state.store_id)
-        return [AppendResult(status, encode_message_id(tag, batch_offset, i), m.topic, q,
-                             int(qo), batch_offset + i)
-                for i, (m, q, qo) in enumerate(zip(msgs, qids, qos))]
+        # message id = encode_message_id(tag, batch_offset, row): the prefix is shared
+        prefix = f"{store_tag(self.state.store_id):08X}{batch_offset:016X}"
+        return [AppendResult(status, f"{prefix}{i:08X}", m.topic, q, qo, batch_offset + i)
+                for i, (m, q, qo) in enumerate(zip(msgs, qids, qos.tolist()))]
 
     def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
         """Columnar append: rows with at least ``topic`` and ``body`` (other
