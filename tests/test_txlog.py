@@ -235,3 +235,15 @@ def test_states_of_versions_stay_apart_and_their_views_follow_their_actions(txlo
     assert txlog.snapshot(base=s2) is s2                 # up to date: nothing replayed
     assert txlog.snapshot(base=s1).queue_max_offsets() == {(0, 0): 25}
     assert txlog.snapshot(s1.version).queue_min_offsets() == {(0, 0): 0}
+
+
+def test_snapshot_from_base_finds_versions_of_other_writers_without_listing(txlog, monkeypatch):
+    base = txlog.snapshot()
+    other = TransactionLog(txlog.sfs)
+    for i in range(1, 4):
+        other.commit(lambda s, i=i: [_topic(i)], operation="T")
+    monkeypatch.setattr(txlog, "latest_version", lambda: pytest.fail("listed _log/"))
+    fresh = txlog.snapshot(base=base)
+    assert fresh.version == base.version + 3 and sorted(fresh.topics) == ["t1", "t2", "t3"]
+    assert txlog.commit(lambda s: [_topic(9)], operation="T", state=base).version == \
+        base.version + 4                      # a stale state still commits at the next version

@@ -285,7 +285,7 @@ class TransactionLog:
         starting from a checkpoint."""
         if timestamp_ms is not None:
             version = self.version_at(timestamp_ms)
-        latest = self.latest_version()
+        latest = self._latest_from(base) if version is None else self.latest_version()
         if latest < 0:
             raise StoreNotFoundError(
                 f"no store at {self.sfs.url!r} (no {fmt.LOG_DIR}/ commit 0); "
@@ -316,6 +316,17 @@ class TransactionLog:
                 state.apply(a)
             state.version = v
         return state
+
+    def _latest_from(self, base: LogState | None) -> int:
+        """The newest version, probed forward from ``base`` (versions are contiguous):
+        one existence check per new version instead of listing ``_log/``, which
+        grows by a file per commit. Lists when there is no base or its file is gone."""
+        if base is None or base.version < 0 or not self.sfs.exists(fmt.commit_file(base.version)):
+            return self.latest_version()
+        latest = base.version
+        while self.sfs.exists(fmt.commit_file(latest + 1)):
+            latest += 1
+        return latest
 
     def _checkpoint_at_or_before(self, version: int) -> int | None:
         last = self._last_checkpoint()
