@@ -432,6 +432,21 @@ def test_append_batch_in_segment_schema_checks_like_the_general_path(store):
     assert pa.ipc.open_stream(store.sfs.read_bytes(seg_path)).read_all().num_rows == 7
 
 
+def test_append_batch_of_a_sliced_segment_batch(store):
+    """Body sizes come from the offsets buffer: a slice (non-zero array offset) must
+    give the slice's sizes, checks and bodies."""
+    big = _segment_batch(pa.table({"topic": ["t"] * 6, "queue_id": pa.array([0] * 6, pa.int32()),
+                                   "body": [b"x" * (5 << 20), b"a", b"bb", b"ccc", b"dddd",
+                                            b"y" * (5 << 20)]}))
+    res = store.append_batch(big.slice(1, 4))
+    assert res.queue_offsets.tolist() == [0, 1, 2, 3]
+    assert bodies(store, "t", 0) == [b"a", b"bb", b"ccc", b"dddd"]
+    assert [m.body for m in store.read("t", 0, 2, max_messages=2)] == [b"ccc", b"dddd"]
+    with pytest.raises(InvalidMessageError):
+        store.append_batch(big.slice(4, 2))          # the 5 MiB body is in this slice
+    assert store.max_offset("t", 0) == 4
+
+
 # --------------------------------------------------------------------- locking, bad input
 def test_second_writer_is_locked_out(store, store_url, clock):
     with pytest.raises(StoreLockedError):
