@@ -36,7 +36,8 @@ class StoreConfig:
     max_message_size_bytes: int = 4 * MIB         # maxMessageSize
     default_topic_queue_nums: int = 4             # defaultTopicQueueNums
     auto_create_topic: bool = False               # autoCreateTopicEnable
-    compact_after_files: int = 8                  # side-table files before compaction
+    compact_after_files: int = 8                  # small side-table files before compaction
+    compact_max_rows: int = 524_288               # rows per side-table file written (bounds memory)
     side_table_row_group_rows: int = 65_536       # Parquet row group size of side tables
     memory_consume_queue_entries: int = 1_000_000 # in-memory ConsumeQueue entries kept hot
     lease_timeout_ms: int = 30_000                # writer lease expiry without renewal
@@ -70,6 +71,7 @@ class StoreConfig:
                 f"mappedFileSizeCommitLog must be at least 4096 bytes, got {self.segment_size_bytes}")
         for name in ("flush_interval_ms", "publish_interval_ms", "checkpoint_interval_versions",
                      "max_message_size_bytes", "default_topic_queue_nums", "compact_after_files",
+                     "compact_max_rows",
                      "commit_retries", "sync_flush_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidConfigError(f"{name} must be positive, got {getattr(self, name)}")

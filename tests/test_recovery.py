@@ -360,10 +360,10 @@ def test_crash_after_a_publish_that_ran_between_write_and_dispatch(store_url, mo
     _append_n(s, 3)
     real_dispatch = s._dispatch
 
-    def dispatch_late(batch, batch_offset):
+    def dispatch_late(batch, batch_offset, *hints):
         s.commitlog.flush(sync=True)      # the flush service ...
         s.publish()                       # ... and the publish service got in first
-        return real_dispatch(batch, batch_offset)
+        return real_dispatch(batch, batch_offset, *hints)
     monkeypatch.setattr(s, "_dispatch", dispatch_late)
     res = _append_n(s, 2, start=3)
     monkeypatch.setattr(s, "_dispatch", real_dispatch)

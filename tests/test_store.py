@@ -368,6 +368,85 @@ def test_append_batch_bad_input(store):
     assert store.max_offset("t", 0) == 0 and store.max_offset("t", 1) == 0
 
 
+def _segment_batch(table: pa.Table) -> pa.RecordBatch:
+    """``table``'s columns in SEGMENT_SCHEMA (missing ones null): append_batch's fast path."""
+    from sparkmq.log import format as fmt
+    n = table.num_rows
+    cols = [table.column(f.name).cast(f.type).combine_chunks() if f.name in table.column_names
+            else pa.nulls(n, f.type) for f in fmt.SEGMENT_SCHEMA]
+    return pa.RecordBatch.from_arrays(cols, schema=fmt.SEGMENT_SCHEMA)
+
+
+def test_append_batch_in_segment_schema_writes_what_the_general_path_writes(store_url, clock):
+    """A batch already in SEGMENT_SCHEMA skips the casts; the segment bytes, queue
+    offsets and read-back rows equal those of the same rows given as a table."""
+    from sparkmq.log import format as fmt
+    table = pa.table({"topic": ["t", "u", "t", "t"], "queue_id": pa.array([1, 0, 0, 1], pa.int32()),
+                      "body": [b"a", b"bb", b"", b"dddd"], "tags": ["x", None, "y", "x"],
+                      "keys": [["k1"], None, ["k2", "k1"], None],
+                      "born_timestamp": pa.array([T0_MS - 5] * 4, pa.int64()).cast(fmt.TS),
+                      "store_host": ["h:1"] * 4, "reconsume_times": pa.array([0] * 4, pa.int32()),
+                      "message_type": pa.array([0] * 4, pa.int8())})
+    results, files = [], []
+    for i, data in enumerate((table, _segment_batch(table))):
+        url = f"{store_url}/s{i}"
+        with Store.open(url, clock_ms=clock, start_services=False) as s:
+            s.create_topic("t", read_queue_nums=2, write_queue_nums=2)
+            s.create_topic("u", read_queue_nums=1, write_queue_nums=1)
+            res = s.append_batch(data)
+            results.append((res.batch_offset, res.queue_offsets.tolist(), res.queue_ids.tolist()))
+            s.append_batch(data)
+            assert bodies(s, "t", 1) == [b"a", b"dddd"] * 2
+            assert sorted(m.queue_offset for m in s.query_by_key("t", "k1")) == [0, 0, 1, 2]
+            seg_path = s.commitlog.segments()[0].path
+            files.append(s.sfs.read_bytes(seg_path))
+            assert s.read_table("t", 0, 0).column("tags").to_pylist() == ["y", "y"]
+    assert results[0] == results[1] == (results[0][0], [0, 0, 0, 1], [1, 0, 0, 1])
+    assert files[0] == files[1]
+
+
+def test_append_batch_in_segment_schema_checks_like_the_general_path(store):
+    ok = pa.table({"topic": ["t"], "body": [b"x"]})
+    bad_tables = [
+        (ok.set_column(0, "topic", pa.array([None], pa.string())), InvalidMessageError),
+        (ok.set_column(1, "body", pa.array([None], pa.binary())), InvalidMessageError),
+        (ok.set_column(0, "topic", pa.array(["nope"])), TopicNotFoundError),
+        (ok.append_column("queue_id", pa.array([2], pa.int32())), QueueNotFoundError),
+        (ok.append_column("queue_id", pa.array([-1], pa.int32())), QueueNotFoundError),
+        (ok.set_column(1, "body", pa.array([b"x" * (5 << 20)])), InvalidMessageError),
+    ]
+    for table, err in bad_tables:
+        with pytest.raises(err):
+            store.append_batch(_segment_batch(table))
+    assert store.max_offset("t", 0) == 0 and store.max_offset("t", 1) == 0
+    # null queue ids: round robin, continuing across calls
+    rr = [store.append_batch(_segment_batch(pa.table({"topic": ["t"] * 3, "body": [b"r"] * 3})))
+          for _ in range(2)]
+    assert [r.queue_ids.tolist() for r in rr] == [[0, 1, 0], [1, 0, 1]]
+    # a batch without the schema's metadata is accepted, and the segment stays one stream
+    plain = _segment_batch(ok).replace_schema_metadata(None)
+    assert store.append_batch(plain).queue_offsets.tolist() == [3]
+    store.flush()
+    import pyarrow.ipc
+    seg_path = store.commitlog.segments()[0].path
+    assert pa.ipc.open_stream(store.sfs.read_bytes(seg_path)).read_all().num_rows == 7
+
+
+def test_append_batch_of_a_sliced_segment_batch(store):
+    """Body sizes come from the offsets buffer: a slice (non-zero array offset) must
+    give the slice's sizes, checks and bodies."""
+    big = _segment_batch(pa.table({"topic": ["t"] * 6, "queue_id": pa.array([0] * 6, pa.int32()),
+                                   "body": [b"x" * (5 << 20), b"a", b"bb", b"ccc", b"dddd",
+                                            b"y" * (5 << 20)]}))
+    res = store.append_batch(big.slice(1, 4))
+    assert res.queue_offsets.tolist() == [0, 1, 2, 3]
+    assert bodies(store, "t", 0) == [b"a", b"bb", b"ccc", b"dddd"]
+    assert [m.body for m in store.read("t", 0, 2, max_messages=2)] == [b"ccc", b"dddd"]
+    with pytest.raises(InvalidMessageError):
+        store.append_batch(big.slice(4, 2))          # the 5 MiB body is in this slice
+    assert store.max_offset("t", 0) == 4
+
+
 # --------------------------------------------------------------------- locking, bad input
 def test_second_writer_is_locked_out(store, store_url, clock):
     with pytest.raises(StoreLockedError):
@@ -460,6 +539,34 @@ def test_many_publishes_compact_side_tables_and_evict_hot_entries(store_url, clo
     with Store.open(store_url, mode="r") as r:
         assert r.consumer_offsets("g") == {("t", 1): 4}
         assert bodies(r, "t", 0, 10) == [b"c%03d" % i for i in range(20, 40, 2)]
+
+
+def test_compaction_is_tiered_and_publish_splits_big_files(store_url, clock):
+    """Side-table files hold at most compact_max_rows rows (a lagging publish writes
+    several); compaction merges only files under half of that, so a full file is
+    never read back and rewritten; every entry stays readable."""
+    opts = dict(clock_ms=clock, start_services=False, mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES,
+                compact_after_files=2, compact_max_rows=8)
+    with Store.open(store_url, **opts) as s:
+        s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        for i in range(20):                           # one lagging publish: 20 entries
+            s.append([msg("t", b"a%03d" % i, 0)])
+        s.flush()
+        first = dict(s.state.consumequeue_files)
+        assert sorted(a["rows"] for a in first.values()) == [4, 8, 8]
+        for i in range(30):                           # small publishes, then compactions
+            s.append([msg("t", b"b%03d" % i, 0)])
+            if i % 2:
+                s.flush()
+        files = s.state.consumequeue_files
+        assert all(a["rows"] <= 8 for a in files.values())
+        full = [p for p, a in first.items() if a["rows"] == 8]
+        assert all(p in files for p in full)           # full files were left alone
+        assert sum(a["rows"] for a in files.values()) == 50
+        assert sum(a["rows"] < 4 for a in files.values()) <= 2
+    with Store.open(store_url, mode="r") as r:
+        assert bodies(r, "t", 0) == [b"a%03d" % i for i in range(20)] + [
+            b"b%03d" % i for i in range(30)]
 
 
 def test_message_group_picks_a_stable_queue(store):

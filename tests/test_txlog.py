@@ -213,3 +213,60 @@ def test_consumer_offsets_and_removes_replay(txlog):
     txlog.commit(lambda s: [{"remove": {"path": "commitlog/a.arrow"}}], operation="Y")
     assert txlog.snapshot().segments == {}
     assert txlog.snapshot(1).segments != {}
+
+
+def _cq_add(path: str, tid: int, lo: int, hi: int) -> dict:
+    return {"add": {"path": path, "kind": "consumequeue", "size": 1, "rows": hi - lo,
+                    "queues": [{"topicId": tid, "queueId": 0, "minOffset": lo, "maxOffset": hi}]}}
+
+
+def test_states_of_versions_stay_apart_and_their_views_follow_their_actions(txlog):
+    """A commit's new state copies the containers (not the actions): the older
+    state does not change, and cached offset views are per state."""
+    s1 = txlog.commit(lambda s: [_topic(0), _cq_add("consumequeue/a.parquet", 0, 0, 10)],
+                      operation="T")
+    assert s1.queue_max_offsets() == {(0, 0): 10} and s1.queue_min_offsets() == {(0, 0): 0}
+    s2 = txlog.commit(lambda s: [_cq_add("consumequeue/b.parquet", 0, 10, 25),
+                                 {"remove": {"path": "consumequeue/a.parquet"}}],
+                      operation="T", state=s1)
+    assert s2.queue_max_offsets() == {(0, 0): 25} and s2.queue_min_offsets() == {(0, 0): 10}
+    assert sorted(s1.consumequeue_files) == ["consumequeue/a.parquet"]
+    assert s1.queue_max_offsets() == {(0, 0): 10} and s1.queue_min_offsets() == {(0, 0): 0}
+    assert txlog.snapshot(base=s2) is s2                 # up to date: nothing replayed
+    assert txlog.snapshot(base=s1).queue_max_offsets() == {(0, 0): 25}
+    assert txlog.snapshot(s1.version).queue_min_offsets() == {(0, 0): 0}
+
+
+def test_snapshot_from_base_finds_versions_of_other_writers_without_listing(txlog, monkeypatch):
+    base = txlog.snapshot()
+    other = TransactionLog(txlog.sfs)
+    for i in range(1, 4):
+        other.commit(lambda s, i=i: [_topic(i)], operation="T")
+    monkeypatch.setattr(txlog, "latest_version", lambda: pytest.fail("listed _log/"))
+    fresh = txlog.snapshot(base=base)
+    assert fresh.version == base.version + 3 and sorted(fresh.topics) == ["t1", "t2", "t3"]
+    assert txlog.commit(lambda s: [_topic(9)], operation="T", state=base).version == \
+        base.version + 4                      # a stale state still commits at the next version
+
+
+def test_logstate_copy_keeps_every_field():
+    """copy() must carry every persisted field (a field added later and left out of
+    copy() would silently vanish at the next commit)."""
+    import dataclasses
+
+    from sparkmq.log.txlog import LogState
+
+    state = LogState()
+    for f in dataclasses.fields(LogState):
+        if f.name.startswith("_"):
+            continue
+        if f.type in ("int",) or f.name in ("version", "timestamp_ms"):
+            setattr(state, f.name, 7)
+        elif getattr(state, f.name) is None:
+            setattr(state, f.name, {"marker": f.name})
+        else:
+            getattr(state, f.name)["marker"] = {"field": f.name}
+    copied = state.copy()
+    for f in dataclasses.fields(LogState):
+        if not f.name.startswith("_"):
+            assert getattr(copied, f.name) == getattr(state, f.name), f.name

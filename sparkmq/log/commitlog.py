@@ -59,11 +59,13 @@ class CommitLog:
         self.flushed_offset = 0               # physical offset up to which bytes are flushed
         self.written_offset = 0               # physical offset after the last appended byte
         self.segments_created = 0             # rolls by this process (publish wakes on a roll)
+        self._active_ref: SegmentRef | None = None   # the active segment's ref (found once)
 
     # -- segment list ------------------------------------------------------
     def load(self, refs: list[SegmentRef]) -> None:
         with self._lock:
             self._segments = sorted(refs, key=lambda r: r.base_offset)
+            self._active_ref = None
             self._bases = [r.base_offset for r in self._segments]
             end = self._segments[-1].end_offset if self._segments else 0
             self.written_offset = self.flushed_offset = max(self.written_offset, end)
@@ -75,6 +77,7 @@ class CommitLog:
     def add_segment(self, ref: SegmentRef) -> None:
         with self._lock:
             self._segments.append(ref)
+            self._active_ref = None
             self._segments.sort(key=lambda r: r.base_offset)
             self._bases = [r.base_offset for r in self._segments]
             self.written_offset = max(self.written_offset, ref.end_offset)
@@ -82,6 +85,7 @@ class CommitLog:
     def drop_segments(self, paths: set[str]) -> None:
         with self._lock:
             self._segments = [r for r in self._segments if r.path not in paths]
+            self._active_ref = None
             self._bases = [r.base_offset for r in self._segments]
         for p in paths:
             self.sfs.forget(p)
@@ -165,7 +169,10 @@ class CommitLog:
         pos = a.append(data)
         offset = a.base_offset + pos
         with self._lock:
-            self._ref(a.rel_path).size = a.size
+            ref = self._active_ref
+            if ref is None or ref.path != a.rel_path:
+                ref = self._active_ref = self._ref(a.rel_path)
+            ref.size = a.size
         self.written_offset = a.base_offset + a.size
         self._cache_put(offset, batch, len(data))
         return offset

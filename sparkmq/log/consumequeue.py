@@ -179,14 +179,21 @@ def chunks_to_side_table(taken: list[tuple[int, int, Chunk]]) -> pa.Table:
     taken = [t for t in taken if len(t[2].rows)]
     if not taken:
         return fmt.CONSUMEQUEUE_SCHEMA.empty_table()
-    # vectorized over all chunks (one small table per chunk made publish slow for small batches)
+    # Chunks of one queue come in append order, so their offsets already ascend: a
+    # stable sort of the chunks by queue orders the rows (no row-level sort; it
+    # was most of a publish's time). Checked below, with a row sort as fallback.
+    chunk_keys = np.array([(t << 32) | q for t, q, _ in taken], dtype=np.int64)
+    if len(taken) > 1 and (chunk_keys[1:] < chunk_keys[:-1]).any():
+        taken = [taken[i] for i in np.argsort(chunk_keys, kind="stable")]
     lens = np.array([len(ch.rows) for _, _, ch in taken], dtype=np.int64)
     firsts = np.cumsum(lens) - lens                      # row of each chunk's first entry
     starts = np.array([ch.start for _, _, ch in taken], dtype=np.int64)
     offsets = np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - firsts, lens)
+    tids = np.repeat(np.array([t for t, _, _ in taken], np.int32), lens)
+    qids = np.repeat(np.array([q for _, q, _ in taken], np.int32), lens)
     table = pa.table({
-        "topic_id": pa.array(np.repeat(np.array([t for t, _, _ in taken], np.int32), lens)),
-        "queue_id": pa.array(np.repeat(np.array([q for _, q, _ in taken], np.int32), lens)),
+        "topic_id": pa.array(tids),
+        "queue_id": pa.array(qids),
         "queue_offset": pa.array(offsets),
         "batch_offset": pa.array(np.repeat(
             np.array([ch.batch_offset for _, _, ch in taken], np.int64), lens)),
@@ -197,15 +204,24 @@ def chunks_to_side_table(taken: list[tuple[int, int, Chunk]]) -> pa.Table:
         "store_timestamp": pa.array(
             np.concatenate([ch.store_ts for _, _, ch in taken]).astype(np.int64)).cast(fmt.TS),
     }, schema=fmt.CONSUMEQUEUE_SCHEMA)
-    return table.sort_by([("topic_id", "ascending"), ("queue_id", "ascending"),
-                          ("queue_offset", "ascending")])
+    if len(offsets) > 1:
+        key = (tids.astype(np.int64) << 32) | qids
+        same = key[1:] == key[:-1]
+        if not ((key[1:] > key[:-1]) | (same & (offsets[1:] > offsets[:-1]))).all():
+            return table.sort_by([("topic_id", "ascending"), ("queue_id", "ascending"),
+                                  ("queue_offset", "ascending")])
+    return table
 
 
 def write_side_table(sfs: StoreFS, rel: str, table: pa.Table, *, row_group_rows: int) -> int:
-    """Write a Parquet side table; returns its size in bytes."""
+    """Write a Parquet side table; returns its size in bytes.
+
+    No dictionary encoding: the columns are mostly offsets, sizes and times
+    (dictionaries were tried, failed and fell back, which doubled the write time
+    of a ConsumeQueue file and made it bigger)."""
     sink = io.BytesIO()
     pq.write_table(table, sink, row_group_size=row_group_rows, compression="zstd",
-                   write_statistics=True)
+                   write_statistics=True, use_dictionary=False)
     data = sink.getvalue()
     sfs.write(rel, data)
     return len(data)

@@ -16,11 +16,13 @@ brought up to date and the function runs again (so offsets are re-assigned
 from the winner's state and no data file is rewritten).
 
 Thread-safety: ``TransactionLog`` is safe to share; ``LogState`` objects are
-immutable once returned (``apply`` is used only while building them).
+immutable once returned (``apply`` is used only while building them). States
+of consecutive versions share their action bodies (``LogState.copy`` copies
+the containers, not the actions), so an action dict is never changed in place:
+build a new one.
 """
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import time
@@ -55,12 +57,15 @@ class LogState:
     consumer_offsets: dict[tuple, int] = field(default_factory=dict)
     retention: dict | None = None
     subscription_groups: dict[str, dict] = field(default_factory=dict)  # live, by name
+    # derived views (queue offset ranges, address end), computed once per state
+    _views: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- replay ------------------------------------------------------------
     def apply(self, action: Action) -> None:
         if len(action) != 1:
             raise CorruptStoreError(f"an action has exactly one key, got {sorted(action)}")
         (kind, body), = action.items()
+        self._views.clear()
         if kind == "protocol":
             if body.get("minReaderVersion", 1) > fmt.FORMAT_VERSION:
                 raise UnsupportedFormatError(
@@ -115,7 +120,23 @@ class LogState:
         raise CorruptStoreError(f"add action has unknown kind {kind!r}")
 
     def copy(self) -> "LogState":
-        return copy.deepcopy(self)
+        """A state to apply more actions to: new containers, shared action bodies
+        (they are never changed in place; a deep copy of every add on each
+        commit was the publish thread's main cost on big stores)."""
+        return LogState(
+            version=self.version, timestamp_ms=self.timestamp_ms, protocol=self.protocol,
+            metadata=self.metadata, topics=dict(self.topics),
+            topics_by_id=dict(self.topics_by_id), segments=dict(self.segments),
+            consumequeue_files=dict(self.consumequeue_files),
+            index_files=dict(self.index_files), txns=dict(self.txns), lease=self.lease,
+            consumer_offsets=dict(self.consumer_offsets), retention=self.retention,
+            subscription_groups=dict(self.subscription_groups))
+
+    def _view(self, name: str, build: Callable[[], object]):
+        v = self._views.get(name)
+        if v is None:
+            v = self._views[name] = build()
+        return v
 
     # -- derived views -----------------------------------------------------
     @property
@@ -127,6 +148,9 @@ class LogState:
 
     def address_end(self) -> int:
         """First physical offset after every segment (the next segment's base)."""
+        return self._view("address_end", self._address_end)
+
+    def _address_end(self) -> int:
         end = int((self.retention or {}).get("minPhysicalOffset", 0))
         for add in self.segments.values():
             end = max(end, int(add["baseOffset"]) + int(add.get("reservedSize", add["size"])))
@@ -136,7 +160,12 @@ class LogState:
         return int((self.retention or {}).get("minPhysicalOffset", 0))
 
     def queue_max_offsets(self) -> dict[tuple[int, int], int]:
-        """(topic_id, queue_id) -> next queue offset, from the ConsumeQueue file stats."""
+        """(topic_id, queue_id) -> next queue offset, from the ConsumeQueue file stats.
+
+        Computed once per state; callers must not change the dict."""
+        return self._view("queue_max_offsets", self._queue_max_offsets)
+
+    def _queue_max_offsets(self) -> dict[tuple[int, int], int]:
         out: dict[tuple[int, int], int] = {}
         for add in self.consumequeue_files.values():
             for q in add.get("queues", ()):
@@ -149,7 +178,12 @@ class LogState:
         return out
 
     def queue_min_offsets(self) -> dict[tuple[int, int], int]:
-        """(topic_id, queue_id) -> first queue offset still stored."""
+        """(topic_id, queue_id) -> first queue offset still stored.
+
+        Computed once per state; callers must not change the dict."""
+        return self._view("queue_min_offsets", self._queue_min_offsets)
+
+    def _queue_min_offsets(self) -> dict[tuple[int, int], int]:
         out: dict[tuple[int, int], int] = {}
         for add in self.consumequeue_files.values():
             for q in add.get("queues", ()):
@@ -260,7 +294,7 @@ class TransactionLog:
         starting from a checkpoint."""
         if timestamp_ms is not None:
             version = self.version_at(timestamp_ms)
-        latest = self.latest_version()
+        latest = self._latest_from(base) if version is None else self.latest_version()
         if latest < 0:
             raise StoreNotFoundError(
                 f"no store at {self.sfs.url!r} (no {fmt.LOG_DIR}/ commit 0); "
@@ -270,6 +304,8 @@ class TransactionLog:
         if version < 0 or version > latest:
             raise VersionNotFoundError(
                 f"version {version} does not exist; the log has versions up to {latest}")
+        if base is not None and base.version == version and version >= 0:
+            return base          # immutable once returned: nothing to replay
         state = None
         if base is not None and base.version <= version:
             state = base.copy()
@@ -289,6 +325,17 @@ class TransactionLog:
                 state.apply(a)
             state.version = v
         return state
+
+    def _latest_from(self, base: LogState | None) -> int:
+        """The newest version, probed forward from ``base`` (versions are contiguous):
+        one existence check per new version instead of listing ``_log/``, which
+        grows by a file per commit. Lists when there is no base or its file is gone."""
+        if base is None or base.version < 0 or not self.sfs.exists(fmt.commit_file(base.version)):
+            return self.latest_version()
+        latest = base.version
+        while self.sfs.exists(fmt.commit_file(latest + 1)):
+            latest += 1
+        return latest
 
     def _checkpoint_at_or_before(self, version: int) -> int | None:
         last = self._last_checkpoint()
