@@ -169,3 +169,17 @@ class UncleanWriterError(StoreError):
     """The last writer did not stop cleanly; open the store for writing to recover it."""
 
     code = "SPARKMQ_UNCLEAN_WRITER"
+
+
+class HAProtocolError(SparkMQError):
+    """A replication peer broke the protocol or failed authentication; check haSecret
+    and that the address is a sparkmq HA port."""
+
+    code = "SPARKMQ_HA_PROTOCOL"
+
+
+class ReplicaDivergedError(StoreError):
+    """A replica holds CommitLog bytes its master does not have (an old master
+    rejoining after a promotion): it must truncate before it can follow."""
+
+    code = "SPARKMQ_REPLICA_DIVERGED"
