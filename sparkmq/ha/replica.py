@@ -256,6 +256,7 @@ def promote(store: Store, replica_log: ReplicaLog | None, seen_epoch: int) -> in
     history = epoch_history.load(store.sfs)
     floor = max([seen_epoch] + [e["epoch"] for e in history])
     epoch = store.raise_epoch(floor)
+    store.replica = False          # from now on it appends its own batches
     epoch_history.append(store.sfs, epoch, store.store_id, store.commitlog.written_offset)
     store.publish(force=True)
     log.warning("store %s promoted: writer epoch %d from physical offset %d", store.url, epoch,

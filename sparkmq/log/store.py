@@ -415,6 +415,11 @@ class Store(MessageReader):
             raise FencedError(f"store {self.url}: a newer writer took the lease from this one "
                               f"(epoch {self.epoch}); open the store again to write")
 
+    def _require_not_replica(self) -> None:
+        if self.replica:
+            raise ReadOnlyStoreError(f"store {self.url} is a replica's copy: its messages and "
+                                     "topics come from its master; write to the master")
+
     def _commit(self, build: Callable[[LogState], list | None], operation: str,
                 parameters: dict | None = None) -> LogState:
         with self._commit_lock:
@@ -436,6 +441,7 @@ class Store(MessageReader):
                      exist_ok: bool = False) -> dict:
         """Create a topic (committed at once). Returns its config."""
         self._require_writable()
+        self._require_not_replica()
         validate_topic(name, system=system)
         n = self.config.default_topic_queue_nums
         rq = n if read_queue_nums is None else read_queue_nums
@@ -463,6 +469,7 @@ class Store(MessageReader):
                      attributes: dict | None = None) -> dict:
         """Change a topic's queue counts, permission or attributes."""
         self._require_writable()
+        self._require_not_replica()
         updated: dict = {}
 
         def build(state: LogState):
@@ -703,6 +710,7 @@ class Store(MessageReader):
     def _append_locked(self, batch: pa.RecordBatch) -> tuple[int, np.ndarray]:
         if self._closed:
             raise StoreClosedError(f"store {self.url} is closed")
+        self._require_not_replica()
         rolls = self.commitlog.segments_created
         batch_offset = self.commitlog.append(batch)
         qos = self._dispatch(batch, batch_offset)
@@ -1028,6 +1036,7 @@ class Store(MessageReader):
         atomically, in one log version. With (app_id, app_version) a replay of
         an already committed version is skipped (idempotent writers)."""
         self._require_writable()
+        self._require_not_replica()
         with self._append_lock, self._commit_lock:
             if app_id is not None:
                 done = self.state.txns.get(app_id)
