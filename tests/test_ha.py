@@ -454,3 +454,49 @@ def test_replica_process_stopped_then_restarted_catches_up_byte_identical(tmp_pa
         p.wait(30)
     assert segment_files(c.master_store) == segment_files(c.replica_store)
     assert len(segment_files(c.master_store)) > 3
+
+
+@pytest.mark.slow
+def test_consumers_fail_over_to_the_replica_which_promotes_itself(tmp_path, procs):
+    from sparkmq.client import Message as CMessage, Producer, SimpleConsumer
+    ns_conf = tmp_path / "namesrv.properties"
+    ns_conf.write_text("brokerExpiryMs=3000\n")
+    c = Cluster.__new__(Cluster)
+    c.tmp, c.procs, c.role = tmp_path, procs, "ASYNC_MASTER"
+    c.ns_port = free_port()
+    spawn(["sparkmq.namesrv", "-c", str(ns_conf), "-p", str(c.ns_port)],
+          f"http://127.0.0.1:{c.ns_port}/health", procs)
+    c.m, c.r = Cluster._ports(), Cluster._ports()
+    c.master_store, c.replica_store = str(tmp_path / "master"), str(tmp_path / "replica")
+    master = c.start_master()
+    post(c.url(c.m, "/admin/topics"), {"name": "T", "queueNums": 2})
+    c.start_replica(extra="enableAutoFailover=true\nautoFailoverSilenceMs=3000\n")
+    endpoints = f"127.0.0.1:{c.m['grpc']};127.0.0.1:{c.r['grpc']}"
+    with Producer(endpoints) as p:
+        p.send_batch([CMessage("T", b"m%d" % i) for i in range(100)])
+    end = get(c.url(c.m, "/status"))["ha"]["offset"]
+    wait_until(lambda: get(c.url(c.r, "/status"))["ha"]["offset"] == end, "catch-up")
+    brokers = get(f"http://127.0.0.1:{c.ns_port}/brokers")["brokers"]
+    assert {(b["brokerId"], b["role"]) for b in brokers} == {(0, "ASYNC_MASTER"), (1, "SLAVE")}
+    master.send_signal(signal.SIGKILL)
+    master.wait(30)
+    consumer = SimpleConsumer(endpoints, "G", {"T": "*"})
+    try:
+        got: list[bytes] = []
+        deadline = time.monotonic() + WAIT_S
+        while len(got) < 100 and time.monotonic() < deadline:
+            for m in consumer.receive(max_messages=32, wait_s=1):
+                got.append(m.body)
+                consumer.ack(m)
+        assert sorted(got) == sorted(b"m%d" % i for i in range(100))   # read from the replica
+        wait_until(lambda: get(c.url(c.r, "/status"))["brokerId"] == 0, "automatic promotion")
+        assert get(c.url(c.r, "/status"))["role"] == "ASYNC_MASTER"
+        with Producer(endpoints, isolation_s=60) as p:
+            p.send(CMessage("T", b"after-failover"))
+        deadline = time.monotonic() + WAIT_S
+        later: list[bytes] = []
+        while not later and time.monotonic() < deadline:
+            later = [m.body for m in consumer.receive(max_messages=8, wait_s=1)]
+        assert later == [b"after-failover"]
+    finally:
+        consumer.close()
