@@ -79,7 +79,7 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def recv_frame(sock: socket.socket) -> tuple[dict, bytes]:
+def recv_frame(sock: socket.socket) -> tuple[dict, bytes | bytearray]:
     """Read one frame; raises HAProtocolError on a malformed one, ConnectionError on EOF."""
     hlen, plen = PREFIX.unpack(_recv_exact(sock, PREFIX.size))
     if hlen > MAX_HEADER_BYTES or plen > MAX_PAYLOAD_BYTES:
@@ -91,7 +91,7 @@ def recv_frame(sock: socket.socket) -> tuple[dict, bytes]:
         raise HAProtocolError(f"frame header is not JSON: {e}") from None
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise HAProtocolError("frame header must be a JSON object with a 'type'")
-    payload = bytes(_recv_exact(sock, plen)) if plen else b""
+    payload = _recv_exact(sock, plen) if plen else b""   # a bytearray: no copy
     return header, payload
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -49,6 +50,7 @@ CONNECT_TIMEOUT_S = 3.0
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 2.0
 MAX_HEADER_WAIT_BYTES = 1 << 20
+FRAME_QUEUE_FRAMES = 8          # received, not yet written (up to 8 x 4 MiB)
 
 
 def _valid_segment_path(path) -> bool:
@@ -142,9 +144,24 @@ class ReplicaLog:
         self._pending = b""
         return cl.active
 
-    def _dispatch_new(self, a: seg.SegmentWriter, ref: SegmentRef, data: bytes) -> list:
+    def _dispatch_new(self, a: seg.SegmentWriter, ref: SegmentRef, data) -> list:
         st, cl = self.store, self.store.commitlog
-        buf = self._pending + data if self._pending else data
+        affected: list = []
+        buf = data
+        if self._pending:
+            # complete the message that straddles the frames (copy only that message)
+            head = bytes(self._pending) + bytes(data[:MAX_HEADER_WAIT_BYTES])
+            n = seg.message_length(pa.py_buffer(head), 0) if self._seg_pos else None
+            if self._seg_pos == 0 or n is None or n == 0 or n > len(self._pending) + len(data):
+                buf = bytes(self._pending) + bytes(data)    # rare: header, EOS, long message
+            else:
+                take = n - len(self._pending)
+                whole = bytes(self._pending) + bytes(data[:take])
+                batch = seg.read_batch_at(pa.py_buffer(whole), 0)
+                affected.append((batch, st._dispatch(batch, a.base_offset + self._seg_pos)))
+                self._seg_pos += n
+                self._pending = b""
+                buf = memoryview(data)[take:]
         i = 0
         if self._seg_pos == 0:
             h = seg.header_length(pa.py_buffer(buf))
@@ -152,11 +169,10 @@ class ReplicaLog:
                 if len(buf) > MAX_HEADER_WAIT_BYTES:
                     raise HAProtocolError(f"segment {a.rel_path} does not start with the "
                                           "segment schema")
-                self._pending = buf
+                self._pending = bytes(buf)
                 return []
             i = self._seg_pos = h
         pbuf = pa.py_buffer(buf)
-        affected = []
         sealed = False
         while i < len(buf):
             n = seg.message_length(pbuf, i)
@@ -172,7 +188,7 @@ class ReplicaLog:
             affected.append((batch, qos))
             i += n
             self._seg_pos += n
-        self._pending = buf[i:]
+        self._pending = bytes(buf[i:])
         st._dispatched_offset = a.base_offset + self._seg_pos
         if sealed:
             if self._pending:
@@ -384,8 +400,47 @@ class HAClient:
         self.last_error = None
         log.info("HA: following master %s of %s (epoch %d) from offset %d", addr,
                  self.broker_name, self.master_epoch, offset)
+        frames: queue.Queue = queue.Queue(maxsize=FRAME_QUEUE_FRAMES)
+        reader = threading.Thread(target=self._read_frames, args=(sock, frames), daemon=True,
+                                  name="sparkmq-ha-client-recv")
+        reader.start()
+        try:
+            self._apply_frames(sock, frames)
+        finally:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            while reader.is_alive():       # unblock a reader waiting on a full queue
+                try:
+                    frames.get_nowait()
+                except queue.Empty:
+                    pass
+                reader.join(0.05)
+
+    def _read_frames(self, sock: socket.socket, frames: "queue.Queue") -> None:
+        """Receive frames while the applier writes the previous ones (the network and
+        the disk overlap); bounded by FRAME_QUEUE_FRAMES frames."""
+        try:
+            while not self._stop.is_set():
+                item = recv_frame(sock)
+                while not self._stop.is_set():
+                    try:
+                        frames.put(item, timeout=0.5)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:   # handed to the applier, which raises it
+            frames.put((None, e))
+
+    def _apply_frames(self, sock: socket.socket, frames: "queue.Queue") -> None:
         while not self._stop.is_set():
-            header, payload = recv_frame(sock)
+            try:
+                header, payload = frames.get(timeout=MASTER_SILENCE_S)
+            except queue.Empty:
+                raise ConnectionError(f"master silent for {MASTER_SILENCE_S} s") from None
+            if header is None:
+                raise payload
             kind = header["type"]
             if kind == "data":
                 end = self.rlog.write(header.get("path"), header.get("pos"), payload)
