@@ -123,9 +123,9 @@ def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int) -
 
     def sender():
         for _ in range(per_thread):
-            store.append_batch(table)
+            r = store.append_batch(table)
             if mode == "sync":
-                st = ha.wait_replicated(store.commitlog.written_offset, 5000)
+                st = ha.wait_replicated(r.batch_offset + 1, 5000)
                 if st.value != "PUT_OK":
                     failures.append(st)
 

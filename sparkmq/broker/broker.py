@@ -605,7 +605,7 @@ class Broker:
         put_status = r.status
         ha = self.ha_service
         if self.role == "SYNC_MASTER" and ha is not None and put_status is PutMessageStatus.PUT_OK:
-            put_status = ha.wait_replicated(self.store.commitlog.written_offset,
+            put_status = ha.wait_replicated(r.batch_offset + 1,
                                             self.store.config.sync_flush_timeout_ms)
             if put_status is not PutMessageStatus.PUT_OK:
                 self.metrics.inc("sparkmq_ha_sync_failures_total", status=put_status.value)

@@ -164,6 +164,7 @@ class ReplicaConnection:
         finally:
             self.closed.set()
             self.service.notify()   # wake the streamer so it sees the close
+            self.service._acked()   # and SYNC waiters, which stop counting this replica
 
     # -- streaming -----------------------------------------------------------
     def _stream(self, cursor: int) -> None:
@@ -265,8 +266,9 @@ class HAService:
         self.host = host
         self.port = port
         self.stopped = threading.Event()
-        self._cond = threading.Condition()
-        self.generation = 0          # bumped on every notify (new bytes, acks, closes)
+        self._cond = threading.Condition()     # streamers wait here for new bytes
+        self._ack_cond = threading.Condition()  # SYNC_MASTER senders wait here for acks
+        self.generation = 0          # bumped on every notify (new bytes, closes)
         self._conns: list[ReplicaConnection] = []
         self._sock: socket.socket | None = None
         self._threads: list[threading.Thread] = []
@@ -298,9 +300,10 @@ class HAService:
         self.stopped.set()
         self.store.remove_listener(self._on_arrival)
         self.notify()
+        self._acked()
         if self._sock is not None:
             self._sock.close()
-        with self._cond:
+        with self._ack_cond:
             conns = list(self._conns)
         for c in conns:
             c.close()
@@ -322,17 +325,16 @@ class HAService:
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
     def _attach(self, conn: ReplicaConnection) -> None:
-        with self._cond:
+        with self._ack_cond:
             self._conns.append(conn)
-            self.generation += 1
-            self._cond.notify_all()
+        self._acked()
 
     def _detach(self, conn: ReplicaConnection) -> None:
-        with self._cond:
+        with self._ack_cond:
             if conn in self._conns:
                 self._conns.remove(conn)
-            self.generation += 1
-            self._cond.notify_all()
+        self._acked()
+        self.notify()
 
     # -- signals -----------------------------------------------------------
     def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
@@ -345,7 +347,8 @@ class HAService:
             self._cond.notify_all()
 
     def _acked(self) -> None:
-        self.notify()
+        with self._ack_cond:
+            self._ack_cond.notify_all()
 
     def wait_for_bytes(self, seen: int, timeout_s: float) -> None:
         with self._cond:
@@ -355,14 +358,15 @@ class HAService:
     # -- SYNC_MASTER -------------------------------------------------------
     def acked_offset(self) -> int:
         """The highest offset any attached replica acked (0 with none)."""
-        with self._cond:
+        with self._ack_cond:
             return max((c.acked_offset for c in self._conns if not c.closed.is_set()),
                        default=0)
 
     def wait_replicated(self, offset: int, timeout_ms: int) -> PutMessageStatus:
-        """Block until a replica acked ``offset``; see the module docstring."""
+        """Block until a replica acked ``offset`` (replicas ack at whole-batch ends, so
+        ``batch_offset + 1`` waits for exactly one batch); see the module docstring."""
         deadline = time.monotonic() + timeout_ms / 1000.0
-        with self._cond:
+        with self._ack_cond:
             while True:
                 live = [c for c in self._conns if not c.closed.is_set()]
                 if not live:
@@ -372,7 +376,7 @@ class HAService:
                 left = deadline - time.monotonic()
                 if left <= 0 or self.stopped.is_set():
                     return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
-                self._cond.wait(left)
+                self._ack_cond.wait(left)
 
     # -- state ---------------------------------------------------------------
     def history(self) -> list[dict]:
@@ -392,7 +396,7 @@ class HAService:
         return meta
 
     def replicas(self) -> list[dict]:
-        with self._cond:
+        with self._ack_cond:
             return [c.info() for c in self._conns if not c.closed.is_set()]
 
     def lag_bytes(self) -> int | None:

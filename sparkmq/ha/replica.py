@@ -79,6 +79,12 @@ class ReplicaLog:
         """The physical offset up to which this replica has the master's bytes."""
         return self.store.commitlog.written_offset
 
+    @property
+    def whole_offset(self) -> int:
+        """The end of the last whole record batch written (and dispatched) here: what
+        the replica acks, so an ack > a batch's offset means the whole batch is here."""
+        return min(self.store._dispatched_offset, self.store.commitlog.written_offset)
+
     # -- writing -----------------------------------------------------------
     def begin_segment(self, path: str, base_offset: int) -> None:
         """The master started segment ``path`` at ``base_offset`` (its first bytes follow)."""
@@ -445,7 +451,7 @@ class HAClient:
             if kind == "data":
                 end = self.rlog.write(header.get("path"), header.get("pos"), payload)
                 self.master_offset = max(self.master_offset, end)
-                send_frame(sock, {"type": "ack", "offset": end})
+                send_frame(sock, {"type": "ack", "offset": self.rlog.whole_offset})
             elif kind == "segment":
                 self.rlog.begin_segment(header.get("path"), header.get("baseOffset"))
             elif kind == "meta":
@@ -453,7 +459,7 @@ class HAClient:
             elif kind == "heartbeat":
                 self.master_offset = int(header.get("writtenOffset") or 0)
                 self.master_epoch = int(header.get("epoch") or self.master_epoch)
-                send_frame(sock, {"type": "ack", "offset": self.rlog.offset})
+                send_frame(sock, {"type": "ack", "offset": self.rlog.whole_offset})
             elif kind == "error":
                 raise HAProtocolError(f"master: {header.get('code')}: {header.get('message')}")
             else:
