@@ -156,7 +156,8 @@ def test_replica_copies_adopted_spark_segments(pair, tmp_path):
         == [b"spark-%d" % i for i in range(10)]
 
 
-def test_wrong_secret_is_refused(pair):
+def test_wrong_secret_and_garbage_are_refused_the_service_keeps_serving(pair):
+    import socket
     p = pair(replica_secret="not-the-secret")
     p.master.create_topic("T")
     send(p.master, 10)
@@ -165,6 +166,19 @@ def test_wrong_secret_is_refused(pair):
     assert "AUTH_FAILED" in p.client.last_error
     assert p.rlog.offset == 0 and not p.client.connected
     assert p.ha.replicas() == []
+    p.stop_replica()
+    for junk in (b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x00" * 12 + b"{}", b"\xff" * 64):
+        with socket.create_connection(("127.0.0.1", p.ha.port), timeout=10) as s:
+            s.sendall(junk)
+            s.settimeout(10)
+            try:
+                while s.recv(4096):     # the challenge, maybe an error, then the close
+                    pass
+            except ConnectionResetError:
+                pass
+    p.replica_secret = SECRET                    # the real replica still gets in
+    p.start_replica()
+    wait_until(p.caught_up, "the replica with the right secret")
 
 
 def test_sync_master_waits_for_the_replica(pair):
@@ -500,3 +514,75 @@ def test_consumers_fail_over_to_the_replica_which_promotes_itself(tmp_path, proc
         assert later == [b"after-failover"]
     finally:
         consumer.close()
+
+
+# ---------------------------------------------------------------- brokers in this process
+def broker_pair(tmp_path, *, role="SYNC_MASTER", timeout_ms=1000):
+    from sparkmq.broker import Broker, BrokerConfig
+    common = {"brokerClusterName": "C", "brokerName": "broker-a", "listenPort": "0",
+              "adminPort": "0", "haSecret": SECRET, "flushDiskType": "ASYNC_FLUSH",
+              "syncFlushTimeout": str(timeout_ms), "autoCreateTopicEnable": "true"}
+    master = Broker(BrokerConfig.from_properties({
+        **common, "brokerRole": role, "brokerId": "0", "haListenPort": str(free_port()),
+        "storePathRootDir": str(tmp_path / "bm")})).start()
+
+    def replica():
+        return Broker(BrokerConfig.from_properties({
+            **common, "brokerRole": "SLAVE", "brokerId": "1",
+            "haMasterAddress": f"127.0.0.1:{master.ha_service.port}",
+            "haListenPort": str(free_port()),
+            "storePathRootDir": str(tmp_path / "br")})).start()
+    return master, replica
+
+
+def test_broker_sync_master_statuses_replica_refuses_sends_admin_promote(tmp_path, capsys):
+    from sparkmq import admin
+    from sparkmq.client import ClientError, Message as CMessage, Producer
+    from sparkmq.client.core import Code
+    master, make_replica = broker_pair(tmp_path)
+    replica = None
+    try:
+        master.store.create_topic("T")
+        with Producer(master.endpoint, max_retries=0) as p:
+            with pytest.raises(ClientError) as e:
+                p.send(CMessage("T", b"no-replica-yet"))
+            assert e.value.status_code == Code.HA_NOT_AVAILABLE
+            replica = make_replica()
+            wait_until(lambda: master.ha_service.replicas(), "the replica to attach")
+            p.send(CMessage("T", b"replicated"))
+            # SYNC_MASTER answered OK: the replica has it already
+            assert any(m.body == b"replicated" for q in range(4)
+                       for m in replica.store.read("T", q, 0, 10))
+            # a replica that does not ack in time (its writer is blocked): the send is
+            # stored on the master and answered SLAVE_PERSISTENCE_TIMEOUT
+            with replica.store._append_lock:
+                with pytest.raises(ClientError) as e:
+                    p.send(CMessage("T", b"slow-replica"))
+            assert e.value.status_code == Code.SLAVE_PERSISTENCE_TIMEOUT
+            assert any(m.body == b"slow-replica" for q in range(4)
+                       for m in master.store.read("T", q, 0, 10))
+        # the replica serves reads but refuses sends
+        with Producer(replica.endpoint, max_retries=0) as p:
+            with pytest.raises(ClientError) as e:
+                p.send(CMessage("T", b"to-the-replica"))
+            assert e.value.status_code == Code.FORBIDDEN
+        base = f"http://127.0.0.1:{master.admin_port}"
+        assert admin.main(["--broker", base, "--json", "broker", "ha"]) == 0
+        ha = json.loads(capsys.readouterr().out)
+        assert ha["role"] == "master" and ha["replicas"][0]["brokerId"] == 1
+        text = master.metrics_text()
+        assert 'sparkmq_ha_replica_lag_bytes{replica="1"}' in text
+        master_epoch = master.store.epoch
+        rbase = f"http://127.0.0.1:{replica.admin_port}"
+        assert admin.main(["--broker", rbase, "--json", "promote"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["brokerId"] == 0 and out["epoch"] > master_epoch
+        with Producer(replica.endpoint, max_retries=0) as p:
+            p.send(CMessage("T", b"on-the-new-master"))
+        # a second promotion is refused with a clear error
+        assert admin.main(["--broker", rbase, "promote"]) == 1
+        assert "not a replica" in capsys.readouterr().err
+    finally:
+        if replica is not None:
+            replica.stop()
+        master.stop()
