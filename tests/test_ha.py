@@ -120,6 +120,28 @@ def test_replica_from_empty_is_byte_identical_across_rolls(pair):
     assert sum(hi - lo for lo, hi in snap.queue_ranges("T").values()) == 4000
 
 
+def test_replica_from_empty_after_master_retention_keeps_queue_offsets(pair):
+    p = pair()
+    p.master.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    send(p.master, 3000)
+    segs = [s.path for s in p.master.commitlog.segments()]
+    p.master.remove_segments(segs[:2])            # retention took the oldest two
+    lo = p.master.min_offset("T", 0)
+    assert lo > 0
+    p.start_replica()
+    send(p.master, 100, start=3000)
+    wait_until(p.caught_up, "catch-up past the retention floor")
+    assert p.replica.min_offset("T", 0) == lo
+    assert p.replica.max_offset("T", 0) == p.master.max_offset("T", 0) == 3100
+    assert [m.body for m in p.replica.read("T", 0, lo, 3)] == \
+        [m.body for m in p.master.read("T", 0, lo, 3)]
+    p.master.flush()
+    master_files = segment_files(p.master_url)
+    replica_files = segment_files(p.replica_url)
+    assert replica_files == {k: v for k, v in master_files.items() if k in replica_files}
+    assert set(replica_files) == {s.path.split("/")[1] for s in p.master.commitlog.segments()}
+
+
 def test_replica_catches_up_after_a_gap_and_restart(pair):
     p = pair()
     p.master.create_topic("T")

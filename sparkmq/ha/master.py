@@ -14,7 +14,9 @@ at once when no replica is attached, or ``FLUSH_SLAVE_TIMEOUT`` after the
 timeout (the message is stored on the master either way). A replica acks what
 it has written to its own segment file (page cache), as RocketMQ's slave does.
 
-Topic configs and consumer offsets travel as ``meta`` frames, sent before any
+Topic configs, consumer offsets and the retention floor (so that a replica
+starting past removed segments numbers its queues as the master does) travel
+as ``meta`` frames, sent before any
 byte that could refer to a newer topic (the size is read first, the topics
 after, and a topic is always committed before its first append).
 
@@ -71,7 +73,7 @@ class ReplicaConnection:
         reader.start()
         try:
             self._stream(start)
-        except (OSError, ConnectionError) as e:
+        except (OSError, ConnectionError, HAProtocolError) as e:
             if not self.closed.is_set():
                 log.info("HA: replica %s#%d at %s disconnected: %s",
                          self.service.broker_name, self.broker_id, self.addr, e)
@@ -205,6 +207,10 @@ class ReplicaConnection:
                         self._drop_fd(ref.path)
             if sent:
                 continue
+            if ref is None and cursor < store.commitlog.min_offset():
+                self._refuse("OFFSET_REMOVED", f"offset {cursor} was removed by retention "
+                             f"while the replica was behind (earliest {store.commitlog.min_offset()})"
+                             "; start the replica on an empty folder")
             if time.monotonic() - last_send >= HEARTBEAT_INTERVAL_S:
                 meta = svc.meta()
                 if meta != meta_sent:
@@ -391,7 +397,7 @@ class HAService:
         topics = sorted(state.topics_by_id.values(), key=lambda t: t["id"])
         offsets = [[g, tid, qid, cid, off]
                    for (g, tid, qid, cid), off in sorted(state.consumer_offsets.items())]
-        meta = {"topics": topics, "consumerOffsets": offsets}
+        meta = {"topics": topics, "consumerOffsets": offsets, "retention": state.retention}
         self._meta_cache = (state.version, meta)
         return meta
 

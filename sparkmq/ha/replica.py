@@ -209,7 +209,8 @@ class ReplicaLog:
         return affected
 
     def apply_meta(self, meta: dict) -> None:
-        """Mirror the master's topic configs and consumer offsets into this store."""
+        """Mirror the master's topic configs and consumer offsets into this store (and,
+        while it is empty, the master's retention floor)."""
         st = self.store
         topics = meta.get("topics")
         offsets = meta.get("consumerOffsets")
@@ -231,8 +232,16 @@ class ReplicaLog:
             if state.consumer_offsets.get((g, tid, qid, cid or "")) != off:
                 actions.append({"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
                                                    "clientId": cid or None, "offset": off}})
+        retention = meta.get("retention")
+        empty = not st.commitlog.segments()
+        if isinstance(retention, dict) and empty and state.retention != retention:
+            # the copy starts at the master's retention floor: continue its queue offsets
+            actions.append({"retention": retention})
         if actions:
             st._commit(lambda s: actions, "REPLICATE META", {"actions": len(actions)})
+            if empty:
+                with st._append_lock:
+                    st._reset_offsets()
 
     # -- promotion -----------------------------------------------------------
     def cut_unfinished(self) -> int:
