@@ -16,9 +16,12 @@
 2. catch-up: a master store with ``--catchup-mib`` of messages (several
    segments); a replica process started on an empty folder follows it until its
    offset equals the master's, then fsyncs; timed from its start to that point
-   (process start-up excluded: the child reports when it is ready). The limit:
-   copying the same segment files with ``shutil.copyfile`` plus fsync of each.
-   ratio = copy time / catch-up time (target >= 0.7).
+   (process start-up excluded: the child reports when it is ready). Two limits:
+   copying the same segment files with ``shutil.copyfile`` plus fsync of each
+   (in-kernel copy, no network), and a raw stream: the same files sent over
+   loopback TCP with ``os.sendfile`` to a process that writes and fsyncs them
+   (no framing, no ConsumeQueue/Index). ratio = limit time / catch-up time
+   (target >= 0.7).
 
 Every figure is repeated ``--repeat`` times (default 2); the range is printed.
 Data lives in a fresh folder under /tmp (or --dir), deleted at the end.
@@ -188,6 +191,69 @@ def raw_copy_run(root: str, master_url: str, i: int) -> float:
     return elapsed
 
 
+def raw_sink(folder: str, port: int) -> None:
+    """Child of ``raw_stream_run``: receive files over TCP (no framing beyond a name and
+    a size), write them, fsync each; print DONE."""
+    import socket
+    import struct
+    os.makedirs(folder)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    sock = socket.create_connection(("127.0.0.1", port))
+    buf = bytearray(4 * MIB)
+    view = memoryview(buf)
+    while True:
+        head = sock.recv(12, socket.MSG_WAITALL)
+        if len(head) < 12:
+            break
+        name_len, size = struct.unpack("!IQ", head)
+        name = sock.recv(name_len, socket.MSG_WAITALL).decode()
+        fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        left = size
+        while left:
+            n = sock.recv_into(view[:min(left, len(buf))])
+            os.write(fd, view[:n])
+            left -= n
+        os.fsync(fd)
+        os.close(fd)
+    print("DONE", flush=True)
+
+
+def raw_stream_run(root: str, master_url: str, i: int) -> float:
+    """The same segment files sent over loopback TCP (``os.sendfile``) to a process that
+    writes and fsyncs them: the floor for any replication over this link."""
+    import socket
+    import struct
+    src = os.path.join(master_url, "commitlog")
+    dst = os.path.join(root, f"rawstream-{i}")
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--raw-sink", dst,
+                             str(lsock.getsockname()[1])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "READY"
+    t0 = time.perf_counter()
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    conn, _ = lsock.accept()
+    for name in sorted(os.listdir(src)):
+        path = os.path.join(src, name)
+        size = os.path.getsize(path)
+        conn.sendall(struct.pack("!IQ", len(name), size) + name.encode())
+        with open(path, "rb") as f:
+            sent = 0
+            while sent < size:
+                sent += os.sendfile(conn.fileno(), f.fileno(), sent, size - sent)
+    conn.close()
+    assert proc.stdout.readline().strip() == "DONE"
+    elapsed = time.perf_counter() - t0
+    proc.wait(60)
+    lsock.close()
+    shutil.rmtree(dst)
+    return elapsed
+
+
 def fmt_range(xs: list[float], unit: str = "") -> str:
     return f"{min(xs):,.0f}-{max(xs):,.0f}{unit}" if len(xs) > 1 else f"{xs[0]:,.0f}{unit}"
 
@@ -202,7 +268,11 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=None)
     ap.add_argument("--catchup-mib", type=int, default=None)
     ap.add_argument("--replica-child", nargs=2, metavar=("URL", "PORT"), help=argparse.SUPPRESS)
+    ap.add_argument("--raw-sink", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.raw_sink:
+        raw_sink(args.raw_sink[0], int(args.raw_sink[1]))
+        return 0
     if args.replica_child:
         replica_child(args.replica_child[0], int(args.replica_child[1]))
         return 0
@@ -225,21 +295,27 @@ def main() -> int:
             r = "" if m == "none" else \
                 f"  ratio {min(ratios[m]):.2f}-{max(ratios[m]):.2f}"
             print(f"   {m:5s} {fmt_range(rates[m], ' msgs/s')}{r}")
-        print(f"2. catch-up of {mib} MiB (32 MiB segments) from empty vs copyfile+fsync")
+        print(f"2. catch-up of {mib} MiB (32 MiB segments) from empty, against copyfile+fsync "
+              "and against a raw TCP stream of the same files (sendfile -> write+fsync)")
         store, url = fill_master(root, mib)
         ha = HAService(store, broker_name="bench", secret=SECRET).start()
         size_mb = store.commitlog.written_offset / MIB
-        cr, rr, ra = [], [], []
+        cr, rr, ra, sr, sa = [], [], [], [], []
         for i in range(args.repeat):
             raw = raw_copy_run(root, url, i)
+            stream = raw_stream_run(root, url, i)
             cu = catchup_run(root, store, ha, i)
             rr.append(size_mb / raw)
+            sr.append(size_mb / stream)
             cr.append(size_mb / cu)
             ra.append(raw / cu)
+            sa.append(stream / cu)
         ha.stop()
         store.close()
-        print(f"   raw copy  {fmt_range(rr, ' MiB/s')}")
-        print(f"   catch-up  {fmt_range(cr, ' MiB/s')}  ratio {min(ra):.2f}-{max(ra):.2f}")
+        print(f"   copyfile    {fmt_range(rr, ' MiB/s')}")
+        print(f"   raw stream  {fmt_range(sr, ' MiB/s')}")
+        print(f"   catch-up    {fmt_range(cr, ' MiB/s')}  ratio to copyfile "
+              f"{min(ra):.2f}-{max(ra):.2f}, to raw stream {min(sa):.2f}-{max(sa):.2f}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -4,8 +4,8 @@
 gets a ``ReplicaConnection``: one thread streams CommitLog bytes from the
 replica's offset (segment boundaries and names included, so the copy is
 byte-identical), one thread reads the replica's acks. The bytes streamed are
-those the store has written (``SegmentRef.size``: whole batches only), read
-from the segment files with ``pread``; a sealed segment's bytes include its
+those the store has written (``SegmentRef.size``: whole batches only), sent
+from the segment files with ``os.sendfile`` (no copy through Python); a sealed segment's bytes include its
 end-of-stream marker, so the replica seals at the same byte.
 
 SYNC_MASTER: ``wait_replicated(offset, timeout_ms)`` blocks the sender until
@@ -36,7 +36,8 @@ from ..log.commitlog import SegmentRef
 from ..log.status import PutMessageStatus
 from ..log.store import Store
 from . import epochs as epoch_history
-from .protocol import (CHUNK_BYTES, check_proof, new_nonce, proof, recv_frame, send_frame)
+from .protocol import (CHUNK_BYTES, check_proof, new_nonce, proof, recv_frame, send_frame,
+                       send_frame_from_file)
 
 log = logging.getLogger("sparkmq.ha")
 
@@ -196,10 +197,13 @@ class ReplicaConnection:
                     started.add(ref.path)
                 if pos < size:
                     n = min(CHUNK_BYTES, size - pos)
-                    data = self._pread(ref, pos, n)
-                    send_frame(self.sock, {"type": "data", "path": ref.path, "pos": pos,
-                                           "offset": cursor}, data)
-                    cursor += len(data)
+                    header = {"type": "data", "path": ref.path, "pos": pos, "offset": cursor}
+                    if store.sfs.is_local:
+                        send_frame_from_file(self.sock, header, self._fd(ref), pos, n)
+                    else:
+                        send_frame(self.sock, header, store.sfs.read_range(ref.path, pos,
+                                                                           pos + n))
+                    cursor += n
                     self.sent_offset = cursor
                     last_send = time.monotonic()
                     sent = True
@@ -221,17 +225,12 @@ class ReplicaConnection:
                 last_send = time.monotonic()
             svc.wait_for_bytes(seen, IDLE_WAIT_S)
 
-    def _pread(self, ref: SegmentRef, pos: int, n: int) -> bytes:
-        sfs = self.service.store.sfs
-        if not sfs.is_local:
-            return sfs.read_range(ref.path, pos, pos + n)
+    def _fd(self, ref: SegmentRef) -> int:
         fd = self._fds.get(ref.path)
         if fd is None:
-            fd = self._fds[ref.path] = os.open(sfs.local_path(ref.path), os.O_RDONLY)
-        data = os.pread(fd, n, pos)
-        if len(data) != n:
-            raise OSError(f"segment {ref.path}: read {len(data)} of {n} bytes at {pos}")
-        return data
+            path = self.service.store.sfs.local_path(ref.path)
+            fd = self._fds[ref.path] = os.open(path, os.O_RDONLY)
+        return fd
 
     def _drop_fd(self, path: str) -> None:
         fd = self._fds.pop(path, None)

@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import json
 import os
+import select
 import socket
 import struct
 
@@ -65,6 +66,25 @@ def send_frame(sock: socket.socket, header: dict, payload: bytes | memoryview = 
     sock.sendall(PREFIX.pack(len(h), len(payload)) + h)
     if payload:
         sock.sendall(payload)
+
+
+def send_frame_from_file(sock: socket.socket, header: dict, fd: int, offset: int,
+                         count: int) -> None:
+    """Send a frame whose payload is ``count`` bytes of file ``fd`` at ``offset``, with
+    ``os.sendfile`` (page cache to socket, no copy through Python)."""
+    h = json.dumps(header, separators=(",", ":")).encode()
+    sock.sendall(PREFIX.pack(len(h), count) + h)
+    out = sock.fileno()
+    sent = 0
+    while sent < count:
+        try:
+            n = os.sendfile(out, fd, offset + sent, count - sent)
+        except BlockingIOError:       # a socket timeout makes the fd non-blocking
+            select.select([], [out], [], 1.0)
+            continue
+        if n == 0:
+            raise ConnectionError(f"file ended {count - sent} bytes early")
+        sent += n
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytearray:
