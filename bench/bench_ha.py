@@ -24,7 +24,10 @@
    (target >= 0.7).
 
 Every figure is repeated ``--repeat`` times (default 2); the range is printed.
-Data lives in a fresh folder under /tmp (or --dir), deleted at the end.
+Data lives in a fresh folder under /tmp (or --dir), deleted at the end. On one
+machine the replica shares the master's disk and cores, which a real replica
+does not: ``--replica-dir /dev/shm`` puts the replica's store (and the copy
+targets) on another "disk", leaving only the shared cores.
 """
 from __future__ import annotations
 
@@ -107,7 +110,8 @@ def wait_offset(child: Child, target: int, timeout_s: float = 600) -> None:
 
 
 # ---------------------------------------------------------------- 1. throughput
-def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int) -> float:
+def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int,
+             replica_root: str | None = None) -> float:
     """Messages per second for ``mode`` in none|async|sync."""
     master_url = os.path.join(root, f"m-{mode}-{time.monotonic_ns()}")
     store = Store.open(master_url, mappedFileSizeCommitLog=64 * MIB)
@@ -115,7 +119,8 @@ def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int) -
     ha = child = None
     if mode != "none":
         ha = HAService(store, broker_name="bench", secret=SECRET).start()
-        child = Child(os.path.join(root, f"r-{mode}-{time.monotonic_ns()}"), ha.port)
+        child = Child(os.path.join(replica_root or root, f"r-{mode}-{time.monotonic_ns()}"),
+                      ha.port)
         child.go()
         deadline = time.monotonic() + 30
         while not ha.replicas() and time.monotonic() < deadline:
@@ -262,9 +267,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--replica-dir", default=None,
+                    help="folder for the replica stores and the copy targets, e.g. /dev/shm "
+                         "(a second disk, as the replica's machine would have)")
     ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=100)
-    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--messages", type=int, default=None)
     ap.add_argument("--catchup-mib", type=int, default=None)
     ap.add_argument("--replica-child", nargs=2, metavar=("URL", "PORT"), help=argparse.SUPPRESS)
@@ -279,6 +287,10 @@ def main() -> int:
     messages = args.messages or (40_000 if args.quick else 200_000)
     mib = args.catchup_mib or (64 if args.quick else 256)
     root = tempfile.mkdtemp(prefix="sparkmq-bench-ha-", dir=args.dir)
+    dest = tempfile.mkdtemp(prefix="sparkmq-bench-ha-replica-", dir=args.replica_dir) \
+        if args.replica_dir else root
+    if args.replica_dir:
+        print(f"replica stores and copy targets under {args.replica_dir} (another disk)")
     try:
         print(f"1. send throughput: {messages:,} x {BODY_BYTES} B messages, batches of "
               f"{args.batch}, {args.threads} sender threads, ASYNC_FLUSH (msgs/s)")
@@ -286,7 +298,8 @@ def main() -> int:
         ratios: dict[str, list[float]] = {"async": [], "sync": []}
         for _ in range(args.repeat):
             run = {m: send_run(root, m, messages=messages, batch=args.batch,
-                               threads=args.threads) for m in ("none", "async", "sync")}
+                               threads=args.threads, replica_root=dest)
+                   for m in ("none", "async", "sync")}
             for m, v in run.items():
                 rates[m].append(v)
             for m in ("async", "sync"):
@@ -302,9 +315,9 @@ def main() -> int:
         size_mb = store.commitlog.written_offset / MIB
         cr, rr, ra, sr, sa = [], [], [], [], []
         for i in range(args.repeat):
-            raw = raw_copy_run(root, url, i)
-            stream = raw_stream_run(root, url, i)
-            cu = catchup_run(root, store, ha, i)
+            raw = raw_copy_run(dest, url, i)
+            stream = raw_stream_run(dest, url, i)
+            cu = catchup_run(dest, store, ha, i)
             rr.append(size_mb / raw)
             sr.append(size_mb / stream)
             cr.append(size_mb / cu)
@@ -318,6 +331,7 @@ def main() -> int:
               f"{min(ra):.2f}-{max(ra):.2f}, to raw stream {min(sa):.2f}-{max(sa):.2f}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(dest, ignore_errors=True)
     return 0
 
 

@@ -401,8 +401,10 @@ class Broker:
                 raise UserError(f"broker {self.config.broker_name}#{self.broker_id} is not a "
                                 "replica; only a replica can be promoted")
             client = self.ha_client
-            client.stop()
-            seen = client.master_epoch
+            seen = 0
+            if client is not None:
+                client.stop()
+                seen = client.master_epoch
             epoch = promote(self.store, self.replica_log, seen)
             old_id = self.broker_id
             self.role, self.broker_id = role, 0

@@ -70,7 +70,6 @@ class ReplicaLog:
         self.store = store
         self._seg_pos = 0          # bytes of the active segment that are dispatched
         self._pending = b""        # bytes received past _seg_pos (an unfinished message)
-        segs = store.commitlog.segments()
         if store.commitlog.active is not None:
             self._seg_pos = store.commitlog.active.size
 
