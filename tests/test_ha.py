@@ -120,6 +120,22 @@ def test_replica_from_empty_is_byte_identical_across_rolls(pair):
     assert sum(hi - lo for lo, hi in snap.queue_ranges("T").values()) == 4000
 
 
+@pytest.mark.spark
+def test_spark_reads_the_replica_store(pair, spark):
+    p = pair()
+    p.master.create_topic("T", read_queue_nums=2, write_queue_nums=2)
+    send(p.master, 1500)
+    p.start_replica()
+    wait_until(p.caught_up, "catch-up")
+    p.replica.flush()                          # publish: Spark reads committed versions
+    df = spark.read.format("sparkmq").option("topic", "T").load(p.replica_url)
+    rows = df.select("queue_id", "queue_offset", "body").collect()
+    assert len(rows) == 1500
+    want = {(m.queue_id, m.queue_offset, m.body) for q in (0, 1)
+            for m in p.master.read("T", q, 0, 10_000)}
+    assert {(r.queue_id, r.queue_offset, bytes(r.body)) for r in rows} == want
+
+
 def test_replica_from_empty_after_master_retention_keeps_queue_offsets(pair):
     p = pair()
     p.master.create_topic("T", read_queue_nums=1, write_queue_nums=1)
