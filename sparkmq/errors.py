@@ -177,9 +177,3 @@ class HAProtocolError(SparkMQError):
 
     code = "SPARKMQ_HA_PROTOCOL"
 
-
-class ReplicaDivergedError(StoreError):
-    """A replica holds CommitLog bytes its master does not have (an old master
-    rejoining after a promotion): it must truncate before it can follow."""
-
-    code = "SPARKMQ_REPLICA_DIVERGED"

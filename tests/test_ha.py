@@ -255,6 +255,38 @@ def test_promotion_raises_the_epoch_and_old_master_diverges(pair, tmp_path):
     old = epochs.load(p.master.sfs)
     assert epochs.consistent_end(hist, old, p.master.commitlog.written_offset) \
         == r.physical_offset
+    # the old master rejoins as a replica of the new one: it cuts its 50 unreplicated
+    # messages (kept aside), then copies what the new master wrote since
+    send(p.replica, 20, start=1000)
+    new_ha = HAService(p.replica, broker_name="broker-a", secret=SECRET).start()
+    p.ha.stop()
+    p.master.close()
+    old_store = Store.open(p.master_url, replica=True, **p.opts)
+    old_log = ReplicaLog(old_store)
+    client = HAClient(old_log, broker_name="broker-a", broker_id=2, secret=SECRET,
+                      master_address=lambda: f"127.0.0.1:{new_ha.port}").start()
+    try:
+        wait_until(lambda: old_log.offset == p.replica.commitlog.written_offset, "rejoin")
+        assert client.diverged_at == r.physical_offset
+        p.replica.flush()
+        old_store.flush()
+        live = {r.path.split("/")[1] for r in old_store.commitlog.segments()}
+        assert segment_files(p.replica_url) == \
+            {k: v for k, v in segment_files(p.master_url).items() if k in live}
+        bodies = [m.body for q in range(4) for m in old_store.read("T", q, 0, 10_000)]
+        assert b"after-promotion" in bodies and len(bodies) == 300 + 1 + 20
+        assert not set(bodies) & {(b"m%d" % (300 + i)) * 20 for i in range(50)}
+        # the dropped messages were kept as a readable segment
+        kept = os.listdir(client.diverged_kept)
+        assert kept
+        import pyarrow.ipc as ipc
+        n = sum(ipc.open_stream(os.path.join(client.diverged_kept, k)).read_all().num_rows
+                for k in kept)
+        assert n == 50
+    finally:
+        client.stop()
+        old_store.close()
+        new_ha.stop()
 
 
 # ---------------------------------------------------------------- real processes

@@ -182,7 +182,6 @@ class Broker:
         self.ha_client = None                   # sparkmq.ha.replica.HAClient (replicas)
         self.replica_log = None
         self.fenced_reason: str | None = None
-        self.diverged_store: str | None = None  # where a rejoining old master's store went
         self._promote_lock = threading.Lock()
         self._master_unheard_since: float | None = None
 
@@ -304,8 +303,7 @@ class Broker:
             self.replica_log = ReplicaLog(self.store)
             self.ha_client = HAClient(self.replica_log, broker_name=cfg.broker_name,
                                       broker_id=self.broker_id, secret=cfg.ha_secret,
-                                      master_address=self._master_ha_address,
-                                      on_diverged=self._rejoin_diverged).start()
+                                      master_address=self._master_ha_address).start()
             return
         epoch_history.append(self.store.sfs, self.store.epoch, self.store.store_id,
                              self.store.commitlog.written_offset)
@@ -322,53 +320,6 @@ class Broker:
             if b.get("brokerName") == self.config.broker_name and b.get("brokerId") == 0:
                 return b.get("haEndpoint")
         return None
-
-    def _rejoin_diverged(self, truncate_to: int | None) -> None:
-        """The replica's store holds bytes past ``truncate_to`` that its master lacks
-        (it was a master before a promotion). Truncation by re-copy: the store folder
-        is moved aside to ``<path>.diverged-<ms>`` (kept: its extra messages can be
-        inspected and re-sent by hand) and the replica follows again from empty."""
-        threading.Thread(target=self._rejoin_now, args=(truncate_to,),
-                         name="sparkmq-ha-rejoin", daemon=True).start()
-
-    def _rejoin_now(self, truncate_to: int | None) -> None:
-        import os
-        from ..ha.replica import HAClient, ReplicaLog
-        cfg = self.config
-        deadline = time.monotonic() + 60   # the link may fail while the broker still starts
-        while self.state in (BrokerState.STARTING, BrokerState.RECOVERING) and \
-                time.monotonic() < deadline:
-            time.sleep(0.05)
-        with self._promote_lock:
-            if not self.is_replica or self.state is not BrokerState.RUNNING:
-                return
-            old = self.store
-            path = cfg.store_path
-            if not old.sfs.is_local:
-                log.error("diverged replica store %s is not local: move it aside by hand", path)
-                return
-            extra = old.commitlog.written_offset - (truncate_to or 0)
-            old.remove_listener(self.notifier.on_arrival)
-            old.close()
-            aside = f"{path.rstrip('/')}.diverged-{self.clock_ms()}"
-            os.rename(path, aside)
-            log.warning("replica store had %d bytes past offset %s that the master lacks; moved "
-                        "to %s, copying the master's CommitLog from empty", extra, truncate_to,
-                        aside)
-            self.store = Store.open(path, mode="w", clock_ms=self.clock_ms, replica=True,
-                                    **cfg.store_config_options())
-            self.pop = PopService(self.store, broker_name=cfg.broker_name,
-                                  max_delivery_attempts=cfg.max_delivery_attempts,
-                                  consume_from_where=cfg.consume_from_where,
-                                  clock_ms=self.clock_ms, on_topic_created=self._topic_created)
-            self.store.add_listener(self.notifier.on_arrival)
-            self.store.advertise_endpoint(f"http://{cfg.host}:{self.admin_port}")
-            self.replica_log = ReplicaLog(self.store)
-            self.ha_client = HAClient(self.replica_log, broker_name=cfg.broker_name,
-                                      broker_id=self.broker_id, secret=cfg.ha_secret,
-                                      master_address=self._master_ha_address,
-                                      on_diverged=self._rejoin_diverged).start()
-            self.diverged_store = aside
 
     def write_refusal(self) -> str | None:
         """Why this broker refuses sends now (None: it accepts them)."""
@@ -784,7 +735,7 @@ class Broker:
         if self.ha_client is not None:
             c = self.ha_client
             return {"role": "replica", "connected": c.connected, "offset": end,
-                    "divergedStore": self.diverged_store,
+                    "truncatedTo": c.diverged_at, "divergedBytesKept": c.diverged_kept,
                     "masterOffset": c.master_offset, "lagBytes": c.lag_bytes(),
                     "masterEpoch": c.master_epoch, "lastError": c.last_error}
         out = {"role": "master", "epoch": self.store.epoch, "offset": end, "replicas": []}

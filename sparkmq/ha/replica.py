@@ -14,6 +14,10 @@ and Index, publishes its own ``_log/`` and serves reads. It is a friend of
 frames and acks after each write. It reconnects with a bounded backoff and
 catches up from any gap (from empty, across rolls and adopted Spark segments).
 
+``ReplicaLog.truncate_to`` cuts the bytes a rejoining old master has past the
+consistent point with its new master (in place; the dropped bytes are kept in
+``<store>.diverged-<ms>/``).
+
 ``promote`` turns the replica's store into a master's: an unfinished message
 at the tail is cut, the writer lease of the replica's store is re-taken with an
 epoch above every epoch the replica has seen, and the epoch history records
@@ -34,8 +38,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from ..errors import (HAProtocolError, InvalidConfigError, ReplicaDivergedError,
-                      SparkMQError)
+from ..errors import HAProtocolError, InvalidConfigError, SparkMQError
 from ..log import format as fmt
 from ..log import segment as seg
 from ..log.commitlog import SegmentRef
@@ -242,6 +245,98 @@ class ReplicaLog:
                 with st._append_lock:
                     st._reset_offsets()
 
+    # -- rejoin ---------------------------------------------------------------
+    def truncate_to(self, offset: int, keep_dir: str | None = None) -> int:
+        """Drop every CommitLog byte at or past ``offset`` (a batch or segment end: the
+        consistent point with a new master), in place: later segments are removed, the
+        segment holding ``offset`` is cut there (unsealed again), ConsumeQueue and Index
+        files with entries past it are rewritten without them, all in one ``TRUNCATE``
+        commit. With ``keep_dir`` the dropped bytes are kept there first, as readable
+        segment files (a cut tail gets the segment header), so messages that only this
+        store had (acked by an ASYNC_MASTER, never replicated) can be inspected.
+        Returns the bytes dropped."""
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+        from ..log.consumequeue import MemoryConsumeQueue, consumequeue_add, write_side_table
+        from ..log.index import MemoryIndex, index_add
+        st, cl = self.store, self.store.commitlog
+        with st._append_lock, st._commit_lock:
+            st.publish(force=True)             # every entry is in a side file now
+            end = cl.written_offset
+            if offset >= end:
+                return 0
+            segs = cl.segments()
+            drop = [r for r in segs if r.base_offset >= offset]
+            cut = next((r for r in segs if r.base_offset < offset < r.end_offset), None)
+            if keep_dir is not None:
+                os.makedirs(keep_dir, exist_ok=True)
+                for r in drop:
+                    with open(os.path.join(keep_dir, r.path.rsplit("/", 1)[1]), "wb") as f:
+                        f.write(st.sfs.read_range(r.path, 0, r.size))
+                if cut is not None:
+                    tail = st.sfs.read_range(cut.path, offset - cut.base_offset, cut.size)
+                    with open(os.path.join(keep_dir, fmt.segment_file(offset).rsplit("/", 1)[1]),
+                              "wb") as f:
+                        f.write(seg.SCHEMA_BYTES + tail)
+            if cl.active is not None:
+                cl.active.close()
+                cl.active = None
+            now = st.clock_ms()
+            actions: list[dict] = [{"remove": {"path": r.path, "deletionTimestamp": now,
+                                               "dataChange": True}} for r in drop]
+            for adds, schema, make_add, new_rel, need in (
+                    (st.state.consumequeue_files, fmt.CONSUMEQUEUE_SCHEMA, consumequeue_add,
+                     fmt.consumequeue_file,
+                     lambda a: any(int(q.get("maxBatchOffset", 1 << 62)) >= offset
+                                   for q in a.get("queues", ()))),
+                    (st.state.index_files, fmt.INDEX_SCHEMA, index_add, fmt.index_file,
+                     lambda a: True)):
+                for add in list(adds.values()):
+                    if not need(add):
+                        continue
+                    with st.sfs.open_input(add["path"]) as f:
+                        table = pq.read_table(f).cast(schema)
+                    keep = table.filter(pc.less(table.column("batch_offset"), offset))
+                    if keep.num_rows == table.num_rows:
+                        continue
+                    actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
+                                               "dataChange": False}})
+                    st._pending_deletes.append((time.monotonic(), add["path"]))
+                    if keep.num_rows:
+                        rel = new_rel()
+                        size = write_side_table(st.sfs, rel, keep,
+                                                row_group_rows=st.config.side_table_row_group_rows)
+                        actions.append({"add": make_add(rel, keep, size)})
+            if cut is not None:
+                actions.append({"add": {"path": cut.path, "kind": "segment",
+                                        "baseOffset": cut.base_offset,
+                                        "size": offset - cut.base_offset, "sealed": False,
+                                        "modificationTime": now}})
+            st._commit(lambda s: actions, "TRUNCATE", {"toOffset": offset,
+                                                       "droppedBytes": end - offset})
+            if cut is not None:
+                st.sfs.truncate(cut.path, offset - cut.base_offset)
+                with cl._lock:
+                    cut.size = offset - cut.base_offset
+                    cut.sealed = False
+            cl.drop_segments({r.path for r in drop})
+            for r in drop:
+                st._pending_deletes.append((time.monotonic(), r.path))
+            with cl._lock:
+                cl._cache.clear()
+                cl._cache_bytes = 0
+            cl.written_offset = cl.flushed_offset = offset
+            st._dispatched_offset = offset
+            st.cq = MemoryConsumeQueue(st.config.memory_consume_queue_entries)
+            st.index = MemoryIndex()
+            st._reset_offsets()
+            st._visible_next = dict(st._next_offsets)
+            self._seg_pos = (offset - cut.base_offset) if cut is not None else 0
+            self._pending = b""
+        log.warning("store %s truncated to physical offset %d: %d bytes dropped%s", st.url,
+                    offset, end - offset, f" (kept in {keep_dir})" if keep_dir else "")
+        return end - offset
+
     # -- promotion -----------------------------------------------------------
     def cut_unfinished(self) -> int:
         """Drop bytes of an unfinished message at the tail (promotion); a partly
@@ -299,8 +394,7 @@ class HAClient:
     before each connection attempt (a fixed ``haMasterAddress`` or a lookup)."""
 
     def __init__(self, replica_log: ReplicaLog, *, broker_name: str, broker_id: int,
-                 secret: str, master_address: Callable[[], str | None],
-                 on_diverged: Callable[[int], None] | None = None):
+                 secret: str, master_address: Callable[[], str | None]):
         if not secret:
             raise InvalidConfigError("a replica needs haSecret (the master's shared secret)")
         self.rlog = replica_log
@@ -308,12 +402,12 @@ class HAClient:
         self.broker_id = broker_id
         self.secret = secret
         self.master_address = master_address
-        self.on_diverged = on_diverged
         self.connected = False
         self.master_epoch = 0
         self.master_offset = 0          # the master's written offset, as last heard
         self.last_error: str | None = None
-        self.diverged_at: int | None = None
+        self.diverged_at: int | None = None      # where this store was truncated to rejoin
+        self.diverged_kept: str | None = None    # where the dropped bytes were kept
         self._stop = threading.Event()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -351,12 +445,6 @@ class HAClient:
                 if addr:
                     self._follow(addr)
                     backoff = BACKOFF_MIN_S
-            except ReplicaDivergedError as e:
-                self.last_error = e.message
-                log.error("%s", e.message)
-                if self.on_diverged is not None:
-                    self.on_diverged(self.diverged_at)
-                return
             except (OSError, ConnectionError, HAProtocolError, ValueError, SparkMQError) as e:
                 self.last_error = f"{type(e).__name__}: {e}"
                 if not self._stop.is_set():
@@ -401,12 +489,15 @@ class HAClient:
         if not check_proof(self.secret, "master", nonce, self.broker_name, welcome.get("proof")):
             raise HAProtocolError(f"{addr} failed to prove it knows haSecret; not following it")
         truncate_to = welcome.get("truncateTo")
-        if isinstance(truncate_to, int) and truncate_to < offset:
-            self.diverged_at = truncate_to
-            raise ReplicaDivergedError(
-                f"replica {self.broker_name}#{self.broker_id} has {offset - truncate_to} bytes "
-                f"past physical offset {truncate_to} that master {addr} does not have (it was "
-                "a master before a promotion); it must truncate before it can follow")
+        if isinstance(truncate_to, int) and 0 <= truncate_to < offset:
+            # this store was a master before a promotion: it holds bytes the new master
+            # lacks. Keep them aside, cut them here; the master streams from truncate_to.
+            keep = f"{self.rlog.store.url.rstrip('/')}.diverged-{int(time.time() * 1000)}"
+            dropped = self.rlog.truncate_to(truncate_to, keep_dir=keep)
+            self.diverged_at, self.diverged_kept = truncate_to, keep
+            log.warning("replica %s#%d: dropped %d bytes past offset %d that master %s lacks "
+                        "(kept in %s)", self.broker_name, self.broker_id, dropped, truncate_to,
+                        addr, keep)
         self.master_epoch = int(welcome.get("epoch") or 0)
         if isinstance(welcome.get("epochs"), list):
             epoch_history.save(self.rlog.store.sfs, welcome["epochs"])
