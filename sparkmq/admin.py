@@ -288,10 +288,24 @@ def broker_ha(args) -> None:
 
 
 def broker_promote(args) -> None:
-    """``sparkmq admin broker promote --broker URL``: make a replica the master."""
-    if not args.broker:
-        raise SparkMQError("broker promote needs --broker http://host:adminPort of a replica")
-    _emit(args, _http(args.broker, "/admin/promote", {"role": args.role}))
+    """``sparkmq admin --broker URL promote``: make a running replica the master.
+    ``--store PATH``: promote a stopped replica's store (then start it with
+    ``sparkmq broker`` as brokerId 0)."""
+    if args.broker:
+        _emit(args, _http(args.broker, "/admin/promote", {"role": args.role}))
+        return
+    if not args.store:
+        raise SparkMQError("promote needs --broker http://host:adminPort of a running replica, "
+                           "or --store PATH of a stopped one")
+    from .ha.replica import promote
+    from .log.store import Store
+    store = Store.open(args.store, create=False, start_services=False)
+    try:
+        epoch = promote(store, None, 0)
+        out = {"store": args.store, "epoch": epoch, "offset": store.commitlog.written_offset}
+    finally:
+        store.close()
+    _emit(args, out)
 
 
 # ---------------------------------------------------------------- parser

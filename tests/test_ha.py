@@ -158,6 +158,24 @@ def test_replica_from_empty_after_master_retention_keeps_queue_offsets(pair):
     assert set(replica_files) == {s.path.split("/")[1] for s in p.master.commitlog.segments()}
 
 
+def test_admin_promote_a_stopped_replica_store(pair, capsys):
+    from sparkmq import admin
+    p = pair()
+    p.master.create_topic("T")
+    p.start_replica()
+    send(p.master, 100)
+    wait_until(p.caught_up, "catch-up")
+    master_epoch = p.master.epoch
+    p.stop_replica()
+    assert admin.main(["--store", p.replica_url, "--json", "promote"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["epoch"] > master_epoch
+    assert epochs.load(p.master.sfs)[-1]["epoch"] < out["epoch"]
+    with Store.open(p.replica_url) as s:          # now a master's store: it takes writes
+        assert s.append(Message("T", b"x"))[0].ok
+        assert s.epoch > out["epoch"]
+
+
 def test_replica_catches_up_after_a_gap_and_restart(pair):
     p = pair()
     p.master.create_topic("T")
