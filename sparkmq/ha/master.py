@@ -197,7 +197,9 @@ class ReplicaConnection:
                     started.add(ref.path)
                 if pos < size:
                     n = min(CHUNK_BYTES, size - pos)
-                    header = {"type": "data", "path": ref.path, "pos": pos, "offset": cursor}
+                    # ``size`` is always at a batch end: a frame reaching it is "whole"
+                    header = {"type": "data", "path": ref.path, "pos": pos, "offset": cursor,
+                              "whole": pos + n == size}
                     if store.sfs.is_local:
                         send_frame_from_file(self.sock, header, self._fd(ref), pos, n)
                     else:

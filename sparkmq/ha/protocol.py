@@ -15,9 +15,12 @@ Conversation (master M, replica R)::
     M -> R  welcome   {proof, epoch, epochs, truncateTo?}     (or error {code, message})
     M -> R  meta      {topics, consumerOffsets}              (at start and on change)
     M -> R  segment   {path, baseOffset}                     (a segment begins)
-    M -> R  data      {path, pos, offset} + bytes            (bytes at ``pos`` of ``path``)
+    M -> R  data      {path, pos, offset, whole} + bytes     (bytes at ``pos`` of ``path``;
+                                                              whole: they end at a batch end)
     M -> R  heartbeat {writtenOffset, epoch}                 (every second when idle)
-    R -> M  ack       {offset}                               (after each data frame)
+    R -> M  ack       {offset}                               (after each data frame: once
+                                                              written if whole, else the end
+                                                              of the last whole batch)
 
 Authentication is HMAC-SHA256 challenge-response over the shared ``haSecret``
 in both directions: ``proof = HMAC(secret, "<role>|<nonce>|<brokerName>")``

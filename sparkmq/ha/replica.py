@@ -115,9 +115,12 @@ class ReplicaLog:
             self._seg_pos = 0
             self._pending = b""
 
-    def write(self, path: str, pos: int, data: bytes) -> int:
+    def write(self, path: str, pos: int, data: bytes,
+              on_written: Callable[[int], None] | None = None) -> int:
         """Append ``data`` at byte ``pos`` of segment ``path``; dispatch every whole batch.
-        Returns the new offset. Raises HAProtocolError if it does not continue the copy."""
+        ``on_written(offset)`` runs after the bytes are written, before the dispatch (the
+        ack of a frame that ends at a batch end). Returns the new offset. Raises
+        HAProtocolError if it does not continue the copy."""
         st, cl = self.store, self.store.commitlog
         affected = []
         with st._append_lock:
@@ -132,6 +135,8 @@ class ReplicaLog:
                 ref = cl._ref(path)
                 ref.size = a.size
             cl.written_offset = a.base_offset + a.size
+            if on_written is not None:
+                on_written(cl.written_offset)
             affected = self._dispatch_new(a, ref, data)
         for batch, qos in affected:
             st._after_visible(batch, qos)
@@ -548,9 +553,14 @@ class HAClient:
                 raise payload
             kind = header["type"]
             if kind == "data":
-                end = self.rlog.write(header.get("path"), header.get("pos"), payload)
+                if header.get("whole"):   # ends at a batch end: ack once written
+                    end = self.rlog.write(header.get("path"), header.get("pos"), payload,
+                                          lambda off: send_frame(sock, {"type": "ack",
+                                                                        "offset": off}))
+                else:
+                    end = self.rlog.write(header.get("path"), header.get("pos"), payload)
+                    send_frame(sock, {"type": "ack", "offset": self.rlog.whole_offset})
                 self.master_offset = max(self.master_offset, end)
-                send_frame(sock, {"type": "ack", "offset": self.rlog.whole_offset})
             elif kind == "segment":
                 self.rlog.begin_segment(header.get("path"), header.get("baseOffset"))
             elif kind == "meta":
