@@ -638,9 +638,11 @@ def test_broker_sync_master_statuses_replica_refuses_sends_admin_promote(tmp_pat
             replica = make_replica()
             wait_until(lambda: master.ha_service.replicas(), "the replica to attach")
             p.send(CMessage("T", b"replicated"))
-            # SYNC_MASTER answered OK: the replica has it already
-            assert any(m.body == b"replicated" for q in range(4)
-                       for m in replica.store.read("T", q, 0, 10))
+            # SYNC_MASTER answered OK: the replica has its bytes already (written; readable
+            # once dispatched, just after)
+            assert replica.replica_log.offset >= master.store.commitlog.written_offset
+            wait_until(lambda: any(m.body == b"replicated" for q in range(4)
+                                   for m in replica.store.read("T", q, 0, 10)), "dispatch")
             # a replica that does not ack in time (its writer is blocked): the send is
             # stored on the master and answered SLAVE_PERSISTENCE_TIMEOUT
             with replica.store._append_lock:
