@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 import time
 
-import pyarrow as pa
 import pytest
 
 from sparkmq import Message, Store
-from sparkmq.errors import FencedError
 from sparkmq.ha import epochs
 from sparkmq.ha.master import HAService
 from sparkmq.ha.replica import HAClient, ReplicaLog, promote
@@ -311,12 +309,11 @@ def test_promotion_raises_the_epoch_and_old_master_diverges(pair, tmp_path):
 import json                                                    # noqa: E402
 import signal                                                  # noqa: E402
 import subprocess                                              # noqa: E402
-import sys                                                     # noqa: E402
 import threading                                               # noqa: E402
 import urllib.request                                          # noqa: E402
 
 from conftest import free_port                                 # noqa: E402
-from test_broker_cluster import http_ok, post, spawn           # noqa: E402
+from test_broker_cluster import post, spawn                    # noqa: E402
 
 
 def get(url: str) -> dict:
@@ -469,7 +466,6 @@ def test_sync_master_kill9_promote_fence_and_rejoin(tmp_path, procs):
     acked, lag, answer = kill9_and_promote(c, master, sender, acked_before_kill=300)
     assert answer["brokerId"] == 0 and answer["epoch"] >= 2
     # SYNC_MASTER: no acked message is lost, none duplicated, order kept
-    got_before = None
     from sparkmq.client import Message as CMessage, Producer
     with Producer(f"127.0.0.1:{c.r['grpc']}", max_retries=0) as p:
         p.send(CMessage("T", b"%08d" % 10**7))           # the new master takes writes

@@ -183,7 +183,6 @@ class Broker:
         self.replica_log = None
         self.fenced_reason: str | None = None
         self._promote_lock = threading.Lock()
-        self._master_unheard_since: float | None = None
 
     # ------------------------------------------------------------ lifecycle
     def _set_state(self, state: BrokerState) -> None:
@@ -334,8 +333,8 @@ class Broker:
         if self.fenced_reason is None:
             self.fenced_reason = reason
             self.store.fence(reason)
-            for svc in ("schedule", "transactions"):
-                running = getattr(self, svc)
+            for svc in ("schedule", "transactions", "ha_service"):
+                running = getattr(self, svc)   # a fenced store serves no replica either
                 if running is not None:
                     running.stop()
                     setattr(self, svc, None)
@@ -379,7 +378,6 @@ class Broker:
     def check_failover(self) -> None:
         """One pass of AutoFailoverService."""
         if not self.is_replica or self.ha_client is None or self.ha_client.connected:
-            self._master_unheard_since = None
             return
         brokers = self.namesrv.brokers()
         if brokers is None:            # no NameServer answered: no judge, no promotion
@@ -574,7 +572,8 @@ class Broker:
         qos = r.queue_offsets.tolist()
         if self.transactions is not None and any(rows.transaction_id):
             self.transactions.on_stored()
-        return [(put_status, rows.unique_key[j] or encode_message_id(tag, r.batch_offset, j), qos[j],
+        return [(put_status,
+                 rows.unique_key[j] or encode_message_id(tag, r.batch_offset, j), qos[j],
                  rows.transaction_id[j]) for j in range(n)]
 
     def _choose_queues(self, topics: list[str], groups: list[str | None]) -> list[int]:
@@ -718,7 +717,8 @@ class Broker:
                             "messages": sum(hi - lo for lo, hi in ranges.values())}
         return {"cluster": self.config.cluster_name, "brokerName": self.config.broker_name,
                 "brokerId": self.broker_id, "role": self.role,
-                "state": self.state.value, "fenced": self.fenced_reason, "ha": self.ha_status(), "endpoint": self.endpoint,
+                "state": self.state.value, "fenced": self.fenced_reason,
+                "ha": self.ha_status(), "endpoint": self.endpoint,
                 "adminPort": self.admin_port, "store": self.config.store_path,
                 "storeVersion": store.version,
                 "flushDiskType": store.config.flush_disk_type,

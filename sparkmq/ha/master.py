@@ -5,8 +5,9 @@ gets a ``ReplicaConnection``: one thread streams CommitLog bytes from the
 replica's offset (segment boundaries and names included, so the copy is
 byte-identical), one thread reads the replica's acks. The bytes streamed are
 those the store has written (``SegmentRef.size``: whole batches only), sent
-from the segment files with ``os.sendfile`` (no copy through Python); a sealed segment's bytes include its
-end-of-stream marker, so the replica seals at the same byte.
+from the segment files with ``os.sendfile`` (no copy through Python); a
+sealed segment's bytes include its end-of-stream marker, so the replica seals
+at the same byte.
 
 SYNC_MASTER: ``wait_replicated(offset, timeout_ms)`` blocks the sender until
 some replica acked ``offset`` (``PUT_OK``), or answers ``SLAVE_NOT_AVAILABLE``
@@ -214,9 +215,10 @@ class ReplicaConnection:
             if sent:
                 continue
             if ref is None and cursor < store.commitlog.min_offset():
+                first = store.commitlog.min_offset()
                 self._refuse("OFFSET_REMOVED", f"offset {cursor} was removed by retention "
-                             f"while the replica was behind (earliest {store.commitlog.min_offset()})"
-                             "; start the replica on an empty folder")
+                             f"while the replica was behind (earliest {first}); start the "
+                             "replica on an empty folder")
             if time.monotonic() - last_send >= HEARTBEAT_INTERVAL_S:
                 meta = svc.meta()
                 if meta != meta_sent:

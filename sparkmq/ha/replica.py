@@ -474,7 +474,8 @@ class HAClient:
         sock.settimeout(MASTER_SILENCE_S)
         challenge, _ = recv_frame(sock)
         if challenge.get("type") != "challenge":
-            raise HAProtocolError(f"{addr} is not a sparkmq HA port (got {challenge.get('type')!r})")
+            raise HAProtocolError(f"{addr} is not a sparkmq HA port "
+                                  f"(got {challenge.get('type')!r})")
         if challenge.get("brokerName") != self.broker_name:
             raise HAProtocolError(f"{addr} is the master of {challenge.get('brokerName')!r}, "
                                   f"not of {self.broker_name!r}")
