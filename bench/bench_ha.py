@@ -12,6 +12,9 @@
      replica's ack of its bytes (SYNC_MASTER; the broker's send path).
    The replica is a separate process (``--replica-child``: its own store,
    ``ReplicaLog`` + ``HAClient``), as it would be on another machine.
+   - ``async-null`` / ``sync-null``: the same against a replica process that only
+     receives and acks (writes nothing, dispatches nothing): the master's own
+     cost of replicating, without the replica's work on the same 2 cores/disk.
    ratio = mode / none (target for sync: >= 0.8).
 2. catch-up: a master store with ``--catchup-mib`` of messages (several
    segments); a replica process started on an empty folder follows it until its
@@ -79,10 +82,42 @@ def replica_child(url: str, port: int) -> None:
     store.close()
 
 
+def null_replica_child(port: int) -> None:
+    """A replica that only receives and acks (no write, no dispatch): what streaming
+    costs the master, without the replica's own work on the same machine."""
+    import socket
+    from sparkmq.ha.protocol import new_nonce, proof, recv_frame, send_frame
+    print("READY", flush=True)
+    sys.stdin.readline()
+    sock = socket.create_connection(("127.0.0.1", port))
+    challenge, _ = recv_frame(sock)
+    send_frame(sock, {"type": "hello", "brokerName": "bench", "brokerId": 1,
+                      "nonce": new_nonce(), "offset": 0, "epochs": [],
+                      "proof": proof(SECRET, "replica", challenge["nonce"], "bench")})
+    recv_frame(sock)
+    state = {"offset": 0}
+
+    def loop():
+        try:
+            while True:
+                header, payload = recv_frame(sock)
+                if header["type"] == "data":
+                    state["offset"] = header["offset"] + len(payload)
+                    send_frame(sock, {"type": "ack", "offset": state["offset"]})
+        except (OSError, ConnectionError):
+            pass
+    threading.Thread(target=loop, daemon=True).start()
+    print(0, flush=True)
+    for _ in sys.stdin:
+        print(state["offset"], flush=True)
+
+
 class Child:
-    def __init__(self, url: str, port: int):
+    def __init__(self, url: str, port: int, *, null: bool = False):
+        args = ["--null-replica-child", str(port)] if null else \
+            ["--replica-child", url, str(port)]
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--replica-child", url, str(port)],
+            [sys.executable, os.path.abspath(__file__), *args],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         assert line.strip() == "READY", line
@@ -112,7 +147,7 @@ def wait_offset(child: Child, target: int, timeout_s: float = 600) -> None:
 # ---------------------------------------------------------------- 1. throughput
 def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int,
              replica_root: str | None = None) -> float:
-    """Messages per second for ``mode`` in none|async|sync."""
+    """Messages per second for ``mode`` in none|async|sync|async-null|sync-null."""
     master_url = os.path.join(root, f"m-{mode}-{time.monotonic_ns()}")
     store = Store.open(master_url, mappedFileSizeCommitLog=64 * MIB)
     store.create_topic(TOPIC, read_queue_nums=4, write_queue_nums=4)
@@ -120,7 +155,7 @@ def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int,
     if mode != "none":
         ha = HAService(store, broker_name="bench", secret=SECRET).start()
         child = Child(os.path.join(replica_root or root, f"r-{mode}-{time.monotonic_ns()}"),
-                      ha.port)
+                      ha.port, null=mode.endswith("-null"))
         child.go()
         deadline = time.monotonic() + 30
         while not ha.replicas() and time.monotonic() < deadline:
@@ -132,7 +167,7 @@ def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int,
     def sender():
         for _ in range(per_thread):
             r = store.append_batch(table)
-            if mode == "sync":
+            if mode.startswith("sync"):
                 st = ha.wait_replicated(r.batch_offset + 1, 5000)
                 if st.value != "PUT_OK":
                     failures.append(st)
@@ -277,7 +312,11 @@ def main() -> int:
     ap.add_argument("--catchup-mib", type=int, default=None)
     ap.add_argument("--replica-child", nargs=2, metavar=("URL", "PORT"), help=argparse.SUPPRESS)
     ap.add_argument("--raw-sink", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
+    ap.add_argument("--null-replica-child", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.null_replica_child:
+        null_replica_child(args.null_replica_child)
+        return 0
     if args.raw_sink:
         raw_sink(args.raw_sink[0], int(args.raw_sink[1]))
         return 0
@@ -294,20 +333,21 @@ def main() -> int:
     try:
         print(f"1. send throughput: {messages:,} x {BODY_BYTES} B messages, batches of "
               f"{args.batch}, {args.threads} sender threads, ASYNC_FLUSH (msgs/s)")
-        rates: dict[str, list[float]] = {"none": [], "async": [], "sync": []}
-        ratios: dict[str, list[float]] = {"async": [], "sync": []}
+        modes = ("none", "async", "sync", "async-null", "sync-null")
+        rates: dict[str, list[float]] = {m: [] for m in modes}
+        ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
         for _ in range(args.repeat):
             run = {m: send_run(root, m, messages=messages, batch=args.batch,
                                threads=args.threads, replica_root=dest)
-                   for m in ("none", "async", "sync")}
+                   for m in modes}
             for m, v in run.items():
                 rates[m].append(v)
-            for m in ("async", "sync"):
+            for m in modes[1:]:
                 ratios[m].append(run[m] / run["none"])
-        for m in ("none", "async", "sync"):
+        for m in modes:
             r = "" if m == "none" else \
                 f"  ratio {min(ratios[m]):.2f}-{max(ratios[m]):.2f}"
-            print(f"   {m:5s} {fmt_range(rates[m], ' msgs/s')}{r}")
+            print(f"   {m:10s} {fmt_range(rates[m], ' msgs/s')}{r}")
         print(f"2. catch-up of {mib} MiB (32 MiB segments) from empty, against copyfile+fsync "
               "and against a raw TCP stream of the same files (sendfile -> write+fsync)")
         store, url = fill_master(root, mib)
