@@ -379,6 +379,45 @@ def broker_status(args) -> None:
     _emit(args, _http(args.broker, "/status"))
 
 
+def broker_ha(args) -> None:
+    """Replication progress: a master's replicas (acked offset, lag) or a replica's link."""
+    if not args.broker:
+        raise SparkMQError("broker ha needs --broker http://host:adminPort")
+    ha = _http(args.broker, "/status").get("ha") or {}
+    if args.json:
+        _emit(args, ha)
+        return
+    if ha.get("role") == "replica":
+        _emit(args, [{k: ha.get(k) for k in ("role", "connected", "offset", "masterOffset",
+                                               "lagBytes", "masterEpoch", "lastError")}])
+    else:
+        print(f"master epoch {ha.get('epoch')}  offset {ha.get('offset')}")
+        rows = ha.get("replicas") or []
+        print(_table(rows, ["brokerId", "address", "ackedOffset", "lagBytes"])
+              if rows else "no replica attached")
+
+
+def broker_promote(args) -> None:
+    """``sparkmq admin --broker URL promote``: make a running replica the master.
+    ``--store PATH``: promote a stopped replica's store (then start it with
+    ``sparkmq broker`` as brokerId 0)."""
+    if args.broker:
+        _emit(args, _http(args.broker, "/admin/promote", {"role": args.role}))
+        return
+    if not args.store:
+        raise SparkMQError("promote needs --broker http://host:adminPort of a running replica, "
+                           "or --store PATH of a stopped one")
+    from .ha.replica import promote
+    from .log.store import Store
+    store = Store.open(args.store, create=False, start_services=False)
+    try:
+        epoch = promote(store, None, 0)
+        out = {"store": args.store, "epoch": epoch, "offset": store.commitlog.written_offset}
+    finally:
+        store.close()
+    _emit(args, out)
+
+
 # ---------------------------------------------------------------- parser
 def _add_retention_options(c) -> None:
     c.add_argument("--retention-hours", type=float,
@@ -468,6 +507,13 @@ def _parser() -> argparse.ArgumentParser:
     cl.add_parser("list").set_defaults(fn=cluster_list)
     b = sub.add_parser("broker").add_subparsers(dest="cmd", required=True)
     b.add_parser("status").set_defaults(fn=broker_status)
+    b.add_parser("ha", help="replication progress and lag").set_defaults(fn=broker_ha)
+    c = b.add_parser("promote", help="make a replica (brokerRole=SLAVE) the master")
+    c.add_argument("--role", default="ASYNC_MASTER", choices=["ASYNC_MASTER", "SYNC_MASTER"])
+    c.set_defaults(fn=broker_promote)
+    c = sub.add_parser("promote", help="= broker promote: make a replica the master")
+    c.add_argument("--role", default="ASYNC_MASTER", choices=["ASYNC_MASTER", "SYNC_MASTER"])
+    c.set_defaults(fn=broker_promote)
     return p
 
 

@@ -8,7 +8,8 @@ Subcommands that inspect a store (read-only; safe while a writer runs):
 * ``sparkmq create-topic STORE NAME`` create a topic (takes the writer lease briefly)
 * ``sparkmq demo``                    the main job on an embedded default
 
-Daemons: ``sparkmq namesrv -p 9876`` and ``sparkmq broker -c conf/broker-a.properties``
+Daemons: ``sparkmq namesrv -p 9876``, ``sparkmq broker -c conf/broker-a.properties`` and
+``sparkmq replica -c conf/broker-a-s.properties``
 (their own option parsers; ``--help`` lists them).
 """
 from __future__ import annotations
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     sub.add_parser("namesrv", help="run a NameServer (sparkmq namesrv --help)")
     sub.add_parser("broker", help="run a broker daemon (sparkmq broker --help)")
+    sub.add_parser("replica", help="run a replica of a broker (sparkmq replica --help)")
     sub.add_parser("admin", help="mqadmin-style commands (sparkmq admin --help)")
 
     s = sub.add_parser("topics", help="list topics and queues with their offsets")
@@ -173,6 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "replica":
+        from .broker import main as broker_main
+        return broker_main(argv[1:], replica=True) or 0
     if argv and argv[0] in ("broker", "namesrv", "admin"):
         if argv[0] == "broker":
             from .broker import main as daemon_main

@@ -175,3 +175,11 @@ class UncleanWriterError(StoreError):
     """The last writer did not stop cleanly; open the store for writing to recover it."""
 
     code = "SPARKMQ_UNCLEAN_WRITER"
+
+
+class HAProtocolError(SparkMQError):
+    """A replication peer broke the protocol or failed authentication; check haSecret
+    and that the address is a sparkmq HA port."""
+
+    code = "SPARKMQ_HA_PROTOCOL"
+

@@ -13,16 +13,20 @@ from .config import BrokerConfig, load_properties
 __all__ = ["Broker", "BrokerState", "BrokerConfig", "load_properties", "main"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, replica: bool = False) -> int:
     """Run a broker until SIGINT/SIGTERM. ``-c FILE`` (properties), ``-n namesrvAddr``,
-    ``-p listenPort``, ``--admin-port``, ``--store`` override the file."""
+    ``-p listenPort``, ``--admin-port``, ``--store`` override the file. ``replica``
+    (``sparkmq replica``): the config must describe a replica (brokerRole=SLAVE,
+    brokerId > 0); brokerRole defaults to SLAVE."""
     import argparse
     import logging
     import signal
     import sys
     import threading
 
-    p = argparse.ArgumentParser(prog="sparkmq broker", description="run a sparkmq broker")
+    prog = "sparkmq replica" if replica else "sparkmq broker"
+    p = argparse.ArgumentParser(prog=prog, description="run a sparkmq " +
+                                ("replica (follows its master's CommitLog)" if replica else "broker"))
     p.add_argument("-c", "--config", help="broker.properties file (RocketMQ names)")
     p.add_argument("-n", "--namesrv", help="NameServer addresses, 'h:p;h:p'")
     p.add_argument("-p", "--port", type=int, help="gRPC listenPort")
@@ -33,8 +37,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         props = load_properties(args.config) if args.config else {}
     except SparkMQError as e:
-        print(f"sparkmq broker: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
+    if replica:
+        props.setdefault("brokerRole", "SLAVE")
+        if props["brokerRole"] != "SLAVE":
+            print(f"{prog}: the config says brokerRole={props['brokerRole']}; a replica needs "
+                  "brokerRole=SLAVE (use 'sparkmq broker' for a master)", file=sys.stderr)
+            return 2
     for key, val in (("namesrvAddr", args.namesrv), ("listenPort", args.port),
                      ("adminPort", args.admin_port), ("storePathRootDir", args.store)):
         if val is not None:
@@ -48,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         broker = Broker(BrokerConfig.from_properties(props))
         broker.start()
     except (SparkMQError, OSError) as e:
-        print(f"sparkmq broker: cannot start: {e}", file=sys.stderr)
+        print(f"{prog}: cannot start: {e}", file=sys.stderr)
         return 1
-    print(f"sparkmq broker {broker.config.broker_name} running: gRPC {broker.endpoint}, "
+    print(f"{prog} {broker.config.broker_name}#{broker.broker_id} running: gRPC {broker.endpoint}, "
           f"admin http://{broker.config.host}:{broker.admin_port}", flush=True)
     done.wait()
     broker.stop()

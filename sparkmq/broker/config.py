@@ -100,6 +100,13 @@ class BrokerConfig:
     transaction_timeout_ms: int = 6_000           # transactionTimeOut (first check-back)
     transaction_check_interval_ms: int = 30_000   # transactionCheckInterval (between checks)
     transaction_check_max: int = 15               # transactionCheckMax (then rolled back)
+    ha_listen_port: int = 0                       # haListenPort (HA service of a master; 0 = none)
+    ha_secret: str = ""                           # haSecret (shared by a master and its replicas)
+    ha_master_address: str = ""                   # haMasterAddress (replica: master's HA host:port;
+                                                  #   empty = the master's haEndpoint from the NameServers)
+    enable_auto_failover: bool = False            # enableAutoFailover (replica promotes itself)
+    auto_failover_silence_ms: int = 120_000       # autoFailoverSilenceMs (master unheard by every
+                                                  #   NameServer this long, HA link down: promote)
     store_options: dict = field(default_factory=dict)  # everything else -> Store.open
 
     _ALIASES = {
@@ -118,12 +125,16 @@ class BrokerConfig:
         "transactionTimeOut": "transaction_timeout_ms",
         "transactionCheckInterval": "transaction_check_interval_ms",
         "transactionCheckMax": "transaction_check_max",
+        "haListenPort": "ha_listen_port", "haSecret": "ha_secret",
+        "haMasterAddress": "ha_master_address", "enableAutoFailover": "enable_auto_failover",
+        "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
-    _BOOLS = ("enable_property_filter",)
+    _BOOLS = ("enable_property_filter", "enable_auto_failover")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",
-             "transaction_timeout_ms", "transaction_check_interval_ms", "transaction_check_max")
+             "transaction_timeout_ms", "transaction_check_interval_ms", "transaction_check_max",
+             "ha_listen_port", "auto_failover_silence_ms")
 
     def __post_init__(self):
         if self.broker_role not in ROLES:
@@ -144,6 +155,27 @@ class BrokerConfig:
                      "transaction_check_interval_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.broker_role == "SLAVE":
+            if self.broker_id <= 0:
+                raise InvalidConfigError("a replica (brokerRole=SLAVE) needs brokerId > 0")
+            if not self.ha_secret:
+                raise InvalidConfigError("a replica needs haSecret, the secret its master's "
+                                         "haSecret is set to")
+            if not self.ha_master_address and not self.namesrv_addr:
+                raise InvalidConfigError("a replica needs haMasterAddress (host:port of the "
+                                         "master's haListenPort) or namesrvAddr to find it")
+        elif self.ha_listen_port and not self.ha_secret:
+            raise InvalidConfigError("haListenPort is set but haSecret is empty; replication "
+                                     "traffic must be authenticated: set haSecret")
+        if self.ha_master_address:
+            from ..ha.protocol import parse_address
+            try:
+                parse_address(self.ha_master_address)
+            except ValueError as e:
+                raise InvalidConfigError(f"haMasterAddress: {e}") from None
+        if not 0 <= self.ha_listen_port <= 65535 or self.auto_failover_silence_ms <= 0:
+            raise InvalidConfigError("haListenPort must be 0..65535 and autoFailoverSilenceMs "
+                                     "positive")
         StoreConfig.from_options(self.store_config_options())  # validates store options
 
     @classmethod

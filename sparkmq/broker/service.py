@@ -413,6 +413,12 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         if put_status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
             st = status(Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but the fsync did not finish "
                         "within syncFlushTimeout")
+        elif put_status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT:
+            st = status(Code.SLAVE_PERSISTENCE_TIMEOUT, "stored on the master, but no replica "
+                        "acked it within syncFlushTimeout (SYNC_MASTER)")
+        elif put_status is PutMessageStatus.SLAVE_NOT_AVAILABLE:
+            st = status(Code.HA_NOT_AVAILABLE, "stored on the master, but no replica is attached "
+                        "(SYNC_MASTER)")
         elif put_status is PutMessageStatus.PUT_OK:
             st = OK
         else:

@@ -100,13 +100,20 @@ class _GroupClient:
             except BrokerUnavailableError as e:
                 log.info("heartbeat: %s", e)
 
-    def _brokers(self, topic: str) -> list[Queue]:
-        """One readable queue per broker of ``topic`` (the broker chooses inside)."""
-        seen: dict[str, Queue] = {}
+    def _broker_groups(self, topic: str) -> list[list[Queue]]:
+        """Per broker group of ``topic``, one readable queue per broker to try in
+        order: the master's (id 0) first, then its replicas' by id. A consumer reads
+        from a replica while the master is unreachable or gone from the route."""
+        groups: dict[str, dict[int, Queue]] = {}
         for q in self.routes.queues(topic):
-            if q.readable and q.broker_id == 0 and q.broker_name not in seen:
-                seen[q.broker_name] = q
-        return list(seen.values())
+            if q.readable:
+                groups.setdefault(q.broker_name, {}).setdefault(q.broker_id, q)
+        return [[g[i] for i in sorted(g)] for _, g in sorted(groups.items())]
+
+    def _brokers(self, topic: str) -> list[Queue]:
+        """One readable queue per broker group of ``topic`` (the broker chooses inside):
+        the master's, or a replica's when the route lists no master."""
+        return [g[0] for g in self._broker_groups(topic)]
 
     def _receive_from(self, queue: Queue, max_messages: int, invisible_s: float,
                       wait_s: float) -> list[ReceivedMessage]:
@@ -173,19 +180,25 @@ class SimpleConsumer(_GroupClient):
         """Up to ``max_messages`` messages; waits up to ``wait_s`` per (topic, broker)
         for one to arrive. Each must be acked within ``invisible_duration_s`` or it
         is delivered again."""
-        targets = [q for t in self.subscriptions for q in self._brokers(t)]
+        targets = [g for t in self.subscriptions for g in self._broker_groups(t)]
         start = next(self._rr)
         errors = []
+        failed_groups = 0
         for i in range(len(targets)):
-            q = targets[(start + i) % len(targets)]
-            try:
-                got = self._receive_from(q, max_messages, invisible_duration_s, wait_s)
-            except BrokerUnavailableError as e:
-                errors.append(str(e))
+            group = targets[(start + i) % len(targets)]
+            got = None
+            for q in group:           # master first; its replicas if it is unreachable
+                try:
+                    got = self._receive_from(q, max_messages, invisible_duration_s, wait_s)
+                    break
+                except BrokerUnavailableError as e:
+                    errors.append(str(e))
+            if got is None:
+                failed_groups += 1
                 continue
             if got:
                 return got
-        if errors and len(errors) == len(targets):
+        if errors and failed_groups == len(targets):
             raise BrokerUnavailableError("; ".join(errors))
         return []
 
@@ -377,8 +390,13 @@ class PullConsumer:
         self.routes = RouteCache(self.conns, self.endpoints)
 
     def queues(self, topic: str) -> list[Queue]:
-        """The readable master queues of ``topic`` across brokers."""
-        return [q for q in self.routes.queues(topic) if q.readable and q.broker_id == 0]
+        """The readable queues of ``topic`` across broker groups: the master's, or
+        the lowest-id replica's for a group whose master the route no longer lists."""
+        queues = [q for q in self.routes.queues(topic) if q.readable]
+        best: dict[str, int] = {}
+        for q in queues:
+            best[q.broker_name] = min(best.get(q.broker_name, q.broker_id), q.broker_id)
+        return [q for q in queues if q.broker_id == best[q.broker_name]]
 
     def pull(self, queue: Queue, offset: int, max_messages: int = 32, wait_s: float = 0.0,
              tag_expression: str = "*") -> tuple[list[ReceivedMessage], int]:

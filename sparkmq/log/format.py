@@ -168,6 +168,14 @@ def abort_file() -> str:
     return ABORT_FILE
 
 
+HA_EPOCHS_FILE = "ha-epochs.json"
+
+
+def ha_epochs_file() -> str:
+    """The CommitLog's epoch history for replication (not part of the table)."""
+    return HA_EPOCHS_FILE
+
+
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_.]{1,64}$")
 
 

@@ -9,6 +9,8 @@ class PutMessageStatus(enum.Enum):
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"      # stored, but fsync did not finish in time
     MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
     SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"    # SYNC_MASTER: stored here, no replica ack in time
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"    # SYNC_MASTER: stored here, no replica attached
 
 
 class GetMessageStatus(enum.Enum):

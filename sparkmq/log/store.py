@@ -150,22 +150,28 @@ class Store(MessageReader):
         self.epoch = 0
         self.recovered_from_crash = False
         self.lease_endpoint: str | None = None   # admin URL of a broker holding the lease
+        self.replica = False       # a replica's copy (sparkmq.ha): see open()
 
     # ------------------------------------------------------------------ open
     @classmethod
     def open(cls, url: str, *, mode: str = "w", create: bool = True,
              clock_ms: Callable[[], int] | None = None, storage_options: dict | None = None,
-             start_services: bool = True, **config) -> "Store":
+             start_services: bool = True, replica: bool = False, **config) -> "Store":
         """Open (and with ``create`` make) the store at ``url``.
 
         ``config`` takes RocketMQ property names (``flushDiskType="SYNC_FLUSH"``,
         ``mappedFileSizeCommitLog=...``) or StoreConfig attribute names.
+        ``replica``: the store is a replica's copy of a master's CommitLog
+        (``sparkmq.ha``): after a crash its tail segment is not sealed, so the
+        copy stays byte-identical and the replica goes on appending the
+        master's bytes to it.
         """
         if mode not in ("r", "w"):
             raise InvalidConfigError(f"mode must be 'r' or 'w', got {mode!r}")
         sfs = StoreFS(url, storage_options)
         conf = StoreConfig.from_options(config)
         store = cls(sfs, conf, writable=(mode == "w"), clock_ms=clock_ms)
+        store.replica = replica
         txlog = store.txlog
         if not txlog.exists():
             if not create or mode == "r":
@@ -247,6 +253,31 @@ class Store(MessageReader):
                 f"store {self.url}: writer lease now belongs to {lease.get('owner')} epoch "
                 f"{lease.get('epoch')}; this writer (epoch {self.epoch}) must stop")
 
+    def raise_epoch(self, above: int) -> int:
+        """Re-take this store's writer lease with an epoch greater than ``above``
+        and than its own (promotion of a replica, ``sparkmq.ha``). Returns it."""
+        self._require_writable()
+        with self._commit_lock:
+            new_epoch = max(self.epoch, int(above)) + 1
+
+            def build(state: LogState):
+                self._check_fence(state)
+                lease = dict(state.lease or {})
+                lease.update(owner=self.owner, epoch=new_epoch, released=False,
+                             expiresTime=self.clock_ms() + self.config.lease_timeout_ms)
+                return [{"lease": lease}]
+            self.state = self.txlog.commit(build, operation="PROMOTE",
+                                           parameters={"epoch": new_epoch}, state=self.state,
+                                           retries=self.config.commit_retries)
+            self.epoch = new_epoch
+        log.warning("store %s: writer lease re-taken with epoch %d", self.url, new_epoch)
+        return new_epoch
+
+    def fence(self, reason: str) -> None:
+        """Refuse every write from now on (a newer master exists elsewhere, ``sparkmq.ha``)."""
+        log.error("store %s: fenced: %s", self.url, reason)
+        self._fenced = True
+
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
         sfs = self.sfs
@@ -311,7 +342,7 @@ class Store(MessageReader):
         # continue appending to the last unsealed segment, if it is the newest
         segs = self.commitlog.segments()
         if segs and not segs[-1].sealed and fmt.parse_segment_file(segs[-1].path) is not None:
-            if crashed:
+            if crashed and not self.replica:
                 self._seal_foreign_tail(segs[-1])
             else:
                 self.commitlog.open_active(segs[-1])
@@ -384,6 +415,11 @@ class Store(MessageReader):
             raise FencedError(f"store {self.url}: a newer writer took the lease from this one "
                               f"(epoch {self.epoch}); open the store again to write")
 
+    def _require_not_replica(self) -> None:
+        if self.replica:
+            raise ReadOnlyStoreError(f"store {self.url} is a replica's copy: its messages and "
+                                     "topics come from its master; write to the master")
+
     def _commit(self, build: Callable[[LogState], list | None], operation: str,
                 parameters: dict | None = None) -> LogState:
         with self._commit_lock:
@@ -409,6 +445,7 @@ class Store(MessageReader):
         ``retention_ms`` / ``retention_bytes`` (per queue, message bodies) give the
         topic its own retention on top of the broker default (log/retention.py)."""
         self._require_writable()
+        self._require_not_replica()
         validate_topic(name, system=system)
         n = self.config.default_topic_queue_nums
         rq = n if read_queue_nums is None else read_queue_nums
@@ -440,6 +477,7 @@ class Store(MessageReader):
         (``retention_ms`` / ``retention_bytes``: None keeps, 0 goes back to the
         broker default)."""
         self._require_writable()
+        self._require_not_replica()
         _retention_fields({}, retention_ms, retention_bytes)   # validates before the commit
         updated: dict = {}
 
@@ -743,6 +781,7 @@ class Store(MessageReader):
                        store_ts_ms: np.ndarray | None = None) -> tuple[int, np.ndarray, list]:
         if self._closed:
             raise StoreClosedError(f"store {self.url} is closed")
+        self._require_not_replica()
         rolls = self.commitlog.segments_created
         batch_offset = self.commitlog.append(batch)
         qos, updates = self._dispatch(batch, batch_offset, info, store_ts_ms)
@@ -1144,6 +1183,7 @@ class Store(MessageReader):
         atomically, in one log version. With (app_id, app_version) a replay of
         an already committed version is skipped (idempotent writers)."""
         self._require_writable()
+        self._require_not_replica()
         with self._append_lock, self._commit_lock:
             if app_id is not None:
                 done = self.state.txns.get(app_id)

@@ -29,6 +29,7 @@ class NameServerClient:
     def __init__(self, addresses: str | list[str] | None, *, timeout_s: float = 3.0):
         self.addresses = parse_addresses(addresses)
         self.timeout_s = timeout_s
+        self.fenced_by: dict[str, dict] = {}
 
     def _call(self, addr: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         data = json.dumps(body).encode() if body is not None else None
@@ -45,12 +46,16 @@ class NameServerClient:
                 return e.code, {}
 
     def register(self, registration: dict) -> dict[str, bool]:
-        """Register with every NameServer; returns address -> success."""
+        """Register with every NameServer; returns address -> success. A NameServer
+        that fences this broker (a newer master was promoted) is recorded in
+        ``self.fenced_by`` (address -> its answer)."""
         out = {}
         for addr in self.addresses:
             try:
-                code, _ = self._call(addr, "/brokers/register", registration)
+                code, body = self._call(addr, "/brokers/register", registration)
                 out[addr] = code == 200
+                if code == 409 and body.get("fenced"):
+                    self.fenced_by[addr] = body
             except OSError as e:
                 log.warning("register with NameServer %s failed: %s", addr, e)
                 out[addr] = False

@@ -6,7 +6,15 @@ A broker silent for ``broker_expiry_ms`` (120 s) is dropped: route queries
 skip it at once, and ``expire()`` removes it from the table.
 
 Invariants: one entry per (broker name, broker id); a route lists every queue
-of a topic across broker groups, masters (id 0) first. The clock is injected
+of a topic across broker groups, masters (id 0) first.
+
+Master fencing (replication, ``sparkmq.ha``): per broker name the registry
+remembers the newest master writer it accepted, as (epoch, storeId) from the
+registration's epoch history. A registration as master (id 0) is refused when
+its history does not contain that writer: it comes from a store that was left
+behind by a promotion (an old master returning), and the broker must refuse
+writes. The memory is not persisted: after a NameServer restart the first
+master to register is believed (run several NameServers). The clock is injected
 (``clock_ms``) so tests can age a broker without waiting.
 
 Thread-safety: every public method takes one lock; safe from many threads.
@@ -37,6 +45,8 @@ class BrokerRegistration:
     endpoint: str                       # "host:port" of its gRPC MessagingService
     topics: dict[str, dict] = field(default_factory=dict)  # name -> {readQueueNums, writeQueueNums, perm}
     admin_endpoint: str | None = None
+    ha_endpoint: str | None = None      # "host:port" of its HA service (masters)
+    epochs: list = field(default_factory=list)  # epoch history [{epoch, storeId, startOffset}]
     last_seen_ms: int = 0
 
     @classmethod
@@ -50,7 +60,10 @@ class BrokerRegistration:
             return cls(cluster=str(data["cluster"]), broker_name=str(data["brokerName"]),
                        broker_id=int(data["brokerId"]), role=str(data.get("role", "ASYNC_MASTER")),
                        endpoint=str(data["endpoint"]), topics=topics,
-                       admin_endpoint=data.get("adminEndpoint"))
+                       admin_endpoint=data.get("adminEndpoint"),
+                       ha_endpoint=data.get("haEndpoint"),
+                       epochs=[{"epoch": int(e["epoch"]), "storeId": str(e["storeId"])}
+                               for e in list(data.get("epochs") or [])])
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed broker registration: {e!r}") from None
 
@@ -58,6 +71,8 @@ class BrokerRegistration:
         return {"cluster": self.cluster, "brokerName": self.broker_name,
                 "brokerId": self.broker_id, "role": self.role, "endpoint": self.endpoint,
                 "adminEndpoint": self.admin_endpoint, "topics": self.topics,
+                "haEndpoint": self.ha_endpoint,
+                "epoch": self.epochs[-1]["epoch"] if self.epochs else None,
                 "lastSeenMs": self.last_seen_ms}
 
 
@@ -69,13 +84,29 @@ class RouteRegistry:
         self.broker_expiry_ms = broker_expiry_ms
         self.clock_ms = clock_ms or _now_ms
         self._brokers: dict[tuple[str, int], BrokerRegistration] = {}
+        self._masters: dict[str, dict] = {}     # broker name -> newest master {epoch, storeId}
         self._lock = threading.Lock()
 
-    def register(self, reg: BrokerRegistration) -> None:
-        """Add or refresh a broker; its topic list replaces the previous one."""
+    def register(self, reg: BrokerRegistration) -> dict | None:
+        """Add or refresh a broker; its topic list replaces the previous one.
+        Returns None, or (refused, nothing stored) ``{"fenced": True, "master": {epoch,
+        storeId}}`` for a master whose epoch history misses the newest accepted master."""
         reg.last_seen_ms = self.clock_ms()
         with self._lock:
+            if reg.broker_id == MASTER_ID and reg.role != "SLAVE" and reg.epochs:
+                known = self._masters.get(reg.broker_name)
+                mine = [(e["epoch"], e["storeId"]) for e in reg.epochs]
+                if known is not None and (known["epoch"], known["storeId"]) not in mine:
+                    return {"fenced": True, "master": dict(known)}
+                self._masters[reg.broker_name] = dict(reg.epochs[-1])
             self._brokers[(reg.broker_name, reg.broker_id)] = reg
+        return None
+
+    def master_epoch(self, broker_name: str) -> dict | None:
+        """The newest master writer accepted for ``broker_name`` ({epoch, storeId})."""
+        with self._lock:
+            known = self._masters.get(broker_name)
+            return dict(known) if known else None
 
     def unregister(self, broker_name: str, broker_id: int) -> bool:
         with self._lock:

@@ -159,7 +159,14 @@ def _make_handler(registry: RouteRegistry):
                     return self._reply(400, {"error": str(e)})
                 known = any(r.broker_name == reg.broker_name and r.broker_id == reg.broker_id
                             for r in registry.brokers())
-                registry.register(reg)
+                refused = registry.register(reg)
+                if refused is not None:
+                    log.warning("refused master registration of %s#%d: epoch history lacks the "
+                                "newest master %s (promoted elsewhere)", reg.broker_name,
+                                reg.broker_id, refused["master"])
+                    return self._reply(409, {"error": "a newer master of this broker group was "
+                                             "promoted; this broker must not accept writes",
+                                             **refused})
                 if not known:
                     log.info("broker %s#%d (%s, cluster %s) registered at %s with %d topics",
                              reg.broker_name, reg.broker_id, reg.role, reg.cluster,

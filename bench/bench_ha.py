@@ -1,0 +1,379 @@
+"""Replication benchmark: SYNC_MASTER / ASYNC_MASTER / no replica, and replica catch-up.
+
+    .venv/bin/python bench/bench_ha.py [--quick] [--dir DIR] [--repeat N]
+
+1. send throughput of a master ``Store`` (ASYNC_FLUSH, 1 KiB messages, columnar
+   ``append_batch`` of ``--batch`` messages, ``--threads`` sender threads) in
+   three modes, in the same run:
+   - ``none``: no HA service;
+   - ``async``: an ``HAService`` streaming to a replica process, no waiting
+     (ASYNC_MASTER);
+   - ``sync``: each append then waits in ``HAService.wait_replicated`` for the
+     replica's ack of its bytes (SYNC_MASTER; the broker's send path).
+   The replica is a separate process (``--replica-child``: its own store,
+   ``ReplicaLog`` + ``HAClient``), as it would be on another machine.
+   - ``async-null`` / ``sync-null``: the same against a replica process that only
+     receives and acks (writes nothing, dispatches nothing): the master's own
+     cost of replicating, without the replica's work on the same 2 cores/disk.
+   ratio = mode / none (target for sync: >= 0.8).
+2. catch-up: a master store with ``--catchup-mib`` of messages (several
+   segments); a replica process started on an empty folder follows it until its
+   offset equals the master's, then fsyncs; timed from its start to that point
+   (process start-up excluded: the child reports when it is ready). Two limits:
+   copying the same segment files with ``shutil.copyfile`` plus fsync of each
+   (in-kernel copy, no network), and a raw stream: the same files sent over
+   loopback TCP with ``os.sendfile`` to a process that writes and fsyncs them
+   (no framing, no ConsumeQueue/Index). ratio = limit time / catch-up time
+   (target >= 0.7).
+
+Every figure is repeated ``--repeat`` times (default 2); the range is printed.
+Data lives in a fresh folder under /tmp (or --dir), deleted at the end. On one
+machine the replica shares the master's disk and cores, which a real replica
+does not: ``--replica-dir /dev/shm`` puts the replica's store (and the copy
+targets) on another "disk", leaving only the shared cores.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pyarrow as pa
+
+from sparkmq.ha.master import HAService
+from sparkmq.log.store import Store
+
+SECRET = "bench-secret"
+TOPIC = "bench"
+BODY_BYTES = 1024
+MIB = 1 << 20
+
+
+def make_batch(n: int) -> pa.Table:
+    body = np.frombuffer(os.urandom(BODY_BYTES), np.uint8)
+    bodies = pa.array([body.tobytes()] * n, pa.binary())
+    return pa.table({"topic": pa.array([TOPIC] * n), "body": bodies})
+
+
+# ---------------------------------------------------------------- the replica child
+def replica_child(url: str, port: int) -> None:
+    """Follow the master at 127.0.0.1:port into ``url``: print READY, start following
+    at the first line on stdin, then answer each line with the replica's offset
+    (``fsync`` first flushes); EOF stops."""
+    from sparkmq.ha.replica import HAClient, ReplicaLog
+    store = Store.open(url, replica=True, mappedFileSizeCommitLog=64 * MIB)
+    rlog = ReplicaLog(store)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    client = HAClient(rlog, broker_name="bench", broker_id=1, secret=SECRET,
+                      master_address=lambda: f"127.0.0.1:{port}").start()
+    print(rlog.offset, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "fsync":
+            store.commitlog.flush(sync=True)
+        print(rlog.offset, flush=True)
+    client.stop()
+    store.close()
+
+
+def null_replica_child(port: int) -> None:
+    """A replica that only receives and acks (no write, no dispatch): what streaming
+    costs the master, without the replica's own work on the same machine."""
+    import socket
+    from sparkmq.ha.protocol import new_nonce, proof, recv_frame, send_frame
+    print("READY", flush=True)
+    sys.stdin.readline()
+    sock = socket.create_connection(("127.0.0.1", port))
+    challenge, _ = recv_frame(sock)
+    send_frame(sock, {"type": "hello", "brokerName": "bench", "brokerId": 1,
+                      "nonce": new_nonce(), "offset": 0, "epochs": [],
+                      "proof": proof(SECRET, "replica", challenge["nonce"], "bench")})
+    recv_frame(sock)
+    state = {"offset": 0}
+
+    def loop():
+        try:
+            while True:
+                header, payload = recv_frame(sock)
+                if header["type"] == "data":
+                    state["offset"] = header["offset"] + len(payload)
+                    send_frame(sock, {"type": "ack", "offset": state["offset"]})
+        except (OSError, ConnectionError):
+            pass
+    threading.Thread(target=loop, daemon=True).start()
+    print(0, flush=True)
+    for _ in sys.stdin:
+        print(state["offset"], flush=True)
+
+
+class Child:
+    def __init__(self, url: str, port: int, *, null: bool = False):
+        args = ["--null-replica-child", str(port)] if null else \
+            ["--replica-child", url, str(port)]
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        assert line.strip() == "READY", line
+
+    def go(self) -> None:
+        """Start following (the process is up and its store open)."""
+        self.offset("go")
+
+    def offset(self, cmd: str = "?") -> int:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return int(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(60)
+
+
+def wait_offset(child: Child, target: int, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while child.offset() < target:
+        if time.monotonic() > deadline:
+            raise TimeoutError("replica did not catch up")
+        time.sleep(0.002)
+
+
+# ---------------------------------------------------------------- 1. throughput
+def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int,
+             replica_root: str | None = None) -> float:
+    """Messages per second for ``mode`` in none|async|sync|async-null|sync-null."""
+    master_url = os.path.join(root, f"m-{mode}-{time.monotonic_ns()}")
+    store = Store.open(master_url, mappedFileSizeCommitLog=64 * MIB)
+    store.create_topic(TOPIC, read_queue_nums=4, write_queue_nums=4)
+    ha = child = None
+    if mode != "none":
+        ha = HAService(store, broker_name="bench", secret=SECRET).start()
+        child = Child(os.path.join(replica_root or root, f"r-{mode}-{time.monotonic_ns()}"),
+                      ha.port, null=mode.endswith("-null"))
+        child.go()
+        deadline = time.monotonic() + 30
+        while not ha.replicas() and time.monotonic() < deadline:
+            time.sleep(0.01)
+    table = make_batch(batch)
+    per_thread = messages // threads // batch
+    failures = []
+
+    def sender():
+        for _ in range(per_thread):
+            r = store.append_batch(table)
+            if mode.startswith("sync"):
+                st = ha.wait_replicated(r.batch_offset + 1, 5000)
+                if st.value != "PUT_OK":
+                    failures.append(st)
+
+    workers = [threading.Thread(target=sender) for _ in range(threads)]
+    t0 = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - t0
+    if child is not None:
+        wait_offset(child, store.commitlog.written_offset)   # not timed: drain before stop
+        child.close()
+        ha.stop()
+    store.close()
+    assert not failures, failures
+    return per_thread * threads * batch / elapsed
+
+
+# ---------------------------------------------------------------- 2. catch-up
+def fill_master(root: str, mib: int) -> tuple[Store, str]:
+    url = os.path.join(root, "catchup-master")
+    store = Store.open(url, mappedFileSizeCommitLog=32 * MIB)
+    store.create_topic(TOPIC, read_queue_nums=4, write_queue_nums=4)
+    table = make_batch(1000)
+    for _ in range(mib * MIB // (1000 * BODY_BYTES)):
+        store.append_batch(table)
+    store.flush()
+    return store, url
+
+
+def catchup_run(root: str, store: Store, ha: HAService, i: int) -> float:
+    """Seconds from the replica's start of following (process already up) to caught
+    up and fsynced."""
+    url = os.path.join(root, f"catchup-replica-{i}")
+    child = Child(url, ha.port)
+    t0 = time.perf_counter()
+    child.go()
+    wait_offset(child, store.commitlog.written_offset)
+    child.offset("fsync")
+    elapsed = time.perf_counter() - t0
+    child.close()
+    shutil.rmtree(url)
+    return elapsed
+
+
+def raw_copy_run(root: str, master_url: str, i: int) -> float:
+    src = os.path.join(master_url, "commitlog")
+    dst = os.path.join(root, f"rawcopy-{i}")
+    os.makedirs(dst)
+    t0 = time.perf_counter()
+    for name in sorted(os.listdir(src)):
+        out = os.path.join(dst, name)
+        shutil.copyfile(os.path.join(src, name), out)
+        fd = os.open(out, os.O_RDONLY)
+        os.fsync(fd)
+        os.close(fd)
+    elapsed = time.perf_counter() - t0
+    shutil.rmtree(dst)
+    return elapsed
+
+
+def raw_sink(folder: str, port: int) -> None:
+    """Child of ``raw_stream_run``: receive files over TCP (no framing beyond a name and
+    a size), write them, fsync each; print DONE."""
+    import socket
+    import struct
+    os.makedirs(folder)
+    print("READY", flush=True)
+    sys.stdin.readline()
+    sock = socket.create_connection(("127.0.0.1", port))
+    buf = bytearray(4 * MIB)
+    view = memoryview(buf)
+    while True:
+        head = sock.recv(12, socket.MSG_WAITALL)
+        if len(head) < 12:
+            break
+        name_len, size = struct.unpack("!IQ", head)
+        name = sock.recv(name_len, socket.MSG_WAITALL).decode()
+        fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        left = size
+        while left:
+            n = sock.recv_into(view[:min(left, len(buf))])
+            os.write(fd, view[:n])
+            left -= n
+        os.fsync(fd)
+        os.close(fd)
+    print("DONE", flush=True)
+
+
+def raw_stream_run(root: str, master_url: str, i: int) -> float:
+    """The same segment files sent over loopback TCP (``os.sendfile``) to a process that
+    writes and fsyncs them: the floor for any replication over this link."""
+    import socket
+    import struct
+    src = os.path.join(master_url, "commitlog")
+    dst = os.path.join(root, f"rawstream-{i}")
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--raw-sink", dst,
+                             str(lsock.getsockname()[1])],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "READY"
+    t0 = time.perf_counter()
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    conn, _ = lsock.accept()
+    for name in sorted(os.listdir(src)):
+        path = os.path.join(src, name)
+        size = os.path.getsize(path)
+        conn.sendall(struct.pack("!IQ", len(name), size) + name.encode())
+        with open(path, "rb") as f:
+            sent = 0
+            while sent < size:
+                sent += os.sendfile(conn.fileno(), f.fileno(), sent, size - sent)
+    conn.close()
+    assert proc.stdout.readline().strip() == "DONE"
+    elapsed = time.perf_counter() - t0
+    proc.wait(60)
+    lsock.close()
+    shutil.rmtree(dst)
+    return elapsed
+
+
+def fmt_range(xs: list[float], unit: str = "") -> str:
+    return f"{min(xs):,.0f}-{max(xs):,.0f}{unit}" if len(xs) > 1 else f"{xs[0]:,.0f}{unit}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--dir", default=None)
+    ap.add_argument("--replica-dir", default=None,
+                    help="folder for the replica stores and the copy targets, e.g. /dev/shm "
+                         "(a second disk, as the replica's machine would have)")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=16)
+    ap.add_argument("--messages", type=int, default=None)
+    ap.add_argument("--catchup-mib", type=int, default=None)
+    ap.add_argument("--replica-child", nargs=2, metavar=("URL", "PORT"), help=argparse.SUPPRESS)
+    ap.add_argument("--raw-sink", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
+    ap.add_argument("--null-replica-child", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.null_replica_child:
+        null_replica_child(args.null_replica_child)
+        return 0
+    if args.raw_sink:
+        raw_sink(args.raw_sink[0], int(args.raw_sink[1]))
+        return 0
+    if args.replica_child:
+        replica_child(args.replica_child[0], int(args.replica_child[1]))
+        return 0
+    messages = args.messages or (40_000 if args.quick else 200_000)
+    mib = args.catchup_mib or (64 if args.quick else 256)
+    root = tempfile.mkdtemp(prefix="sparkmq-bench-ha-", dir=args.dir)
+    dest = tempfile.mkdtemp(prefix="sparkmq-bench-ha-replica-", dir=args.replica_dir) \
+        if args.replica_dir else root
+    if args.replica_dir:
+        print(f"replica stores and copy targets under {args.replica_dir} (another disk)")
+    try:
+        print(f"1. send throughput: {messages:,} x {BODY_BYTES} B messages, batches of "
+              f"{args.batch}, {args.threads} sender threads, ASYNC_FLUSH (msgs/s)")
+        modes = ("none", "async", "sync", "async-null", "sync-null")
+        rates: dict[str, list[float]] = {m: [] for m in modes}
+        ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
+        for _ in range(args.repeat):
+            run = {m: send_run(root, m, messages=messages, batch=args.batch,
+                               threads=args.threads, replica_root=dest)
+                   for m in modes}
+            for m, v in run.items():
+                rates[m].append(v)
+            for m in modes[1:]:
+                ratios[m].append(run[m] / run["none"])
+        for m in modes:
+            r = "" if m == "none" else \
+                f"  ratio {min(ratios[m]):.2f}-{max(ratios[m]):.2f}"
+            print(f"   {m:10s} {fmt_range(rates[m], ' msgs/s')}{r}")
+        print(f"2. catch-up of {mib} MiB (32 MiB segments) from empty, against copyfile+fsync "
+              "and against a raw TCP stream of the same files (sendfile -> write+fsync)")
+        store, url = fill_master(root, mib)
+        ha = HAService(store, broker_name="bench", secret=SECRET).start()
+        size_mb = store.commitlog.written_offset / MIB
+        cr, rr, ra, sr, sa = [], [], [], [], []
+        for i in range(args.repeat):
+            raw = raw_copy_run(dest, url, i)
+            stream = raw_stream_run(dest, url, i)
+            cu = catchup_run(dest, store, ha, i)
+            rr.append(size_mb / raw)
+            sr.append(size_mb / stream)
+            cr.append(size_mb / cu)
+            ra.append(raw / cu)
+            sa.append(stream / cu)
+        ha.stop()
+        store.close()
+        print(f"   copyfile    {fmt_range(rr, ' MiB/s')}")
+        print(f"   raw stream  {fmt_range(sr, ' MiB/s')}")
+        print(f"   catch-up    {fmt_range(cr, ' MiB/s')}  ratio to copyfile "
+              f"{min(ra):.2f}-{max(ra):.2f}, to raw stream {min(sa):.2f}-{max(sa):.2f}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(dest, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

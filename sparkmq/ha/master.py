@@ -1,0 +1,416 @@
+"""The master's side of replication (RocketMQ's HAService + HAConnection).
+
+``HAService`` listens on ``haListenPort``; each replica that authenticates
+gets a ``ReplicaConnection``: one thread streams CommitLog bytes from the
+replica's offset (segment boundaries and names included, so the copy is
+byte-identical), one thread reads the replica's acks. The bytes streamed are
+those the store has written (``SegmentRef.size``: whole batches only), sent
+from the segment files with ``os.sendfile`` (no copy through Python); a
+sealed segment's bytes include its end-of-stream marker, so the replica seals
+at the same byte.
+
+SYNC_MASTER: ``wait_replicated(offset, timeout_ms)`` blocks the sender until
+some replica acked ``offset`` (``PUT_OK``), or answers ``SLAVE_NOT_AVAILABLE``
+at once when no replica is attached, or ``FLUSH_SLAVE_TIMEOUT`` after the
+timeout (the message is stored on the master either way). A replica acks what
+it has written to its own segment file (page cache), as RocketMQ's slave does.
+
+Topic configs, consumer offsets and the retention floor (so that a replica
+starting past removed segments numbers its queues as the master does) travel
+as ``meta`` frames, sent before any
+byte that could refer to a newer topic (the size is read first, the topics
+after, and a topic is always committed before its first append).
+
+Thread-safety: all public methods may be called from any thread. Every wait is
+bounded; ``stop`` closes every connection and joins the threads.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+
+from ..errors import HAProtocolError
+from ..log.commitlog import SegmentRef
+from ..log.status import PutMessageStatus
+from ..log.store import Store
+from . import epochs as epoch_history
+from .protocol import (CHUNK_BYTES, check_proof, new_nonce, proof, recv_frame, send_frame,
+                       send_frame_from_file)
+
+log = logging.getLogger("sparkmq.ha")
+
+HEARTBEAT_INTERVAL_S = 1.0
+HANDSHAKE_TIMEOUT_S = 10.0
+IDLE_WAIT_S = 0.2
+
+
+class ReplicaConnection:
+    """One attached replica: streams to it, records what it acked."""
+
+    def __init__(self, service: "HAService", sock: socket.socket, addr):
+        self.service = service
+        self.sock = sock
+        self.addr = f"{addr[0]}:{addr[1]}"
+        self.broker_id = -1
+        self.acked_offset = 0
+        self.sent_offset = 0
+        self.connected_ms = int(time.time() * 1000)
+        self.closed = threading.Event()
+        self._fds: dict[str, int] = {}
+
+    # -- lifecycle ---------------------------------------------------------
+    def run(self) -> None:
+        try:
+            start = self._handshake()
+        except (HAProtocolError, OSError, ConnectionError, ValueError) as e:
+            log.warning("HA: refused replica connection from %s: %s", self.addr, e)
+            self.close()
+            return
+        self.service._attach(self)
+        reader = threading.Thread(target=self._read_acks, daemon=True,
+                                  name=f"sparkmq-ha-ack-{self.broker_id}")
+        reader.start()
+        try:
+            self._stream(start)
+        except (OSError, ConnectionError, HAProtocolError) as e:
+            if not self.closed.is_set():
+                log.info("HA: replica %s#%d at %s disconnected: %s",
+                         self.service.broker_name, self.broker_id, self.addr, e)
+        except Exception:
+            log.exception("HA: streaming to replica %s failed", self.addr)
+        finally:
+            self.close()
+            reader.join(5)
+            self.service._detach(self)
+
+    def close(self) -> None:
+        self.closed.set()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    # -- handshake ---------------------------------------------------------
+    def _handshake(self) -> int:
+        svc = self.service
+        self.sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        nonce = new_nonce()
+        send_frame(self.sock, {"type": "challenge", "nonce": nonce,
+                               "brokerName": svc.broker_name, "epoch": svc.store.epoch})
+        hello, _ = recv_frame(self.sock)
+        if hello.get("type") != "hello":
+            raise HAProtocolError(f"expected hello, got {hello.get('type')!r}")
+        if hello.get("brokerName") != svc.broker_name:
+            self._refuse("WRONG_BROKER", f"this is the master of {svc.broker_name!r}, not of "
+                         f"{hello.get('brokerName')!r}")
+        if not check_proof(svc.secret, "replica", nonce, svc.broker_name, hello.get("proof")):
+            self._refuse("AUTH_FAILED", "authentication failed: haSecret does not match")
+        bid = hello.get("brokerId")
+        offset = hello.get("offset")
+        if not isinstance(bid, int) or bid <= 0 or not isinstance(offset, int) or offset < 0:
+            self._refuse("BAD_HELLO", "hello needs brokerId > 0 and offset >= 0")
+        self.broker_id = bid
+        history = svc.history()
+        theirs = hello.get("epochs") if isinstance(hello.get("epochs"), list) else []
+        try:
+            agree = epoch_history.consistent_end(history, theirs, offset)
+        except (KeyError, TypeError, ValueError):
+            agree = 0
+        welcome = {"type": "welcome", "epoch": svc.store.epoch, "epochs": history,
+                   "proof": proof(svc.secret, "master", str(hello.get("nonce")),
+                                  svc.broker_name),
+                   "storeId": svc.store.store_id}
+        start = offset
+        if agree < offset:
+            welcome["truncateTo"] = agree
+            start = agree
+            log.warning("HA: replica %s#%d has %d bytes past offset %d that this master does "
+                        "not have; it must truncate", svc.broker_name, bid, offset - agree, agree)
+        end = svc.store.commitlog.written_offset
+        if start > end:
+            welcome["truncateTo"] = end
+            start = end
+        first = svc.store.commitlog.min_offset()
+        if start < first and start != 0:
+            self._refuse("OFFSET_REMOVED", f"replica offset {start} was removed by retention "
+                         f"(earliest {first}); start the replica on an empty folder")
+        send_frame(self.sock, welcome)
+        self.sock.settimeout(None)
+        log.info("HA: replica %s#%d attached from %s at offset %d (master at %d)",
+                 svc.broker_name, bid, self.addr, start, end)
+        self.acked_offset = start
+        return start
+
+    def _refuse(self, code: str, message: str):
+        try:
+            send_frame(self.sock, {"type": "error", "code": code, "message": message})
+        except OSError:
+            pass
+        raise HAProtocolError(message)
+
+    # -- acks ----------------------------------------------------------------
+    def _read_acks(self) -> None:
+        try:
+            while not self.closed.is_set():
+                header, _ = recv_frame(self.sock)
+                if header.get("type") == "ack" and isinstance(header.get("offset"), int):
+                    self.acked_offset = max(self.acked_offset, header["offset"])
+                    self.service._acked()
+        except (OSError, ConnectionError, HAProtocolError):
+            pass
+        finally:
+            self.closed.set()
+            self.service.notify()   # wake the streamer so it sees the close
+            self.service._acked()   # and SYNC waiters, which stop counting this replica
+
+    # -- streaming -----------------------------------------------------------
+    def _stream(self, cursor: int) -> None:
+        svc = self.service
+        store = svc.store
+        meta_sent = None
+        last_send = 0.0
+        segs = store.commitlog.segments()
+        if cursor == 0 and segs:
+            cursor = segs[0].base_offset      # an empty replica starts at the earliest segment
+        started: set[str] = set()
+        while not self.closed.is_set() and not svc.stopped.is_set():
+            seen = svc.generation
+            ref = _segment_at(store.commitlog.segments(), cursor)
+            sent = False
+            if ref is not None:
+                sealed = ref.sealed          # read sealed first: its size is then final
+                size = ref.size
+                meta = svc.meta()           # topics after the size: they cover those bytes
+                if meta != meta_sent:
+                    send_frame(self.sock, {"type": "meta", **meta})
+                    meta_sent = meta
+                pos = cursor - ref.base_offset
+                if pos == 0 and ref.path not in started:
+                    send_frame(self.sock, {"type": "segment", "path": ref.path,
+                                           "baseOffset": ref.base_offset})
+                    started.add(ref.path)
+                if pos < size:
+                    n = min(CHUNK_BYTES, size - pos)
+                    # ``size`` is always at a batch end: a frame reaching it is "whole"
+                    header = {"type": "data", "path": ref.path, "pos": pos, "offset": cursor,
+                              "whole": pos + n == size}
+                    if store.sfs.is_local:
+                        send_frame_from_file(self.sock, header, self._fd(ref), pos, n)
+                    else:
+                        send_frame(self.sock, header, store.sfs.read_range(ref.path, pos,
+                                                                           pos + n))
+                    cursor += n
+                    self.sent_offset = cursor
+                    last_send = time.monotonic()
+                    sent = True
+                    if sealed and pos + n == size:
+                        self._drop_fd(ref.path)
+            if sent:
+                continue
+            if ref is None and cursor < store.commitlog.min_offset():
+                first = store.commitlog.min_offset()
+                self._refuse("OFFSET_REMOVED", f"offset {cursor} was removed by retention "
+                             f"while the replica was behind (earliest {first}); start the "
+                             "replica on an empty folder")
+            if time.monotonic() - last_send >= HEARTBEAT_INTERVAL_S:
+                meta = svc.meta()
+                if meta != meta_sent:
+                    send_frame(self.sock, {"type": "meta", **meta})
+                    meta_sent = meta
+                send_frame(self.sock, {"type": "heartbeat", "epoch": store.epoch,
+                                       "writtenOffset": store.commitlog.written_offset})
+                last_send = time.monotonic()
+            svc.wait_for_bytes(seen, IDLE_WAIT_S)
+
+    def _fd(self, ref: SegmentRef) -> int:
+        fd = self._fds.get(ref.path)
+        if fd is None:
+            path = self.service.store.sfs.local_path(ref.path)
+            fd = self._fds[ref.path] = os.open(path, os.O_RDONLY)
+        return fd
+
+    def _drop_fd(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def info(self) -> dict:
+        end = self.service.store.commitlog.written_offset
+        return {"brokerId": self.broker_id, "address": self.addr,
+                "ackedOffset": self.acked_offset, "lagBytes": max(0, end - self.acked_offset),
+                "connectedMs": self.connected_ms}
+
+
+def _segment_at(segs: list[SegmentRef], offset: int) -> SegmentRef | None:
+    """The segment holding the byte at ``offset``; else the unsealed segment ending
+    at it (caught up with the active one); else None (nothing there yet)."""
+    for ref in segs:
+        if ref.base_offset <= offset < ref.end_offset:
+            return ref
+    for ref in segs:
+        if ref.end_offset == offset and not ref.sealed:
+            return ref
+    return None
+
+
+class HAService:
+    """The master's replication endpoint; see the module docstring."""
+
+    def __init__(self, store: Store, *, broker_name: str, secret: str,
+                 host: str = "127.0.0.1", port: int = 0):
+        if not secret:
+            from ..errors import InvalidConfigError
+            raise InvalidConfigError("replication needs haSecret (a shared secret in the "
+                                     "master's and the replica's config)")
+        self.store = store
+        self.broker_name = broker_name
+        self.secret = secret
+        self.host = host
+        self.port = port
+        self.stopped = threading.Event()
+        self._cond = threading.Condition()     # streamers wait here for new bytes
+        self._ack_cond = threading.Condition()  # SYNC_MASTER senders wait here for acks
+        self.generation = 0          # bumped on every notify (new bytes, closes)
+        self._conns: list[ReplicaConnection] = []
+        self._sock: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+        self._meta_cache: tuple[int, dict] | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    def start(self) -> "HAService":
+        epoch_history.append(self.store.sfs, self.store.epoch, self.store.store_id,
+                             self.store.commitlog.written_offset)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as e:
+            sock.close()
+            raise OSError(f"cannot bind HA port {self.host}:{self.port}: {e}") from None
+        sock.listen(16)
+        sock.settimeout(0.5)
+        self._sock = sock
+        self.port = sock.getsockname()[1]
+        self.store.add_listener(self._on_arrival)
+        t = threading.Thread(target=self._accept_loop, name="sparkmq-ha-accept", daemon=True)
+        t.start()
+        self._threads.append(t)
+        log.info("HA service of %s listening on %s:%d", self.broker_name, self.host, self.port)
+        return self
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.store.remove_listener(self._on_arrival)
+        self.notify()
+        self._acked()
+        if self._sock is not None:
+            self._sock.close()
+        with self._ack_cond:
+            conns = list(self._conns)
+        for c in conns:
+            c.close()
+        for t in self._threads:
+            t.join(10)
+
+    def _accept_loop(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                sock, addr = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = ReplicaConnection(self, sock, addr)
+            t = threading.Thread(target=conn.run, name="sparkmq-ha-conn", daemon=True)
+            t.start()
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    def _attach(self, conn: ReplicaConnection) -> None:
+        with self._ack_cond:
+            self._conns.append(conn)
+        self._acked()
+
+    def _detach(self, conn: ReplicaConnection) -> None:
+        with self._ack_cond:
+            if conn in self._conns:
+                self._conns.remove(conn)
+        self._acked()
+        self.notify()
+
+    # -- signals -----------------------------------------------------------
+    def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        self.notify()
+
+    def notify(self) -> None:
+        """New bytes in the CommitLog (or something else changed): wake the streamers."""
+        with self._cond:
+            self.generation += 1
+            self._cond.notify_all()
+
+    def _acked(self) -> None:
+        with self._ack_cond:
+            self._ack_cond.notify_all()
+
+    def wait_for_bytes(self, seen: int, timeout_s: float) -> None:
+        with self._cond:
+            if self.generation == seen and not self.stopped.is_set():
+                self._cond.wait(timeout_s)
+
+    # -- SYNC_MASTER -------------------------------------------------------
+    def acked_offset(self) -> int:
+        """The highest offset any attached replica acked (0 with none)."""
+        with self._ack_cond:
+            return max((c.acked_offset for c in self._conns if not c.closed.is_set()),
+                       default=0)
+
+    def wait_replicated(self, offset: int, timeout_ms: int) -> PutMessageStatus:
+        """Block until a replica acked ``offset`` (replicas ack at whole-batch ends, so
+        ``batch_offset + 1`` waits for exactly one batch); see the module docstring."""
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        with self._ack_cond:
+            while True:
+                live = [c for c in self._conns if not c.closed.is_set()]
+                if not live:
+                    return PutMessageStatus.SLAVE_NOT_AVAILABLE
+                if max(c.acked_offset for c in live) >= offset:
+                    return PutMessageStatus.PUT_OK
+                left = deadline - time.monotonic()
+                if left <= 0 or self.stopped.is_set():
+                    return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+                self._ack_cond.wait(left)
+
+    # -- state ---------------------------------------------------------------
+    def history(self) -> list[dict]:
+        return epoch_history.load(self.store.sfs)
+
+    def meta(self) -> dict:
+        """Topic configs and consumer offsets to mirror (cached per log version)."""
+        state = self.store.state
+        cached = self._meta_cache
+        if cached is not None and cached[0] == state.version:
+            return cached[1]
+        topics = sorted(state.topics_by_id.values(), key=lambda t: t["id"])
+        offsets = [[g, tid, qid, cid, off]
+                   for (g, tid, qid, cid), off in sorted(state.consumer_offsets.items())]
+        meta = {"topics": topics, "consumerOffsets": offsets, "retention": state.retention}
+        self._meta_cache = (state.version, meta)
+        return meta
+
+    def replicas(self) -> list[dict]:
+        with self._ack_cond:
+            return [c.info() for c in self._conns if not c.closed.is_set()]
+
+    def lag_bytes(self) -> int | None:
+        """Bytes written here that no replica acked (None with no replica)."""
+        reps = self.replicas()
+        if not reps:
+            return None
+        return min(r["lagBytes"] for r in reps)

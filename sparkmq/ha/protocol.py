@@ -1,0 +1,126 @@
+"""The replication wire protocol between a master's HAService and a replica's HAClient.
+
+One TCP connection per replica. Every frame is::
+
+    [uint32 header length H][uint64 payload length P][H bytes UTF-8 JSON header][P bytes]
+
+(big-endian). The header is a JSON object with a ``type``; only ``data`` frames
+carry a payload (raw CommitLog bytes). Limits: H <= 64 KiB, P <= 64 MiB; a
+frame past them ends the connection with an error (never a crash).
+
+Conversation (master M, replica R)::
+
+    M -> R  challenge {nonce, brokerName, epoch, epochs}
+    R -> M  hello     {brokerName, brokerId, nonce, proof, offset, followedEpoch}
+    M -> R  welcome   {proof, epoch, epochs, truncateTo?}     (or error {code, message})
+    M -> R  meta      {topics, consumerOffsets}              (at start and on change)
+    M -> R  segment   {path, baseOffset}                     (a segment begins)
+    M -> R  data      {path, pos, offset, whole} + bytes     (bytes at ``pos`` of ``path``;
+                                                              whole: they end at a batch end)
+    M -> R  heartbeat {writtenOffset, epoch}                 (every second when idle)
+    R -> M  ack       {offset}                               (after each data frame: once
+                                                              written if whole, else the end
+                                                              of the last whole batch)
+
+Authentication is HMAC-SHA256 challenge-response over the shared ``haSecret``
+in both directions: ``proof = HMAC(secret, "<role>|<nonce>|<brokerName>")``
+with role ``replica`` (R proves to M over M's nonce) and ``master`` (M proves
+to R over R's nonce). The secret never crosses the wire; a stranger without it
+is refused (and logged) before any byte of the CommitLog is sent.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import select
+import socket
+import struct
+
+from ..errors import HAProtocolError
+
+PREFIX = struct.Struct("!IQ")
+MAX_HEADER_BYTES = 64 << 10
+MAX_PAYLOAD_BYTES = 64 << 20
+CHUNK_BYTES = 4 << 20            # largest data frame the master sends
+
+
+
+def new_nonce() -> str:
+    return os.urandom(16).hex()
+
+
+def proof(secret: str, role: str, nonce: str, broker_name: str) -> str:
+    """HMAC-SHA256 of ``role|nonce|broker_name`` under ``secret``, hex."""
+    msg = f"{role}|{nonce}|{broker_name}".encode()
+    return hmac.new(secret.encode(), msg, hashlib.sha256).hexdigest()
+
+
+def check_proof(secret: str, role: str, nonce: str, broker_name: str, got) -> bool:
+    if not isinstance(got, str):
+        return False
+    return hmac.compare_digest(proof(secret, role, nonce, broker_name), got)
+
+
+def send_frame(sock: socket.socket, header: dict, payload: bytes | memoryview = b"") -> None:
+    """Send one frame (not thread-safe per socket: one sender per direction)."""
+    h = json.dumps(header, separators=(",", ":")).encode()
+    sock.sendall(PREFIX.pack(len(h), len(payload)) + h)
+    if payload:
+        sock.sendall(payload)
+
+
+def send_frame_from_file(sock: socket.socket, header: dict, fd: int, offset: int,
+                         count: int) -> None:
+    """Send a frame whose payload is ``count`` bytes of file ``fd`` at ``offset``, with
+    ``os.sendfile`` (page cache to socket, no copy through Python)."""
+    h = json.dumps(header, separators=(",", ":")).encode()
+    sock.sendall(PREFIX.pack(len(h), count) + h)
+    out = sock.fileno()
+    sent = 0
+    while sent < count:
+        try:
+            n = os.sendfile(out, fd, offset + sent, count - sent)
+        except BlockingIOError:       # a socket timeout makes the fd non-blocking
+            select.select([], [out], [], 1.0)
+            continue
+        if n == 0:
+            raise ConnectionError(f"file ended {count - sent} bytes early")
+        sent += n
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError("peer closed the connection")
+        got += k
+    return buf
+
+
+def recv_frame(sock: socket.socket) -> tuple[dict, bytes | bytearray]:
+    """Read one frame; raises HAProtocolError on a malformed one, ConnectionError on EOF."""
+    hlen, plen = PREFIX.unpack(_recv_exact(sock, PREFIX.size))
+    if hlen > MAX_HEADER_BYTES or plen > MAX_PAYLOAD_BYTES:
+        raise HAProtocolError(f"frame too large (header {hlen} bytes, payload {plen} bytes); "
+                              "is the peer a sparkmq HA endpoint?")
+    try:
+        header = json.loads(bytes(_recv_exact(sock, hlen)))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise HAProtocolError(f"frame header is not JSON: {e}") from None
+    if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+        raise HAProtocolError("frame header must be a JSON object with a 'type'")
+    payload = _recv_exact(sock, plen) if plen else b""   # a bytearray: no copy
+    return header, payload
+
+
+def parse_address(addr: str) -> tuple[str, int]:
+    """``host:port`` -> (host, port); raises ValueError with what was wrong."""
+    host, sep, port = (addr or "").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected host:port, got {addr!r}")
+    return host, int(port)
