@@ -138,8 +138,7 @@ class ReplicaLog:
             if on_written is not None:
                 on_written(cl.written_offset)
             affected = self._dispatch_new(a, ref, data)
-        for batch, qos in affected:
-            st._after_visible(batch, qos)
+        st._after_visible(affected)
         return cl.written_offset
 
     def _reopen(self, path: str) -> seg.SegmentWriter:
@@ -171,7 +170,7 @@ class ReplicaLog:
                 take = n - len(self._pending)
                 whole = bytes(self._pending) + bytes(data[:take])
                 batch = seg.read_batch_at(pa.py_buffer(whole), 0)
-                affected.append((batch, st._dispatch(batch, a.base_offset + self._seg_pos)))
+                affected.extend(st._dispatch(batch, a.base_offset + self._seg_pos)[1])
                 self._seg_pos += n
                 self._pending = b""
                 buf = memoryview(data)[take:]
@@ -197,8 +196,8 @@ class ReplicaLog:
                 sealed = True
                 break
             batch = seg.read_batch_at(pbuf, i)
-            qos = st._dispatch(batch, a.base_offset + self._seg_pos)
-            affected.append((batch, qos))
+            _, updates = st._dispatch(batch, a.base_offset + self._seg_pos)
+            affected.extend(updates)
             i += n
             self._seg_pos += n
         self._pending = bytes(buf[i:])
