@@ -11,25 +11,16 @@ import time
 
 import pytest
 
-from sparkmq.broker import Broker
 from sparkmq.broker.transaction import HALF_TOPIC, OP_TOPIC
 from sparkmq.client import (Message, Producer, SimpleConsumer, TransactionResolution)
 from sparkmq.errors import UserError
 
-from test_broker import broker_config
+from test_transaction import tx_broker  # noqa: F401 (fixture: broker factory + clock)
 
 pytestmark = pytest.mark.integration
 
 COMMIT, ROLLBACK, UNKNOWN = (TransactionResolution.COMMIT, TransactionResolution.ROLLBACK,
                              TransactionResolution.UNKNOWN)
-
-
-class Clock:
-    def __init__(self):
-        self.ms = int(time.time() * 1000)
-
-    def __call__(self):
-        return self.ms
 
 
 class Checker:
@@ -47,23 +38,6 @@ class Checker:
         if isinstance(d, Exception):
             raise d
         return d
-
-
-@pytest.fixture
-def tx_broker(tmp_path):
-    clock = Clock()
-    started = []
-
-    def make(**props):
-        b = Broker(broker_config(tmp_path, transactionTimeOut=6000,
-                                 transactionCheckInterval=6000, **props), clock_ms=clock).start()
-        started.append(b)
-        if "T" not in b.store.topics():
-            b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
-        return b
-    yield make, clock
-    for b in started:
-        b.stop()
 
 
 @pytest.fixture
