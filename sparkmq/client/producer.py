@@ -129,8 +129,10 @@ class Producer:
     def _send(self, messages: list[Message], topic: str, key: str | None) -> list[SendReceipt]:
         self._check_open()
         born = now_timestamp()
-        request = spb.SendMessageRequest(messages=[m.to_pb(self._host, self._ids.next(), born)
-                                                   for m in messages])
+        request = spb.SendMessageRequest()
+        add, host, ids = request.messages.add, self._host, self._ids
+        for m in messages:
+            m.fill_pb(add(), host, ids.next(), born)
         tried: list[str] = []
         errors: list[str] = []
         for attempt in range(self.max_retries + 1):
