@@ -372,11 +372,15 @@ class Broker:
         topics, groups, unique_keys, txids = (c["topic"], c["message_group"], c["unique_key"],
                                               c["transaction_id"])
         now = self.clock_ms()
-        chosen = self._choose_queues(topics, groups)
+        columns = {"topic": pa.array(topics, pa.string())}
+        fixed = c["queue_id"]
+        if any(groups) or any(q is not None for q in fixed):
+            chosen = self._choose_queues(topics, groups)
+            columns["queue_id"] = pa.array([q if f is None else f for q, f in zip(chosen, fixed)],
+                                            pa.int32())
+        # else: no queue_id column, the store spreads the rows round robin (vectorized)
         table = pa.table({
-            "topic": pa.array(topics, pa.string()),
-            "queue_id": pa.array([q if fixed is None else fixed
-                                  for q, fixed in zip(chosen, c["queue_id"])], pa.int32()),
+            **columns,
             "body": pa.array(c["body"], pa.binary()),
             "tags": _column(c["tags"], pa.string()),
             "keys": _column(c["keys"], KEYS_TYPE),

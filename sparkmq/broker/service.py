@@ -315,18 +315,22 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         rows = SendRows()
         topics: dict[str, pb.Status | None] = {}
         refusal, transactional = self._refusal, pb.TRANSACTION
+        limit = self.broker.store.config.max_message_size_bytes
         for i, m in enumerate(request.messages):
-            st = refusal(m, topics)
+            st = refusal(m, topics, limit)
             parked = None
-            if st is None and m.system_properties.message_type == transactional:
-                topic, props, txid = self.broker.transactions.prepare_row(
-                    m.topic.name, dict(m.user_properties), _client_id(context))
-                parked = (topic, 0, None, props, txid)
-            elif st is None:
-                try:
-                    parked = self._park(m)
-                except DelayRefused as e:
-                    st = status(Code.ILLEGAL_DELIVERY_TIME, e.message)
+            if st is None:
+                mtype = m.system_properties.message_type
+                if mtype == transactional:
+                    topic, props, txid = self.broker.transactions.prepare_row(
+                        m.topic.name, dict(m.user_properties), _client_id(context))
+                    parked = (topic, 0, None, props, txid)
+                elif mtype == pb.DELAY or (m.user_properties
+                                           and PROP_DELAY_LEVEL in m.user_properties):
+                    try:
+                        parked = self._park(m)
+                    except DelayRefused as e:
+                        st = status(Code.ILLEGAL_DELIVERY_TIME, e.message)
             if st is not None:
                 results[i] = st
                 self.broker.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
@@ -342,33 +346,37 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         per-entry messages); the top status is the entries' common one or MULTIPLE_RESULTS."""
         out = spb.SendMessageResponse()
         add = out.entries.add
-        codes = set()
+        codes = set()          # codes other than OK
+        any_ok = False
+        ok = PutMessageStatus.PUT_OK
         for r in results:
             if isinstance(r, pb.Status):
                 add(status=r)
                 codes.add(r.code)
                 continue
             put_status, message_id, offset, txid = r
-            if put_status is PutMessageStatus.PUT_OK:
-                st = OK
+            if put_status is ok:
+                st, any_ok = OK, True
             elif put_status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
                 st = status(Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but the fsync did not "
                             "finish within syncFlushTimeout")
+                codes.add(st.code)
             else:
                 st = status(Code.INTERNAL_ERROR, f"store answered {put_status.value}")
-            codes.add(st.code)
+                codes.add(st.code)
             if txid:
                 add(status=st, message_id=message_id, offset=offset, transaction_id=txid)
             else:
                 add(status=st, message_id=message_id, offset=offset)
-        if len(codes) == 1:
+        if len(codes) + any_ok == 1:     # every entry has the same code
             out.status.CopyFrom(out.entries[0].status)
         else:
             out.status.CopyFrom(status(Code.MULTIPLE_RESULTS, "see entries"))
         return out
 
-    def _refusal(self, m: pb.Message, topics: dict) -> pb.Status | None:
-        """The status refusing ``m`` before it reaches the store, or None if it may go."""
+    def _refusal(self, m: pb.Message, topics: dict, limit: int) -> pb.Status | None:
+        """The status refusing ``m`` before it reaches the store, or None if it may go;
+        ``topics`` caches the verdict per topic, ``limit`` is maxMessageSize."""
         topic = m.topic.name
         refused = topics.get(topic, False)
         if refused is False:
@@ -378,12 +386,14 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         size = len(m.body)
         if not size:
             return status(Code.MESSAGE_BODY_EMPTY, "message body is empty")
-        limit = self.broker.store.config.max_message_size_bytes
         if size > limit:
             return status(Code.MESSAGE_BODY_TOO_LARGE,
                           f"message body is {size} bytes; maxMessageSize is {limit}")
         sp = m.system_properties
         mtype = sp.message_type
+        if mtype == pb.NORMAL and not sp.message_group and not sp.HasField("tag") \
+                and not sp.HasField("delivery_timestamp") and sp.body_encoding != pb.GZIP:
+            return None              # the common case, decided with the fewest lookups
         if mtype == pb.NORMAL and not sp.message_group:
             pass
         elif mtype == pb.TRANSACTION and self.broker.transactions is None:
@@ -728,8 +738,9 @@ class SendRows:
             "topic": [m.topic.name for m in ms],
             "body": [m.body for m in ms],
             "tags": [sp.tag or None for sp in sps],
-            "keys": [list(sp.keys) or None for sp in sps],
-            "properties": [list(m.user_properties.items()) or None for m in ms],
+            "keys": [list(k) if k else None for k in (sp.keys for sp in sps)],
+            "properties": [list(p.items()) if p else None for p in (m.user_properties
+                                                                     for m in ms)],
             "born_timestamp": [b.seconds * 1000 + b.nanos // 1_000_000 or None for b in borns],
             "born_host": [sp.born_host or None for sp in sps],
             "message_group": [sp.message_group or None for sp in sps],

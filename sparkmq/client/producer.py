@@ -38,6 +38,9 @@ log = logging.getLogger("sparkmq.client.producer")
 # Statuses after which another broker may well succeed (nothing was stored).
 RETRIABLE_CODES = {Code.INTERNAL_ERROR, Code.TOO_MANY_REQUESTS, Code.INTERNAL_SERVER_ERROR,
                    Code.PROXY_TIMEOUT, Code.TOPIC_NOT_FOUND, Code.FORBIDDEN}
+# Entry statuses of a stored message (the enum lookups are slow: resolve them once).
+STORED_CODES = frozenset((Code.OK, Code.MASTER_PERSISTENCE_TIMEOUT))
+STORED_OR_MULTIPLE_CODES = STORED_CODES | {Code.MULTIPLE_RESULTS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,14 +154,16 @@ class Producer:
 
     def _send_to(self, queue: Queue, request) -> list[SendReceipt]:
         r = self.conns.call(queue.endpoint, "SendMessage", request)
-        bad = [e for e in r.entries if e.status.code not in (Code.OK, Code.MASTER_PERSISTENCE_TIMEOUT)]
-        if r.status.code not in (Code.OK, Code.MASTER_PERSISTENCE_TIMEOUT, Code.MULTIPLE_RESULTS) \
-                or bad or len(r.entries) != len(request.messages):
+        entries = r.entries
+        bad = [e for e in entries if e.status.code not in STORED_CODES]
+        if r.status.code not in STORED_OR_MULTIPLE_CODES or bad \
+                or len(entries) != len(request.messages):
             st = bad[0].status if bad else r.status
             raise ClientError(f"SendMessage to {queue.broker_name} ({queue.endpoint}): "
                               f"{Code.Name(st.code)}: {st.message}", st.code)
-        return [SendReceipt(e.message_id, e.offset, queue.broker_name, queue.endpoint,
-                            e.status.code) for e in r.entries]
+        name, endpoint = queue.broker_name, queue.endpoint
+        return [SendReceipt(e.message_id, e.offset, name, endpoint, e.status.code)
+                for e in entries]
 
     def _choose(self, topic: str, key: str | None, tried: list[str], refresh: bool) -> Queue:
         writable = [q for q in self.routes.queues(topic, refresh=refresh) if q.writable]
