@@ -1,0 +1,140 @@
+"""SendMessage's columnar path: every field of every kind of message (plain, tagged
+with keys and properties, FIFO, delayed, transactional, refused) is stored as sent,
+and the response has one entry per message with the right top status. The servicer
+is called directly (no gRPC) on a real broker and store."""
+from __future__ import annotations
+
+import time
+
+import pyarrow as pa
+import pytest
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+
+from conftest import free_port
+from sparkmq.broker import Broker, BrokerConfig
+from sparkmq.broker.broker import _column
+from sparkmq.broker.schedule import PROP_REAL_TOPIC, SCHEDULE_TOPIC
+from sparkmq.broker.service import MessagingServicer, SendRows
+from sparkmq.broker.transaction import HALF_TOPIC
+from sparkmq.log import format as fmt
+
+Code = pb.Code
+
+
+class Context:
+    """The two things SendMessage asks of a gRPC context."""
+
+    def invocation_metadata(self):
+        return (("x-mq-client-id", "client-1"),)
+
+    def peer(self):
+        return "ipv4:127.0.0.1:1"
+
+
+@pytest.fixture
+def broker(tmp_path):
+    b = Broker(BrokerConfig.from_properties({
+        "brokerName": "send", "storePathRootDir": str(tmp_path / "store"),
+        "listenPort": str(free_port()), "adminPort": str(free_port()),
+        "flushDiskType": "ASYNC_FLUSH", "autoCreateTopicEnable": "false",
+        "defaultTopicQueueNums": "2", "maxMessageSize": "1024"})).start()
+    b.store.create_topic("T")
+    yield b
+    b.stop()
+
+
+def message(body: bytes, *, mtype=pb.NORMAL, topic="T", **sys_props) -> pb.Message:
+    m = pb.Message(topic=pb.Resource(name=topic), body=body)
+    m.system_properties.message_type = mtype
+    m.system_properties.born_timestamp.FromMilliseconds(1_700_000_000_123)
+    for k, v in sys_props.items():
+        setattr(m.system_properties, k, v)
+    return m
+
+
+def stored(b: Broker, topic: str) -> list:
+    conf = b.store.topics()[topic]
+    return [m for q in range(conf["writeQueueNums"]) for m in b.store.read(topic, q, 0, 100)]
+
+
+pytestmark = pytest.mark.integration
+
+
+def test_every_kind_of_message_is_stored_with_all_its_fields(broker):
+    plain = message(b"plain", message_id="ID-PLAIN", born_host="host-a")
+    rich = message(b"rich", message_id="ID-RICH", tag="TagA")
+    rich.system_properties.keys.extend(["k1", "k2"])
+    rich.user_properties.update({"p": "1", "q": "2"})
+    fifo = message(b"fifo", mtype=pb.FIFO, message_id="ID-FIFO", message_group="g1")
+    due_ms = int(time.time() * 1000) + 3_600_000
+    delayed = message(b"later", mtype=pb.DELAY, message_id="ID-DELAY")
+    delayed.system_properties.delivery_timestamp.FromMilliseconds(due_ms)
+    half = message(b"half", mtype=pb.TRANSACTION, message_id="ID-TX")
+    empty = message(b"", message_id="ID-EMPTY")
+    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(
+        messages=[plain, rich, fifo, delayed, half, empty]), Context())
+
+    assert resp.status.code == Code.MULTIPLE_RESULTS
+    assert [e.status.code for e in resp.entries] == [Code.OK] * 5 + [Code.MESSAGE_BODY_EMPTY]
+    assert [e.message_id for e in resp.entries[:5]] == ["ID-PLAIN", "ID-RICH", "ID-FIFO",
+                                                        "ID-DELAY", "ID-TX"]
+    txid = resp.entries[4].transaction_id
+    assert txid and not any(e.transaction_id for e in resp.entries[:4])
+
+    by_body = {m.body: m for m in stored(broker, "T")}
+    assert sorted(by_body) == [b"fifo", b"plain", b"rich"]
+    p, r, f = by_body[b"plain"], by_body[b"rich"], by_body[b"fifo"]
+    assert (p.unique_key, p.born_host, p.born_timestamp, p.tags, p.keys, p.properties,
+            p.message_group, p.message_type) == ("ID-PLAIN", "host-a", 1_700_000_000_123, None,
+                                                 [], {}, None, fmt.MESSAGE_TYPE_NORMAL)
+    assert (r.tags, r.keys, r.properties) == ("TagA", ["k1", "k2"], {"p": "1", "q": "2"})
+    assert (f.message_group, f.message_type) == ("g1", fmt.MESSAGE_TYPE_FIFO)
+    assert resp.entries[0].offset == p.queue_offset and resp.entries[2].offset == f.queue_offset
+
+    (d,) = stored(broker, SCHEDULE_TOPIC)
+    assert (d.body, d.unique_key, d.delivery_timestamp, d.message_type,
+            d.properties[PROP_REAL_TOPIC]) == (b"later", "ID-DELAY", due_ms,
+                                               fmt.MESSAGE_TYPE_DELAY, "T")
+    (h,) = stored(broker, HALF_TOPIC)
+    assert (h.body, h.transaction_id, h.message_type, h.properties[PROP_REAL_TOPIC]) == \
+        (b"half", txid, fmt.MESSAGE_TYPE_TRANSACTION, "T")
+
+
+def test_a_batch_without_message_ids_gets_ids_from_the_store_and_spreads_over_queues(broker):
+    msgs = [message(b"m%d" % i) for i in range(4)]       # no message_id, no born_timestamp
+    for m in msgs:
+        m.system_properties.ClearField("born_timestamp")
+    before_ms = int(time.time() * 1000)
+    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(messages=msgs), Context())
+    assert resp.status.code == Code.OK and len(resp.entries) == 4
+    assert len({e.message_id for e in resp.entries}) == 4 and all(e.message_id for e in resp.entries)
+    rows = stored(broker, "T")
+    assert sorted(m.queue_id for m in rows) == [0, 0, 1, 1]          # round robin, 2 queues
+    assert {m.message_id for m in rows} == {e.message_id for e in resp.entries}
+    assert all(m.born_timestamp >= before_ms for m in rows)          # stamped by the broker
+
+
+def test_refused_entries_alone_give_their_common_code_as_the_top_status(broker):
+    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(
+        messages=[message(b""), message(b"")]), Context())
+    assert resp.status.code == Code.MESSAGE_BODY_EMPTY
+    assert [e.status.code for e in resp.entries] == [Code.MESSAGE_BODY_EMPTY] * 2
+
+
+def test_send_rows_subset_keeps_parked_rows_and_columns():
+    rows = SendRows()
+    rows.add(0, message(b"a", message_id="A"))
+    rows.add(3, message(b"b", message_id="B"), ("PARKED", 1, 99, {"x": "y"}))
+    assert rows.columns()["topic"] == ["T", "PARKED"]
+    sub = rows.subset([1])
+    assert sub.index == [3]
+    c = sub.columns()
+    assert (c["topic"], c["queue_id"], c["delivery_timestamp"], c["properties"],
+            c["message_type"]) == (["PARKED"], [1], [99], [[("x", "y")]], [fmt.MESSAGE_TYPE_DELAY])
+
+
+def test_all_null_columns_have_the_requested_type():
+    assert _column([None, None], pa.map_(pa.string(), pa.string())).null_count == 2
+    assert _column([None, "x"], pa.string()).to_pylist() == [None, "x"]
+    assert _column([], pa.string()).type == pa.string()
