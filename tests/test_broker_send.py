@@ -14,6 +14,7 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from conftest import free_port
 from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.broker.broker import _column
+from sparkmq.broker.longpoll import ArrivalNotifier
 from sparkmq.broker.schedule import PROP_REAL_TOPIC, SCHEDULE_TOPIC
 from sparkmq.broker.service import MessagingServicer, SendRows
 from sparkmq.broker.transaction import HALF_TOPIC
@@ -30,6 +31,13 @@ class Context:
 
     def peer(self):
         return "ipv4:127.0.0.1:1"
+
+    def add_callback(self, fn):
+        self.callbacks.append(fn)
+        return True
+
+    def __init__(self):
+        self.callbacks = []
 
 
 @pytest.fixture
@@ -58,9 +66,8 @@ def stored(b: Broker, topic: str) -> list:
     return [m for q in range(conf["writeQueueNums"]) for m in b.store.read(topic, q, 0, 100)]
 
 
-pytestmark = pytest.mark.integration
 
-
+@pytest.mark.integration
 def test_every_kind_of_message_is_stored_with_all_its_fields(broker):
     plain = message(b"plain", message_id="ID-PLAIN", born_host="host-a")
     rich = message(b"rich", message_id="ID-RICH", tag="TagA")
@@ -101,6 +108,7 @@ def test_every_kind_of_message_is_stored_with_all_its_fields(broker):
         (b"half", txid, fmt.MESSAGE_TYPE_TRANSACTION, "T")
 
 
+@pytest.mark.integration
 def test_a_batch_without_message_ids_gets_ids_from_the_store_and_spreads_over_queues(broker):
     msgs = [message(b"m%d" % i) for i in range(4)]       # no message_id, no born_timestamp
     for m in msgs:
@@ -115,6 +123,7 @@ def test_a_batch_without_message_ids_gets_ids_from_the_store_and_spreads_over_qu
     assert all(m.born_timestamp >= before_ms for m in rows)          # stamped by the broker
 
 
+@pytest.mark.integration
 def test_refused_entries_alone_give_their_common_code_as_the_top_status(broker):
     resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(
         messages=[message(b""), message(b"")]), Context())
@@ -138,3 +147,31 @@ def test_all_null_columns_have_the_requested_type():
     assert _column([None, None], pa.map_(pa.string(), pa.string())).null_count == 2
     assert _column([None, "x"], pa.string()).to_pylist() == [None, "x"]
     assert _column([], pa.string()).type == pa.string()
+
+
+@pytest.mark.integration
+def test_long_polls_are_woken_when_the_send_rpc_is_over(broker):
+    ctx = Context()
+    seen = broker.notifier.version("T")
+    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(
+        messages=[message(b"x")]), ctx)
+    assert resp.status.code == Code.OK
+    assert stored(broker, "T")[0].body == b"x"                  # readable at once
+    assert broker.notifier.version("T") == seen                 # sleepers not woken yet
+    assert len(ctx.callbacks) == 1
+    ctx.callbacks[0]()                                          # gRPC: the RPC is over
+    assert broker.notifier.version("T") != seen
+
+
+def test_deferred_arrivals_wake_nobody_until_handed_to_wake():
+    n = ArrivalNotifier()
+    seen = n.version("T")
+    with n.deferred() as held:
+        n.on_arrival("T", 0, 1)
+        n.on_arrival("U", 1, 5)
+    assert held == {"T", "U"}
+    assert not n.wait("T", seen, 0)                             # nothing moved yet
+    n.on_arrival("V", 0, 1)                                     # outside: at once
+    assert n.version("V") != seen
+    n.wake(held)
+    assert n.wait("T", seen, 0)

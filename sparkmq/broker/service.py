@@ -337,7 +337,18 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             else:
                 rows.add(i, m, parked)
         if rows.index:
-            for i, r in zip(rows.index, self.broker.send_rows(rows)):
+            notifier = self.broker.notifier
+            with notifier.deferred() as arrived:
+                stored = self.broker.send_rows(rows)
+            # Long polls are woken once this RPC is over (its reply sent), not in the
+            # middle of it: the woken receive would take the GIL from this reply and
+            # add its whole pop to the send latency (measured: sync send with a waiting
+            # consumer 3.3 -> 2.1 ms p50, end-to-end slightly lower too).
+            add_callback = getattr(context, "add_callback", None)
+            if arrived and not (add_callback is not None and add_callback(
+                    lambda: notifier.wake(arrived))):
+                notifier.wake(arrived)   # RPC already over (or no context): wake now
+            for i, r in zip(rows.index, stored):
                 results[i] = _error_status(r) if isinstance(r, Exception) else r
         return self._send_response(results)
 
