@@ -17,10 +17,11 @@ Workloads (same for all):
    own connection) receives and acks it; the next is sent after it arrived.
 
 Every system gets the same untimed warm-up (one batch and 50 single sends on each
-topic) before its timed runs. A fourth column, ``grpc floor``, is the cost of an
-EMPTY unary gRPC call from Python to a Python gRPC server (grpcio, thread-pool server
-like the broker's) in its own process: no broker can answer a sync send faster
-than that, so it is the floor of sparkmq's sync-send latency on this machine.
+topic) before its timed runs. A fourth column, ``grpc floor``, is Python gRPC with no
+work behind it (grpcio, a thread-pool server like the broker's, in its own process):
+an EMPTY unary call (the floor of any Python gRPC broker's sync send on this machine)
+and the end-to-end pattern with empty handlers (unary send wakes a long-polling
+server stream of 3 messages, then an empty unary ack).
 ``--repeat N`` runs everything N times and prints the range of each ratio.
 
 Redis and NATS come from Debian packages (apt-get install if missing); redis/hiredis/
@@ -294,12 +295,29 @@ async def _nats(port: int, n: int, batch: int, m: int) -> dict:
 
 # ---------------------------------------------------------------- grpc floor
 FLOOR_SERVER = """
-import sys
+import sys, threading
 from concurrent import futures
 import grpc
+arrived = threading.Condition()
+pending = [0]                           # "messages" sent and not yet received
+def send(request, context):
+    with arrived:
+        pending[0] += 1
+        arrived.notify_all()
+    return b""
+def poll(request, context):             # a long poll answered like ReceiveMessage
+    with arrived:
+        if not arrived.wait_for(lambda: pending[0] > 0, timeout=2):
+            return
+        pending[0] = 0
+    yield b"t" * 12                      # delivery timestamp
+    yield b"m" * 1100                    # the message
+    yield b"s" * 4                       # status
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=128))
 server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Floor", {
-    "Empty": grpc.unary_unary_rpc_method_handler(lambda request, context: b"")}),))
+    "Empty": grpc.unary_unary_rpc_method_handler(lambda request, context: b""),
+    "Send": grpc.unary_unary_rpc_method_handler(send),
+    "Poll": grpc.unary_stream_rpc_method_handler(poll)}),))
 server.add_insecure_port("127.0.0.1:" + sys.argv[1])
 server.start()
 server.wait_for_termination()
@@ -307,21 +325,38 @@ server.wait_for_termination()
 
 
 def bench_grpc_floor(tmp: str, n: int, batch: int, m: int) -> dict:
-    """Empty unary gRPC calls (no payload, no work) to a Python gRPC server process:
-    the least any Python gRPC broker can take per sync send. Only ``lat`` is measured."""
+    """Python gRPC with no work behind it, in a server process like the broker's: the
+    least any Python gRPC broker can take. ``lat``: empty unary calls; ``e2e``: a
+    unary "send" wakes a long-polling server-streaming "receive" (3 stream messages,
+    like ReceiveMessage) whose client then makes an empty unary "ack"."""
     import grpc
     port = free_port()
-    with process([sys.executable, "-c", FLOOR_SERVER, str(port)], port):
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            call = ch.unary_unary("/floor.Floor/Empty", request_serializer=bytes,
-                                  response_deserializer=bytes)
-            warm_up(lambda: call(b""), lambda: call(b""))
-            lat = []
-            for _ in range(m):
-                t = time.perf_counter()
-                call(b"")
-                lat.append(time.perf_counter() - t)
-    return {"lat": lat}
+    ident = bytes
+    with process([sys.executable, "-c", FLOOR_SERVER, str(port)], port), \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as ch, \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as ch2:
+        call = ch.unary_unary("/floor.Floor/Empty", request_serializer=ident,
+                              response_deserializer=ident)
+        send = ch.unary_unary("/floor.Floor/Send", request_serializer=ident,
+                              response_deserializer=ident)
+        poll = ch2.unary_stream("/floor.Floor/Poll", request_serializer=ident,
+                                response_deserializer=ident)
+        ack = ch2.unary_unary("/floor.Floor/Empty", request_serializer=ident,
+                              response_deserializer=ident)
+        warm_up(lambda: call(b""), lambda: call(b""))
+        lat = []
+        for _ in range(m):
+            t = time.perf_counter()
+            call(b"")
+            lat.append(time.perf_counter() - t)
+
+        def recv(stop, got):
+            while not stop.is_set():
+                if list(poll(b"", timeout=5)):
+                    got.put(time.perf_counter())
+                    ack(b"")
+        e2e = ping_pong(recv, lambda: send(b""), m)
+    return {"lat": lat, "e2e": e2e}
 
 
 # ---------------------------------------------------------------- report
