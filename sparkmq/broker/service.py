@@ -68,6 +68,7 @@ def status(code: int, message: str = "OK") -> pb.Status:
 
 
 OK = status(Code.OK)
+_OK_ENTRY_BYTES = spb.SendResultEntry(status=OK).SerializeToString()   # merged: cheaper than a copy
 
 
 def _error_status(e: Exception) -> pb.Status:
@@ -366,6 +367,10 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                 codes.add(r.code)
                 continue
             put_status, message_id, offset, txid = r
+            if put_status is ok and not txid:       # the common case: merge the status
+                add(message_id=message_id, offset=offset).MergeFromString(_OK_ENTRY_BYTES)
+                any_ok = True
+                continue
             if put_status is ok:
                 st, any_ok = OK, True
             elif put_status is PutMessageStatus.FLUSH_DISK_TIMEOUT:

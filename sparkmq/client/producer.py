@@ -26,6 +26,7 @@ import time
 import zlib
 from typing import Callable, Sequence
 
+from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import UserError
@@ -134,8 +135,24 @@ class Producer:
         born = now_timestamp()
         request = spb.SendMessageRequest()
         add, host, ids = request.messages.add, self._host, self._ids
+        template = None
         for m in messages:
-            m.fill_pb(add(), host, ids.next(), born)
+            if m.tag or m.keys or m.properties:
+                m.fill_pb(add(), host, ids.next(), born)
+                continue
+            if template is None:      # what plain messages of this request share
+                proto = pb.Message()
+                m.fill_pb(proto, host, "", born)
+                proto.ClearField("body")
+                template = proto.SerializeToString()
+            body = m.body
+            if type(body) is not bytes:
+                m.fill_pb(add(), host, ids.next(), born)   # checks and converts the body
+                continue
+            x = add()
+            x.MergeFromString(template)          # ~2x cheaper than setting each field
+            x.body = body
+            x.system_properties.message_id = ids.next()
         tried: list[str] = []
         errors: list[str] = []
         for attempt in range(self.max_retries + 1):
