@@ -57,7 +57,7 @@ PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
 def _column(values: list, type_: pa.DataType) -> pa.Array:
     """``values`` as an Arrow array; an all-null column (the common case for optional
     fields) is built without looking at the values (pa.nulls is ~10x cheaper)."""
-    if any(v is not None for v in values):
+    if values.count(None) != len(values):
         return pa.array(values, type_)
     return pa.nulls(len(values), type_)
 
@@ -374,7 +374,7 @@ class Broker:
         now = self.clock_ms()
         columns = {"topic": pa.array(topics, pa.string())}
         fixed = c["queue_id"]
-        if any(groups) or any(q is not None for q in fixed):
+        if any(groups) or fixed.count(None) != n:
             chosen = self._choose_queues(topics, groups)
             columns["queue_id"] = pa.array([q if f is None else f for q, f in zip(chosen, fixed)],
                                             pa.int32())
