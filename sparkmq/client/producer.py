@@ -132,27 +132,7 @@ class Producer:
 
     def _send(self, messages: list[Message], topic: str, key: str | None) -> list[SendReceipt]:
         self._check_open()
-        born = now_timestamp()
-        request = spb.SendMessageRequest()
-        add, host, ids = request.messages.add, self._host, self._ids
-        template = None
-        for m in messages:
-            if m.tag or m.keys or m.properties:
-                m.fill_pb(add(), host, ids.next(), born)
-                continue
-            if template is None:      # what plain messages of this request share
-                proto = pb.Message()
-                m.fill_pb(proto, host, "", born)
-                proto.ClearField("body")
-                template = proto.SerializeToString()
-            body = m.body
-            if type(body) is not bytes:
-                m.fill_pb(add(), host, ids.next(), born)   # checks and converts the body
-                continue
-            x = add()
-            x.MergeFromString(template)          # ~2x cheaper than setting each field
-            x.body = body
-            x.system_properties.message_id = ids.next()
+        request = self._request(messages)
         tried: list[str] = []
         errors: list[str] = []
         for attempt in range(self.max_retries + 1):
@@ -168,6 +148,30 @@ class Producer:
                 errors.append(str(e))
         raise BrokerUnavailableError(f"send to {topic!r} failed after {self.max_retries + 1} "
                                      f"attempts: {' | '.join(errors)}")
+
+    def _request(self, messages: list[Message]) -> spb.SendMessageRequest:
+        """The SendMessageRequest (one topic and message group, see ``_send``): plain
+        messages (no tag, keys or properties) of a batch are merged from one serialized
+        template, the others filled field by field; both give what ``Message.to_pb`` gives."""
+        born = now_timestamp()
+        request = spb.SendMessageRequest()
+        add, host, ids = request.messages.add, self._host, self._ids
+        template = None
+        for m in messages:
+            if m.tag or m.keys or m.properties or len(messages) == 1 \
+                    or type(m.body) is not bytes:       # fill_pb checks and converts bodies
+                m.fill_pb(add(), host, ids.next(), born)
+                continue
+            if template is None:      # what plain messages of this request share
+                proto = pb.Message()
+                m.fill_pb(proto, host, "", born)
+                proto.ClearField("body")
+                template = proto.SerializeToString()
+            x = add()
+            x.MergeFromString(template)          # ~2x cheaper than setting each field
+            x.body = m.body
+            x.system_properties.message_id = ids.next()
+        return request
 
     def _send_to(self, queue: Queue, request) -> list[SendReceipt]:
         r = self.conns.call(queue.endpoint, "SendMessage", request)
