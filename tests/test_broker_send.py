@@ -4,6 +4,7 @@ and the response has one entry per message with the right top status. The servic
 is called directly (no gRPC) on a real broker and store."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pyarrow as pa
@@ -175,3 +176,77 @@ def test_deferred_arrivals_wake_nobody_until_handed_to_wake():
     assert n.version("V") != seen
     n.wake(held)
     assert n.wait("T", seen, 0)
+
+
+def wait_until(predicate, what: str, bound: int = 2000) -> None:
+    for _ in range(bound):                       # bounded: 2000 x 5 ms
+        if predicate():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"gave up waiting for {what}")
+
+
+@pytest.mark.integration
+def test_requests_waiting_at_one_moment_are_appended_as_one_batch(broker):
+    """The first request's append is held until three more requests queue behind it:
+    they are then stored by ONE append, and each gets the results of its own rows."""
+    broker.store.create_topic("R")
+    broker.store.update_topic("R", perm=4)       # read only: the store refuses it
+    appended: list[int] = []
+    release = threading.Event()
+    append_batch = broker.store.append_batch
+
+    def held_append(table):
+        appended.append(table.num_rows)
+        if len(appended) == 1:
+            release.wait(10)
+        return append_batch(table)
+    broker.store.append_batch = held_append
+    servicer = MessagingServicer(broker)
+    requests = {name: spb.SendMessageRequest(messages=[
+        message(b"%s-%d" % (name.encode(), i), topic="R" if name == "bad" else "T",
+                message_id=f"{name}-{i}") for i in range(2)])
+        for name in ("first", "a", "b", "bad")}
+    answers: dict[str, spb.SendMessageResponse] = {}
+
+    def send(name):
+        answers[name] = servicer.SendMessage(requests[name], Context())
+    first = threading.Thread(target=send, args=("first",))
+    first.start()
+    wait_until(lambda: appended, "the first append")
+    others = [threading.Thread(target=send, args=(n,)) for n in ("a", "b", "bad")]
+    for t in others:
+        t.start()
+    wait_until(lambda: broker._merger.pending == 3, "three queued requests")
+    release.set()
+    for t in [first, *others]:
+        t.join(10)
+
+    assert appended[:2] == [2, 6]                 # one alone, then three merged
+    assert appended[2:] == [1] * 6                # refused as a whole: row by row
+    for name in ("first", "a", "b"):
+        r = answers[name]
+        assert r.status.code == Code.OK
+        assert [e.message_id for e in r.entries] == [f"{name}-0", f"{name}-1"]
+    assert answers["bad"].status.code == Code.FORBIDDEN
+    rows = stored(broker, "T")
+    assert sorted(m.body for m in rows) == sorted(
+        b"%s-%d" % (n.encode(), i) for n in ("first", "a", "b") for i in range(2))
+    offsets = {(m.queue_id, m.queue_offset) for m in rows}
+    assert len(offsets) == 6
+    got = {e.message_id: e.offset for n in ("first", "a", "b") for e in answers[n].entries}
+    assert got == {m.unique_key: m.queue_offset for m in rows}
+    assert broker._merger.requests == 4
+
+
+def test_an_unexpected_error_reaches_every_request_of_the_merged_batch():
+    from sparkmq.broker.sendmerge import SendMerger
+
+    def boom(rows):
+        raise RuntimeError("disk on fire")
+    merger = SendMerger(boom, lambda parts: [x for p in parts for x in p])
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        merger.submit([1, 2])
+    assert merger.pending == 0 and merger.batches == 1
+    ok = SendMerger(lambda rows: [r * 10 for r in rows], lambda parts: [x for p in parts for x in p])
+    assert ok.submit([1, 2]) == [10, 20] and ok.submit([3]) == [30]

@@ -45,6 +45,7 @@ from .longpoll import ArrivalNotifier
 from .metrics import Metrics
 from .pop import GroupKey, PopService, TagFilter
 from .schedule import ScheduleService
+from .sendmerge import SendMerger
 from .transaction import ProducerStreams, TransactionService
 
 log = logging.getLogger("sparkmq.broker")
@@ -159,6 +160,8 @@ class Broker:
         self.schedule: ScheduleService | None = None
         self.streams = ProducerStreams()
         self.transactions: TransactionService | None = None
+        from .service import SendRows
+        self._merger = SendMerger(self._send_rows_alone, SendRows.concat)
 
     # ------------------------------------------------------------ lifecycle
     def _set_state(self, state: BrokerState) -> None:
@@ -349,10 +352,15 @@ class Broker:
 
     # ------------------------------------------------------------ send
     def send_rows(self, rows) -> list:
-        """Append the accepted messages of one request (a ``service.SendRows``) as one
-        record batch; returns per row ``(PutMessageStatus, message id, queue offset)``
-        or the exception that refused it. SYNC_FLUSH returns after the fsync. If the
-        batch is refused as a whole, rows are appended one by one to isolate the bad one."""
+        """Append the accepted messages of one request (a ``service.SendRows``); returns
+        per row ``(PutMessageStatus, message id, queue offset, transaction id)`` or the
+        exception that refused it. SYNC_FLUSH returns after the fsync. Requests waiting
+        at the same moment are appended as ONE record batch (``SendMerger``)."""
+        return self._merger.submit(rows)
+
+    def _send_rows_alone(self, rows) -> list:
+        """``send_rows`` for one SendRows as one record batch. If the batch is refused as
+        a whole, rows are appended one by one to isolate the bad one."""
         try:
             return self._append_rows(rows)
         except SparkMQError as e:

@@ -776,6 +776,17 @@ class SendRows:
         self._columns = c
         return c
 
+    @staticmethod
+    def concat(parts: list["SendRows"]) -> "SendRows":
+        """The rows of several requests as one (in order; ``index`` is not kept)."""
+        out = SendRows()
+        for part in parts:
+            base = len(out.messages)
+            out.messages.extend(part.messages)
+            out.parked.update({base + r: p for r, p in part.parked.items()})
+        out.index = list(range(len(out.messages)))
+        return out
+
     def subset(self, positions: list[int]) -> "SendRows":
         out = SendRows()
         for p in positions:
