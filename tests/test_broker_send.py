@@ -223,7 +223,8 @@ def test_requests_waiting_at_one_moment_are_appended_as_one_batch(broker):
         t.join(10)
 
     assert appended[:2] == [2, 6]                 # one alone, then three merged
-    assert appended[2:] == [1] * 6                # refused as a whole: row by row
+    assert appended[2:] == [2, 2, 2, 1, 1]        # refused as a whole: request by request,
+    #                                               the bad one row by row
     for name in ("first", "a", "b"):
         r = answers[name]
         assert r.status.code == Code.OK
@@ -244,9 +245,11 @@ def test_an_unexpected_error_reaches_every_request_of_the_merged_batch():
 
     def boom(rows):
         raise RuntimeError("disk on fire")
-    merger = SendMerger(boom, lambda parts: [x for p in parts for x in p])
+    def concat(parts):
+        return [x for p in parts for x in p]
+    merger = SendMerger(boom, boom, concat)
     with pytest.raises(RuntimeError, match="disk on fire"):
         merger.submit([1, 2])
     assert merger.pending == 0 and merger.batches == 1
-    ok = SendMerger(lambda rows: [r * 10 for r in rows], lambda parts: [x for p in parts for x in p])
+    ok = SendMerger(lambda rows: [r * 10 for r in rows], boom, concat)
     assert ok.submit([1, 2]) == [10, 20] and ok.submit([3]) == [30]

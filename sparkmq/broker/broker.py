@@ -161,7 +161,7 @@ class Broker:
         self.streams = ProducerStreams()
         self.transactions: TransactionService | None = None
         from .service import SendRows
-        self._merger = SendMerger(self._send_rows_alone, SendRows.concat)
+        self._merger = SendMerger(self._send_rows_alone, self._append_rows, SendRows.concat)
 
     # ------------------------------------------------------------ lifecycle
     def _set_state(self, state: BrokerState) -> None:

@@ -8,9 +8,10 @@ one flush wait under SYNC_FLUSH. A lone request is appended at once (no waiting 
 company), so sequential senders pay only a lock.
 
 Each request gets exactly the per-row results of its own rows, in order. A merged
-batch the store refuses as a whole is retried row by row by the append function (so
-one bad row refuses only itself); an unexpected exception is raised in every request
-of that batch.
+batch the store refuses as a whole (a ``SparkMQError``) is retried request by request
+with ``append``, which isolates bad rows, so one bad request does not slow the others
+down to row-by-row appends; an unexpected exception is raised in every request of the
+batch.
 
 Thread-safety: ``submit`` may be called from any number of threads. Every wait is
 bounded: a follower whose rows have not been taken after ``wait_s`` appends them
@@ -21,6 +22,8 @@ from __future__ import annotations
 
 import threading
 from typing import Callable
+
+from ..errors import SparkMQError
 
 DEFAULT_MAX_ROWS = 4096
 DEFAULT_WAIT_S = 1.0
@@ -39,11 +42,13 @@ class _Ticket:
 
 class SendMerger:
     """See the module docstring. ``append(rows)`` stores one ``SendRows`` and returns
-    one result per row; ``concat(list of SendRows)`` joins several into one."""
+    one result per row (refused rows get their exception); ``append_whole(rows)`` stores
+    them as one batch or raises; ``concat(list of SendRows)`` joins several into one."""
 
-    def __init__(self, append: Callable, concat: Callable, *, max_rows: int = DEFAULT_MAX_ROWS,
-                 wait_s: float = DEFAULT_WAIT_S):
+    def __init__(self, append: Callable, append_whole: Callable, concat: Callable, *,
+                 max_rows: int = DEFAULT_MAX_ROWS, wait_s: float = DEFAULT_WAIT_S):
         self._append = append
+        self._append_whole = append_whole
         self._concat = concat
         self.max_rows = max_rows
         self.wait_s = wait_s
@@ -107,9 +112,7 @@ class SendMerger:
 
     def _run(self, batch: list[_Ticket]) -> None:
         try:
-            rows = batch[0].rows if len(batch) == 1 else self._concat([t.rows for t in batch])
-            results = self._append(rows)
-            error = None
+            results, error = self._append_batch(batch), None
         except BaseException as e:           # raised again in every request of the batch
             results, error = None, e
         self.batches += 1
@@ -123,6 +126,14 @@ class SendMerger:
                 t.error = error
             start += n
             t.done.set()
+
+    def _append_batch(self, batch: list[_Ticket]) -> list:
+        if len(batch) == 1:
+            return self._append(batch[0].rows)
+        try:
+            return self._append_whole(self._concat([t.rows for t in batch]))
+        except SparkMQError:                 # refused as a whole: request by request
+            return [r for t in batch for r in self._append(t.rows)]
 
     @staticmethod
     def _result(ticket: _Ticket) -> list:
