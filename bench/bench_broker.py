@@ -16,6 +16,14 @@ Workloads (same for all):
 3. end-to-end latency p50/p99: send one message, a long-polling consumer thread (its
    own connection) receives and acks it; the next is sent after it arrived.
 
+Every system gets the same untimed warm-up (one batch and 50 single sends on each
+topic) before its timed runs. A fourth column, ``grpc floor``, is Python gRPC with no
+work behind it (grpcio, a thread-pool server like the broker's, in its own process):
+an EMPTY unary call (the floor of any Python gRPC broker's sync send on this machine)
+and the end-to-end pattern with empty handlers (unary send wakes a long-polling
+server stream of 3 messages, then an empty unary ack).
+``--repeat N`` runs everything N times and prints the range of each ratio.
+
 Redis and NATS come from Debian packages (apt-get install if missing); redis/hiredis/
 nats-py from PyPI into the running interpreter's environment if missing. A peer that
 cannot be installed is reported and skipped. Run: ``.venv/bin/python bench/bench_broker.py --quick``.
@@ -121,8 +129,9 @@ def bench_sparkmq(tmp: str, n: int, batch: int, m: int) -> dict:
         p = Producer(ep, request_timeout_s=30)
         c = SimpleConsumer(ep, "bench", {"e2e": "*"})
         try:
-            p.send(Message("tput", BODY))        # create topics, warm up channels
-            p.send(Message("lat", BODY))
+            for t in ("tput", "lat"):           # create topics, warm up channels
+                warm_up(lambda: p.send_batch([Message(t, BODY) for _ in range(batch)]),
+                        lambda: p.send(Message(t, BODY)))
             p.send(Message("e2e", b"warm"))
             for x in c.receive(8, wait_s=2):
                 c.ack(x)
@@ -146,6 +155,16 @@ def bench_sparkmq(tmp: str, n: int, batch: int, m: int) -> dict:
             c.close()
             p.shutdown()
     return {"tput": tput, "lat": lat, "e2e": e2e}
+
+
+WARM_UP_SENDS = 50
+
+
+def warm_up(send_batch, send_one) -> None:
+    """The same untimed warm-up for every system: one batch, then single sends."""
+    send_batch()
+    for _ in range(WARM_UP_SENDS):
+        send_one()
 
 
 def ping_pong(consumer_loop, send, m: int) -> list[float]:
@@ -180,12 +199,17 @@ def bench_redis(tmp: str, n: int, batch: int, m: int) -> dict | None:
     with process(cmd, port):
         r = redis.Redis(port=port)
         r.ping()
-        t0 = time.perf_counter()
-        for _ in range(n // batch):
+
+        def pipelined(stream: str) -> None:
             pipe = r.pipeline(transaction=False)
             for _ in range(batch):
-                pipe.xadd("tput", {"b": BODY})
+                pipe.xadd(stream, {"b": BODY})
             pipe.execute()
+        for t in ("tput", "lat"):
+            warm_up(lambda: pipelined(t), lambda: r.xadd(t, {"b": BODY}))
+        t0 = time.perf_counter()
+        for _ in range(n // batch):
+            pipelined("tput")
         tput = (n // batch) * batch / (time.perf_counter() - t0)
         lat = []
         for _ in range(m):
@@ -227,6 +251,10 @@ async def _nats(port: int, n: int, batch: int, m: int) -> dict:
         js, js2 = nc.jetstream(), nc2.jetstream()
         for s in ("tput", "lat", "e2e"):
             await js.add_stream(name=s.upper(), subjects=[s], storage=StorageType.FILE)
+        for s in ("tput", "lat"):        # the same warm-up as the others (see warm_up)
+            await asyncio.gather(*[await js.publish_async(s, BODY) for _ in range(batch)])
+            for _ in range(WARM_UP_SENDS):
+                await js.publish(s, BODY)
         t0 = time.perf_counter()
         for _ in range(n // batch):
             futs = [await js.publish_async("tput", BODY) for _ in range(batch)]
@@ -265,23 +293,108 @@ async def _nats(port: int, n: int, batch: int, m: int) -> dict:
     return {"tput": tput, "lat": lat, "e2e": e2e}
 
 
+# ---------------------------------------------------------------- grpc floor
+FLOOR_SERVER = """
+import sys, threading
+from concurrent import futures
+import grpc
+arrived = threading.Condition()
+pending = [0]                           # "messages" sent and not yet received
+def send(request, context):
+    with arrived:
+        pending[0] += 1
+        arrived.notify_all()
+    return b""
+def poll(request, context):             # a long poll answered like ReceiveMessage
+    with arrived:
+        if not arrived.wait_for(lambda: pending[0] > 0, timeout=2):
+            return
+        pending[0] = 0
+    yield b"t" * 12                      # delivery timestamp
+    yield b"m" * 1100                    # the message
+    yield b"s" * 4                       # status
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=128))
+server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Floor", {
+    "Empty": grpc.unary_unary_rpc_method_handler(lambda request, context: b""),
+    "Send": grpc.unary_unary_rpc_method_handler(send),
+    "Poll": grpc.unary_stream_rpc_method_handler(poll)}),))
+server.add_insecure_port("127.0.0.1:" + sys.argv[1])
+server.start()
+server.wait_for_termination()
+"""
+
+
+def bench_grpc_floor(tmp: str, n: int, batch: int, m: int) -> dict:
+    """Python gRPC with no work behind it, in a server process like the broker's: the
+    least any Python gRPC broker can take. ``lat``: empty unary calls; ``e2e``: a
+    unary "send" wakes a long-polling server-streaming "receive" (3 stream messages,
+    like ReceiveMessage) whose client then makes an empty unary "ack"."""
+    import grpc
+    port = free_port()
+    ident = bytes
+    with process([sys.executable, "-c", FLOOR_SERVER, str(port)], port), \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as ch, \
+            grpc.insecure_channel(f"127.0.0.1:{port}") as ch2:
+        call = ch.unary_unary("/floor.Floor/Empty", request_serializer=ident,
+                              response_deserializer=ident)
+        send = ch.unary_unary("/floor.Floor/Send", request_serializer=ident,
+                              response_deserializer=ident)
+        poll = ch2.unary_stream("/floor.Floor/Poll", request_serializer=ident,
+                                response_deserializer=ident)
+        ack = ch2.unary_unary("/floor.Floor/Empty", request_serializer=ident,
+                              response_deserializer=ident)
+        warm_up(lambda: call(b""), lambda: call(b""))
+        lat = []
+        for _ in range(m):
+            t = time.perf_counter()
+            call(b"")
+            lat.append(time.perf_counter() - t)
+
+        def recv(stop, got):
+            while not stop.is_set():
+                if list(poll(b"", timeout=5)):
+                    got.put(time.perf_counter())
+                    ack(b"")
+        e2e = ping_pong(recv, lambda: send(b""), m)
+    return {"lat": lat, "e2e": e2e}
+
+
 # ---------------------------------------------------------------- report
+ROWS = [("batched throughput (msg/s)", "tput", None),
+        ("sync send p50 (ms)", "lat", 0.50), ("sync send p99 (ms)", "lat", 0.99),
+        ("end-to-end p50 (ms)", "e2e", 0.50), ("end-to-end p99 (ms)", "e2e", 0.99)]
+
+
+def value(res: dict | None, key: str, q: float | None) -> float | None:
+    if res is None or key not in res:
+        return None
+    return res[key] if q is None else pct(res[key], q)
+
+
+def ratios(results: dict[str, dict | None]) -> dict[tuple[str, str], float]:
+    """(metric label, peer) -> sparkmq / peer."""
+    out = {}
+    for label, key, q in ROWS:
+        ours = value(results["sparkmq"], key, q)
+        for peer, res in results.items():
+            theirs = value(res, key, q)
+            if peer != "sparkmq" and ours is not None and theirs:
+                out[(label, peer)] = ours / theirs
+    return out
+
+
 def report(results: dict[str, dict | None]) -> None:
-    ours = results["sparkmq"]
-    rows = [("batched throughput (msg/s)", "tput", None, True),
-            ("sync send p50 (ms)", "lat", 0.50, False), ("sync send p99 (ms)", "lat", 0.99, False),
-            ("end-to-end p50 (ms)", "e2e", 0.50, False), ("end-to-end p99 (ms)", "e2e", 0.99, False)]
     peers = [k for k, v in results.items() if k != "sparkmq" and v is not None]
     head = f"{'metric':<28}{'sparkmq':>12}" + "".join(f"{p:>12}{'ratio':>8}" for p in peers)
     print(head)
     print("-" * len(head))
-    for label, key, q, higher_better in rows:
-        def val(res):
-            return res[key] if q is None else pct(res[key], q)
-        line = f"{label:<28}{val(ours):>12.2f}"
+    r = ratios(results)
+    for label, key, q in ROWS:
+        line = f"{label:<28}{value(results['sparkmq'], key, q):>12.2f}"
         for p in peers:
-            v = val(results[p])
-            line += f"{v:>12.2f}{val(ours) / v:>8.2f}"
+            v = value(results[p], key, q)
+            line += (f"{v:>12.2f}{r[(label, p)]:>8.2f}" if (label, p) in r
+                     else f"{'-':>12}{'-':>8}")
         print(line)
     print("ratio = sparkmq / peer (throughput: higher is better; latency: lower is better)")
     for k, v in results.items():
@@ -289,27 +402,46 @@ def report(results: dict[str, dict | None]) -> None:
             print(f"# {k}: not run (see above)")
 
 
+def report_ranges(runs: list[dict[str, dict | None]]) -> None:
+    """Min-max of each ratio over the runs (the machine is shared: single runs vary)."""
+    per_run = [ratios(res) for res in runs]
+    keys = sorted({k for r in per_run for k in r}, key=lambda k: ([x[0] for x in ROWS].index(k[0]), k[1]))
+    print(f"ratio ranges over {len(runs)} runs (sparkmq / peer):")
+    for k in keys:
+        vals = [r[k] for r in per_run if k in r]
+        print(f"  {k[0]:<28} vs {k[1]:<11} {min(vals):6.2f} .. {max(vals):6.2f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="small counts (about a minute)")
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--repeat", type=int, default=1, help="run everything N times")
     args = ap.parse_args(argv)
     n, m = (20_000, 300) if args.quick else (100_000, 2_000)
     print(f"# 1 KiB messages; throughput: {n} msgs in batches of {args.batch}; "
-          f"latencies over {m} sends")
-    results: dict[str, dict | None] = {}
-    for name, fn in (("sparkmq", bench_sparkmq), ("redis", bench_redis), ("nats", bench_nats)):
-        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
-            t = time.perf_counter()
-            try:
-                results[name] = fn(tmp, n, args.batch, m)
-            except Exception as e:
-                if name == "sparkmq":
-                    raise
-                print(f"# {name} failed: {e!r}; skipped")
-                results[name] = None
-            print(f"# {name}: done in {time.perf_counter() - t:.1f} s", flush=True)
-    report(results)
+          f"latencies over {m} sends; {os.cpu_count()} cores")
+    fns = {"sparkmq": bench_sparkmq, "redis": bench_redis, "nats": bench_nats,
+           "grpc floor": bench_grpc_floor}
+    runs = []
+    for run in range(args.repeat):
+        results: dict[str, dict | None] = {}
+        for name, fn in fns.items():
+            with tempfile.TemporaryDirectory(prefix=f"bench-{name.replace(' ', '-')}-") as tmp:
+                t = time.perf_counter()
+                try:
+                    results[name] = fn(tmp, n, args.batch, m)
+                except Exception as e:
+                    if name == "sparkmq":
+                        raise
+                    print(f"# {name} failed: {e!r}; skipped")
+                    results[name] = None
+                print(f"# run {run + 1}: {name} done in {time.perf_counter() - t:.1f} s",
+                      flush=True)
+        report(results)
+        runs.append(results)
+    if len(runs) > 1:
+        report_ranges(runs)
     return 0
 
 

@@ -98,3 +98,31 @@ def test_subscription_filters():
     for bad in (("XPATH", "x"), 42, ("SQL92",)):
         with pytest.raises(UserError):
             _filter_of(bad)
+
+
+def test_send_batch_request_carries_every_field_of_plain_and_rich_messages():
+    """The request is built from a shared template for plain messages and field by field
+    for the others: both must give the same protocol messages as Message.to_pb."""
+    p = producer_with(QUEUES)
+    sent = []
+    p._send_to = lambda queue, request: sent.append(request) or []
+    try:
+        batch = [Message("T", b"plain-1"), Message("T", b"rich", tag="A", keys=["k"],
+                                                    properties={"p": "1"}),
+                 Message("T", bytearray(b"plain-2")), Message("T", b"plain-3")]
+        p.send_batch(batch)
+        (request,) = sent
+        got = list(request.messages)
+        assert len(got) == 4
+        assert len({m.system_properties.message_id for m in got}) == 4
+        born = got[0].system_properties.born_timestamp
+        for m, g in zip(batch, got):
+            want = m.to_pb(p._host, g.system_properties.message_id, born)
+            assert g == want
+        assert got[2].body == b"plain-2" and got[1].user_properties["p"] == "1"
+        p.send_batch([Message("T", b"f1", message_group="g"), Message("T", b"f2",
+                                                                    message_group="g")])
+        assert [m.system_properties.message_group for m in sent[1].messages] == ["g", "g"]
+        assert {m.system_properties.message_type for m in sent[1].messages} == {pb.FIFO}
+    finally:
+        p.shutdown()

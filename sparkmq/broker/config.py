@@ -62,17 +62,6 @@ def _int(name: str, raw: Any) -> int:
         raise InvalidConfigError(f"{name} must be an integer, got {raw!r}") from None
 
 
-def _bool(name: str, raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise InvalidConfigError(f"{name} must be true or false, got {raw!r}")
-
-
 @dataclass(frozen=True)
 class BrokerConfig:
     """One broker's settings (RocketMQ property name in each comment)."""

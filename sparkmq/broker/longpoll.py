@@ -6,10 +6,15 @@ A waiter reads ``version(topic)`` *before* looking for messages and then calls
 ``wait(topic, seen, timeout_s)``, so an arrival between the look and the wait
 is never lost. Every wait is bounded by its timeout; ``close()`` wakes all.
 
+A SendMessage appends inside ``deferred()`` and hands the topics to ``wake`` once
+its reply is sent (gRPC ``add_callback``): the messages are readable at once (a
+poll that looks finds them), only sleeping waiters are woken a reply later.
+
 Thread-safety: one condition variable; safe from any thread.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -17,16 +22,39 @@ import time
 class ArrivalNotifier:
     def __init__(self):
         self._cond = threading.Condition()
+        self._local = threading.local()
         self._versions: dict[str, int] = {}
         self._pokes = 0
         self._closed = False
         self.waiting = 0
 
     def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
-        """Store listener: messages of ``topic`` became readable."""
+        """Store listener: messages of ``topic`` became readable. On a thread inside
+        :meth:`deferred` the wake-up waits until that block hands it over."""
+        held = getattr(self._local, "held", None)
+        if held is not None:
+            held.add(topic)
+            return
+        self.wake((topic,))
+
+    def wake(self, topics) -> None:
+        """Wake the waiters of ``topics`` (their arrival counters move on)."""
         with self._cond:
-            self._versions[topic] = self._versions.get(topic, 0) + 1
+            for topic in topics:
+                self._versions[topic] = self._versions.get(topic, 0) + 1
             self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """Hold this thread's arrival wake-ups; yields the set of topics held, which the
+        caller must pass to :meth:`wake` (e.g. once its own reply is on its way, so the
+        woken long polls do not compete with it for the GIL). Nesting is not supported."""
+        held: set[str] = set()
+        self._local.held = held
+        try:
+            yield held
+        finally:
+            self._local.held = None
 
     def poke(self) -> None:
         """Wake every waiter (a client went away, a lease expires, shutdown)."""

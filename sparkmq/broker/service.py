@@ -69,6 +69,7 @@ def status(code: int, message: str = "OK") -> pb.Status:
 
 
 OK = status(Code.OK)
+_OK_ENTRY_BYTES = spb.SendResultEntry(status=OK).SerializeToString()   # merged: cheaper than a copy
 
 
 def _error_status(e: Exception) -> pb.Status:
@@ -312,38 +313,106 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         the rest as ONE record batch (one fsync under SYNC_FLUSH)."""
         if not request.messages:
             return spb.SendMessageResponse(status=status(Code.BAD_REQUEST, "no messages to send"))
-        entries: list[spb.SendResultEntry | None] = [None] * len(request.messages)
+        results: list = [None] * len(request.messages)   # per entry: Status or store result
         rows = SendRows()
         topics: dict[str, pb.Status | None] = {}
+        refusal, transactional = self._refusal, pb.TRANSACTION
+        limit = self.broker.store.config.max_message_size_bytes
         for i, m in enumerate(request.messages):
-            st = self._refusal(m, topics)
+            st = refusal(m, topics, limit)
             parked = None
-            if st is None and m.system_properties.message_type == pb.TRANSACTION:
-                topic, props, txid = self.broker.transactions.prepare_row(
-                    m.topic.name, dict(m.user_properties), _client_id(context))
-                parked = (topic, 0, None, props, txid)
-            elif st is None:
-                try:
-                    parked = self._park(m)
-                except DelayRefused as e:
-                    st = status(Code.ILLEGAL_DELIVERY_TIME, e.message)
+            if st is None:
+                mtype = m.system_properties.message_type
+                if mtype == transactional:
+                    topic, props, txid = self.broker.transactions.prepare_row(
+                        m.topic.name, dict(m.user_properties), _client_id(context))
+                    parked = (topic, 0, None, props, txid)
+                elif mtype == pb.DELAY or (m.user_properties
+                                           and PROP_DELAY_LEVEL in m.user_properties):
+                    try:
+                        parked = self._park(m)
+                    except DelayRefused as e:
+                        st = status(Code.ILLEGAL_DELIVERY_TIME, e.message)
             if st is not None:
-                entries[i] = spb.SendResultEntry(status=st)
+                results[i] = st
                 self.broker.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
             else:
                 rows.add(i, m, parked)
         if rows.index:
-            for k, (i, r) in enumerate(zip(rows.index, self.broker.send_rows(rows))):
-                entries[i] = (spb.SendResultEntry(status=_error_status(r))
-                              if isinstance(r, Exception) else self._send_entry(*r))
-                if rows.topic[k] == SCHEDULE_TOPIC and not isinstance(r, Exception):
-                    entries[i].recall_handle = make_recall_handle(
+            notifier = self.broker.notifier
+            with notifier.deferred() as arrived:
+                stored = self.broker.send_rows(rows)
+            # Long polls are woken once this RPC is over (its reply sent), not in the
+            # middle of it: the woken receive would take the GIL from this reply and
+            # add its whole pop to the send latency (measured: sync send with a waiting
+            # consumer 3.3 -> 2.1 ms p50, end-to-end slightly lower too).
+            add_callback = getattr(context, "add_callback", None)
+            if arrived and not (add_callback is not None and add_callback(
+                    lambda: notifier.wake(arrived))):
+                notifier.wake(arrived)   # RPC already over (or no context): wake now
+            recalls = {}          # request entry -> recall handle of a delayed message
+            topics_col = rows.columns()["topic"]
+            queues_col = rows.columns()["queue_id"]
+            for k, (i, r) in enumerate(zip(rows.index, stored)):
+                results[i] = _error_status(r) if isinstance(r, Exception) else r
+                if topics_col[k] == SCHEDULE_TOPIC and not isinstance(r, Exception):
+                    recalls[i] = make_recall_handle(
                         request.messages[i].topic.name, self.broker.config.broker_name,
-                        rows.queue_id[k], r[2], r[1])
-        return _send_response(entries)
+                        queues_col[k], r[2], r[1])
+            out = self._send_response(results)
+            for i, handle in recalls.items():
+                out.entries[i].recall_handle = handle
+            return out
+        return self._send_response(results)
 
-    def _refusal(self, m: pb.Message, topics: dict) -> pb.Status | None:
-        """The status refusing ``m`` before it reaches the store, or None if it may go."""
+    def _send_response(self, results: list) -> spb.SendMessageResponse:
+        """The response: one entry per request message, built in place (no copies of
+        per-entry messages); the top status is the entries' common one or MULTIPLE_RESULTS."""
+        out = spb.SendMessageResponse()
+        add = out.entries.add
+        codes = set()          # codes other than OK
+        any_ok = False
+        ok = PutMessageStatus.PUT_OK
+        for r in results:
+            if isinstance(r, pb.Status):
+                add(status=r)
+                codes.add(r.code)
+                continue
+            put_status, message_id, offset, txid = r
+            if put_status is ok and not txid:       # the common case: merge the status
+                add(message_id=message_id, offset=offset).MergeFromString(_OK_ENTRY_BYTES)
+                any_ok = True
+                continue
+            if put_status is ok:
+                st, any_ok = OK, True
+            elif put_status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
+                st = status(Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but the fsync did not "
+                            "finish within syncFlushTimeout")
+                codes.add(st.code)
+            elif put_status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT:
+                st = status(Code.SLAVE_PERSISTENCE_TIMEOUT, "stored on the master, but no "
+                            "replica acked it within syncFlushTimeout (SYNC_MASTER)")
+                codes.add(st.code)
+            elif put_status is PutMessageStatus.SLAVE_NOT_AVAILABLE:
+                st = status(Code.HA_NOT_AVAILABLE, "stored on the master, but no replica is "
+                            "attached (SYNC_MASTER)")
+                codes.add(st.code)
+            else:
+                st = status(Code.INTERNAL_ERROR, f"store answered {put_status.value}")
+                codes.add(st.code)
+            if txid:
+                add(status=st, message_id=message_id, offset=offset, transaction_id=txid)
+            else:
+                add(status=st, message_id=message_id, offset=offset)
+        if len(codes) + any_ok == 1:     # every entry has the same code
+            out.status.CopyFrom(out.entries[0].status)
+        else:
+            out.status.CopyFrom(status(Code.MULTIPLE_RESULTS, "see entries"))
+        return out
+
+    def _refusal(self, m: pb.Message, topics: dict, limit: int) -> pb.Status | None:
+        """The status refusing ``m`` before it reaches the store, or None if it may go;
+        ``topics`` caches the verdict per topic, ``limit`` is maxMessageSize."""
         topic = m.topic.name
         refused = topics.get(topic, False)
         if refused is False:
@@ -353,12 +422,14 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         size = len(m.body)
         if not size:
             return status(Code.MESSAGE_BODY_EMPTY, "message body is empty")
-        limit = self.broker.store.config.max_message_size_bytes
         if size > limit:
             return status(Code.MESSAGE_BODY_TOO_LARGE,
                           f"message body is {size} bytes; maxMessageSize is {limit}")
         sp = m.system_properties
         mtype = sp.message_type
+        if mtype == pb.NORMAL and not sp.message_group and not sp.HasField("tag") \
+                and not sp.HasField("delivery_timestamp") and sp.body_encoding != pb.GZIP:
+            return None              # the common case, decided with the fewest lookups
         if mtype == pb.NORMAL and not sp.message_group:
             pass
         elif mtype == pb.TRANSACTION and self.broker.transactions is None:
@@ -407,24 +478,6 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                           f"topic {topic!r} does not exist on broker {self.broker.config.broker_name}; "
                           "create it first (autoCreateTopicEnable is off)")
         return None
-
-    def _send_entry(self, put_status, message_id: str, offset: int,
-                    transaction_id: str | None = None) -> spb.SendResultEntry:
-        if put_status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
-            st = status(Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but the fsync did not finish "
-                        "within syncFlushTimeout")
-        elif put_status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT:
-            st = status(Code.SLAVE_PERSISTENCE_TIMEOUT, "stored on the master, but no replica "
-                        "acked it within syncFlushTimeout (SYNC_MASTER)")
-        elif put_status is PutMessageStatus.SLAVE_NOT_AVAILABLE:
-            st = status(Code.HA_NOT_AVAILABLE, "stored on the master, but no replica is attached "
-                        "(SYNC_MASTER)")
-        elif put_status is PutMessageStatus.PUT_OK:
-            st = OK
-        else:
-            st = status(Code.INTERNAL_ERROR, f"store answered {put_status.value}")
-        return spb.SendResultEntry(status=st, message_id=message_id, offset=offset,
-                                   transaction_id=transaction_id or "")
 
     # ------------------------------------------------------------ receive
     def ReceiveMessage(self, request, context):
@@ -703,68 +756,85 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
 
 
 class SendRows:
-    """The accepted messages of one SendMessage request, as columns (segment schema
-    names) ready for ``Store.append_batch``; ``index`` maps rows to request entries."""
+    """The accepted messages of one SendMessage request, turned into columns (segment
+    schema names) ready for ``Store.append_batch``; ``index`` maps rows to request
+    entries. Rows are collected first and the columns built in one pass per column
+    (list comprehensions over the protobuf messages), the cheapest way in Python."""
+
+    COLUMNS = ("topic", "body", "tags", "keys", "properties", "born_timestamp", "born_host",
+               "message_group", "message_type", "unique_key", "queue_id",
+               "delivery_timestamp", "transaction_id")
 
     def __init__(self):
         self.index: list[int] = []
-        self.topic: list[str] = []
-        self.body: list[bytes] = []
-        self.tags: list[str | None] = []
-        self.keys: list[list[str] | None] = []
-        self.properties: list[list[tuple[str, str]] | None] = []
-        self.born_timestamp: list[int | None] = []
-        self.born_host: list[str | None] = []
-        self.message_group: list[str | None] = []
-        self.message_type: list[int] = []
-        self.unique_key: list[str | None] = []
-        self.queue_id: list[int | None] = []
-        self.delivery_timestamp: list[int | None] = []
-        self.transaction_id: list[str | None] = []
+        self.messages: list[pb.Message] = []
+        self.parked: dict[int, tuple] = {}       # row -> parked tuple (see add)
+        self._columns: dict[str, list] | None = None
 
     def add(self, i: int, m: pb.Message, parked: tuple | None = None) -> None:
         """Append one message that passed ``_refusal`` (so a present tag is not blank);
-        ``parked`` = (topic, queue, due ms, properties) of a delayed message."""
-        sp = m.system_properties
+        ``parked`` = (topic, queue, due ms, properties[, transaction id]) of a delayed or
+        half (transactional) message."""
+        if parked is not None:
+            self.parked[len(self.index)] = parked
         self.index.append(i)
-        if parked is None:
-            self.topic.append(m.topic.name)
-            self.queue_id.append(None)
-            self.delivery_timestamp.append(None)
-        else:
-            self.topic.append(parked[0])
-            self.queue_id.append(parked[1])
-            self.delivery_timestamp.append(parked[2])
-        self.transaction_id.append(parked[4] if parked is not None and len(parked) > 4 else None)
-        self.body.append(m.body)
-        self.tags.append(sp.tag or None)
-        keys = sp.keys
-        self.keys.append(list(keys) if keys else None)
-        props = parked[3] if parked is not None else m.user_properties
-        self.properties.append(list(props.items()) if props else None)
-        born = sp.born_timestamp
-        self.born_timestamp.append(born.seconds * 1000 + born.nanos // 1_000_000 or None)
-        self.born_host.append(sp.born_host or None)
-        self.message_group.append(sp.message_group or None)
-        self.message_type.append(FIFO_TYPE if sp.message_type == pb.FIFO else
-                                 TRANSACTION_TYPE if sp.message_type == pb.TRANSACTION else
-                                 DELAY_TYPE if parked is not None else NORMAL_TYPE)
-        self.unique_key.append(sp.message_id or None)
+        self.messages.append(m)
+        self._columns = None
 
     def __len__(self) -> int:
         return len(self.index)
 
-    def subset(self, positions: list[int]) -> "SendRows":
+    def columns(self) -> dict[str, list]:
+        """Column name -> one Python value per row (None = null). Built once."""
+        if self._columns is not None:
+            return self._columns
+        ms = self.messages
+        n = len(ms)
+        sps = [m.system_properties for m in ms]
+        borns = [sp.born_timestamp for sp in sps]
+        mtypes = [sp.message_type for sp in sps]
+        c = {
+            "topic": [m.topic.name for m in ms],
+            "body": [m.body for m in ms],
+            "tags": [sp.tag or None for sp in sps],
+            "keys": [list(k) if k else None for k in (sp.keys for sp in sps)],
+            "properties": [list(p.items()) if p else None for p in (m.user_properties
+                                                                     for m in ms)],
+            "born_timestamp": [b.seconds * 1000 + b.nanos // 1_000_000 or None for b in borns],
+            "born_host": [sp.born_host or None for sp in sps],
+            "message_group": [sp.message_group or None for sp in sps],
+            "message_type": [FIFO_TYPE if t == pb.FIFO else TRANSACTION_TYPE
+                             if t == pb.TRANSACTION else NORMAL_TYPE for t in mtypes],
+            "unique_key": [sp.message_id or None for sp in sps],
+            "queue_id": [None] * n,
+            "delivery_timestamp": [None] * n,
+            "transaction_id": [None] * n,
+        }
+        for r, parked in self.parked.items():
+            c["topic"][r], c["queue_id"][r], c["delivery_timestamp"][r] = parked[:3]
+            c["properties"][r] = list(parked[3].items()) if parked[3] else None
+            c["transaction_id"][r] = parked[4] if len(parked) > 4 else None
+            if mtypes[r] not in (pb.FIFO, pb.TRANSACTION):
+                c["message_type"][r] = DELAY_TYPE
+        self._columns = c
+        return c
+
+    @staticmethod
+    def concat(parts: list["SendRows"]) -> "SendRows":
+        """The rows of several requests as one (in order; ``index`` is not kept)."""
         out = SendRows()
-        for name, values in vars(self).items():
-            setattr(out, name, [values[p] for p in positions])
+        for part in parts:
+            base = len(out.messages)
+            out.messages.extend(part.messages)
+            out.parked.update({base + r: p for r, p in part.parked.items()})
+        out.index = list(range(len(out.messages)))
         return out
 
-
-def _send_response(entries) -> spb.SendMessageResponse:
-    codes = {e.status.code for e in entries}
-    top = entries[0].status if len(codes) == 1 else status(Code.MULTIPLE_RESULTS, "see entries")
-    return spb.SendMessageResponse(status=top, entries=entries)
+    def subset(self, positions: list[int]) -> "SendRows":
+        out = SendRows()
+        for p in positions:
+            out.add(self.index[p], self.messages[p], self.parked.get(p))
+        return out
 
 
 BROADCAST_HEADER = "x-sparkmq-consume-mode"

@@ -1,0 +1,142 @@
+"""Merging concurrent sends into one store append (group commit at the broker).
+
+SendMessage requests that wait at the same moment are appended together: the first
+request to arrive becomes the *leader* and appends its rows; requests arriving while
+it works queue up, and after its append the leader hands the lead to the first of
+them, which appends everything queued (up to ``max_rows``) as ONE record batch, with
+one flush wait under SYNC_FLUSH. A lone request is appended at once (no waiting for
+company), so sequential senders pay only a lock.
+
+Each request gets exactly the per-row results of its own rows, in order. A merged
+batch the store refuses as a whole (a ``SparkMQError``) is retried request by request
+with ``append``, which isolates bad rows, so one bad request does not slow the others
+down to row-by-row appends; an unexpected exception is raised in every request of the
+batch.
+
+Thread-safety: ``submit`` may be called from any number of threads. Every wait is
+bounded: a follower whose rows have not been taken after ``wait_s`` appends them
+itself; rows already taken are waited for until the leader's append returns (bounded
+by the store's own timeouts).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from ..errors import SparkMQError
+
+DEFAULT_MAX_ROWS = 4096
+DEFAULT_WAIT_S = 1.0
+
+
+class _Ticket:
+    __slots__ = ("rows", "results", "error", "done", "lead")
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.results: list | None = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()       # results ready, or the lead handed over
+        self.lead = False
+
+
+class SendMerger:
+    """See the module docstring. ``append(rows)`` stores one ``SendRows`` and returns
+    one result per row (refused rows get their exception); ``append_whole(rows)`` stores
+    them as one batch or raises; ``concat(list of SendRows)`` joins several into one."""
+
+    def __init__(self, append: Callable, append_whole: Callable, concat: Callable, *,
+                 max_rows: int = DEFAULT_MAX_ROWS, wait_s: float = DEFAULT_WAIT_S):
+        self._append = append
+        self._append_whole = append_whole
+        self._concat = concat
+        self.max_rows = max_rows
+        self.wait_s = wait_s
+        self._lock = threading.Lock()
+        self._pending: list[_Ticket] = []
+        self._leading = False
+        self.batches = 0                     # store appends made (for metrics and tests)
+        self.requests = 0                    # requests served
+
+    @property
+    def pending(self) -> int:
+        """Requests queued behind the current leader."""
+        with self._lock:
+            return len(self._pending)
+
+    def submit(self, rows) -> list:
+        """Append ``rows`` (alone or with the requests waiting now); per-row results."""
+        ticket = _Ticket(rows)
+        with self._lock:
+            self._pending.append(ticket)     # a new leader finds only its own ticket here
+            ticket.lead = not self._leading
+            self._leading = True
+        while not ticket.lead:
+            if ticket.done.wait(self.wait_s):
+                break
+            with self._lock:
+                if ticket.lead:
+                    break
+                if ticket in self._pending:  # not taken yet: append it alone
+                    self._pending.remove(ticket)
+                    alone = True
+                else:
+                    alone = False            # taken: its results are on their way
+            if alone:
+                return self._append(rows)
+        if ticket.lead:
+            self._lead()
+        return self._result(ticket)
+
+    def _lead(self) -> None:
+        """One round: append the head of the queue (the leader's own ticket first, then
+        what queued behind it, up to ``max_rows``), then hand the lead to the next
+        waiting request, or give it up when none waits."""
+        with self._lock:
+            batch = [self._pending.pop(0)]
+            nrows = len(batch[0].rows)
+            while self._pending and nrows + len(self._pending[0].rows) <= self.max_rows:
+                t = self._pending.pop(0)
+                batch.append(t)
+                nrows += len(t.rows)
+        try:
+            self._run(batch)
+        finally:
+            with self._lock:
+                if self._pending:
+                    nxt = self._pending[0]
+                    nxt.lead = True
+                    nxt.done.set()
+                else:
+                    self._leading = False
+
+    def _run(self, batch: list[_Ticket]) -> None:
+        try:
+            results, error = self._append_batch(batch), None
+        except BaseException as e:           # raised again in every request of the batch
+            results, error = None, e
+        self.batches += 1
+        self.requests += len(batch)
+        start = 0
+        for t in batch:
+            n = len(t.rows)
+            if error is None:
+                t.results = results[start:start + n]
+            else:
+                t.error = error
+            start += n
+            t.done.set()
+
+    def _append_batch(self, batch: list[_Ticket]) -> list:
+        if len(batch) == 1:
+            return self._append(batch[0].rows)
+        try:
+            return self._append_whole(self._concat([t.rows for t in batch]))
+        except SparkMQError:                 # refused as a whole: request by request
+            return [r for t in batch for r in self._append(t.rows)]
+
+    @staticmethod
+    def _result(ticket: _Ticket) -> list:
+        if ticket.error is not None:
+            raise ticket.error
+        return ticket.results
