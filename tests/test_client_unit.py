@@ -124,5 +124,12 @@ def test_send_batch_request_carries_every_field_of_plain_and_rich_messages():
                                                                     message_group="g")])
         assert [m.system_properties.message_group for m in sent[1].messages] == ["g", "g"]
         assert {m.system_properties.message_type for m in sent[1].messages} == {pb.FIFO}
+        # delayed messages each keep their own delivery time (never the template's)
+        due = [1_900_000_000_000, 1_900_000_005_000]
+        p.send_batch([Message("T", b"d1", delivery_timestamp_ms=due[0]),
+                      Message("T", b"d2", delivery_timestamp_ms=due[1])])
+        got = [m.system_properties for m in sent[2].messages]
+        assert [sp.delivery_timestamp.ToMilliseconds() for sp in got] == due
+        assert {sp.message_type for sp in got} == {pb.DELAY}
     finally:
         p.shutdown()
