@@ -42,6 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 import grpc
+import numpy as np
 import pyarrow as pa
 
 from ..errors import (InvalidConfigError, PermissionDeniedError, SparkMQError,
@@ -555,27 +556,34 @@ class Broker:
         topics, groups, unique_keys, txids = (c["topic"], c["message_group"], c["unique_key"],
                                               c["transaction_id"])
         now = self.clock_ms()
-        columns = {"topic": pa.array(topics, pa.string())}
         fixed = c["queue_id"]
         if any(groups) or fixed.count(None) != n:
             chosen = self._choose_queues(topics, groups)
-            columns["queue_id"] = pa.array([q if f is None else f for q, f in zip(chosen, fixed)],
-                                            pa.int32())
-        # else: no queue_id column, the store spreads the rows round robin (vectorized)
-        table = pa.table({
-            **columns,
-            "body": pa.array(c["body"], pa.binary()),
-            "tags": _column(c["tags"], pa.string()),
-            "keys": _column(c["keys"], KEYS_TYPE),
-            "properties": _column(c["properties"], PROPERTIES_TYPE),
-            "born_timestamp": pa.array([b or now for b in c["born_timestamp"]], fmt.TS),
-            "born_host": _column(c["born_host"], pa.string()),
-            "message_group": _column(groups, pa.string()),
-            "message_type": pa.array(c["message_type"], pa.int8()),
-            "unique_key": _column(unique_keys, pa.string()),
-            "delivery_timestamp": _column(c["delivery_timestamp"], fmt.TS),
-            "transaction_id": _column(txids, pa.string()),
-        })
+            queue_ids = pa.array([q if f is None else f for q, f in zip(chosen, fixed)],
+                                 pa.int32())
+        else:
+            queue_ids = pa.nulls(n, pa.int32())   # the store spreads them round robin
+        # One batch in SEGMENT_SCHEMA: the store's fast path (no casts, no copies);
+        # store_timestamp is a placeholder the store stamps under its append lock.
+        zeros_i32 = pa.array(np.zeros(n, np.int32))
+        table = pa.RecordBatch.from_arrays([
+            pa.array(topics, pa.string()),
+            queue_ids,
+            pa.array(c["body"], pa.binary()),
+            _column(c["tags"], pa.string()),
+            _column(c["keys"], KEYS_TYPE),
+            _column(c["properties"], PROPERTIES_TYPE),
+            pa.array([b or now for b in c["born_timestamp"]], fmt.TS),
+            pa.array(np.full(n, now, np.int64), fmt.TS),
+            _column(c["born_host"], pa.string()),
+            pa.array([self.store.config.store_host] * n, pa.string()),
+            zeros_i32,
+            _column(c["delivery_timestamp"], fmt.TS),
+            _column(groups, pa.string()),
+            _column(txids, pa.string()),
+            pa.array(c["message_type"], pa.int8()),
+            _column(unique_keys, pa.string()),
+        ], schema=fmt.SEGMENT_SCHEMA)
         r = self.store.append_batch(table)
         put_status = r.status
         ha = self.ha_service
