@@ -23,6 +23,7 @@ are filtered per batch. Anything else goes back to Spark.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -84,7 +85,8 @@ def open_snapshot(url: str, version: int | None = None, *, timestamp_ms: int | N
     """A Snapshot; pinned versions are cached per process (thread-safe)."""
     if version is None:
         return Snapshot.load(url, timestamp_ms=timestamp_ms, storage_options=storage_options)
-    key = (url, version)
+    # the same URL with other storage options may be another store (or other credentials)
+    key = (url, version, _options_key(storage_options))
     with _SNAPSHOTS_LOCK:
         snap = _SNAPSHOTS.get(key)
         if snap is not None:
@@ -96,6 +98,10 @@ def open_snapshot(url: str, version: int | None = None, *, timestamp_ms: int | N
         while len(_SNAPSHOTS) > _SNAPSHOTS_MAX:
             _SNAPSHOTS.popitem(last=False)
     return snap
+
+
+def _options_key(storage_options: dict | None) -> str:
+    return json.dumps(storage_options or {}, sort_keys=True, default=repr)
 
 
 def broker_name(snap: Snapshot) -> str:

@@ -51,6 +51,9 @@ class StoreFS:
         except (ValueError, ImportError) as exc:
             raise InvalidConfigError(f"cannot open store URL {url!r}: {exc}") from exc
         self.url = url
+        #: the fsspec options this store was opened with (a copy), so that views of
+        #: the store (``Snapshot``) can reopen it elsewhere, e.g. on Spark executors
+        self.storage_options = dict(storage_options) if storage_options else None
         self.fs = fs
         self.root = root.rstrip("/") or "/"
         protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)

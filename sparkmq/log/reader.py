@@ -8,7 +8,8 @@ adds the columns that live outside the segment: ``queue_offset``,
 
 ``Snapshot`` is a read-only view of one committed version of the log: what a
 Spark reader sees. It is immutable and thread-safe; it pickles as (URL,
-version) and reopens lazily where it is unpickled.
+version, storage options) and reloads exactly that version of that store
+where it is unpickled.
 """
 from __future__ import annotations
 
@@ -339,9 +340,12 @@ class Snapshot(MessageReader):
     def __init__(self, url: str, state: LogState, *, storage_options: dict | None = None,
                  sfs: StoreFS | None = None):
         self.url = url
-        self.storage_options = storage_options
-        self.state = state
         self.sfs = sfs or StoreFS(url, storage_options)
+        # the options travel with the snapshot when it is pickled: take them from the
+        # StoreFS when the caller (Store.snapshot) passed only that
+        self.storage_options = storage_options if storage_options is not None \
+            else self.sfs.storage_options
+        self.state = state
         self.store_id = state.store_id
         self._segments = sorted(state.segments.values(), key=lambda a: a["baseOffset"])
         self._bases = [a["baseOffset"] for a in self._segments]
@@ -358,7 +362,8 @@ class Snapshot(MessageReader):
         return cls(url, state, storage_options=storage_options, sfs=sfs)
 
     def __reduce__(self):
-        # pickles as (url, version): the copy reads the same committed version
+        # pickles as (url, version, storage options): the copy reopens the same
+        # committed version of the same store, wherever it is unpickled
         return (_load_snapshot, (self.url, self.state.version, self.storage_options))
 
     @property
