@@ -50,7 +50,13 @@ def _expected(table: pa.Table, tid: int, qid: int, lo: int, hi: int) -> list[int
     return sorted(set(f.column("queue_offset").to_pylist()))
 
 
-def test_seek_in_sorted_files_spanning_row_groups(tmp_path):
+def test_seek_in_sorted_files_spanning_row_groups(tmp_path, monkeypatch):
+    """Sorted files (every writer's) are sought by binary search, never filtered."""
+    import sparkmq.log.consumequeue as cq
+
+    def no_filter(*args):
+        raise AssertionError("a sorted file was filtered row by row")
+    monkeypatch.setattr(cq, "_filter_queue_rows", no_filter)
     sfs = StoreFS(str(tmp_path))
     rows = [(t, q, o, 100 * o, o % 3) for t in (0, 1) for q in (0, 1, 2) for o in range(11)]
     table = _cq_table(rows)

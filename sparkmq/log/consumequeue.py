@@ -295,37 +295,35 @@ def _read_queue_slices(sfs: StoreFS, rel: str, tid: int, qid: int, lo: int, hi: 
             t = pf.read_row_group(g, columns=_LOCATE_COLUMNS)
             part = _sorted_slice(t, tid, qid, lo, hi)
             if part is None:   # not in the order the format requires: filter row by row
-                part = t.filter((pc.field("topic_id") == tid) & (pc.field("queue_id") == qid) &
-                                (pc.field("queue_offset") >= lo) &
-                                (pc.field("queue_offset") < hi)).sort_by("queue_offset")
+                part = _filter_queue_rows(t, tid, qid, lo, hi)
             if part.num_rows:
                 out.append(part.select(ENTRY_COLUMNS))
     return out
+
+
+def _filter_queue_rows(t: pa.Table, tid: int, qid: int, lo: int, hi: int) -> pa.Table:
+    return t.filter((pc.field("topic_id") == tid) & (pc.field("queue_id") == qid) &
+                    (pc.field("queue_offset") >= lo) &
+                    (pc.field("queue_offset") < hi)).sort_by("queue_offset")
 
 
 def _sorted_slice(t: pa.Table, tid: int, qid: int, lo: int, hi: int) -> pa.Table | None:
     """The rows of (tid, qid) in [lo, hi) of a row group sorted by (topic, queue, offset),
     by binary search; None if the rows found are not sorted that way."""
     tids = t.column("topic_id").to_numpy()
+    qids = t.column("queue_id").to_numpy()
     a, b = np.searchsorted(tids, tid, "left"), np.searchsorted(tids, tid, "right")
-    qids = t.column("queue_id").to_numpy()[a:b]
-    c, d = a + np.searchsorted(qids, qid, "left"), a + np.searchsorted(qids, qid, "right")
+    c = a + np.searchsorted(qids[a:b], qid, "left")
+    d = a + np.searchsorted(qids[a:b], qid, "right")
+    if c == d:
+        # no run of the queue: only true if the group holds none of its rows at all
+        return None if ((tids == tid) & (qids == qid)).any() else t.slice(0, 0)
     offs = t.column("queue_offset").to_numpy()[c:d]
-    e, f = c + np.searchsorted(offs, lo, "left"), c + np.searchsorted(offs, hi, "left")
-    n = int(f - e)
-    if n == 0:
-        # nothing found: make sure the row group really holds nothing of ours
-        mine = (tids == tid) & (t.column("queue_id").to_numpy() == qid)
-        if mine.any():
-            return None
-        return t.slice(0, 0)
-    part = offs[e - c:f - c]
-    if tids[e] != tid or tids[f - 1] != tid or not (part[1:] > part[:-1]).all():
+    if tids[c] != tid or tids[d - 1] != tid or qids[c] != qid or qids[d - 1] != qid \
+            or not (offs[1:] > offs[:-1]).all():
         return None
-    q = t.column("queue_id").to_numpy()
-    if q[e] != qid or q[f - 1] != qid:
-        return None
-    return t.slice(int(e), n)
+    e, f = np.searchsorted(offs, lo, "left"), np.searchsorted(offs, hi, "left")
+    return t.slice(int(c + e), int(f - e))
 
 
 _MIN_DATETIME_MS = -62_135_596_800_000 + 86_400_000   # 0001-01-02

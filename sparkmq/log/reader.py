@@ -152,7 +152,7 @@ class MessageReader:
         raise DataLossError naming the earliest available offset, unless
         ``on_removed="skip"``, which starts at the earliest instead.
         """
-        tables = list(self._step_tables(topic, queue_id, start, end, columns=columns,
+        tables = list(self.iter_tables(topic, queue_id, start, end, columns=columns,
                                         max_bytes=max_bytes, on_removed=on_removed))
         if not tables:
             return _select_schema(columns).empty_table()
@@ -168,15 +168,22 @@ class MessageReader:
         computed columns sliced from arrays built once per step of
         ``entries_per_step`` ConsumeQueue entries.
         """
-        for table in self._step_tables(topic, queue_id, start, end, columns=columns,
+        for table in self.iter_tables(topic, queue_id, start, end, columns=columns,
                                        max_bytes=max_bytes, on_removed=on_removed,
                                        entries_per_step=entries_per_step):
             yield from table.to_batches()
 
-    def _step_tables(self, topic: str, queue_id: int, start: int, end: int | None, *,
-                     columns: Sequence[str] | None, max_bytes: int | None,
-                     on_removed: str, entries_per_step: int = 65_536) -> Iterator[pa.Table]:
-        """Messages in ``[start, end)`` as one table per step of ConsumeQueue entries."""
+    def iter_tables(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
+                    columns: Sequence[str] | None = None, max_bytes: int | None = None,
+                    on_removed: str = "error", entries_per_step: int = 65_536,
+                    ) -> Iterator[pa.Table]:
+        """Messages in ``[start, end)`` as one table per step of up to ``entries_per_step``
+        ConsumeQueue entries (arguments as for :meth:`read_table`).
+
+        Stored columns are chunked by record batch (zero-copy slices of the memory
+        maps); the computed ones are one chunk. For callers that convert whole
+        steps at once (the Spark reader) instead of batch by batch.
+        """
         tid = self._check_queue(topic, queue_id)
         if not isinstance(start, (int, np.integer)) or start < 0:
             raise UserError(f"start offset must be a non-negative integer, got {start!r}")
