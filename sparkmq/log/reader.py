@@ -481,7 +481,7 @@ class Snapshot(MessageReader):
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         add = self._segment(batch_offset)
         try:
-            buf = self.sfs.read_buffer(add["path"], cache=True)
+            buf = self.sfs.read_buffer(add["path"], cache=True, min_size=int(add["size"]))
         except FileNotFoundError:
             raise DataLossError(
                 f"segment {add['path']} of version {self.state.version} was deleted by "
