@@ -98,3 +98,13 @@ def test_side_tables_use_delta_encoding_for_integers(tmp_path):
     md = pq.ParquetFile(tmp_path / add["path"]).metadata.row_group(0)
     names = [md.column(i).path_in_schema for i in range(md.num_columns)]
     assert "DELTA_BINARY_PACKED" in md.column(names.index("queue_offset")).encodings
+
+
+def test_seek_reads_only_the_columns_asked(tmp_path):
+    sfs = StoreFS(str(tmp_path))
+    add = _write(sfs, "c", _cq_table([(0, 0, o, 100 * o, o) for o in range(10)]))
+    got = read_side_entries(sfs, [add], 0, 0, 2, 5, ["row", "batch_offset"])
+    assert got.column_names == ["queue_offset", "batch_offset", "row"]   # file order
+    assert got.column("row").to_pylist() == [2, 3, 4]
+    none = read_side_entries(sfs, [add], 0, 1, 0, 5, ["row"])
+    assert none.num_rows == 0 and none.column_names == ["queue_offset", "row"]

@@ -251,8 +251,11 @@ def _ms(v) -> int:
 
 
 def read_side_entries(sfs: StoreFS, adds: list[dict], tid: int, qid: int, lo: int, hi: int,
-                      ) -> pa.Table:
+                      columns: list[str] | None = None) -> pa.Table:
     """Entries of (tid, qid) with queue offset in [lo, hi) from persisted files.
+
+    ``columns`` (a subset of ENTRY_COLUMNS, default all) are the columns read and
+    returned; ``queue_offset`` is always among them.
 
     Files are sorted by (topic_id, queue_id, queue_offset) (FORMAT.md section 4),
     so the wanted entries of a row group are one slice found by binary search;
@@ -263,9 +266,9 @@ def read_side_entries(sfs: StoreFS, adds: list[dict], tid: int, qid: int, lo: in
         q = _queue_stats(add, tid, qid)
         if q is None or q["maxOffset"] <= lo or q["minOffset"] >= hi:
             continue
-        tables.extend(_read_queue_slices(sfs, add["path"], tid, qid, lo, hi))
+        tables.extend(_read_queue_slices(sfs, add["path"], tid, qid, lo, hi, columns))
     if not tables:
-        return empty_entries()
+        return empty_entries().select(_entry_columns(columns))
     t = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
     if t.num_rows > 1:
         offs = t.column("queue_offset").to_numpy()
@@ -279,25 +282,31 @@ def read_side_entries(sfs: StoreFS, adds: list[dict], tid: int, qid: int, lo: in
     return t
 
 
-_LOCATE_COLUMNS = ["topic_id", "queue_id", *ENTRY_COLUMNS]
+def _entry_columns(columns: list[str] | None) -> list[str]:
+    if columns is None:
+        return ENTRY_COLUMNS
+    unknown = set(columns) - set(ENTRY_COLUMNS)
+    assert not unknown, f"not ConsumeQueue entry columns: {sorted(unknown)}"
+    return [c for c in ENTRY_COLUMNS if c in columns or c == "queue_offset"]
 
 
 def _read_queue_slices(sfs: StoreFS, rel: str, tid: int, qid: int, lo: int, hi: int,
-                       ) -> list[pa.Table]:
+                       columns: list[str] | None = None) -> list[pa.Table]:
     """Entries of (tid, qid) in [lo, hi) of one ConsumeQueue file, one table per row group
     (zero-copy slices of the decoded row groups)."""
+    wanted = _entry_columns(columns)
     filters = [("topic_id", "=", tid), ("queue_id", "=", qid),
                ("queue_offset", ">=", lo), ("queue_offset", "<", hi)]
     out = []
     with sfs.open_input(rel) as f:
         pf = pq.ParquetFile(f)
         for g in _row_groups(pf, filters):
-            t = pf.read_row_group(g, columns=_LOCATE_COLUMNS)
+            t = pf.read_row_group(g, columns=["topic_id", "queue_id", *wanted])
             part = _sorted_slice(t, tid, qid, lo, hi)
             if part is None:   # not in the order the format requires: filter row by row
                 part = _filter_queue_rows(t, tid, qid, lo, hi)
             if part.num_rows:
-                out.append(part.select(ENTRY_COLUMNS))
+                out.append(part.select(wanted))
     return out
 
 

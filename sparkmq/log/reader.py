@@ -100,6 +100,10 @@ def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> p
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(words))
 
 
+_MATERIALIZE_ENTRY_COLUMNS = ["queue_offset", "batch_offset", "row"]
+_BUDGET_ENTRY_COLUMNS = [*_MATERIALIZE_ENTRY_COLUMNS, "size"]
+
+
 class MessageReader:
     """Shared read logic; subclasses provide entries and batches."""
 
@@ -112,7 +116,10 @@ class MessageReader:
     def _topic_conf(self, topic: str) -> dict:
         raise NotImplementedError
 
-    def _entries(self, tid: int, qid: int, lo: int, hi: int) -> pa.Table:
+    def _entries(self, tid: int, qid: int, lo: int, hi: int,
+                 columns: list[str] | None = None) -> pa.Table:
+        """ConsumeQueue entries in [lo, hi): all ENTRY_COLUMNS, or ``columns`` of them
+        (``queue_offset`` always)."""
         raise NotImplementedError
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
@@ -202,7 +209,8 @@ class MessageReader:
         pos = start
         while pos < end:
             step_end = min(end, pos + entries_per_step)
-            entries = self._entries(tid, queue_id, pos, step_end)
+            entries = self._entries(tid, queue_id, pos, step_end, _MATERIALIZE_ENTRY_COLUMNS
+                                    if budget is None else _BUDGET_ENTRY_COLUMNS)
             if entries.num_rows == 0:
                 break
             if budget is not None:
@@ -463,8 +471,8 @@ class Snapshot(MessageReader):
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self._max.get((self._topic_id(topic), queue_id), 0)
 
-    def _entries(self, tid, qid, lo, hi):
-        return read_side_entries(self.sfs, self._cq_files, tid, qid, lo, hi)
+    def _entries(self, tid, qid, lo, hi, columns=None):
+        return read_side_entries(self.sfs, self._cq_files, tid, qid, lo, hi, columns)
 
     def _visible_offset(self) -> int:
         return 1 << 62
