@@ -7,9 +7,11 @@ Where things run:
   snapshot version there; every partition carries (url, version), so all
   tasks of a read see the same whole committed version.
 * ``read(partition)`` runs on executors: it opens that version (cached per
-  Python worker), and yields ``pyarrow.RecordBatch`` es straight from the
-  memory-mapped segments (``Snapshot.iter_batches``; no per-row Python), cast
-  to :data:`ARROW_SCHEMA`.
+  Python worker by URL, version and storage options), and yields
+  ``pyarrow.RecordBatch`` es straight from the memory-mapped segments
+  (``Snapshot.iter_tables``, cast to :data:`ARROW_SCHEMA` a step of up to
+  65,536 messages at a time; no per-row or per-batch Python). A schema the
+  user declares (a subset of :data:`SPARK_SCHEMA`) limits what is read.
 * ``SparkMQStreamReader`` lives in the driver's streaming source worker for
   the whole query: ``latestOffset`` applies admission control
   (``maxMessagesPerTrigger`` / ``maxBytesPerTrigger``, exactly), and
