@@ -149,3 +149,13 @@ def test_range_read_is_zero_copy_and_matches_the_entries(local_store_url):
     batches = list(snap.iter_batches("t", 0, 0))
     assert [b.num_rows for b in batches] == [100, 100, 50]
     assert pa.Table.from_batches(batches).equals(table)
+
+
+def test_seek_never_skips_rows_of_an_unsorted_group(tmp_path):
+    """Rows of the queue on both sides of another queue's rows: binary search alone
+    would find one run; the reader must return all of them."""
+    sfs = StoreFS(str(tmp_path))
+    rows = [(0, 0, 0, 0, 0), (0, 1, 0, 0, 1), (0, 0, 1, 0, 2), (0, 0, 2, 0, 3)]
+    add = _write(sfs, "x", _cq_table(rows), row_group_rows=1000)
+    got = read_side_entries(sfs, [add], 0, 0, 0, 10)
+    assert got.column("queue_offset").to_pylist() == [0, 1, 2]

@@ -324,9 +324,12 @@ def _sorted_slice(t: pa.Table, tid: int, qid: int, lo: int, hi: int) -> pa.Table
     a, b = np.searchsorted(tids, tid, "left"), np.searchsorted(tids, tid, "right")
     c = a + np.searchsorted(qids[a:b], qid, "left")
     d = a + np.searchsorted(qids[a:b], qid, "right")
+    # the run found must hold every row of the queue (else the group is not sorted and
+    # binary search may have missed some): one vectorized count, no row is ever skipped
+    if int(np.count_nonzero((tids == tid) & (qids == qid))) != d - c:
+        return None
     if c == d:
-        # no run of the queue: only true if the group holds none of its rows at all
-        return None if ((tids == tid) & (qids == qid)).any() else t.slice(0, 0)
+        return t.slice(0, 0)
     offs = t.column("queue_offset").to_numpy()[c:d]
     if tids[c] != tid or tids[d - 1] != tid or qids[c] != qid or qids[d - 1] != qid \
             or not (offs[1:] > offs[:-1]).all():
