@@ -159,3 +159,27 @@ def test_seek_never_skips_rows_of_an_unsorted_group(tmp_path):
     add = _write(sfs, "x", _cq_table(rows), row_group_rows=1000)
     got = read_side_entries(sfs, [add], 0, 0, 0, 10)
     assert got.column("queue_offset").to_pylist() == [0, 1, 2]
+
+
+def test_snapshot_on_an_object_store_reads_batches_not_whole_segments(monkeypatch):
+    """On non-local backends a batch read fetches that batch's bytes, never the segment."""
+    import uuid
+    from sparkmq import Snapshot, Store
+    from sparkmq.log.fs import StoreFS as FS
+    url = f"memory://sparkmq-test-{uuid.uuid4().hex}"
+    with Store.open(url, create=True, start_services=False) as s:
+        s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        for i in range(3):
+            s.append_batch(pa.table({"topic": ["t"] * 10,
+                                     "body": [b"%d-%d" % (i, j) for j in range(10)]}))
+    snap = Snapshot.load(url)
+    real = FS.read_bytes
+
+    def no_whole_segments(self, rel):
+        assert not rel.startswith(fmt.COMMITLOG_DIR), f"downloaded all of {rel}"
+        return real(self, rel)
+    monkeypatch.setattr(FS, "read_bytes", no_whole_segments)
+    assert snap.read_table("t", 0, 5, 25, columns=["body"]).column("body").to_pylist() == \
+        [b"%d-%d" % (i, j) for i in range(3) for j in range(10)][5:25]
+    mid = snap.read_table("t", 0, 12, 13).column("message_id")[0].as_py()
+    assert snap.lookup(mid).body == b"1-2"

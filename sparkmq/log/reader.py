@@ -21,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import (DataLossError, InvalidMessageIdError, QueueNotFoundError,
-                      TopicNotFoundError, UserError)
+from ..errors import (CorruptStoreError, DataLossError, InvalidMessageIdError,
+                      QueueNotFoundError, TopicNotFoundError, UserError)
 from . import format as fmt
 from . import segment as seg
 from .consumequeue import empty_entries, read_side_by_time, read_side_entries
@@ -488,14 +488,17 @@ class Snapshot(MessageReader):
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         add = self._segment(batch_offset)
+        pos = batch_offset - add["baseOffset"]
         try:
+            if not self.sfs.is_local:   # object stores: fetch this batch's bytes only
+                return _read_remote_batch(self.sfs, add["path"], pos)
             buf = self.sfs.read_buffer(add["path"], cache=True, min_size=int(add["size"]))
         except FileNotFoundError:
             raise DataLossError(
                 f"segment {add['path']} of version {self.state.version} was deleted by "
                 "retention after that version; read a newer version",
                 earliest_offset=None) from None
-        return seg.read_batch_at(buf, batch_offset - add["baseOffset"])
+        return seg.read_batch_at(buf, pos)
 
     def _index_hits(self, tid, key):
         return read_index(self.sfs, self._index_files, tid, key)
@@ -508,6 +511,18 @@ class Snapshot(MessageReader):
         return {(names.get(tid, str(tid)), qid): off
                 for (g, tid, qid, cid), off in self.state.consumer_offsets.items()
                 if g == group and not cid}
+
+
+def _read_remote_batch(sfs: StoreFS, rel: str, pos: int) -> pa.RecordBatch:
+    """The record batch at byte ``pos`` of a segment on a non-local backend, reading only
+    its message (ranged reads), not the whole segment."""
+    with sfs.open_input(rel) as f:
+        f.seek(pos)
+        try:
+            msg = pa.ipc.read_message(pa.PythonFile(f, mode="r"))
+            return pa.ipc.read_record_batch(msg, fmt.SEGMENT_SCHEMA)
+        except (pa.ArrowInvalid, OSError, EOFError) as exc:
+            raise CorruptStoreError(f"no record batch at byte {pos} of {rel}: {exc}") from exc
 
 
 def _load_snapshot(url: str, version: int, storage_options: dict | None) -> Snapshot:
