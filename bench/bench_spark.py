@@ -1,13 +1,15 @@
 """Spark benchmark: sparkmq against Spark's own Parquet source and sink, in one run.
 
-    .venv/bin/python bench/bench_spark.py [--quick] [--rows N] [--body-bytes B]
+    .venv/bin/python bench/bench_spark.py [--quick] [--rows N] [--body-bytes B] [--repeat N]
 
 1. batch write of N rows with B-byte bodies: ``df.write.format("sparkmq")``
    against ``df.write.parquet`` (same cached DataFrame, same partitions);
 2. streaming read of the same N messages with ``Trigger.AvailableNow`` into
    the ``noop`` sink: ``spark.readStream.format("sparkmq")`` over the store
    the write made, against Spark's Parquet file-stream source over the
-   Parquet files the write made.
+   Parquet files the write made; ``select("body")`` on both, and sparkmq
+   again with the schema declared as ``body binary`` (Parquet prunes to the
+   one column by itself; a Python data source is told only a declared schema).
 
 Prints rows/s for each and the ratio sparkmq/parquet (above 1.0: sparkmq is
 faster). Data lives under a fresh folder in /tmp, deleted at the end. The
@@ -66,20 +68,26 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def bench_write(spark, df, rows: int, root: str) -> dict:
+def bench_write(spark, df, rows: int, root: str, repeat: int = 1) -> dict:
+    """Best of ``repeat`` writes each (sparkmq's repeats go to other topics, so the
+    read below still reads ``rows`` messages)."""
     from sparkmq import Store
     store = os.path.join(root, "store")
     with Store.open(store, mode="w", start_services=False) as s:
-        s.create_topic("bench", write_queue_nums=4, read_queue_nums=4)
+        for i in range(repeat):
+            s.create_topic("bench" if i == 0 else f"bench{i}", write_queue_nums=4,
+                           read_queue_nums=4)
         s.create_topic("warmup", write_queue_nums=1, read_queue_nums=1)
     pq_dir = os.path.join(root, "parquet")
     warm = df.limit(1000)      # start Python workers and JIT both paths before timing
     warm.write.format("sparkmq").mode("append").option("topic", "warmup").save(store)
     warm.write.mode("overwrite").parquet(os.path.join(root, "warmup"))
-    t_mq = timed(lambda: df.write.format("sparkmq").mode("append")
-                 .option("topic", "bench").save(store))
-    t_pq = timed(lambda: df.write.mode("overwrite").parquet(pq_dir))
-    return {"store": store, "parquet": pq_dir, "sparkmq_s": t_mq, "parquet_s": t_pq}
+    t_mq, t_pq = [], []
+    for i in range(repeat):
+        t_mq.append(timed(lambda: df.write.format("sparkmq").mode("append")
+                          .option("topic", "bench" if i == 0 else f"bench{i}").save(store)))
+        t_pq.append(timed(lambda: df.write.mode("overwrite").parquet(pq_dir)))
+    return {"store": store, "parquet": pq_dir, "sparkmq_s": min(t_mq), "parquet_s": min(t_pq)}
 
 
 def run_available_now(stream_df, checkpoint: str) -> float:
@@ -95,14 +103,29 @@ def run_available_now(stream_df, checkpoint: str) -> float:
     return timed(go)
 
 
-def bench_stream_read(spark, rows: int, written: dict, root: str) -> dict:
+def bench_stream_read(spark, rows: int, written: dict, root: str,
+                      repeat: int = 1) -> list[tuple[str, dict]]:
+    """Parquet's source prunes to ``body`` by itself; a Python data source cannot be told
+    the columns a query uses, so sparkmq is measured both ways: all 20 columns then
+    ``select("body")`` (what Spark materializes without help), and with the schema
+    declared as ``body binary`` (the same single column as Parquet)."""
     schema = spark.read.parquet(written["parquet"]).schema
-    t_pq = run_available_now(spark.readStream.schema(schema).parquet(written["parquet"])
-                             .select("body"), os.path.join(root, "ck-parquet"))
-    mq = spark.readStream.format("sparkmq").option("topic", "bench") \
-        .option("startingOffsets", "earliest").load(written["store"]).select("body")
-    t_mq = run_available_now(mq, os.path.join(root, "ck-sparkmq"))
-    return {"sparkmq_s": t_mq, "parquet_s": t_pq}
+    times: dict[str, list[float]] = {"pq": [], "mq": [], "decl": []}
+    for i in range(repeat):    # each query from scratch (new checkpoint), interleaved
+        times["pq"].append(run_available_now(
+            spark.readStream.schema(schema).parquet(written["parquet"]).select("body"),
+            os.path.join(root, f"ck-parquet-{i}")))
+        mq = spark.readStream.format("sparkmq").option("topic", "bench") \
+            .option("startingOffsets", "earliest").load(written["store"]).select("body")
+        times["mq"].append(run_available_now(mq, os.path.join(root, f"ck-sparkmq-{i}")))
+        declared = spark.readStream.format("sparkmq").schema("body binary") \
+            .option("topic", "bench").option("startingOffsets", "earliest") \
+            .load(written["store"])
+        times["decl"].append(run_available_now(declared,
+                                               os.path.join(root, f"ck-declared-{i}")))
+    t_pq = min(times["pq"])
+    return [("stream read (AvNow)", {"sparkmq_s": min(times["mq"]), "parquet_s": t_pq}),
+            ("  declared body only", {"sparkmq_s": min(times["decl"]), "parquet_s": t_pq})]
 
 
 def read_side_available(spark, store: str) -> str | None:
@@ -127,19 +150,23 @@ def main(argv=None) -> int:
                     f"{DEFAULT_ROWS:,}")
     ap.add_argument("--rows", type=int, default=None)
     ap.add_argument("--body-bytes", type=int, default=BODY_BYTES)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every timed case N times and report the best (noisy machines)")
     args = ap.parse_args(argv)
     rows = args.rows or (QUICK_ROWS if args.quick else DEFAULT_ROWS)
     root = tempfile.mkdtemp(prefix="sparkmq-bench-", dir="/tmp")
     spark = spark_session()
     try:
-        print(f"rows {rows:,}, body {args.body_bytes} bytes, local[{PARTITIONS}], data in {root}")
+        print(f"rows {rows:,}, body {args.body_bytes} bytes, local[{PARTITIONS}], best of "
+              f"{args.repeat}, data in {root}")
         df = source_frame(spark, rows, args.body_bytes)
-        written = bench_write(spark, df, rows, root)
+        written = bench_write(spark, df, rows, root, args.repeat)
         report("batch write", rows, written)
         df.unpersist()
         why = read_side_available(spark, written["store"])
         if why is None:
-            report("stream read (AvNow)", rows, bench_stream_read(spark, rows, written, root))
+            for name, res in bench_stream_read(spark, rows, written, root, args.repeat):
+                report(name, rows, res)
         else:
             print(f"stream read skipped: the sparkmq read side is not available ({why})")
     finally:

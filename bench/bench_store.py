@@ -1,6 +1,7 @@
 """Store benchmark: sparkmq's append and read paths against plain pyarrow, in one run.
 
     .venv/bin/python bench/bench_store.py [--quick] [--dir DIR] [--skip-memory]
+                                          [--only append read memory]
 
 1. append of 1 KiB messages in batches of 1, 100 and 1000 per call, ASYNC_FLUSH
    and SYNC_FLUSH. Columnar ``Store.append_batch`` for every batch size, and
@@ -283,16 +284,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small run (about a tenth)")
     ap.add_argument("--dir", default=None, help="parent folder for the data (default /tmp)")
     ap.add_argument("--skip-memory", action="store_true", help="skip the memory run")
+    ap.add_argument("--only", nargs="+", choices=("append", "read", "memory"),
+                    default=("append", "read", "memory"), help="run only these parts")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="sparkmq-bench-", dir=args.dir)
     try:
         rows: list = []
-        bench_append(root, QUICK_COUNTS if args.quick else FULL_COUNTS, rows)
-        bench_read(root, QUICK_READ if args.quick else FULL_READ, rows)
+        if "append" in args.only:
+            bench_append(root, QUICK_COUNTS if args.quick else FULL_COUNTS, rows)
+        if "read" in args.only:
+            bench_read(root, QUICK_READ if args.quick else FULL_READ, rows)
         print(f"sparkmq store benchmark ({'quick' if args.quick else 'full'}); "
               f"pyarrow {pa.__version__}; {os.cpu_count()} cores; data in {root}")
         print_table(rows)
-        if not args.skip_memory:
+        if not args.skip_memory and "memory" in args.only:
             if args.quick:
                 print(bench_memory(root, QUICK_MEMORY_BYTES, 128 * MIB))
             else:

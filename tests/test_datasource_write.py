@@ -323,3 +323,56 @@ def test_unkeyed_rows_go_to_queues_in_contiguous_balanced_blocks():
     assert (np.diff(q) != 0).sum() == 3                   # one run per queue
     counts = np.bincount(_spread(10_001, 0, 4), minlength=4)
     assert counts.max() - counts.min() <= 1
+
+
+def _segment_batch(n: int, body_bytes: int = 1000):
+    import pyarrow as pa
+    cols = {"topic": pa.array(["t"] * n), "queue_id": pa.array([0] * n, pa.int32()),
+            "body": pa.array([b"x" * body_bytes] * n, pa.binary()),
+            "reconsume_times": pa.array([0] * n, pa.int32()),
+            "message_type": pa.array([0] * n, pa.int8())}
+    ts = pa.array([0] * n, pa.int64()).cast(fmt.TS)
+    cols["born_timestamp"] = cols["store_timestamp"] = ts
+    return pa.RecordBatch.from_arrays(
+        [cols.get(f.name, pa.nulls(n, f.type)) for f in fmt.SEGMENT_SCHEMA],
+        schema=fmt.SEGMENT_SCHEMA)
+
+
+def test_staged_files_are_all_sealed_when_finish_returns(tmp_path):
+    """Full files are sealed in the background; finish waits for every one."""
+    import pyarrow as pa
+    from sparkmq.datasource.writer import _StagedFiles
+    from sparkmq.log import segment as seg
+    sfs = StoreFS(str(tmp_path))
+    staged = _StagedFiles(sfs, "job1", "0_0", max_bytes=50_000)
+    for _ in range(12):
+        staged.append(_segment_batch(20))          # ~20 KB each: a new file every 3
+    paths = staged.finish()
+    assert len(paths) == 4
+    rows = 0
+    for p in paths:
+        buf = pa.py_buffer(open(tmp_path / p, "rb").read())
+        scanned = seg.scan(buf, validate=True)
+        assert scanned.sealed and scanned.valid_end == len(buf) - len(seg.EOS)
+        rows += sum(seg.read_batch_at(buf, pos).num_rows for pos in scanned.positions)
+    assert rows == 12 * 20
+
+
+def test_a_failed_background_seal_fails_the_task(tmp_path, monkeypatch):
+    from sparkmq.datasource.writer import _StagedFiles
+    from sparkmq.log import segment as seg
+    sfs = StoreFS(str(tmp_path))
+    staged = _StagedFiles(sfs, "job2", "0_0", max_bytes=50_000)
+    real_flush = seg.SegmentWriter.flush
+
+    def failing_flush(self, *, sync=True):
+        if self.rel_path == staged.paths[0]:
+            raise OSError(5, "disk on fire")
+        return real_flush(self, sync=sync)
+    monkeypatch.setattr(seg.SegmentWriter, "flush", failing_flush)
+    with pytest.raises(OSError, match="disk on fire"):
+        for _ in range(12):
+            staged.append(_segment_batch(20))
+        staged.finish()
+    staged.discard()
+    assert not list((tmp_path / fmt.COMMITLOG_DIR).glob("w-*"))

@@ -645,6 +645,37 @@ def test_pickled_snapshot_keeps_its_version(store, store_url):
     assert bodies(copy, "t", 0) == [b"one"]
 
 
+def test_pickled_snapshot_keeps_version_and_storage_options(tmp_path):
+    """A snapshot pickled to an executor reopens the same store with the same fsspec
+    options at the same version, however far the store has moved on."""
+    import pickle
+    # a store reachable only through its options: dir:// resolves inside options["path"]
+    options = {"path": str(tmp_path), "target_protocol": "file",
+               "target_options": {"auto_mkdir": True}}
+    store = Store.open("dir://store", create=True, storage_options=options,
+                       start_services=False)
+    try:
+        store.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        store.append([msg("t", b"one")])
+        store.flush()
+        for old in (store.snapshot(),
+                    Snapshot.load("dir://store", storage_options=options)):
+            blob = pickle.dumps(old)
+            store.append([msg("t", b"more")])
+            store.flush()
+            copy = pickle.loads(blob)
+            assert copy.storage_options == options
+            assert copy.version == old.version < store.version
+            assert bodies(copy, "t", 0) == bodies(old, "t", 0)
+            assert bodies(copy, "t", 0) == [b"one"]
+        assert bodies(store.snapshot(), "t", 0) == [b"one", b"more", b"more"]
+        # options the caller passed are copied, not shared
+        options["path"] = "/nowhere"
+        assert store.snapshot().storage_options["path"] == str(tmp_path)
+    finally:
+        store.close()
+
+
 def test_snapshot_by_datetime(store, clock):
     import datetime as dt
     store.append([msg("t", b"one")])

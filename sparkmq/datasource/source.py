@@ -2,7 +2,9 @@
 
 ``SparkMQDataSource`` is what Spark instantiates (on the driver's planner
 worker, then pickled with its options): ``schema()`` is fixed
-(:data:`sparkmq.datasource.reader.SPARK_SCHEMA`), ``reader``/``streamReader``
+(:data:`sparkmq.datasource.reader.SPARK_SCHEMA`); a schema the user declares
+(``.schema("body binary, queue_offset long")``) must be a subset of it and
+makes reads return (and read) only those columns. ``reader``/``streamReader``
 build the read side, ``writer``/``streamWriter`` the write side (imported
 lazily from :mod:`sparkmq.datasource.writer`).
 """
@@ -25,10 +27,10 @@ class SparkMQDataSource(DataSource):
         return SPARK_SCHEMA
 
     def reader(self, schema: StructType):
-        return SparkMQBatchReader(self.options)
+        return SparkMQBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType):
-        return SparkMQStreamReader(self.options)
+        return SparkMQStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool):
         from .writer import SparkMQBatchWriter

@@ -62,6 +62,7 @@ import socket
 import time
 import uuid
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -301,13 +302,22 @@ class SparkMQStreamWriter(_SegmentWriterBase, DataSourceStreamArrowWriter):
 
 class _StagedFiles:
     """One task's staged segment files: batches are appended as they come (no
-    buffering of the task's data), a file is sealed and fsynced when it reaches
-    ``max_bytes`` and at the end. Executor-side; not thread-safe."""
+    buffering of the task's data), a file is sealed (end-of-stream marker,
+    fsync, close) when it reaches ``max_bytes`` and at the end.
+
+    Sealing a full file runs on one background thread, so the task keeps
+    converting and writing the next file while the disk syncs; at most one seal
+    is in flight (the next one waits for it), and ``finish`` returns only when
+    every file is sealed (a failed seal raises there). Executor-side; not
+    thread-safe.
+    """
 
     def __init__(self, sfs: StoreFS, job_id: str, task: str, max_bytes: int):
         self.sfs, self.job_id, self.task, self.max_bytes = sfs, job_id, task, max_bytes
         self.paths: list[str] = []
         self.active: seg.SegmentWriter | None = None
+        self._sealer: ThreadPoolExecutor | None = None
+        self._sealing: Future | None = None
 
     def append(self, batch: pa.RecordBatch) -> None:
         if self.active is None:
@@ -316,26 +326,50 @@ class _StagedFiles:
             self.active = seg.SegmentWriter(self.sfs, rel, 0, create=True)
         self.active.append(seg.serialize_batch(batch))
         if self.active.size >= self.max_bytes:
-            self._seal()
+            full, self.active = self.active, None
+            self._wait_sealed()
+            if self._sealer is None:
+                self._sealer = ThreadPoolExecutor(1, thread_name_prefix="sparkmq-seal")
+            self._sealing = self._sealer.submit(_seal, full)
 
-    def _seal(self) -> None:
-        a, self.active = self.active, None
-        try:
-            a.append(seg.EOS)
-            a.flush(sync=True)
-        finally:
-            a.close()
+    def _wait_sealed(self) -> None:
+        sealing, self._sealing = self._sealing, None
+        if sealing is not None:
+            sealing.result()      # re-raises a failed seal
+
+    def _stop_sealer(self) -> None:
+        if self._sealer is not None:
+            self._sealer.shutdown(wait=True)
+            self._sealer = None
 
     def finish(self) -> list[str]:
-        if self.active is not None:
-            self._seal()
+        try:
+            if self.active is not None:
+                last, self.active = self.active, None
+                _seal(last)
+            self._wait_sealed()
+        finally:
+            self._stop_sealer()
         return list(self.paths)
 
     def discard(self) -> None:
         if self.active is not None:
             self.active.close()
             self.active = None
+        try:
+            self._wait_sealed()
+        except Exception:   # the files are deleted next anyway
+            pass
+        self._stop_sealer()
         self.sfs.delete_many(self.paths)
+
+
+def _seal(writer: seg.SegmentWriter) -> None:
+    try:
+        writer.append(seg.EOS)
+        writer.flush(sync=True)
+    finally:
+        writer.close()
 
 
 def streaming_writer_id(options) -> str:

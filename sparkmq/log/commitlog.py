@@ -220,7 +220,8 @@ class CommitLog:
             raise DataLossError(
                 f"physical offset {batch_offset} is not in any segment (earliest is {first}); "
                 "it was removed by retention or never existed", earliest_offset=first)
-        buf = self.sfs.read_buffer(ref.path, cache=ref.sealed)
+        buf = self.sfs.read_buffer(ref.path, cache=ref.sealed,
+                                   min_size=ref.size if ref.sealed else None)
         pos = batch_offset - ref.base_offset
         if pos >= len(buf):
             raise CorruptStoreError(

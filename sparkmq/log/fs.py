@@ -51,6 +51,9 @@ class StoreFS:
         except (ValueError, ImportError) as exc:
             raise InvalidConfigError(f"cannot open store URL {url!r}: {exc}") from exc
         self.url = url
+        #: the fsspec options this store was opened with (a copy), so that views of
+        #: the store (``Snapshot``) can reopen it elsewhere, e.g. on Spark executors
+        self.storage_options = dict(storage_options) if storage_options else None
         self.fs = fs
         self.root = root.rstrip("/") or "/"
         protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
@@ -100,15 +103,23 @@ class StoreFS:
             return []
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
-    def read_buffer(self, rel: str, *, cache: bool = False) -> pa.Buffer:
-        """The whole file as an Arrow buffer: memory-mapped on local disks."""
+    def read_buffer(self, rel: str, *, cache: bool = False,
+                    min_size: int | None = None) -> pa.Buffer:
+        """The whole file as an Arrow buffer: memory-mapped on local disks.
+
+        With ``cache``, maps are kept per path; a cached map shorter than the file
+        is renewed (the file grew). Callers that know how many bytes they need pass
+        ``min_size``: a cached map that long is returned without asking the file
+        system for the file's size.
+        """
         if not self.is_local:
             return pa.py_buffer(self.read_bytes(rel))
         path = self.full(rel)
         if cache:
             with self._maps_lock:
                 buf = self._maps.get(path)
-                if buf is not None and len(buf) < os.path.getsize(path):
+                if buf is not None and (len(buf) < min_size if min_size is not None
+                                        else len(buf) < os.path.getsize(path)):
                     buf = None   # the file grew (an unsealed segment): map it again
                 if buf is None:
                     buf = _map(path)

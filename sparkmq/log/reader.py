@@ -8,7 +8,8 @@ adds the columns that live outside the segment: ``queue_offset``,
 
 ``Snapshot`` is a read-only view of one committed version of the log: what a
 Spark reader sees. It is immutable and thread-safe; it pickles as (URL,
-version) and reopens lazily where it is unpickled.
+version, storage options) and reloads exactly that version of that store
+where it is unpickled.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import (DataLossError, InvalidMessageIdError, QueueNotFoundError,
-                      TopicNotFoundError, UserError)
+from ..errors import (CorruptStoreError, DataLossError, InvalidMessageIdError,
+                      QueueNotFoundError, TopicNotFoundError, UserError)
 from . import format as fmt
 from . import segment as seg
 from .consumequeue import empty_entries, read_side_by_time, read_side_entries
@@ -62,17 +63,45 @@ def _hex_digits(values: np.ndarray, width: int) -> np.ndarray:
     return _HEX_PAIRS16.take(pairs).view(np.uint8).reshape(-1, width)
 
 
+_ROW_HEX_ROWS = 1 << 16
+_row_hex: np.ndarray | None = None
+
+
+def _row_hex8(rows: np.ndarray) -> np.ndarray:
+    """The 8 hex digits of each row number, one uint64 (8 ASCII bytes) per row."""
+    global _row_hex
+    if len(rows) and int(rows.max()) >= _ROW_HEX_ROWS:
+        return _hex_digits(rows, 8).view(np.uint64).ravel()
+    if _row_hex is None:   # built once: 512 KiB, rows of up to 65,536-message batches
+        _row_hex = _hex_digits(np.arange(_ROW_HEX_ROWS), 8).view(np.uint64).ravel()
+    return _row_hex.take(rows)
+
+
 def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> pa.Array:
-    """Message ids for many rows, vectorized (32 ASCII hex digits each)."""
+    """Message ids for many rows, vectorized (32 ASCII hex digits each).
+
+    An id is tag (8 digits), batch offset (16) and row (8): the first 24 digits are
+    built once per run of equal batch offsets and repeated, the last 8 come from a
+    table of row numbers, so the cost is a few copies of 32 bytes per row.
+    """
     n = len(batch_offsets)
     if n == 0:
         return pa.array([], pa.string())
-    digits = np.empty((n, 32), dtype=np.uint8)
-    digits[:, :8] = _hex_digits(np.array([tag], dtype=np.uint64), 8)
-    digits[:, 8:24] = _hex_digits(batch_offsets, 16)
-    digits[:, 24:] = _hex_digits(rows, 8)
+    batch_offsets = np.asarray(batch_offsets, dtype=np.int64)
+    cuts = np.flatnonzero(batch_offsets[1:] != batch_offsets[:-1]) + 1
+    firsts = np.concatenate([[0], cuts])
+    lens = np.diff(np.concatenate([firsts, [n]]))
+    template = np.zeros((len(firsts), 32), dtype=np.uint8)   # one id per run, row digits later
+    template[:, :8] = _hex_digits(np.array([tag], dtype=np.uint64), 8)
+    template[:, 8:24] = _hex_digits(batch_offsets[firsts], 16)
+    words = np.repeat(template.view(np.uint64), lens, axis=0)  # (n, 4): 32 bytes per id
+    words[:, 3] = _row_hex8(np.asarray(rows, dtype=np.int64))
     offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(digits))
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(words))
+
+
+_MATERIALIZE_ENTRY_COLUMNS = ["queue_offset", "batch_offset", "row"]
+_BUDGET_ENTRY_COLUMNS = [*_MATERIALIZE_ENTRY_COLUMNS, "size"]
 
 
 class MessageReader:
@@ -87,7 +116,10 @@ class MessageReader:
     def _topic_conf(self, topic: str) -> dict:
         raise NotImplementedError
 
-    def _entries(self, tid: int, qid: int, lo: int, hi: int) -> pa.Table:
+    def _entries(self, tid: int, qid: int, lo: int, hi: int,
+                 columns: list[str] | None = None) -> pa.Table:
+        """ConsumeQueue entries in [lo, hi): all ENTRY_COLUMNS, or ``columns`` of them
+        (``queue_offset`` always)."""
         raise NotImplementedError
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
@@ -127,16 +159,38 @@ class MessageReader:
         raise DataLossError naming the earliest available offset, unless
         ``on_removed="skip"``, which starts at the earliest instead.
         """
-        return pa.Table.from_batches(
-            list(self.iter_batches(topic, queue_id, start, end, columns=columns,
-                                   max_bytes=max_bytes, on_removed=on_removed)),
-            schema=_select_schema(columns))
+        tables = list(self.iter_tables(topic, queue_id, start, end, columns=columns,
+                                        max_bytes=max_bytes, on_removed=on_removed))
+        if not tables:
+            return _select_schema(columns).empty_table()
+        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
     def iter_batches(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
                      columns: Sequence[str] | None = None, max_bytes: int | None = None,
                      on_removed: str = "error", entries_per_step: int = 65_536,
                      ) -> Iterator[pa.RecordBatch]:
-        """Record batches of messages in ``[start, end)``, in queue-offset order."""
+        """Record batches of messages in ``[start, end)``, in queue-offset order.
+
+        One batch per stored record batch touched (zero-copy slices of it), with the
+        computed columns sliced from arrays built once per step of
+        ``entries_per_step`` ConsumeQueue entries.
+        """
+        for table in self.iter_tables(topic, queue_id, start, end, columns=columns,
+                                       max_bytes=max_bytes, on_removed=on_removed,
+                                       entries_per_step=entries_per_step):
+            yield from table.to_batches()
+
+    def iter_tables(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
+                    columns: Sequence[str] | None = None, max_bytes: int | None = None,
+                    on_removed: str = "error", entries_per_step: int = 65_536,
+                    ) -> Iterator[pa.Table]:
+        """Messages in ``[start, end)`` as one table per step of up to ``entries_per_step``
+        ConsumeQueue entries (arguments as for :meth:`read_table`).
+
+        Stored columns are chunked by record batch (zero-copy slices of the memory
+        maps); the computed ones are one chunk. For callers that convert whole
+        steps at once (the Spark reader) instead of batch by batch.
+        """
         tid = self._check_queue(topic, queue_id)
         if not isinstance(start, (int, np.integer)) or start < 0:
             raise UserError(f"start offset must be a non-negative integer, got {start!r}")
@@ -155,7 +209,8 @@ class MessageReader:
         pos = start
         while pos < end:
             step_end = min(end, pos + entries_per_step)
-            entries = self._entries(tid, queue_id, pos, step_end)
+            entries = self._entries(tid, queue_id, pos, step_end, _MATERIALIZE_ENTRY_COLUMNS
+                                    if budget is None else _BUDGET_ENTRY_COLUMNS)
             if entries.num_rows == 0:
                 break
             if budget is not None:
@@ -167,12 +222,20 @@ class MessageReader:
                 if k == 0:
                     break
                 budget -= int(sizes[k - 1])
-            yield from self._materialize(entries, columns)
+            table = self._materialize(entries, columns)
+            if table is not None:
+                yield table
             pos = max(pos + 1, int(entries.column("queue_offset")[-1].as_py()) + 1) \
                 if entries.num_rows else end
 
     def _materialize(self, entries: pa.Table, columns: Sequence[str] | None,
-                     ) -> Iterator[pa.RecordBatch]:
+                     ) -> pa.Table | None:
+        """The messages of ``entries`` (sorted by queue offset) as one table, or None.
+
+        Stored columns are zero-copy: each run of entries in one record batch becomes
+        a slice of it (a ``take`` if its rows are not contiguous), and the slices are
+        chunks of the table. The computed columns are one array each for all entries.
+        """
         visible = self._visible_offset()
         bos = entries.column("batch_offset").to_numpy()
         rows = entries.column("row").to_numpy()
@@ -182,30 +245,41 @@ class MessageReader:
             bos, rows, qos = bos[keep], rows[keep], qos[keep]
         n = len(bos)
         if n == 0:
-            return
+            return None
         cuts = np.flatnonzero(bos[1:] != bos[:-1]) + 1
-        starts = np.concatenate([[0], cuts])
-        ends = np.concatenate([cuts, [n]])
-        wanted = list(columns or MESSAGE_COLUMNS)
-        # columns that live outside the segments: built once for all entries, sliced per batch
-        computed: dict[str, pa.Array] = {}
-        if "queue_offset" in wanted:
-            computed["queue_offset"] = pa.array(qos, pa.int64())
-        if "physical_offset" in wanted:
-            computed["physical_offset"] = pa.array(bos + rows.astype(np.int64), pa.int64())
-        if "message_id" in wanted:
-            computed["message_id"] = message_id_array(store_tag(self.store_id), bos, rows)
-        schema = _select_schema(columns)
-        for s, e in zip(starts.tolist(), ends.tolist()):
-            batch = self._read_batch(int(bos[s]))
-            r = rows[s:e]
-            if r[-1] - r[0] == e - s - 1:
-                part = batch.slice(int(r[0]), e - s)
+        starts = np.concatenate([[0], cuts]).tolist()
+        ends = np.concatenate([cuts, [n]]).tolist()
+        firsts = rows[starts].tolist()
+        lasts = rows[np.asarray(ends) - 1].tolist()
+        group_bos = bos[starts].tolist()
+        parts = []
+        for s, e, first, last, bo in zip(starts, ends, firsts, lasts, group_bos):
+            batch = self._read_batch(bo)
+            k = e - s
+            if last - first == k - 1:
+                parts.append(batch if first == 0 and k == batch.num_rows
+                             else batch.slice(first, k))
             else:
-                part = batch.take(pa.array(r))
-            arrays = [computed[c].slice(s, e - s) if c in computed else part.column(c)
-                      for c in wanted]
-            yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+                parts.append(batch.take(pa.array(rows[s:e])))
+        try:
+            stored = pa.Table.from_batches(parts, schema=fmt.SEGMENT_SCHEMA)
+        except pa.ArrowInvalid:   # a cached batch whose schema differs in metadata only
+            stored = pa.Table.from_batches(
+                [pa.RecordBatch.from_arrays(p.columns, schema=fmt.SEGMENT_SCHEMA)
+                 for p in parts], schema=fmt.SEGMENT_SCHEMA)
+        arrays = []
+        for c in (columns or MESSAGE_COLUMNS):
+            if c == "queue_offset":
+                arrays.append(pa.chunked_array([pa.array(qos, pa.int64())]))
+            elif c == "physical_offset":
+                arrays.append(pa.chunked_array(
+                    [pa.array(bos + rows.astype(np.int64), pa.int64())]))
+            elif c == "message_id":
+                arrays.append(pa.chunked_array(
+                    [message_id_array(store_tag(self.store_id), bos, rows)]))
+            else:
+                arrays.append(stored.column(c))
+        return pa.Table.from_arrays(arrays, schema=_select_schema(columns))
 
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
              ) -> list[StoredMessage]:
@@ -339,9 +413,12 @@ class Snapshot(MessageReader):
     def __init__(self, url: str, state: LogState, *, storage_options: dict | None = None,
                  sfs: StoreFS | None = None):
         self.url = url
-        self.storage_options = storage_options
-        self.state = state
         self.sfs = sfs or StoreFS(url, storage_options)
+        # the options travel with the snapshot when it is pickled: take them from the
+        # StoreFS when the caller (Store.snapshot) passed only that
+        self.storage_options = storage_options if storage_options is not None \
+            else self.sfs.storage_options
+        self.state = state
         self.store_id = state.store_id
         self._segments = sorted(state.segments.values(), key=lambda a: a["baseOffset"])
         self._bases = [a["baseOffset"] for a in self._segments]
@@ -358,7 +435,8 @@ class Snapshot(MessageReader):
         return cls(url, state, storage_options=storage_options, sfs=sfs)
 
     def __reduce__(self):
-        # pickles as (url, version): the copy reads the same committed version
+        # pickles as (url, version, storage options): the copy reopens the same
+        # committed version of the same store, wherever it is unpickled
         return (_load_snapshot, (self.url, self.state.version, self.storage_options))
 
     @property
@@ -393,8 +471,8 @@ class Snapshot(MessageReader):
     def max_offset(self, topic: str, queue_id: int) -> int:
         return self._max.get((self._topic_id(topic), queue_id), 0)
 
-    def _entries(self, tid, qid, lo, hi):
-        return read_side_entries(self.sfs, self._cq_files, tid, qid, lo, hi)
+    def _entries(self, tid, qid, lo, hi, columns=None):
+        return read_side_entries(self.sfs, self._cq_files, tid, qid, lo, hi, columns)
 
     def _visible_offset(self) -> int:
         return 1 << 62
@@ -410,14 +488,17 @@ class Snapshot(MessageReader):
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         add = self._segment(batch_offset)
+        pos = batch_offset - add["baseOffset"]
         try:
-            buf = self.sfs.read_buffer(add["path"], cache=True)
+            if not self.sfs.is_local:   # object stores: fetch this batch's bytes only
+                return _read_remote_batch(self.sfs, add["path"], pos)
+            buf = self.sfs.read_buffer(add["path"], cache=True, min_size=int(add["size"]))
         except FileNotFoundError:
             raise DataLossError(
                 f"segment {add['path']} of version {self.state.version} was deleted by "
                 "retention after that version; read a newer version",
                 earliest_offset=None) from None
-        return seg.read_batch_at(buf, batch_offset - add["baseOffset"])
+        return seg.read_batch_at(buf, pos)
 
     def _index_hits(self, tid, key):
         return read_index(self.sfs, self._index_files, tid, key)
@@ -430,6 +511,18 @@ class Snapshot(MessageReader):
         return {(names.get(tid, str(tid)), qid): off
                 for (g, tid, qid, cid), off in self.state.consumer_offsets.items()
                 if g == group and not cid}
+
+
+def _read_remote_batch(sfs: StoreFS, rel: str, pos: int) -> pa.RecordBatch:
+    """The record batch at byte ``pos`` of a segment on a non-local backend, reading only
+    its message (ranged reads), not the whole segment."""
+    with sfs.open_input(rel) as f:
+        f.seek(pos)
+        try:
+            msg = pa.ipc.read_message(pa.PythonFile(f, mode="r"))
+            return pa.ipc.read_record_batch(msg, fmt.SEGMENT_SCHEMA)
+        except (pa.ArrowInvalid, OSError, EOFError) as exc:
+            raise CorruptStoreError(f"no record batch at byte {pos} of {rel}: {exc}") from exc
 
 
 def _load_snapshot(url: str, version: int, storage_options: dict | None) -> Snapshot:

@@ -927,16 +927,18 @@ class Store(MessageReader):
             return self._visible_next.get((tid, queue_id), 0)
         return self.state.queue_max_offsets().get((tid, queue_id), 0)
 
-    def _entries(self, tid: int, qid: int, lo: int, hi: int) -> pa.Table:
+    def _entries(self, tid: int, qid: int, lo: int, hi: int,
+                 columns: list[str] | None = None) -> pa.Table:
         first = self.cq.first_offset(tid, qid)
         if first is not None and first <= lo:
-            return self.cq.entries(tid, qid, lo, hi)
+            return _select_entries(self.cq.entries(tid, qid, lo, hi), columns)
         persisted = read_side_entries(self.sfs, list(self.state.consumequeue_files.values()),
-                                      tid, qid, lo, hi if first is None else min(hi, first))
+                                      tid, qid, lo, hi if first is None else min(hi, first),
+                                      columns)
         if first is None or hi <= first:
             return persisted
-        return pa.concat_tables([persisted, self.cq.entries(tid, qid, first, hi)],
-                                promote_options="permissive")
+        recent = _select_entries(self.cq.entries(tid, qid, first, hi), columns)
+        return pa.concat_tables([persisted, recent], promote_options="permissive")
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         return self.commitlog.read_batch(batch_offset)
@@ -1517,3 +1519,11 @@ def _split_chunks(taken: list, max_rows: int) -> list[list]:
     if cur:
         parts.append(cur)
     return parts
+
+
+def _select_entries(entries: pa.Table, columns: list[str] | None) -> pa.Table:
+    """In-memory entries cut to the columns a persisted read of ``columns`` returns."""
+    if columns is None:
+        return entries
+    return entries.select([c for c in entries.column_names if c in columns
+                           or c == "queue_offset"])
