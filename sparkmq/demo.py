@@ -154,6 +154,7 @@ def _spark_session():
     # Spark's Python workers must run this interpreter (it has pyarrow and sparkmq)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")   # loopback only, like the daemons
     from .datasource import register
 
     spark = (SparkSession.builder.master("local[2]").appName("sparkmq-demo")
