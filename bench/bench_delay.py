@@ -3,8 +3,11 @@
 1. Baseline: send throughput of normal 1 KiB messages (batches of 100 per SendMessage) with no
    delayed message parked.
 2. Park N delayed messages (delivery timestamps spread uniformly over SPREAD seconds, starting
-   LEAD seconds from now), then measure the same send throughput while the scheduler delivers.
-3. Wait until all N are delivered; lateness = store time of the delivered copy - due time.
+   LEAD seconds from now); measure the same send throughput with them parked but none due,
+   then while the scheduler delivers.
+3. Wait until all N are delivered; lateness = store time of the delivered copy - due time;
+   measure the idle send throughput again. Ratios are against the mean of the two idle runs
+   (the store grows during the run, and this shared machine drifts).
 
     .venv/bin/python bench/bench_delay.py            # 100,000 over 60 s
     .venv/bin/python bench/bench_delay.py --quick    # 10,000 over 10 s
@@ -63,7 +66,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     n = args.count or (10_000 if args.quick else 100_000)
     spread_s = args.spread_s or (10.0 if args.quick else 60.0)
-    lead_s = 5.0 + n / 3_000           # parking all of them must end before the first is due
+    # parking all of them, and the "parked, none due" measurement, end before the first is due
+    lead_s = 5.0 + n / 3_000 + (10.0 if args.quick else 20.0)
     normal_n = 20_000 if args.quick else 50_000
     tmp = tempfile.mkdtemp(prefix="bench-delay-")
     cfg = BrokerConfig.from_properties({
@@ -82,6 +86,7 @@ def main(argv=None) -> int:
         start_ms = int(time.time() * 1000) + int(lead_s * 1000)
         dues = start_ms + np.sort(np.random.default_rng(7).uniform(0, spread_s * 1000, n))
         park_rate = send_all(stub, [message("Delayed", d) for d in dues])
+        parked = send_all(stub, [message("Plain") for _ in range(normal_n)])
         if time.time() * 1000 >= start_ms:
             print("warning: parking outlasted the lead time; lateness includes send time")
         while time.time() * 1000 < start_ms:
@@ -90,6 +95,7 @@ def main(argv=None) -> int:
         deadline = time.time() + spread_s + 120
         while broker.schedule.pending_count() and time.time() < deadline:
             time.sleep(0.2)
+        after = send_all(stub, [message("Plain") for _ in range(normal_n)])   # idle again
         late = []
         for q in range(4):
             t = broker.store.read_table("Delayed", q, 0, columns=["store_timestamp",
@@ -108,8 +114,11 @@ def main(argv=None) -> int:
         print(f"lateness ms: p50 {np.percentile(late, 50):.0f}  p99 {np.percentile(late, 99):.0f}"
               f"  max {late.max():.0f}")
     print(f"parking send rate: {park_rate:,.0f} msg/s")
-    print(f"send throughput, 1 KiB x{BATCH}/request: idle scheduler {base:,.0f} msg/s; while "
-          f"delivering {during:,.0f} msg/s; ratio {during / base:.2f}")
+    idle = (base + after) / 2          # before and after: the store grows during the run
+    print(f"send throughput, 1 KiB x{BATCH}/request: idle scheduler {base:,.0f} msg/s before, "
+          f"{after:,.0f} after (mean {idle:,.0f}); {n} parked, none due yet {parked:,.0f} "
+          f"msg/s (ratio {parked / idle:.2f}); while delivering {during:,.0f} msg/s; ratio "
+          f"{during / idle:.2f}")
     return 0 if late.size == n and (late >= 0).all() else 1
 
 
