@@ -69,11 +69,29 @@ PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
 
 
 def _column(values: list, type_: pa.DataType) -> pa.Array:
-    """``values`` as an Arrow array; an all-null column (the common case for optional
-    fields) is built without looking at the values (pa.nulls is ~10x cheaper)."""
-    if values.count(None) != len(values):
-        return pa.array(values, type_)
-    return pa.nulls(len(values), type_)
+    """``values`` as an Arrow array. A column of one value (the usual case in a batch:
+    one topic, host, born time and type; optional fields all null) is built from that
+    value alone: ``pa.nulls`` / ``pa.repeat`` cost ~1-5 us where ``pa.array`` converts
+    value by value (~10-100 us for 100 strings)."""
+    n = len(values)
+    first = values[0] if n else None
+    if n and values.count(first) == n:
+        return pa.nulls(n, type_) if first is None else pa.repeat(pa.scalar(first, type_), n)
+    return pa.array(values, type_)
+
+
+def _binary_column(values: list[bytes]) -> pa.Array:
+    """``values`` (bytes, none null) as a ``pa.binary()`` array built from its two buffers:
+    one join and one cumulative sum, ~10x cheaper than ``pa.array`` for 100 bodies of 1 KiB
+    (~30 vs ~290 us), which converts value by value."""
+    n = len(values)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, values), np.int64, n), out=offsets[1:])
+    if offsets[-1] >= 2**31:          # beyond int32 offsets: let pyarrow decide (chunks)
+        return pa.array(values, pa.binary())
+    offsets = offsets.astype(np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(b"".join(values))])
 
 
 class BrokerState(enum.Enum):
@@ -566,22 +584,23 @@ class Broker:
         # One batch in SEGMENT_SCHEMA: the store's fast path (no casts, no copies);
         # store_timestamp is a placeholder the store stamps under its append lock.
         zeros_i32 = pa.array(np.zeros(n, np.int32))
+        borns = c["born_timestamp"]
         table = pa.RecordBatch.from_arrays([
-            pa.array(topics, pa.string()),
+            _column(topics, pa.string()),
             queue_ids,
-            pa.array(c["body"], pa.binary()),
+            _binary_column(c["body"]),
             _column(c["tags"], pa.string()),
             _column(c["keys"], KEYS_TYPE),
             _column(c["properties"], PROPERTIES_TYPE),
-            pa.array([b or now for b in c["born_timestamp"]], fmt.TS),
-            pa.array(np.full(n, now, np.int64), fmt.TS),
+            _column(borns if None not in borns else [b or now for b in borns], fmt.TS),
+            pa.repeat(pa.scalar(now, fmt.TS), n),
             _column(c["born_host"], pa.string()),
-            pa.array([self.store.config.store_host] * n, pa.string()),
+            pa.repeat(pa.scalar(self.store.config.store_host, pa.string()), n),
             zeros_i32,
             _column(c["delivery_timestamp"], fmt.TS),
             _column(groups, pa.string()),
             _column(txids, pa.string()),
-            pa.array(c["message_type"], pa.int8()),
+            _column(c["message_type"], pa.int8()),
             _column(unique_keys, pa.string()),
         ], schema=fmt.SEGMENT_SCHEMA)
         r = self.store.append_batch(table)
@@ -593,12 +612,15 @@ class Broker:
             if put_status is not PutMessageStatus.PUT_OK:
                 self.metrics.inc("sparkmq_ha_sync_failures_total", status=put_status.value)
         per_topic: dict[str, list[int]] = {}
-        for t, body in zip(topics, c["body"]):
-            acc = per_topic.get(t)
-            if acc is None:
-                acc = per_topic[t] = [0, 0]
-            acc[0] += 1
-            acc[1] += len(body)
+        if topics.count(topics[0]) == n:          # one topic: no per-row loop
+            per_topic[topics[0]] = [n, sum(map(len, c["body"]))]
+        else:
+            for t, body in zip(topics, c["body"]):
+                acc = per_topic.get(t)
+                if acc is None:
+                    acc = per_topic[t] = [0, 0]
+                acc[0] += 1
+                acc[1] += len(body)
         for t, (count, nbytes) in per_topic.items():
             self.metrics.inc("sparkmq_messages_sent_total", count, topic=t)
             self.metrics.inc("sparkmq_bytes_sent_total", nbytes, topic=t)

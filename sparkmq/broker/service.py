@@ -314,10 +314,13 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         if not request.messages:
             return spb.SendMessageResponse(status=status(Code.BAD_REQUEST, "no messages to send"))
         results: list = [None] * len(request.messages)   # per entry: Status or store result
+        limit = self.broker.store.config.max_message_size_bytes
+        rows = self._plain_rows(request.messages, limit)
+        if rows is not None:
+            return self._store_rows(request, rows, results, context)
         rows = SendRows()
         topics: dict[str, pb.Status | None] = {}
         refusal, transactional = self._refusal, pb.TRANSACTION
-        limit = self.broker.store.config.max_message_size_bytes
         for i, m in enumerate(request.messages):
             st = refusal(m, topics, limit)
             parked = None
@@ -339,31 +342,61 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             else:
                 rows.add(i, m, parked)
         if rows.index:
-            notifier = self.broker.notifier
-            with notifier.deferred() as arrived:
-                stored = self.broker.send_rows(rows)
-            # Long polls are woken once this RPC is over (its reply sent), not in the
-            # middle of it: the woken receive would take the GIL from this reply and
-            # add its whole pop to the send latency (measured: sync send with a waiting
-            # consumer 3.3 -> 2.1 ms p50, end-to-end slightly lower too).
-            add_callback = getattr(context, "add_callback", None)
-            if arrived and not (add_callback is not None and add_callback(
-                    lambda: notifier.wake(arrived))):
-                notifier.wake(arrived)   # RPC already over (or no context): wake now
-            recalls = {}          # request entry -> recall handle of a delayed message
-            topics_col = rows.columns()["topic"]
-            queues_col = rows.columns()["queue_id"]
-            for k, (i, r) in enumerate(zip(rows.index, stored)):
-                results[i] = _error_status(r) if isinstance(r, Exception) else r
-                if topics_col[k] == SCHEDULE_TOPIC and not isinstance(r, Exception):
-                    recalls[i] = make_recall_handle(
-                        request.messages[i].topic.name, self.broker.config.broker_name,
-                        queues_col[k], r[2], r[1])
-            out = self._send_response(results)
-            for i, handle in recalls.items():
-                out.entries[i].recall_handle = handle
-            return out
+            return self._store_rows(request, rows, results, context)
         return self._send_response(results)
+
+    def _plain_rows(self, messages, limit: int) -> "SendRows | None":
+        """The rows of a request whose messages are all plain (NORMAL, no message group,
+        tag, delivery time, delay level or gzip) bodies of 1..``limit`` bytes for ONE
+        topic that may be written: what ``_refusal`` lets through with no status, checked
+        a column at a time (the usual batch: ~2x cheaper than message by message).
+        None if any message is not such (the request then takes the general path)."""
+        first = messages[0].topic.name
+        if any(m.topic.name != first for m in messages):
+            return None
+        sps = [m.system_properties for m in messages]
+        normal, gzip = pb.NORMAL, pb.GZIP
+        if any(sp.message_type != normal or sp.message_group or sp.body_encoding == gzip
+               or sp.HasField("tag") or sp.HasField("delivery_timestamp") for sp in sps):
+            return None
+        if any(m.user_properties and PROP_DELAY_LEVEL in m.user_properties for m in messages):
+            return None
+        bodies = [m.body for m in messages]
+        sizes = list(map(len, bodies))
+        if min(sizes) == 0 or max(sizes) > limit or self._topic_refusal(first) is not None:
+            return None
+        return SendRows.plain(messages, sps, bodies, first)
+
+    def _store_rows(self, request, rows: "SendRows", results: list, context):
+        """Store the accepted ``rows`` of ``request`` (``results`` holds the refused
+        entries' statuses, None for the others) and answer."""
+        notifier = self.broker.notifier
+        with notifier.deferred() as arrived:
+            stored = self.broker.send_rows(rows)
+        # Long polls are woken once this RPC is over (its reply sent), not in the
+        # middle of it: the woken receive would take the GIL from this reply and
+        # add its whole pop to the send latency (measured: sync send with a waiting
+        # consumer 3.3 -> 2.1 ms p50, end-to-end slightly lower too).
+        add_callback = getattr(context, "add_callback", None)
+        if arrived and not (add_callback is not None and add_callback(
+                lambda: notifier.wake(arrived))):
+            notifier.wake(arrived)   # RPC already over (or no context): wake now
+        for i, r in zip(rows.index, stored):
+            results[i] = _error_status(r) if isinstance(r, Exception) else r
+        if not rows.parked:       # only delayed (parked) rows get recall handles
+            return self._send_response(results)
+        recalls = {}          # request entry -> recall handle of a delayed message
+        topics_col = rows.columns()["topic"]
+        queues_col = rows.columns()["queue_id"]
+        for k, (i, r) in enumerate(zip(rows.index, stored)):
+            if topics_col[k] == SCHEDULE_TOPIC and not isinstance(r, Exception):
+                recalls[i] = make_recall_handle(
+                    request.messages[i].topic.name, self.broker.config.broker_name,
+                    queues_col[k], r[2], r[1])
+        out = self._send_response(results)
+        for i, handle in recalls.items():
+            out.entries[i].recall_handle = handle
+        return out
 
     def _send_response(self, results: list) -> spb.SendMessageResponse:
         """The response: one entry per request message, built in place (no copies of
@@ -780,6 +813,35 @@ class SendRows:
         self.index.append(i)
         self.messages.append(m)
         self._columns = None
+
+    @classmethod
+    def plain(cls, messages, sps: list, bodies: list, topic: str) -> "SendRows":
+        """The rows of a whole request of plain messages (see
+        ``MessagingServicer._plain_rows``: NORMAL, one ``topic``, no tag, group, delivery
+        time or delay level), with ``sps``/``bodies`` the messages' system properties and
+        bodies already read: the columns ``columns`` would build, without its general cases."""
+        out = cls()
+        n = len(messages)
+        out.messages = list(messages)
+        out.index = list(range(n))
+        borns = [sp.born_timestamp for sp in sps]
+        out._columns = {
+            "topic": [topic] * n,
+            "body": bodies,
+            "tags": [None] * n,
+            "keys": [list(k) if k else None for k in (sp.keys for sp in sps)],
+            "properties": [list(p.items()) if p else None for p in (m.user_properties
+                                                                     for m in messages)],
+            "born_timestamp": [b.seconds * 1000 + b.nanos // 1_000_000 or None for b in borns],
+            "born_host": [sp.born_host or None for sp in sps],
+            "message_group": [None] * n,
+            "message_type": [NORMAL_TYPE] * n,
+            "unique_key": [sp.message_id or None for sp in sps],
+            "queue_id": [None] * n,
+            "delivery_timestamp": [None] * n,
+            "transaction_id": [None] * n,
+        }
+        return out
 
     def __len__(self) -> int:
         return len(self.index)
