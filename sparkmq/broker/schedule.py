@@ -12,7 +12,7 @@ Contract:
 - ``ScheduleService`` (thread ``sparkmq-schedule``; ``start()``/``stop()``, injected
   ``clock_ms``) keeps every parked, undelivered message in a heap by due time, woken by the
   store's arrival listener and by a timer for the earliest due time (no polling loop), at most
-  one delivery pass per ``tick_ms`` (20 ms), so messages falling due close together go out as
+  one delivery pass per ``tick_ms`` (50 ms), so messages falling due close together go out as
   one append. Due messages are re-appended to their real topic (same body, tags, keys, properties, unique key
   and ``delivery_timestamp``; property ``SCHEDULE_SOURCE`` = ``"queue:offset"`` of the parked
   copy), never before ``clock_ms() >= due``.
@@ -166,7 +166,7 @@ class RecallStatus:
 
 
 #: Delivery passes are at least this far apart (ms): due messages are batched per tick.
-DEFAULT_TICK_MS = 20
+DEFAULT_TICK_MS = 50
 
 
 class ScheduleService:
@@ -453,11 +453,11 @@ class ScheduleService:
                 "born_timestamp": t.column("born_timestamp"), "born_host": t.column("born_host"),
                 "delivery_timestamp": t.column("delivery_timestamp"),
                 "unique_key": t.column("unique_key"),
-                "message_type": pa.array(np.full(t.num_rows, fmt.MESSAGE_TYPE_DELAY, np.int8)),
             }))
         if not tables:
             return None
-        return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
+        t = (tables[0] if len(tables) == 1 else pa.concat_tables(tables)).combine_chunks()
+        return _segment_batch(t, self.store.config.store_host)
 
     def _maybe_persist(self) -> None:
         """Persist progress every persist_interval_ms, but not while the next message is
@@ -483,6 +483,30 @@ class ScheduleService:
             self.store.commit_consumer_offsets(SCHEDULE_GROUP, changed)
             for (_, q), f in changed.items():
                 self._committed[q] = f
+
+
+def _segment_batch(t: pa.Table, store_host: str) -> pa.RecordBatch:
+    """Delivered rows as one batch in SEGMENT_SCHEMA, so ``Store.append_batch`` takes its
+    no-cast path (queue ids null: chosen round robin; store time stamped by the store)."""
+    n = t.num_rows
+
+    def col(name: str) -> pa.Array:
+        c = t.column(name)
+        return c.chunk(0) if c.num_chunks == 1 else pa.concat_arrays(c.chunks)
+
+    cols = {
+        "topic": col("topic"), "queue_id": pa.nulls(n, pa.int32()), "body": col("body"),
+        "tags": col("tags"), "keys": col("keys"), "properties": col("properties"),
+        "born_timestamp": col("born_timestamp"), "store_timestamp": col("born_timestamp"),
+        "born_host": col("born_host"), "store_host": pa.repeat(pa.scalar(store_host), n),
+        "reconsume_times": pa.repeat(pa.scalar(0, pa.int32()), n),
+        "delivery_timestamp": col("delivery_timestamp"),
+        "message_group": pa.nulls(n, pa.string()), "transaction_id": pa.nulls(n, pa.string()),
+        "message_type": pa.repeat(pa.scalar(fmt.MESSAGE_TYPE_DELAY, pa.int8()), n),
+        "unique_key": col("unique_key"),
+    }
+    return pa.RecordBatch.from_arrays([cols[f.name] for f in fmt.SEGMENT_SCHEMA],
+                                      schema=fmt.SEGMENT_SCHEMA)
 
 
 def _ms(v) -> int:

@@ -220,9 +220,17 @@ class CommitLog:
             raise DataLossError(
                 f"physical offset {batch_offset} is not in any segment (earliest is {first}); "
                 "it was removed by retention or never existed", earliest_offset=first)
-        buf = self.sfs.read_buffer(ref.path, cache=ref.sealed,
-                                   min_size=ref.size if ref.sealed else None)
         pos = batch_offset - ref.base_offset
+        if ref.sealed:
+            buf = self.sfs.read_buffer(ref.path, cache=True, min_size=ref.size)
+        else:
+            # The active segment grows: keep its map while it covers the whole batch
+            # (mapping a segment anew for every read cost ~0.3 ms per batch), map again
+            # once a batch lies past the mapped end.
+            buf = self.sfs.read_buffer(ref.path, cache=True, min_size=pos + 8)
+            n = seg.message_length(buf, pos)
+            if n is None or pos + n > len(buf):
+                buf = self.sfs.read_buffer(ref.path, cache=True, min_size=len(buf) + 1)
         if pos >= len(buf):
             raise CorruptStoreError(
                 f"segment {ref.path} has {len(buf)} bytes; batch at {pos} is past its end")
