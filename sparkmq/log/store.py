@@ -306,7 +306,6 @@ class Store(MessageReader):
         tail: list[SegmentRef] = []
         if refs and not refs[-1].sealed:
             tail.append(refs[-1])
-        expected = refs[-1].end_offset if refs else end
         for base, rel in extra:
             if tail and base != tail[-1].base_offset + sfs.size(tail[-1].path):
                 log.warning("ignoring segment file %s: not contiguous with the CommitLog", rel)
