@@ -174,6 +174,31 @@ def test_admin_promote_a_stopped_replica_store(pair, capsys):
         assert s.epoch > out["epoch"]
 
 
+def test_rejoin_truncation_then_same_segment_path_again_survives_close(pair):
+    """A rejoining store drops its segment at base B (truncation to B), then the new
+    master begins its own segment at B: same file name. Closing the store must not
+    delete the new file as the dropped one (its delete was pending)."""
+    p = pair()
+    p.master.create_topic("T")
+    send(p.master, 1500)
+    assert len(p.master.commitlog.segments()) > 2
+    p.start_replica()
+    wait_until(p.caught_up, "catch-up")
+    p.client.stop()
+    p.client = None
+    p.master.flush()
+    last = p.master.commitlog.segments()[-1]
+    data = open(os.path.join(p.master_url, last.path), "rb").read()
+    assert p.rlog.truncate_to(last.base_offset) > 0
+    p.rlog.begin_segment(last.path, last.base_offset)
+    p.rlog.write(last.path, 0, data)
+    assert p.rlog.offset == p.master.commitlog.written_offset
+    p.stop_replica()                             # close: pending deletes run here
+    again = Store.open(p.replica_url, mode="r")
+    assert sum(len(again.read("T", q, 0, 10_000)) for q in range(4)) == 1500
+    assert os.path.exists(os.path.join(p.replica_url, last.path))
+
+
 def test_replica_catches_up_after_a_gap_and_restart(pair):
     p = pair()
     p.master.create_topic("T")

@@ -103,6 +103,9 @@ class ReplicaLog:
                                       f"ends at {cl.written_offset}")
             if any(r.path == path for r in segs):
                 raise HAProtocolError(f"segment {path} already exists on this replica")
+            # a truncation may have dropped this very path (the old master's own segment
+            # at the same base offset): its pending delete must not remove the new copy
+            st._pending_deletes = [(t, rel) for t, rel in st._pending_deletes if rel != path]
             full = st.sfs.local_path(path)
             os.makedirs(os.path.dirname(full), exist_ok=True)
             os.close(os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
