@@ -1,6 +1,8 @@
 """The store through its public API, on a local folder and on memory://."""
 from __future__ import annotations
 
+import uuid
+
 import pyarrow as pa
 import pytest
 
@@ -187,6 +189,54 @@ def test_segment_roll_and_reads_across_segments(store):
     assert got == [b"m%05d" % i + b"." * 300 for i in range(80)]
     for r in (res[0], res[33], res[-1]):
         assert store.lookup(r.message_id).queue_offset == r.queue_offset
+
+
+def test_reads_on_an_object_store_fetch_the_batch_not_the_segment(clock):
+    """On a non-local backend a read fetches the one batch's bytes (ranged), not the whole
+    segment; reads of the open segment come from the writer's buffer."""
+    store_url = f"memory://sparkmq-test-{uuid.uuid4().hex}"
+    seg_bytes = 1 << 20
+    s = Store.open(store_url, clock_ms=clock, start_services=False,
+                   mappedFileSizeCommitLog=seg_bytes)
+    try:
+        s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        for i in range(60):                    # 60 batches of 20 x 2 KiB: several segments
+            s.append([msg("t", b"%04d-%02d" % (i, j) + b"." * 2048, 0) for j in range(20)])
+        assert len(s.commitlog.segments()) > 2
+        fetched = []
+        fs = s.sfs.fs
+        real_cat, real_open = fs.cat_file, fs.open
+
+        def cat_file(path, start=None, end=None, **kw):
+            data = real_cat(path, start=start, end=end, **kw)
+            fetched.append(len(data))
+            return data
+
+        def open_(path, mode="rb", **kw):
+            f = real_open(path, mode, **kw)
+            if "r" in mode:
+                real_read = f.read
+
+                def read(n=-1):
+                    data = real_read(n)
+                    fetched.append(len(data))
+                    return data
+                f.read = read
+            return f
+        fs.cat_file, fs.open = cat_file, open_
+        s.commitlog._cache.clear()
+        try:
+            got = s.read("t", 0, 20 * 10 + 5, max_messages=3)      # inside a sealed segment
+            assert [m.body[:7] for m in got] == [b"0010-05", b"0010-06", b"0010-07"]
+            assert 0 < sum(fetched) < seg_bytes // 4
+            fetched.clear()
+            last = s.read("t", 0, 20 * 59, max_messages=20)          # the open segment
+            assert [m.body[:7] for m in last] == [b"0059-%02d" % j for j in range(20)]
+            assert sum(fetched) < seg_bytes // 4
+        finally:
+            fs.cat_file, fs.open = real_cat, real_open
+    finally:
+        s.close()
 
 
 def test_reopen_after_clean_close_sees_everything(store_url, clock):

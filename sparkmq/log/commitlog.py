@@ -221,6 +221,16 @@ class CommitLog:
                 f"physical offset {batch_offset} is not in any segment (earliest is {first}); "
                 "it was removed by retention or never existed", earliest_offset=first)
         pos = batch_offset - ref.base_offset
+        if not self.sfs.is_local:
+            # object stores: fetch this batch's message only (the whole segment was
+            # downloaded per batch before), or copy it from the active segment's buffer
+            a = self.active
+            if a is not None and a.rel_path == ref.path and a._buffer is not None:
+                batch, size = a.read_buffered_batch(pos)
+            else:
+                batch, size = seg.read_remote_batch(self.sfs, ref.path, pos)
+            self._cache_put(batch_offset, batch, size)
+            return batch
         if ref.sealed:
             buf = self.sfs.read_buffer(ref.path, cache=True, min_size=ref.size)
         else:

@@ -21,11 +21,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import (CorruptStoreError, DataLossError, InvalidMessageIdError,
+from ..errors import (DataLossError, InvalidMessageIdError,
                       QueueNotFoundError, TopicNotFoundError, UserError)
 from . import format as fmt
 from . import segment as seg
-from .consumequeue import empty_entries, read_side_by_time, read_side_entries
+from .consumequeue import read_side_by_time, read_side_entries
 from .fs import StoreFS
 from .index import read_index
 from .message import StoredMessage, decode_message_id, store_tag
@@ -491,7 +491,7 @@ class Snapshot(MessageReader):
         pos = batch_offset - add["baseOffset"]
         try:
             if not self.sfs.is_local:   # object stores: fetch this batch's bytes only
-                return _read_remote_batch(self.sfs, add["path"], pos)
+                return seg.read_remote_batch(self.sfs, add["path"], pos)[0]
             buf = self.sfs.read_buffer(add["path"], cache=True, min_size=int(add["size"]))
         except FileNotFoundError:
             raise DataLossError(
@@ -511,18 +511,6 @@ class Snapshot(MessageReader):
         return {(names.get(tid, str(tid)), qid): off
                 for (g, tid, qid, cid), off in self.state.consumer_offsets.items()
                 if g == group and not cid}
-
-
-def _read_remote_batch(sfs: StoreFS, rel: str, pos: int) -> pa.RecordBatch:
-    """The record batch at byte ``pos`` of a segment on a non-local backend, reading only
-    its message (ranged reads), not the whole segment."""
-    with sfs.open_input(rel) as f:
-        f.seek(pos)
-        try:
-            msg = pa.ipc.read_message(pa.PythonFile(f, mode="r"))
-            return pa.ipc.read_record_batch(msg, fmt.SEGMENT_SCHEMA)
-        except (pa.ArrowInvalid, OSError, EOFError) as exc:
-            raise CorruptStoreError(f"no record batch at byte {pos} of {rel}: {exc}") from exc
 
 
 def _load_snapshot(url: str, version: int, storage_options: dict | None) -> Snapshot:

@@ -50,6 +50,19 @@ def read_batch_at(buf: pa.Buffer, pos: int) -> pa.RecordBatch:
         raise CorruptStoreError(f"no record batch at byte {pos}: {exc}") from exc
 
 
+def read_remote_batch(sfs: StoreFS, rel: str, pos: int) -> tuple[pa.RecordBatch, int]:
+    """The record batch at byte ``pos`` of segment ``rel`` on a non-local backend and the
+    byte length of its message, fetching only that message (ranged reads through the
+    backend's file object), not the whole segment."""
+    with sfs.open_input(rel) as f:
+        f.seek(pos)
+        try:
+            msg = pa.ipc.read_message(pa.PythonFile(f, mode="r"))
+            return pa.ipc.read_record_batch(msg, fmt.SEGMENT_SCHEMA), f.tell() - pos
+        except (pa.ArrowInvalid, OSError, EOFError) as exc:
+            raise CorruptStoreError(f"no record batch at byte {pos} of {rel}: {exc}") from exc
+
+
 def message_length(buf: pa.Buffer | bytes, pos: int) -> int | None:
     """Byte length of the whole IPC message at ``pos``, or None if it is torn or absent.
 
@@ -217,6 +230,21 @@ class SegmentWriter:
             os.close(self._fd)
             self._fd = None
         self._buffer = None
+
+    def read_buffered_batch(self, pos: int) -> tuple[pa.RecordBatch, int]:
+        """The batch at byte ``pos`` of an in-memory segment (non-local backends) and its
+        message length. Copies only that message (from a growing window), never exposes
+        the buffer itself, which the writer may still extend."""
+        want = 1 << 16
+        while True:
+            chunk = bytes(self._buffer[pos:pos + want])
+            n = message_length(chunk, 0)
+            if n or pos + want >= len(self._buffer):
+                break
+            want *= 4
+        if not n:
+            raise CorruptStoreError(f"{self.rel_path}: no whole record batch at byte {pos}")
+        return read_batch_at(pa.py_buffer(chunk), 0), n
 
     def buffer(self) -> pa.Buffer:
         """The bytes written so far (memory map on local disks)."""
