@@ -4,12 +4,13 @@ stores read-only next to the writer) and against a stopped broker's store (write
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
 from rocketmq import Producer
 
-from sparkmq import Store
+from sparkmq import Message, Store
 from sparkmq.admin import main
 from sparkmq.namesrv import NameServer
 
@@ -205,3 +206,34 @@ def test_admin_group_create_delete_on_a_live_broker_and_a_stopped_store(make_bro
         "consumeBroadcastEnable"] is False
     run_json(capsys, "--store", local_store_url, "group", "delete", "G2")
     assert run_json(capsys, "--store", local_store_url, "group", "list") == []
+
+
+def test_group_delete_waits_for_a_persist_pass_that_took_its_offsets(make_broker):  # noqa: F811
+    """A persist pass that took a group's floors before the group is deleted must not
+    commit them after the delete (the deleted group's offsets would come back)."""
+    from sparkmq.broker.pop import TagFilter
+    a = make_broker("broker-a")
+    a.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    a.store.append([Message("T", b"x")])
+    got = a.receive("G", "T", batch_size=1, invisible_ms=60_000, tag_filter=TagFilter("*"),
+                    poll_ms=0)
+    a.ack("G", got[0].receipt_handle, "T")          # the group's floor moved: dirty
+    entered, release = threading.Event(), threading.Event()
+    real_commit = a.store.commit_consumer_offsets
+
+    def slow_commit(*args, **kw):
+        entered.set()
+        assert release.wait(30)
+        return real_commit(*args, **kw)
+    a.store.commit_consumer_offsets = slow_commit
+    persist = threading.Thread(target=a.persist_offsets)
+    persist.start()
+    assert entered.wait(30)                          # the pass holds G's floors now
+    delete = threading.Thread(target=a.update_group, args=({"name": "G", "delete": True},))
+    delete.start()
+    time.sleep(0.3)                                  # without the lock, the delete ends here
+    release.set()
+    persist.join(30)
+    delete.join(30)
+    a.store.commit_consumer_offsets = real_commit
+    assert a.store.consumer_offsets("G") == {}

@@ -188,6 +188,10 @@ class Broker:
         self.state = BrokerState.STOPPED
         self.store: Store | None = None
         self.pop: PopService | None = None
+        # a persist pass (dirty floors taken, then committed) and a group delete exclude
+        # each other: otherwise a pass that took a group's floors before the delete
+        # commits them after it and the deleted group's offsets come back
+        self._offsets_lock = threading.Lock()
         self.notifier = ArrivalNotifier()
         self.metrics = Metrics()
         self.clients = ClientRegistry(self.clock_ms)
@@ -732,13 +736,15 @@ class Broker:
         """Commit consumer offsets that moved since the last pass (one commit per group)."""
         if self.pop is None:
             return
-        dirty = self.pop.take_dirty()
-        for key, floors in dirty.items():
-            try:
-                self.store.commit_consumer_offsets(key.group, floors, client_id=key.client_id)
-            except SparkMQError:
-                self.pop.mark_dirty({key: floors})
-                raise
+        with self._offsets_lock:
+            dirty = self.pop.take_dirty()
+            for key, floors in dirty.items():
+                try:
+                    self.store.commit_consumer_offsets(key.group, floors,
+                                                       client_id=key.client_id)
+                except SparkMQError:
+                    self.pop.mark_dirty({key: floors})
+                    raise
 
     def create_topic(self, request: dict) -> dict:
         """``POST /admin/topics`` ``{"name": .., "queueNums": N, "perm": 6, "retentionMs":
@@ -780,8 +786,10 @@ class Broker:
         if not isinstance(name, str):
             raise UserError("'name' (the consumer group) is required")
         if request.get("delete"):
-            self.pop.drop_group(name)
-            self.store.delete_group(name, remove_offsets=not request.get("keepOffsets"))
+            with self._offsets_lock:
+                if self.pop is not None:
+                    self.pop.drop_group(name)
+                self.store.delete_group(name, remove_offsets=not request.get("keepOffsets"))
             return {"deleted": name}
         retry = request.get("retryMaxTimes")
         return self.store.create_group(
