@@ -199,6 +199,28 @@ def test_rejoin_truncation_then_same_segment_path_again_survives_close(pair):
     assert os.path.exists(os.path.join(p.replica_url, last.path))
 
 
+def test_subscription_groups_are_mirrored_and_their_deletion_too(pair):
+    p = pair()
+    p.master.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    p.master.create_group("GID_a", retry_max_times=3)
+    p.master.create_group("GID_b", consume_broadcast_enable=False)
+    p.master.commit_consumer_offsets("GID_a", {("T", 0): 0})
+    send(p.master, 10)
+    p.start_replica()
+    wait_until(p.caught_up, "catch-up")
+    wait_until(lambda: p.replica.subscription_groups().keys() == {"GID_a", "GID_b"},
+               "the group configs on the replica")
+    assert p.replica.subscription_groups() == p.master.subscription_groups()
+    p.replica.commit_consumer_offsets("GID_local", {("T", 0): 4})   # the replica's own
+    p.master.delete_group("GID_a")
+    p.master.create_group("GID_b", retry_max_times=1)               # replaced whole
+    wait_until(lambda: "GID_a" not in p.replica.subscription_groups(), "the delete")
+    wait_until(lambda: p.replica.subscription_groups() == p.master.subscription_groups(),
+               "the replaced config")
+    assert p.replica.consumer_offsets("GID_a") == {}
+    assert p.replica.consumer_offsets("GID_local") == {("T", 0): 4}
+
+
 def test_replica_catches_up_after_a_gap_and_restart(pair):
     p = pair()
     p.master.create_topic("T")

@@ -392,7 +392,8 @@ class HAService:
         return epoch_history.load(self.store.sfs)
 
     def meta(self) -> dict:
-        """Topic configs and consumer offsets to mirror (cached per log version)."""
+        """Topic configs, consumer offsets and subscription group configs to mirror
+        (cached per log version)."""
         state = self.store.state
         cached = self._meta_cache
         if cached is not None and cached[0] == state.version:
@@ -400,7 +401,9 @@ class HAService:
         topics = sorted(state.topics_by_id.values(), key=lambda t: t["id"])
         offsets = [[g, tid, qid, cid, off]
                    for (g, tid, qid, cid), off in sorted(state.consumer_offsets.items())]
-        meta = {"topics": topics, "consumerOffsets": offsets, "retention": state.retention}
+        groups = [state.subscription_groups[g] for g in sorted(state.subscription_groups)]
+        meta = {"topics": topics, "consumerOffsets": offsets, "retention": state.retention,
+                "subscriptionGroups": groups}
         self._meta_cache = (state.version, meta)
         return meta
 

@@ -13,7 +13,7 @@ Conversation (master M, replica R)::
     M -> R  challenge {nonce, brokerName, epoch, epochs}
     R -> M  hello     {brokerName, brokerId, nonce, proof, offset, followedEpoch}
     M -> R  welcome   {proof, epoch, epochs, truncateTo?}     (or error {code, message})
-    M -> R  meta      {topics, consumerOffsets}              (at start and on change)
+    M -> R  meta      {topics, consumerOffsets, retention, subscriptionGroups} (at start, on change)
     M -> R  segment   {path, baseOffset}                     (a segment begins)
     M -> R  data      {path, pos, offset, whole} + bytes     (bytes at ``pos`` of ``path``;
                                                               whole: they end at a batch end)

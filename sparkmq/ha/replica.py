@@ -218,8 +218,11 @@ class ReplicaLog:
         return affected
 
     def apply_meta(self, meta: dict) -> None:
-        """Mirror the master's topic configs and consumer offsets into this store (and,
-        while it is empty, the master's retention floor)."""
+        """Mirror the master's topic configs, consumer offsets and subscription group
+        configs into this store (and, while it is empty, the master's retention floor).
+        A group config the master no longer has is deleted here with its offsets (the
+        master deleted the group); offsets of groups the master never configured are
+        left alone (consumers of this replica may keep their own)."""
         st = self.store
         topics = meta.get("topics")
         offsets = meta.get("consumerOffsets")
@@ -241,6 +244,22 @@ class ReplicaLog:
             if state.consumer_offsets.get((g, tid, qid, cid or "")) != off:
                 actions.append({"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
                                                    "clientId": cid or None, "offset": off}})
+        groups = meta.get("subscriptionGroups")
+        if groups is not None:        # absent from masters older than this field
+            if not isinstance(groups, list) or not all(
+                    isinstance(g, dict) and isinstance(g.get("groupName"), str) for g in groups):
+                raise HAProtocolError(f"bad subscriptionGroups in meta frame: {groups!r}"[:300])
+            wanted = {g["groupName"]: g for g in groups}
+            master_keys = {(g, tid, qid, cid or "") for g, tid, qid, cid, _ in offsets}
+            for name, conf in wanted.items():
+                if state.subscription_groups.get(name) != conf:
+                    actions.append({"subscriptionGroup": conf})
+            for name in state.subscription_groups.keys() - wanted.keys():
+                actions.append({"subscriptionGroup": {"groupName": name, "deleted": True}})
+                actions += [{"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
+                                                "clientId": cid or None, "offset": None}}
+                            for (g, tid, qid, cid) in state.consumer_offsets
+                            if g == name and (g, tid, qid, cid) not in master_keys]
         retention = meta.get("retention")
         empty = not st.commitlog.segments()
         if isinstance(retention, dict) and empty and state.retention != retention:
