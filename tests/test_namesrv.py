@@ -119,3 +119,34 @@ def test_several_nameservers_are_independent_and_a_dead_one_is_skipped():
         NameServerClient(a.address).unregister("broker-a", 0)
         assert NameServerClient(a.address).route("T") == []
         assert len(NameServerClient(b.address).route("T")) == 2   # b never heard of it
+
+
+def test_master_fencing_survives_a_restart_with_kv_config_path(tmp_path):
+    path = str(tmp_path / "ns" / "kvConfig.json")
+    old = [{"epoch": 1, "storeId": "store-a"}]
+    new = old + [{"epoch": 2, "storeId": "store-b"}]        # the replica promoted itself
+
+    def master(epochs):
+        return BrokerRegistration.from_json({**reg(), "epochs": epochs})
+    r = RouteRegistry(clock_ms=FakeClock(), kv_config_path=path)
+    assert r.register(master(old)) is None
+    assert r.register(master(new)) is None
+    assert json.load(open(path))["masters"]["broker-a"] == {"epoch": 2, "storeId": "store-b"}
+    # a restarted NameServer still refuses the old master; without the file it would not
+    again = RouteRegistry(clock_ms=FakeClock(), kv_config_path=path)
+    assert again.register(master(old)) == {"fenced": True,
+                                           "master": {"epoch": 2, "storeId": "store-b"}}
+    assert again.register(master(new)) is None
+    assert RouteRegistry(clock_ms=FakeClock()).register(master(old)) is None
+
+
+def test_a_corrupt_kv_config_file_is_refused_with_what_to_do(tmp_path, capsys):
+    from sparkmq.errors import InvalidConfigError
+    from sparkmq.namesrv import main
+    path = tmp_path / "kvConfig.json"
+    path.write_text('{"masters": {"broker-a": {"epoch": "two"}}}')
+    with pytest.raises(InvalidConfigError, match="repair or remove"):
+        RouteRegistry(kv_config_path=str(path))
+    assert main(["-p", str(free_port()), "--kv-config-path", str(path)]) == 1
+    assert "repair or remove" in capsys.readouterr().err
+    assert path.read_text() == '{"masters": {"broker-a": {"epoch": "two"}}}'   # untouched

@@ -15,7 +15,8 @@ __all__ = ["NameServer", "NameServerClient", "RouteRegistry", "BrokerRegistratio
 
 def main(argv: list[str] | None = None) -> int:
     """Run a NameServer until SIGINT/SIGTERM. Options: ``-p PORT``, ``-c FILE``
-    (properties: listenPort, brokerExpiryMs, scanIntervalMs), ``--host``."""
+    (properties: listenPort, brokerExpiryMs, scanIntervalMs, kvConfigPath), ``--host``,
+    ``--kv-config-path``."""
     import argparse
     import logging
     import signal
@@ -28,14 +29,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-c", "--config", help="namesrv.properties file")
     p.add_argument("-p", "--port", type=int, help=f"listen port (default {DEFAULT_PORT})")
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--kv-config-path",
+                   help="file where the newest master of each broker name is kept (master "
+                        "fencing survives a restart); default: the kvConfigPath property, "
+                        "else kept in memory only")
     args = p.parse_args(argv)
     props = load_properties(args.config) if args.config else {}
     port = args.port if args.port is not None else int(props.get("listenPort", DEFAULT_PORT))
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    srv = NameServer(host=args.host, port=port,
-                     broker_expiry_ms=int(props.get("brokerExpiryMs", 120_000)),
-                     scan_interval_ms=int(props.get("scanIntervalMs", 10_000)))
+    kv_path = args.kv_config_path or props.get("kvConfigPath") or None
+    from ..errors import SparkMQError
+    try:
+        srv = NameServer(host=args.host, port=port,
+                         broker_expiry_ms=int(props.get("brokerExpiryMs", 120_000)),
+                         scan_interval_ms=int(props.get("scanIntervalMs", 10_000)),
+                         kv_config_path=kv_path)
+    except SparkMQError as e:
+        print(f"sparkmq namesrv: {e}", file=sys.stderr)
+        return 1
+    if kv_path is None:
+        logging.getLogger("sparkmq.namesrv").warning(
+            "no kvConfigPath: which master is newest is kept in memory only; after a restart "
+            "this NameServer cannot fence an old master until the new one registers")
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

@@ -13,18 +13,25 @@ remembers the newest master writer it accepted, as (epoch, storeId) from the
 registration's epoch history. A registration as master (id 0) is refused when
 its history does not contain that writer: it comes from a store that was left
 behind by a promotion (an old master returning), and the broker must refuse
-writes. The memory is not persisted: after a NameServer restart the first
-master to register is believed (run several NameServers). The clock is injected
-(``clock_ms``) so tests can age a broker without waiting.
+writes. With ``kv_config_path`` (RocketMQ's ``kvConfigPath``) this memory is
+persisted, written atomically (temp file, fsync, rename) whenever it changes and
+loaded at start, so a restarted NameServer still fences the old master; without
+it, after a restart the first master to register is believed (run several
+NameServers). The clock is injected (``clock_ms``) so tests can age a broker
+without waiting.
 
 Thread-safety: every public method takes one lock; safe from many threads.
 """
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
+
+from ..errors import InvalidConfigError
 
 BROKER_EXPIRY_MS = 120_000
 MASTER_ID = 0
@@ -80,12 +87,16 @@ class RouteRegistry:
     """Brokers and their topics; see the module docstring for the contract."""
 
     def __init__(self, *, broker_expiry_ms: int = BROKER_EXPIRY_MS,
-                 clock_ms: Callable[[], int] | None = None):
+                 clock_ms: Callable[[], int] | None = None,
+                 kv_config_path: str | None = None):
         self.broker_expiry_ms = broker_expiry_ms
         self.clock_ms = clock_ms or _now_ms
+        self.kv_config_path = kv_config_path
         self._brokers: dict[tuple[str, int], BrokerRegistration] = {}
         self._masters: dict[str, dict] = {}     # broker name -> newest master {epoch, storeId}
         self._lock = threading.Lock()
+        if kv_config_path is not None:
+            self._masters = _load_masters(kv_config_path)
 
     def register(self, reg: BrokerRegistration) -> dict | None:
         """Add or refresh a broker; its topic list replaces the previous one.
@@ -98,7 +109,14 @@ class RouteRegistry:
                 mine = [(e["epoch"], e["storeId"]) for e in reg.epochs]
                 if known is not None and (known["epoch"], known["storeId"]) not in mine:
                     return {"fenced": True, "master": dict(known)}
-                self._masters[reg.broker_name] = dict(reg.epochs[-1])
+                newest = {"epoch": reg.epochs[-1]["epoch"], "storeId": reg.epochs[-1]["storeId"]}
+                if newest != known:
+                    if self.kv_config_path is not None:
+                        # persisted before it is believed: a crash right after a
+                        # promotion's registration must not forget the new master
+                        _save_masters(self.kv_config_path, {**self._masters,
+                                                            reg.broker_name: newest})
+                    self._masters[reg.broker_name] = newest
             self._brokers[(reg.broker_name, reg.broker_id)] = reg
         return None
 
@@ -154,3 +172,41 @@ class RouteRegistry:
             if reg.broker_name not in out[reg.cluster]:
                 out[reg.cluster].append(reg.broker_name)
         return out
+
+
+def _load_masters(path: str) -> dict[str, dict]:
+    """The persisted fencing memory ({} when the file does not exist yet)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise InvalidConfigError(
+            f"kvConfigPath {path}: cannot read the NameServer's saved master epochs ({e}); "
+            "repair or remove the file (removing it forgets which master is newest)") from None
+    masters = data.get("masters") if isinstance(data, dict) else None
+    if not isinstance(masters, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("epoch"), int)
+            and isinstance(v.get("storeId"), str) for v in masters.values()):
+        raise InvalidConfigError(
+            f"kvConfigPath {path}: expected {{\"masters\": {{name: {{epoch, storeId}}}}}}; "
+            "repair or remove the file")
+    return {str(k): {"epoch": v["epoch"], "storeId": v["storeId"]} for k, v in masters.items()}
+
+
+def _save_masters(path: str, masters: dict[str, dict]) -> None:
+    """Write the fencing memory atomically: temp file, fsync, rename, fsync the folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"masters": masters}, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

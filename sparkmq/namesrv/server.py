@@ -54,8 +54,9 @@ class NameServer:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  broker_expiry_ms: int = BROKER_EXPIRY_MS, scan_interval_ms: int = 10_000,
-                 clock_ms: Callable[[], int] | None = None):
-        self.registry = RouteRegistry(broker_expiry_ms=broker_expiry_ms, clock_ms=clock_ms)
+                 clock_ms: Callable[[], int] | None = None, kv_config_path: str | None = None):
+        self.registry = RouteRegistry(broker_expiry_ms=broker_expiry_ms, clock_ms=clock_ms,
+                                      kv_config_path=kv_config_path)
         self.host = host
         self.port = port
         self._scan = ScanBrokerService(self.registry, scan_interval_ms)
