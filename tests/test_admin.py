@@ -14,7 +14,7 @@ from sparkmq.admin import main
 from sparkmq.namesrv import NameServer
 
 from conftest import free_port
-from test_broker import client_conf, clients, make_broker, msg  # noqa: F401 (fixtures)
+from test_broker import client_conf, msg
 
 pytestmark = pytest.mark.integration
 
