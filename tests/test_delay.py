@@ -167,7 +167,7 @@ from test_broker import client_conf, msg, raw_message, send_code  # noqa: E402
 
 @pytest.mark.integration
 def test_official_client_delay_message_is_delivered_when_due_and_spark_view_follows(
-        make_broker, clients):  # noqa: F811
+        make_broker, clients):
     from rocketmq import FilterExpression, Producer, SimpleConsumer
     b = make_broker()
     b.store.create_topic("D")
@@ -195,7 +195,7 @@ def test_official_client_delay_message_is_delivered_when_due_and_spark_view_foll
 
 
 @pytest.mark.integration
-def test_broker_delay_levels_limits_and_restart_with_parked_messages(tmp_path, make_broker):  # noqa: F811
+def test_broker_delay_levels_limits_and_restart_with_parked_messages(tmp_path, make_broker):
     from sparkmq.broker import Broker
     from helpers.brokers import broker_config
     import grpc

@@ -73,8 +73,16 @@ class Pair:
             self.replica = None
 
     def caught_up(self) -> bool:
-        return self.client is not None and \
-            self.rlog.offset == self.master.commitlog.written_offset
+        """The replica has the master's bytes and serves them: every queue's max offset
+        is the master's (the replica writes, then dispatches, then makes the new offsets
+        visible, so its written offset alone runs ahead of what reads see)."""
+        if self.client is None or self.rlog.offset != self.master.commitlog.written_offset:
+            return False
+        mine = self.replica.topics()
+        return all(name in mine and self.replica.max_offset(name, q) ==
+                   self.master.max_offset(name, q)
+                   for name, cfg in self.master.topics().items()
+                   for q in range(cfg["readQueueNums"]))
 
     def close(self):
         self.stop_replica()

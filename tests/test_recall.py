@@ -107,7 +107,7 @@ def _recall_request(topic, handle):
 
 
 @pytest.mark.integration
-def test_recall_with_the_official_client(tmp_path, clients):  # noqa: F811
+def test_recall_with_the_official_client(tmp_path, clients):
     from rocketmq import Producer as OfficialProducer
     from sparkmq.broker import Broker
     from helpers.brokers import broker_config

@@ -57,7 +57,7 @@ def wait_until(pred, tries=100):
     return pred()
 
 
-def test_commit_and_rollback(tx_broker, clients):  # noqa: F811
+def test_commit_and_rollback(tx_broker, clients):
     make, _ = tx_broker
     b = make()
     producer = clients(Producer(client_conf(b), ("T",), Checker({})))
@@ -83,7 +83,7 @@ def test_commit_and_rollback(tx_broker, clients):  # noqa: F811
     assert [m.body for m in got] == [b"commit-me"] and got[0].message_id == r1.message_id
 
 
-def test_check_back_decides_both_ways_then_gives_up(tx_broker, clients):  # noqa: F811
+def test_check_back_decides_both_ways_then_gives_up(tx_broker, clients):
     make, clock = tx_broker
     b = make(transactionCheckMax=2)
     checker = Checker({b"yes": TransactionResolution.COMMIT,
@@ -110,7 +110,7 @@ def test_check_back_decides_both_ways_then_gives_up(tx_broker, clients):  # noqa
         "c", "r", "x"]
 
 
-def test_restart_mid_transaction_keeps_the_half_message(tx_broker, clients):  # noqa: F811
+def test_restart_mid_transaction_keeps_the_half_message(tx_broker, clients):
     make, clock = tx_broker
     b = make()
     producer = clients(Producer(client_conf(b), ("T",), Checker({})))
