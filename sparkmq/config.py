@@ -7,7 +7,7 @@ attributes carry their unit in the name.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import InvalidConfigError

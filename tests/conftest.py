@@ -37,6 +37,77 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture
+def procs():
+    """The daemon processes a test starts (``helpers.daemons.spawn(..., procs)``), in
+    start order; every one still running is stopped (SIGTERM, then SIGKILL) afterwards."""
+    from helpers.daemons import stop_processes
+
+    started: list = []
+    yield started
+    stop_processes(started)
+
+
+@pytest.fixture
+def make_broker(tmp_path):
+    """``make(name="broker-a", **props)`` starts an in-process ``Broker`` on free ports
+    (``helpers.brokers.broker_config``); every one is stopped after the test."""
+    from helpers.brokers import broker_config
+    from sparkmq.broker import Broker
+
+    started = []
+
+    def make(name="broker-a", **props):
+        b = Broker(broker_config(tmp_path, name, **props)).start()
+        started.append(b)
+        return b
+    yield make
+    for b in started:
+        b.stop()
+
+
+@pytest.fixture
+def clients():
+    """``start(client)`` starts an official RocketMQ client; all are shut down after."""
+    started = []
+
+    def start(c):
+        c.startup()
+        started.append(c)
+        return c
+    yield start
+    for c in reversed(started):
+        try:
+            c.shutdown()
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def tx_broker(tmp_path):
+    """``(make, clock)``: ``make(**props)`` starts a broker with topic ``T`` and 6 s
+    transaction timeout/check interval on the manual ``clock``; stopped after."""
+    import time
+
+    from helpers.brokers import broker_config
+    from helpers.clock import Clock
+    from sparkmq.broker import Broker
+
+    clock = Clock(int(time.time() * 1000))
+    started = []
+
+    def make(**props):
+        b = Broker(broker_config(tmp_path, transactionTimeOut=6000,
+                                 transactionCheckInterval=6000, **props), clock_ms=clock).start()
+        started.append(b)
+        if "T" not in b.store.topics():
+            b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        return b
+    yield make, clock
+    for b in started:
+        b.stop()
+
+
 @pytest.fixture(scope="session")
 def spark():
     """One local SparkSession for the whole test session (stopped at the end)."""

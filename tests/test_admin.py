@@ -15,7 +15,7 @@ from sparkmq.admin import main
 from sparkmq.namesrv import NameServer
 
 from conftest import free_port
-from test_broker import client_conf, clients, make_broker, msg  # noqa: F401 (fixtures)
+from test_broker import client_conf, msg
 
 pytestmark = pytest.mark.integration
 
@@ -33,14 +33,14 @@ def run_json(capsys, *argv):
 
 
 @pytest.fixture
-def cluster(make_broker):  # noqa: F811
+def cluster(make_broker):
     ns = NameServer(port=free_port()).start()
     brokers = [make_broker(name, namesrvAddr=ns.address) for name in ("broker-a", "broker-b")]
     yield ns, brokers
     ns.stop()
 
 
-def test_admin_on_a_live_two_broker_cluster(cluster, clients, capsys):  # noqa: F811
+def test_admin_on_a_live_two_broker_cluster(cluster, clients, capsys):
     ns, (a, b) = cluster
     for br in (a, b):
         br.store.create_topic("Orders", read_queue_nums=2, write_queue_nums=2)
@@ -125,7 +125,7 @@ def test_admin_writes_on_a_stopped_store_and_errors(local_store_url, capsys):
     assert run(capsys, "bogus")[0] == 2
 
 
-def test_admin_topic_retention_on_a_live_broker(make_broker, capsys):  # noqa: F811
+def test_admin_topic_retention_on_a_live_broker(make_broker, capsys):
     import datetime as dt
     not_now = f"{(dt.datetime.now().hour + 12) % 24:02d}"    # the broker's own pass stays idle
     a = make_broker("broker-a", deleteWhen=not_now)
@@ -166,7 +166,7 @@ def test_admin_topic_retention_on_a_live_broker(make_broker, capsys):  # noqa: F
 
 
 def test_admin_group_create_delete_on_a_live_broker_and_a_stopped_store(make_broker, capsys,
-                                                                         local_store_url):  # noqa: F811
+                                                                         local_store_url):
     a = make_broker("broker-a")
     url = f"http://127.0.0.1:{a.admin_port}"
     a.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)

@@ -4,10 +4,6 @@ SIGKILL; a two-group cluster behind a NameServer."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -23,6 +19,8 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from conftest import free_port
+from helpers.brokers import broker_config
+from helpers.daemons import kill9, spawn, stop_process
 from sparkmq import Store
 from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.broker.pop import dlq_topic
@@ -30,44 +28,6 @@ from sparkmq.namesrv import NameServer, NameServerClient
 
 pytestmark = pytest.mark.integration
 Code = pb.Code
-
-
-def broker_config(tmp_path, name="broker-a", **props) -> BrokerConfig:
-    base = {"brokerName": name, "storePathRootDir": str(tmp_path / name),
-            "listenPort": str(free_port()), "adminPort": str(free_port()),
-            "flushDiskType": "SYNC_FLUSH", "autoCreateTopicEnable": "true",
-            "defaultTopicQueueNums": "2", "flushConsumerOffsetInterval": "500"}
-    base.update({k: str(v) for k, v in props.items()})
-    return BrokerConfig.from_properties(base)
-
-
-@pytest.fixture
-def make_broker(tmp_path):
-    started = []
-
-    def make(name="broker-a", **props) -> Broker:
-        b = Broker(broker_config(tmp_path, name, **props)).start()
-        started.append(b)
-        return b
-    yield make
-    for b in started:
-        b.stop()
-
-
-@pytest.fixture
-def clients():
-    started = []
-
-    def start(c):
-        c.startup()
-        started.append(c)
-        return c
-    yield start
-    for c in reversed(started):
-        try:
-            c.shutdown()
-        except Exception:
-            pass
 
 
 def client_conf(broker: Broker) -> ClientConfiguration:
@@ -356,29 +316,8 @@ def test_two_broker_groups_behind_a_nameserver(tmp_path, make_broker, clients):
 
 
 # ---------------------------------------------------------------- crash
-def wait_health(port: int, proc, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read().decode(errors="replace")
-        try:
-            if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1).status == 200:
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise AssertionError("broker did not become healthy")
-
-
 def start_broker_process(conf_path: str, admin_port: int):
-    proc = subprocess.Popen([sys.executable, "-m", "sparkmq.broker", "-c", conf_path],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        wait_health(admin_port, proc)
-    except BaseException:
-        proc.kill()
-        proc.wait(10)
-        raise
-    return proc
+    return spawn(["sparkmq.broker", "-c", conf_path], f"http://127.0.0.1:{admin_port}/health")
 
 
 @pytest.mark.slow
@@ -414,15 +353,12 @@ def test_sigkill_under_sync_flush_loses_no_acked_message(tmp_path):
             if len(acked) >= 50:
                 break
             time.sleep(0.01)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        kill9(proc)
         stop.set()
         t.join(30)
         channel.close()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        kill9(proc)
     assert len(acked) >= 50
     proc = start_broker_process(str(conf), admin_port)   # restart: recovery
     try:
@@ -445,12 +381,7 @@ def test_sigkill_under_sync_flush_loses_no_acked_message(tmp_path):
         missing = set(acked) - set(stored)
         assert not missing, f"{len(missing)} acked messages lost, e.g. {sorted(missing)[:3]}"
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc)
     with Store.open(str(store), mode="r") as s2:      # clean stop: published, lease released
         assert s2.state.lease.get("released")
 

@@ -3,11 +3,6 @@
 produces through one broker and consumes from the other; offsets survive a restart."""
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 
@@ -16,53 +11,11 @@ from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Messag
                       SimpleConsumer)
 
 from conftest import free_port
+from helpers.daemons import get_json, post_json, spawn, stop_process
 from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.namesrv import NameServerClient
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as r:
-            return r.status == 200
-    except OSError:
-        return False
-
-
-def spawn(args: list[str], health_url: str, procs: list):
-    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    procs.append(proc)
-    deadline = time.monotonic() + 60
-    while not http_ok(health_url):
-        assert proc.poll() is None, proc.stdout.read().decode(errors="replace")
-        assert time.monotonic() < deadline, f"{args} did not come up"
-        time.sleep(0.1)
-    return proc
-
-
-def post(url: str, body: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in reversed(started):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in started:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
 
 
 def test_nameserver_and_two_broker_processes(tmp_path, procs):
@@ -78,7 +31,8 @@ def test_nameserver_and_two_broker_processes(tmp_path, procs):
                "-p", str(grpc_port), "--admin-port", str(admin_port)],
               f"http://127.0.0.1:{admin_port}/health", procs)
         brokers[name] = (grpc_port, admin_port)
-        post(f"http://127.0.0.1:{admin_port}/admin/topics", {"name": "Shared", "queueNums": 2})
+        post_json(f"http://127.0.0.1:{admin_port}/admin/topics",
+                  {"name": "Shared", "queueNums": 2})
     ns = NameServerClient(f"127.0.0.1:{ns_port}")
     for _ in range(300):                             # bounded: until both re-registered
         if len(ns.route("Shared") or []) == 4:
@@ -108,13 +62,10 @@ def test_nameserver_and_two_broker_processes(tmp_path, procs):
         consumer.shutdown()
         producer.shutdown()
     assert sorted(got) == sorted(f"x{i}".encode() for i in range(12))
-    per_broker = [json.loads(urllib.request.urlopen(
-        f"http://127.0.0.1:{admin}/status", timeout=5).read())["topics"]["Shared"]["messages"]
-        for _, admin in brokers.values()]
+    per_broker = [get_json(f"http://127.0.0.1:{admin}/status")["topics"]["Shared"]["messages"]
+                  for _, admin in brokers.values()]
     assert sum(per_broker) == 12 and all(n > 0 for n in per_broker)
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    assert [p.wait(30) for p in procs] == [0, 0, 0]
+    assert [stop_process(p) for p in procs] == [0, 0, 0]      # clean stops
 
 
 def test_consumer_offsets_are_persisted_at_stop_and_restored(tmp_path):

@@ -31,6 +31,18 @@ def test_shipped_conf_is_a_two_group_cluster():
     assert load_properties(str(CONF / "namesrv.properties"))["listenPort"] == "9876"
 
 
+def test_shipped_replica_conf_follows_broker_a_and_can_run_beside_both_groups():
+    a = BrokerConfig.from_file(str(CONF / "broker-a.properties"))
+    b = BrokerConfig.from_file(str(CONF / "broker-b.properties"))
+    s = BrokerConfig.from_file(str(CONF / "broker-a-s.properties"))
+    assert (s.broker_name, s.broker_id, s.is_master) == ("broker-a", 1, False)
+    assert s.ha_master_address == f"127.0.0.1:{a.ha_listen_port}" and s.ha_secret == a.ha_secret
+    ports = [c.listen_port for c in (a, b, s)] + [c.admin_port for c in (a, b, s)] + \
+        [a.ha_listen_port, s.ha_listen_port]
+    assert len(set(ports)) == len(ports), f"shipped configs share a port: {ports}"
+    assert len({a.store_path, b.store_path, s.store_path}) == 3
+
+
 def test_store_options_pass_through_and_validation():
     c = BrokerConfig.from_properties({"brokerName": "x", "listenPort": "1", "adminPort": "2",
                                       "flushDiskType": "ASYNC_FLUSH", "maxMessageSize": "100"})

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from helpers.clock import Clock
 from sparkmq import Message, Store
 from sparkmq.broker.longpoll import ArrivalNotifier
 from sparkmq.broker.pop import (ORIGIN_MESSAGE_ID, ORIGIN_TOPIC, GroupKey, InvalidHandle,
@@ -15,17 +16,9 @@ from sparkmq.broker.pop import (ORIGIN_MESSAGE_ID, ORIGIN_TOPIC, GroupKey, Inval
 ALL = TagFilter("*")
 
 
-class FakeClock:
-    def __init__(self, ms: int = 1_700_000_000_000):
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
-
-
 @pytest.fixture
 def env(local_store_url):
-    clock = FakeClock()
+    clock = Clock()
     store = Store.open(local_store_url, mode="w", clock_ms=clock, defaultTopicQueueNums=2)
     store.create_topic("T")
     pop = PopService(store, broker_name="b1", max_delivery_attempts=3, clock_ms=clock)
@@ -60,9 +53,9 @@ def test_unacked_message_comes_back_with_attempt_plus_one_and_old_handle_is_stal
     store, pop, clock = env
     send(store, 1)
     [d1] = pop.pop("G", "T", batch_size=1, invisible_ms=5_000, tag_filter=ALL)
-    clock.ms += 4_999
+    clock.now_ms += 4_999
     assert pop.pop("G", "T", batch_size=1, invisible_ms=5_000, tag_filter=ALL) == []
-    clock.ms += 1
+    clock.now_ms += 1
     [d2] = pop.pop("G", "T", batch_size=1, invisible_ms=5_000, tag_filter=ALL)
     assert d2.message.message_id == d1.message.message_id and d2.attempt == 2
     with pytest.raises(InvalidHandle):
@@ -78,7 +71,7 @@ def test_after_max_attempts_the_message_goes_to_the_dlq_topic(env):
     for _ in range(3):
         [d] = pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
         attempts.append(d.attempt)
-        clock.ms += 1_000
+        clock.now_ms += 1_000
     assert attempts == [1, 2, 3]
     assert pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
     dlq = store.read(dlq_topic("G"), 0, 0, 10)
@@ -94,7 +87,7 @@ def test_change_invisible_duration_extends_and_reissues_the_handle(env):
     [d] = pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
     h2 = pop.change_invisible("G", d.receipt_handle, 60_000, "T")
     assert h2 != d.receipt_handle
-    clock.ms += 30_000
+    clock.now_ms += 30_000
     assert pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
     with pytest.raises(InvalidHandle):
         pop.change_invisible("G", d.receipt_handle, 1000, "T")
@@ -107,7 +100,7 @@ def test_forward_to_dlq_marks_done(env):
     [d] = pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
     pop.forward_to_dlq("G", d.receipt_handle, "T")
     assert [m.body for m in store.read(dlq_topic("G"), 0, 0, 10)] == [b"m0"]
-    clock.ms += 10_000
+    clock.now_ms += 10_000
     assert pop.pop("G", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
 
 
@@ -152,7 +145,7 @@ def test_handles_of_another_broker_or_topic_are_refused(env):
 
 
 def test_committed_offsets_survive_a_reopen(local_store_url):
-    clock = FakeClock()
+    clock = Clock()
     store = Store.open(local_store_url, mode="w", clock_ms=clock, defaultTopicQueueNums=1)
     store.create_topic("T")
     send(store, 5)
@@ -193,7 +186,7 @@ def test_arrival_notifier_wakes_a_waiter_and_never_loses_an_arrival():
 
 
 def test_fifo_a_message_group_is_delivered_in_order_one_at_a_time(local_store_url):
-    clock = FakeClock()
+    clock = Clock()
     store = Store.open(local_store_url, mode="w", clock_ms=clock)
     try:
         store.create_topic("F", read_queue_nums=1, write_queue_nums=1)
@@ -212,13 +205,13 @@ def test_fifo_a_message_group_is_delivered_in_order_one_at_a_time(local_store_ur
         pop.ack("G", by_body[b"g3-0"].receipt_handle)
         [g1_1] = take()
         assert g1_1.message.body == b"g1-1"
-        clock.ms += 1_000                                    # g2-0 and g1-1 expire unacked
+        clock.now_ms += 1_000                                    # g2-0 and g1-1 expire unacked
         again = take()
         assert sorted((d.message.body, d.attempt) for d in again) == [(b"g1-1", 2), (b"g2-0", 2)]
         for d in again:
             if d.message.body == b"g1-1":
                 pop.ack("G", d.receipt_handle)
-        clock.ms += 1_000                                    # g2-0: max attempts -> DLQ
+        clock.now_ms += 1_000                                    # g2-0: max attempts -> DLQ
         rest = take()
         assert sorted(d.message.body for d in rest) == [b"g1-2", b"g2-1"]
         assert [m.body for m in store.read(dlq_topic("G"), 0, 0, 5)] == [b"g2-0"]
@@ -251,14 +244,14 @@ def test_group_retry_max_times_from_its_subscription_group_config(env):
     store.create_group("Gmany", retry_max_times=4)     # more than the broker's 3 attempts
     send(store, 1)
     [d] = pop.pop("Gone", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
-    clock.ms += 1_000
+    clock.now_ms += 1_000
     assert pop.pop("Gone", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
     assert [m.body for m in store.read(dlq_topic("Gone"), 0, 0, 10)] == [b"m0"]
     attempts = []
     for _ in range(5):
         [d] = pop.pop("Gmany", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL)
         attempts.append(d.attempt)
-        clock.ms += 1_000
+        clock.now_ms += 1_000
     assert attempts == [1, 2, 3, 4, 5]
     assert pop.pop("Gmany", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
     assert pop.max_attempts("Gmany") == 5 and pop.max_attempts("other") == 3

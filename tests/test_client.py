@@ -7,33 +7,19 @@ import time
 import pytest
 
 from conftest import free_port
-from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.client import (BrokerUnavailableError, ConsumeMode, ConsumeResult, Message,
                             Producer, PullConsumer, PushConsumer, SimpleConsumer)
 
 pytestmark = pytest.mark.integration
 
 
-def broker_config(tmp_path, name="broker-a", **props) -> BrokerConfig:
-    base = {"brokerName": name, "storePathRootDir": str(tmp_path / name),
-            "listenPort": str(free_port()), "adminPort": str(free_port()),
-            "flushDiskType": "ASYNC_FLUSH", "autoCreateTopicEnable": "true",
-            "defaultTopicQueueNums": "4", "flushConsumerOffsetInterval": "500"}
-    base.update({k: str(v) for k, v in props.items()})
-    return BrokerConfig.from_properties(base)
-
-
 @pytest.fixture
-def make_broker(tmp_path):
-    started = []
-
-    def make(name="broker-a", **props) -> Broker:
-        b = Broker(broker_config(tmp_path, name, **props)).start()
-        started.append(b)
-        return b
-    yield make
-    for b in started:
-        b.stop()
+def make_broker(make_broker):
+    """The shared factory (conftest.py) with this file's defaults: ASYNC_FLUSH, 4 queues."""
+    def make(name="broker-a", **props):
+        return make_broker(name, **{"flushDiskType": "ASYNC_FLUSH",
+                                    "defaultTopicQueueNums": 4, **props})
+    return make
 
 
 @pytest.fixture

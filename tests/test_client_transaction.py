@@ -15,7 +15,6 @@ from sparkmq.broker.transaction import HALF_TOPIC, OP_TOPIC
 from sparkmq.client import (Message, Producer, SimpleConsumer, TransactionResolution)
 from sparkmq.errors import UserError
 
-from test_transaction import tx_broker  # noqa: F401 (fixture: broker factory + clock)
 
 pytestmark = pytest.mark.integration
 
@@ -117,13 +116,13 @@ def test_checker_answers_check_backs_both_ways(tx_broker, producers):
         p.send_in_transaction(Message("T", body), lambda m, r: UNKNOWN)
     b.transactions.run_checks()
     assert checker.asked == []                                   # not before transactionTimeOut
-    clock.ms += 6000
+    clock.now_ms += 6000
     b.transactions.run_checks()
     assert wait_until(lambda: len(checker.asked) == 4)
     assert wait_until(lambda: len(b.transactions.pending()) == 2)
     assert visible(b) == [b"c-yes"]
     for _ in range(2):                                           # asked again, then given up
-        clock.ms += 6000
+        clock.now_ms += 6000
         b.transactions.run_checks()
     assert wait_until(lambda: b.transactions.pending() == [])
     assert checker.asked.count(b"c-dunno") == 2 and b.transactions.rolled_back_unresolved == 2
@@ -141,7 +140,7 @@ def test_new_producer_instance_and_broker_restart(tx_broker, producers):
     first.shutdown()
     checker = Checker({b"orphan": COMMIT, b"after-restart": ROLLBACK})
     p = producers(b.endpoint, topics=["T"], transaction_checker=checker)
-    clock.ms += 6000
+    clock.now_ms += 6000
     b.transactions.run_checks()                                  # routed to a producer of T
     assert wait_until(lambda: visible(b) == [b"orphan"])
     assert checker.asked == [b"orphan"]
@@ -154,7 +153,7 @@ def test_new_producer_instance_and_broker_restart(tx_broker, producers):
     # the producer's stream re-opens by itself; then a new half message is checked back
     assert wait_until(lambda: b.streams.producers("T"), tries=150)
     p.send_in_transaction(Message("T", b"after-restart"), lambda m, rc: UNKNOWN)
-    clock.ms += 6000
+    clock.now_ms += 6000
     b.transactions.run_checks()
     assert wait_until(lambda: b.transactions.pending() == [])
     assert checker.asked == [b"orphan", b"after-restart"] and visible(b) == [b"orphan"]
@@ -167,7 +166,7 @@ def test_check_counts_survive_a_broker_restart(tx_broker, producers):
     p = producers(b.endpoint, topics=["T"], transaction_checker=checker)
     r = p.send_in_transaction(Message("T", b"undecided"), lambda m, rc: UNKNOWN)
     for _ in range(2):
-        clock.ms += 6000
+        clock.now_ms += 6000
         b.transactions.run_checks()
     assert wait_until(lambda: len(checker.asked) == 2)
     [h] = b.transactions.pending()
@@ -181,10 +180,10 @@ def test_check_counts_survive_a_broker_restart(tx_broker, producers):
     assert wait_until(lambda: b.streams.producers("T"), tries=150)
     b.transactions.run_checks()
     assert len(checker.asked) == 2                                 # not due yet
-    clock.ms += 6000
+    clock.now_ms += 6000
     b.transactions.run_checks()                                    # third and last check
     assert wait_until(lambda: len(checker.asked) == 3)
-    clock.ms += 6000
+    clock.now_ms += 6000
     b.transactions.run_checks()                                    # given up: rolled back
     assert b.transactions.pending() == [] and b.transactions.rolled_back_unresolved == 1
     assert visible(b) == []

@@ -153,11 +153,15 @@ def test_two_committers_racing_in_processes(local_store_url):
     procs = [ctx.Process(target=_race, args=(local_store_url, j, 5, 4)) for j in ("p", "q")]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join(timeout=120)
-        if p.is_alive():
-            p.kill()
-        assert p.exitcode == 0
+    try:
+        for p in procs:
+            p.join(timeout=120)
+    finally:                                # none outlives the test, even on failure
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
+    assert [p.exitcode for p in procs] == [0, 0]
     _check_race(local_store_url, ["p", "q"], 5, 4)
 
 

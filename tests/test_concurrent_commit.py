@@ -3,7 +3,6 @@ version exactly one winner, and the commit loop loses no commit."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading

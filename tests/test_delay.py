@@ -7,19 +7,12 @@ import time
 
 import pytest
 
+from helpers.clock import Clock
 from sparkmq import Store
 from sparkmq.broker.schedule import (PROP_REAL_TOPIC, SCHEDULE_GROUP, SCHEDULE_TOPIC,
                                      DEFAULT_DELAY_LEVELS, DelayPolicy, DelayRefused,
                                      ScheduleService, parked_row, parse_delay_levels)
 from sparkmq.log.message import Message
-
-
-class Clock:
-    def __init__(self, ms: int = 1_700_000_000_000):
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 LEVELS = parse_delay_levels(DEFAULT_DELAY_LEVELS)
@@ -72,17 +65,17 @@ def test_every_level_is_delivered_when_due_and_not_before(delay_store):
     policy = DelayPolicy(LEVELS)
     svc = ScheduleService(store, policy, clock_ms=clock).start()
     try:
-        start = clock.ms
+        start = clock.now_ms
         for level in range(1, 19):
             park(store, clock, policy, "T", f"L{level}".encode(), level=level)
         svc.run_due()
         assert bodies(store, "T") == [] and svc.pending_count() == 18
         assert store.max_offset(SCHEDULE_TOPIC, 0) == 1           # visible to admin tools
         for level, delay in enumerate(LEVELS, 1):
-            clock.ms = start + delay - 1
+            clock.now_ms = start + delay - 1
             svc.run_due()
             assert f"L{level}".encode() not in bodies(store, "T")   # not before due
-            clock.ms = start + delay
+            clock.now_ms = start + delay
             svc.run_due()
             assert f"L{level}".encode() in bodies(store, "T")
         assert svc.pending_count() == 0 and len(bodies(store, "T")) == 18
@@ -98,13 +91,13 @@ def test_arbitrary_delivery_times_out_of_order(delay_store):
     policy = DelayPolicy(LEVELS)
     svc = ScheduleService(store, policy, clock_ms=clock).start()
     try:
-        t0 = clock.ms
+        t0 = clock.now_ms
         for d in (50_000, 10_000, 86_400_000, 30_000):
             park(store, clock, policy, "T", str(d).encode(), at_ms=t0 + d)
-        clock.ms = t0 + 30_000
+        clock.now_ms = t0 + 30_000
         svc.run_due()
         assert bodies(store, "T") == [b"10000", b"30000"]
-        clock.ms = t0 + 86_400_000
+        clock.now_ms = t0 + 86_400_000
         svc.run_due()
         assert bodies(store, "T") == [b"10000", b"30000", b"50000", b"86400000"]
     finally:
@@ -117,11 +110,11 @@ def test_restart_delivers_parked_messages_once(local_store_url):
     store = Store.open(local_store_url, clock_ms=clock)
     store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
     svc = ScheduleService(store, policy, clock_ms=clock).start()
-    t0 = clock.ms
+    t0 = clock.now_ms
     park(store, clock, policy, "T", b"long", at_ms=t0 + 3_600_000)   # holds the queue floor
     park(store, clock, policy, "T", b"short", at_ms=t0 + 1000)
     park(store, clock, policy, "T", b"level", level=2)
-    clock.ms = t0 + 5000
+    clock.now_ms = t0 + 5000
     svc.run_due()
     assert bodies(store, "T") == [b"level", b"short"]
     svc.stop()
@@ -133,7 +126,7 @@ def test_restart_delivers_parked_messages_once(local_store_url):
     assert progress[(SCHEDULE_TOPIC, 1)] == 1                # level 2 queue: delivered
     svc = ScheduleService(store, policy, clock_ms=clock).start()
     assert svc.pending_count() == 1
-    clock.ms = t0 + 3_600_000
+    clock.now_ms = t0 + 3_600_000
     svc.run_due()
     assert bodies(store, "T") == [b"level", b"long", b"short"]            # no duplicate
     svc.stop()
@@ -169,12 +162,12 @@ def test_the_service_thread_delivers_a_one_second_level_for_real(local_store_url
 
 
 # ---------------------------------------------------------------- broker, official client
-from test_broker import client_conf, clients, make_broker, msg, raw_message, send_code  # noqa: E402,F401
+from test_broker import client_conf, msg, raw_message, send_code  # noqa: E402
 
 
 @pytest.mark.integration
 def test_official_client_delay_message_is_delivered_when_due_and_spark_view_follows(
-        make_broker, clients):  # noqa: F811
+        make_broker, clients):
     from rocketmq import FilterExpression, Producer, SimpleConsumer
     b = make_broker()
     b.store.create_topic("D")
@@ -202,13 +195,12 @@ def test_official_client_delay_message_is_delivered_when_due_and_spark_view_foll
 
 
 @pytest.mark.integration
-def test_broker_delay_levels_limits_and_restart_with_parked_messages(tmp_path, make_broker):  # noqa: F811
+def test_broker_delay_levels_limits_and_restart_with_parked_messages(tmp_path, make_broker):
     from sparkmq.broker import Broker
-    from test_broker import broker_config
+    from helpers.brokers import broker_config
     import grpc
     from rocketmq.grpc_protocol import definition_pb2 as pb
     from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
-    from google.protobuf.timestamp_pb2 import Timestamp
 
     clock = Clock(int(time.time() * 1000))
     cfg = broker_config(tmp_path, timerMaxDelaySec=3600)
@@ -220,15 +212,15 @@ def test_broker_delay_levels_limits_and_restart_with_parked_messages(tmp_path, m
             lv = raw_message("D", b"level3")
             lv.user_properties["DELAY"] = "3"                            # 10 s
             far = raw_message("D", b"too-far", message_type=pb.DELAY)
-            far.system_properties.delivery_timestamp.FromMilliseconds(clock.ms + 3_600_001)
+            far.system_properties.delivery_timestamp.FromMilliseconds(clock.now_ms + 3_600_001)
             ts = raw_message("D", b"in-30s", message_type=pb.DELAY)
-            ts.system_properties.delivery_timestamp.FromMilliseconds(clock.ms + 30_000)
+            ts.system_properties.delivery_timestamp.FromMilliseconds(clock.now_ms + 30_000)
             bad = raw_message("D", b"bad-level")
             bad.user_properties["DELAY"] = "99"
             assert send_code(s, lv, far, ts, bad) == [
                 Code.OK, Code.ILLEGAL_DELIVERY_TIME, Code.OK, Code.ILLEGAL_DELIVERY_TIME]
         assert b.schedule.pending_count() == 2
-        clock.ms += 10_000
+        clock.now_ms += 10_000
         b.schedule.run_due()
         assert [m.body for m in b.store.read("D", 0, 0, 10)] == [b"level3"]
     finally:
@@ -236,7 +228,7 @@ def test_broker_delay_levels_limits_and_restart_with_parked_messages(tmp_path, m
     b = Broker(cfg, clock_ms=clock).start()                 # restart: one still parked
     try:
         assert b.schedule.pending_count() == 1
-        clock.ms += 20_000
+        clock.now_ms += 20_000
         b.schedule.run_due()
         assert [m.body for m in b.store.read("D", 0, 0, 10)] == [b"level3", b"in-30s"]
     finally:

@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from sparkmq.broker.filter import FilterExpressionError, SqlFilter
 from sparkmq.errors import UserError
 
-from test_broker import client_conf, clients, make_broker, msg  # noqa: F401 (fixtures)
+from test_broker import client_conf, msg
 
 Code = pb.Code
 
@@ -166,7 +166,7 @@ def test_arbitrary_text_parses_or_is_refused_never_crashes(text):
 
 # ---------------------------------------------------------------- broker, end to end
 @pytest.mark.integration
-def test_official_client_sql92_filter_at_the_broker(make_broker, clients):  # noqa: F811
+def test_official_client_sql92_filter_at_the_broker(make_broker, clients):
     b = make_broker(enablePropertyFilter="true")
     producer = clients(Producer(client_conf(b), ("T",)))
     for i in range(8):
@@ -189,7 +189,7 @@ def test_official_client_sql92_filter_at_the_broker(make_broker, clients):  # no
 
 
 @pytest.mark.integration
-def test_malformed_or_disabled_sql_is_refused_and_the_broker_keeps_serving(make_broker):  # noqa: F811
+def test_malformed_or_disabled_sql_is_refused_and_the_broker_keeps_serving(make_broker):
     on = make_broker(enablePropertyFilter="true")
     off = make_broker("broker-b")
     for b in (on, off):

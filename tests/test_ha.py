@@ -6,11 +6,17 @@ fault tests further down start real broker processes and kill them with SIGKILL.
 """
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import threading
 import time
 
 import pytest
 
+from conftest import free_port
+from helpers.daemons import get_json, kill9, post_json, spawn, stop_process
 from sparkmq import Message, Store
 from sparkmq.ha import epochs
 from sparkmq.ha.master import HAService
@@ -67,8 +73,16 @@ class Pair:
             self.replica = None
 
     def caught_up(self) -> bool:
-        return self.client is not None and \
-            self.rlog.offset == self.master.commitlog.written_offset
+        """The replica has the master's bytes and serves them: every queue's max offset
+        is the master's (the replica writes, then dispatches, then makes the new offsets
+        visible, so its written offset alone runs ahead of what reads see)."""
+        if self.client is None or self.rlog.offset != self.master.commitlog.written_offset:
+            return False
+        mine = self.replica.topics()
+        return all(name in mine and self.replica.max_offset(name, q) ==
+                   self.master.max_offset(name, q)
+                   for name, cfg in self.master.topics().items()
+                   for q in range(cfg["readQueueNums"]))
 
     def close(self):
         self.stop_replica()
@@ -353,36 +367,6 @@ def test_promotion_raises_the_epoch_and_old_master_diverges(pair, tmp_path):
 
 
 # ---------------------------------------------------------------- real processes
-import json                                                    # noqa: E402
-import signal                                                  # noqa: E402
-import subprocess                                              # noqa: E402
-import threading                                               # noqa: E402
-import urllib.request                                          # noqa: E402
-
-from conftest import free_port                                 # noqa: E402
-from test_broker_cluster import post, spawn                    # noqa: E402
-
-
-def get(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.loads(r.read())
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for p in reversed(started):
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in started:
-        try:
-            p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(10)
-
-
 class Cluster:
     """A NameServer, a master broker process and a replica process of broker-a."""
 
@@ -482,15 +466,14 @@ def kill9_and_promote(c: Cluster, master, sender: Sender, *, acked_before_kill: 
         wait_until(lambda: len(sender.acked) >= acked_before_kill - 200, "acked sends")
         replica.send_signal(signal.SIGSTOP)
     wait_until(lambda: len(sender.acked) >= acked_before_kill, "acked sends before the kill")
-    lag = get(c.url(c.m, "/status"))["ha"]["replicas"][0]["lagBytes"]
-    master.send_signal(signal.SIGKILL)
-    master.wait(30)
+    lag = get_json(c.url(c.m, "/status"))["ha"]["replicas"][0]["lagBytes"]
+    kill9(master)
     if replica is not None:
         replica.send_signal(signal.SIGCONT)
     acked = list(sender.acked)
     sender.close()
-    wait_until(lambda: not get(c.url(c.r, "/status"))["ha"]["connected"], "the link to drop")
-    answer = post(c.url(c.r, "/admin/promote"), {})
+    wait_until(lambda: not get_json(c.url(c.r, "/status"))["ha"]["connected"], "the link to drop")
+    answer = post_json(c.url(c.r, "/admin/promote"), {})
     return acked, lag, answer
 
 
@@ -506,9 +489,9 @@ def check_acked_on_new_master(acked: list[int], got: list[int]) -> list[int]:
 def test_sync_master_kill9_promote_fence_and_rejoin(tmp_path, procs):
     c = Cluster(tmp_path, procs, role="SYNC_MASTER")
     master = c.start_master()
-    post(c.url(c.m, "/admin/topics"), {"name": "T", "queueNums": 1})
+    post_json(c.url(c.m, "/admin/topics"), {"name": "T", "queueNums": 1})
     c.start_replica()
-    wait_until(lambda: get(c.url(c.m, "/status"))["ha"]["replicas"], "the replica to attach")
+    wait_until(lambda: get_json(c.url(c.m, "/status"))["ha"]["replicas"], "the replica to attach")
     sender = Sender(f"127.0.0.1:{c.m['grpc']}")
     acked, lag, answer = kill9_and_promote(c, master, sender, acked_before_kill=300)
     assert answer["brokerId"] == 0 and answer["epoch"] >= 2
@@ -516,33 +499,31 @@ def test_sync_master_kill9_promote_fence_and_rejoin(tmp_path, procs):
     from sparkmq.client import Message as CMessage, Producer
     with Producer(f"127.0.0.1:{c.r['grpc']}", max_retries=0) as p:
         p.send(CMessage("T", b"%08d" % 10**7))           # the new master takes writes
-    wait_until(lambda: get(c.url(c.r, "/status"))["storeVersion"] > 0, "status")
+    wait_until(lambda: get_json(c.url(c.r, "/status"))["storeVersion"] > 0, "status")
     # the old master comes back: the NameServer knows the newer master, it refuses writes
     c.start_master()
-    st = get(c.url(c.m, "/status"))
+    st = get_json(c.url(c.m, "/status"))
     assert st["fenced"] and "fenced" in st["fenced"]
     with Producer(f"127.0.0.1:{c.m['grpc']}", max_retries=0) as p:
         with pytest.raises(Exception, match="FORBIDDEN|fenced"):
             p.send(CMessage("T", b"split-brain"))
     old = procs[-1]
-    old.send_signal(signal.SIGTERM)
-    old.wait(30)
+    stop_process(old)
     # ... and rejoins as a replica of the new master (truncating what the new one lacks)
     rejoin_ports = Cluster._ports()
     c.start_replica(name="rejoin", broker_id=2, ports=rejoin_ports, store=c.master_store,
                     master_ha=c.r["ha"])
     def rejoined():
-        ha = get(c.url(rejoin_ports, "/status"))["ha"]
-        return ha["connected"] and ha["offset"] == get(c.url(c.r, "/status"))["ha"]["offset"]
+        ha = get_json(c.url(rejoin_ports, "/status"))["ha"]
+        return ha["connected"] and ha["offset"] == get_json(c.url(c.r, "/status"))["ha"]["offset"]
     try:
         wait_until(rejoined, "the old master to rejoin")
     except AssertionError:
-        print(get(c.url(rejoin_ports, "/status"))["ha"], get(c.url(c.r, "/status"))["ha"])
+        print(get_json(c.url(rejoin_ports, "/status"))["ha"],
+              get_json(c.url(c.r, "/status"))["ha"])
         raise
     for p in procs[1:]:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            p.wait(30)
+        stop_process(p)
     got = stored_numbers(c.replica_store)
     missing = check_acked_on_new_master(acked, got)
     assert missing == [], f"SYNC_MASTER lost acked messages {missing[:10]}"
@@ -556,14 +537,13 @@ def test_sync_master_kill9_promote_fence_and_rejoin(tmp_path, procs):
 def test_async_master_kill9_reports_lost_acked_messages(tmp_path, procs):
     c = Cluster(tmp_path, procs, role="ASYNC_MASTER")
     master = c.start_master()
-    post(c.url(c.m, "/admin/topics"), {"name": "T", "queueNums": 1})
+    post_json(c.url(c.m, "/admin/topics"), {"name": "T", "queueNums": 1})
     replica = c.start_replica()
-    wait_until(lambda: get(c.url(c.m, "/status"))["ha"]["replicas"], "the replica to attach")
+    wait_until(lambda: get_json(c.url(c.m, "/status"))["ha"]["replicas"], "the replica to attach")
     sender = Sender(f"127.0.0.1:{c.m['grpc']}")
     acked, lag, answer = kill9_and_promote(c, master, sender, acked_before_kill=500,
                                            replica=replica)
-    procs[-1].send_signal(signal.SIGTERM)
-    procs[-1].wait(30)
+    stop_process(procs[-1])
     got = stored_numbers(c.replica_store)
     missing = check_acked_on_new_master(acked, got)
     # replication is in order: what is lost is a suffix of the acked sends
@@ -585,25 +565,23 @@ def test_async_master_kill9_reports_lost_acked_messages(tmp_path, procs):
 def test_replica_process_stopped_then_restarted_catches_up_byte_identical(tmp_path, procs):
     c = Cluster(tmp_path, procs, role="ASYNC_MASTER")
     c.start_master()
-    post(c.url(c.m, "/admin/topics"), {"name": "T", "queueNums": 1})
+    post_json(c.url(c.m, "/admin/topics"), {"name": "T", "queueNums": 1})
     from sparkmq.client import Message as CMessage, Producer
     with Producer(f"127.0.0.1:{c.m['grpc']}") as p:
         for i in range(0, 3000, 100):       # several 64 KiB segments before any replica
             p.send_batch([CMessage("T", b"%08d" % j * 8) for j in range(i, i + 100)])
         replica = c.start_replica()
-        wait_until(lambda: get(c.url(c.r, "/status"))["ha"]["connected"], "attach")
-        replica.send_signal(signal.SIGKILL)   # the link is cut hard
-        replica.wait(30)
+        wait_until(lambda: get_json(c.url(c.r, "/status"))["ha"]["connected"], "attach")
+        kill9(replica)                        # the link is cut hard
         for i in range(3000, 4000, 100):
             p.send_batch([CMessage("T", b"%08d" % j * 8) for j in range(i, i + 100)])
     c.start_replica()
-    end = get(c.url(c.m, "/status"))["ha"]["offset"]
-    wait_until(lambda: get(c.url(c.r, "/status"))["ha"]["offset"] == end, "catch-up")
-    st = get(c.url(c.r, "/status"))
+    end = get_json(c.url(c.m, "/status"))["ha"]["offset"]
+    wait_until(lambda: get_json(c.url(c.r, "/status"))["ha"]["offset"] == end, "catch-up")
+    st = get_json(c.url(c.r, "/status"))
     assert st["topics"]["T"]["messages"] == 4000
     for p in procs[1:]:
-        p.send_signal(signal.SIGTERM)
-        p.wait(30)
+        stop_process(p)
     assert segment_files(c.master_store) == segment_files(c.replica_store)
     assert len(segment_files(c.master_store)) > 3
 
@@ -621,17 +599,16 @@ def test_consumers_fail_over_to_the_replica_which_promotes_itself(tmp_path, proc
     c.m, c.r = Cluster._ports(), Cluster._ports()
     c.master_store, c.replica_store = str(tmp_path / "master"), str(tmp_path / "replica")
     master = c.start_master()
-    post(c.url(c.m, "/admin/topics"), {"name": "T", "queueNums": 2})
+    post_json(c.url(c.m, "/admin/topics"), {"name": "T", "queueNums": 2})
     c.start_replica(extra="enableAutoFailover=true\nautoFailoverSilenceMs=3000\n")
     endpoints = f"127.0.0.1:{c.m['grpc']};127.0.0.1:{c.r['grpc']}"
     with Producer(endpoints) as p:
         p.send_batch([CMessage("T", b"m%d" % i) for i in range(100)])
-    end = get(c.url(c.m, "/status"))["ha"]["offset"]
-    wait_until(lambda: get(c.url(c.r, "/status"))["ha"]["offset"] == end, "catch-up")
-    brokers = get(f"http://127.0.0.1:{c.ns_port}/brokers")["brokers"]
+    end = get_json(c.url(c.m, "/status"))["ha"]["offset"]
+    wait_until(lambda: get_json(c.url(c.r, "/status"))["ha"]["offset"] == end, "catch-up")
+    brokers = get_json(f"http://127.0.0.1:{c.ns_port}/brokers")["brokers"]
     assert {(b["brokerId"], b["role"]) for b in brokers} == {(0, "ASYNC_MASTER"), (1, "SLAVE")}
-    master.send_signal(signal.SIGKILL)
-    master.wait(30)
+    kill9(master)
     consumer = SimpleConsumer(endpoints, "G", {"T": "*"})
     try:
         got: list[bytes] = []
@@ -641,8 +618,8 @@ def test_consumers_fail_over_to_the_replica_which_promotes_itself(tmp_path, proc
                 got.append(m.body)
                 consumer.ack(m)
         assert sorted(got) == sorted(b"m%d" % i for i in range(100))   # read from the replica
-        wait_until(lambda: get(c.url(c.r, "/status"))["brokerId"] == 0, "automatic promotion")
-        assert get(c.url(c.r, "/status"))["role"] == "ASYNC_MASTER"
+        wait_until(lambda: get_json(c.url(c.r, "/status"))["brokerId"] == 0, "automatic promotion")
+        assert get_json(c.url(c.r, "/status"))["role"] == "ASYNC_MASTER"
         with Producer(endpoints, isolation_s=60) as p:
             p.send(CMessage("T", b"after-failover"))
         deadline = time.monotonic() + WAIT_S

@@ -7,15 +7,8 @@ import urllib.request
 import pytest
 
 from conftest import free_port
+from helpers.clock import Clock
 from sparkmq.namesrv import BrokerRegistration, NameServer, NameServerClient, RouteRegistry
-
-
-class FakeClock:
-    def __init__(self, ms: int = 1_000_000):
-        self.ms = ms
-
-    def __call__(self) -> int:
-        return self.ms
 
 
 def reg(name="broker-a", bid=0, port=8081, topics=None) -> dict:
@@ -26,7 +19,7 @@ def reg(name="broker-a", bid=0, port=8081, topics=None) -> dict:
 
 
 def test_route_lists_every_queue_across_broker_groups():
-    r = RouteRegistry(clock_ms=FakeClock())
+    r = RouteRegistry(clock_ms=Clock(1_000_000))
     r.register(BrokerRegistration.from_json(reg("broker-a", port=1)))
     r.register(BrokerRegistration.from_json(reg("broker-b", port=2, topics={
         "T": {"readQueueNums": 3, "writeQueueNums": 3, "perm": 6},
@@ -41,24 +34,24 @@ def test_route_lists_every_queue_across_broker_groups():
 
 
 def test_silent_broker_is_dropped_after_120_s_and_heartbeat_keeps_it():
-    clock = FakeClock()
+    clock = Clock(1_000_000)
     r = RouteRegistry(clock_ms=clock)
     r.register(BrokerRegistration.from_json(reg("broker-a")))
     r.register(BrokerRegistration.from_json(reg("broker-b")))
-    clock.ms += 100_000
+    clock.now_ms += 100_000
     r.register(BrokerRegistration.from_json(reg("broker-b")))   # b heartbeats, a is silent
-    clock.ms += 20_000                                          # a: 120 s silent
+    clock.now_ms += 20_000                                          # a: 120 s silent
     assert {q["brokerName"] for q in r.route("T")} == {"broker-b"}
     assert r.expire() == ["broker-a#0"]
     assert [b.broker_name for b in r.brokers()] == ["broker-b"]
-    clock.ms += 99_999                                          # b: 119.999 s silent
+    clock.now_ms += 99_999                                          # b: 119.999 s silent
     assert [b.broker_name for b in r.brokers()] == ["broker-b"]
-    clock.ms += 1
+    clock.now_ms += 1
     assert r.route("T") == [] and r.expire() == ["broker-b#0"]
 
 
 def test_reregistration_replaces_the_topic_list():
-    r = RouteRegistry(clock_ms=FakeClock())
+    r = RouteRegistry(clock_ms=Clock(1_000_000))
     r.register(BrokerRegistration.from_json(reg(topics={"A": {"readQueueNums": 1,
                                                               "writeQueueNums": 1}})))
     r.register(BrokerRegistration.from_json(reg(topics={"B": {"readQueueNums": 1,
@@ -73,7 +66,7 @@ def test_malformed_registration_is_refused():
 
 @pytest.mark.integration
 def test_http_server_registration_route_and_expiry():
-    clock = FakeClock()
+    clock = Clock(1_000_000)
     with NameServer(port=free_port(), clock_ms=clock) as ns:
         client = NameServerClient(ns.address)
         assert client.register(reg("broker-a", port=11)) == {ns.address: True}
@@ -82,7 +75,7 @@ def test_http_server_registration_route_and_expiry():
         assert {q["brokerName"] for q in route} == {"broker-a", "broker-b"} and len(route) == 4
         assert client.route("Missing") == []
         assert {b["brokerName"] for b in client.brokers()} == {"broker-a", "broker-b"}
-        clock.ms += 120_000
+        clock.now_ms += 120_000
         assert client.route("T") == []
         client.register(reg("broker-b", port=12))
         assert {q["brokerName"] for q in client.route("T")} == {"broker-b"}

@@ -1,7 +1,6 @@
 """The quickstart notebook runs top to bottom (real kernel, real SparkSession)."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

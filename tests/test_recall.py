@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from helpers.clock import Clock
 from sparkmq import Store
 from sparkmq.broker.schedule import (DEFAULT_DELAY_LEVELS, RECALL_TOPIC, SCHEDULE_TOPIC,
                                      DelayPolicy, RecallStatus, ScheduleService,
@@ -15,8 +16,7 @@ from sparkmq.broker.schedule import (DEFAULT_DELAY_LEVELS, RECALL_TOPIC, SCHEDUL
                                      parse_delay_levels)
 from sparkmq.errors import UserError
 
-from test_broker import clients  # noqa: F401 (fixture)
-from test_delay import Clock, bodies, park
+from test_delay import bodies, park
 
 POLICY = DelayPolicy(parse_delay_levels(DEFAULT_DELAY_LEVELS))
 
@@ -34,7 +34,7 @@ def test_recalled_message_is_never_delivered_even_after_restart_and_crash(local_
     store = Store.open(local_store_url, clock_ms=clock)
     store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
     svc = ScheduleService(store, POLICY, clock_ms=clock).start()
-    t0 = clock.ms
+    t0 = clock.now_ms
     keep = park(store, clock, POLICY, "T", b"keep", at_ms=t0 + 1000)
     drop = park(store, clock, POLICY, "T", b"drop", at_ms=t0 + 1000)
     late = park(store, clock, POLICY, "T", b"late-drop", at_ms=t0 + 60_000)
@@ -44,7 +44,7 @@ def test_recalled_message_is_never_delivered_even_after_restart_and_crash(local_
     assert svc.recall(q, 999) == RecallStatus.NOT_FOUND
     assert svc.recall(77, 0) == RecallStatus.NOT_FOUND
     assert svc.pending_count() == 2
-    clock.ms = t0 + 1000
+    clock.now_ms = t0 + 1000
     svc.run_due()          # (the service thread may have delivered first: it holds the same lock)
     assert bodies(store, "T") == [b"keep"]
     assert svc.recall(q, keep.queue_offset) == RecallStatus.NOT_FOUND       # delivered
@@ -57,7 +57,7 @@ def test_recalled_message_is_never_delivered_even_after_restart_and_crash(local_
         b"%d:%d" % (q, drop.queue_offset), b"%d:%d" % (q, late.queue_offset)]
     svc = ScheduleService(store, POLICY, clock_ms=clock).start()
     assert svc.pending_count() == 0
-    clock.ms = t0 + 120_000
+    clock.now_ms = t0 + 120_000
     svc.run_due()
     assert bodies(store, "T") == [b"keep"]
     assert store.max_offset(SCHEDULE_TOPIC, q) == 3                          # still auditable
@@ -69,15 +69,15 @@ def test_recalled_message_is_never_delivered_even_after_restart_and_crash(local_
 def test_recall_through_the_broker_with_sparkmq_producer(tmp_path):
     from sparkmq.broker import Broker
     from sparkmq.client import ClientError, Message, Producer
-    from test_broker import broker_config
+    from helpers.brokers import broker_config
 
     clock = Clock(int(time.time() * 1000))
     b = Broker(broker_config(tmp_path), clock_ms=clock).start()
     try:
         b.store.create_topic("D", read_queue_nums=1, write_queue_nums=1)
         with Producer(b.endpoint) as p:
-            r1 = p.send(Message("D", b"recall-me", delivery_timestamp_ms=clock.ms + 30_000))
-            r2 = p.send(Message("D", b"deliver-me", delivery_timestamp_ms=clock.ms + 30_000))
+            r1 = p.send(Message("D", b"recall-me", delivery_timestamp_ms=clock.now_ms + 30_000))
+            r2 = p.send(Message("D", b"deliver-me", delivery_timestamp_ms=clock.now_ms + 30_000))
             now = p.send(Message("D", b"now"))
             assert r1.recall_handle and r2.recall_handle and not now.recall_handle
             assert p.recall_message(r1) == r1.message_id
@@ -91,7 +91,7 @@ def test_recall_through_the_broker_with_sparkmq_producer(tmp_path):
             wrong = p.conns.call(b.endpoint, "RecallMessage",
                                  _recall_request("Other", r2.recall_handle))
             assert wrong.status.code == Code.BAD_REQUEST and "not 'Other'" in wrong.status.message
-            clock.ms += 30_000
+            clock.now_ms += 30_000
             b.schedule.run_due()
             assert [m.body for m in b.store.read("D", 0, 0, 10)] == [b"now", b"deliver-me"]
             with pytest.raises(ClientError, match="NOT_FOUND"):
@@ -107,10 +107,11 @@ def _recall_request(topic, handle):
 
 
 @pytest.mark.integration
-def test_recall_with_the_official_client(tmp_path, clients):  # noqa: F811
+def test_recall_with_the_official_client(tmp_path, clients):
     from rocketmq import Producer as OfficialProducer
     from sparkmq.broker import Broker
-    from test_broker import broker_config, client_conf, msg
+    from helpers.brokers import broker_config
+    from test_broker import client_conf, msg
 
     clock = Clock(int(time.time() * 1000))
     b = Broker(broker_config(tmp_path), clock_ms=clock).start()
@@ -119,13 +120,13 @@ def test_recall_with_the_official_client(tmp_path, clients):  # noqa: F811
         producer = clients(OfficialProducer(client_conf(b), ("D",)))
         keep, drop = msg("D", b"keep"), msg("D", b"drop")
         for m in (keep, drop):
-            m.delivery_timestamp = (clock.ms + 60_000) // 1000   # the client sends seconds
+            m.delivery_timestamp = (clock.now_ms + 60_000) // 1000   # the client sends seconds
         r_keep, r_drop = producer.send(keep), producer.send(drop)
         assert r_drop.recall_handle and r_keep.recall_handle
         assert producer.recall_message("D", r_drop.recall_handle) == r_drop.message_id
         with pytest.raises(Exception, match="NOT_FOUND|not waiting"):
             producer.recall_message("D", r_drop.recall_handle)
-        clock.ms += 61_000
+        clock.now_ms += 61_000
         b.schedule.run_due()
         assert [m.body for m in b.store.read("D", 0, 0, 10)] == [b"keep"]
     finally:

@@ -270,7 +270,6 @@ def test_readers_of_a_crashed_store_see_the_published_version(store_url):
 
 
 def test_crash_after_retention(store_url):
-    import datetime as dt  # noqa: F401
     clock = [1_700_000_000_000]
     s = _new_store(store_url)
     s.clock_ms = s.txlog.clock_ms = lambda: clock[0]

@@ -12,23 +12,16 @@ from sparkmq import Message, Snapshot, Store
 from sparkmq.errors import DataLossError, UserError
 from sparkmq.log.retention import next_run_ms
 
+from helpers.clock import Clock
 from helpers.storetools import SMALL_SEGMENT_BYTES, bodies
 
 HOUR_MS = 3600 * 1000
 T0_MS = int(dt.datetime(2030, 1, 15, 1, 0).timestamp() * 1000)   # 01:00 local
 
 
-class Clock:
-    def __init__(self, start_ms: int = T0_MS):
-        self.now_ms = start_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-
 @pytest.fixture
 def clock():
-    return Clock()
+    return Clock(T0_MS)
 
 
 @pytest.fixture
@@ -195,7 +188,7 @@ def test_live_broker_applies_topic_retention_and_consumers_start_at_the_floor(tm
     from sparkmq.broker import Broker
     from sparkmq.client import Message as ClientMessage
     from sparkmq.client import Producer, SimpleConsumer
-    from test_broker import broker_config
+    from helpers.brokers import broker_config
 
     hour = dt.datetime.now().hour
     b = Broker(broker_config(tmp_path, deleteWhen=f"{hour:02d};{(hour + 1) % 24:02d}",

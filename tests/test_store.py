@@ -13,23 +13,16 @@ from sparkmq.errors import (DataLossError, InvalidMessageError, InvalidMessageId
                             TopicExistsError, TopicNotFoundError, UserError)
 from sparkmq.log.store import PERM_READ
 
+from helpers.clock import Clock
 from helpers.storetools import SMALL_SEGMENT_BYTES, bodies, msg
 
 T0_MS = 1_700_000_000_000
 HOUR_MS = 3600 * 1000
 
 
-class Clock:
-    def __init__(self, start_ms: int = T0_MS):
-        self.now_ms = start_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-
 @pytest.fixture
 def clock():
-    return Clock()
+    return Clock(T0_MS)
 
 
 @pytest.fixture
@@ -477,9 +470,9 @@ def test_append_batch_in_segment_schema_checks_like_the_general_path(store):
     plain = _segment_batch(ok).replace_schema_metadata(None)
     assert store.append_batch(plain).queue_offsets.tolist() == [3]
     store.flush()
-    import pyarrow.ipc
+    import pyarrow.ipc as ipc
     seg_path = store.commitlog.segments()[0].path
-    assert pa.ipc.open_stream(store.sfs.read_bytes(seg_path)).read_all().num_rows == 7
+    assert ipc.open_stream(store.sfs.read_bytes(seg_path)).read_all().num_rows == 7
 
 
 def test_append_batch_of_a_sliced_segment_batch(store):

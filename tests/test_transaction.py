@@ -11,20 +11,11 @@ import pytest
 from rocketmq import (FilterExpression, Producer, SimpleConsumer, TransactionChecker,
                       TransactionResolution)
 
-from sparkmq.broker import Broker
 from sparkmq.broker.transaction import HALF_TOPIC, OP_TOPIC
 
-from test_broker import broker_config, client_conf, clients, msg  # noqa: F401 (fixture)
+from test_broker import client_conf, msg
 
 pytestmark = pytest.mark.integration
-
-
-class Clock:
-    def __init__(self):
-        self.ms = int(time.time() * 1000)
-
-    def __call__(self):
-        return self.ms
 
 
 class Checker(TransactionChecker):
@@ -39,23 +30,6 @@ class Checker(TransactionChecker):
         self.asked.append(message.body)
         self.event.set()
         return self.decisions.get(message.body, TransactionResolution.TRANSACTION_RESOLUTION_UNSPECIFIED)  # unknown
-
-
-@pytest.fixture
-def tx_broker(tmp_path):
-    clock = Clock()
-    started = []
-
-    def make(**props):
-        b = Broker(broker_config(tmp_path, transactionTimeOut=6000,
-                                 transactionCheckInterval=6000, **props), clock_ms=clock).start()
-        started.append(b)
-        if "T" not in b.store.topics():
-            b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
-        return b
-    yield make, clock
-    for b in started:
-        b.stop()
 
 
 def visible(b) -> list[bytes]:
@@ -83,7 +57,7 @@ def wait_until(pred, tries=100):
     return pred()
 
 
-def test_commit_and_rollback(tx_broker, clients):  # noqa: F811
+def test_commit_and_rollback(tx_broker, clients):
     make, _ = tx_broker
     b = make()
     producer = clients(Producer(client_conf(b), ("T",), Checker({})))
@@ -109,7 +83,7 @@ def test_commit_and_rollback(tx_broker, clients):  # noqa: F811
     assert [m.body for m in got] == [b"commit-me"] and got[0].message_id == r1.message_id
 
 
-def test_check_back_decides_both_ways_then_gives_up(tx_broker, clients):  # noqa: F811
+def test_check_back_decides_both_ways_then_gives_up(tx_broker, clients):
     make, clock = tx_broker
     b = make(transactionCheckMax=2)
     checker = Checker({b"yes": TransactionResolution.COMMIT,
@@ -119,14 +93,14 @@ def test_check_back_decides_both_ways_then_gives_up(tx_broker, clients):  # noqa
         half_send(producer, body)                                # never ended by the producer
     b.transactions.run_checks()
     assert checker.asked == []                                   # not before transactionTimeOut
-    clock.ms += 6000
+    clock.now_ms += 6000
     b.transactions.run_checks()
     wait_asked(checker, 3)
     assert sorted(checker.asked) == [b"dunno", b"no", b"yes"]
     assert wait_until(lambda: len(b.transactions.pending()) == 1)
     assert visible(b) == [b"yes"]
     for _ in range(2):                                           # second check, then give up
-        clock.ms += 6000
+        clock.now_ms += 6000
         b.transactions.run_checks()
     wait_asked(checker, 4)
     assert checker.asked.count(b"dunno") == 2
@@ -136,7 +110,7 @@ def test_check_back_decides_both_ways_then_gives_up(tx_broker, clients):  # noqa
         "c", "r", "x"]
 
 
-def test_restart_mid_transaction_keeps_the_half_message(tx_broker, clients):  # noqa: F811
+def test_restart_mid_transaction_keeps_the_half_message(tx_broker, clients):
     make, clock = tx_broker
     b = make()
     producer = clients(Producer(client_conf(b), ("T",), Checker({})))
@@ -149,6 +123,6 @@ def test_restart_mid_transaction_keeps_the_half_message(tx_broker, clients):  # 
     assert [h.transaction_id for h in b.transactions.pending()] == [receipt.transaction_id]
     checker = Checker({b"survivor": TransactionResolution.COMMIT})
     clients(Producer(client_conf(b), ("T",), checker))
-    clock.ms += 6000
+    clock.now_ms += 6000
     assert wait_until(lambda: b.transactions.run_checks() >= 0 and visible(b) == [b"survivor"])
     assert checker.asked[:1] == [b"survivor"]

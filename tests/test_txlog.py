@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from helpers.clock import Clock
 from sparkmq.errors import (CommitConflictError, CorruptStoreError, StoreNotFoundError,
                             UnsupportedFormatError, VersionNotFoundError)
 from sparkmq.log import format as fmt
@@ -15,14 +16,6 @@ from sparkmq.log.txlog import TransactionLog
 PROTOCOL = {"protocol": {"minReaderVersion": 1, "minWriterVersion": 1}}
 
 
-class Clock:
-    def __init__(self, start_ms: int = 1_000_000):
-        self.now_ms = start_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-
 def _topic(i: int) -> dict:
     return {"topic": {"name": f"t{i}", "id": i, "readQueueNums": 1, "writeQueueNums": 1,
                       "perm": 6, "deleted": False}}
@@ -30,7 +23,7 @@ def _topic(i: int) -> dict:
 
 @pytest.fixture
 def clock():
-    return Clock()
+    return Clock(1_000_000)
 
 
 @pytest.fixture

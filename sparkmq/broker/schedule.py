@@ -40,7 +40,6 @@ import threading
 import time
 from typing import Callable
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 

@@ -1,0 +1,34 @@
+"""The daemon starter the process tests share (tests/helpers/daemons.py): a real
+NameServer process comes up, stops cleanly or dies by kill -9; one that cannot start
+fails the test with its own output and is not left behind."""
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from conftest import free_port
+from helpers.daemons import get_json, kill9, spawn, stop_process
+
+pytestmark = pytest.mark.integration
+
+
+def test_spawn_waits_for_health_then_stop_and_kill9(procs):
+    port = free_port()
+    ns = spawn(["sparkmq.namesrv", "-p", str(port)], f"http://127.0.0.1:{port}/health", procs)
+    assert procs == [ns] and ns.poll() is None
+    assert get_json(f"http://127.0.0.1:{port}/brokers")["brokers"] == []
+    assert stop_process(ns) == 0                          # SIGTERM: a clean exit
+    port2 = free_port()
+    ns2 = spawn(["sparkmq.namesrv", "-p", str(port2)], f"http://127.0.0.1:{port2}/health", procs)
+    kill9(ns2)
+    assert ns2.returncode == -signal.SIGKILL
+
+
+def test_a_daemon_that_cannot_start_fails_with_its_output(tmp_path, procs):
+    conf = tmp_path / "bad.properties"
+    conf.write_text("brokerRole=BOSS\n")
+    with pytest.raises(AssertionError, match="(?s)exited with.*brokerRole"):
+        spawn(["sparkmq.broker", "-c", str(conf)], f"http://127.0.0.1:{free_port()}/health",
+              procs)
+    assert [p.poll() is not None for p in procs] == [True]
