@@ -121,16 +121,16 @@ def test_master_fencing_survives_a_restart_with_kv_config_path(tmp_path):
 
     def master(epochs):
         return BrokerRegistration.from_json({**reg(), "epochs": epochs})
-    r = RouteRegistry(clock_ms=FakeClock(), kv_config_path=path)
+    r = RouteRegistry(clock_ms=Clock(1_000_000), kv_config_path=path)
     assert r.register(master(old)) is None
     assert r.register(master(new)) is None
     assert json.load(open(path))["masters"]["broker-a"] == {"epoch": 2, "storeId": "store-b"}
     # a restarted NameServer still refuses the old master; without the file it would not
-    again = RouteRegistry(clock_ms=FakeClock(), kv_config_path=path)
+    again = RouteRegistry(clock_ms=Clock(1_000_000), kv_config_path=path)
     assert again.register(master(old)) == {"fenced": True,
                                            "master": {"epoch": 2, "storeId": "store-b"}}
     assert again.register(master(new)) is None
-    assert RouteRegistry(clock_ms=FakeClock()).register(master(old)) is None
+    assert RouteRegistry(clock_ms=Clock(1_000_000)).register(master(old)) is None
 
 
 def test_a_corrupt_kv_config_file_is_refused_with_what_to_do(tmp_path, capsys):
