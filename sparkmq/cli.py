@@ -18,6 +18,7 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import sys
 
 from .errors import SparkMQError
@@ -174,6 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader went away (``sparkmq print ... | head``): stop quietly; point
+        # stdout at /dev/null so the interpreter's final flush does not raise again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "replica":
         from .broker import main as broker_main

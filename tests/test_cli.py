@@ -69,3 +69,19 @@ def test_demo_without_spark_runs_end_to_end(tmp_path):
     with Store.open(str(store), mode="r") as s:
         assert sum(hi - lo for lo, hi in s.queue_ranges("Orders").values()) == 1000
         assert sum(hi - lo for lo, hi in s.queue_ranges("Payments").values()) == 1000
+
+
+def test_output_into_a_closed_pipe_stops_quietly(tmp_path):
+    """``sparkmq print ... | head -1``: the reader goes away; no traceback."""
+    url = str(tmp_path / "s")
+    with Store.open(url, start_services=False) as store:
+        store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        store.append([Message("T", b"x" * 200) for _ in range(2000)])
+    proc = subprocess.Popen([sys.executable, "-m", "sparkmq.cli", "print", url, "-t", "T",
+                             "-n", "2000", "--body-chars", "200"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = proc.stdout.readline()
+    proc.stdout.close()                          # more than a pipe buffer is still to come
+    err = proc.stderr.read().decode()
+    assert proc.wait(60) == 1
+    assert first and "Traceback" not in err and "BrokenPipe" not in err, err
