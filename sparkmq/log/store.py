@@ -593,8 +593,8 @@ class Store(MessageReader):
 
     def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
         """Columnar append: rows with at least ``topic`` and ``body`` (other
-        segment columns optional; ``queue_id`` missing or null is chosen round
-        robin). Everything is one record batch; per-row offsets come back as
+        segment columns optional; a row's ``queue_id`` is kept, range-checked,
+        and where the column is missing or null it is chosen round robin). Everything is one record batch; per-row offsets come back as
         arrays. The fast path for bulk producers and benchmarks: a
         ``RecordBatch`` whose schema already equals ``SEGMENT_SCHEMA`` (field
         metadata aside) is validated without casting or copying any column."""
@@ -658,20 +658,38 @@ class Store(MessageReader):
                         f"queue_id out of range for topic {names[i]!r} "
                         f"(0..{conf['writeQueueNums'] - 1})")
         else:
-            qids = self._round_robin_queues(names, idx, confs, n)
+            qids = self._fill_queue_ids(qcol, names, idx, confs, n)
             batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
         return batch, _RowInfo(names, idx, qids, sizes)
 
-    def _round_robin_queues(self, names: list[str], idx: np.ndarray | None,
-                            confs: list[dict], n: int) -> np.ndarray:
-        """Queue ids for ``n`` rows, round robin per topic (``idx``: row -> topic)."""
-        qarr = np.zeros(n, np.int32)
+    def _fill_queue_ids(self, qcol: pa.Array | None, names: list[str], idx: np.ndarray | None,
+                        confs: list[dict], n: int) -> np.ndarray:
+        """Queue ids for ``n`` rows (``idx``: row -> topic, None when one topic).
+
+        A row whose ``qcol`` value is set keeps it (range-checked against its
+        topic's ``writeQueueNums``: ``QueueNotFoundError``); the null rows (all
+        rows when ``qcol`` is None) are chosen round robin per topic, continuing
+        where the previous append left off."""
+        if qcol is None or qcol.null_count == len(qcol):
+            given = np.zeros(n, bool)
+            qarr = np.zeros(n, np.int32)
+        else:
+            given = np.asarray(pc.is_valid(qcol).to_numpy(zero_copy_only=False))
+            qarr = np.array(qcol.cast(pa.int64()).fill_null(0).to_numpy(), np.int64)
         for i, (t, conf) in enumerate(zip(names, confs)):
-            rows = np.arange(n) if idx is None else np.flatnonzero(idx == i)
-            start = self._round_robin.get(t, 0)
-            qarr[rows] = (start + np.arange(len(rows))) % conf["writeQueueNums"]
-            self._round_robin[t] = (start + len(rows)) % conf["writeQueueNums"]
-        return qarr
+            nq = conf["writeQueueNums"]
+            mine = np.ones(n, bool) if idx is None else idx == i
+            bad = mine & given & ((qarr < 0) | (qarr >= nq))
+            if bad.any():
+                raise QueueNotFoundError(
+                    f"queue_id {int(qarr[bad][0])} is out of range for topic {t!r} "
+                    f"(0..{nq - 1})")
+            rows = np.flatnonzero(mine & ~given)
+            if len(rows):
+                start = self._round_robin.get(t, 0)
+                qarr[rows] = (start + np.arange(len(rows))) % nq
+                self._round_robin[t] = (start + len(rows)) % nq
+        return qarr.astype(np.int32, copy=False)
 
     def _normalize_batch(self, table: pa.Table) -> pa.RecordBatch:
         names = table.schema.names
@@ -711,12 +729,17 @@ class Store(MessageReader):
                 if bad:
                     raise QueueNotFoundError(
                         f"queue_id out of range for topic {t!r} (0..{conf['writeQueueNums'] - 1})")
-        else:
+        else:   # no queue_id column, or one with nulls: the null rows go round robin
             enc = pc.dictionary_encode(topics)
             names_ = enc.dictionary.to_pylist()
             idx = enc.indices.to_numpy() if len(names_) > 1 else None
-            qids = pa.array(self._round_robin_queues(
-                names_, idx, [confs[t] for t in names_], n), pa.int32())
+            given = _col(table, "queue_id") if "queue_id" in names else None
+            if given is not None and not pa.types.is_integer(given.type) \
+                    and given.null_count < n:
+                raise InvalidMessageError(
+                    f"column 'queue_id' has type {given.type}, expected an integer type")
+            qids = pa.array(self._fill_queue_ids(
+                given, names_, idx, [confs[t] for t in names_], n), pa.int32())
         cols = {"topic": topics.cast(pa.string()), "queue_id": qids, "body": body}
         now = self.clock_ms()
         for f in fmt.SEGMENT_SCHEMA:
