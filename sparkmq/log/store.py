@@ -66,7 +66,7 @@ from .names import validate_group, validate_topic
 from .reader import MessageReader, Snapshot
 from .services import CallbackService, GroupCommitService
 from .status import PutMessageStatus
-from .txlog import LogState, TransactionLog
+from .txlog import LogState, TransactionLog, check_writer_version
 
 log = logging.getLogger("sparkmq.store")
 
@@ -182,6 +182,7 @@ class Store(MessageReader):
         if mode == "r":
             store._load_readonly()
         if mode == "w":
+            check_writer_version(store.state, url)   # before anything is written
             try:
                 store._acquire_lease()
                 store._recover()

@@ -222,6 +222,17 @@ class LogState:
         return out
 
 
+def check_writer_version(state: LogState, url: str) -> None:
+    """Refuse to write a store whose ``protocol.minWriterVersion`` is above the
+    writer version this code implements (FORMAT.md section 1): raises
+    ``UnsupportedFormatError``. Reading such a store is still allowed."""
+    need = int((state.protocol or {}).get("minWriterVersion", 1))
+    if need > fmt.WRITER_VERSION:
+        raise UnsupportedFormatError(
+            f"store {url!r} needs writer version {need}; this sparkmq writes version "
+            f"{fmt.WRITER_VERSION}. Open it read-only (mode='r') or upgrade sparkmq to write it.")
+
+
 def encode_actions(actions: Iterable[Action]) -> bytes:
     return ("\n".join(json.dumps(a, separators=(",", ":"), sort_keys=True) for a in actions)
             + "\n").encode()
@@ -387,12 +398,14 @@ class TransactionLog:
         """Commit the actions ``build(state)`` returns at the next version.
 
         ``build`` sees the newest snapshot and may raise to refuse; it returns
-        None to commit nothing. On a lost race the snapshot is refreshed and
+        None to commit nothing. A store whose ``minWriterVersion`` is above
+        ``format.WRITER_VERSION`` is refused (``UnsupportedFormatError``). On a lost race the snapshot is refreshed and
         ``build`` runs again, up to ``retries`` times. Returns the state after
         the commit (or the fresh state if nothing was committed).
         """
         state = self.snapshot(base=state)
         for attempt in range(retries + 1):
+            check_writer_version(state, self.sfs.url)
             actions = build(state)
             if actions is None:
                 return state
