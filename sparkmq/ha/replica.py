@@ -305,7 +305,6 @@ class ReplicaLog:
                         continue
                     actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
                                                "dataChange": False}})
-                    st._pending_deletes.append((time.monotonic(), add["path"]))
                     if keep.num_rows:
                         rel = new_rel()
                         size = write_side_table(st.sfs, rel, keep,
@@ -324,8 +323,7 @@ class ReplicaLog:
                     cut.size = offset - cut.base_offset
                     cut.sealed = False
             cl.drop_segments({r.path for r in drop})
-            for r in drop:
-                st._pending_deletes.append((time.monotonic(), r.path))
+            # the removed files are deleted after deletedFileRetentionMs (their tombstones)
             with cl._lock:
                 cl._cache.clear()
                 cl._cache_bytes = 0

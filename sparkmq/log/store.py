@@ -37,7 +37,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 import weakref
 import zlib
@@ -125,7 +124,9 @@ class Store(MessageReader):
         self.writable = writable
         self.clock_ms = clock_ms or now_ms
         self.txlog = TransactionLog(sfs, checkpoint_interval_versions=config.checkpoint_interval_versions,
-                                    clock_ms=self.clock_ms)
+                                    clock_ms=self.clock_ms,
+                                    deleted_file_retention_ms=config.deleted_file_retention_ms,
+                                    log_retention_ms=config.log_retention_ms)
         self.state: LogState = LogState()
         self.commitlog = CommitLog(sfs, segment_size_bytes=config.segment_size_bytes)
         self.cq = MemoryConsumeQueue(config.memory_consume_queue_entries)
@@ -139,7 +140,8 @@ class Store(MessageReader):
         self._listeners: list[Callable[[str, int, int], None]] = []
         self._services: list = []
         self._group_commit: GroupCommitService | None = None
-        self._pending_deletes: list[tuple[float, str]] = []
+        # removed files this writer already deleted (while their tombstones last)
+        self._deleted_files: set[tuple[str, int]] = set()
         self._closed = False
         self._fenced = False       # a newer writer took the lease: refuse all writes
         # every batch below this physical offset has its ConsumeQueue/Index entries;
@@ -300,9 +302,12 @@ class Store(MessageReader):
             rel = f"{fmt.COMMITLOG_DIR}/{name}"
             if base is not None and rel not in known and base >= end:
                 extra.append((base, rel))
-            elif base is not None and rel not in known and base < self.state.min_physical_offset():
-                # removed by retention, but the writer stopped before deleting the file
-                self._pending_deletes.append((time.monotonic(), rel))
+            elif base is not None and rel not in known and base < self.state.min_physical_offset() \
+                    and rel not in self.state.tombstones:
+                # removed by retention so long ago that checkpoints dropped the tombstone,
+                # and no writer deleted the file (files with a tombstone wait for its delay)
+                log.info("deleting segment file %s: below the retention floor", rel)
+                sfs.delete(rel)
         extra.sort()
         tail: list[SegmentRef] = []
         if refs and not refs[-1].sealed:
@@ -357,6 +362,7 @@ class Store(MessageReader):
                      self.url, redispatched)
         sfs.write(fmt.abort_file(), self.owner.encode())
         self.publish(force=True)
+        self.delete_removed_files()   # left by a previous writer that stopped too early
 
     def _seal_foreign_tail(self, ref: SegmentRef) -> None:
         """After an unclean stop the previous writer may still be alive (its lease
@@ -1187,19 +1193,66 @@ class Store(MessageReader):
                     actions.append({"add": make_add(rel, table, size)})
                     del table
                     self._commit(lambda s, a=actions: a, "COMPACT", {"kind": kind})
-                    for a in adds:
-                        self._pending_deletes.append((time.monotonic(), a["path"]))
-            self._delete_pending(grace_s=60.0)
 
-    def _delete_pending(self, grace_s: float) -> None:
-        now = time.monotonic()
-        keep = []
-        for t, rel in self._pending_deletes:
-            if now - t >= grace_s:
-                self.sfs.delete(rel)
+    # ------------------------------------------------------------------ deletion
+    def delete_removed_files(self) -> list[str]:
+        """Delete the files whose ``remove`` (its persisted ``deletionTimestamp``) is
+        at least ``deletedFileRetentionMs`` old, except files a live ``add`` or this
+        writer's CommitLog still uses. Runs with every retention check, after
+        recovery and at close; a removed file whose delay has not passed at close
+        is left to the next writer (its tombstone is in the log) or to vacuum.
+        Returns the paths deleted now."""
+        from .vacuum import due_removed_files
+        if not self.writable or self._closed:
+            return []
+        state = self.state
+        protect = {s.path for s in self.commitlog.segments()}
+        def key(p):   # a path removed again later is a new tombstone
+            return p, state.tombstones[p].get("deletionTimestamp")
+        due = [p for p in due_removed_files(state, self.clock_ms(),
+                                            self.config.deleted_file_retention_ms, protect)
+               if key(p) not in self._deleted_files]
+        for rel in due:
+            self.sfs.delete(rel)
+        self._deleted_files = {k for k in self._deleted_files.union(map(key, due))
+                               if k[0] in state.tombstones and key(k[0]) == k}
+        if due:
+            log.info("deleted %d files removed at least %d ms ago", len(due),
+                     self.config.deleted_file_retention_ms)
+        return due
+
+    def vacuum(self, *, retention_ms: int | None = None, dry_run: bool = False,
+               force: bool = False):
+        """Delete files under commitlog/, consumequeue/ and index/ that no live
+        ``add`` of the newest version lists and that are older than
+        ``retention_ms`` (default 7 days; by the ``remove``'s deletionTimestamp
+        when the log has one, else by the file's modification time): removed
+        files, staged segments of failed Spark jobs, side files of lost commits.
+        A retention below 1 h raises ``InvalidConfigError`` unless ``force``
+        (a running Spark job's staged files are protected only by their youth).
+        ``dry_run`` deletes nothing. Never deletes a referenced file, nor an
+        unpublished segment of a writer. Works on a read-only store too (on its
+        newest version). Returns a ``vacuum.VacuumResult``."""
+        from .vacuum import DEFAULT_VACUUM_RETENTION_MS, check_vacuum_retention, plan_vacuum
+        retention_ms = DEFAULT_VACUUM_RETENTION_MS if retention_ms is None else int(retention_ms)
+        check_vacuum_retention(retention_ms, force)
+        with self._commit_lock:
+            if self.writable:
+                self._require_writable()
+                state = self.state
+                protect = {s.path for s in self.commitlog.segments()}
             else:
-                keep.append((t, rel))
-        self._pending_deletes = keep
+                self.refresh()
+                state, protect = self.state, set()
+            result = plan_vacuum(self.sfs, state, retention_ms=retention_ms,
+                                 now_ms=self.clock_ms(), protect=protect)
+            result.dry_run = dry_run
+            if not dry_run:
+                for rel in result.files:
+                    self.sfs.delete(rel)
+                log.info("vacuum of %s deleted %d files (%d bytes) older than %d ms",
+                         self.url, len(result.files), result.total_bytes, retention_ms)
+        return result
 
     # ------------------------------------------------------------------ adopt
     def adopt(self, paths: Sequence[str], *, app_id: str | None = None,
@@ -1272,7 +1325,7 @@ class Store(MessageReader):
         (WARNING) before the commit. Returns the removed segment paths."""
         if not self.writable or self._closed:
             return []
-        self._delete_pending(grace_s=60.0)
+        self.delete_removed_files()
         if not self._retention_due(self.clock_ms(), force_hour)[0]:
             return []          # outside deleteWhen hours nothing is planned (no reads)
         plan = self.retention_plan(force_hour=force_hour)
@@ -1339,8 +1392,6 @@ class Store(MessageReader):
                                           "time": now}})
             self._commit(lambda s: actions, "RETENTION", {"segments": len(paths)})
             self.commitlog.drop_segments(set(paths))
-            for p in paths:
-                self._pending_deletes.append((time.monotonic(), p))
             log.info("retention removed %d segments below physical offset %d", len(paths), floor)
             return list(paths)
 
@@ -1391,7 +1442,10 @@ class Store(MessageReader):
                             self.url)
             finally:
                 self.commitlog.close()
-                self._delete_pending(grace_s=0.0)
+                try:
+                    self.delete_removed_files()
+                except OSError:
+                    log.exception("store %s: deleting removed files at close failed", self.url)
                 _LIVE_TOKENS.pop(self.token, None)
         self._closed = True
         self.sfs.close()
