@@ -90,6 +90,18 @@ def test_cleanup_never_deletes_the_checkpoint_it_keeps_nor_anything_young(store_
         f"t{i}" for i in range(1, 21)}
 
 
+def test_a_reader_whose_base_version_was_cleaned_up_catches_up(store_url, clock):
+    tl = _txlog(store_url, clock)
+    reader = TransactionLog(StoreFS(store_url))
+    old = reader.snapshot()                           # version 0, held for a long time
+    _commit_topics(tl, clock, range(1, 11))
+    clock.now_ms += 20_000
+    _commit_topics(tl, clock, range(11, 16))          # cleanup below checkpoint 10
+    assert _log_files(tl.sfs)[0][0] == 10
+    new = reader.snapshot(base=old)
+    assert new.version == 15 and set(new.topics) == {f"t{i}" for i in range(1, 16)}
+
+
 def test_a_half_done_cleanup_still_reads_and_names_the_oldest_version(store_url, clock):
     tl = _txlog(store_url, clock)
     _commit_topics(tl, clock, range(1, 12))           # checkpoints 5, 10

@@ -375,8 +375,10 @@ class TransactionLog:
         if base is not None and base.version == version and version >= 0:
             return base          # immutable once returned: nothing to replay
         state = None
+        from_base = False
         if base is not None and base.version <= version:
             state = base.copy()
+            from_base = state.version >= 0
         if state is None or state.version < 0:
             cp = self._checkpoint_at_or_before(version)
             state = self._load_checkpoint(cp) if cp is not None else None
@@ -386,6 +388,8 @@ class TransactionLog:
             try:
                 actions = self.read_version(v)
             except VersionNotFoundError:
+                if from_base:   # log cleanup went past the base: start from a checkpoint
+                    return self.snapshot(version)
                 if v < self.oldest_version():
                     raise self._cleaned_up_error(version) from None
                 raise VersionNotFoundError(
