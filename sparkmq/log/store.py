@@ -1168,7 +1168,8 @@ class Store(MessageReader):
         return state
 
     def compact(self) -> None:
-        """Merge small side-table files of a kind (dataChange false).
+        """Merge small side-table files of a kind (dataChange false), dropping the
+        entries below the retention floor (readers skip them anyway).
 
         Tiered: a merged file holds at most ``compact_max_rows`` rows, and files
         of at least half that are left alone. One merge thus reads a bounded
@@ -1183,14 +1184,17 @@ class Store(MessageReader):
                      index_add, fmt.index_file)):
                 for adds in _compaction_groups(_small_files(files, self.config.compact_max_rows),
                                                self.config.compact_max_rows):
-                    table = compact_side_tables(self.sfs, adds, keys, schema)
-                    rel = new_rel()
-                    size = write_side_table(self.sfs, rel, table,
-                                            row_group_rows=self.config.side_table_row_group_rows)
+                    table = _above_retention_floor(
+                        compact_side_tables(self.sfs, adds, keys, schema), self.state.retention)
                     now = self.clock_ms()
                     actions = [{"remove": {"path": a["path"], "deletionTimestamp": now,
                                            "dataChange": False}} for a in adds]
-                    actions.append({"add": make_add(rel, table, size)})
+                    if table.num_rows:   # (all below the floor: the files just go)
+                        rel = new_rel()
+                        size = write_side_table(
+                            self.sfs, rel, table,
+                            row_group_rows=self.config.side_table_row_group_rows)
+                        actions.append({"add": make_add(rel, table, size)})
                     del table
                     self._commit(lambda s, a=actions: a, "COMPACT", {"kind": kind})
 
@@ -1560,34 +1564,14 @@ def _small_files(files: dict[str, dict], max_rows: int) -> list[dict]:
     return [a for a in files.values() if int(a.get("rows", 0)) < max_rows // 2]
 
 
-def _compaction_groups(adds: list[dict], max_rows: int) -> list[list[dict]]:
-    """Split small files into merges of two or more files and at most ``max_rows``
-    rows (greedy in commit order). Each file has under half of ``max_rows``, so
-    every group but the last ends with more than half: it leaves the small tier."""
-    groups: list[list[dict]] = []
-    cur: list[dict] = []
-    rows = 0
-    for a in adds:
-        n = int(a.get("rows", 0))
-        if cur and rows + n > max_rows:
-            if len(cur) > 1:
-                groups.append(cur)
-            cur, rows = [], 0
-        cur.append(a)
-        rows += n
-    if len(cur) > 1:
-        groups.append(cur)
-    return groups
-
-
-def _split_chunks(taken: list, max_rows: int) -> list[list]:
-    """Consecutive parts of (tid, qid, chunk) with at most ``max_rows`` entries each
-    (a single chunk bigger than that is a part of its own)."""
+def _pack(items: list, max_rows: int, rows_of: Callable[[object], int]) -> list[list]:
+    """Consecutive parts of ``items`` with at most ``max_rows`` rows each, greedy in
+    order (an item bigger than that is a part of its own)."""
     parts: list[list] = []
     cur: list = []
     rows = 0
-    for item in taken:
-        n = len(item[2].rows)
+    for item in items:
+        n = rows_of(item)
         if cur and rows + n > max_rows:
             parts.append(cur)
             cur, rows = [], 0
@@ -1596,6 +1580,40 @@ def _split_chunks(taken: list, max_rows: int) -> list[list]:
     if cur:
         parts.append(cur)
     return parts
+
+
+def _compaction_groups(adds: list[dict], max_rows: int) -> list[list[dict]]:
+    """Split small files into merges of two or more files and at most ``max_rows``
+    rows (greedy in commit order). Each file has under half of ``max_rows``, so
+    every group but the last ends with more than half: it leaves the small tier."""
+    return [g for g in _pack(adds, max_rows, lambda a: int(a.get("rows", 0))) if len(g) > 1]
+
+
+def _split_chunks(taken: list, max_rows: int) -> list[list]:
+    """Consecutive parts of (tid, qid, chunk) with at most ``max_rows`` entries each
+    (a single chunk bigger than that is a part of its own)."""
+    return _pack(taken, max_rows, lambda item: len(item[2].rows))
+
+
+def _above_retention_floor(table: pa.Table, retention: dict | None) -> pa.Table:
+    """The rows of a ConsumeQueue or Index table that retention has not removed: batch
+    at or past ``minPhysicalOffset`` and queue offset at or past its queue's
+    ``minOffset`` (FORMAT.md section 13). Order is kept."""
+    if not retention or table.num_rows == 0:
+        return table
+    keep = np.asarray(table.column("batch_offset").to_numpy()) >= \
+        int(retention.get("minPhysicalOffset", 0))
+    floors = sorted(((int(q["topicId"]) << 32) | int(q["queueId"]), int(q["minOffset"]))
+                    for q in retention.get("queues", ()))
+    if floors:
+        keys = np.array([k for k, _ in floors], np.int64)
+        mins = np.array([m for _, m in floors], np.int64)
+        row_keys = (np.asarray(table.column("topic_id").to_numpy(), np.int64) << 32) | \
+            np.asarray(table.column("queue_id").to_numpy(), np.int64)
+        pos = np.minimum(np.searchsorted(keys, row_keys), len(keys) - 1)
+        floor = np.where(keys[pos] == row_keys, mins[pos], 0)
+        keep &= np.asarray(table.column("queue_offset").to_numpy()) >= floor
+    return table if keep.all() else table.filter(pa.array(keep))
 
 
 def _select_entries(entries: pa.Table, columns: list[str] | None) -> pa.Table:
