@@ -82,3 +82,24 @@ def test_a_non_integer_queue_id_column_is_refused(store):
     table = pa.table({"topic": ["t", "t"], "queue_id": ["1", None], "body": [b"x", b"y"]})
     with pytest.raises(InvalidMessageError, match="queue_id"):
         store.append_batch(table)
+
+
+@pytest.mark.spark
+def test_a_spark_write_with_a_partly_null_queue_id_column_lands_where_asked(spark, tmp_path):
+    """The data source writer picks queue ids in its tasks (not through append_batch);
+    this guards the same contract there: given ids kept, nulls spread."""
+    url = str(tmp_path / "store")
+    with Store.open(url, start_services=False) as s:
+        s.create_topic("t", read_queue_nums=4, write_queue_nums=4)
+    spark.range(40, numPartitions=2).selectExpr(
+        "cast(id as string) as body",
+        "case when id % 2 = 0 then cast(3 as int) else null end as queue_id") \
+        .write.format("sparkmq").mode("append").option("topic", "t").save(url)
+    snap = Snapshot.load(url)
+    where = {}
+    for q in range(4):
+        for r in snap.read_table("t", q, 0, columns=["body"]).to_pylist():
+            where[int(r["body"])] = q
+    assert sorted(where) == list(range(40))
+    assert all(where[i] == 3 for i in range(0, 40, 2))
+    assert len({where[i] for i in range(1, 40, 2)}) > 1       # the nulls are spread

@@ -138,3 +138,16 @@ def test_a_store_whose_log_was_cleaned_opens_reads_and_time_travels(store_url, c
     assert Snapshot.load(store_url, version=oldest).version == oldest
     with pytest.raises(VersionNotFoundError, match=f"oldest version available is {oldest}"):
         Snapshot.load(store_url, version=first)
+
+
+def test_retention_settings_take_rocketmq_style_names_and_are_checked():
+    from sparkmq.config import StoreConfig
+    from sparkmq.errors import InvalidConfigError
+    c = StoreConfig.from_options({"deletedFileRetentionMs": "5000", "logRetentionMs": "1000"})
+    assert (c.deleted_file_retention_ms, c.log_retention_ms) == (5000, 1000)
+    assert StoreConfig().deleted_file_retention_ms == 60_000
+    assert StoreConfig().log_retention_ms == 30 * 24 * 3_600_000
+    with pytest.raises(InvalidConfigError, match="logRetentionMs"):
+        StoreConfig.from_options({"logRetentionMs": 0})
+    with pytest.raises(InvalidConfigError, match="deletedFileRetentionMs"):
+        StoreConfig.from_options({"deletedFileRetentionMs": -1})
