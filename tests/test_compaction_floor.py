@@ -65,3 +65,24 @@ def test_compaction_of_files_wholly_below_the_floor_adds_nothing(store_url):
         assert s.min_offset("a", 0) == s.max_offset("a", 0) == 15
         s.append([msg("a", b"next", 0)])
         assert s.append([msg("a", b"next2", 0)])[0].queue_offset == 16
+
+
+def test_retention_removes_index_files_wholly_below_the_physical_floor(store_url):
+    with Store.open(store_url, start_services=False, compact_after_files=1000,
+                    mappedFileSizeCommitLog=SMALL_SEGMENT_BYTES) as s:
+        s.create_topic("a", read_queue_nums=2, write_queue_nums=2)
+        _fill(s, ("a",), publishes=6)
+        segs = s.commitlog.segments()
+        assert len(segs) > 3
+        floor = segs[2].end_offset
+        below = {p for p, a in s.state.index_files.items() if a["maxBatchOffset"] < floor}
+        assert below and below != set(s.state.index_files)
+        s.remove_segments([r.path for r in segs[:3]])
+        assert not below & set(s.state.index_files) and below <= set(s.state.tombstones)
+        for p, a in s.state.index_files.items():
+            assert a["maxBatchOffset"] >= floor
+        q0 = s.min_offset("a", 0)
+        # keys of kept messages are still found (a body is its key), removed ones are not
+        kept_key = bodies(s, "a", 0, q0, q0 + 1)[0].decode()
+        assert s.query_by_key("a", kept_key)
+        assert s.query_by_key("a", "a-0-0-0") == []

@@ -1392,6 +1392,12 @@ class Store(MessageReader):
                        for q in add["queues"]):
                     actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
                                                "dataChange": False}})
+            for add in self.state.index_files.values():
+                # (files written before maxBatchOffset was logged stay: compaction drops
+                # their entries below the floor when it merges them)
+                if "maxBatchOffset" in add and int(add["maxBatchOffset"]) < floor:
+                    actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
+                                               "dataChange": False}})
             actions.append({"retention": {"minPhysicalOffset": floor, "queues": queues,
                                           "time": now}})
             self._commit(lambda s: actions, "RETENTION", {"segments": len(paths)})
