@@ -140,6 +140,19 @@ def test_a_store_whose_log_was_cleaned_opens_reads_and_time_travels(store_url, c
         Snapshot.load(store_url, version=first)
 
 
+def test_a_committer_without_the_lease_holders_settings_cleans_nothing(store_url, clock):
+    """A Spark driver's DirectCommitter does not know logRetentionMs or
+    deletedFileRetentionMs: its checkpoints keep every tombstone and the log stays."""
+    tl = TransactionLog(StoreFS(store_url), checkpoint_interval_versions=5, clock_ms=clock)
+    tl.create([PROTOCOL, {"metaData": {"storeId": "s1"}}])
+    tl.commit(lambda s: [{"remove": {"path": "index/x.parquet", "deletionTimestamp": 1}}],
+              operation="T")
+    clock.now_ms += 400 * 24 * 3_600_000
+    _commit_topics(tl, clock, range(2, 12))
+    assert _log_files(tl.sfs) == (list(range(12)), [5, 10])
+    assert "index/x.parquet" in TransactionLog(StoreFS(store_url)).snapshot().tombstones
+
+
 def test_retention_settings_take_rocketmq_style_names_and_are_checked():
     from sparkmq.config import StoreConfig
     from sparkmq.errors import InvalidConfigError

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ..errors import (CommitConflictError, CorruptStoreError, StoreNotFoundError,
-                      UnsupportedFormatError, VersionNotFoundError)
+from ..errors import (CommitConflictError, CorruptStoreError, InvalidConfigError,
+                      StoreNotFoundError, UnsupportedFormatError, VersionNotFoundError)
 from . import format as fmt
 from .fs import StoreFS
 
@@ -269,8 +269,6 @@ def decode_actions(data: bytes, where: str) -> list[Action]:
 # removed file within a retention tick (10 s) of it being due; one that was down longer
 # leaves the file to the next writer (tombstone still there) or to vacuum (by mtime)
 TOMBSTONE_EXTRA_MS = 10 * 60_000
-DEFAULT_DELETED_FILE_RETENTION_MS = 60_000
-DEFAULT_LOG_RETENTION_MS = 30 * 24 * 3_600_000
 # log cleanup lists _log/: at most once per this long (and per tenth of the retention)
 LOG_CLEANUP_INTERVAL_MS = 3_600_000
 
@@ -282,12 +280,15 @@ class TransactionLog:
     checkpoint (keeping ``remove`` tombstones for ``deleted_file_retention_ms +
     TOMBSTONE_EXTRA_MS`` after their deletion time) and then cleans up the log:
     commit files and checkpoints below the newest checkpoint that is older than
-    ``log_retention_ms`` are deleted (:meth:`cleanup_log`)."""
+    ``log_retention_ms`` are deleted (:meth:`cleanup_log`). Both settings are the
+    lease holder's (``Store`` passes its config); left None (other committers,
+    e.g. a Spark driver, which do not know them), checkpoints keep every tombstone
+    and the log is not cleaned."""
 
     def __init__(self, sfs: StoreFS, *, checkpoint_interval_versions: int = 10,
                  clock_ms: Callable[[], int] | None = None,
-                 deleted_file_retention_ms: int = DEFAULT_DELETED_FILE_RETENTION_MS,
-                 log_retention_ms: int = DEFAULT_LOG_RETENTION_MS):
+                 deleted_file_retention_ms: int | None = None,
+                 log_retention_ms: int | None = None):
         self.sfs = sfs
         self.checkpoint_interval_versions = checkpoint_interval_versions
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
@@ -509,9 +510,12 @@ class TransactionLog:
         built by commit, not yet returned), write the checkpoint, clean up the log."""
         if state.version == 0 or state.version % self.checkpoint_interval_versions:
             return
-        state.prune_tombstones(state.timestamp_ms - self.deleted_file_retention_ms
-                               - TOMBSTONE_EXTRA_MS)
+        if self.deleted_file_retention_ms is not None:
+            state.prune_tombstones(state.timestamp_ms - self.deleted_file_retention_ms
+                                   - TOMBSTONE_EXTRA_MS)
         self.write_checkpoint(state)
+        if self.log_retention_ms is None:
+            return
         now = self.clock_ms()
         interval = min(LOG_CLEANUP_INTERVAL_MS, max(1, self.log_retention_ms // 10))
         if self._last_cleanup_ms is None or now - self._last_cleanup_ms >= interval:
@@ -526,6 +530,8 @@ class TransactionLog:
         only below the newest checkpoint that is itself older than that, so every
         version kept can be built from a kept checkpoint. Commit files go oldest
         first (what remains is always contiguous). Returns the deleted names."""
+        if self.log_retention_ms is None:
+            raise InvalidConfigError("cleanup_log needs log_retention_ms (logRetentionMs)")
         now = self.clock_ms() if now_ms is None else now_ms
         cutoff = now - self.log_retention_ms
         names = self.sfs.list_names(fmt.LOG_DIR)
