@@ -65,6 +65,9 @@ def test_compaction_of_files_wholly_below_the_floor_adds_nothing(store_url):
         assert s.min_offset("a", 0) == s.max_offset("a", 0) == 15
         s.append([msg("a", b"next", 0)])
         assert s.append([msg("a", b"next2", 0)])[0].queue_offset == 16
+    with Store.open(store_url, start_services=False) as s:    # the floor survives reopen
+        assert s.min_offset("a", 1) == s.max_offset("a", 1) == 15
+        assert s.append([msg("a", b"next3", 1)])[0].queue_offset == 15
 
 
 def test_retention_removes_index_files_wholly_below_the_physical_floor(store_url):

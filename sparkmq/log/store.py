@@ -601,8 +601,8 @@ class Store(MessageReader):
     def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
         """Columnar append: rows with at least ``topic`` and ``body`` (other
         segment columns optional; a row's ``queue_id`` is kept, range-checked,
-        and where the column is missing or null it is chosen round robin). Everything is one record batch; per-row offsets come back as
-        arrays. The fast path for bulk producers and benchmarks: a
+        and where the column is missing or null it is chosen round robin).
+        Everything is one record batch; per-row offsets come back as arrays. The fast path for bulk producers and benchmarks: a
         ``RecordBatch`` whose schema already equals ``SEGMENT_SCHEMA`` (field
         metadata aside) is validated without casting or copying any column."""
         self._require_writable()
@@ -1211,6 +1211,7 @@ class Store(MessageReader):
             return []
         state = self.state
         protect = {s.path for s in self.commitlog.segments()}
+
         def key(p):   # a path removed again later is a new tombstone
             return p, state.tombstones[p].get("deletionTimestamp")
         due = [p for p in due_removed_files(state, self.clock_ms(),
@@ -1236,7 +1237,9 @@ class Store(MessageReader):
         (a running Spark job's staged files are protected only by their youth).
         ``dry_run`` deletes nothing. Never deletes a referenced file, nor an
         unpublished segment of a writer. Works on a read-only store too (on its
-        newest version). Returns a ``vacuum.VacuumResult``."""
+        newest version, next to a live lease holder). A writable store holds its
+        commit lock meanwhile (publishes wait for the listing). Returns a
+        ``vacuum.VacuumResult``."""
         from .vacuum import DEFAULT_VACUUM_RETENTION_MS, check_vacuum_retention, plan_vacuum
         retention_ms = DEFAULT_VACUUM_RETENTION_MS if retention_ms is None else int(retention_ms)
         check_vacuum_retention(retention_ms, force)
@@ -1250,6 +1253,13 @@ class Store(MessageReader):
                 state, protect = self.state, set()
             result = plan_vacuum(self.sfs, state, retention_ms=retention_ms,
                                  now_ms=self.clock_ms(), protect=protect)
+            if not self.writable:
+                # another process may have committed while we listed (the lease
+                # holder's commits, unlike ours, are not under this lock): re-check
+                self.refresh()
+                live = (set(self.state.segments) | set(self.state.consumequeue_files)
+                        | set(self.state.index_files))
+                result.keep_only({f for f in result.files if f not in live})
             result.dry_run = dry_run
             if not dry_run:
                 for rel in result.files:

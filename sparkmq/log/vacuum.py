@@ -52,6 +52,12 @@ class VacuumResult:
     retention_ms: int = 0
     dry_run: bool = False
     kept_young: int = 0       # unreferenced files left because they are younger
+    sizes: dict[str, int] = field(default_factory=dict, repr=False)   # path -> bytes
+
+    def keep_only(self, paths: set[str]) -> None:
+        """Drop the files not in ``paths`` (found referenced on a re-check)."""
+        self.files = [f for f in self.files if f in paths]
+        self.total_bytes = sum(self.sizes[f] for f in self.files)
 
     def to_dict(self) -> dict:
         return {"files": self.files, "totalBytes": self.total_bytes,
@@ -116,5 +122,6 @@ def plan_vacuum(sfs: StoreFS, state: LogState, *, retention_ms: int, now_ms: int
                 result.kept_young += 1
                 continue
             result.files.append(rel)
+            result.sizes[rel] = size
             result.total_bytes += size
     return result
