@@ -418,6 +418,28 @@ def broker_promote(args) -> None:
     _emit(args, out)
 
 
+def store_vacuum(args) -> None:
+    """Delete unreferenced files older than the retention (``Store.vacuum``). Uses the
+    store's newest version read-only, so it also runs next to a live broker."""
+    from .log.store import Store
+    url = args.store_url or args.store
+    if not url:
+        raise SparkMQError("vacuum needs the store: sparkmq admin vacuum <store URL>")
+    if args.retain_hours is not None and args.retain_hours < 0:
+        raise SparkMQError(f"--retain-hours must be 0 or more, got {args.retain_hours:g}")
+    retention_ms = None if args.retain_hours is None else int(args.retain_hours * 3_600_000)
+    with Store.open(url, mode="r", create=False) as s:
+        result = s.vacuum(retention_ms=retention_ms, dry_run=args.dry_run, force=args.force)
+    if args.json:
+        return _emit(args, result.to_dict())
+    verb = "would delete" if result.dry_run else "deleted"
+    for rel in result.files:
+        print(f"{verb} {rel}")
+    print(f"vacuum {verb} {len(result.files)} files ({result.total_bytes} bytes) unreferenced "
+          f"for more than {result.retention_ms / 3_600_000:g} h; {result.kept_young} younger "
+          "unreferenced files kept")
+
+
 # ---------------------------------------------------------------- parser
 def _add_retention_options(c) -> None:
     c.add_argument("--retention-hours", type=float,
@@ -502,6 +524,16 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--offset", type=int)
     c.add_argument("--count", type=int, default=32)
     c.set_defaults(fn=message_print)
+
+    c = sub.add_parser("vacuum", help="delete unreferenced files older than a retention")
+    c.add_argument("store_url", nargs="?", metavar="store", help="store URL (or --store)")
+    c.add_argument("--retain-hours", type=float,
+                   help="keep unreferenced files younger than this (default 168 = 7 days; "
+                        "at least 1 unless --force)")
+    c.add_argument("--dry-run", action="store_true", help="list what would go; delete nothing")
+    c.add_argument("--force", action="store_true",
+                   help="allow a retention below 1 h (no Spark job may be writing)")
+    c.set_defaults(fn=store_vacuum)
 
     cl = sub.add_parser("cluster").add_subparsers(dest="cmd", required=True)
     cl.add_parser("list").set_defaults(fn=cluster_list)

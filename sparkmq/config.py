@@ -41,6 +41,8 @@ class StoreConfig:
     side_table_row_group_rows: int = 65_536       # Parquet row group size of side tables
     memory_consume_queue_entries: int = 1_000_000 # in-memory ConsumeQueue entries kept hot
     lease_timeout_ms: int = 30_000                # writer lease expiry without renewal
+    deleted_file_retention_ms: int = 60_000       # deletedFileRetentionMs: removed file -> deleted
+    log_retention_ms: int = 30 * 24 * 3_600_000   # logRetentionMs: old _log/ versions -> cleaned
     commit_retries: int = 50                      # put-if-absent conflicts before giving up
     store_host: str = "127.0.0.1:10911"           # brokerIP1:listenPort
     broker_name: str = "broker-a"                 # brokerName
@@ -60,6 +62,8 @@ class StoreConfig:
         "autoCreateTopicEnable": "auto_create_topic",
         "storeHost": "store_host",
         "brokerName": "broker_name",
+        "deletedFileRetentionMs": "deleted_file_retention_ms",
+        "logRetentionMs": "log_retention_ms",
     }
 
     def __post_init__(self):
@@ -75,6 +79,12 @@ class StoreConfig:
                      "commit_retries", "sync_flush_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.deleted_file_retention_ms < 0:
+            raise InvalidConfigError(
+                f"deletedFileRetentionMs must be 0 or more, got {self.deleted_file_retention_ms}")
+        if self.log_retention_ms <= 0:
+            raise InvalidConfigError(
+                f"logRetentionMs must be positive, got {self.log_retention_ms}")
         if not 10 <= self.disk_max_used_space_ratio <= 95:
             raise InvalidConfigError(
                 f"diskMaxUsedSpaceRatio must be within 10..95, got {self.disk_max_used_space_ratio}")

@@ -329,7 +329,8 @@ def test_crash_around_adoption_of_staged_segments(store_url):
 
 def test_segment_files_removed_by_retention_are_deleted_after_a_crash(store_url):
     """Retention committed, then the writer died before deleting the files: the
-    next writer deletes them (they are below the retention floor)."""
+    next writer deletes them once deletedFileRetentionMs has passed since the
+    remove (the tombstones are in the log)."""
     clock = [1_700_000_000_000]
     s = _open(store_url, clock_ms=lambda: clock[0])
     s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
@@ -341,6 +342,7 @@ def test_segment_files_removed_by_retention_are_deleted_after_a_crash(store_url)
     s._crash()
     sfs = StoreFS(store_url)
     assert all(sfs.exists(p) for p in removed)      # the crash left them behind
+    clock[0] += 60_000                              # deletedFileRetentionMs (default)
     with _open(store_url, clock_ms=lambda: clock[0]) as s2:
         floor = s2.min_offset("t", 0)
         assert bodies(s2, "t", 0, floor) == _expected(40 - floor, start=floor, size=300)

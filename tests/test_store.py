@@ -553,6 +553,7 @@ def test_old_snapshot_after_retention_deleted_its_files(store_url, clock):
     old_version = s.version
     clock.now_ms += 500 * HOUR_MS
     assert s.run_retention(force_hour=True)
+    clock.now_ms += 60_000                      # deletedFileRetentionMs (default) passes
     s.close()                                   # deletes the removed segment files
     old = Snapshot.load(store_url, version=old_version)
     assert old.max_offset("t", 0) == 60

@@ -104,8 +104,8 @@ class ReplicaLog:
             if any(r.path == path for r in segs):
                 raise HAProtocolError(f"segment {path} already exists on this replica")
             # a truncation may have dropped this very path (the old master's own segment
-            # at the same base offset): its pending delete must not remove the new copy
-            st._pending_deletes = [(t, rel) for t, rel in st._pending_deletes if rel != path]
+            # at the same base offset): its tombstone must not delete the new copy, which
+            # delete_removed_files protects as a segment of this CommitLog
             full = st.sfs.local_path(path)
             os.makedirs(os.path.dirname(full), exist_ok=True)
             os.close(os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
@@ -327,7 +327,6 @@ class ReplicaLog:
                         continue
                     actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
                                                "dataChange": False}})
-                    st._pending_deletes.append((time.monotonic(), add["path"]))
                     if keep.num_rows:
                         rel = new_rel()
                         size = write_side_table(st.sfs, rel, keep,
@@ -346,8 +345,7 @@ class ReplicaLog:
                     cut.size = offset - cut.base_offset
                     cut.sealed = False
             cl.drop_segments({r.path for r in drop})
-            for r in drop:
-                st._pending_deletes.append((time.monotonic(), r.path))
+            # the removed files are deleted after deletedFileRetentionMs (their tombstones)
             with cl._lock:
                 cl._cache.clear()
                 cl._cache_bytes = 0

@@ -64,7 +64,7 @@ from .fs import StoreFS
 from .index import index_add, index_entries
 from .names import validate_group
 from .store import _LIVE_TOKENS, PERM_WRITE, CommitResult
-from .txlog import LogState, TransactionLog
+from .txlog import LogState, TransactionLog, check_writer_version
 
 log = logging.getLogger("sparkmq.committer")
 
@@ -290,6 +290,7 @@ class DirectCommitter:
 
     def check(self) -> None:
         state = self.txlog.snapshot()
+        check_writer_version(state, self.url)
         self._check_lease(state)
 
     def _check_lease(self, state: LogState) -> None:
@@ -467,6 +468,7 @@ def committer_for(url: str, storage_options: dict | None = None) -> Committer:
     """
     direct = DirectCommitter(url, storage_options)
     state = direct.txlog.snapshot()
+    check_writer_version(state, url)
     lease = state.lease
     if lease_status(lease, direct.txlog.clock_ms()) != LEASE_LIVE:
         return direct

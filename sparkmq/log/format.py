@@ -25,6 +25,9 @@ import pyarrow as pa
 FORMAT_VERSION = 1
 MIN_READER_VERSION = 1
 MIN_WRITER_VERSION = 1
+# the protocol versions this code implements: it reads stores whose minReaderVersion is
+# at most FORMAT_VERSION and writes stores whose minWriterVersion is at most WRITER_VERSION
+WRITER_VERSION = 1
 
 LOG_DIR = "_log"
 COMMITLOG_DIR = "commitlog"

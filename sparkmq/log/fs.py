@@ -89,6 +89,14 @@ class StoreFS:
             return os.path.getsize(self.full(rel))
         return int(self.fs.size(self.full(rel)))
 
+    def modified_ms(self, rel: str) -> int:
+        """Last modification time of a file, in ms since the epoch (FileNotFoundError
+        if it is gone). Object stores report their last PUT, ``memory://`` the
+        creation time."""
+        if self.is_local:
+            return os.stat(self.full(rel)).st_mtime_ns // 1_000_000
+        return int(self.fs.modified(self.full(rel)).timestamp() * 1000)
+
     def list_names(self, rel_dir: str) -> list[str]:
         """Names (not paths) of the files directly under ``rel_dir``; [] if it is missing."""
         path = self.full(rel_dir)

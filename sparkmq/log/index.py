@@ -115,6 +115,8 @@ def index_add(rel: str, table: pa.Table, size: int) -> dict:
             "minTimestamp": _ms(pc.min(ts).as_py()) if table.num_rows else 0,
             "maxTimestamp": _ms(pc.max(ts).as_py()) if table.num_rows else 0,
             "minBatchOffset": int(pc.min(table.column("batch_offset")).as_py() or 0)
+            if table.num_rows else 0,
+            "maxBatchOffset": int(pc.max(table.column("batch_offset")).as_py() or 0)
             if table.num_rows else 0}
 
 

@@ -37,7 +37,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 import weakref
 import zlib
@@ -66,7 +65,7 @@ from .names import validate_group, validate_topic
 from .reader import MessageReader, Snapshot
 from .services import CallbackService, GroupCommitService
 from .status import PutMessageStatus
-from .txlog import LogState, TransactionLog
+from .txlog import LogState, TransactionLog, check_writer_version
 
 log = logging.getLogger("sparkmq.store")
 
@@ -125,7 +124,9 @@ class Store(MessageReader):
         self.writable = writable
         self.clock_ms = clock_ms or now_ms
         self.txlog = TransactionLog(sfs, checkpoint_interval_versions=config.checkpoint_interval_versions,
-                                    clock_ms=self.clock_ms)
+                                    clock_ms=self.clock_ms,
+                                    deleted_file_retention_ms=config.deleted_file_retention_ms,
+                                    log_retention_ms=config.log_retention_ms)
         self.state: LogState = LogState()
         self.commitlog = CommitLog(sfs, segment_size_bytes=config.segment_size_bytes)
         self.cq = MemoryConsumeQueue(config.memory_consume_queue_entries)
@@ -139,7 +140,8 @@ class Store(MessageReader):
         self._listeners: list[Callable[[str, int, int], None]] = []
         self._services: list = []
         self._group_commit: GroupCommitService | None = None
-        self._pending_deletes: list[tuple[float, str]] = []
+        # removed files this writer already deleted (while their tombstones last)
+        self._deleted_files: set[tuple[str, int]] = set()
         self._closed = False
         self._fenced = False       # a newer writer took the lease: refuse all writes
         # every batch below this physical offset has its ConsumeQueue/Index entries;
@@ -182,6 +184,7 @@ class Store(MessageReader):
         if mode == "r":
             store._load_readonly()
         if mode == "w":
+            check_writer_version(store.state, url)   # before anything is written
             try:
                 store._acquire_lease()
                 store._recover()
@@ -299,9 +302,12 @@ class Store(MessageReader):
             rel = f"{fmt.COMMITLOG_DIR}/{name}"
             if base is not None and rel not in known and base >= end:
                 extra.append((base, rel))
-            elif base is not None and rel not in known and base < self.state.min_physical_offset():
-                # removed by retention, but the writer stopped before deleting the file
-                self._pending_deletes.append((time.monotonic(), rel))
+            elif base is not None and rel not in known and base < self.state.min_physical_offset() \
+                    and rel not in self.state.tombstones:
+                # removed by retention so long ago that checkpoints dropped the tombstone,
+                # and no writer deleted the file (files with a tombstone wait for its delay)
+                log.info("deleting segment file %s: below the retention floor", rel)
+                sfs.delete(rel)
         extra.sort()
         tail: list[SegmentRef] = []
         if refs and not refs[-1].sealed:
@@ -356,6 +362,7 @@ class Store(MessageReader):
                      self.url, redispatched)
         sfs.write(fmt.abort_file(), self.owner.encode())
         self.publish(force=True)
+        self.delete_removed_files()   # left by a previous writer that stopped too early
 
     def _seal_foreign_tail(self, ref: SegmentRef) -> None:
         """After an unclean stop the previous writer may still be alive (its lease
@@ -593,9 +600,9 @@ class Store(MessageReader):
 
     def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
         """Columnar append: rows with at least ``topic`` and ``body`` (other
-        segment columns optional; ``queue_id`` missing or null is chosen round
-        robin). Everything is one record batch; per-row offsets come back as
-        arrays. The fast path for bulk producers and benchmarks: a
+        segment columns optional; a row's ``queue_id`` is kept, range-checked,
+        and where the column is missing or null it is chosen round robin).
+        Everything is one record batch; per-row offsets come back as arrays. The fast path for bulk producers and benchmarks: a
         ``RecordBatch`` whose schema already equals ``SEGMENT_SCHEMA`` (field
         metadata aside) is validated without casting or copying any column."""
         self._require_writable()
@@ -658,20 +665,38 @@ class Store(MessageReader):
                         f"queue_id out of range for topic {names[i]!r} "
                         f"(0..{conf['writeQueueNums'] - 1})")
         else:
-            qids = self._round_robin_queues(names, idx, confs, n)
+            qids = self._fill_queue_ids(qcol, names, idx, confs, n)
             batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
         return batch, _RowInfo(names, idx, qids, sizes)
 
-    def _round_robin_queues(self, names: list[str], idx: np.ndarray | None,
-                            confs: list[dict], n: int) -> np.ndarray:
-        """Queue ids for ``n`` rows, round robin per topic (``idx``: row -> topic)."""
-        qarr = np.zeros(n, np.int32)
+    def _fill_queue_ids(self, qcol: pa.Array | None, names: list[str], idx: np.ndarray | None,
+                        confs: list[dict], n: int) -> np.ndarray:
+        """Queue ids for ``n`` rows (``idx``: row -> topic, None when one topic).
+
+        A row whose ``qcol`` value is set keeps it (range-checked against its
+        topic's ``writeQueueNums``: ``QueueNotFoundError``); the null rows (all
+        rows when ``qcol`` is None) are chosen round robin per topic, continuing
+        where the previous append left off."""
+        if qcol is None or qcol.null_count == len(qcol):
+            given = np.zeros(n, bool)
+            qarr = np.zeros(n, np.int32)
+        else:
+            given = np.asarray(pc.is_valid(qcol).to_numpy(zero_copy_only=False))
+            qarr = np.array(qcol.cast(pa.int64()).fill_null(0).to_numpy(), np.int64)
         for i, (t, conf) in enumerate(zip(names, confs)):
-            rows = np.arange(n) if idx is None else np.flatnonzero(idx == i)
-            start = self._round_robin.get(t, 0)
-            qarr[rows] = (start + np.arange(len(rows))) % conf["writeQueueNums"]
-            self._round_robin[t] = (start + len(rows)) % conf["writeQueueNums"]
-        return qarr
+            nq = conf["writeQueueNums"]
+            mine = np.ones(n, bool) if idx is None else idx == i
+            bad = mine & given & ((qarr < 0) | (qarr >= nq))
+            if bad.any():
+                raise QueueNotFoundError(
+                    f"queue_id {int(qarr[bad][0])} is out of range for topic {t!r} "
+                    f"(0..{nq - 1})")
+            rows = np.flatnonzero(mine & ~given)
+            if len(rows):
+                start = self._round_robin.get(t, 0)
+                qarr[rows] = (start + np.arange(len(rows))) % nq
+                self._round_robin[t] = (start + len(rows)) % nq
+        return qarr.astype(np.int32, copy=False)
 
     def _normalize_batch(self, table: pa.Table) -> pa.RecordBatch:
         names = table.schema.names
@@ -711,12 +736,17 @@ class Store(MessageReader):
                 if bad:
                     raise QueueNotFoundError(
                         f"queue_id out of range for topic {t!r} (0..{conf['writeQueueNums'] - 1})")
-        else:
+        else:   # no queue_id column, or one with nulls: the null rows go round robin
             enc = pc.dictionary_encode(topics)
             names_ = enc.dictionary.to_pylist()
             idx = enc.indices.to_numpy() if len(names_) > 1 else None
-            qids = pa.array(self._round_robin_queues(
-                names_, idx, [confs[t] for t in names_], n), pa.int32())
+            given = _col(table, "queue_id") if "queue_id" in names else None
+            if given is not None and not pa.types.is_integer(given.type) \
+                    and given.null_count < n:
+                raise InvalidMessageError(
+                    f"column 'queue_id' has type {given.type}, expected an integer type")
+            qids = pa.array(self._fill_queue_ids(
+                given, names_, idx, [confs[t] for t in names_], n), pa.int32())
         cols = {"topic": topics.cast(pa.string()), "queue_id": qids, "body": body}
         now = self.clock_ms()
         for f in fmt.SEGMENT_SCHEMA:
@@ -1138,7 +1168,8 @@ class Store(MessageReader):
         return state
 
     def compact(self) -> None:
-        """Merge small side-table files of a kind (dataChange false).
+        """Merge small side-table files of a kind (dataChange false), dropping the
+        entries below the retention floor (readers skip them anyway).
 
         Tiered: a merged file holds at most ``compact_max_rows`` rows, and files
         of at least half that are left alone. One merge thus reads a bounded
@@ -1153,29 +1184,89 @@ class Store(MessageReader):
                      index_add, fmt.index_file)):
                 for adds in _compaction_groups(_small_files(files, self.config.compact_max_rows),
                                                self.config.compact_max_rows):
-                    table = compact_side_tables(self.sfs, adds, keys, schema)
-                    rel = new_rel()
-                    size = write_side_table(self.sfs, rel, table,
-                                            row_group_rows=self.config.side_table_row_group_rows)
+                    table = _above_retention_floor(
+                        compact_side_tables(self.sfs, adds, keys, schema), self.state.retention)
                     now = self.clock_ms()
                     actions = [{"remove": {"path": a["path"], "deletionTimestamp": now,
                                            "dataChange": False}} for a in adds]
-                    actions.append({"add": make_add(rel, table, size)})
+                    if table.num_rows:   # (all below the floor: the files just go)
+                        rel = new_rel()
+                        size = write_side_table(
+                            self.sfs, rel, table,
+                            row_group_rows=self.config.side_table_row_group_rows)
+                        actions.append({"add": make_add(rel, table, size)})
                     del table
                     self._commit(lambda s, a=actions: a, "COMPACT", {"kind": kind})
-                    for a in adds:
-                        self._pending_deletes.append((time.monotonic(), a["path"]))
-            self._delete_pending(grace_s=60.0)
 
-    def _delete_pending(self, grace_s: float) -> None:
-        now = time.monotonic()
-        keep = []
-        for t, rel in self._pending_deletes:
-            if now - t >= grace_s:
-                self.sfs.delete(rel)
+    # ------------------------------------------------------------------ deletion
+    def delete_removed_files(self) -> list[str]:
+        """Delete the files whose ``remove`` (its persisted ``deletionTimestamp``) is
+        at least ``deletedFileRetentionMs`` old, except files a live ``add`` or this
+        writer's CommitLog still uses. Runs with every retention check, after
+        recovery and at close; a removed file whose delay has not passed at close
+        is left to the next writer (its tombstone is in the log) or to vacuum.
+        Returns the paths deleted now."""
+        from .vacuum import due_removed_files
+        if not self.writable or self._closed:
+            return []
+        state = self.state
+        protect = {s.path for s in self.commitlog.segments()}
+
+        def key(p):   # a path removed again later is a new tombstone
+            return p, state.tombstones[p].get("deletionTimestamp")
+        due = [p for p in due_removed_files(state, self.clock_ms(),
+                                            self.config.deleted_file_retention_ms, protect)
+               if key(p) not in self._deleted_files]
+        for rel in due:
+            self.sfs.delete(rel)
+        self._deleted_files = {k for k in self._deleted_files.union(map(key, due))
+                               if k[0] in state.tombstones and key(k[0]) == k}
+        if due:
+            log.info("deleted %d files removed at least %d ms ago", len(due),
+                     self.config.deleted_file_retention_ms)
+        return due
+
+    def vacuum(self, *, retention_ms: int | None = None, dry_run: bool = False,
+               force: bool = False):
+        """Delete files under commitlog/, consumequeue/ and index/ that no live
+        ``add`` of the newest version lists and that are older than
+        ``retention_ms`` (default 7 days; by the ``remove``'s deletionTimestamp
+        when the log has one, else by the file's modification time): removed
+        files, staged segments of failed Spark jobs, side files of lost commits.
+        A retention below 1 h raises ``InvalidConfigError`` unless ``force``
+        (a running Spark job's staged files are protected only by their youth).
+        ``dry_run`` deletes nothing. Never deletes a referenced file, nor an
+        unpublished segment of a writer. Works on a read-only store too (on its
+        newest version, next to a live lease holder). A writable store holds its
+        commit lock meanwhile (publishes wait for the listing). Returns a
+        ``vacuum.VacuumResult``."""
+        from .vacuum import DEFAULT_VACUUM_RETENTION_MS, check_vacuum_retention, plan_vacuum
+        retention_ms = DEFAULT_VACUUM_RETENTION_MS if retention_ms is None else int(retention_ms)
+        check_vacuum_retention(retention_ms, force)
+        with self._commit_lock:
+            if self.writable:
+                self._require_writable()
+                state = self.state
+                protect = {s.path for s in self.commitlog.segments()}
             else:
-                keep.append((t, rel))
-        self._pending_deletes = keep
+                self.refresh()
+                state, protect = self.state, set()
+            result = plan_vacuum(self.sfs, state, retention_ms=retention_ms,
+                                 now_ms=self.clock_ms(), protect=protect)
+            if not self.writable:
+                # another process may have committed while we listed (the lease
+                # holder's commits, unlike ours, are not under this lock): re-check
+                self.refresh()
+                live = (set(self.state.segments) | set(self.state.consumequeue_files)
+                        | set(self.state.index_files))
+                result.keep_only({f for f in result.files if f not in live})
+            result.dry_run = dry_run
+            if not dry_run:
+                for rel in result.files:
+                    self.sfs.delete(rel)
+                log.info("vacuum of %s deleted %d files (%d bytes) older than %d ms",
+                         self.url, len(result.files), result.total_bytes, retention_ms)
+        return result
 
     # ------------------------------------------------------------------ adopt
     def adopt(self, paths: Sequence[str], *, app_id: str | None = None,
@@ -1248,7 +1339,7 @@ class Store(MessageReader):
         (WARNING) before the commit. Returns the removed segment paths."""
         if not self.writable or self._closed:
             return []
-        self._delete_pending(grace_s=60.0)
+        self.delete_removed_files()
         if not self._retention_due(self.clock_ms(), force_hour)[0]:
             return []          # outside deleteWhen hours nothing is planned (no reads)
         plan = self.retention_plan(force_hour=force_hour)
@@ -1311,12 +1402,16 @@ class Store(MessageReader):
                        for q in add["queues"]):
                     actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
                                                "dataChange": False}})
+            for add in self.state.index_files.values():
+                # (files written before maxBatchOffset was logged stay: compaction drops
+                # their entries below the floor when it merges them)
+                if "maxBatchOffset" in add and int(add["maxBatchOffset"]) < floor:
+                    actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
+                                               "dataChange": False}})
             actions.append({"retention": {"minPhysicalOffset": floor, "queues": queues,
                                           "time": now}})
             self._commit(lambda s: actions, "RETENTION", {"segments": len(paths)})
             self.commitlog.drop_segments(set(paths))
-            for p in paths:
-                self._pending_deletes.append((time.monotonic(), p))
             log.info("retention removed %d segments below physical offset %d", len(paths), floor)
             return list(paths)
 
@@ -1367,7 +1462,10 @@ class Store(MessageReader):
                             self.url)
             finally:
                 self.commitlog.close()
-                self._delete_pending(grace_s=0.0)
+                try:
+                    self.delete_removed_files()
+                except OSError:
+                    log.exception("store %s: deleting removed files at close failed", self.url)
                 _LIVE_TOKENS.pop(self.token, None)
         self._closed = True
         self.sfs.close()
@@ -1482,34 +1580,14 @@ def _small_files(files: dict[str, dict], max_rows: int) -> list[dict]:
     return [a for a in files.values() if int(a.get("rows", 0)) < max_rows // 2]
 
 
-def _compaction_groups(adds: list[dict], max_rows: int) -> list[list[dict]]:
-    """Split small files into merges of two or more files and at most ``max_rows``
-    rows (greedy in commit order). Each file has under half of ``max_rows``, so
-    every group but the last ends with more than half: it leaves the small tier."""
-    groups: list[list[dict]] = []
-    cur: list[dict] = []
-    rows = 0
-    for a in adds:
-        n = int(a.get("rows", 0))
-        if cur and rows + n > max_rows:
-            if len(cur) > 1:
-                groups.append(cur)
-            cur, rows = [], 0
-        cur.append(a)
-        rows += n
-    if len(cur) > 1:
-        groups.append(cur)
-    return groups
-
-
-def _split_chunks(taken: list, max_rows: int) -> list[list]:
-    """Consecutive parts of (tid, qid, chunk) with at most ``max_rows`` entries each
-    (a single chunk bigger than that is a part of its own)."""
+def _pack(items: list, max_rows: int, rows_of: Callable[[object], int]) -> list[list]:
+    """Consecutive parts of ``items`` with at most ``max_rows`` rows each, greedy in
+    order (an item bigger than that is a part of its own)."""
     parts: list[list] = []
     cur: list = []
     rows = 0
-    for item in taken:
-        n = len(item[2].rows)
+    for item in items:
+        n = rows_of(item)
         if cur and rows + n > max_rows:
             parts.append(cur)
             cur, rows = [], 0
@@ -1518,6 +1596,40 @@ def _split_chunks(taken: list, max_rows: int) -> list[list]:
     if cur:
         parts.append(cur)
     return parts
+
+
+def _compaction_groups(adds: list[dict], max_rows: int) -> list[list[dict]]:
+    """Split small files into merges of two or more files and at most ``max_rows``
+    rows (greedy in commit order). Each file has under half of ``max_rows``, so
+    every group but the last ends with more than half: it leaves the small tier."""
+    return [g for g in _pack(adds, max_rows, lambda a: int(a.get("rows", 0))) if len(g) > 1]
+
+
+def _split_chunks(taken: list, max_rows: int) -> list[list]:
+    """Consecutive parts of (tid, qid, chunk) with at most ``max_rows`` entries each
+    (a single chunk bigger than that is a part of its own)."""
+    return _pack(taken, max_rows, lambda item: len(item[2].rows))
+
+
+def _above_retention_floor(table: pa.Table, retention: dict | None) -> pa.Table:
+    """The rows of a ConsumeQueue or Index table that retention has not removed: batch
+    at or past ``minPhysicalOffset`` and queue offset at or past its queue's
+    ``minOffset`` (FORMAT.md section 13). Order is kept."""
+    if not retention or table.num_rows == 0:
+        return table
+    keep = np.asarray(table.column("batch_offset").to_numpy()) >= \
+        int(retention.get("minPhysicalOffset", 0))
+    floors = sorted(((int(q["topicId"]) << 32) | int(q["queueId"]), int(q["minOffset"]))
+                    for q in retention.get("queues", ()))
+    if floors:
+        keys = np.array([k for k, _ in floors], np.int64)
+        mins = np.array([m for _, m in floors], np.int64)
+        row_keys = (np.asarray(table.column("topic_id").to_numpy(), np.int64) << 32) | \
+            np.asarray(table.column("queue_id").to_numpy(), np.int64)
+        pos = np.minimum(np.searchsorted(keys, row_keys), len(keys) - 1)
+        floor = np.where(keys[pos] == row_keys, mins[pos], 0)
+        keep &= np.asarray(table.column("queue_offset").to_numpy()) >= floor
+    return table if keep.all() else table.filter(pa.array(keep))
 
 
 def _select_entries(entries: pa.Table, columns: list[str] | None) -> pa.Table:

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
-from ..errors import (CommitConflictError, CorruptStoreError, StoreNotFoundError,
-                      UnsupportedFormatError, VersionNotFoundError)
+from ..errors import (CommitConflictError, CorruptStoreError, InvalidConfigError,
+                      StoreNotFoundError, UnsupportedFormatError, VersionNotFoundError)
 from . import format as fmt
 from .fs import StoreFS
 
@@ -57,6 +57,9 @@ class LogState:
     consumer_offsets: dict[tuple, int] = field(default_factory=dict)
     retention: dict | None = None
     subscription_groups: dict[str, dict] = field(default_factory=dict)  # live, by name
+    # path -> remove body of files removed and not added again (their deletion is due
+    # deletionTimestamp + deletedFileRetentionMs later; checkpoints keep them a while)
+    tombstones: dict[str, dict] = field(default_factory=dict)
     # derived views (queue offset ranges, address end), computed once per state
     _views: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -84,9 +87,11 @@ class LogState:
         elif kind == "add":
             target = self._files(body.get("kind"))
             target[body["path"]] = body
+            self.tombstones.pop(body["path"], None)
         elif kind == "remove":
             for target in (self.segments, self.consumequeue_files, self.index_files):
                 target.pop(body["path"], None)
+            self.tombstones[body["path"]] = body
         elif kind == "txn":
             self.txns[body["appId"]] = body
         elif kind == "lease":
@@ -130,7 +135,8 @@ class LogState:
             consumequeue_files=dict(self.consumequeue_files),
             index_files=dict(self.index_files), txns=dict(self.txns), lease=self.lease,
             consumer_offsets=dict(self.consumer_offsets), retention=self.retention,
-            subscription_groups=dict(self.subscription_groups))
+            subscription_groups=dict(self.subscription_groups),
+            tombstones=dict(self.tombstones))
 
     def _view(self, name: str, build: Callable[[], object]):
         v = self._views.get(name)
@@ -195,6 +201,13 @@ class LogState:
             out[key] = max(out.get(key, 0), int(q["minOffset"]))
         return out
 
+    def prune_tombstones(self, older_than_ms: int) -> None:
+        """Forget tombstones whose ``deletionTimestamp`` is below ``older_than_ms``
+        (only on a state not yet returned to anyone: states are immutable after)."""
+        for path in [p for p, rm in self.tombstones.items()
+                     if int(rm.get("deletionTimestamp", 0)) < older_than_ms]:
+            del self.tombstones[path]
+
     def live_actions(self) -> list[Action]:
         """The actions that rebuild this state (the content of a checkpoint)."""
         out: list[Action] = []
@@ -207,6 +220,8 @@ class LogState:
         for files in (self.segments, self.consumequeue_files, self.index_files):
             for add in files.values():
                 out.append({"add": add})
+        for rm in self.tombstones.values():
+            out.append({"remove": rm})
         for txn in self.txns.values():
             out.append({"txn": txn})
         if self.lease:
@@ -220,6 +235,17 @@ class LogState:
             out.append({"subscriptionGroup": self.subscription_groups[name]})
         out.append({"commitInfo": {"timestamp": self.timestamp_ms, "operation": "CHECKPOINT"}})
         return out
+
+
+def check_writer_version(state: LogState, url: str) -> None:
+    """Refuse to write a store whose ``protocol.minWriterVersion`` is above the
+    writer version this code implements (FORMAT.md section 1): raises
+    ``UnsupportedFormatError``. Reading such a store is still allowed."""
+    need = int((state.protocol or {}).get("minWriterVersion", 1))
+    if need > fmt.WRITER_VERSION:
+        raise UnsupportedFormatError(
+            f"store {url!r} needs writer version {need}; this sparkmq writes version "
+            f"{fmt.WRITER_VERSION}. Open it read-only (mode='r') or upgrade sparkmq to write it.")
 
 
 def encode_actions(actions: Iterable[Action]) -> bytes:
@@ -239,18 +265,41 @@ def decode_actions(data: bytes, where: str) -> list[Action]:
     return out
 
 
+# how long past its deletion time a tombstone stays in checkpoints: a writer deletes a
+# removed file within a retention tick (10 s) of it being due; one that was down longer
+# leaves the file to the next writer (tombstone still there) or to vacuum (by mtime)
+TOMBSTONE_EXTRA_MS = 10 * 60_000
+# log cleanup lists _log/: at most once per this long (and per tenth of the retention)
+LOG_CLEANUP_INTERVAL_MS = 3_600_000
+
+
 class TransactionLog:
-    """Reads and commits the numbered versions under ``_log/``."""
+    """Reads and commits the numbered versions under ``_log/``.
+
+    Every ``checkpoint_interval_versions`` versions the committer writes a
+    checkpoint (keeping ``remove`` tombstones for ``deleted_file_retention_ms +
+    TOMBSTONE_EXTRA_MS`` after their deletion time) and then cleans up the log:
+    commit files and checkpoints below the newest checkpoint that is older than
+    ``log_retention_ms`` are deleted (:meth:`cleanup_log`). Both settings are the
+    lease holder's (``Store`` passes its config); left None (other committers,
+    e.g. a Spark driver, which do not know them), checkpoints keep every tombstone
+    and the log is not cleaned."""
 
     def __init__(self, sfs: StoreFS, *, checkpoint_interval_versions: int = 10,
-                 clock_ms: Callable[[], int] | None = None):
+                 clock_ms: Callable[[], int] | None = None,
+                 deleted_file_retention_ms: int | None = None,
+                 log_retention_ms: int | None = None):
         self.sfs = sfs
         self.checkpoint_interval_versions = checkpoint_interval_versions
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
+        self.deleted_file_retention_ms = deleted_file_retention_ms
+        self.log_retention_ms = log_retention_ms
+        self._last_cleanup_ms: int | None = None
 
     # -- reading -----------------------------------------------------------
     def exists(self) -> bool:
-        return self.sfs.exists(fmt.commit_file(0))
+        """A store is here: version 0, or (after log cleanup) any commit file."""
+        return self.sfs.exists(fmt.commit_file(0)) or bool(self.versions())
 
     def versions(self) -> list[int]:
         names = self.sfs.list_names(fmt.LOG_DIR)
@@ -259,6 +308,26 @@ class TransactionLog:
     def latest_version(self) -> int:
         versions = self.versions()
         return versions[-1] if versions else -1
+
+    def oldest_version(self) -> int:
+        """The oldest version that can still be built: 0, or after log cleanup the
+        oldest checkpoint from which every later commit file is still there
+        (-1 for no store)."""
+        names = self.sfs.list_names(fmt.LOG_DIR)
+        commits = sorted(v for v in (fmt.parse_commit_file(n) for n in names) if v is not None)
+        if not commits:
+            return -1
+        if commits[0] == 0:
+            return 0
+        cps = [c for c in (fmt.parse_checkpoint_file(n) for n in names)
+               if c is not None and commits[0] - 1 <= c <= commits[-1]]
+        return min(cps) if cps else commits[0]
+
+    def _cleaned_up_error(self, version: int) -> VersionNotFoundError:
+        oldest = self.oldest_version()
+        return VersionNotFoundError(
+            f"version {version} is no longer in the log: versions older than logRetentionMs "
+            f"are cleaned up; the oldest version available is {oldest}")
 
     def read_version(self, version: int) -> list[Action]:
         rel = fmt.commit_file(version)
@@ -307,8 +376,10 @@ class TransactionLog:
         if base is not None and base.version == version and version >= 0:
             return base          # immutable once returned: nothing to replay
         state = None
+        from_base = False
         if base is not None and base.version <= version:
             state = base.copy()
+            from_base = state.version >= 0
         if state is None or state.version < 0:
             cp = self._checkpoint_at_or_before(version)
             state = self._load_checkpoint(cp) if cp is not None else None
@@ -318,6 +389,10 @@ class TransactionLog:
             try:
                 actions = self.read_version(v)
             except VersionNotFoundError:
+                if from_base:   # log cleanup went past the base: start from a checkpoint
+                    return self.snapshot(version)
+                if v < self.oldest_version():
+                    raise self._cleaned_up_error(version) from None
                 raise VersionNotFoundError(
                     f"version {v} is missing from the log (needed to build version {version}); "
                     "it may have been cleaned up: read a newer version") from None
@@ -357,8 +432,16 @@ class TransactionLog:
         versions = self.versions()
         if not versions:
             raise StoreNotFoundError(f"no store at {self.sfs.url!r}")
+        if versions[0] != 0:      # log cleanup: search only versions that can be built
+            oldest = self.oldest_version()
+            versions = [v for v in versions if v >= oldest]
         lo, hi = 0, len(versions) - 1
         if self.commit_timestamp(versions[0]) > timestamp_ms:
+            if versions[0] != 0:
+                raise VersionNotFoundError(
+                    f"no version at or before timestamp {timestamp_ms} is left: older versions "
+                    f"were cleaned up (logRetentionMs); the oldest version available is "
+                    f"{versions[0]}, committed at {self.commit_timestamp(versions[0])}")
             raise VersionNotFoundError(
                 f"no version at or before timestamp {timestamp_ms}; the first version was "
                 f"committed at {self.commit_timestamp(versions[0])}")
@@ -387,12 +470,14 @@ class TransactionLog:
         """Commit the actions ``build(state)`` returns at the next version.
 
         ``build`` sees the newest snapshot and may raise to refuse; it returns
-        None to commit nothing. On a lost race the snapshot is refreshed and
+        None to commit nothing. A store whose ``minWriterVersion`` is above
+        ``format.WRITER_VERSION`` is refused (``UnsupportedFormatError``). On a lost race the snapshot is refreshed and
         ``build`` runs again, up to ``retries`` times. Returns the state after
         the commit (or the fresh state if nothing was committed).
         """
         state = self.snapshot(base=state)
         for attempt in range(retries + 1):
+            check_writer_version(state, self.sfs.url)
             actions = build(state)
             if actions is None:
                 return state
@@ -421,9 +506,63 @@ class TransactionLog:
         return self.snapshot(0)
 
     def _maybe_checkpoint(self, state: LogState) -> None:
+        """At every checkpoint interval: drop old tombstones from ``state`` (just
+        built by commit, not yet returned), write the checkpoint, clean up the log."""
         if state.version == 0 or state.version % self.checkpoint_interval_versions:
             return
+        if self.deleted_file_retention_ms is not None:
+            state.prune_tombstones(state.timestamp_ms - self.deleted_file_retention_ms
+                                   - TOMBSTONE_EXTRA_MS)
         self.write_checkpoint(state)
+        if self.log_retention_ms is None:
+            return
+        now = self.clock_ms()
+        interval = min(LOG_CLEANUP_INTERVAL_MS, max(1, self.log_retention_ms // 10))
+        if self._last_cleanup_ms is None or now - self._last_cleanup_ms >= interval:
+            self._last_cleanup_ms = now
+            try:
+                self.cleanup_log(now)
+            except OSError:   # best effort: the next checkpoint tries again
+                log.exception("log cleanup of %s failed", self.sfs.url)
+
+    def cleanup_log(self, now_ms: int | None = None) -> list[str]:
+        """Delete commit files and checkpoints older than ``log_retention_ms``, but
+        only below the newest checkpoint that is itself older than that, so every
+        version kept can be built from a kept checkpoint. Commit files go oldest
+        first (what remains is always contiguous). Returns the deleted names."""
+        if self.log_retention_ms is None:
+            raise InvalidConfigError("cleanup_log needs log_retention_ms (logRetentionMs)")
+        now = self.clock_ms() if now_ms is None else now_ms
+        cutoff = now - self.log_retention_ms
+        names = self.sfs.list_names(fmt.LOG_DIR)
+        commits = sorted(v for v in (fmt.parse_commit_file(n) for n in names) if v is not None)
+        all_cps = sorted(c for c in (fmt.parse_checkpoint_file(n) for n in names)
+                         if c is not None)
+        have = set(commits)
+        cps = [c for c in all_cps if c in have]    # (its commit file has its timestamp)
+        lo, hi, keep_from = 0, len(cps) - 1, None
+        while lo <= hi:   # commit timestamps are monotonic: binary search
+            mid = (lo + hi) // 2
+            if self.commit_timestamp(cps[mid]) <= cutoff:
+                keep_from, lo = cps[mid], mid + 1
+            else:
+                hi = mid - 1
+        if keep_from is None:
+            return []
+        deleted = []
+        for v in commits:
+            if v >= keep_from:
+                break
+            self.sfs.delete(fmt.commit_file(v))
+            deleted.append(fmt.commit_file(v))
+        for c in all_cps:
+            if c < keep_from:
+                self.sfs.delete(fmt.checkpoint_file(c))
+                deleted.append(fmt.checkpoint_file(c))
+        if deleted:
+            log.info("log cleanup of %s: deleted %d files below version %d", self.sfs.url,
+                     len(deleted), keep_from)
+        return deleted
 
     def write_checkpoint(self, state: LogState) -> None:
         data = encode_actions(state.live_actions())
