@@ -67,8 +67,10 @@ class Pair:
             self.replica = None
 
     def caught_up(self) -> bool:
-        return self.client is not None and \
-            self.rlog.offset == self.master.commitlog.written_offset
+        """Written and dispatched (readable) up to the master's end."""
+        end = self.master.commitlog.written_offset
+        return self.client is not None and self.rlog.offset == end and \
+            self.rlog.dispatched_offset == end
 
     def close(self):
         self.stop_replica()

@@ -54,6 +54,8 @@ BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 2.0
 MAX_HEADER_WAIT_BYTES = 1 << 20
 FRAME_QUEUE_FRAMES = 8          # received, not yet written (up to 8 x 4 MiB)
+DISPATCH_STEP_BYTES = 32 << 20  # one dispatch step: readers see its batches at its end
+REPUT_IDLE_WAIT_S = 1.0
 
 
 def _valid_segment_path(path) -> bool:
@@ -64,17 +66,29 @@ def _valid_segment_path(path) -> bool:
 
 
 class ReplicaLog:
-    """Writes replicated bytes into ``store``; see the module docstring."""
+    """Writes replicated bytes into ``store``; see the module docstring.
+
+    Two steps, as RocketMQ's slave: :meth:`write` appends the bytes to the
+    segment file and finds where whole messages end (the offset the replica
+    acks, :attr:`whole_offset`), without decoding them; dispatch (decode the
+    batches, build the ConsumeQueue/Index) follows from the segment files, in
+    large steps, in the ``sparkmq-replica-reput`` thread once :meth:`start` ran
+    (inline in :meth:`write` before). Readers see only dispatched messages (the
+    store's visible max offsets advance after dispatch); after a crash the
+    store's recovery dispatches what was written and not yet dispatched.
+    """
 
     def __init__(self, store: Store):
         if not store.sfs.is_local:
             raise InvalidConfigError("a replica's store must be a local folder "
                                      f"(got {store.url})")
         self.store = store
-        self._seg_pos = 0          # bytes of the active segment that are dispatched
-        self._pending = b""        # bytes received past _seg_pos (an unfinished message)
+        self._walk_pos = 0         # position in the active segment of the next message start
+        self._whole_end = store.commitlog.written_offset  # end of the last whole message
+        self._dispatch_lock = threading.Lock()   # taken after the store's append lock
+        self._reput: _ReputService | None = None
         if store.commitlog.active is not None:
-            self._seg_pos = store.commitlog.active.size
+            self._walk_pos = store.commitlog.active.size
 
     @property
     def offset(self) -> int:
@@ -83,9 +97,85 @@ class ReplicaLog:
 
     @property
     def whole_offset(self) -> int:
-        """The end of the last whole record batch written (and dispatched) here: what
-        the replica acks, so an ack > a batch's offset means the whole batch is here."""
-        return min(self.store._dispatched_offset, self.store.commitlog.written_offset)
+        """The end of the last whole record batch written here (page cache): what the
+        replica acks, so an ack > a batch's offset means the whole batch is here."""
+        return self._whole_end
+
+    @property
+    def dispatched_offset(self) -> int:
+        """The end of the last batch in this replica's ConsumeQueue/Index (readable)."""
+        return self.store._dispatched_offset
+
+    # -- dispatch (RocketMQ's ReputMessageService on a slave) -------------------
+    def start(self) -> "ReplicaLog":
+        """Dispatch in the ``sparkmq-replica-reput`` thread from now on."""
+        if self._reput is None:
+            self._reput = _ReputService(self).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the dispatch thread (what it has not dispatched, :meth:`drain` or the
+        store's recovery at the next open dispatches)."""
+        reput, self._reput = self._reput, None
+        if reput is not None:
+            reput.stop()
+
+    def drain(self) -> int:
+        """Dispatch every whole batch written; returns the dispatched offset."""
+        while self.dispatch_step(1 << 62):
+            pass
+        return self.store._dispatched_offset
+
+    def wait_dispatched(self, offset: int, timeout_s: float) -> bool:
+        """Wait (bounded) until the dispatched offset reaches ``offset``."""
+        deadline = time.monotonic() + timeout_s
+        while self.store._dispatched_offset < offset:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+        return True
+
+    def dispatch_step(self, max_bytes: int = DISPATCH_STEP_BYTES) -> int:
+        """Dispatch whole batches from the dispatched offset on, reading them from the
+        segment files (memory-mapped), up to about ``max_bytes``; returns the bytes
+        dispatched (0: nothing to do). Readers see them once the step is done."""
+        st, cl = self.store, self.store.commitlog
+        affected: list = []
+        with self._dispatch_lock:
+            start = off = st._dispatched_offset
+            target = self._whole_end
+            while off < target and off - start < max_bytes:
+                ref = cl.segment_for(off)
+                if ref is None:
+                    raise HAProtocolError(f"no segment holds offset {off} (whole bytes end at "
+                                          f"{target})")
+                base = ref.base_offset
+                end = min(target - base, ref.size, max_bytes + start - base + 1)
+                buf = st.sfs.read_buffer(ref.path, cache=True, min_size=min(target - base,
+                                                                            ref.size))
+                pos = off - base
+                if pos == 0:
+                    pos = seg.header_length(buf)
+                    if pos == 0:
+                        raise HAProtocolError(f"segment {ref.path} lost its schema header")
+                while pos < end:
+                    n = seg.message_length(buf, pos)
+                    if n == 0:                   # end of a sealed segment
+                        pos = ref.size
+                        break
+                    if n is None:
+                        raise HAProtocolError(f"segment {ref.path}: no whole batch at byte "
+                                              f"{pos} below the acked end {target}")
+                    batch = seg.read_batch_at(buf, pos)
+                    affected.extend(st._dispatch(batch, base + pos)[1])
+                    pos += n
+                del buf
+                if base + pos == off:
+                    break
+                off = st._dispatched_offset = base + pos
+        if affected:
+            st._after_visible(affected)
+        return off - start
 
     # -- writing -----------------------------------------------------------
     def begin_segment(self, path: str, base_offset: int) -> None:
@@ -107,22 +197,25 @@ class ReplicaLog:
             os.makedirs(os.path.dirname(full), exist_ok=True)
             os.close(os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
             st.sfs.forget(path)
-            cl.active = seg.SegmentWriter(st.sfs, path, base_offset, create=False)
-            cl.add_segment(SegmentRef(path, base_offset, 0, False))
-            cl.written_offset = base_offset
-            cl.flushed_offset = max(cl.flushed_offset, base_offset) if segs else base_offset
-            st._dispatched_offset = base_offset
-            self._seg_pos = 0
-            self._pending = b""
+            with self._dispatch_lock:
+                cl.active = seg.SegmentWriter(st.sfs, path, base_offset, create=False)
+                cl.add_segment(SegmentRef(path, base_offset, 0, False))
+                cl.written_offset = base_offset
+                cl.flushed_offset = max(cl.flushed_offset, base_offset) if segs else base_offset
+                if not segs:                  # else dispatch reaches it past the sealed one
+                    st._dispatched_offset = base_offset
+                self._whole_end = base_offset
+                self._walk_pos = 0
 
-    def write(self, path: str, pos: int, data: bytes,
+    def write(self, path: str, pos: int, data,
               on_written: Callable[[int], None] | None = None) -> int:
-        """Append ``data`` at byte ``pos`` of segment ``path``; dispatch every whole batch.
-        ``on_written(offset)`` runs after the bytes are written, before the dispatch (the
-        ack of a frame that ends at a batch end). Returns the new offset. Raises
-        HAProtocolError if it does not continue the copy."""
+        """Append ``data`` at byte ``pos`` of segment ``path`` and find the whole
+        messages in it (a frame may end inside one); the end-of-stream marker seals
+        the segment (fsync). ``on_written(whole_offset)`` runs after the write.
+        Without the dispatch thread (:meth:`start`) the whole batches are dispatched
+        before returning. Returns the new offset. Raises HAProtocolError if the bytes
+        do not continue the copy."""
         st, cl = self.store, self.store.commitlog
-        affected = []
         with st._append_lock:
             a = cl.active
             if a is None or a.rel_path != path:
@@ -135,11 +228,66 @@ class ReplicaLog:
                 ref = cl._ref(path)
                 ref.size = a.size
             cl.written_offset = a.base_offset + a.size
-            if on_written is not None:
-                on_written(cl.written_offset)
-            affected = self._dispatch_new(a, ref, data)
-        st._after_visible(affected)
-        return cl.written_offset
+            self._walk(a, ref, pos, data)
+            written = cl.written_offset
+        if on_written is not None:
+            on_written(self._whole_end)
+        reput = self._reput
+        if reput is None:
+            self.drain()
+        else:
+            reput.wakeup()
+        return written
+
+    def _walk(self, a: seg.SegmentWriter, ref: SegmentRef, frame_pos: int, data) -> None:
+        """Advance over the whole messages in the new bytes ``data`` (at ``frame_pos``
+        of the segment) by their headers alone; seal at an end-of-stream marker."""
+        end = frame_pos + len(data)
+        p = self._walk_pos
+        whole = None
+        sealed = False
+        while p < end:
+            if p >= frame_pos:
+                src, at = data, p - frame_pos
+            else:                              # a header cut by the previous frame's end
+                src, at = self.store.sfs.read_range(a.rel_path, p,
+                                                    min(end, p + MAX_HEADER_WAIT_BYTES)), 0
+            n = seg.message_extent(src, at)
+            if n is None:
+                if end - p >= MAX_HEADER_WAIT_BYTES:
+                    raise HAProtocolError(f"segment {a.rel_path}: no message header within "
+                                          f"{MAX_HEADER_WAIT_BYTES} bytes at byte {p}")
+                break
+            if n == seg.NOT_A_MESSAGE or (n == 0 and p == 0):
+                raise HAProtocolError(f"segment {a.rel_path}: the master's bytes at {p} are "
+                                      "not an Arrow IPC message")
+            if n == 0:                         # end-of-stream: the master sealed here
+                p += len(seg.EOS)
+                if p != end:
+                    raise HAProtocolError(f"bytes after the end of sealed segment "
+                                          f"{a.rel_path}")
+                whole, sealed = p, True
+                break
+            if p == 0 and n <= end:
+                head = self.store.sfs.read_range(a.rel_path, 0, n)
+                if seg.header_length(pa.py_buffer(head)) != n:
+                    raise HAProtocolError(f"segment {a.rel_path} does not start with the "
+                                          "segment schema")
+            p += n
+            if p <= end:
+                whole = p
+        self._walk_pos = p
+        if whole is not None and a.base_offset + whole > self._whole_end:
+            self._whole_end = a.base_offset + whole
+        if sealed:
+            cl = self.store.commitlog
+            with cl._flush_lock:
+                a.flush(sync=True)
+                with cl._lock:
+                    ref.sealed = True
+                a.close()
+                cl.active = None
+                cl.flushed_offset = max(cl.flushed_offset, ref.end_offset)
 
     def _reopen(self, path: str) -> seg.SegmentWriter:
         cl = self.store.commitlog
@@ -152,67 +300,9 @@ class ReplicaLog:
         if cl.active.size != ref.size:
             raise HAProtocolError(f"segment {path} has {cl.active.size} bytes on disk but "
                                   f"{ref.size} recovered")
-        self._seg_pos = ref.size
-        self._pending = b""
+        self._walk_pos = ref.size
+        self._whole_end = ref.base_offset + ref.size
         return cl.active
-
-    def _dispatch_new(self, a: seg.SegmentWriter, ref: SegmentRef, data) -> list:
-        st, cl = self.store, self.store.commitlog
-        affected: list = []
-        buf = data
-        if self._pending:
-            # complete the message that straddles the frames (copy only that message)
-            head = bytes(self._pending) + bytes(data[:MAX_HEADER_WAIT_BYTES])
-            n = seg.message_length(pa.py_buffer(head), 0) if self._seg_pos else None
-            if self._seg_pos == 0 or n is None or n == 0 or n > len(self._pending) + len(data):
-                buf = bytes(self._pending) + bytes(data)    # rare: header, EOS, long message
-            else:
-                take = n - len(self._pending)
-                whole = bytes(self._pending) + bytes(data[:take])
-                batch = seg.read_batch_at(pa.py_buffer(whole), 0)
-                affected.extend(st._dispatch(batch, a.base_offset + self._seg_pos)[1])
-                self._seg_pos += n
-                self._pending = b""
-                buf = memoryview(data)[take:]
-        i = 0
-        if self._seg_pos == 0:
-            h = seg.header_length(pa.py_buffer(buf))
-            if h == 0:
-                if len(buf) > MAX_HEADER_WAIT_BYTES:
-                    raise HAProtocolError(f"segment {a.rel_path} does not start with the "
-                                          "segment schema")
-                self._pending = bytes(buf)
-                return []
-            i = self._seg_pos = h
-        pbuf = pa.py_buffer(buf)
-        sealed = False
-        while i < len(buf):
-            n = seg.message_length(pbuf, i)
-            if n is None:
-                break
-            if n == 0:                       # end-of-stream: the master sealed here
-                i += len(seg.EOS)
-                self._seg_pos += len(seg.EOS)
-                sealed = True
-                break
-            batch = seg.read_batch_at(pbuf, i)
-            _, updates = st._dispatch(batch, a.base_offset + self._seg_pos)
-            affected.extend(updates)
-            i += n
-            self._seg_pos += n
-        self._pending = bytes(buf[i:])
-        st._dispatched_offset = a.base_offset + self._seg_pos
-        if sealed:
-            if self._pending:
-                raise HAProtocolError(f"bytes after the end of sealed segment {a.rel_path}")
-            with cl._flush_lock:
-                a.flush(sync=True)
-                with cl._lock:
-                    ref.sealed = True
-                a.close()
-                cl.active = None
-                cl.flushed_offset = max(cl.flushed_offset, ref.end_offset)
-        return affected
 
     def apply_meta(self, meta: dict) -> None:
         """Mirror the master's topic configs and consumer offsets into this store (and,
@@ -246,7 +336,7 @@ class ReplicaLog:
         if actions:
             st._commit(lambda s: actions, "REPLICATE META", {"actions": len(actions)})
             if empty:
-                with st._append_lock:
+                with st._append_lock, self._dispatch_lock:
                     st._reset_offsets()
 
     # -- rejoin ---------------------------------------------------------------
@@ -264,7 +354,7 @@ class ReplicaLog:
         from ..log.consumequeue import MemoryConsumeQueue, consumequeue_add, write_side_table
         from ..log.index import MemoryIndex, index_add
         st, cl = self.store, self.store.commitlog
-        with st._append_lock, st._commit_lock:
+        with st._append_lock, self._dispatch_lock, st._commit_lock:
             st.publish(force=True)             # every entry is in a side file now
             end = cl.written_offset
             if offset >= end:
@@ -335,8 +425,8 @@ class ReplicaLog:
             st.index = MemoryIndex()
             st._reset_offsets()
             st._visible_next = dict(st._next_offsets)
-            self._seg_pos = (offset - cut.base_offset) if cut is not None else 0
-            self._pending = b""
+            self._walk_pos = (offset - cut.base_offset) if cut is not None else 0
+            self._whole_end = offset
         log.warning("store %s truncated to physical offset %d: %d bytes dropped%s", st.url,
                     offset, end - offset, f" (kept in {keep_dir})" if keep_dir else "")
         return end - offset
@@ -347,13 +437,16 @@ class ReplicaLog:
         received Spark segment is sealed after its last whole batch. Returns the
         bytes dropped."""
         st, cl = self.store, self.store.commitlog
+        self.stop()
         with st._append_lock:
             segs = cl.segments()
             if not segs or segs[-1].sealed:
+                self.drain()
                 return 0
             ref = segs[-1]
             a = cl.active or self._reopen(ref.path)
-            keep = self._seg_pos if self._seg_pos else 0
+            self.drain()
+            keep = self._whole_end - ref.base_offset
             dropped = a.size - keep
             if dropped:
                 a.close()
@@ -364,13 +457,50 @@ class ReplicaLog:
             with cl._lock:
                 ref.size = a.size
             cl.written_offset = cl.flushed_offset = a.base_offset + a.size
-            st._dispatched_offset = cl.written_offset
-            self._pending = b""
-            self._seg_pos = a.size
+            st._dispatched_offset = self._whole_end = cl.written_offset
+            self._walk_pos = a.size
             if fmt.parse_segment_file(ref.path.rsplit("/", 1)[-1]) is None:
                 cl.seal_active()   # a Spark segment: never appended to by a broker
                 st._dispatched_offset = cl.written_offset
             return dropped
+
+
+class _ReputService:
+    """``sparkmq-replica-reput``: dispatches what the replica wrote (RocketMQ's
+    ReputMessageService on a slave), in steps of up to DISPATCH_STEP_BYTES, woken
+    by each write (or every REPUT_IDLE_WAIT_S). Never dies: an error is logged
+    and retried after a pause (the bytes stay in the CommitLog)."""
+
+    def __init__(self, rlog: ReplicaLog):
+        self.rlog = rlog
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sparkmq-replica-reput",
+                                        daemon=True)
+
+    def start(self) -> "_ReputService":
+        self._thread.start()
+        return self
+
+    def wakeup(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(REPUT_IDLE_WAIT_S)
+            self._wake.clear()
+            try:
+                while not self._stop.is_set() and self.rlog.dispatch_step():
+                    pass
+            except Exception:
+                log.exception("replica dispatch failed; retrying")
+                self._stop.wait(REPUT_IDLE_WAIT_S)
 
 
 def promote(store: Store, replica_log: ReplicaLog | None, seen_epoch: int) -> int:
@@ -424,6 +554,7 @@ class HAClient:
         return max(0, self.master_offset - self.rlog.offset)
 
     def start(self) -> "HAClient":
+        self.rlog.start()
         self._thread = threading.Thread(target=self._loop, name="sparkmq-ha-client",
                                         daemon=True)
         self._thread.start()
@@ -439,6 +570,7 @@ class HAClient:
                 pass
         if self._thread is not None:
             self._thread.join(10)
+        self.rlog.stop()
 
     def _loop(self) -> None:
         backoff = BACKOFF_MIN_S
@@ -552,14 +684,10 @@ class HAClient:
             if header is None:
                 raise payload
             kind = header["type"]
-            if kind == "data":
-                if header.get("whole"):   # ends at a batch end: ack once written
-                    end = self.rlog.write(header.get("path"), header.get("pos"), payload,
-                                          lambda off: send_frame(sock, {"type": "ack",
-                                                                        "offset": off}))
-                else:
-                    end = self.rlog.write(header.get("path"), header.get("pos"), payload)
-                    send_frame(sock, {"type": "ack", "offset": self.rlog.whole_offset})
+            if kind == "data":           # ack the whole batches once written
+                end = self.rlog.write(header.get("path"), header.get("pos"), payload,
+                                      lambda off: send_frame(sock, {"type": "ack",
+                                                                    "offset": off}))
                 self.master_offset = max(self.master_offset, end)
             elif kind == "segment":
                 self.rlog.begin_segment(header.get("path"), header.get("baseOffset"))

@@ -76,6 +76,55 @@ def message_length(buf: pa.Buffer | bytes, pos: int) -> int | None:
     return total
 
 
+NOT_A_MESSAGE = -1
+
+
+def message_extent(buf, pos: int) -> int | None:
+    """Byte length of the IPC message starting at ``pos``, from its header alone
+    (prefix and flatbuffer metadata; the body need not be in ``buf``).
+
+    Returns 0 for an end-of-stream marker, None when ``buf`` ends inside the
+    header, :data:`NOT_A_MESSAGE` when the bytes are not a message header. For
+    a replica that walks message boundaries in a stream of received bytes
+    without decoding the batches (see ``message_length`` for a whole message).
+    ``buf``: any object with the buffer protocol.
+    """
+    size = len(buf)
+    if pos + 8 > size:
+        return None
+    cont, meta_len = struct.unpack_from("<Ii", buf, pos)
+    if cont != CONTINUATION or meta_len < 0:
+        return NOT_A_MESSAGE
+    if meta_len == 0:
+        return 0
+    m = pos + 8
+    if m + meta_len > size:
+        return None
+    # flatbuffer Message table: field 3 is bodyLength (int64), absent = 0
+    end = m + meta_len
+    if meta_len < 8:
+        return NOT_A_MESSAGE
+    (root,) = struct.unpack_from("<I", buf, m)
+    table = m + root
+    if table + 4 > end:
+        return NOT_A_MESSAGE
+    (vt_back,) = struct.unpack_from("<i", buf, table)
+    vtable = table - vt_back
+    if vtable < m or vtable + 4 > end:
+        return NOT_A_MESSAGE
+    (vt_size,) = struct.unpack_from("<H", buf, vtable)
+    body = 0
+    if vt_size >= 12:
+        (field,) = struct.unpack_from("<H", buf, vtable + 10)
+        if field:
+            if table + field + 8 > end:
+                return NOT_A_MESSAGE
+            (body,) = struct.unpack_from("<q", buf, table + field)
+    if body < 0:
+        return NOT_A_MESSAGE
+    return 8 + meta_len + body
+
+
 @dataclass(frozen=True)
 class ScanResult:
     """What :func:`scan` found: positions of whole batches and where valid bytes end."""
