@@ -554,6 +554,8 @@ def test_replica_process_stopped_then_restarted_catches_up_byte_identical(tmp_pa
     c.start_replica()
     end = get(c.url(c.m, "/status"))["ha"]["offset"]
     wait_until(lambda: get(c.url(c.r, "/status"))["ha"]["offset"] == end, "catch-up")
+    # acked once written; readable once its reput thread dispatched them
+    wait_until(lambda: get(c.url(c.r, "/status"))["ha"]["dispatchedOffset"] == end, "dispatch")
     st = get(c.url(c.r, "/status"))
     assert st["topics"]["T"]["messages"] == 4000
     for p in procs[1:]:
@@ -681,3 +683,96 @@ def test_broker_sync_master_statuses_replica_refuses_sends_admin_promote(tmp_pat
         if replica is not None:
             replica.stop()
         master.stop()
+
+
+# ---------------------------------------------------------------- dispatch lag
+def test_replica_acks_once_written_and_serves_only_dispatched_messages(pair):
+    """The replica acks bytes once written; its reput thread dispatches them later
+    (held back here): until then SYNC_MASTER sends complete but readers of the
+    replica see only dispatched messages; then everything becomes readable."""
+    p = pair()
+    p.master.create_topic("T", read_queue_nums=2, write_queue_nums=2)
+    p.replica = Store.open(p.replica_url, replica=True, **p.opts)
+    p.rlog = ReplicaLog(p.replica)
+    gate = threading.Event()
+    real_step = p.rlog.dispatch_step
+
+    def held_step(*args, **kwargs):          # the reput thread waits for the gate
+        gate.wait(WAIT_S)
+        return real_step(*args, **kwargs)
+    p.rlog.dispatch_step = held_step
+    try:
+        p.client = HAClient(p.rlog, broker_name="broker-a", broker_id=1, secret=SECRET,
+                            master_address=lambda: f"127.0.0.1:{p.ha.port}").start()
+        send(p.master, 2000)                  # several 64 KiB segments
+        end = p.master.commitlog.written_offset
+        assert p.ha.wait_replicated(end, 30_000) is PutMessageStatus.PUT_OK
+        assert p.rlog.whole_offset == p.rlog.offset == end
+        assert p.rlog.dispatched_offset < end
+        assert [p.replica.max_offset("T", q) for q in (0, 1)] == [0, 0]
+        assert p.replica.read("T", 0, 0, max_messages=10) == []
+        assert p.replica.query_by_key("T", "k5") == []
+    finally:
+        gate.set()
+    wait_until(p.caught_up, "the replica to dispatch")
+    for q in (0, 1):
+        assert p.replica.max_offset("T", q) == p.master.max_offset("T", q)
+    assert sum(len(p.replica.read("T", q, 0, 10_000)) for q in (0, 1)) == 2000
+    assert p.replica.query_by_key("T", "k1999")[0].body == b"m1999" * 20
+
+
+REPLICA_CHILD = """
+import sys, time
+from sparkmq import Store
+from sparkmq.ha.replica import HAClient, ReplicaLog
+url, port, limit, secret = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+store = Store.open(url, replica=True, mappedFileSizeCommitLog=65536)
+rlog = ReplicaLog(store)
+real_step = rlog.dispatch_step
+def lagging_step(max_bytes=0):      # dispatch lags: small steps, and only up to `limit`
+    return real_step(4096) if store._dispatched_offset < limit else 0
+rlog.dispatch_step = lagging_step
+HAClient(rlog, broker_name="broker-a", broker_id=1, secret=secret,
+         master_address=lambda: "127.0.0.1:%d" % port).start()
+while True:
+    print(rlog.offset, rlog.dispatched_offset, flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_replica_killed_while_dispatch_lags_recovers_consistent(pair, procs):
+    """SIGKILL a replica process whose CommitLog is written (and acked) but only
+    partly dispatched: reopened, its recovery dispatches the rest from the
+    CommitLog (byte-identical to the master's), and it follows on."""
+    import sys
+    p = pair(segment_bytes=65536)
+    p.master.create_topic("T", read_queue_nums=2, write_queue_nums=2)
+    send(p.master, 3000)
+    end = p.master.commitlog.written_offset
+    limit = end // 2
+    child = subprocess.Popen([sys.executable, "-c", REPLICA_CHILD, p.replica_url,
+                              str(p.ha.port), str(limit), SECRET],
+                             stdout=subprocess.PIPE, text=True)
+    procs.append(child)
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        line = child.stdout.readline()
+        assert line and time.monotonic() < deadline, "the replica child never caught up"
+        written, dispatched = map(int, line.split())
+        if written == end and dispatched >= limit:
+            break
+    assert dispatched < end                    # acked and written, not all dispatched
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    p.master.flush()
+    assert segment_files(p.master_url) == segment_files(p.replica_url)
+    send(p.master, 500, start=3000)
+    p.start_replica()                          # recovery dispatches the written rest
+    wait_until(p.caught_up, "catch-up after the kill")
+    p.master.flush()
+    assert segment_files(p.master_url) == segment_files(p.replica_url)
+    for q in (0, 1):
+        assert p.replica.max_offset("T", q) == p.master.max_offset("T", q)
+    got = sorted(m.body for q in (0, 1) for m in p.replica.read("T", q, 0, 10_000))
+    assert got == sorted(b"m%d" % i * 20 for i in range(3500))
+    assert p.replica.query_by_key("T", "k3499")[0].body == b"m3499" * 20
