@@ -28,10 +28,12 @@ runs one thread. Every wait and retry is bounded.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
-import queue
+import select
 import socket
+import struct
 import threading
 import time
 from typing import Callable
@@ -44,7 +46,8 @@ from ..log import segment as seg
 from ..log.commitlog import SegmentRef
 from ..log.store import Store
 from . import epochs as epoch_history
-from .protocol import (check_proof, new_nonce, parse_address, proof, recv_frame, send_frame)
+from .protocol import (check_proof, new_nonce, parse_address, proof, recv_frame, recv_header,
+                       send_frame)
 
 log = logging.getLogger("sparkmq.ha")
 
@@ -53,7 +56,9 @@ CONNECT_TIMEOUT_S = 3.0
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 2.0
 MAX_HEADER_WAIT_BYTES = 1 << 20
-FRAME_QUEUE_FRAMES = 8          # received, not yet written (up to 8 x 4 MiB)
+PIPE_BYTES = 1 << 20            # splice pipe (Linux caps it at fs.pipe-max-size)
+RECV_BUFFER_BYTES = 1 << 20     # without splice: recv_into this buffer, then write
+PEEK_BYTES = 4096               # read back to find a message's length by its header
 DISPATCH_STEP_BYTES = 32 << 20  # one dispatch step: readers see its batches at its end
 REPUT_IDLE_WAIT_S = 1.0
 
@@ -87,6 +92,7 @@ class ReplicaLog:
         self._whole_end = store.commitlog.written_offset  # end of the last whole message
         self._dispatch_lock = threading.Lock()   # taken after the store's append lock
         self._reput: _ReputService | None = None
+        self._peek_fd: tuple[str, int] | None = None   # read-back of the active segment
         if store.commitlog.active is not None:
             self._walk_pos = store.commitlog.active.size
 
@@ -119,6 +125,8 @@ class ReplicaLog:
         reput, self._reput = self._reput, None
         if reput is not None:
             reput.stop()
+        with self.store._append_lock:
+            self._close_peek()
 
     def drain(self) -> int:
         """Dispatch every whole batch written; returns the dispatched offset."""
@@ -193,6 +201,7 @@ class ReplicaLog:
                                       f"ends at {cl.written_offset}")
             if any(r.path == path for r in segs):
                 raise HAProtocolError(f"segment {path} already exists on this replica")
+            self._close_peek()
             full = st.sfs.local_path(path)
             os.makedirs(os.path.dirname(full), exist_ok=True)
             os.close(os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
@@ -209,12 +218,20 @@ class ReplicaLog:
 
     def write(self, path: str, pos: int, data,
               on_written: Callable[[int], None] | None = None) -> int:
-        """Append ``data`` at byte ``pos`` of segment ``path`` and find the whole
-        messages in it (a frame may end inside one); the end-of-stream marker seals
-        the segment (fsync). ``on_written(whole_offset)`` runs after the write.
-        Without the dispatch thread (:meth:`start`) the whole batches are dispatched
-        before returning. Returns the new offset. Raises HAProtocolError if the bytes
-        do not continue the copy."""
+        """Append ``data`` (bytes-like) at byte ``pos`` of segment ``path``; see
+        :meth:`write_from`."""
+        return self.write_from(path, pos, len(data), lambda a: a.append(data), on_written)
+
+    def write_from(self, path: str, pos: int, count: int,
+                   put: Callable[[seg.SegmentWriter], None],
+                   on_written: Callable[[int], None] | None = None) -> int:
+        """Append ``count`` bytes at byte ``pos`` of segment ``path``: ``put(writer)``
+        appends them (from a buffer, or spliced from the socket), then the new
+        whole messages are found by their headers (a frame may end inside one) and
+        an end-of-stream marker seals the segment (fsync). ``on_written(whole_offset)``
+        runs after the write. Without the dispatch thread (:meth:`start`) the whole
+        batches are dispatched before returning. Returns the new offset. Raises
+        HAProtocolError if the bytes do not continue the copy."""
         st, cl = self.store, self.store.commitlog
         with st._append_lock:
             a = cl.active
@@ -223,12 +240,16 @@ class ReplicaLog:
             if pos != a.size:
                 raise HAProtocolError(f"master sent {path} at byte {pos}; this replica has "
                                       f"{a.size} bytes of it")
-            a.append(data)
-            with cl._lock:
-                ref = cl._ref(path)
-                ref.size = a.size
-            cl.written_offset = a.base_offset + a.size
-            self._walk(a, ref, pos, data)
+            try:
+                put(a)
+            finally:
+                with cl._lock:
+                    ref = cl._ref(path)
+                    ref.size = a.size
+                cl.written_offset = a.base_offset + a.size
+            if a.size != pos + count:
+                raise HAProtocolError(f"{path}: {a.size - pos} bytes written of {count}")
+            self._walk(a, ref)
             written = cl.written_offset
         if on_written is not None:
             on_written(self._whole_end)
@@ -239,20 +260,34 @@ class ReplicaLog:
             reput.wakeup()
         return written
 
-    def _walk(self, a: seg.SegmentWriter, ref: SegmentRef, frame_pos: int, data) -> None:
-        """Advance over the whole messages in the new bytes ``data`` (at ``frame_pos``
-        of the segment) by their headers alone; seal at an end-of-stream marker."""
-        end = frame_pos + len(data)
+    def _peek(self, a: seg.SegmentWriter, pos: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``pos`` of the active segment (page cache)."""
+        if self._peek_fd is None or self._peek_fd[0] != a.rel_path:
+            self._close_peek()
+            self._peek_fd = (a.rel_path, os.open(self.store.sfs.local_path(a.rel_path),
+                                                 os.O_RDONLY))
+        return os.pread(self._peek_fd[1], n, pos)
+
+    def _close_peek(self) -> None:
+        if self._peek_fd is not None:
+            os.close(self._peek_fd[1])
+            self._peek_fd = None
+
+    def _walk(self, a: seg.SegmentWriter, ref: SegmentRef) -> None:
+        """Advance over the whole messages written to ``a`` by their headers alone (read
+        back from the page cache, no decoding); seal at an end-of-stream marker."""
+        end = a.size
         p = self._walk_pos
         whole = None
         sealed = False
         while p < end:
-            if p >= frame_pos:
-                src, at = data, p - frame_pos
-            else:                              # a header cut by the previous frame's end
-                src, at = self.store.sfs.read_range(a.rel_path, p,
-                                                    min(end, p + MAX_HEADER_WAIT_BYTES)), 0
-            n = seg.message_extent(src, at)
+            head = self._peek(a, p, min(end - p, PEEK_BYTES))
+            n = seg.message_extent(head, 0)
+            if n is None and len(head) >= 8:       # a header longer than PEEK_BYTES
+                meta = 8 + struct.unpack_from("<i", head, 4)[0]
+                if len(head) < meta <= MAX_HEADER_WAIT_BYTES:
+                    head = self._peek(a, p, min(end - p, meta))
+                    n = seg.message_extent(head, 0)
             if n is None:
                 if end - p >= MAX_HEADER_WAIT_BYTES:
                     raise HAProtocolError(f"segment {a.rel_path}: no message header within "
@@ -269,8 +304,7 @@ class ReplicaLog:
                 whole, sealed = p, True
                 break
             if p == 0 and n <= end:
-                head = self.store.sfs.read_range(a.rel_path, 0, n)
-                if seg.header_length(pa.py_buffer(head)) != n:
+                if seg.header_length(pa.py_buffer(self._peek(a, 0, n))) != n:
                     raise HAProtocolError(f"segment {a.rel_path} does not start with the "
                                           "segment schema")
             p += n
@@ -281,6 +315,7 @@ class ReplicaLog:
             self._whole_end = a.base_offset + whole
         if sealed:
             cl = self.store.commitlog
+            self._close_peek()
             with cl._flush_lock:
                 a.flush(sync=True)
                 with cl._lock:
@@ -296,6 +331,7 @@ class ReplicaLog:
             raise HAProtocolError(f"master sent bytes of {path}, which is not this replica's "
                                   "open segment")
         ref = segs[-1]
+        self._close_peek()
         cl.active = seg.SegmentWriter(self.store.sfs, path, ref.base_offset, create=False)
         if cl.active.size != ref.size:
             raise HAProtocolError(f"segment {path} has {cl.active.size} bytes on disk but "
@@ -355,6 +391,7 @@ class ReplicaLog:
         from ..log.index import MemoryIndex, index_add
         st, cl = self.store, self.store.commitlog
         with st._append_lock, self._dispatch_lock, st._commit_lock:
+            self._close_peek()
             st.publish(force=True)             # every entry is in a side file now
             end = cl.written_offset
             if offset >= end:
@@ -446,6 +483,7 @@ class ReplicaLog:
             ref = segs[-1]
             a = cl.active or self._reopen(ref.path)
             self.drain()
+            self._close_peek()
             keep = self._whole_end - ref.base_offset
             dropped = a.size - keep
             if dropped:
@@ -642,54 +680,34 @@ class HAClient:
         self.last_error = None
         log.info("HA: following master %s of %s (epoch %d) from offset %d", addr,
                  self.broker_name, self.master_epoch, offset)
-        frames: queue.Queue = queue.Queue(maxsize=FRAME_QUEUE_FRAMES)
-        reader = threading.Thread(target=self._read_frames, args=(sock, frames), daemon=True,
-                                  name="sparkmq-ha-client-recv")
-        reader.start()
+        source = _SocketSource(sock)
         try:
-            self._apply_frames(sock, frames)
+            self._apply_frames(sock, source)
         finally:
+            source.close()
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            while reader.is_alive():       # unblock a reader waiting on a full queue
-                try:
-                    frames.get_nowait()
-                except queue.Empty:
-                    pass
-                reader.join(0.05)
 
-    def _read_frames(self, sock: socket.socket, frames: "queue.Queue") -> None:
-        """Receive frames while the applier writes the previous ones (the network and
-        the disk overlap); bounded by FRAME_QUEUE_FRAMES frames."""
-        try:
-            while not self._stop.is_set():
-                item = recv_frame(sock)
-                while not self._stop.is_set():
-                    try:
-                        frames.put(item, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
-        except BaseException as e:   # handed to the applier, which raises it
-            frames.put((None, e))
-
-    def _apply_frames(self, sock: socket.socket, frames: "queue.Queue") -> None:
+    def _apply_frames(self, sock: socket.socket, source: "_SocketSource") -> None:
+        """Apply frames as they arrive, in this thread: a data frame's payload goes from
+        the socket to the segment file (spliced in the kernel where Linux allows), then
+        the whole batches in it are acked. The socket's timeout (MASTER_SILENCE_S) ends
+        a silent link."""
         while not self._stop.is_set():
-            try:
-                header, payload = frames.get(timeout=MASTER_SILENCE_S)
-            except queue.Empty:
-                raise ConnectionError(f"master silent for {MASTER_SILENCE_S} s") from None
-            if header is None:
-                raise payload
+            header, plen = recv_header(sock)
             kind = header["type"]
             if kind == "data":           # ack the whole batches once written
-                end = self.rlog.write(header.get("path"), header.get("pos"), payload,
-                                      lambda off: send_frame(sock, {"type": "ack",
-                                                                    "offset": off}))
+                end = self.rlog.write_from(
+                    header.get("path"), header.get("pos"), plen,
+                    lambda a: source.copy_into(a, plen),
+                    lambda off: send_frame(sock, {"type": "ack", "offset": off}))
                 self.master_offset = max(self.master_offset, end)
-            elif kind == "segment":
+                continue
+            if plen:
+                raise HAProtocolError(f"a {kind!r} frame with a payload of {plen} bytes")
+            if kind == "segment":
                 self.rlog.begin_segment(header.get("path"), header.get("baseOffset"))
             elif kind == "meta":
                 self.rlog.apply_meta(header)
@@ -701,3 +719,77 @@ class HAClient:
                 raise HAProtocolError(f"master: {header.get('code')}: {header.get('message')}")
             else:
                 log.debug("HA: ignoring frame %s", kind)
+
+
+class _SocketSource:
+    """Moves a data frame's payload from the HA socket into a segment file: with
+    ``os.splice`` socket -> pipe -> file (Linux; the bytes never enter Python, one
+    copy in the kernel), else ``recv_into`` a reused buffer and ``os.write``. Falls
+    back for good on the first refusal (an old kernel, a file system without
+    splice)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.pipe: tuple[int, int] | None = None
+        self.pipe_bytes = 0
+        self.buf = memoryview(bytearray(RECV_BUFFER_BYTES))
+        if hasattr(os, "splice"):
+            r, w = os.pipe()
+            self.pipe = (r, w)
+            try:
+                import fcntl
+                self.pipe_bytes = fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031),
+                                              PIPE_BYTES)
+            except OSError:
+                self.pipe_bytes = 64 << 10
+
+    def close(self) -> None:
+        if self.pipe is not None:
+            for fd in self.pipe:
+                os.close(fd)
+            self.pipe = None
+
+    def _wait_readable(self) -> None:
+        if not select.select([self.sock], [], [], MASTER_SILENCE_S)[0]:
+            raise ConnectionError(f"master silent for {MASTER_SILENCE_S} s")
+
+    def copy_into(self, a: seg.SegmentWriter, count: int) -> None:
+        left = count
+        while left and self.pipe is not None:
+            try:
+                n = os.splice(self.sock.fileno(), self.pipe[1], min(left, self.pipe_bytes),
+                              flags=os.SPLICE_F_MOVE)
+            except BlockingIOError:          # a socket with a timeout is non-blocking
+                self._wait_readable()
+                continue
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                log.info("HA: splice from the socket refused (%s); receiving through a "
+                         "buffer", e)
+                self.close()
+                break
+            if n == 0:
+                raise ConnectionError("peer closed the connection")
+            try:
+                a.append_from_pipe(self.pipe[0], n)
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                log.info("HA: splice into %s refused (%s); receiving through a buffer",
+                         a.rel_path, e)
+                start = a.size
+                while a.size - start < n:        # what is still in the pipe
+                    a.append(os.read(self.pipe[0], n - (a.size - start)))
+                self.close()
+            left -= n
+        while left:
+            try:
+                n = self.sock.recv_into(self.buf, min(left, len(self.buf)))
+            except BlockingIOError:
+                self._wait_readable()
+                continue
+            if n == 0:
+                raise ConnectionError("peer closed the connection")
+            a.append(self.buf[:n])
+            left -= n
