@@ -2,17 +2,25 @@
 
 ``ReplicaLog`` writes a master's CommitLog bytes into the replica's own store
 (its own folder, its own writer lease): the same segment names, boundaries and
-bytes, so every segment file is byte-identical to the master's. As whole
-record batches arrive it dispatches them with the store's own dispatcher (the
-CommitLog is the source of truth), so the replica builds its own ConsumeQueue
-and Index, publishes its own ``_log/`` and serves reads. It is a friend of
+bytes, so every segment file is byte-identical to the master's. Like
+RocketMQ's slave it works in two steps: the HA thread writes the bytes, finds
+the whole messages in them by their headers (no decoding) and acks them; the
+``sparkmq-replica-reput`` thread (RocketMQ's ReputMessageService) later
+dispatches the written batches from the segment files in large steps with the
+store's own dispatcher (the CommitLog is the source of truth), so the replica
+builds its own ConsumeQueue and Index, publishes its own ``_log/`` and serves
+reads -- of dispatched messages only. After a crash the store's recovery
+dispatches what was written and not yet dispatched. It is a friend of
 ``Store``: it appends under the store's append lock in place of
 ``Store.append`` and never builds batches itself.
 
 ``HAClient`` connects to the master's HA port, authenticates (HMAC over
 ``haSecret``), reports its offset, applies ``meta``/``segment``/``data``
-frames and acks after each write. It reconnects with a bounded backoff and
-catches up from any gap (from empty, across rolls and adopted Spark segments).
+frames and acks after each write. A data frame's payload goes from the socket
+to the segment file with ``os.splice`` (Linux: socket -> pipe -> file, one copy
+in the kernel; else ``recv_into`` a reused buffer and ``os.write``). It
+reconnects with a bounded backoff and catches up from any gap (from empty,
+across rolls and adopted Spark segments).
 
 ``ReplicaLog.truncate_to`` cuts the bytes a rejoining old master has past the
 consistent point with its new master (in place; the dropped bytes are kept in
@@ -23,8 +31,15 @@ at the tail is cut, the writer lease of the replica's store is re-taken with an
 epoch above every epoch the replica has seen, and the epoch history records
 where the new master's bytes begin.
 
-Thread-safety: ``ReplicaLog`` methods take the store's append lock; ``HAClient``
-runs one thread. Every wait and retry is bounded.
+Durability of an ack: the bytes are written (page cache), as RocketMQ's slave
+acks; the replica's store fsyncs them by its own flush mode (ASYNC_FLUSH: every
+``flushIntervalCommitLog``; SYNC_FLUSH: a group-commit fsync requested after
+each write, not waited for) and at every segment seal.
+
+Thread-safety: ``ReplicaLog`` writes under the store's append lock and
+dispatches under its own dispatch lock (taken after the append lock);
+``HAClient`` runs one thread, the dispatch one more. Every wait and retry is
+bounded.
 """
 from __future__ import annotations
 
@@ -251,6 +266,8 @@ class ReplicaLog:
                 raise HAProtocolError(f"{path}: {a.size - pos} bytes written of {count}")
             self._walk(a, ref)
             written = cl.written_offset
+        if st._group_commit is not None:   # SYNC_FLUSH store: ask for an fsync, no wait
+            st._group_commit.wait_for(written, 0)
         if on_written is not None:
             on_written(self._whole_end)
         reput = self._reput
