@@ -776,3 +776,45 @@ def test_replica_killed_while_dispatch_lags_recovers_consistent(pair, procs):
     got = sorted(m.body for q in (0, 1) for m in p.replica.read("T", q, 0, 10_000))
     assert got == sorted(b"m%d" % i * 20 for i in range(3500))
     assert p.replica.query_by_key("T", "k3499")[0].body == b"m3499" * 20
+
+
+def test_replica_finds_whole_batches_across_any_frame_cuts(tmp_path):
+    """Frames cut anywhere (inside the schema, inside a batch header, a frame holding
+    only the tail of a batch): the replica acks exactly the end of the last whole
+    batch written, dispatches them, and ends byte-identical."""
+    from sparkmq.log import segment as seg
+    master = Store.open(str(tmp_path / "m"))
+    master.create_topic("T")
+    send(master, 200, batch=40)
+    master.flush()
+    ref = master.commitlog.segments()[0]
+    data = master.sfs.read_range(ref.path, 0, ref.size)
+    ends = [p + n for p, n in zip(*(lambda r: (r.positions, r.lengths))(
+        seg.scan(master.sfs.read_buffer(ref.path))))]
+    hdr = seg.HEADER_SIZE
+    b1, b2 = ends[0], ends[1]
+    cuts = [100, hdr + 3, b1 + 5, b2, b2 + 1, ends[3] - 1, len(data)]
+    replica = Store.open(str(tmp_path / "r"), replica=True)
+    try:
+        rlog = ReplicaLog(replica)              # not started: dispatches inline
+        rlog.apply_meta({"topics": list(master.state.topics_by_id.values()),
+                         "consumerOffsets": []})
+        rlog.begin_segment(ref.path, ref.base_offset)
+        acks: list[int] = []
+        pos = 0
+        for cut in cuts:
+            rlog.write(ref.path, pos, data[pos:cut], acks.append)
+            pos = cut
+            whole = max([e for e in [hdr] + ends if e <= cut], default=0)
+            assert rlog.whole_offset == ref.base_offset + whole, f"after a frame ending at {cut}"
+            assert rlog.dispatched_offset == rlog.whole_offset
+        assert acks == sorted(set(acks)) and acks[-1] == ref.base_offset + len(data)
+        assert replica.max_offset("T", 0) + replica.max_offset("T", 1) + \
+            replica.max_offset("T", 2) + replica.max_offset("T", 3) == 200
+        with pytest.raises(Exception, match="at byte"):
+            rlog.write(ref.path, 0, data[:10])      # not where the copy continues
+    finally:
+        replica.close()
+        master.close()
+    assert open(tmp_path / "m" / ref.path, "rb").read() == \
+        open(tmp_path / "r" / ref.path, "rb").read()

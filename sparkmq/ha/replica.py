@@ -73,6 +73,7 @@ BACKOFF_MAX_S = 2.0
 MAX_HEADER_WAIT_BYTES = 1 << 20
 PIPE_BYTES = 1 << 20            # splice pipe (Linux caps it at fs.pipe-max-size)
 RECV_BUFFER_BYTES = 1 << 20     # without splice: recv_into this buffer, then write
+PROGRESS_BYTES = 512 << 10      # within a frame, look for whole batches to ack this often
 PEEK_BYTES = 4096               # read back to find a message's length by its header
 DISPATCH_STEP_BYTES = 32 << 20  # one dispatch step: readers see its batches at its end
 REPUT_IDLE_WAIT_S = 1.0
@@ -235,18 +236,20 @@ class ReplicaLog:
               on_written: Callable[[int], None] | None = None) -> int:
         """Append ``data`` (bytes-like) at byte ``pos`` of segment ``path``; see
         :meth:`write_from`."""
-        return self.write_from(path, pos, len(data), lambda a: a.append(data), on_written)
+        return self.write_from(path, pos, len(data), lambda a, _: a.append(data), on_written)
 
     def write_from(self, path: str, pos: int, count: int,
-                   put: Callable[[seg.SegmentWriter], None],
+                   put: Callable[[seg.SegmentWriter, Callable[[], None]], None],
                    on_written: Callable[[int], None] | None = None) -> int:
-        """Append ``count`` bytes at byte ``pos`` of segment ``path``: ``put(writer)``
-        appends them (from a buffer, or spliced from the socket), then the new
-        whole messages are found by their headers (a frame may end inside one) and
-        an end-of-stream marker seals the segment (fsync). ``on_written(whole_offset)``
-        runs after the write. Without the dispatch thread (:meth:`start`) the whole
-        batches are dispatched before returning. Returns the new offset. Raises
-        HAProtocolError if the bytes do not continue the copy."""
+        """Append ``count`` bytes at byte ``pos`` of segment ``path``: ``put(writer,
+        progress)`` appends them (from a buffer, or spliced from the socket) and may
+        call ``progress()`` after each part. After each part and at the end the new
+        whole messages are found by their headers (a frame may end inside one), an
+        end-of-stream marker seals the segment (fsync), and ``on_written(whole_offset)``
+        runs when the whole offset advanced (a SYNC_MASTER sender of the frame's first
+        batch need not wait for the frame's last). Without the dispatch thread
+        (:meth:`start`) the whole batches are dispatched before returning. Returns
+        the new offset. Raises HAProtocolError if the bytes do not continue the copy."""
         st, cl = self.store, self.store.commitlog
         with st._append_lock:
             a = cl.active
@@ -255,21 +258,32 @@ class ReplicaLog:
             if pos != a.size:
                 raise HAProtocolError(f"master sent {path} at byte {pos}; this replica has "
                                       f"{a.size} bytes of it")
+            with cl._lock:
+                ref = cl._ref(path)
+            acked = self._whole_end
+
+            def progress() -> None:
+                nonlocal acked
+                with cl._lock:
+                    ref.size = a.size
+                cl.written_offset = a.base_offset + a.size
+                if not ref.sealed:
+                    self._walk(a, ref)
+                if on_written is not None and self._whole_end > acked:
+                    acked = self._whole_end
+                    on_written(acked)
             try:
-                put(a)
+                put(a, progress)
             finally:
                 with cl._lock:
-                    ref = cl._ref(path)
                     ref.size = a.size
                 cl.written_offset = a.base_offset + a.size
             if a.size != pos + count:
                 raise HAProtocolError(f"{path}: {a.size - pos} bytes written of {count}")
-            self._walk(a, ref)
+            progress()
             written = cl.written_offset
         if st._group_commit is not None:   # SYNC_FLUSH store: ask for an fsync, no wait
             st._group_commit.wait_for(written, 0)
-        if on_written is not None:
-            on_written(self._whole_end)
         reput = self._reput
         if reput is None:
             self.drain()
@@ -324,9 +338,11 @@ class ReplicaLog:
                 if seg.header_length(pa.py_buffer(self._peek(a, 0, n))) != n:
                     raise HAProtocolError(f"segment {a.rel_path} does not start with the "
                                           "segment schema")
+            if p + n <= end:
+                whole = p + n
             p += n
-            if p <= end:
-                whole = p
+        if p <= end:              # p is a message boundary: every message before it is whole
+            whole = p
         self._walk_pos = p
         if whole is not None and a.base_offset + whole > self._whole_end:
             self._whole_end = a.base_offset + whole
@@ -718,7 +734,7 @@ class HAClient:
             if kind == "data":           # ack the whole batches once written
                 end = self.rlog.write_from(
                     header.get("path"), header.get("pos"), plen,
-                    lambda a: source.copy_into(a, plen),
+                    lambda a, progress: source.copy_into(a, plen, progress),
                     lambda off: send_frame(sock, {"type": "ack", "offset": off}))
                 self.master_offset = max(self.master_offset, end)
                 continue
@@ -770,8 +786,11 @@ class _SocketSource:
         if not select.select([self.sock], [], [], MASTER_SILENCE_S)[0]:
             raise ConnectionError(f"master silent for {MASTER_SILENCE_S} s")
 
-    def copy_into(self, a: seg.SegmentWriter, count: int) -> None:
+    def copy_into(self, a: seg.SegmentWriter, count: int, progress: Callable[[], None]) -> None:
+        """Append the next ``count`` bytes of the socket to ``a``; ``progress()`` after
+        each part of at least PROGRESS_BYTES."""
         left = count
+        since = 0
         while left and self.pipe is not None:
             try:
                 n = os.splice(self.sock.fileno(), self.pipe[1], min(left, self.pipe_bytes),
@@ -800,6 +819,10 @@ class _SocketSource:
                     a.append(os.read(self.pipe[0], n - (a.size - start)))
                 self.close()
             left -= n
+            since += n
+            if since >= PROGRESS_BYTES and left:
+                progress()
+                since = 0
         while left:
             try:
                 n = self.sock.recv_into(self.buf, min(left, len(self.buf)))
@@ -810,3 +833,7 @@ class _SocketSource:
                 raise ConnectionError("peer closed the connection")
             a.append(self.buf[:n])
             left -= n
+            since += n
+            if since >= PROGRESS_BYTES and left:
+                progress()
+                since = 0
