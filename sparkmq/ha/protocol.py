@@ -18,9 +18,9 @@ Conversation (master M, replica R)::
     M -> R  data      {path, pos, offset, whole} + bytes     (bytes at ``pos`` of ``path``;
                                                               whole: they end at a batch end)
     M -> R  heartbeat {writtenOffset, epoch}                 (every second when idle)
-    R -> M  ack       {offset}                               (after each data frame: once
-                                                              written if whole, else the end
-                                                              of the last whole batch)
+    R -> M  ack       {offset}                               (the end of the last whole
+                                                              batch written, whenever it
+                                                              advances; on each heartbeat)
 
 Authentication is HMAC-SHA256 challenge-response over the shared ``haSecret``
 in both directions: ``proof = HMAC(secret, "<role>|<nonce>|<brokerName>")``
