@@ -818,3 +818,39 @@ def test_replica_finds_whole_batches_across_any_frame_cuts(tmp_path):
         master.close()
     assert open(tmp_path / "m" / ref.path, "rb").read() == \
         open(tmp_path / "r" / ref.path, "rb").read()
+
+
+@pytest.mark.parametrize("splice", [True, False], ids=["splice", "recv_into"])
+def test_socket_payload_lands_in_the_segment_file(tmp_path, splice):
+    """A data frame's payload moves from the socket into the segment file, spliced in
+    the kernel or (where splice is refused) through a reused buffer, with progress
+    reported along the way."""
+    import socket as socketlib
+    from sparkmq.ha import replica as replica_mod
+    from sparkmq.log import segment as seg
+    from sparkmq.log.fs import StoreFS
+    if splice and not hasattr(os, "splice"):
+        pytest.skip("os.splice needs Linux and Python 3.10+")
+    payload = os.urandom(3 * replica_mod.PROGRESS_BYTES + 12345)
+    a_sock, b_sock = socketlib.socketpair()
+    sfs = StoreFS(str(tmp_path))
+    writer = seg.SegmentWriter(sfs, "commitlog/00000000000000000000.arrow", 0, create=True)
+    source = replica_mod._SocketSource(b_sock)
+    try:
+        if not splice:
+            source.close()                     # as after the kernel refused a splice
+        sender = threading.Thread(target=a_sock.sendall, args=(payload,))
+        sender.start()
+        calls = []
+        source.copy_into(writer, len(payload), lambda: calls.append(writer.size))
+        sender.join()
+        assert (source.pipe is not None) == splice     # spliced all the way, no fallback
+        assert writer.size == seg.HEADER_SIZE + len(payload)
+        assert calls and all(x < writer.size for x in calls)
+    finally:
+        source.close()
+        writer.close()
+        a_sock.close()
+        b_sock.close()
+    data = open(tmp_path / "commitlog" / "00000000000000000000.arrow", "rb").read()
+    assert data == seg.SCHEMA_BYTES + payload

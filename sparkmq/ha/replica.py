@@ -150,15 +150,6 @@ class ReplicaLog:
             pass
         return self.store._dispatched_offset
 
-    def wait_dispatched(self, offset: int, timeout_s: float) -> bool:
-        """Wait (bounded) until the dispatched offset reaches ``offset``."""
-        deadline = time.monotonic() + timeout_s
-        while self.store._dispatched_offset < offset:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.005)
-        return True
-
     def dispatch_step(self, max_bytes: int = DISPATCH_STEP_BYTES) -> int:
         """Dispatch whole batches from the dispatched offset on, reading them from the
         segment files (memory-mapped), up to about ``max_bytes``; returns the bytes
