@@ -315,6 +315,7 @@ def main() -> int:
                     help="folder for the replica stores and the copy targets, e.g. /dev/shm "
                          "(a second disk, as the replica's machine would have)")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--catchup-only", action="store_true", help="skip the send throughput part")
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--messages", type=int, default=None)
@@ -340,23 +341,24 @@ def main() -> int:
     if args.replica_dir:
         print(f"replica stores and copy targets under {args.replica_dir} (another disk)")
     try:
-        print(f"1. send throughput: {messages:,} x {BODY_BYTES} B messages, batches of "
-              f"{args.batch}, {args.threads} sender threads, ASYNC_FLUSH (msgs/s)")
-        modes = ("none", "async", "sync", "async-null", "sync-null")
-        rates: dict[str, list[float]] = {m: [] for m in modes}
-        ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
-        for _ in range(args.repeat):
-            run = {m: send_run(root, m, messages=messages, batch=args.batch,
-                               threads=args.threads, replica_root=dest)
-                   for m in modes}
-            for m, v in run.items():
-                rates[m].append(v)
-            for m in modes[1:]:
-                ratios[m].append(run[m] / run["none"])
-        for m in modes:
-            r = "" if m == "none" else \
-                f"  ratio {min(ratios[m]):.2f}-{max(ratios[m]):.2f}"
-            print(f"   {m:10s} {fmt_range(rates[m], ' msgs/s')}{r}")
+        if not args.catchup_only:
+            print(f"1. send throughput: {messages:,} x {BODY_BYTES} B messages, batches of "
+                  f"{args.batch}, {args.threads} sender threads, ASYNC_FLUSH (msgs/s)")
+            modes = ("none", "async", "sync", "async-null", "sync-null")
+            rates: dict[str, list[float]] = {m: [] for m in modes}
+            ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
+            for _ in range(args.repeat):
+                run = {m: send_run(root, m, messages=messages, batch=args.batch,
+                                   threads=args.threads, replica_root=dest)
+                       for m in modes}
+                for m, v in run.items():
+                    rates[m].append(v)
+                for m in modes[1:]:
+                    ratios[m].append(run[m] / run["none"])
+            for m in modes:
+                r = "" if m == "none" else \
+                    f"  ratio {min(ratios[m]):.2f}-{max(ratios[m]):.2f}"
+                print(f"   {m:10s} {fmt_range(rates[m], ' msgs/s')}{r}")
         print(f"2. catch-up of {mib} MiB (32 MiB segments) from empty, against copyfile+fsync "
               "and against a raw TCP stream of the same files (sendfile -> write+fsync)")
         store, url = fill_master(root, mib)
