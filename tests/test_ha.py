@@ -73,10 +73,11 @@ class Pair:
             self.replica = None
 
     def caught_up(self) -> bool:
-        """The replica has the master's bytes and serves them: every queue's max offset
-        is the master's (the replica writes, then dispatches, then makes the new offsets
-        visible, so its written offset alone runs ahead of what reads see)."""
-        if self.client is None or self.rlog.offset != self.master.commitlog.written_offset:
+        """The replica has the master's bytes, dispatched, and serves them: every
+        queue's max offset is the master's (the replica writes and acks, then its reput
+        thread dispatches and makes the new offsets visible)."""
+        end = self.master.commitlog.written_offset
+        if self.client is None or self.rlog.offset != end or self.rlog.dispatched_offset != end:
             return False
         mine = self.replica.topics()
         return all(name in mine and self.replica.max_offset(name, q) ==
@@ -578,6 +579,8 @@ def test_replica_process_stopped_then_restarted_catches_up_byte_identical(tmp_pa
     c.start_replica()
     end = get_json(c.url(c.m, "/status"))["ha"]["offset"]
     wait_until(lambda: get_json(c.url(c.r, "/status"))["ha"]["offset"] == end, "catch-up")
+    # acked once written; readable once its reput thread dispatched them
+    wait_until(lambda: get_json(c.url(c.r, "/status"))["ha"]["dispatchedOffset"] == end, "dispatch")
     st = get_json(c.url(c.r, "/status"))
     assert st["topics"]["T"]["messages"] == 4000
     for p in procs[1:]:
@@ -703,3 +706,174 @@ def test_broker_sync_master_statuses_replica_refuses_sends_admin_promote(tmp_pat
         if replica is not None:
             replica.stop()
         master.stop()
+
+
+# ---------------------------------------------------------------- dispatch lag
+def test_replica_acks_once_written_and_serves_only_dispatched_messages(pair):
+    """The replica acks bytes once written; its reput thread dispatches them later
+    (held back here): until then SYNC_MASTER sends complete but readers of the
+    replica see only dispatched messages; then everything becomes readable."""
+    p = pair()
+    p.master.create_topic("T", read_queue_nums=2, write_queue_nums=2)
+    p.replica = Store.open(p.replica_url, replica=True, **p.opts)
+    p.rlog = ReplicaLog(p.replica)
+    gate = threading.Event()
+    real_step = p.rlog.dispatch_step
+
+    def held_step(*args, **kwargs):          # the reput thread waits for the gate
+        gate.wait(WAIT_S)
+        return real_step(*args, **kwargs)
+    p.rlog.dispatch_step = held_step
+    try:
+        p.client = HAClient(p.rlog, broker_name="broker-a", broker_id=1, secret=SECRET,
+                            master_address=lambda: f"127.0.0.1:{p.ha.port}").start()
+        send(p.master, 2000)                  # several 64 KiB segments
+        end = p.master.commitlog.written_offset
+        assert p.ha.wait_replicated(end, 30_000) is PutMessageStatus.PUT_OK
+        assert p.rlog.whole_offset == p.rlog.offset == end
+        assert p.rlog.dispatched_offset < end
+        assert [p.replica.max_offset("T", q) for q in (0, 1)] == [0, 0]
+        assert p.replica.read("T", 0, 0, max_messages=10) == []
+        assert p.replica.query_by_key("T", "k5") == []
+    finally:
+        gate.set()
+    wait_until(p.caught_up, "the replica to dispatch")
+    for q in (0, 1):
+        assert p.replica.max_offset("T", q) == p.master.max_offset("T", q)
+    assert sum(len(p.replica.read("T", q, 0, 10_000)) for q in (0, 1)) == 2000
+    assert p.replica.query_by_key("T", "k1999")[0].body == b"m1999" * 20
+
+
+REPLICA_CHILD = """
+import sys, time
+from sparkmq import Store
+from sparkmq.ha.replica import HAClient, ReplicaLog
+url, port, limit, secret = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+store = Store.open(url, replica=True, mappedFileSizeCommitLog=65536)
+rlog = ReplicaLog(store)
+real_step = rlog.dispatch_step
+def lagging_step(max_bytes=0):      # dispatch lags: small steps, and only up to `limit`
+    return real_step(4096) if store._dispatched_offset < limit else 0
+rlog.dispatch_step = lagging_step
+HAClient(rlog, broker_name="broker-a", broker_id=1, secret=secret,
+         master_address=lambda: "127.0.0.1:%d" % port).start()
+while True:
+    print(rlog.offset, rlog.dispatched_offset, flush=True)
+    time.sleep(0.02)
+"""
+
+
+def test_replica_killed_while_dispatch_lags_recovers_consistent(pair, procs):
+    """SIGKILL a replica process whose CommitLog is written (and acked) but only
+    partly dispatched: reopened, its recovery dispatches the rest from the
+    CommitLog (byte-identical to the master's), and it follows on."""
+    import sys
+    p = pair(segment_bytes=65536)
+    p.master.create_topic("T", read_queue_nums=2, write_queue_nums=2)
+    send(p.master, 3000)
+    end = p.master.commitlog.written_offset
+    limit = end // 2
+    child = subprocess.Popen([sys.executable, "-c", REPLICA_CHILD, p.replica_url,
+                              str(p.ha.port), str(limit), SECRET],
+                             stdout=subprocess.PIPE, text=True)
+    procs.append(child)
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        line = child.stdout.readline()
+        assert line and time.monotonic() < deadline, "the replica child never caught up"
+        written, dispatched = map(int, line.split())
+        if written == end and dispatched >= limit:
+            break
+    assert dispatched < end                    # acked and written, not all dispatched
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    p.master.flush()
+    assert segment_files(p.master_url) == segment_files(p.replica_url)
+    send(p.master, 500, start=3000)
+    p.start_replica()                          # recovery dispatches the written rest
+    wait_until(p.caught_up, "catch-up after the kill")
+    p.master.flush()
+    assert segment_files(p.master_url) == segment_files(p.replica_url)
+    for q in (0, 1):
+        assert p.replica.max_offset("T", q) == p.master.max_offset("T", q)
+    got = sorted(m.body for q in (0, 1) for m in p.replica.read("T", q, 0, 10_000))
+    assert got == sorted(b"m%d" % i * 20 for i in range(3500))
+    assert p.replica.query_by_key("T", "k3499")[0].body == b"m3499" * 20
+
+
+def test_replica_finds_whole_batches_across_any_frame_cuts(tmp_path):
+    """Frames cut anywhere (inside the schema, inside a batch header, a frame holding
+    only the tail of a batch): the replica acks exactly the end of the last whole
+    batch written, dispatches them, and ends byte-identical."""
+    from sparkmq.log import segment as seg
+    master = Store.open(str(tmp_path / "m"))
+    master.create_topic("T")
+    send(master, 200, batch=40)
+    master.flush()
+    ref = master.commitlog.segments()[0]
+    data = master.sfs.read_range(ref.path, 0, ref.size)
+    ends = [p + n for p, n in zip(*(lambda r: (r.positions, r.lengths))(
+        seg.scan(master.sfs.read_buffer(ref.path))))]
+    hdr = seg.HEADER_SIZE
+    b1, b2 = ends[0], ends[1]
+    cuts = [100, hdr + 3, b1 + 5, b2, b2 + 1, ends[3] - 1, len(data)]
+    replica = Store.open(str(tmp_path / "r"), replica=True)
+    try:
+        rlog = ReplicaLog(replica)              # not started: dispatches inline
+        rlog.apply_meta({"topics": list(master.state.topics_by_id.values()),
+                         "consumerOffsets": []})
+        rlog.begin_segment(ref.path, ref.base_offset)
+        acks: list[int] = []
+        pos = 0
+        for cut in cuts:
+            rlog.write(ref.path, pos, data[pos:cut], acks.append)
+            pos = cut
+            whole = max([e for e in [hdr] + ends if e <= cut], default=0)
+            assert rlog.whole_offset == ref.base_offset + whole, f"after a frame ending at {cut}"
+            assert rlog.dispatched_offset == rlog.whole_offset
+        assert acks == sorted(set(acks)) and acks[-1] == ref.base_offset + len(data)
+        assert replica.max_offset("T", 0) + replica.max_offset("T", 1) + \
+            replica.max_offset("T", 2) + replica.max_offset("T", 3) == 200
+        with pytest.raises(Exception, match="at byte"):
+            rlog.write(ref.path, 0, data[:10])      # not where the copy continues
+    finally:
+        replica.close()
+        master.close()
+    assert open(tmp_path / "m" / ref.path, "rb").read() == \
+        open(tmp_path / "r" / ref.path, "rb").read()
+
+
+@pytest.mark.parametrize("splice", [True, False], ids=["splice", "recv_into"])
+def test_socket_payload_lands_in_the_segment_file(tmp_path, splice):
+    """A data frame's payload moves from the socket into the segment file, spliced in
+    the kernel or (where splice is refused) through a reused buffer, with progress
+    reported along the way."""
+    import socket as socketlib
+    from sparkmq.ha import replica as replica_mod
+    from sparkmq.log import segment as seg
+    from sparkmq.log.fs import StoreFS
+    if splice and not hasattr(os, "splice"):
+        pytest.skip("os.splice needs Linux and Python 3.10+")
+    payload = os.urandom(3 * replica_mod.PROGRESS_BYTES + 12345)
+    a_sock, b_sock = socketlib.socketpair()
+    sfs = StoreFS(str(tmp_path))
+    writer = seg.SegmentWriter(sfs, "commitlog/00000000000000000000.arrow", 0, create=True)
+    source = replica_mod._SocketSource(b_sock)
+    try:
+        if not splice:
+            source.close()                     # as after the kernel refused a splice
+        sender = threading.Thread(target=a_sock.sendall, args=(payload,))
+        sender.start()
+        calls = []
+        source.copy_into(writer, len(payload), lambda: calls.append(writer.size))
+        sender.join()
+        assert (source.pipe is not None) == splice     # spliced all the way, no fallback
+        assert writer.size == seg.HEADER_SIZE + len(payload)
+        assert calls and all(x < writer.size for x in calls)
+    finally:
+        source.close()
+        writer.close()
+        a_sock.close()
+        b_sock.close()
+    data = open(tmp_path / "commitlog" / "00000000000000000000.arrow", "rb").read()
+    assert data == seg.SCHEMA_BYTES + payload

@@ -116,3 +116,29 @@ def test_writer_refuses_to_create_over_an_existing_local_file(local_store_url):
     seg.SegmentWriter(sfs, rel, 0, create=True).close()
     with pytest.raises(FileExistsError):
         seg.SegmentWriter(sfs, rel, 0, create=True)
+
+
+def test_message_extent_needs_only_the_header():
+    """The replica's walk: a message's length from its prefix and metadata alone,
+    equal to message_length's; None while the header is cut; 0 at the EOS;
+    NOT_A_MESSAGE for other bytes."""
+    import struct
+    data = _bytes([segment_batch(1), segment_batch(300, prefix=b"x" * 50), segment_batch(7)])
+    buf = pa.py_buffer(data)
+    assert seg.message_extent(data, 0) == seg.header_length(buf)
+    pos = seg.HEADER_SIZE
+    seen = 0
+    while True:
+        n = seg.message_length(buf, pos)
+        if n == 0:
+            break
+        meta = 8 + struct.unpack_from("<i", data, pos + 4)[0]
+        assert seg.message_extent(data[:pos + meta], pos) == n     # no body needed
+        assert seg.message_extent(memoryview(data)[:pos + meta - 1], pos) is None
+        assert seg.message_extent(data[:pos + 7], pos) is None
+        pos += n
+        seen += 1
+    assert seen == 3 and seg.message_extent(data, pos) == 0
+    assert seg.message_extent(b"\x00" * 64, 0) == seg.NOT_A_MESSAGE
+    assert seg.message_extent(b"\xff\xff\xff\xff\x10\x00\x00\x00" + b"\xff" * 16, 0) == \
+        seg.NOT_A_MESSAGE

@@ -854,6 +854,7 @@ class Broker:
         if self.ha_client is not None:
             c = self.ha_client
             return {"role": "replica", "connected": c.connected, "offset": end,
+                    "dispatchedOffset": c.rlog.dispatched_offset,
                     "truncatedTo": c.diverged_at, "divergedBytesKept": c.diverged_kept,
                     "masterOffset": c.master_offset, "lagBytes": c.lag_bytes(),
                     "masterEpoch": c.master_epoch, "lastError": c.last_error}

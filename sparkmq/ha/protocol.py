@@ -18,9 +18,9 @@ Conversation (master M, replica R)::
     M -> R  data      {path, pos, offset, whole} + bytes     (bytes at ``pos`` of ``path``;
                                                               whole: they end at a batch end)
     M -> R  heartbeat {writtenOffset, epoch}                 (every second when idle)
-    R -> M  ack       {offset}                               (after each data frame: once
-                                                              written if whole, else the end
-                                                              of the last whole batch)
+    R -> M  ack       {offset}                               (the end of the last whole
+                                                              batch written, whenever it
+                                                              advances; on each heartbeat)
 
 Authentication is HMAC-SHA256 challenge-response over the shared ``haSecret``
 in both directions: ``proof = HMAC(secret, "<role>|<nonce>|<brokerName>")``
@@ -104,6 +104,15 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
 
 def recv_frame(sock: socket.socket) -> tuple[dict, bytes | bytearray]:
     """Read one frame; raises HAProtocolError on a malformed one, ConnectionError on EOF."""
+    header, plen = recv_header(sock)
+    payload = _recv_exact(sock, plen) if plen else b""   # a bytearray: no copy
+    return header, payload
+
+
+def recv_header(sock: socket.socket) -> tuple[dict, int]:
+    """Read one frame's prefix and header and leave its payload in the socket (the
+    caller reads exactly the returned payload length, e.g. with ``os.splice``).
+    Raises like :func:`recv_frame`."""
     hlen, plen = PREFIX.unpack(_recv_exact(sock, PREFIX.size))
     if hlen > MAX_HEADER_BYTES or plen > MAX_PAYLOAD_BYTES:
         raise HAProtocolError(f"frame too large (header {hlen} bytes, payload {plen} bytes); "
@@ -114,8 +123,7 @@ def recv_frame(sock: socket.socket) -> tuple[dict, bytes | bytearray]:
         raise HAProtocolError(f"frame header is not JSON: {e}") from None
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise HAProtocolError("frame header must be a JSON object with a 'type'")
-    payload = _recv_exact(sock, plen) if plen else b""   # a bytearray: no copy
-    return header, payload
+    return header, plen
 
 
 def parse_address(addr: str) -> tuple[str, int]:

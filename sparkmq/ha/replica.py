@@ -2,17 +2,25 @@
 
 ``ReplicaLog`` writes a master's CommitLog bytes into the replica's own store
 (its own folder, its own writer lease): the same segment names, boundaries and
-bytes, so every segment file is byte-identical to the master's. As whole
-record batches arrive it dispatches them with the store's own dispatcher (the
-CommitLog is the source of truth), so the replica builds its own ConsumeQueue
-and Index, publishes its own ``_log/`` and serves reads. It is a friend of
+bytes, so every segment file is byte-identical to the master's. Like
+RocketMQ's slave it works in two steps: the HA thread writes the bytes, finds
+the whole messages in them by their headers (no decoding) and acks them; the
+``sparkmq-replica-reput`` thread (RocketMQ's ReputMessageService) later
+dispatches the written batches from the segment files in large steps with the
+store's own dispatcher (the CommitLog is the source of truth), so the replica
+builds its own ConsumeQueue and Index, publishes its own ``_log/`` and serves
+reads -- of dispatched messages only. After a crash the store's recovery
+dispatches what was written and not yet dispatched. It is a friend of
 ``Store``: it appends under the store's append lock in place of
 ``Store.append`` and never builds batches itself.
 
 ``HAClient`` connects to the master's HA port, authenticates (HMAC over
 ``haSecret``), reports its offset, applies ``meta``/``segment``/``data``
-frames and acks after each write. It reconnects with a bounded backoff and
-catches up from any gap (from empty, across rolls and adopted Spark segments).
+frames and acks after each write. A data frame's payload goes from the socket
+to the segment file with ``os.splice`` (Linux: socket -> pipe -> file, one copy
+in the kernel; else ``recv_into`` a reused buffer and ``os.write``). It
+reconnects with a bounded backoff and catches up from any gap (from empty,
+across rolls and adopted Spark segments).
 
 ``ReplicaLog.truncate_to`` cuts the bytes a rejoining old master has past the
 consistent point with its new master (in place; the dropped bytes are kept in
@@ -23,15 +31,24 @@ at the tail is cut, the writer lease of the replica's store is re-taken with an
 epoch above every epoch the replica has seen, and the epoch history records
 where the new master's bytes begin.
 
-Thread-safety: ``ReplicaLog`` methods take the store's append lock; ``HAClient``
-runs one thread. Every wait and retry is bounded.
+Durability of an ack: the bytes are written (page cache), as RocketMQ's slave
+acks; the replica's store fsyncs them by its own flush mode (ASYNC_FLUSH: every
+``flushIntervalCommitLog``; SYNC_FLUSH: a group-commit fsync requested after
+each write, not waited for) and at every segment seal.
+
+Thread-safety: ``ReplicaLog`` writes under the store's append lock and
+dispatches under its own dispatch lock (taken after the append lock);
+``HAClient`` runs one thread, the dispatch one more. Every wait and retry is
+bounded.
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
-import queue
+import select
 import socket
+import struct
 import threading
 import time
 from typing import Callable
@@ -44,7 +61,8 @@ from ..log import segment as seg
 from ..log.commitlog import SegmentRef
 from ..log.store import Store
 from . import epochs as epoch_history
-from .protocol import (check_proof, new_nonce, parse_address, proof, recv_frame, send_frame)
+from .protocol import (check_proof, new_nonce, parse_address, proof, recv_frame, recv_header,
+                       send_frame)
 
 log = logging.getLogger("sparkmq.ha")
 
@@ -53,7 +71,12 @@ CONNECT_TIMEOUT_S = 3.0
 BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 2.0
 MAX_HEADER_WAIT_BYTES = 1 << 20
-FRAME_QUEUE_FRAMES = 8          # received, not yet written (up to 8 x 4 MiB)
+PIPE_BYTES = 1 << 20            # splice pipe (Linux caps it at fs.pipe-max-size)
+RECV_BUFFER_BYTES = 1 << 20     # without splice: recv_into this buffer, then write
+PROGRESS_BYTES = 512 << 10      # within a frame, look for whole batches to ack this often
+PEEK_BYTES = 4096               # read back to find a message's length by its header
+DISPATCH_STEP_BYTES = 32 << 20  # one dispatch step: readers see its batches at its end
+REPUT_IDLE_WAIT_S = 1.0
 
 
 def _valid_segment_path(path) -> bool:
@@ -64,17 +87,30 @@ def _valid_segment_path(path) -> bool:
 
 
 class ReplicaLog:
-    """Writes replicated bytes into ``store``; see the module docstring."""
+    """Writes replicated bytes into ``store``; see the module docstring.
+
+    Two steps, as RocketMQ's slave: :meth:`write` appends the bytes to the
+    segment file and finds where whole messages end (the offset the replica
+    acks, :attr:`whole_offset`), without decoding them; dispatch (decode the
+    batches, build the ConsumeQueue/Index) follows from the segment files, in
+    large steps, in the ``sparkmq-replica-reput`` thread once :meth:`start` ran
+    (inline in :meth:`write` before). Readers see only dispatched messages (the
+    store's visible max offsets advance after dispatch); after a crash the
+    store's recovery dispatches what was written and not yet dispatched.
+    """
 
     def __init__(self, store: Store):
         if not store.sfs.is_local:
             raise InvalidConfigError("a replica's store must be a local folder "
                                      f"(got {store.url})")
         self.store = store
-        self._seg_pos = 0          # bytes of the active segment that are dispatched
-        self._pending = b""        # bytes received past _seg_pos (an unfinished message)
+        self._walk_pos = 0         # position in the active segment of the next message start
+        self._whole_end = store.commitlog.written_offset  # end of the last whole message
+        self._dispatch_lock = threading.Lock()   # taken after the store's append lock
+        self._reput: _ReputService | None = None
+        self._peek_fd: tuple[str, int] | None = None   # read-back of the active segment
         if store.commitlog.active is not None:
-            self._seg_pos = store.commitlog.active.size
+            self._walk_pos = store.commitlog.active.size
 
     @property
     def offset(self) -> int:
@@ -83,9 +119,78 @@ class ReplicaLog:
 
     @property
     def whole_offset(self) -> int:
-        """The end of the last whole record batch written (and dispatched) here: what
-        the replica acks, so an ack > a batch's offset means the whole batch is here."""
-        return min(self.store._dispatched_offset, self.store.commitlog.written_offset)
+        """The end of the last whole record batch written here (page cache): what the
+        replica acks, so an ack > a batch's offset means the whole batch is here."""
+        return self._whole_end
+
+    @property
+    def dispatched_offset(self) -> int:
+        """The end of the last batch in this replica's ConsumeQueue/Index (readable)."""
+        return self.store._dispatched_offset
+
+    # -- dispatch (RocketMQ's ReputMessageService on a slave) -------------------
+    def start(self) -> "ReplicaLog":
+        """Dispatch in the ``sparkmq-replica-reput`` thread from now on."""
+        if self._reput is None:
+            self._reput = _ReputService(self).start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the dispatch thread (what it has not dispatched, :meth:`drain` or the
+        store's recovery at the next open dispatches)."""
+        reput, self._reput = self._reput, None
+        if reput is not None:
+            reput.stop()
+        with self.store._append_lock:
+            self._close_peek()
+
+    def drain(self) -> int:
+        """Dispatch every whole batch written; returns the dispatched offset."""
+        while self.dispatch_step(1 << 62):
+            pass
+        return self.store._dispatched_offset
+
+    def dispatch_step(self, max_bytes: int = DISPATCH_STEP_BYTES) -> int:
+        """Dispatch whole batches from the dispatched offset on, reading them from the
+        segment files (memory-mapped), up to about ``max_bytes``; returns the bytes
+        dispatched (0: nothing to do). Readers see them once the step is done."""
+        st, cl = self.store, self.store.commitlog
+        affected: list = []
+        with self._dispatch_lock:
+            start = off = st._dispatched_offset
+            target = self._whole_end
+            while off < target and off - start < max_bytes:
+                ref = cl.segment_for(off)
+                if ref is None:
+                    raise HAProtocolError(f"no segment holds offset {off} (whole bytes end at "
+                                          f"{target})")
+                base = ref.base_offset
+                end = min(target - base, ref.size, max_bytes + start - base + 1)
+                buf = st.sfs.read_buffer(ref.path, cache=True, min_size=min(target - base,
+                                                                            ref.size))
+                pos = off - base
+                if pos == 0:
+                    pos = seg.header_length(buf)
+                    if pos == 0:
+                        raise HAProtocolError(f"segment {ref.path} lost its schema header")
+                while pos < end:
+                    n = seg.message_length(buf, pos)
+                    if n == 0:                   # end of a sealed segment
+                        pos = ref.size
+                        break
+                    if n is None:
+                        raise HAProtocolError(f"segment {ref.path}: no whole batch at byte "
+                                              f"{pos} below the acked end {target}")
+                    batch = seg.read_batch_at(buf, pos)
+                    affected.extend(st._dispatch(batch, base + pos)[1])
+                    pos += n
+                del buf
+                if base + pos == off:
+                    break
+                off = st._dispatched_offset = base + pos
+        if affected:
+            st._after_visible(affected)
+        return off - start
 
     # -- writing -----------------------------------------------------------
     def begin_segment(self, path: str, base_offset: int) -> None:
@@ -106,26 +211,40 @@ class ReplicaLog:
             # a truncation may have dropped this very path (the old master's own segment
             # at the same base offset): its tombstone must not delete the new copy, which
             # delete_removed_files protects as a segment of this CommitLog
+            self._close_peek()
             full = st.sfs.local_path(path)
             os.makedirs(os.path.dirname(full), exist_ok=True)
             os.close(os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
             st.sfs.forget(path)
-            cl.active = seg.SegmentWriter(st.sfs, path, base_offset, create=False)
-            cl.add_segment(SegmentRef(path, base_offset, 0, False))
-            cl.written_offset = base_offset
-            cl.flushed_offset = max(cl.flushed_offset, base_offset) if segs else base_offset
-            st._dispatched_offset = base_offset
-            self._seg_pos = 0
-            self._pending = b""
+            with self._dispatch_lock:
+                cl.active = seg.SegmentWriter(st.sfs, path, base_offset, create=False)
+                cl.add_segment(SegmentRef(path, base_offset, 0, False))
+                cl.written_offset = base_offset
+                cl.flushed_offset = max(cl.flushed_offset, base_offset) if segs else base_offset
+                if not segs:                  # else dispatch reaches it past the sealed one
+                    st._dispatched_offset = base_offset
+                self._whole_end = base_offset
+                self._walk_pos = 0
 
-    def write(self, path: str, pos: int, data: bytes,
+    def write(self, path: str, pos: int, data,
               on_written: Callable[[int], None] | None = None) -> int:
-        """Append ``data`` at byte ``pos`` of segment ``path``; dispatch every whole batch.
-        ``on_written(offset)`` runs after the bytes are written, before the dispatch (the
-        ack of a frame that ends at a batch end). Returns the new offset. Raises
-        HAProtocolError if it does not continue the copy."""
+        """Append ``data`` (bytes-like) at byte ``pos`` of segment ``path``; see
+        :meth:`write_from`."""
+        return self.write_from(path, pos, len(data), lambda a, _: a.append(data), on_written)
+
+    def write_from(self, path: str, pos: int, count: int,
+                   put: Callable[[seg.SegmentWriter, Callable[[], None]], None],
+                   on_written: Callable[[int], None] | None = None) -> int:
+        """Append ``count`` bytes at byte ``pos`` of segment ``path``: ``put(writer,
+        progress)`` appends them (from a buffer, or spliced from the socket) and may
+        call ``progress()`` after each part. After each part and at the end the new
+        whole messages are found by their headers (a frame may end inside one), an
+        end-of-stream marker seals the segment (fsync), and ``on_written(whole_offset)``
+        runs when the whole offset advanced (a SYNC_MASTER sender of the frame's first
+        batch need not wait for the frame's last). Without the dispatch thread
+        (:meth:`start`) the whole batches are dispatched before returning. Returns
+        the new offset. Raises HAProtocolError if the bytes do not continue the copy."""
         st, cl = self.store, self.store.commitlog
-        affected = []
         with st._append_lock:
             a = cl.active
             if a is None or a.rel_path != path:
@@ -133,16 +252,104 @@ class ReplicaLog:
             if pos != a.size:
                 raise HAProtocolError(f"master sent {path} at byte {pos}; this replica has "
                                       f"{a.size} bytes of it")
-            a.append(data)
             with cl._lock:
                 ref = cl._ref(path)
-                ref.size = a.size
-            cl.written_offset = a.base_offset + a.size
-            if on_written is not None:
-                on_written(cl.written_offset)
-            affected = self._dispatch_new(a, ref, data)
-        st._after_visible(affected)
-        return cl.written_offset
+            acked = self._whole_end
+
+            def progress() -> None:
+                nonlocal acked
+                with cl._lock:
+                    ref.size = a.size
+                cl.written_offset = a.base_offset + a.size
+                if not ref.sealed:
+                    self._walk(a, ref)
+                if on_written is not None and self._whole_end > acked:
+                    acked = self._whole_end
+                    on_written(acked)
+            try:
+                put(a, progress)
+            finally:
+                with cl._lock:
+                    ref.size = a.size
+                cl.written_offset = a.base_offset + a.size
+            if a.size != pos + count:
+                raise HAProtocolError(f"{path}: {a.size - pos} bytes written of {count}")
+            progress()
+            written = cl.written_offset
+        if st._group_commit is not None:   # SYNC_FLUSH store: ask for an fsync, no wait
+            st._group_commit.wait_for(written, 0)
+        reput = self._reput
+        if reput is None:
+            self.drain()
+        else:
+            reput.wakeup()
+        return written
+
+    def _peek(self, a: seg.SegmentWriter, pos: int, n: int) -> bytes:
+        """Up to ``n`` bytes at ``pos`` of the active segment (page cache)."""
+        if self._peek_fd is None or self._peek_fd[0] != a.rel_path:
+            self._close_peek()
+            self._peek_fd = (a.rel_path, os.open(self.store.sfs.local_path(a.rel_path),
+                                                 os.O_RDONLY))
+        return os.pread(self._peek_fd[1], n, pos)
+
+    def _close_peek(self) -> None:
+        if self._peek_fd is not None:
+            os.close(self._peek_fd[1])
+            self._peek_fd = None
+
+    def _walk(self, a: seg.SegmentWriter, ref: SegmentRef) -> None:
+        """Advance over the whole messages written to ``a`` by their headers alone (read
+        back from the page cache, no decoding); seal at an end-of-stream marker."""
+        end = a.size
+        p = self._walk_pos
+        whole = None
+        sealed = False
+        while p < end:
+            head = self._peek(a, p, min(end - p, PEEK_BYTES))
+            n = seg.message_extent(head, 0)
+            if n is None and len(head) >= 8:       # a header longer than PEEK_BYTES
+                meta = 8 + struct.unpack_from("<i", head, 4)[0]
+                if len(head) < meta <= MAX_HEADER_WAIT_BYTES:
+                    head = self._peek(a, p, min(end - p, meta))
+                    n = seg.message_extent(head, 0)
+            if n is None:
+                if end - p >= MAX_HEADER_WAIT_BYTES:
+                    raise HAProtocolError(f"segment {a.rel_path}: no message header within "
+                                          f"{MAX_HEADER_WAIT_BYTES} bytes at byte {p}")
+                break
+            if n == seg.NOT_A_MESSAGE or (n == 0 and p == 0):
+                raise HAProtocolError(f"segment {a.rel_path}: the master's bytes at {p} are "
+                                      "not an Arrow IPC message")
+            if n == 0:                         # end-of-stream: the master sealed here
+                p += len(seg.EOS)
+                if p != end:
+                    raise HAProtocolError(f"bytes after the end of sealed segment "
+                                          f"{a.rel_path}")
+                whole, sealed = p, True
+                break
+            if p == 0 and n <= end:
+                if seg.header_length(pa.py_buffer(self._peek(a, 0, n))) != n:
+                    raise HAProtocolError(f"segment {a.rel_path} does not start with the "
+                                          "segment schema")
+            if p + n <= end:
+                whole = p + n
+            p += n
+        if p <= end:              # p is a message boundary: every message before it is whole
+            whole = p
+        self._walk_pos = p
+        if whole is not None and a.base_offset + whole > self._whole_end:
+            self._whole_end = a.base_offset + whole
+        if sealed:
+            cl = self.store.commitlog
+            self._close_peek()
+            with cl._flush_lock:
+                a.flush(sync=True)
+                with cl._lock:
+                    ref.sealed = True
+                a.close()
+                cl.active = None
+                cl.flushed_offset = max(cl.flushed_offset, ref.end_offset)
 
     def _reopen(self, path: str) -> seg.SegmentWriter:
         cl = self.store.commitlog
@@ -151,71 +358,14 @@ class ReplicaLog:
             raise HAProtocolError(f"master sent bytes of {path}, which is not this replica's "
                                   "open segment")
         ref = segs[-1]
+        self._close_peek()
         cl.active = seg.SegmentWriter(self.store.sfs, path, ref.base_offset, create=False)
         if cl.active.size != ref.size:
             raise HAProtocolError(f"segment {path} has {cl.active.size} bytes on disk but "
                                   f"{ref.size} recovered")
-        self._seg_pos = ref.size
-        self._pending = b""
+        self._walk_pos = ref.size
+        self._whole_end = ref.base_offset + ref.size
         return cl.active
-
-    def _dispatch_new(self, a: seg.SegmentWriter, ref: SegmentRef, data) -> list:
-        st, cl = self.store, self.store.commitlog
-        affected: list = []
-        buf = data
-        if self._pending:
-            # complete the message that straddles the frames (copy only that message)
-            head = bytes(self._pending) + bytes(data[:MAX_HEADER_WAIT_BYTES])
-            n = seg.message_length(pa.py_buffer(head), 0) if self._seg_pos else None
-            if self._seg_pos == 0 or n is None or n == 0 or n > len(self._pending) + len(data):
-                buf = bytes(self._pending) + bytes(data)    # rare: header, EOS, long message
-            else:
-                take = n - len(self._pending)
-                whole = bytes(self._pending) + bytes(data[:take])
-                batch = seg.read_batch_at(pa.py_buffer(whole), 0)
-                affected.extend(st._dispatch(batch, a.base_offset + self._seg_pos)[1])
-                self._seg_pos += n
-                self._pending = b""
-                buf = memoryview(data)[take:]
-        i = 0
-        if self._seg_pos == 0:
-            h = seg.header_length(pa.py_buffer(buf))
-            if h == 0:
-                if len(buf) > MAX_HEADER_WAIT_BYTES:
-                    raise HAProtocolError(f"segment {a.rel_path} does not start with the "
-                                          "segment schema")
-                self._pending = bytes(buf)
-                return []
-            i = self._seg_pos = h
-        pbuf = pa.py_buffer(buf)
-        sealed = False
-        while i < len(buf):
-            n = seg.message_length(pbuf, i)
-            if n is None:
-                break
-            if n == 0:                       # end-of-stream: the master sealed here
-                i += len(seg.EOS)
-                self._seg_pos += len(seg.EOS)
-                sealed = True
-                break
-            batch = seg.read_batch_at(pbuf, i)
-            _, updates = st._dispatch(batch, a.base_offset + self._seg_pos)
-            affected.extend(updates)
-            i += n
-            self._seg_pos += n
-        self._pending = bytes(buf[i:])
-        st._dispatched_offset = a.base_offset + self._seg_pos
-        if sealed:
-            if self._pending:
-                raise HAProtocolError(f"bytes after the end of sealed segment {a.rel_path}")
-            with cl._flush_lock:
-                a.flush(sync=True)
-                with cl._lock:
-                    ref.sealed = True
-                a.close()
-                cl.active = None
-                cl.flushed_offset = max(cl.flushed_offset, ref.end_offset)
-        return affected
 
     def apply_meta(self, meta: dict) -> None:
         """Mirror the master's topic configs, consumer offsets and subscription group
@@ -268,7 +418,7 @@ class ReplicaLog:
         if actions:
             st._commit(lambda s: actions, "REPLICATE META", {"actions": len(actions)})
             if empty:
-                with st._append_lock:
+                with st._append_lock, self._dispatch_lock:
                     st._reset_offsets()
 
     # -- rejoin ---------------------------------------------------------------
@@ -286,7 +436,8 @@ class ReplicaLog:
         from ..log.consumequeue import MemoryConsumeQueue, consumequeue_add, write_side_table
         from ..log.index import MemoryIndex, index_add
         st, cl = self.store, self.store.commitlog
-        with st._append_lock, st._commit_lock:
+        with st._append_lock, self._dispatch_lock, st._commit_lock:
+            self._close_peek()
             st.publish(force=True)             # every entry is in a side file now
             end = cl.written_offset
             if offset >= end:
@@ -355,8 +506,8 @@ class ReplicaLog:
             st.index = MemoryIndex()
             st._reset_offsets()
             st._visible_next = dict(st._next_offsets)
-            self._seg_pos = (offset - cut.base_offset) if cut is not None else 0
-            self._pending = b""
+            self._walk_pos = (offset - cut.base_offset) if cut is not None else 0
+            self._whole_end = offset
         log.warning("store %s truncated to physical offset %d: %d bytes dropped%s", st.url,
                     offset, end - offset, f" (kept in {keep_dir})" if keep_dir else "")
         return end - offset
@@ -367,13 +518,17 @@ class ReplicaLog:
         received Spark segment is sealed after its last whole batch. Returns the
         bytes dropped."""
         st, cl = self.store, self.store.commitlog
+        self.stop()
         with st._append_lock:
             segs = cl.segments()
             if not segs or segs[-1].sealed:
+                self.drain()
                 return 0
             ref = segs[-1]
             a = cl.active or self._reopen(ref.path)
-            keep = self._seg_pos if self._seg_pos else 0
+            self.drain()
+            self._close_peek()
+            keep = self._whole_end - ref.base_offset
             dropped = a.size - keep
             if dropped:
                 a.close()
@@ -384,13 +539,50 @@ class ReplicaLog:
             with cl._lock:
                 ref.size = a.size
             cl.written_offset = cl.flushed_offset = a.base_offset + a.size
-            st._dispatched_offset = cl.written_offset
-            self._pending = b""
-            self._seg_pos = a.size
+            st._dispatched_offset = self._whole_end = cl.written_offset
+            self._walk_pos = a.size
             if fmt.parse_segment_file(ref.path.rsplit("/", 1)[-1]) is None:
                 cl.seal_active()   # a Spark segment: never appended to by a broker
                 st._dispatched_offset = cl.written_offset
             return dropped
+
+
+class _ReputService:
+    """``sparkmq-replica-reput``: dispatches what the replica wrote (RocketMQ's
+    ReputMessageService on a slave), in steps of up to DISPATCH_STEP_BYTES, woken
+    by each write (or every REPUT_IDLE_WAIT_S). Never dies: an error is logged
+    and retried after a pause (the bytes stay in the CommitLog)."""
+
+    def __init__(self, rlog: ReplicaLog):
+        self.rlog = rlog
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sparkmq-replica-reput",
+                                        daemon=True)
+
+    def start(self) -> "_ReputService":
+        self._thread.start()
+        return self
+
+    def wakeup(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(REPUT_IDLE_WAIT_S)
+            self._wake.clear()
+            try:
+                while not self._stop.is_set() and self.rlog.dispatch_step():
+                    pass
+            except Exception:
+                log.exception("replica dispatch failed; retrying")
+                self._stop.wait(REPUT_IDLE_WAIT_S)
 
 
 def promote(store: Store, replica_log: ReplicaLog | None, seen_epoch: int) -> int:
@@ -444,6 +636,7 @@ class HAClient:
         return max(0, self.master_offset - self.rlog.offset)
 
     def start(self) -> "HAClient":
+        self.rlog.start()
         self._thread = threading.Thread(target=self._loop, name="sparkmq-ha-client",
                                         daemon=True)
         self._thread.start()
@@ -459,6 +652,7 @@ class HAClient:
                 pass
         if self._thread is not None:
             self._thread.join(10)
+        self.rlog.stop()
 
     def _loop(self) -> None:
         backoff = BACKOFF_MIN_S
@@ -530,58 +724,34 @@ class HAClient:
         self.last_error = None
         log.info("HA: following master %s of %s (epoch %d) from offset %d", addr,
                  self.broker_name, self.master_epoch, offset)
-        frames: queue.Queue = queue.Queue(maxsize=FRAME_QUEUE_FRAMES)
-        reader = threading.Thread(target=self._read_frames, args=(sock, frames), daemon=True,
-                                  name="sparkmq-ha-client-recv")
-        reader.start()
+        source = _SocketSource(sock)
         try:
-            self._apply_frames(sock, frames)
+            self._apply_frames(sock, source)
         finally:
+            source.close()
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            while reader.is_alive():       # unblock a reader waiting on a full queue
-                try:
-                    frames.get_nowait()
-                except queue.Empty:
-                    pass
-                reader.join(0.05)
 
-    def _read_frames(self, sock: socket.socket, frames: "queue.Queue") -> None:
-        """Receive frames while the applier writes the previous ones (the network and
-        the disk overlap); bounded by FRAME_QUEUE_FRAMES frames."""
-        try:
-            while not self._stop.is_set():
-                item = recv_frame(sock)
-                while not self._stop.is_set():
-                    try:
-                        frames.put(item, timeout=0.5)
-                        break
-                    except queue.Full:
-                        continue
-        except BaseException as e:   # handed to the applier, which raises it
-            frames.put((None, e))
-
-    def _apply_frames(self, sock: socket.socket, frames: "queue.Queue") -> None:
+    def _apply_frames(self, sock: socket.socket, source: "_SocketSource") -> None:
+        """Apply frames as they arrive, in this thread: a data frame's payload goes from
+        the socket to the segment file (spliced in the kernel where Linux allows), then
+        the whole batches in it are acked. The socket's timeout (MASTER_SILENCE_S) ends
+        a silent link."""
         while not self._stop.is_set():
-            try:
-                header, payload = frames.get(timeout=MASTER_SILENCE_S)
-            except queue.Empty:
-                raise ConnectionError(f"master silent for {MASTER_SILENCE_S} s") from None
-            if header is None:
-                raise payload
+            header, plen = recv_header(sock)
             kind = header["type"]
-            if kind == "data":
-                if header.get("whole"):   # ends at a batch end: ack once written
-                    end = self.rlog.write(header.get("path"), header.get("pos"), payload,
-                                          lambda off: send_frame(sock, {"type": "ack",
-                                                                        "offset": off}))
-                else:
-                    end = self.rlog.write(header.get("path"), header.get("pos"), payload)
-                    send_frame(sock, {"type": "ack", "offset": self.rlog.whole_offset})
+            if kind == "data":           # ack the whole batches once written
+                end = self.rlog.write_from(
+                    header.get("path"), header.get("pos"), plen,
+                    lambda a, progress: source.copy_into(a, plen, progress),
+                    lambda off: send_frame(sock, {"type": "ack", "offset": off}))
                 self.master_offset = max(self.master_offset, end)
-            elif kind == "segment":
+                continue
+            if plen:
+                raise HAProtocolError(f"a {kind!r} frame with a payload of {plen} bytes")
+            if kind == "segment":
                 self.rlog.begin_segment(header.get("path"), header.get("baseOffset"))
             elif kind == "meta":
                 self.rlog.apply_meta(header)
@@ -593,3 +763,88 @@ class HAClient:
                 raise HAProtocolError(f"master: {header.get('code')}: {header.get('message')}")
             else:
                 log.debug("HA: ignoring frame %s", kind)
+
+
+class _SocketSource:
+    """Moves a data frame's payload from the HA socket into a segment file: with
+    ``os.splice`` socket -> pipe -> file (Linux; the bytes never enter Python, one
+    copy in the kernel), else ``recv_into`` a reused buffer and ``os.write``. Falls
+    back for good on the first refusal (an old kernel, a file system without
+    splice)."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.pipe: tuple[int, int] | None = None
+        self.pipe_bytes = 0
+        self.buf = memoryview(bytearray(RECV_BUFFER_BYTES))
+        if hasattr(os, "splice"):
+            r, w = os.pipe()
+            self.pipe = (r, w)
+            try:
+                import fcntl
+                self.pipe_bytes = fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031),
+                                              PIPE_BYTES)
+            except OSError:
+                self.pipe_bytes = 64 << 10
+
+    def close(self) -> None:
+        if self.pipe is not None:
+            for fd in self.pipe:
+                os.close(fd)
+            self.pipe = None
+
+    def _wait_readable(self) -> None:
+        if not select.select([self.sock], [], [], MASTER_SILENCE_S)[0]:
+            raise ConnectionError(f"master silent for {MASTER_SILENCE_S} s")
+
+    def copy_into(self, a: seg.SegmentWriter, count: int, progress: Callable[[], None]) -> None:
+        """Append the next ``count`` bytes of the socket to ``a``; ``progress()`` after
+        each part of at least PROGRESS_BYTES."""
+        left = count
+        since = 0
+        while left and self.pipe is not None:
+            try:
+                n = os.splice(self.sock.fileno(), self.pipe[1], min(left, self.pipe_bytes),
+                              flags=os.SPLICE_F_MOVE)
+            except BlockingIOError:          # a socket with a timeout is non-blocking
+                self._wait_readable()
+                continue
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                log.info("HA: splice from the socket refused (%s); receiving through a "
+                         "buffer", e)
+                self.close()
+                break
+            if n == 0:
+                raise ConnectionError("peer closed the connection")
+            try:
+                a.append_from_pipe(self.pipe[0], n)
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+                log.info("HA: splice into %s refused (%s); receiving through a buffer",
+                         a.rel_path, e)
+                start = a.size
+                while a.size - start < n:        # what is still in the pipe
+                    a.append(os.read(self.pipe[0], n - (a.size - start)))
+                self.close()
+            left -= n
+            since += n
+            if since >= PROGRESS_BYTES and left:
+                progress()
+                since = 0
+        while left:
+            try:
+                n = self.sock.recv_into(self.buf, min(left, len(self.buf)))
+            except BlockingIOError:
+                self._wait_readable()
+                continue
+            if n == 0:
+                raise ConnectionError("peer closed the connection")
+            a.append(self.buf[:n])
+            left -= n
+            since += n
+            if since >= PROGRESS_BYTES and left:
+                progress()
+                since = 0

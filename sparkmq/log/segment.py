@@ -19,6 +19,7 @@ appends); readers are stateless functions over immutable buffers.
 """
 from __future__ import annotations
 
+import errno
 import os
 import struct
 from dataclasses import dataclass
@@ -87,6 +88,55 @@ def message_length(buf: pa.Buffer | bytes, pos: int) -> int | None:
     if pos + total > size:
         return None
     return total
+
+
+NOT_A_MESSAGE = -1
+
+
+def message_extent(buf, pos: int) -> int | None:
+    """Byte length of the IPC message starting at ``pos``, from its header alone
+    (prefix and flatbuffer metadata; the body need not be in ``buf``).
+
+    Returns 0 for an end-of-stream marker, None when ``buf`` ends inside the
+    header, :data:`NOT_A_MESSAGE` when the bytes are not a message header. For
+    a replica that walks message boundaries in a stream of received bytes
+    without decoding the batches (see ``message_length`` for a whole message).
+    ``buf``: any object with the buffer protocol.
+    """
+    size = len(buf)
+    if pos + 8 > size:
+        return None
+    cont, meta_len = struct.unpack_from("<Ii", buf, pos)
+    if cont != CONTINUATION or meta_len < 0:
+        return NOT_A_MESSAGE
+    if meta_len == 0:
+        return 0
+    m = pos + 8
+    if m + meta_len > size:
+        return None
+    # flatbuffer Message table: field 3 is bodyLength (int64), absent = 0
+    end = m + meta_len
+    if meta_len < 8:
+        return NOT_A_MESSAGE
+    (root,) = struct.unpack_from("<I", buf, m)
+    table = m + root
+    if table + 4 > end:
+        return NOT_A_MESSAGE
+    (vt_back,) = struct.unpack_from("<i", buf, table)
+    vtable = table - vt_back
+    if vtable < m or vtable + 4 > end:
+        return NOT_A_MESSAGE
+    (vt_size,) = struct.unpack_from("<H", buf, vtable)
+    body = 0
+    if vt_size >= 12:
+        (field,) = struct.unpack_from("<H", buf, vtable + 10)
+        if field:
+            if table + field + 8 > end:
+                return NOT_A_MESSAGE
+            (body,) = struct.unpack_from("<q", buf, table + field)
+    if body < 0:
+        return NOT_A_MESSAGE
+    return 8 + meta_len + body
 
 
 @dataclass(frozen=True)
@@ -177,6 +227,7 @@ class SegmentWriter:
         self.rel_path = rel_path
         self.base_offset = base_offset
         self._fd: int | None = None
+        self._splice_fd: int | None = None
         self._buffer: bytearray | None = None
         if sfs.is_local:
             path = sfs.local_path(rel_path)
@@ -213,6 +264,25 @@ class SegmentWriter:
         self.dirty = True
         return pos
 
+    def append_from_pipe(self, pipe_fd: int, count: int) -> None:
+        """Move ``count`` bytes waiting in pipe ``pipe_fd`` to the end of the file inside
+        the kernel (``os.splice``, Linux; a replica receiving a master's bytes): no copy
+        through Python. ``size`` grows with every chunk moved, so after an OSError
+        (e.g. EINVAL: the file system cannot splice) ``size`` is still the file's
+        length and the rest is still in the pipe. Local disks only."""
+        if self._fd is None:
+            raise OSError(errno.EINVAL, f"{self.rel_path}: not a local file")
+        if self._splice_fd is None:   # positional writes: splice refuses O_APPEND files
+            self._splice_fd = os.open(self.sfs.local_path(self.rel_path), os.O_WRONLY)
+        moved = 0
+        while moved < count:
+            n = os.splice(pipe_fd, self._splice_fd, count - moved, offset_dst=self.size)
+            if n == 0:
+                raise OSError(errno.EPIPE, f"pipe ended {count - moved} bytes early")
+            moved += n
+            self.size += n
+            self.dirty = True
+
     def flush(self, *, sync: bool = True) -> int:
         """Make the bytes durable (fsync) or at least visible to readers; returns the size."""
         size = self.size
@@ -226,6 +296,9 @@ class SegmentWriter:
         return size
 
     def close(self) -> None:
+        if self._splice_fd is not None:
+            os.close(self._splice_fd)
+            self._splice_fd = None
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
