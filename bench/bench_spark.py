@@ -9,7 +9,10 @@
    the write made, against Spark's Parquet file-stream source over the
    Parquet files the write made; ``select("body")`` on both, and sparkmq
    again with the schema declared as ``body binary`` (Parquet prunes to the
-   one column by itself; a Python data source is told only a declared schema).
+   one column by itself; a Python data source is told only a declared schema);
+   and the like-for-like case, every column on both sides (no select): sparkmq
+   against Parquet files holding the same messages with all 20 columns (written,
+   untimed, from a batch read of the store).
 
 Prints rows/s for each and the ratio sparkmq/parquet (above 1.0: sparkmq is
 faster). Data lives under a fresh folder in /tmp, deleted at the end. The
@@ -110,7 +113,11 @@ def bench_stream_read(spark, rows: int, written: dict, root: str,
     ``select("body")`` (what Spark materializes without help), and with the schema
     declared as ``body binary`` (the same single column as Parquet)."""
     schema = spark.read.parquet(written["parquet"]).schema
-    times: dict[str, list[float]] = {"pq": [], "mq": [], "decl": []}
+    pq_all = os.path.join(root, "parquet-all")     # the messages, all columns (untimed)
+    spark.read.format("sparkmq").option("topic", "bench").load(written["store"]) \
+        .write.mode("overwrite").parquet(pq_all)
+    schema_all = spark.read.parquet(pq_all).schema
+    times: dict[str, list[float]] = {"pq": [], "mq": [], "decl": [], "pq_all": [], "mq_all": []}
     for i in range(repeat):    # each query from scratch (new checkpoint), interleaved
         times["pq"].append(run_available_now(
             spark.readStream.schema(schema).parquet(written["parquet"]).select("body"),
@@ -123,9 +130,18 @@ def bench_stream_read(spark, rows: int, written: dict, root: str,
             .load(written["store"])
         times["decl"].append(run_available_now(declared,
                                                os.path.join(root, f"ck-declared-{i}")))
+        times["pq_all"].append(run_available_now(
+            spark.readStream.schema(schema_all).parquet(pq_all),
+            os.path.join(root, f"ck-parquet-all-{i}")))
+        times["mq_all"].append(run_available_now(
+            spark.readStream.format("sparkmq").option("topic", "bench")
+            .option("startingOffsets", "earliest").load(written["store"]),
+            os.path.join(root, f"ck-sparkmq-all-{i}")))
     t_pq = min(times["pq"])
     return [("stream read (AvNow)", {"sparkmq_s": min(times["mq"]), "parquet_s": t_pq}),
-            ("  declared body only", {"sparkmq_s": min(times["decl"]), "parquet_s": t_pq})]
+            ("  declared body only", {"sparkmq_s": min(times["decl"]), "parquet_s": t_pq}),
+            ("  all columns", {"sparkmq_s": min(times["mq_all"]),
+                               "parquet_s": min(times["pq_all"])})]
 
 
 def read_side_available(spark, store: str) -> str | None:
@@ -157,6 +173,8 @@ def main(argv=None) -> int:
     root = tempfile.mkdtemp(prefix="sparkmq-bench-", dir="/tmp")
     spark = spark_session()
     try:
+        import sparkmq
+        print(f"sparkmq from {os.path.dirname(sparkmq.__file__)}")
         print(f"rows {rows:,}, body {args.body_bytes} bytes, local[{PARTITIONS}], best of "
               f"{args.repeat}, data in {root}")
         df = source_frame(spark, rows, args.body_bytes)
