@@ -1,6 +1,7 @@
 """Spark benchmark: sparkmq against Spark's own Parquet source and sink, in one run.
 
     .venv/bin/python bench/bench_spark.py [--quick] [--rows N] [--body-bytes B] [--repeat N]
+                                          [--conf KEY=VALUE ...]
 
 1. batch write of N rows with B-byte bodies: ``df.write.format("sparkmq")``
    against ``df.write.parquet`` (same cached DataFrame, same partitions);
@@ -35,17 +36,20 @@ PARTITIONS = 2
 TIMEOUT_S = 1800
 
 
-def spark_session():
+def spark_session(confs: dict[str, str] | None = None):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master(f"local[{PARTITIONS}]").appName("sparkmq-bench")
-             .config("spark.ui.enabled", "false")
-             .config("spark.driver.memory", "4g")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.shuffle.partitions", str(PARTITIONS))
-             .getOrCreate())
+    builder = (SparkSession.builder.master(f"local[{PARTITIONS}]").appName("sparkmq-bench")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.memory", "4g")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.sql.shuffle.partitions", str(PARTITIONS)))
+    for key, value in (confs or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     from sparkmq.datasource import register
     register(spark)
@@ -168,15 +172,18 @@ def main(argv=None) -> int:
     ap.add_argument("--body-bytes", type=int, default=BODY_BYTES)
     ap.add_argument("--repeat", type=int, default=1,
                     help="run every timed case N times and report the best (noisy machines)")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark conf for the session (repeatable), e.g. spark.buffer.size=1048576")
     args = ap.parse_args(argv)
+    confs = dict(c.split("=", 1) for c in args.conf)
     rows = args.rows or (QUICK_ROWS if args.quick else DEFAULT_ROWS)
     root = tempfile.mkdtemp(prefix="sparkmq-bench-", dir="/tmp")
-    spark = spark_session()
+    spark = spark_session(confs)
     try:
         import sparkmq
         print(f"sparkmq from {os.path.dirname(sparkmq.__file__)}")
         print(f"rows {rows:,}, body {args.body_bytes} bytes, local[{PARTITIONS}], best of "
-              f"{args.repeat}, data in {root}")
+              f"{args.repeat}, data in {root}; confs {confs or 'default'}")
         df = source_frame(spark, rows, args.body_bytes)
         written = bench_write(spark, df, rows, root, args.repeat)
         report("batch write", rows, written)
