@@ -1,6 +1,7 @@
 """Spark benchmark: sparkmq against Spark's own Parquet source and sink, in one run.
 
     .venv/bin/python bench/bench_spark.py [--quick] [--rows N] [--body-bytes B] [--repeat N]
+                                          [--conf KEY=VALUE ...]
 
 1. batch write of N rows with B-byte bodies: ``df.write.format("sparkmq")``
    against ``df.write.parquet`` (same cached DataFrame, same partitions);
@@ -9,7 +10,10 @@
    the write made, against Spark's Parquet file-stream source over the
    Parquet files the write made; ``select("body")`` on both, and sparkmq
    again with the schema declared as ``body binary`` (Parquet prunes to the
-   one column by itself; a Python data source is told only a declared schema).
+   one column by itself; a Python data source is told only a declared schema);
+   and the like-for-like case, every column on both sides (no select): sparkmq
+   against Parquet files holding the same messages with all 20 columns (written,
+   untimed, from a batch read of the store).
 
 Prints rows/s for each and the ratio sparkmq/parquet (above 1.0: sparkmq is
 faster). Data lives under a fresh folder in /tmp, deleted at the end. The
@@ -32,17 +36,20 @@ PARTITIONS = 2
 TIMEOUT_S = 1800
 
 
-def spark_session():
+def spark_session(confs: dict[str, str] | None = None):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master(f"local[{PARTITIONS}]").appName("sparkmq-bench")
-             .config("spark.ui.enabled", "false")
-             .config("spark.driver.memory", "4g")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.shuffle.partitions", str(PARTITIONS))
-             .getOrCreate())
+    builder = (SparkSession.builder.master(f"local[{PARTITIONS}]").appName("sparkmq-bench")
+               .config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.driver.memory", "4g")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.driver.host", "127.0.0.1")
+               .config("spark.sql.shuffle.partitions", str(PARTITIONS)))
+    for key, value in (confs or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     from sparkmq.datasource import register
     register(spark)
@@ -110,7 +117,11 @@ def bench_stream_read(spark, rows: int, written: dict, root: str,
     ``select("body")`` (what Spark materializes without help), and with the schema
     declared as ``body binary`` (the same single column as Parquet)."""
     schema = spark.read.parquet(written["parquet"]).schema
-    times: dict[str, list[float]] = {"pq": [], "mq": [], "decl": []}
+    pq_all = os.path.join(root, "parquet-all")     # the messages, all columns (untimed)
+    spark.read.format("sparkmq").option("topic", "bench").load(written["store"]) \
+        .write.mode("overwrite").parquet(pq_all)
+    schema_all = spark.read.parquet(pq_all).schema
+    times: dict[str, list[float]] = {"pq": [], "mq": [], "decl": [], "pq_all": [], "mq_all": []}
     for i in range(repeat):    # each query from scratch (new checkpoint), interleaved
         times["pq"].append(run_available_now(
             spark.readStream.schema(schema).parquet(written["parquet"]).select("body"),
@@ -123,9 +134,18 @@ def bench_stream_read(spark, rows: int, written: dict, root: str,
             .load(written["store"])
         times["decl"].append(run_available_now(declared,
                                                os.path.join(root, f"ck-declared-{i}")))
+        times["pq_all"].append(run_available_now(
+            spark.readStream.schema(schema_all).parquet(pq_all),
+            os.path.join(root, f"ck-parquet-all-{i}")))
+        times["mq_all"].append(run_available_now(
+            spark.readStream.format("sparkmq").option("topic", "bench")
+            .option("startingOffsets", "earliest").load(written["store"]),
+            os.path.join(root, f"ck-sparkmq-all-{i}")))
     t_pq = min(times["pq"])
     return [("stream read (AvNow)", {"sparkmq_s": min(times["mq"]), "parquet_s": t_pq}),
-            ("  declared body only", {"sparkmq_s": min(times["decl"]), "parquet_s": t_pq})]
+            ("  declared body only", {"sparkmq_s": min(times["decl"]), "parquet_s": t_pq}),
+            ("  all columns", {"sparkmq_s": min(times["mq_all"]),
+                               "parquet_s": min(times["pq_all"])})]
 
 
 def read_side_available(spark, store: str) -> str | None:
@@ -152,13 +172,18 @@ def main(argv=None) -> int:
     ap.add_argument("--body-bytes", type=int, default=BODY_BYTES)
     ap.add_argument("--repeat", type=int, default=1,
                     help="run every timed case N times and report the best (noisy machines)")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark conf for the session (repeatable), e.g. spark.buffer.size=1048576")
     args = ap.parse_args(argv)
+    confs = dict(c.split("=", 1) for c in args.conf)
     rows = args.rows or (QUICK_ROWS if args.quick else DEFAULT_ROWS)
     root = tempfile.mkdtemp(prefix="sparkmq-bench-", dir="/tmp")
-    spark = spark_session()
+    spark = spark_session(confs)
     try:
+        import sparkmq
+        print(f"sparkmq from {os.path.dirname(sparkmq.__file__)}")
         print(f"rows {rows:,}, body {args.body_bytes} bytes, local[{PARTITIONS}], best of "
-              f"{args.repeat}, data in {root}")
+              f"{args.repeat}, data in {root}; confs {confs or 'default'}")
         df = source_frame(spark, rows, args.body_bytes)
         written = bench_write(spark, df, rows, root, args.repeat)
         report("batch write", rows, written)

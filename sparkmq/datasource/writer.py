@@ -87,6 +87,9 @@ log = logging.getLogger("sparkmq.datasource.writer")
 
 DEFAULT_MAX_SEGMENT_BYTES = 64 << 20
 DEFAULT_MAX_MESSAGE_SIZE_BYTES = 4 << 20
+#: a staged file's bytes are handed to the disk (writeback started, not awaited) every
+#: this many bytes, so the fsync that seals it finds little left to write
+WRITEBACK_CHUNK_BYTES = 8 << 20
 PERM_WRITE = 2
 
 _INTS = (ByteType, ShortType, IntegerType, LongType)
@@ -308,8 +311,10 @@ class _StagedFiles:
     Sealing a full file runs on one background thread, so the task keeps
     converting and writing the next file while the disk syncs; at most one seal
     is in flight (the next one waits for it), and ``finish`` returns only when
-    every file is sealed (a failed seal raises there). Executor-side; not
-    thread-safe.
+    every file is sealed (a failed seal raises there). Every
+    ``WRITEBACK_CHUNK_BYTES`` the same thread starts the disk writing the active
+    file's new bytes (not waited for, no durability meaning), so the seal's
+    fsync finds little left to write. Executor-side; not thread-safe.
     """
 
     def __init__(self, sfs: StoreFS, job_id: str, task: str, max_bytes: int):
@@ -318,19 +323,30 @@ class _StagedFiles:
         self.active: seg.SegmentWriter | None = None
         self._sealer: ThreadPoolExecutor | None = None
         self._sealing: Future | None = None
+        self._writeback_from = 0
 
     def append(self, batch: pa.RecordBatch) -> None:
         if self.active is None:
             rel = fmt.staged_segment_file(self.job_id, self.task)
             self.paths.append(rel)
             self.active = seg.SegmentWriter(self.sfs, rel, 0, create=True)
+            self._writeback_from = self.active.size
         self.active.append(seg.serialize_batch(batch))
         if self.active.size >= self.max_bytes:
             full, self.active = self.active, None
             self._wait_sealed()
-            if self._sealer is None:
-                self._sealer = ThreadPoolExecutor(1, thread_name_prefix="sparkmq-seal")
-            self._sealing = self._sealer.submit(_seal, full)
+            self._sealing = self._background().submit(_seal, full)
+        elif self.active.size - self._writeback_from >= WRITEBACK_CHUNK_BYTES:
+            # on the sealer thread, before any later seal (one thread, in order), so the
+            # task never blocks on the disk queue; the file stays open until its seal
+            self._background().submit(self.active.start_writeback_range,
+                                      self._writeback_from, self.active.size)
+            self._writeback_from = self.active.size
+
+    def _background(self) -> ThreadPoolExecutor:
+        if self._sealer is None:
+            self._sealer = ThreadPoolExecutor(1, thread_name_prefix="sparkmq-seal")
+        return self._sealer
 
     def _wait_sealed(self) -> None:
         sealing, self._sealing = self._sealing, None
@@ -346,21 +362,25 @@ class _StagedFiles:
         try:
             if self.active is not None:
                 last, self.active = self.active, None
-                _seal(last)
+                if self._sealer is None:
+                    _seal(last)
+                else:   # after the writeback hints queued for it (they need it open)
+                    self._wait_sealed()
+                    self._sealing = self._sealer.submit(_seal, last)
             self._wait_sealed()
         finally:
             self._stop_sealer()
         return list(self.paths)
 
     def discard(self) -> None:
-        if self.active is not None:
-            self.active.close()
-            self.active = None
         try:
             self._wait_sealed()
         except Exception:   # the files are deleted next anyway
             pass
-        self._stop_sealer()
+        self._stop_sealer()   # no writeback hint still queued for the active file
+        if self.active is not None:
+            self.active.close()
+            self.active = None
         self.sfs.delete_many(self.paths)
 
 
@@ -417,6 +437,7 @@ class _BatchConverter:
         self.partition = partition
         self.round_robin: dict[str, int] = {}
         self.host = socket.gethostname()
+        self.host_scalar = pa.scalar(self.host, pa.string())
 
     def convert(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         n = batch.num_rows
@@ -434,7 +455,7 @@ class _BatchConverter:
             "properties": _cast(col, "properties", pa.map_(pa.string(), pa.string()), n),
             "born_timestamp": _born(col.get("born_timestamp"), n, now_ms),
             "store_timestamp": pa.array(np.full(n, now_ms, np.int64)).cast(fmt.TS),
-            "born_host": pa.array([self.host] * n, pa.string()),
+            "born_host": pa.repeat(self.host_scalar, n),
             "store_host": pa.nulls(n, pa.string()),
             "reconsume_times": pa.array(np.zeros(n, np.int32)),
             "delivery_timestamp": pa.nulls(n, fmt.TS),
@@ -473,6 +494,13 @@ class _BatchConverter:
 
     def _queues(self, topics: pa.Array, queue_id, group, n: int) -> pa.Array:
         """Explicit queue_id, else crc32(message_group) % queues, else round robin."""
+        if queue_id is None and group is None and self.w.topic_option:
+            # one topic, every row round robin: no per-row topic lookup
+            name = self.w.topic_option
+            nq = self.w._topic_conf(name)["writeQueueNums"]
+            start = self.round_robin.get(name, self.partition)
+            self.round_robin[name] = (start + 1) % nq
+            return pa.array(_spread(n, start, nq).astype(np.int32))
         qids = np.full(n, -1, np.int64)
         explicit = np.zeros(n, bool)
         if queue_id is not None:

@@ -24,6 +24,12 @@ Guarantees, per backend (docs/FORMAT.md, "Log store guarantees"):
   disks (zero copy), the bytes otherwise.
 
 Thread-safe: methods hold no state but the memory-map cache, which is locked.
+
+An absolute local path (``/data/store`` or ``file:///data/store``) without
+storage options is served by ``os`` calls alone: fsspec (whose import reads
+every installed package's entry points, ~0.1-0.5 s) is imported only when a
+store needs it. That import is paid again by every fresh Python process Spark
+starts for a streaming query.
 """
 from __future__ import annotations
 
@@ -32,7 +38,6 @@ import threading
 import uuid
 from typing import Iterable
 
-import fsspec
 import pyarrow as pa
 
 from ..errors import InvalidConfigError
@@ -46,21 +51,30 @@ class StoreFS:
     def __init__(self, url: str, storage_options: dict | None = None):
         if not url or not isinstance(url, str):
             raise InvalidConfigError(f"store URL must be a non-empty string, got {url!r}")
-        try:
-            fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-        except (ValueError, ImportError) as exc:
-            raise InvalidConfigError(f"cannot open store URL {url!r}: {exc}") from exc
         self.url = url
         #: the fsspec options this store was opened with (a copy), so that views of
         #: the store (``Snapshot``) can reopen it elsewhere, e.g. on Spark executors
         self.storage_options = dict(storage_options) if storage_options else None
-        self.fs = fs
+        self._fs = None
+        root = None if storage_options else local_root(url)
+        if root is not None:
+            self.is_local, self.is_memory = True, False
+        else:
+            self._fs, root = _url_to_fs(url, storage_options)
+            fs = self._fs
+            protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+            self.is_local = "file" in protocols or "local" in protocols
+            self.is_memory = "memory" in protocols
         self.root = root.rstrip("/") or "/"
-        protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-        self.is_local = "file" in protocols or "local" in protocols
-        self.is_memory = "memory" in protocols
         self._maps: dict[str, pa.Buffer] = {}
         self._maps_lock = threading.Lock()
+
+    @property
+    def fs(self):
+        """The fsspec filesystem (built on first use for stores served by ``os`` calls)."""
+        if self._fs is None:
+            self._fs = _url_to_fs(self.url, self.storage_options)[0]
+        return self._fs
 
     # -- paths -----------------------------------------------------------
     def full(self, rel: str) -> str:
@@ -72,9 +86,14 @@ class StoreFS:
 
     # -- reading ---------------------------------------------------------
     def exists(self, rel: str) -> bool:
+        if self.is_local:
+            return os.path.exists(self.full(rel))
         return self.fs.exists(self.full(rel))
 
     def read_bytes(self, rel: str) -> bytes:
+        if self.is_local:
+            with open(self.full(rel), "rb") as f:
+                return f.read()
         return self.fs.cat_file(self.full(rel))
 
     def read_range(self, rel: str, start: int, end: int) -> bytes:
@@ -258,6 +277,56 @@ class StoreFS:
     def close(self) -> None:
         with self._maps_lock:
             self._maps = {}
+
+
+def local_root(url: str) -> str | None:
+    """The root of a store at an absolute local path (``/p`` or ``file:///p``), else None.
+
+    Anything else (relative paths, ``~``, chained or remote URLs) is left to
+    fsspec, so roots are exactly what ``fsspec.core.url_to_fs`` gives.
+    """
+    path = url[len("file://"):] if url.startswith("file://") else url
+    if not path.startswith("/") or "://" in path or "::" in path:
+        return None
+    return path.rstrip("/") or "/"
+
+
+def _url_to_fs(url: str, storage_options: dict | None):
+    import fsspec   # lazily: see the module docstring
+    try:
+        return fsspec.core.url_to_fs(url, **(storage_options or {}))
+    except (ValueError, ImportError) as exc:
+        raise InvalidConfigError(f"cannot open store URL {url!r}: {exc}") from exc
+
+
+_SYNC_FILE_RANGE_WRITE = 2     # linux/fs.h
+_sync_file_range = None       # libc's sync_file_range, looked up on first use (False: none)
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
+    """Ask the kernel to start writing ``nbytes`` dirty bytes at ``offset`` of ``fd``
+    to disk now, without waiting (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``).
+
+    Not a durability guarantee (that is still ``fdatasync``): it only makes a
+    later ``fdatasync`` short, since the disk works while the caller writes on.
+    Returns False where the call does not exist (then nothing happened).
+    """
+    global _sync_file_range
+    if _sync_file_range is None:
+        _sync_file_range = False
+        try:
+            import ctypes
+            import ctypes.util
+            fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True) \
+                .sync_file_range
+            fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+            _sync_file_range = fn
+        except (OSError, AttributeError):
+            pass
+    if not _sync_file_range:
+        return False
+    return _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE) == 0
 
 
 def _map(path: str) -> pa.Buffer:

@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from ..errors import CorruptStoreError
 from . import format as fmt
-from .fs import StoreFS
+from .fs import StoreFS, start_writeback
 
 CONTINUATION = 0xFFFFFFFF
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -294,6 +294,15 @@ class SegmentWriter:
         self.dirty = False
         self.flushed_size = size
         return size
+
+    def start_writeback_range(self, start: int, end: int) -> None:
+        """Start writing bytes ``[start, end)`` to disk without waiting (local disks;
+        see :func:`sparkmq.log.fs.start_writeback`), so a later ``flush(sync=True)``
+        waits for less. No durability promise. May run on another thread than
+        ``append`` (it reads only the file descriptor), but not after ``close``."""
+        fd = self._fd
+        if fd is not None and end > start:
+            start_writeback(fd, start, end - start)
 
     def close(self) -> None:
         if self._splice_fd is not None:
