@@ -411,7 +411,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         add = out.entries.add
         codes = set()          # codes other than OK
         any_ok = False
-        ok = PutMessageStatus.PUT_OK
+        ok, ok_entry = PutMessageStatus.PUT_OK, _OK_ENTRY_BYTES
         for r in results:
             if isinstance(r, pb.Status):
                 add(status=r)
@@ -419,7 +419,10 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                 continue
             put_status, message_id, offset, txid = r
             if put_status is ok and not txid:       # the common case: merge the status
-                add(message_id=message_id, offset=offset).MergeFromString(_OK_ENTRY_BYTES)
+                e = add()                            # (attribute sets: ~1.5x cheaper than
+                e.MergeFromString(ok_entry)          # keyword arguments to add)
+                e.message_id = message_id
+                e.offset = offset
                 any_ok = True
                 continue
             if put_status is ok:
