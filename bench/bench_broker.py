@@ -392,7 +392,119 @@ def bench_grpc_floor(tmp: str, n: int, batch: int, m: int) -> dict:
                     got.put(time.perf_counter())
                     ack(b"")
         e2e = ping_pong(recv, lambda: send(b""), m)
-    return {"lat": lat, "e2e": e2e}
+    return {"lat": lat, "e2e": e2e, "tput": send_floor(n, batch)}
+
+
+SEND_FLOOR_SERVER = """
+import json, sys
+from concurrent import futures
+import grpc
+from rocketmq.grpc_protocol import definition_pb2 as pb, service_pb2 as spb
+# argv: port, entries, workers, extra server options as JSON ([[name, value], ...])
+port, entries, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+extra = [tuple(x) for x in json.loads(sys.argv[4])]
+answer = spb.SendMessageResponse(status=pb.Status(code=pb.OK, message="OK"))
+for i in range(entries):        # what the broker answers for a stored batch
+    answer.entries.add(status=pb.Status(code=pb.OK, message="OK"),
+                       message_id="%032X" % (0xC0FFEE0000 + i), offset=1_000_000 + i)
+def send(request, context):     # parsed by the deserializer below; only checked here
+    if len(request.messages) != entries:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, "wrong batch size")
+    return answer
+limit = 64 << 20
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=[
+    ("grpc.max_receive_message_length", limit), ("grpc.max_send_message_length", limit),
+    ("grpc.so_reuseport", 0), *extra])
+server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+    "apache.rocketmq.v2.MessagingService", {"SendMessage": grpc.unary_unary_rpc_method_handler(
+        send, request_deserializer=spb.SendMessageRequest.FromString,
+        response_serializer=spb.SendMessageResponse.SerializeToString)}),))
+server.add_insecure_port("127.0.0.1:" + port)
+server.start()
+server.wait_for_termination()
+"""
+
+
+def send_floor(n: int, batch: int, workers: int = 128, server_options=(),
+               channel_options=()) -> float:
+    """msg/s of sequential SendMessage calls carrying the SAME request the sparkmq
+    Producer builds for a batch of ``batch`` 1 KiB messages, to a Python gRPC server
+    (thread pool and options like the broker's) that parses the request and answers a
+    canned ``batch``-entry response, which the client parses: the throughput floor of
+    any Python gRPC broker speaking the RocketMQ 5.x protocol. The request is built (and
+    serialized) once; the answer is parsed every time."""
+    import json
+
+    import grpc
+    from rocketmq.grpc_protocol import service_pb2 as spb
+
+    from sparkmq.client import Message, Producer
+    maker = Producer("127.0.0.1:1")             # no connection: only builds requests
+    try:
+        request = maker._request([Message("tput", BODY) for _ in range(batch)])
+    finally:
+        maker.shutdown()
+    data = request.data if hasattr(request, "data") else request.SerializeToString()
+    port = free_port()
+    cmd = [sys.executable, "-c", SEND_FLOOR_SERVER, str(port), str(batch), str(workers),
+           json.dumps([list(o) for o in server_options])]
+    with process(cmd, port), grpc.insecure_channel(f"127.0.0.1:{port}", options=[
+            ("grpc.max_receive_message_length", 64 << 20),
+            ("grpc.max_send_message_length", 64 << 20), *channel_options]) as ch:
+        send = ch.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",
+                              request_serializer=None,        # the request's bytes as built
+                              response_deserializer=spb.SendMessageResponse.FromString)
+        meta = (("x-mq-client-id", "floor"), ("x-mq-language", "PYTHON"), ("x-mq-protocol", "v2"))
+        for _ in range(1 + WARM_UP_SENDS // 10):
+            send(data, timeout=30, metadata=meta)
+        t0 = time.perf_counter()
+        for _ in range(n // batch):
+            r = send(data, timeout=30, metadata=meta)
+            if len(r.entries) != batch:
+                raise RuntimeError(f"floor server answered {len(r.entries)} entries")
+        return (n // batch) * batch / (time.perf_counter() - t0)
+
+
+FLOOR_VARIANTS = [   # (label, server thread pool size, server options, channel options)
+    ("as the broker (128 workers)", 128, (), ()),
+    ("compression off (explicit)", 128, [("grpc.default_compression_algorithm", 0)],
+     [("grpc.default_compression_algorithm", 0)]),
+    ("default 4 MiB message limits", 128, [("grpc.max_receive_message_length", 4 << 20)],
+     [("grpc.max_receive_message_length", 4 << 20)]),
+    ("grpc.so_reuseport=1", 128, [("grpc.so_reuseport", 1)], ()),
+    ("4 workers", 4, (), ()),
+    ("optimization_target=throughput", 128, [("grpc.optimization_target", "throughput")],
+     [("grpc.optimization_target", "throughput")]),
+    ("optimization_target=latency", 128, [("grpc.optimization_target", "latency")],
+     [("grpc.optimization_target", "latency")]),
+]
+
+
+def floor_variants(tmp: str, n: int, batch: int, repeat: int) -> None:
+    """``--floor``: the send floor under each gRPC setting in FLOOR_VARIANTS, and Redis's
+    batched throughput in the same run (alternated ``repeat`` times), as ratios to Redis."""
+    from google.protobuf.internal import api_implementation
+    import grpc
+    print(f"# protobuf backend: {api_implementation.Type()}; grpcio {grpc.__version__}")
+    rows: dict[str, list[float]] = {}
+    for run in range(repeat):
+        with tempfile.TemporaryDirectory(prefix="bench-redis-", dir=tmp) as rt:
+            red = bench_redis(rt, n, batch, 20)
+        redis_tput = red["tput"] if red else None
+        rows.setdefault("redis (msg/s)", []).append(redis_tput or 0.0)
+        k = run % len(FLOOR_VARIANTS)            # rotate: no setting always runs first
+        for label, workers, sopts, copts in FLOOR_VARIANTS[k:] + FLOOR_VARIANTS[:k]:
+            v = send_floor(n, batch, workers, sopts, copts)
+            rows.setdefault(label, []).append(v)
+            print(f"# run {run + 1}: {label:<34} {v:>9.0f} msg/s"
+                  + (f"  {v / redis_tput:.2f} of redis" if redis_tput else ""), flush=True)
+    print(f"{'grpc send floor':<36}{'msg/s (min..max)':>22}{'of redis':>16}")
+    reds = rows.pop("redis (msg/s)")
+    print(f"{'redis pipeline':<36}{min(reds):>10.0f}..{max(reds):<10.0f}")
+    for label, vals in rows.items():
+        rat = [v / r for v, r in zip(vals, reds) if r]
+        print(f"{label:<36}{min(vals):>10.0f}..{max(vals):<10.0f}"
+              + (f"{min(rat):>7.2f}..{max(rat):.2f}" if rat else ""))
 
 
 # ---------------------------------------------------------------- report
@@ -454,8 +566,14 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small counts (about a minute)")
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--repeat", type=int, default=1, help="run everything N times")
+    ap.add_argument("--floor", action="store_true",
+                    help="only the gRPC send floor under several gRPC settings, against Redis")
     args = ap.parse_args(argv)
     n, m = (20_000, 300) if args.quick else (100_000, 2_000)
+    if args.floor:
+        with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
+            floor_variants(tmp, n, args.batch, args.repeat)
+        return 0
     print(f"# 1 KiB messages; throughput: {n} msgs in batches of {args.batch}; "
           f"latencies over {m} sends; {os.cpu_count()} cores")
     fns = {"sparkmq": bench_sparkmq, "redis": bench_redis, "nats": bench_nats,

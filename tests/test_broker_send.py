@@ -150,6 +150,38 @@ def test_all_null_columns_have_the_requested_type():
     assert _column([], pa.string()).type == pa.string()
 
 
+def test_constant_columns_are_shared_and_list_values_are_repeated_not_cached():
+    a, b = _column(["t"] * 3, pa.string()), _column(["t"] * 3, pa.string())
+    assert a is b and a.to_pylist() == ["t"] * 3            # immutable: built once
+    assert _column(["t"] * 2, pa.string()).to_pylist() == ["t"] * 2     # length is the key
+    assert _column([7] * 2, pa.int8()).type == pa.int8()
+    keys = pa.list_(pa.string())
+    assert _column([["k"], ["k"]], keys).to_pylist() == [["k"], ["k"]]
+    assert _column([["k"], ["j"]], keys).to_pylist() == [["k"], ["j"]]
+
+
+@pytest.mark.integration
+def test_a_plain_batch_keeps_each_born_time_keys_and_properties(broker):
+    """The plain fast path converts a born time shared by the batch once; rows with
+    their own born time, keys or properties keep theirs."""
+    shared = [message(b"s%d" % i, message_id=f"ID-S{i}") for i in range(3)]
+    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(messages=shared),
+                                                 Context())
+    assert resp.status.code == Code.OK
+    own = [message(b"o%d" % i, message_id=f"ID-O{i}") for i in range(3)]
+    own[1].system_properties.born_timestamp.FromMilliseconds(1_700_000_000_999)
+    own[2].system_properties.keys.extend(["k1"])
+    own[2].user_properties.update({"p": "1"})
+    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(messages=own), Context())
+    assert resp.status.code == Code.OK
+    rows = {m.unique_key: m for m in stored(broker, "T")}
+    assert [rows[f"ID-S{i}"].born_timestamp for i in range(3)] == [1_700_000_000_123] * 3
+    assert [rows[f"ID-O{i}"].born_timestamp for i in range(3)] == [
+        1_700_000_000_123, 1_700_000_000_999, 1_700_000_000_123]
+    assert [(rows[f"ID-O{i}"].keys, rows[f"ID-O{i}"].properties) for i in range(3)] == [
+        ([], {}), ([], {}), (["k1"], {"p": "1"})]
+
+
 @pytest.mark.integration
 def test_long_polls_are_woken_when_the_send_rpc_is_over(broker):
     ctx = Context()

@@ -133,3 +133,29 @@ def test_send_batch_request_carries_every_field_of_plain_and_rich_messages():
         assert {sp.message_type for sp in got} == {pb.DELAY}
     finally:
         p.shutdown()
+
+
+def test_a_plain_batch_is_encoded_by_hand_and_parses_to_the_protocol_messages():
+    """Plain batches skip the protocol objects: the hand-encoded bytes must parse to
+    exactly what Message.to_pb gives, for bodies whose lengths need 1 to 3 varint bytes."""
+    from sparkmq.client.producer import EncodedSendRequest, _varint
+    assert [_varint(n) for n in (0, 1, 127, 128, 300, 16384)] == [
+        b"\x00", b"\x01", b"\x7f", b"\x80\x01", b"\xac\x02", b"\x80\x80\x01"]
+    p = producer_with(QUEUES)
+    sent = []
+    p._send_to = lambda queue, request: sent.append(request) or []
+    try:
+        bodies = [b"x", b"y" * 127, b"z" * 128, bytes(range(256)) * 70, b"w" * 20_000]
+        for group in (None, "g"):
+            batch = [Message("T", b, message_group=group) for b in bodies]
+            p.send_batch(batch)
+            request = sent[-1]
+            assert type(request) is EncodedSendRequest and request.count == len(batch)
+            got = list(request.messages)
+            assert len({m.system_properties.message_id for m in got}) == len(batch)
+            born = got[0].system_properties.born_timestamp
+            for m, g in zip(batch, got):
+                assert len(g.system_properties.message_id) == 32
+                assert g == m.to_pb(p._host, g.system_properties.message_id, born)
+    finally:
+        p.shutdown()

@@ -351,21 +351,27 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         topic that may be written: what ``_refusal`` lets through with no status, checked
         a column at a time (the usual batch: ~2x cheaper than message by message).
         None if any message is not such (the request then takes the general path)."""
-        first = messages[0].topic.name
-        if any(m.topic.name != first for m in messages):
+        n = len(messages)
+        topics = [m.topic.name for m in messages]
+        first = topics[0]
+        if topics.count(first) != n:
             return None
+        # One list per field and C-level counts/membership tests: cheaper than one
+        # any() over a generator testing five fields per message.
         sps = [m.system_properties for m in messages]
-        normal, gzip = pb.NORMAL, pb.GZIP
-        if any(sp.message_type != normal or sp.message_group or sp.body_encoding == gzip
-               or sp.HasField("tag") or sp.HasField("delivery_timestamp") for sp in sps):
+        if [sp.message_type for sp in sps].count(pb.NORMAL) != n \
+                or any([sp.message_group for sp in sps]) \
+                or pb.GZIP in [sp.body_encoding for sp in sps] \
+                or True in [sp.HasField("tag") or sp.HasField("delivery_timestamp") for sp in sps]:
             return None
-        if any(m.user_properties and PROP_DELAY_LEVEL in m.user_properties for m in messages):
+        props = [m.user_properties for m in messages]
+        if any(props) and any(p and PROP_DELAY_LEVEL in p for p in props):
             return None
         bodies = [m.body for m in messages]
         sizes = list(map(len, bodies))
         if min(sizes) == 0 or max(sizes) > limit or self._topic_refusal(first) is not None:
             return None
-        return SendRows.plain(messages, sps, bodies, first)
+        return SendRows.plain(messages, sps, props, bodies, first)
 
     def _store_rows(self, request, rows: "SendRows", results: list, context):
         """Store the accepted ``rows`` of ``request`` (``results`` holds the refused
@@ -405,7 +411,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         add = out.entries.add
         codes = set()          # codes other than OK
         any_ok = False
-        ok = PutMessageStatus.PUT_OK
+        ok, ok_entry = PutMessageStatus.PUT_OK, _OK_ENTRY_BYTES
         for r in results:
             if isinstance(r, pb.Status):
                 add(status=r)
@@ -413,7 +419,10 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                 continue
             put_status, message_id, offset, txid = r
             if put_status is ok and not txid:       # the common case: merge the status
-                add(message_id=message_id, offset=offset).MergeFromString(_OK_ENTRY_BYTES)
+                e = add()                            # (attribute sets: ~1.5x cheaper than
+                e.MergeFromString(ok_entry)          # keyword arguments to add)
+                e.message_id = message_id
+                e.offset = offset
                 any_ok = True
                 continue
             if put_status is ok:
@@ -815,24 +824,32 @@ class SendRows:
         self._columns = None
 
     @classmethod
-    def plain(cls, messages, sps: list, bodies: list, topic: str) -> "SendRows":
+    def plain(cls, messages, sps: list, props: list, bodies: list, topic: str) -> "SendRows":
         """The rows of a whole request of plain messages (see
         ``MessagingServicer._plain_rows``: NORMAL, one ``topic``, no tag, group, delivery
-        time or delay level), with ``sps``/``bodies`` the messages' system properties and
-        bodies already read: the columns ``columns`` would build, without its general cases."""
+        time or delay level), with ``sps``/``props``/``bodies`` the messages' system
+        properties, user properties and bodies already read: the columns ``columns``
+        would build, without its general cases. A born time shared by the whole batch
+        (one client request) is converted once."""
         out = cls()
         n = len(messages)
         out.messages = list(messages)
         out.index = list(range(n))
         borns = [sp.born_timestamp for sp in sps]
+        b = borns[0]
+        if borns.count(b) == n:
+            born_ms = [b.seconds * 1000 + b.nanos // 1_000_000 or None] * n
+        else:
+            born_ms = [b.seconds * 1000 + b.nanos // 1_000_000 or None for b in borns]
+        keys = [sp.keys for sp in sps]
         out._columns = {
             "topic": [topic] * n,
             "body": bodies,
             "tags": [None] * n,
-            "keys": [list(k) if k else None for k in (sp.keys for sp in sps)],
-            "properties": [list(p.items()) if p else None for p in (m.user_properties
-                                                                     for m in messages)],
-            "born_timestamp": [b.seconds * 1000 + b.nanos // 1_000_000 or None for b in borns],
+            "keys": [list(k) if k else None for k in keys] if any(keys) else [None] * n,
+            "properties": [list(p.items()) if p else None for p in props] if any(props)
+            else [None] * n,
+            "born_timestamp": born_ms,
             "born_host": [sp.born_host or None for sp in sps],
             "message_group": [None] * n,
             "message_type": [NORMAL_TYPE] * n,

@@ -111,10 +111,15 @@ class MessageIds:
 
     def __init__(self):
         self._prefix = uuid.uuid4().hex[:20].upper()
+        self._prefix_ascii = self._prefix.encode("ascii")
         self._counter = itertools.count()
 
     def next(self) -> str:
         return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
+
+    def next_ascii(self) -> bytes:
+        """``next()`` as ASCII bytes (for requests encoded by hand)."""
+        return b"%s%012X" % (self._prefix_ascii, next(self._counter) & 0xFFFFFFFFFFFF)
 
 
 def now_timestamp():
@@ -221,6 +226,7 @@ class Connections:
                          ("x-mq-protocol", "v2"), *extra_metadata)
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, MessagingServiceStub]] = {}
+        self._encoded: dict[tuple[str, str], object] = {}   # (endpoint, method) -> callable
 
     def stub(self, endpoint: str) -> MessagingServiceStub:
         with self._lock:
@@ -241,8 +247,28 @@ class Connections:
             raise BrokerUnavailableError(f"{method} to {endpoint} failed: {e.code()} "
                                          f"{e.details()}") from None
 
+    def call_encoded(self, endpoint: str, method: str, data: bytes, response_class,
+                     timeout_s: float | None = None):
+        """``call`` with the request already serialized (``data``): the same RPC and
+        metadata, the answer parsed as ``response_class``."""
+        key = (endpoint, method)
+        fn = self._encoded.get(key)
+        if fn is None:
+            self.stub(endpoint)                  # opens the channel
+            with self._lock:
+                ch = self._stubs[endpoint][0]
+                fn = self._encoded[key] = ch.unary_unary(
+                    f"/apache.rocketmq.v2.MessagingService/{method}",
+                    request_serializer=None, response_deserializer=response_class.FromString)
+        try:
+            return fn(data, timeout=timeout_s or self.request_timeout_s, metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise BrokerUnavailableError(f"{method} to {endpoint} failed: {e.code()} "
+                                         f"{e.details()}") from None
+
     def close(self) -> None:
         with self._lock:
+            self._encoded = {}
             pairs, self._stubs = list(self._stubs.values()), {}
         for ch, _ in pairs:
             ch.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import dataclasses
+import functools
 import itertools
 import logging
 import socket
@@ -253,41 +254,40 @@ class Producer:
         raise BrokerUnavailableError(f"send to {topic!r} failed after {self.max_retries + 1} "
                                      f"attempts: {' | '.join(errors)}")
 
-    def _request(self, messages: list[Message]) -> spb.SendMessageRequest:
-        """The SendMessageRequest (one topic and message group, see ``_send``): plain
-        messages (no tag, keys or properties) of a batch are merged from one serialized
-        template, the others (and delayed ones: each has its own delivery time) filled field by
-        field; both give what ``Message.to_pb`` gives."""
+    def _request(self, messages: list[Message]) -> "spb.SendMessageRequest | EncodedSendRequest":
+        """The SendMessageRequest (one topic and message group, see ``_send``). A batch
+        of plain messages (bytes bodies; no tag, keys, properties or delivery time) is
+        encoded by hand around one serialized template (``EncodedSendRequest``); other
+        requests are filled field by field (delayed ones: each has its own delivery
+        time). Both parse to what ``Message.to_pb`` gives."""
         born = now_timestamp()
+        topic, group = messages[0].topic, messages[0].message_group
+        if len(messages) > 1 and all(
+                type(m.body) is bytes and not (m.tag or m.keys or m.properties)
+                and m.delivery_timestamp_ms is None and m.topic == topic
+                and m.message_group == group for m in messages):
+            return _encode_plain(messages, self._host, self._ids, born)
         request = spb.SendMessageRequest()
         add, host, ids = request.messages.add, self._host, self._ids
-        template = None
         for m in messages:
-            if m.tag or m.keys or m.properties or len(messages) == 1 \
-                    or m.delivery_timestamp_ms is not None \
-                    or type(m.body) is not bytes:       # fill_pb checks and converts bodies
-                m.fill_pb(add(), host, ids.next(), born)
-                continue
-            if template is None:      # what plain messages of this request share
-                proto = pb.Message()
-                m.fill_pb(proto, host, "", born)
-                proto.ClearField("body")
-                template = proto.SerializeToString()
-            x = add()
-            x.MergeFromString(template)          # ~2x cheaper than setting each field
-            x.body = m.body
-            x.system_properties.message_id = ids.next()
+            m.fill_pb(add(), host, ids.next(), born)
         return request
 
     def _send_to(self, queue: Queue, request) -> list[SendReceipt]:
-        r = self.conns.call(queue.endpoint, "SendMessage", request)
+        if type(request) is EncodedSendRequest:
+            r = self.conns.call_encoded(queue.endpoint, "SendMessage", request.data,
+                                        spb.SendMessageResponse)
+            count = request.count
+        else:
+            r = self.conns.call(queue.endpoint, "SendMessage", request)
+            count = len(request.messages)
         entries = r.entries
         # A top status OK is every entry's status (the broker answers MULTIPLE_RESULTS
         # otherwise): the entries need no look then.
         all_ok = r.status.code == Code.OK
         bad = [] if all_ok else [e for e in entries if e.status.code not in STORED_CODES]
         if r.status.code not in STORED_OR_MULTIPLE_CODES or bad \
-                or len(entries) != len(request.messages):
+                or len(entries) != count:
             st = bad[0].status if bad else r.status
             raise ClientError(f"SendMessage to {queue.broker_name} ({queue.endpoint}): "
                               f"{Code.Name(st.code)}: {st.message}", st.code)
@@ -317,6 +317,65 @@ class Producer:
         now = time.monotonic()
         with self._lock:
             return sorted(e for e, until in self._isolated.items() if until > now)
+
+
+class EncodedSendRequest:
+    """A SendMessageRequest already serialized: ``data`` its bytes, ``count`` its
+    messages. ``messages`` parses them (for inspection and tests; not on the send path)."""
+
+    __slots__ = ("data", "count")
+
+    def __init__(self, data: bytes, count: int):
+        self.data = data
+        self.count = count
+
+    @property
+    def messages(self):
+        return spb.SendMessageRequest.FromString(self.data).messages
+
+
+@functools.lru_cache(maxsize=4096)
+def _varint(n: int) -> bytes:
+    """Protobuf base-128 varint of ``n`` >= 0."""
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_REQUEST_MESSAGE = b"\x0a"        # SendMessageRequest.messages (1), length-delimited
+_MESSAGE_SYSTEM_PROPERTIES = b"\x1a"   # Message.system_properties (3)
+_MESSAGE_ID_32 = b"\x1a\x20"      # SystemProperties.message_id (3), 32 bytes
+_MESSAGE_BODY = b"\x22"           # Message.body (4)
+
+
+def _encode_plain(messages: list[Message], host: str, ids: MessageIds,
+                  born) -> EncodedSendRequest:
+    """The request for plain ``messages`` of one topic and message group (see
+    ``Producer._request``), encoded by hand: each message is the first one's serialized
+    fields without body and id (topic, system properties) + its own 32-byte message id
+    (appended inside the system properties: protobuf parsers accept fields in any order)
+    + its body. ~3x cheaper than filling protocol messages (no per-field calls, no
+    second copy of the bodies by ``SerializeToString``)."""
+    proto = pb.Message()
+    messages[0].fill_pb(proto, host, "", born)
+    proto.ClearField("body")
+    sp = proto.system_properties.SerializeToString()
+    proto.ClearField("system_properties")
+    head = (proto.SerializeToString() + _MESSAGE_SYSTEM_PROPERTIES
+            + _varint(len(sp) + len(_MESSAGE_ID_32) + 32) + sp + _MESSAGE_ID_32)
+    fixed = len(head) + 32 + len(_MESSAGE_BODY)
+    parts: list[bytes] = []
+    extend, next_id, varint = parts.extend, ids.next_ascii, _varint
+    for m in messages:
+        body = m.body
+        n = len(body)
+        size = varint(n)
+        extend((_REQUEST_MESSAGE, varint(fixed + len(size) + n), head, next_id(),
+                _MESSAGE_BODY, size, body))
+    return EncodedSendRequest(b"".join(parts), len(messages))
 
 
 def _receipts(entries, broker_name: str, endpoint: str, all_ok: bool) -> list[SendReceipt]:
