@@ -56,7 +56,7 @@ from . import format as fmt
 from . import segment as seg
 from .commitlog import CommitLog, SegmentRef
 from .consumequeue import (Chunk, MemoryConsumeQueue, chunks_to_side_table, consumequeue_add,
-                           empty_entries, read_side_by_time, read_side_entries,
+                           read_side_by_time, read_side_entries,
                            write_side_table, compact_side_tables)
 from .fs import StoreFS
 from .index import MemoryIndex, index_add, index_entries, read_index
