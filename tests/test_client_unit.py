@@ -159,3 +159,18 @@ def test_a_plain_batch_is_encoded_by_hand_and_parses_to_the_protocol_messages():
                 assert g == m.to_pb(p._host, g.system_properties.message_id, born)
     finally:
         p.shutdown()
+
+
+def test_call_encoded_racing_a_close_is_a_clear_broker_unavailable_error():
+    from rocketmq.grpc_protocol import service_pb2
+
+    from sparkmq.client.core import BrokerUnavailableError, Connections
+    conns = Connections()
+    real_stub = conns.stub
+
+    def stub_then_closed(endpoint):               # close() lands right after the open
+        real_stub(endpoint)
+        conns.close()
+    conns.stub = stub_then_closed
+    with pytest.raises(BrokerUnavailableError, match="closed"):
+        conns.call_encoded("127.0.0.1:1", "SendMessage", b"", service_pb2.SendMessageResponse)

@@ -256,8 +256,11 @@ class Connections:
         if fn is None:
             self.stub(endpoint)                  # opens the channel
             with self._lock:
-                ch = self._stubs[endpoint][0]
-                fn = self._encoded[key] = ch.unary_unary(
+                entry = self._stubs.get(endpoint)
+                if entry is None:                # close() ran meanwhile on another thread
+                    raise BrokerUnavailableError(f"{method} to {endpoint}: the client's "
+                                                 "connections were closed")
+                fn = self._encoded[key] = entry[0].unary_unary(
                     f"/apache.rocketmq.v2.MessagingService/{method}",
                     request_serializer=None, response_deserializer=response_class.FromString)
         try:
