@@ -103,3 +103,35 @@ def test_a_spark_write_with_a_partly_null_queue_id_column_lands_where_asked(spar
     assert sorted(where) == list(range(40))
     assert all(where[i] == 3 for i in range(0, 40, 2))
     assert len({where[i] for i in range(1, 40, 2)}) > 1       # the nulls are spread
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_null_queue_rows_with_a_message_group_go_where_append_puts_the_group(store, fast):
+    """A row without a queue_id but with a message_group (sharding key) goes to
+    crc32(group) % queues like Store.append: every message of a group in one queue,
+    in order; rows with neither go round robin; given ids are kept."""
+    import zlib
+    n = 60
+    groups = [f"order-{i % 5}" if i % 3 else None for i in range(n)]
+    qids = [2 if i == 7 else None for i in range(n)]
+    table = pa.table({"topic": ["t"] * n, "body": [b"b%03d" % i for i in range(n)],
+                      "queue_id": pa.array(qids, pa.int32()),
+                      "message_group": pa.array(groups, pa.string())})
+    store.append_batch(_segment_batch(table) if fast else table)
+    where = _queues_of(store, "t")
+    for i in range(n):
+        if i == 7:
+            assert where[b"b%03d" % i] == 2
+        elif groups[i] is not None:
+            assert where[b"b%03d" % i] == zlib.crc32(groups[i].encode()) % 4
+    ungrouped = {where[b"b%03d" % i] for i in range(n) if groups[i] is None and i != 7}
+    assert len(ungrouped) == 4                     # round robin still spreads the rest
+    from sparkmq import Message
+    r = store.append([Message("t", b"via-append", message_group="order-1")])[0]
+    assert r.queue_id == zlib.crc32(b"order-1") % 4
+
+
+def test_a_message_group_column_of_the_wrong_type_is_refused(store):
+    table = pa.table({"topic": ["t"], "body": [b"x"], "message_group": [7]})
+    with pytest.raises(InvalidMessageError, match="message_group"):
+        store.append_batch(table)

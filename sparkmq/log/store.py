@@ -601,7 +601,8 @@ class Store(MessageReader):
     def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
         """Columnar append: rows with at least ``topic`` and ``body`` (other
         segment columns optional; a row's ``queue_id`` is kept, range-checked,
-        and where the column is missing or null it is chosen round robin).
+        and where the column is missing or null it is ``crc32(message_group) %
+        queues`` for a row with a message group, else chosen round robin).
         Everything is one record batch; per-row offsets come back as arrays. The fast path for bulk producers and benchmarks: a
         ``RecordBatch`` whose schema already equals ``SEGMENT_SCHEMA`` (field
         metadata aside) is validated without casting or copying any column."""
@@ -665,24 +666,34 @@ class Store(MessageReader):
                         f"queue_id out of range for topic {names[i]!r} "
                         f"(0..{conf['writeQueueNums'] - 1})")
         else:
-            qids = self._fill_queue_ids(qcol, names, idx, confs, n)
+            qids = self._fill_queue_ids(qcol, names, idx, confs, n,
+                                        batch.column(_MESSAGE_GROUP_COLUMN))
             batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
         return batch, _RowInfo(names, idx, qids, sizes)
 
     def _fill_queue_ids(self, qcol: pa.Array | None, names: list[str], idx: np.ndarray | None,
-                        confs: list[dict], n: int) -> np.ndarray:
+                        confs: list[dict], n: int,
+                        groups: pa.Array | None = None) -> np.ndarray:
         """Queue ids for ``n`` rows (``idx``: row -> topic, None when one topic).
 
         A row whose ``qcol`` value is set keeps it (range-checked against its
-        topic's ``writeQueueNums``: ``QueueNotFoundError``); the null rows (all
-        rows when ``qcol`` is None) are chosen round robin per topic, continuing
-        where the previous append left off."""
+        topic's ``writeQueueNums``: ``QueueNotFoundError``); a null row with a
+        ``groups`` value (message group, the sharding key) goes to
+        ``crc32(group) % writeQueueNums`` as in :meth:`append`, so a group keeps
+        its order; the other null rows (all rows when ``qcol`` is None) are
+        chosen round robin per topic, continuing where the previous append left off."""
         if qcol is None or qcol.null_count == len(qcol):
             given = np.zeros(n, bool)
-            qarr = np.zeros(n, np.int32)
+            qarr = np.zeros(n, np.int64)
         else:
             given = np.asarray(pc.is_valid(qcol).to_numpy(zero_copy_only=False))
             qarr = np.array(qcol.cast(pa.int64()).fill_null(0).to_numpy(), np.int64)
+        ghash = None
+        if groups is not None and groups.null_count < len(groups):
+            enc = pc.dictionary_encode(groups)
+            hashes = np.array([zlib.crc32(v.encode()) for v in enc.dictionary.to_pylist()]
+                              + [-1], np.int64)
+            ghash = hashes[enc.indices.fill_null(len(hashes) - 1).to_numpy()]
         for i, (t, conf) in enumerate(zip(names, confs)):
             nq = conf["writeQueueNums"]
             mine = np.ones(n, bool) if idx is None else idx == i
@@ -691,7 +702,12 @@ class Store(MessageReader):
                 raise QueueNotFoundError(
                     f"queue_id {int(qarr[bad][0])} is out of range for topic {t!r} "
                     f"(0..{nq - 1})")
-            rows = np.flatnonzero(mine & ~given)
+            free = mine & ~given
+            if ghash is not None:
+                grouped = free & (ghash >= 0)
+                qarr[grouped] = ghash[grouped] % nq
+                free &= ~grouped
+            rows = np.flatnonzero(free)
             if len(rows):
                 start = self._round_robin.get(t, 0)
                 qarr[rows] = (start + np.arange(len(rows))) % nq
@@ -745,8 +761,16 @@ class Store(MessageReader):
                     and given.null_count < n:
                 raise InvalidMessageError(
                     f"column 'queue_id' has type {given.type}, expected an integer type")
+            groups = None
+            if "message_group" in names:
+                groups = _col(table, "message_group")
+                if not (pa.types.is_string(groups.type) or pa.types.is_large_string(groups.type)
+                        or pa.types.is_null(groups.type)):
+                    raise InvalidMessageError(
+                        f"column 'message_group' has type {groups.type}, expected string")
+                groups = None if pa.types.is_null(groups.type) else groups
             qids = pa.array(self._fill_queue_ids(
-                given, names_, idx, [confs[t] for t in names_], n), pa.int32())
+                given, names_, idx, [confs[t] for t in names_], n, groups), pa.int32())
         cols = {"topic": topics.cast(pa.string()), "queue_id": qids, "body": body}
         now = self.clock_ms()
         for f in fmt.SEGMENT_SCHEMA:
@@ -1554,6 +1578,7 @@ class _RowInfo:
 
 
 _STORE_TS_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
+_MESSAGE_GROUP_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("message_group")
 _STORE_TS_FIELD = fmt.SEGMENT_SCHEMA.field(_STORE_TS_COLUMN)
 
 
