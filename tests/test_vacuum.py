@@ -19,18 +19,11 @@ from sparkmq.log import format as fmt
 from sparkmq.log.fs import StoreFS
 from sparkmq.log.txlog import TOMBSTONE_EXTRA_MS, TransactionLog
 
+from helpers.clock import Clock
 from helpers.storetools import SMALL_SEGMENT_BYTES, msg
 
 T0_MS = 1_700_000_000_000
 HOUR_MS = 3_600_000
-
-
-class Clock:
-    def __init__(self, start_ms: int = T0_MS):
-        self.now_ms = start_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
 
 
 def _open(url, clock=None, **conf):
