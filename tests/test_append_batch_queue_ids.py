@@ -6,9 +6,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from helpers.storetools import as_segment_batch
 from sparkmq import Snapshot, Store
 from sparkmq.errors import InvalidMessageError, QueueNotFoundError
-from sparkmq.log import format as fmt
 
 
 @pytest.fixture
@@ -18,13 +18,6 @@ def store(store_url):
     s.create_topic("u", read_queue_nums=3, write_queue_nums=3)
     yield s
     s.close()
-
-
-def _segment_batch(table: pa.Table) -> pa.RecordBatch:
-    n = table.num_rows
-    cols = [table.column(f.name).cast(f.type).combine_chunks() if f.name in table.column_names
-            else pa.nulls(n, f.type) for f in fmt.SEGMENT_SCHEMA]
-    return pa.RecordBatch.from_arrays(cols, schema=fmt.SEGMENT_SCHEMA)
 
 
 def _queues_of(store, topic):
@@ -43,12 +36,12 @@ def test_given_queue_ids_are_kept_and_null_rows_go_round_robin(store, fast_path)
     table = pa.table({"topic": ["t"] * 6,
                       "queue_id": pa.array([3, None, 3, None, None, 2], pa.int32()),
                       "body": [b"a", b"b", b"c", b"d", b"e", b"f"]})
-    data = _segment_batch(table) if fast_path else table
+    data = as_segment_batch(table) if fast_path else table
     r = store.append_batch(data)
     assert r.queue_ids.tolist() == [3, 0, 3, 1, 2, 2]
     assert _queues_of(store, "t") == {b"a": 3, b"b": 0, b"c": 3, b"d": 1, b"e": 2, b"f": 2}
     # the round robin goes on from where the null rows left it
-    r = store.append_batch(_segment_batch(pa.table({
+    r = store.append_batch(as_segment_batch(pa.table({
         "topic": ["t"] * 2, "queue_id": pa.array([None, 0], pa.int32()), "body": [b"g", b"h"]})))
     assert r.queue_ids.tolist() == [3, 0]
 
@@ -58,7 +51,7 @@ def test_partly_null_queue_ids_with_two_topics(store, fast_path):
     table = pa.table({"topic": ["t", "u", "u", "t", "u"],
                       "queue_id": pa.array([None, 2, None, 1, None], pa.int64()),
                       "body": [b"t0", b"u0", b"u1", b"t1", b"u2"]})
-    r = store.append_batch(_segment_batch(table) if fast_path else table)
+    r = store.append_batch(as_segment_batch(table) if fast_path else table)
     assert r.queue_ids.tolist() == [0, 2, 0, 1, 1]
     assert _queues_of(store, "u") == {b"u0": 2, b"u1": 0, b"u2": 1}
     assert _queues_of(store, "t") == {b"t0": 0, b"t1": 1}
@@ -71,10 +64,10 @@ def test_a_given_queue_id_out_of_range_is_refused_with_nulls_around(store, fast_
                       "queue_id": pa.array([None, 3, 3], pa.int32()),
                       "body": [b"x", b"y", b"z"]})
     with pytest.raises(QueueNotFoundError, match="queue_id 3 is out of range for topic 'u'"):
-        store.append_batch(_segment_batch(table) if fast_path else table)
+        store.append_batch(as_segment_batch(table) if fast_path else table)
     table = table.set_column(1, "queue_id", pa.array([None, -1, None], pa.int32()))
     with pytest.raises(QueueNotFoundError, match="out of range"):
-        store.append_batch(_segment_batch(table) if fast_path else table)
+        store.append_batch(as_segment_batch(table) if fast_path else table)
     assert all(store.max_offset(t, q) == 0 for t, n in (("t", 4), ("u", 3)) for q in range(n))
 
 
@@ -117,7 +110,7 @@ def test_null_queue_rows_with_a_message_group_go_where_append_puts_the_group(sto
     table = pa.table({"topic": ["t"] * n, "body": [b"b%03d" % i for i in range(n)],
                       "queue_id": pa.array(qids, pa.int32()),
                       "message_group": pa.array(groups, pa.string())})
-    store.append_batch(_segment_batch(table) if fast else table)
+    store.append_batch(as_segment_batch(table) if fast else table)
     where = _queues_of(store, "t")
     for i in range(n):
         if i == 7:

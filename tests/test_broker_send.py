@@ -13,6 +13,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from conftest import free_port
+from helpers.waiting import wait_until
 from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.broker.broker import _column
 from sparkmq.broker.longpoll import ArrivalNotifier
@@ -208,14 +209,6 @@ def test_deferred_arrivals_wake_nobody_until_handed_to_wake():
     assert n.version("V") != seen
     n.wake(held)
     assert n.wait("T", seen, 0)
-
-
-def wait_until(predicate, what: str, bound: int = 2000) -> None:
-    for _ in range(bound):                       # bounded: 2000 x 5 ms
-        if predicate():
-            return
-        time.sleep(0.005)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 @pytest.mark.integration

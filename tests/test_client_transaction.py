@@ -7,10 +7,10 @@ an injected broker clock and ``run_checks()``; waits are bounded polls."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
+from helpers.waiting import wait_until
 from sparkmq.broker.transaction import HALF_TOPIC, OP_TOPIC
 from sparkmq.client import (Message, Producer, SimpleConsumer, TransactionResolution)
 from sparkmq.errors import UserError
@@ -54,14 +54,6 @@ def producers():
 
 def visible(b) -> list[bytes]:
     return [m.body for m in b.store.read("T", 0, 0, 100)]
-
-
-def wait_until(pred, tries=100):
-    for _ in range(tries):                      # bounded: 10 s
-        if pred():
-            return True
-        time.sleep(0.1)
-    return pred()
 
 
 def test_local_transaction_commit_rollback_unknown_and_raise(tx_broker, producers):
@@ -151,7 +143,7 @@ def test_new_producer_instance_and_broker_restart(tx_broker, producers):
     b = make(listenPort=port)                                    # same store and port
     b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1, exist_ok=True)
     # the producer's stream re-opens by itself; then a new half message is checked back
-    assert wait_until(lambda: b.streams.producers("T"), tries=150)
+    assert wait_until(lambda: b.streams.producers("T"))
     p.send_in_transaction(Message("T", b"after-restart"), lambda m, rc: UNKNOWN)
     clock.now_ms += 6000
     b.transactions.run_checks()
@@ -177,7 +169,7 @@ def test_check_counts_survive_a_broker_restart(tx_broker, producers):
     [h2] = b.transactions.pending()
     assert (h2.transaction_id, h2.checks) == (r.transaction_id, 2)    # not back to zero
     assert h2.next_check_ms == h.next_check_ms                     # the schedule too
-    assert wait_until(lambda: b.streams.producers("T"), tries=150)
+    assert wait_until(lambda: b.streams.producers("T"))
     b.transactions.run_checks()
     assert len(checker.asked) == 2                                 # not due yet
     clock.now_ms += 6000

@@ -17,6 +17,7 @@ import pytest
 
 from conftest import free_port
 from helpers.daemons import get_json, kill9, post_json, spawn, stop_process
+from helpers.waiting import wait_until
 from sparkmq import Message, Store
 from sparkmq.ha import epochs
 from sparkmq.ha.master import HAService
@@ -27,14 +28,6 @@ pytestmark = [pytest.mark.integration]
 
 SECRET = "s3cret-for-tests"
 WAIT_S = 60
-
-
-def wait_until(pred, what: str, timeout_s: float = WAIT_S):
-    """Poll ``pred`` (bounded); fail naming ``what`` if it never holds."""
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def segment_files(url: str) -> dict[str, bytes]:

@@ -14,7 +14,7 @@ from sparkmq.errors import (DataLossError, InvalidMessageError, InvalidMessageId
 from sparkmq.log.store import PERM_READ
 
 from helpers.clock import Clock
-from helpers.storetools import SMALL_SEGMENT_BYTES, bodies, msg
+from helpers.storetools import SMALL_SEGMENT_BYTES, as_segment_batch, bodies, msg
 
 T0_MS = 1_700_000_000_000
 HOUR_MS = 3600 * 1000
@@ -411,15 +411,6 @@ def test_append_batch_bad_input(store):
     assert store.max_offset("t", 0) == 0 and store.max_offset("t", 1) == 0
 
 
-def _segment_batch(table: pa.Table) -> pa.RecordBatch:
-    """``table``'s columns in SEGMENT_SCHEMA (missing ones null): append_batch's fast path."""
-    from sparkmq.log import format as fmt
-    n = table.num_rows
-    cols = [table.column(f.name).cast(f.type).combine_chunks() if f.name in table.column_names
-            else pa.nulls(n, f.type) for f in fmt.SEGMENT_SCHEMA]
-    return pa.RecordBatch.from_arrays(cols, schema=fmt.SEGMENT_SCHEMA)
-
-
 def test_append_batch_in_segment_schema_writes_what_the_general_path_writes(store_url, clock):
     """A batch already in SEGMENT_SCHEMA skips the casts; the segment bytes, queue
     offsets and read-back rows equal those of the same rows given as a table."""
@@ -431,7 +422,7 @@ def test_append_batch_in_segment_schema_writes_what_the_general_path_writes(stor
                       "store_host": ["h:1"] * 4, "reconsume_times": pa.array([0] * 4, pa.int32()),
                       "message_type": pa.array([0] * 4, pa.int8())})
     results, files = [], []
-    for i, data in enumerate((table, _segment_batch(table))):
+    for i, data in enumerate((table, as_segment_batch(table))):
         url = f"{store_url}/s{i}"
         with Store.open(url, clock_ms=clock, start_services=False) as s:
             s.create_topic("t", read_queue_nums=2, write_queue_nums=2)
@@ -460,14 +451,14 @@ def test_append_batch_in_segment_schema_checks_like_the_general_path(store):
     ]
     for table, err in bad_tables:
         with pytest.raises(err):
-            store.append_batch(_segment_batch(table))
+            store.append_batch(as_segment_batch(table))
     assert store.max_offset("t", 0) == 0 and store.max_offset("t", 1) == 0
     # null queue ids: round robin, continuing across calls
-    rr = [store.append_batch(_segment_batch(pa.table({"topic": ["t"] * 3, "body": [b"r"] * 3})))
+    rr = [store.append_batch(as_segment_batch(pa.table({"topic": ["t"] * 3, "body": [b"r"] * 3})))
           for _ in range(2)]
     assert [r.queue_ids.tolist() for r in rr] == [[0, 1, 0], [1, 0, 1]]
     # a batch without the schema's metadata is accepted, and the segment stays one stream
-    plain = _segment_batch(ok).replace_schema_metadata(None)
+    plain = as_segment_batch(ok).replace_schema_metadata(None)
     assert store.append_batch(plain).queue_offsets.tolist() == [3]
     store.flush()
     import pyarrow.ipc as ipc
@@ -475,10 +466,10 @@ def test_append_batch_in_segment_schema_checks_like_the_general_path(store):
     assert ipc.open_stream(store.sfs.read_bytes(seg_path)).read_all().num_rows == 7
 
 
-def test_append_batch_of_a_sliced_segment_batch(store):
+def test_append_batch_of_a_slicedas_segment_batch(store):
     """Body sizes come from the offsets buffer: a slice (non-zero array offset) must
     give the slice's sizes, checks and bodies."""
-    big = _segment_batch(pa.table({"topic": ["t"] * 6, "queue_id": pa.array([0] * 6, pa.int32()),
+    big = as_segment_batch(pa.table({"topic": ["t"] * 6, "queue_id": pa.array([0] * 6, pa.int32()),
                                    "body": [b"x" * (5 << 20), b"a", b"bb", b"ccc", b"dddd",
                                             b"y" * (5 << 20)]}))
     res = store.append_batch(big.slice(1, 4))

@@ -11,6 +11,7 @@ import pytest
 from rocketmq import (FilterExpression, Producer, SimpleConsumer, TransactionChecker,
                       TransactionResolution)
 
+from helpers.waiting import wait_until
 from sparkmq.broker.transaction import HALF_TOPIC, OP_TOPIC
 
 from test_broker import client_conf, msg
@@ -47,14 +48,6 @@ def wait_asked(checker, n, tries=100):
         if len(checker.asked) >= n:
             return
         time.sleep(0.1)
-
-
-def wait_until(pred, tries=100):
-    for _ in range(tries):
-        if pred():
-            return True
-        time.sleep(0.1)
-    return pred()
 
 
 def test_commit_and_rollback(tx_broker, clients):

@@ -33,6 +33,14 @@ def segment_batch(n: int = 3, topic: str = "t", prefix: bytes = b"m") -> pa.Reco
                              store_host="127.0.0.1:10911", max_message_size_bytes=1 << 20)
 
 
+def as_segment_batch(table: pa.Table) -> pa.RecordBatch:
+    """``table``'s columns in SEGMENT_SCHEMA (missing ones null): append_batch's fast path."""
+    n = table.num_rows
+    cols = [table.column(f.name).cast(f.type).combine_chunks() if f.name in table.column_names
+            else pa.nulls(n, f.type) for f in fmt.SEGMENT_SCHEMA]
+    return pa.RecordBatch.from_arrays(cols, schema=fmt.SEGMENT_SCHEMA)
+
+
 def segment_paths(local_root: str) -> list[str]:
     """Absolute paths of the broker-written segments of a local store, oldest first."""
     folder = os.path.join(local_root, fmt.COMMITLOG_DIR)
