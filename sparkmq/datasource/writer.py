@@ -61,7 +61,6 @@ import logging
 import socket
 import time
 import uuid
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -80,6 +79,7 @@ from ..errors import (InvalidConfigError, InvalidMessageError, PermissionDeniedE
 from ..log import format as fmt
 from ..log.committer import abort_job, committer_for
 from ..log.fs import StoreFS
+from ..log.message import group_hashes
 from ..log import segment as seg
 from ..log.txlog import TransactionLog
 
@@ -513,10 +513,7 @@ class _BatchConverter:
             g = group.cast(pa.string())
             grouped = np.asarray(pc.is_valid(g).to_numpy(zero_copy_only=False)) & ~explicit
             if grouped.any():
-                enc = pc.dictionary_encode(g)
-                hashes = np.asarray([zlib.crc32(v.encode()) for v in enc.dictionary.to_pylist()]
-                                    + [0], np.int64)
-                group_hash = hashes[enc.indices.fill_null(len(hashes) - 1).to_numpy()]
+                group_hash = group_hashes(g)
         enc_t = pc.dictionary_encode(topics)
         tnames = enc_t.dictionary.to_pylist()
         tidx = enc_t.indices.to_numpy()

@@ -59,7 +59,7 @@ from ..errors import HAProtocolError, InvalidConfigError, SparkMQError
 from ..log import format as fmt
 from ..log import segment as seg
 from ..log.commitlog import SegmentRef
-from ..log.store import Store
+from ..log.store import Store, group_delete_actions
 from . import epochs as epoch_history
 from .protocol import (check_proof, new_nonce, parse_address, proof, recv_frame, recv_header,
                        send_frame)
@@ -405,11 +405,7 @@ class ReplicaLog:
                 if state.subscription_groups.get(name) != conf:
                     actions.append({"subscriptionGroup": conf})
             for name in state.subscription_groups.keys() - wanted.keys():
-                actions.append({"subscriptionGroup": {"groupName": name, "deleted": True}})
-                actions += [{"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
-                                                "clientId": cid or None, "offset": None}}
-                            for (g, tid, qid, cid) in state.consumer_offsets
-                            if g == name and (g, tid, qid, cid) not in master_keys]
+                actions += group_delete_actions(state, name, keep=master_keys)
         retention = meta.get("retention")
         empty = not st.commitlog.segments()
         if isinstance(retention, dict) and empty and state.retention != retention:

@@ -225,7 +225,7 @@ class CommitLog:
             # object stores: fetch this batch's message only (the whole segment was
             # downloaded per batch before), or copy it from the active segment's buffer
             a = self.active
-            if a is not None and a.rel_path == ref.path and a._buffer is not None:
+            if a is not None and a.rel_path == ref.path and a.in_memory:
                 batch, size = a.read_buffered_batch(pos)
             else:
                 batch, size = seg.read_remote_batch(self.sfs, ref.path, pos)

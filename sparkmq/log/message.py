@@ -114,6 +114,19 @@ def message_ids(tag: int, batch_offsets: pa.Array, rows: pa.Array) -> pa.Array:
     return pa.array([f"{tag:08X}{b:016X}{r:08X}" for b, r in zip(bo, rw)], pa.string())
 
 
+def group_hashes(groups: pa.Array):
+    """``crc32(message_group)`` per row as an int64 numpy array, -1 where the row has
+    no group: the sharding key's hash (queue = hash % writeQueueNums), computed once
+    per distinct group. Every queue chooser (``Store.append``/``append_batch``, the
+    Spark writer) uses this hash, so a group lands in the same queue whoever writes it."""
+    import numpy as np
+    import pyarrow.compute as pc
+    enc = pc.dictionary_encode(groups.cast(pa.string()))
+    hashes = np.array([zlib.crc32(v.encode()) for v in enc.dictionary.to_pylist()] + [-1],
+                      np.int64)
+    return hashes[enc.indices.fill_null(len(hashes) - 1).to_numpy()]
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 

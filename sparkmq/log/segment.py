@@ -313,6 +313,11 @@ class SegmentWriter:
             self._fd = None
         self._buffer = None
 
+    @property
+    def in_memory(self) -> bool:
+        """True on non-local backends: the bytes live in this writer's buffer."""
+        return self._buffer is not None
+
     def read_buffered_batch(self, pos: int) -> tuple[pa.RecordBatch, int]:
         """The batch at byte ``pos`` of an in-memory segment (non-local backends) and its
         message length. Copies only that message (from a growing window), never exposes

@@ -60,7 +60,7 @@ from .consumequeue import (Chunk, MemoryConsumeQueue, chunks_to_side_table, cons
                            write_side_table, compact_side_tables)
 from .fs import StoreFS
 from .index import MemoryIndex, index_add, index_entries, read_index
-from .message import Message, messages_to_batch, now_ms, store_tag
+from .message import Message, group_hashes, messages_to_batch, now_ms, store_tag
 from .names import validate_group, validate_topic
 from .reader import MessageReader, Snapshot
 from .services import CallbackService, GroupCommitService
@@ -690,10 +690,7 @@ class Store(MessageReader):
             qarr = np.array(qcol.cast(pa.int64()).fill_null(0).to_numpy(), np.int64)
         ghash = None
         if groups is not None and groups.null_count < len(groups):
-            enc = pc.dictionary_encode(groups)
-            hashes = np.array([zlib.crc32(v.encode()) for v in enc.dictionary.to_pylist()]
-                              + [-1], np.int64)
-            ghash = hashes[enc.indices.fill_null(len(hashes) - 1).to_numpy()]
+            ghash = group_hashes(groups)
         for i, (t, conf) in enumerate(zip(names, confs)):
             nq = conf["writeQueueNums"]
             mine = np.ones(n, bool) if idx is None else idx == i
@@ -1094,16 +1091,11 @@ class Store(MessageReader):
         self._require_writable()
 
         def build(state: LogState):
-            keys = [k for k in state.consumer_offsets if k[0] == group]
-            if group not in state.subscription_groups and not keys:
+            if group not in state.subscription_groups and \
+                    not any(k[0] == group for k in state.consumer_offsets):
                 raise GroupNotFoundError(
                     f"consumer group {group!r} has neither a config nor offsets in {self.url}")
-            actions = [{"subscriptionGroup": {"groupName": group, "deleted": True}}]
-            if remove_offsets:
-                actions += [{"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
-                                                "clientId": cid or None, "offset": None}}
-                            for (g, tid, qid, cid) in keys]
-            return actions
+            return group_delete_actions(state, group, remove_offsets=remove_offsets)
         self._commit(build, "DELETE GROUP", {"group": group})
 
     def subscription_groups(self) -> dict[str, dict]:
@@ -1576,6 +1568,19 @@ class _RowInfo:
     queue_ids: np.ndarray             # int32 per row
     body_sizes: np.ndarray            # int32 body bytes per row
 
+
+def group_delete_actions(state: LogState, group: str, *, remove_offsets: bool = True,
+                         keep: frozenset | set = frozenset()) -> list[dict]:
+    """The actions deleting ``group``'s subscription group config and (with
+    ``remove_offsets``) its committed consumer offsets in ``state``, except the
+    offset keys (group, topic id, queue id, client id) in ``keep``."""
+    actions = [{"subscriptionGroup": {"groupName": group, "deleted": True}}]
+    if remove_offsets:
+        actions += [{"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
+                                        "clientId": cid or None, "offset": None}}
+                    for (g, tid, qid, cid) in state.consumer_offsets
+                    if g == group and (g, tid, qid, cid) not in keep]
+    return actions
 
 _STORE_TS_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
 _MESSAGE_GROUP_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("message_group")
