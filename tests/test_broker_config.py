@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkmq.broker.config import BrokerConfig, load_properties, parse_properties
+from sparkmq.broker.config import BrokerConfig
+from sparkmq.properties import load_properties, parse_properties
 from sparkmq.errors import InvalidConfigError
 
 CONF = Path(__file__).resolve().parent.parent / "conf"

@@ -50,7 +50,8 @@ from ..errors import (InvalidConfigError, PermissionDeniedError, SparkMQError,
                       TopicNotFoundError, UserError)
 from ..log import format as fmt
 from ..log.message import StoredMessage, encode_message_id, store_tag
-from ..log.services import ServiceThread
+from ..lifecycle import ServiceThread
+from ..log.committer import ADOPT_PATH
 from ..log.status import PutMessageStatus
 from ..log.store import Store
 from ..namesrv.client import NameServerClient
@@ -962,7 +963,7 @@ def _admin_handler(broker: Broker):
 
         def do_POST(self):
             path = self.path.split("?", 1)[0]
-            actions = {"/admin/adopt": broker.adopt, "/admin/topics": broker.create_topic,
+            actions = {ADOPT_PATH: broker.adopt, "/admin/topics": broker.create_topic,
                        "/admin/groups": broker.update_group,
                        "/admin/promote": broker.promote}
             if path not in actions:

@@ -14,52 +14,10 @@ from typing import Any, Mapping
 
 from ..config import MIB, StoreConfig
 from ..errors import InvalidConfigError, SparkMQError
+from ..properties import load_properties, parse_bool, parse_int
 
 ROLES = ("ASYNC_MASTER", "SYNC_MASTER", "SLAVE")
 CONSUME_FROM = ("CONSUME_FROM_FIRST_OFFSET", "CONSUME_FROM_LAST_OFFSET")
-
-
-def load_properties(path: str) -> dict[str, str]:
-    """Parse a Java-style properties file: ``key=value`` (or ``key: value``),
-    ``#``/``!`` comments, blank lines ignored. Raises InvalidConfigError if unreadable."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise InvalidConfigError(f"cannot read config file {path!r}: {e}") from None
-    return parse_properties(text, source=path)
-
-
-def parse_properties(text: str, *, source: str = "<string>") -> dict[str, str]:
-    out: dict[str, str] = {}
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line[0] in "#!":
-            continue
-        seps = [i for i in (line.find("="), line.find(":")) if i > 0]
-        if not seps:
-            raise InvalidConfigError(f"{source}:{n}: expected key=value, got {raw!r}")
-        i = min(seps)
-        out[line[:i].strip()] = line[i + 1:].strip()
-    return out
-
-
-def _bool(name: str, raw: Any) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    s = str(raw).strip().lower()
-    if s in ("true", "1", "yes"):
-        return True
-    if s in ("false", "0", "no"):
-        return False
-    raise InvalidConfigError(f"{name} must be true or false, got {raw!r}")
-
-
-def _int(name: str, raw: Any) -> int:
-    try:
-        return int(raw)
-    except (TypeError, ValueError):
-        raise InvalidConfigError(f"{name} must be an integer, got {raw!r}") from None
 
 
 @dataclass(frozen=True)
@@ -177,9 +135,9 @@ class BrokerConfig:
             if name is None:
                 store[key] = raw
             elif name in cls._INTS:
-                values[name] = _int(key, raw)
+                values[name] = parse_int(key, raw)
             elif name in cls._BOOLS:
-                values[name] = _bool(key, raw)
+                values[name] = parse_bool(key, raw)
             else:
                 values[name] = str(raw)
         return cls(store_options=store, **values)

@@ -71,6 +71,8 @@ log = logging.getLogger("sparkmq.committer")
 SIDE_TABLE_ROW_GROUP_ROWS = 65_536
 COMMIT_RETRIES = 50
 BROKER_TIMEOUT_S = 120.0
+#: the lease holder's admin route that adopts staged files (served by sparkmq.broker)
+ADOPT_PATH = "/admin/adopt"
 
 
 class Committer(Protocol):
@@ -426,7 +428,7 @@ class BrokerCommitter:
         self.check()
         body = json.dumps({"url": self.url, "paths": list(staged_paths), "appId": app_id,
                            "appVersion": app_version}).encode()
-        req = urllib.request.Request(self.endpoint.rstrip("/") + "/admin/adopt", data=body,
+        req = urllib.request.Request(self.endpoint.rstrip("/") + ADOPT_PATH, data=body,
                                      headers={"Content-Type": "application/json"},
                                      method="POST")
         try:

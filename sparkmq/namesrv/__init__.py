@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     import sys
     import threading
 
-    from ..broker.config import load_properties
+    from ..properties import load_properties
 
     p = argparse.ArgumentParser(prog="sparkmq namesrv", description="run a NameServer")
     p.add_argument("-c", "--config", help="namesrv.properties file")

@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
-from ..log.services import ServiceThread
+from ..lifecycle import ServiceThread
 from .registry import BROKER_EXPIRY_MS, BrokerRegistration, RouteRegistry
 
 log = logging.getLogger("sparkmq.namesrv")
