@@ -182,14 +182,14 @@ def test_admin_group_create_delete_on_a_live_broker_and_a_stopped_store(make_bro
     from sparkmq.broker.pop import TagFilter
     from sparkmq.errors import PermissionDeniedError
     with pytest.raises(PermissionDeniedError, match="consumeEnable"):
-        a.receive("GID_off", "T", batch_size=1, invisible_ms=1000, tag_filter=TagFilter("*"),
+        a.receiver.receive("GID_off", "T", batch_size=1, invisible_ms=1000, tag_filter=TagFilter("*"),
                   poll_ms=0)
     from sparkmq.broker.pop import GroupKey
     run_json(capsys, "--broker", url, "group", "create", "GID_nb", "--no-broadcast")
     with pytest.raises(PermissionDeniedError, match="consumeBroadcastEnable"):
-        a.receive(GroupKey("GID_nb", "client-1"), "T", batch_size=1, invisible_ms=1000,
+        a.receiver.receive(GroupKey("GID_nb", "client-1"), "T", batch_size=1, invisible_ms=1000,
                   tag_filter=TagFilter("*"), poll_ms=0)
-    assert a.receive("GID_nb", "T", batch_size=1, invisible_ms=1000,
+    assert a.receiver.receive("GID_nb", "T", batch_size=1, invisible_ms=1000,
                      tag_filter=TagFilter("*"), poll_ms=0) == []      # clustering is fine
     assert run_json(capsys, "--broker", url, "group", "delete", "GID_x") == {"deleted": "GID_x"}
     assert "GID_x" not in a.store.subscription_groups()
@@ -215,9 +215,9 @@ def test_group_delete_waits_for_a_persist_pass_that_took_its_offsets(make_broker
     a = make_broker("broker-a")
     a.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
     a.store.append([Message("T", b"x")])
-    got = a.receive("G", "T", batch_size=1, invisible_ms=60_000, tag_filter=TagFilter("*"),
+    got = a.receiver.receive("G", "T", batch_size=1, invisible_ms=60_000, tag_filter=TagFilter("*"),
                     poll_ms=0)
-    a.ack("G", got[0].receipt_handle, "T")          # the group's floor moved: dirty
+    a.receiver.ack("G", got[0].receipt_handle, "T")          # the group's floor moved: dirty
     entered, release = threading.Event(), threading.Event()
     real_commit = a.store.commit_consumer_offsets
 

@@ -15,10 +15,10 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from conftest import free_port
 from helpers.waiting import wait_until
 from sparkmq.broker import Broker, BrokerConfig
-from sparkmq.broker.broker import _column
 from sparkmq.broker.longpoll import ArrivalNotifier
 from sparkmq.broker.schedule import PROP_REAL_TOPIC, SCHEDULE_TOPIC
-from sparkmq.broker.service import MessagingServicer, SendRows
+from sparkmq.broker.grpc_service import MessagingServicer
+from sparkmq.broker.send import SendRows, _column
 from sparkmq.broker.transaction import HALF_TOPIC
 from sparkmq.log import format as fmt
 
@@ -242,7 +242,7 @@ def test_requests_waiting_at_one_moment_are_appended_as_one_batch(broker):
     others = [threading.Thread(target=send, args=(n,)) for n in ("a", "b", "bad")]
     for t in others:
         t.start()
-    wait_until(lambda: broker._merger.pending == 3, "three queued requests")
+    wait_until(lambda: broker.sender.merger.pending == 3, "three queued requests")
     release.set()
     for t in [first, *others]:
         t.join(10)
@@ -262,7 +262,7 @@ def test_requests_waiting_at_one_moment_are_appended_as_one_batch(broker):
     assert len(offsets) == 6
     got = {e.message_id: e.offset for n in ("first", "a", "b") for e in answers[n].entries}
     assert got == {m.unique_key: m.queue_offset for m in rows}
-    assert broker._merger.requests == 4
+    assert broker.sender.merger.requests == 4
 
 
 def test_an_unexpected_error_reaches_every_request_of_the_merged_batch():

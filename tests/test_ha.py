@@ -683,7 +683,7 @@ def test_broker_sync_master_statuses_replica_refuses_sends_admin_promote(tmp_pat
         assert admin.main(["--broker", base, "--json", "broker", "ha"]) == 0
         ha = json.loads(capsys.readouterr().out)
         assert ha["role"] == "master" and ha["replicas"][0]["brokerId"] == 1
-        text = master.metrics_text()
+        text = master.admin.metrics_text()
         assert 'sparkmq_ha_replica_lag_bytes{replica="1"}' in text
         master_epoch = master.store.epoch
         rbase = f"http://127.0.0.1:{replica.admin_port}"

@@ -1,0 +1,257 @@
+"""The receive domain: pop-mode receive with long polling, ack, invisible time,
+dead-letter forwarding, pull, consumer offsets, and the registry of clients.
+
+``ReceiveService`` drives the broker's ``PopService`` (``pop.py``: leases, receipt
+handles, retries, DLQ) and waits on its ``ArrivalNotifier`` (``longpoll.py``: woken
+by the store's arrival listener). Offsets: ``committed_offset`` / ``reset_offset``
+(GetOffset / UpdateOffset) act on the pop state; ``persist_offsets`` commits the
+moved ones to the store (one commit per group, ``ConsumerOffsetPersistService``);
+``query_offset`` answers QueryOffset from the store.
+
+Thread-safety: called from many gRPC threads at once; the pop service, the
+notifier and the store are thread-safe; a persist pass and a group delete exclude
+each other (``offsets_lock``).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from ..errors import PermissionDeniedError, QueueNotFoundError, SparkMQError, TopicNotFoundError
+from ..log.message import StoredMessage
+from .pop import GroupKey, TagFilter
+from .protocol import IllegalOffset
+
+MIN_WAIT_S = 0.01
+CLIENT_EXPIRY_MS = 120_000
+
+
+class ClientRegistry:
+    """Clients seen by heartbeat/settings: client id -> (group, type, last seen ms).
+    A client silent for ``CLIENT_EXPIRY_MS`` is forgotten."""
+
+    def __init__(self, clock_ms: Callable[[], int]):
+        self.clock_ms = clock_ms
+        self._lock = threading.Lock()
+        self._clients: dict[str, tuple[str | None, int, int]] = {}
+
+    def heartbeat(self, client_id: str, group: str | None, client_type: int) -> None:
+        with self._lock:
+            self._clients[client_id] = (group, client_type, self.clock_ms())
+
+    def remove(self, client_id: str) -> None:
+        with self._lock:
+            self._clients.pop(client_id, None)
+
+    def _expire(self) -> None:
+        cutoff = self.clock_ms() - CLIENT_EXPIRY_MS
+        for cid in [c for c, (_, _, seen) in self._clients.items() if seen < cutoff]:
+            del self._clients[cid]
+
+    def groups(self) -> dict[str, int]:
+        with self._lock:
+            self._expire()
+            out: dict[str, int] = {}
+            for group, _, _ in self._clients.values():
+                if group:
+                    out[group] = out.get(group, 0) + 1
+            return out
+
+    def count(self) -> int:
+        with self._lock:
+            self._expire()
+            return len(self._clients)
+
+
+class ReceiveService:
+    """See the module docstring. ``broker`` is the :class:`sparkmq.broker.Broker` whose
+    store, pop service, notifier, metrics and state it uses."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        # a persist pass (dirty floors taken, then committed) and a group delete
+        # exclude each other: otherwise a pass that took a group's floors before the
+        # delete commits them after it and the deleted group's offsets come back
+        self.offsets_lock = threading.Lock()
+
+    @property
+    def store(self):
+        return self.broker.store
+
+    @property
+    def pop(self):
+        return self.broker.pop
+
+    @property
+    def notifier(self):
+        return self.broker.notifier
+
+    @property
+    def metrics(self):
+        return self.broker.metrics
+
+    def _running(self) -> bool:
+        return self.broker.is_running
+
+    # ------------------------------------------------------------ receive
+    def receive(self, group: str, topic: str, *, batch_size: int, invisible_ms: int,
+                tag_filter: TagFilter, poll_ms: int, is_active: Callable[[], bool] = lambda: True,
+                on_cancel: Callable | None = None) -> list:
+        """Pop up to ``batch_size`` deliveries; if none, hold up to ``poll_ms`` and
+        answer as soon as a message arrives (woken by the store), a lease expires,
+        the client goes away or the broker stops."""
+        if self.broker.topic_conf(topic) is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist on broker "
+                                     f"{self.broker.config.broker_name}")
+        conf = self.store.state.subscription_groups.get(
+            group.group if isinstance(group, GroupKey) else group)
+        if conf is not None and not conf.get("consumeEnable", True):
+            raise PermissionDeniedError(f"consumer group {conf['groupName']!r} is disabled "
+                                        "(consumeEnable=false); enable it with "
+                                        "'sparkmq admin group create'")
+        if conf is not None and isinstance(group, GroupKey) and group.client_id and \
+                not conf.get("consumeBroadcastEnable", True):
+            raise PermissionDeniedError(f"consumer group {conf['groupName']!r} does not allow "
+                                        "broadcasting consumption (consumeBroadcastEnable=false)")
+        self.metrics.inc("sparkmq_receive_requests_total")
+        finished = threading.Event()
+        if on_cancel is not None:      # a client gone mid-poll wakes its own wait, once
+            on_cancel(lambda: None if finished.is_set() else self.notifier.poke())
+        try:
+            return self._receive_loop(group, topic, batch_size, invisible_ms, tag_filter,
+                                      poll_ms, is_active)
+        finally:
+            finished.set()
+
+    def _receive_loop(self, group, topic: str, batch_size: int, invisible_ms: int,
+                      tag_filter: TagFilter, poll_ms: int, is_active: Callable[[], bool]) -> list:
+        deadline = time.monotonic() + poll_ms / 1000.0
+        while True:
+            seen = self.notifier.version(topic)
+            out = self.pop.pop(group, topic, batch_size=batch_size, invisible_ms=invisible_ms,
+                               tag_filter=tag_filter)
+            if out:
+                label = getattr(group, "group", group)
+                self.metrics.inc("sparkmq_messages_received_total", len(out), topic=topic,
+                                 group=label)
+                self.metrics.inc("sparkmq_bytes_received_total",
+                                 sum(len(d.message.body) for d in out), topic=topic, group=label)
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0 or not is_active() or not self._running():
+                return []
+            expiry = self.pop.next_expiry_ms(group, topic)
+            if expiry is not None:
+                left = min(left, max(MIN_WAIT_S, (expiry - self.broker.clock_ms()) / 1000.0))
+            self.notifier.wait(topic, seen, left)
+
+    def ack(self, group: str, handle: str, topic: str | None) -> None:
+        if self.pop.ack(group, handle, topic):
+            self.notifier.poke()          # a held FIFO message may be deliverable now
+        self.metrics.inc("sparkmq_acks_total", group=getattr(group, "group", group))
+
+    def pull(self, topic: str, qid: int, offset: int, batch: int, tag_filter: TagFilter,
+             poll_ms: int) -> tuple[list[StoredMessage], int]:
+        """Messages of one queue from ``offset`` (PullMessage); waits up to ``poll_ms``
+        for the first one. Returns (matching messages, next offset)."""
+        deadline = time.monotonic() + poll_ms / 1000.0
+        lo = self.store.min_offset(topic, qid)
+        offset = max(offset, lo)
+        while True:
+            seen = self.notifier.version(topic)
+            msgs = self.store.read(topic, qid, offset, batch)
+            if msgs:
+                nxt = msgs[-1].queue_offset + 1
+                return [m for m in msgs if tag_filter.accepts(m)], nxt
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._running():
+                return [], offset
+            self.notifier.wait(topic, seen, left)
+
+
+    def change_invisible(self, group, handle: str, invisible_ms: int, topic: str | None) -> str:
+        """A new receipt handle for ``handle``'s message, invisible for ``invisible_ms``
+        more (ChangeInvisibleDuration); wakes long polls (a lease may be free now)."""
+        handle = self.pop.change_invisible(group, handle, invisible_ms, topic)
+        self.notifier.poke()
+        return handle
+
+    def forward_to_dlq(self, group, handle: str, topic: str | None) -> None:
+        """Move ``handle``'s message to the group's dead-letter topic now."""
+        self.pop.forward_to_dlq(group, handle, topic)
+        self.notifier.poke()
+
+    # ------------------------------------------------------------ offsets
+    def local_queue(self, topic: str, qid: int) -> tuple[str, int]:
+        """(topic, qid) if this broker has that queue; TopicNotFoundError or
+        QueueNotFoundError if not."""
+        conf = self.broker.topic_conf(topic)
+        if conf is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
+        if not 0 <= qid < max(conf["readQueueNums"], conf["writeQueueNums"]):
+            raise QueueNotFoundError(f"queue {qid} of {topic!r} does not exist")
+        return topic, qid
+
+    def committed_offset(self, group, topic: str, qid: int) -> int:
+        """The consumer's committed offset of one queue (GetOffset)."""
+        return self.pop.committed_offset(group, topic, qid)
+
+    def reset_offset(self, group, topic: str, qid: int, offset: int) -> None:
+        """Move the consumer's offset of one queue (UpdateOffset); IllegalOffset outside
+        the queue's min..max offsets."""
+        store = self.store
+        if not store.min_offset(topic, qid) <= offset <= store.max_offset(topic, qid):
+            raise IllegalOffset(f"offset {offset} is outside "
+                                f"{store.min_offset(topic, qid)}..{store.max_offset(topic, qid)}")
+        self.pop.reset_offset(group, topic, qid, offset)
+
+    def query_offset(self, topic: str, qid: int, *, at_ms: int | None = None,
+                     end: bool = False) -> int:
+        """QueryOffset: the queue's first offset, its end (``end``), or the first offset
+        stored at or after ``at_ms``."""
+        store = self.store
+        if end:
+            return store.max_offset(topic, qid)
+        if at_ms is None:
+            return store.min_offset(topic, qid)
+        return store.offset_for_time(topic, qid, at_ms)
+
+    def persist_offsets(self) -> None:
+        """Commit consumer offsets that moved since the last pass (one commit per group)."""
+        if self.pop is None:
+            return
+        with self.offsets_lock:
+            dirty = self.pop.take_dirty()
+            for key, floors in dirty.items():
+                try:
+                    self.store.commit_consumer_offsets(key.group, floors,
+                                                       client_id=key.client_id)
+                except SparkMQError:
+                    self.pop.mark_dirty({key: floors})
+                    raise
+
+    def drop_group(self, group: str, *, keep_offsets: bool) -> None:
+        """Delete a subscription group's config (and its offsets unless ``keep_offsets``)
+        and forget its pop state, excluded from a concurrent persist pass."""
+        with self.offsets_lock:
+            if self.pop is not None:
+                self.pop.drop_group(group)
+            self.store.delete_group(group, remove_offsets=not keep_offsets)
+
+    def consumer_lag(self) -> dict:
+        """Lag per (consumer, topic): live pop state, else the persisted offsets
+        (groups not active since this broker started)."""
+        lag = dict(self.pop.lag())
+        live = {k for k, _ in lag}
+        names = {t["id"]: name for name, t in self.store.topics().items()}
+        persisted: dict = {}
+        for (group, tid, qid, cid), off in self.store.state.consumer_offsets.items():
+            key = GroupKey(group, cid or None)
+            topic = names.get(tid)
+            if key in live or topic is None:
+                continue
+            hi = self.store.max_offset(topic, qid)
+            persisted[(key, topic)] = persisted.get((key, topic), 0) + max(0, hi - off)
+        lag.update(persisted)
+        return lag

@@ -1,0 +1,495 @@
+"""The send domain: from the messages of a SendMessage request to stored rows.
+
+- The per-message refusal checks (``SendService.refusal``): topic name valid and
+  the topic present here (``topic_refusal``; created when autoCreateTopicEnable),
+  body 1..maxMessageSize bytes (``body_refusal``), message type consistent with
+  its group, tag and delivery time; the parking decisions: a transactional
+  message becomes a half message (``TransactionService.prepare_row``), a delayed
+  one is parked in the schedule topic (``park``). A refused message gets its own
+  protocol status (``protocol.status``); the others are sent.
+- The send model ``SendRows``: the accepted messages of one request as columns.
+- Storing: ``SendService.send_rows`` merges concurrent requests into one store
+  append (``sendmerge.SendMerger``); ``_append_rows`` builds the SEGMENT_SCHEMA
+  batch and appends it (after the broker's role allows writes, waiting for a
+  replica in SYNC_MASTER); ``_choose_queues`` picks a message group's queue
+  (crc32 % writeQueueNums) or round robin per topic.
+
+Thread-safety: ``SendService`` is called from many gRPC threads at once; the
+round-robin counters are under a lock, the store is thread-safe.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import zlib
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+from rocketmq.grpc_protocol import definition_pb2 as pb
+
+from ..errors import InvalidNameError, PermissionDeniedError, SparkMQError
+from ..log import format as fmt
+from ..log.message import encode_message_id, store_tag
+from ..log.names import validate_topic
+from ..log.status import PutMessageStatus
+from .protocol import Code, ms_of_timestamp, status
+from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
+from .sendmerge import SendMerger
+
+KEYS_TYPE = pa.list_(pa.string())
+PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
+NORMAL_TYPE, FIFO_TYPE = fmt.MESSAGE_TYPE_NORMAL, fmt.MESSAGE_TYPE_FIFO
+DELAY_TYPE, TRANSACTION_TYPE = fmt.MESSAGE_TYPE_DELAY, fmt.MESSAGE_TYPE_TRANSACTION
+
+
+def _column(values: list, type_: pa.DataType) -> pa.Array:
+    """``values`` as an Arrow array. A column of one value (the usual case in a batch:
+    one topic, host, born time and type; optional fields all null) is built from that
+    value alone (``_constant_column``) where ``pa.array`` converts value by value
+    (~10-100 us for 100 strings)."""
+    n = len(values)
+    first = values[0] if n else None
+    if n and values.count(first) == n:
+        if first is None or type(first) in (str, int):
+            return _constant_column(first, type_, n)
+        return pa.repeat(pa.scalar(first, type_), n)     # lists (keys, properties)
+    return pa.array(values, type_)
+
+
+@functools.lru_cache(maxsize=256)
+def _constant_column(value, type_: pa.DataType, n: int) -> pa.Array:
+    """``n`` times ``value`` (None: nulls) as an Arrow array of ``type_``. Arrow arrays
+    are immutable, so the columns that repeat from batch to batch (topic, hosts, type,
+    the null optional fields: ~10 per batch, 1-4 us each to build) are shared; at most
+    256 are kept."""
+    return pa.nulls(n, type_) if value is None else pa.repeat(pa.scalar(value, type_), n)
+
+
+def _binary_column(values: list[bytes]) -> pa.Array:
+    """``values`` (bytes, none null) as a ``pa.binary()`` array built from its two buffers:
+    one join and one cumulative sum, ~10x cheaper than ``pa.array`` for 100 bodies of 1 KiB
+    (~30 vs ~290 us), which converts value by value."""
+    n = len(values)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, values), np.int64, n), out=offsets[1:])
+    if offsets[-1] >= 2**31:          # beyond int32 offsets: let pyarrow decide (chunks)
+        return pa.array(values, pa.binary())
+    offsets = offsets.astype(np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(b"".join(values))])
+
+
+
+class SendRows:
+    """The accepted messages of one SendMessage request, turned into columns (segment
+    schema names) ready for ``Store.append_batch``; ``index`` maps rows to request
+    entries. Rows are collected first and the columns built in one pass per column
+    (list comprehensions over the protobuf messages), the cheapest way in Python."""
+
+    COLUMNS = ("topic", "body", "tags", "keys", "properties", "born_timestamp", "born_host",
+               "message_group", "message_type", "unique_key", "queue_id",
+               "delivery_timestamp", "transaction_id")
+
+    def __init__(self):
+        self.index: list[int] = []
+        self.messages: list[pb.Message] = []
+        self.parked: dict[int, tuple] = {}       # row -> parked tuple (see add)
+        self._columns: dict[str, list] | None = None
+
+    def add(self, i: int, m: pb.Message, parked: tuple | None = None) -> None:
+        """Append one message that passed ``SendService.refusal`` (so a present tag is not blank);
+        ``parked`` = (topic, queue, due ms, properties[, transaction id]) of a delayed or
+        half (transactional) message."""
+        if parked is not None:
+            self.parked[len(self.index)] = parked
+        self.index.append(i)
+        self.messages.append(m)
+        self._columns = None
+
+    @classmethod
+    def plain(cls, messages, sps: list, props: list, bodies: list, topic: str) -> "SendRows":
+        """The rows of a whole request of plain messages (see
+        ``SendService.plain_rows``: NORMAL, one ``topic``, no tag, group, delivery
+        time or delay level), with ``sps``/``props``/``bodies`` the messages' system
+        properties, user properties and bodies already read: the columns ``columns``
+        would build, without its general cases. A born time shared by the whole batch
+        (one client request) is converted once."""
+        out = cls()
+        n = len(messages)
+        out.messages = list(messages)
+        out.index = list(range(n))
+        borns = [sp.born_timestamp for sp in sps]
+        b = borns[0]
+        if borns.count(b) == n:
+            born_ms = [b.seconds * 1000 + b.nanos // 1_000_000 or None] * n
+        else:
+            born_ms = [b.seconds * 1000 + b.nanos // 1_000_000 or None for b in borns]
+        keys = [sp.keys for sp in sps]
+        out._columns = {
+            "topic": [topic] * n,
+            "body": bodies,
+            "tags": [None] * n,
+            "keys": [list(k) if k else None for k in keys] if any(keys) else [None] * n,
+            "properties": [list(p.items()) if p else None for p in props] if any(props)
+            else [None] * n,
+            "born_timestamp": born_ms,
+            "born_host": [sp.born_host or None for sp in sps],
+            "message_group": [None] * n,
+            "message_type": [NORMAL_TYPE] * n,
+            "unique_key": [sp.message_id or None for sp in sps],
+            "queue_id": [None] * n,
+            "delivery_timestamp": [None] * n,
+            "transaction_id": [None] * n,
+        }
+        return out
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def columns(self) -> dict[str, list]:
+        """Column name -> one Python value per row (None = null). Built once."""
+        if self._columns is not None:
+            return self._columns
+        ms = self.messages
+        n = len(ms)
+        sps = [m.system_properties for m in ms]
+        borns = [sp.born_timestamp for sp in sps]
+        mtypes = [sp.message_type for sp in sps]
+        c = {
+            "topic": [m.topic.name for m in ms],
+            "body": [m.body for m in ms],
+            "tags": [sp.tag or None for sp in sps],
+            "keys": [list(k) if k else None for k in (sp.keys for sp in sps)],
+            "properties": [list(p.items()) if p else None for p in (m.user_properties
+                                                                     for m in ms)],
+            "born_timestamp": [b.seconds * 1000 + b.nanos // 1_000_000 or None for b in borns],
+            "born_host": [sp.born_host or None for sp in sps],
+            "message_group": [sp.message_group or None for sp in sps],
+            "message_type": [FIFO_TYPE if t == pb.FIFO else TRANSACTION_TYPE
+                             if t == pb.TRANSACTION else NORMAL_TYPE for t in mtypes],
+            "unique_key": [sp.message_id or None for sp in sps],
+            "queue_id": [None] * n,
+            "delivery_timestamp": [None] * n,
+            "transaction_id": [None] * n,
+        }
+        for r, parked in self.parked.items():
+            c["topic"][r], c["queue_id"][r], c["delivery_timestamp"][r] = parked[:3]
+            c["properties"][r] = list(parked[3].items()) if parked[3] else None
+            c["transaction_id"][r] = parked[4] if len(parked) > 4 else None
+            if mtypes[r] not in (pb.FIFO, pb.TRANSACTION):
+                c["message_type"][r] = DELAY_TYPE
+        self._columns = c
+        return c
+
+    @staticmethod
+    def concat(parts: list["SendRows"]) -> "SendRows":
+        """The rows of several requests as one (in order; ``index`` is not kept)."""
+        out = SendRows()
+        for part in parts:
+            base = len(out.messages)
+            out.messages.extend(part.messages)
+            out.parked.update({base + r: p for r, p in part.parked.items()})
+        out.index = list(range(len(out.messages)))
+        return out
+
+    def subset(self, positions: list[int]) -> "SendRows":
+        out = SendRows()
+        for p in positions:
+            out.add(self.index[p], self.messages[p], self.parked.get(p))
+        return out
+
+
+def body_refusal(size_bytes: int, limit_bytes: int) -> pb.Status | None:
+    """The status refusing a body of ``size_bytes`` (empty, or over maxMessageSize
+    ``limit_bytes``), or None if it may be sent."""
+    if not size_bytes:
+        return status(Code.MESSAGE_BODY_EMPTY, "message body is empty")
+    if size_bytes > limit_bytes:
+        return status(Code.MESSAGE_BODY_TOO_LARGE,
+                      f"message body is {size_bytes} bytes; maxMessageSize is {limit_bytes}")
+    return None
+
+
+class SendService:
+    """The broker's send domain (see the module docstring). ``broker`` is the
+    :class:`sparkmq.broker.Broker` whose store, role, metrics, topics, delay policy
+    and transaction service it uses."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self._rr: dict[str, int] = {}
+        self._rr_lock = threading.Lock()
+        self.merger = SendMerger(self._send_rows_alone, self._append_rows, SendRows.concat)
+
+    # What _append_rows and _choose_queues read of the broker (their bodies moved
+    # unchanged from the Broker class).
+    @property
+    def store(self):
+        return self.broker.store
+
+    @property
+    def metrics(self):
+        return self.broker.metrics
+
+    @property
+    def role(self) -> str:
+        return self.broker.role
+
+    @property
+    def ha_service(self):
+        return self.broker.ha_service
+
+    @property
+    def transactions(self):
+        return self.broker.transactions
+
+    def clock_ms(self) -> int:
+        return self.broker.clock_ms()
+
+    def write_refusal(self) -> str | None:
+        return self.broker.ha.write_refusal()
+
+    # ------------------------------------------------------------ refusals
+    def accept(self, messages, results: list, client_id: Callable[[], str]) -> SendRows:
+        """The rows of ``messages`` that may be sent (delayed and transactional ones
+        parked); a refused message's status goes to ``results[i]`` (and the
+        ``sparkmq_send_errors_total`` counter). ``client_id()`` names the producer of
+        a transactional message (asked only when there is one)."""
+        limit = self.store.config.max_message_size_bytes
+        rows = SendRows()
+        topics: dict[str, pb.Status | None] = {}
+        refusal, transactional = self.refusal, pb.TRANSACTION
+        for i, m in enumerate(messages):
+            st = refusal(m, topics, limit)
+            parked = None
+            if st is None:
+                mtype = m.system_properties.message_type
+                if mtype == transactional:
+                    topic, props, txid = self.broker.transactions.prepare_row(
+                        m.topic.name, dict(m.user_properties), client_id())
+                    parked = (topic, 0, None, props, txid)
+                elif mtype == pb.DELAY or (m.user_properties
+                                           and PROP_DELAY_LEVEL in m.user_properties):
+                    try:
+                        parked = self.park(m)
+                    except DelayRefused as e:
+                        st = status(Code.ILLEGAL_DELIVERY_TIME, e.message)
+            if st is not None:
+                results[i] = st
+                self.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
+            else:
+                rows.add(i, m, parked)
+        return rows
+
+    def plain_rows(self, messages) -> "SendRows | None":
+        """The rows of a request whose messages are all plain (NORMAL, no message group,
+        tag, delivery time, delay level or gzip) bodies ``body_refusal`` lets through, for
+        ONE topic that may be written: what ``refusal`` lets through with no status,
+        checked a column at a time (the usual batch: ~2x cheaper than message by
+        message). None if any message is not such (the request then takes ``accept``)."""
+        n = len(messages)
+        topics = [m.topic.name for m in messages]
+        first = topics[0]
+        if topics.count(first) != n:
+            return None
+        # One list per field and C-level counts/membership tests: cheaper than one
+        # any() over a generator testing five fields per message.
+        sps = [m.system_properties for m in messages]
+        if [sp.message_type for sp in sps].count(pb.NORMAL) != n \
+                or any([sp.message_group for sp in sps]) \
+                or pb.GZIP in [sp.body_encoding for sp in sps] \
+                or True in [sp.HasField("tag") or sp.HasField("delivery_timestamp") for sp in sps]:
+            return None
+        props = [m.user_properties for m in messages]
+        if any(props) and any(p and PROP_DELAY_LEVEL in p for p in props):
+            return None
+        bodies = [m.body for m in messages]
+        sizes = list(map(len, bodies))
+        limit = self.store.config.max_message_size_bytes
+        if body_refusal(min(sizes), limit) is not None \
+                or body_refusal(max(sizes), limit) is not None \
+                or self.topic_refusal(first) is not None:
+            return None
+        return SendRows.plain(messages, sps, props, bodies, first)
+
+    def refusal(self, m: pb.Message, topics: dict, limit: int) -> pb.Status | None:
+        """The status refusing ``m`` before it reaches the store, or None if it may go;
+        ``topics`` caches the verdict per topic, ``limit`` is maxMessageSize."""
+        topic = m.topic.name
+        refused = topics.get(topic, False)
+        if refused is False:
+            refused = topics[topic] = self.topic_refusal(topic)
+        if refused is not None:
+            return refused
+        refused = body_refusal(len(m.body), limit)
+        if refused is not None:
+            return refused
+        sp = m.system_properties
+        mtype = sp.message_type
+        if mtype == pb.NORMAL and not sp.message_group and not sp.HasField("tag") \
+                and not sp.HasField("delivery_timestamp") and sp.body_encoding != pb.GZIP:
+            return None              # the common case, decided with the fewest lookups
+        if mtype == pb.NORMAL and not sp.message_group:
+            pass
+        elif mtype == pb.TRANSACTION and self.transactions is None:
+            return status(Code.UNSUPPORTED, "transactional messages are served by the master "
+                          "only")
+        elif mtype == pb.TRANSACTION and sp.HasField("delivery_timestamp"):
+            return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                          "a transactional message cannot carry a delivery timestamp")
+        elif mtype == pb.DELAY and not sp.HasField("delivery_timestamp") \
+                and PROP_DELAY_LEVEL not in m.user_properties:
+            return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                          "a DELAY message needs a delivery timestamp (or a DELAY level property)")
+        elif mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION,
+                           pb.MESSAGE_TYPE_UNSPECIFIED):
+            return status(Code.UNSUPPORTED,
+                          f"message type {pb.MessageType.Name(mtype)} is not supported")
+        elif (mtype == pb.FIFO) != bool(sp.message_group):
+            return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                          "a FIFO message needs a message group, and only FIFO messages may have one")
+        if sp.HasField("delivery_timestamp") and mtype != pb.DELAY:
+            return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
+                          "only DELAY messages may carry a delivery timestamp")
+        if sp.HasField("tag") and (not sp.tag.strip() or "|" in sp.tag):
+            return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or contains '|'")
+        if sp.body_encoding == pb.GZIP:
+            return status(Code.UNSUPPORTED, "gzip-encoded bodies are not supported")
+        return None
+
+    def topic_refusal(self, topic: str) -> pb.Status | None:
+        """The status refusing a send to ``topic``: an illegal name (ILLEGAL_TOPIC), or a
+        topic that is not here and may not be created (TOPIC_NOT_FOUND); else None."""
+        try:
+            validate_topic(topic)
+        except InvalidNameError as e:
+            return status(Code.ILLEGAL_TOPIC, e.message)
+        if not self.broker.ensure_topic(topic):
+            return status(Code.TOPIC_NOT_FOUND,
+                          f"topic {topic!r} does not exist on broker {self.broker.config.broker_name}; "
+                          "create it first (autoCreateTopicEnable is off)")
+        return None
+
+    def park(self, m: pb.Message) -> tuple | None:
+        """Where a delayed message waits: (schedule topic, queue, due ms, properties), or
+        None for a message to store at once. Raises DelayRefused (ILLEGAL_DELIVERY_TIME)."""
+        sp = m.system_properties
+        if not sp.HasField("delivery_timestamp") and PROP_DELAY_LEVEL not in m.user_properties:
+            return None
+        at_ms = ms_of_timestamp(sp.delivery_timestamp) if sp.HasField("delivery_timestamp") \
+            else None
+        return parked_row(self.broker.delay_policy, self.clock_ms(), m.topic.name,
+                          dict(m.user_properties), at_ms)
+
+    # ------------------------------------------------------------ store
+    def send_rows(self, rows) -> list:
+        """Append the accepted messages of one request (a ``SendRows``); returns
+        per row ``(PutMessageStatus, message id, queue offset, transaction id)`` or the
+        exception that refused it. SYNC_FLUSH returns after the fsync. Requests waiting
+        at the same moment are appended as ONE record batch (``SendMerger``)."""
+        return self.merger.submit(rows)
+
+    def _send_rows_alone(self, rows) -> list:
+        """``send_rows`` for one SendRows as one record batch. If the batch is refused as
+        a whole, rows are appended one by one to isolate the bad one."""
+        try:
+            return self._append_rows(rows)
+        except SparkMQError as e:
+            if len(rows) == 1:
+                return [e]
+        out: list = []
+        for p in range(len(rows)):
+            try:
+                out += self._append_rows(rows.subset([p]))
+            except SparkMQError as e:
+                out.append(e)
+        return out
+
+    def _append_rows(self, rows) -> list:
+        refusal = self.write_refusal()
+        if refusal is not None:
+            raise PermissionDeniedError(refusal)
+        c = rows.columns()
+        n = len(rows)
+        topics, groups, unique_keys, txids = (c["topic"], c["message_group"], c["unique_key"],
+                                              c["transaction_id"])
+        now = self.clock_ms()
+        fixed = c["queue_id"]
+        if any(groups) or fixed.count(None) != n:
+            chosen = self._choose_queues(topics, groups)
+            queue_ids = pa.array([q if f is None else f for q, f in zip(chosen, fixed)],
+                                 pa.int32())
+        else:
+            queue_ids = pa.nulls(n, pa.int32())   # the store spreads them round robin
+        # One batch in SEGMENT_SCHEMA: the store's fast path (no casts, no copies);
+        # store_timestamp is a placeholder the store stamps under its append lock.
+        zeros_i32 = pa.array(np.zeros(n, np.int32))
+        borns = c["born_timestamp"]
+        table = pa.RecordBatch.from_arrays([
+            _column(topics, pa.string()),
+            queue_ids,
+            _binary_column(c["body"]),
+            _column(c["tags"], pa.string()),
+            _column(c["keys"], KEYS_TYPE),
+            _column(c["properties"], PROPERTIES_TYPE),
+            _column(borns if None not in borns else [b or now for b in borns], fmt.TS),
+            pa.repeat(pa.scalar(now, fmt.TS), n),
+            _column(c["born_host"], pa.string()),
+            pa.repeat(pa.scalar(self.store.config.store_host, pa.string()), n),
+            zeros_i32,
+            _column(c["delivery_timestamp"], fmt.TS),
+            _column(groups, pa.string()),
+            _column(txids, pa.string()),
+            _column(c["message_type"], pa.int8()),
+            _column(unique_keys, pa.string()),
+        ], schema=fmt.SEGMENT_SCHEMA)
+        r = self.store.append_batch(table)
+        put_status = r.status
+        ha = self.ha_service
+        if self.role == "SYNC_MASTER" and ha is not None and put_status is PutMessageStatus.PUT_OK:
+            put_status = ha.wait_replicated(r.batch_offset + 1,
+                                            self.store.config.sync_flush_timeout_ms)
+            if put_status is not PutMessageStatus.PUT_OK:
+                self.metrics.inc("sparkmq_ha_sync_failures_total", status=put_status.value)
+        per_topic: dict[str, list[int]] = {}
+        if topics.count(topics[0]) == n:          # one topic: no per-row loop
+            per_topic[topics[0]] = [n, sum(map(len, c["body"]))]
+        else:
+            for t, body in zip(topics, c["body"]):
+                acc = per_topic.get(t)
+                if acc is None:
+                    acc = per_topic[t] = [0, 0]
+                acc[0] += 1
+                acc[1] += len(body)
+        for t, (count, nbytes) in per_topic.items():
+            self.metrics.inc("sparkmq_messages_sent_total", count, topic=t)
+            self.metrics.inc("sparkmq_bytes_sent_total", nbytes, topic=t)
+        qos = r.queue_offsets.tolist()
+        has_tx = any(txids)
+        if self.transactions is not None and has_tx:
+            self.transactions.on_stored()
+        if all(unique_keys):
+            if not has_tx:
+                return [(put_status, k, qo, None) for k, qo in zip(unique_keys, qos)]
+            return [(put_status, k, qo, tx) for k, qo, tx in zip(unique_keys, qos, txids)]
+        tag = store_tag(self.store.store_id)
+        return [(put_status, unique_keys[j] or encode_message_id(tag, r.batch_offset, j), qos[j],
+                 txids[j]) for j in range(n)]
+
+    def _choose_queues(self, topics: list[str], groups: list[str | None]) -> list[int]:
+        """Queue per message: a message group hashes to a fixed queue (FIFO order),
+        others go round robin per topic."""
+        out = []
+        confs = self.store.topics()
+        with self._rr_lock:
+            for t, g in zip(topics, groups):
+                n = confs[t]["writeQueueNums"]
+                if g:
+                    out.append(zlib.crc32(g.encode()) % n)
+                else:
+                    i = self._rr.get(t, 0)
+                    self._rr[t] = (i + 1) % n
+                    out.append(i % n)
+        return out
+
