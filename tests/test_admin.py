@@ -229,7 +229,7 @@ def test_group_delete_waits_for_a_persist_pass_that_took_its_offsets(make_broker
     persist = threading.Thread(target=a.persist_offsets)
     persist.start()
     assert entered.wait(30)                          # the pass holds G's floors now
-    delete = threading.Thread(target=a.update_group, args=({"name": "G", "delete": True},))
+    delete = threading.Thread(target=a.admin.update_group, args=({"name": "G", "delete": True},))
     delete.start()
     time.sleep(0.3)                                  # without the lock, the delete ends here
     release.set()

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from helpers.clock import Clock
+from helpers.waiting import wait_until
 from sparkmq import Store
 from sparkmq.broker.schedule import (PROP_REAL_TOPIC, SCHEDULE_GROUP, SCHEDULE_TOPIC,
                                      DEFAULT_DELAY_LEVELS, DelayPolicy, DelayRefused,
@@ -219,7 +220,8 @@ def test_broker_delay_levels_limits_and_restart_with_parked_messages(tmp_path, m
             bad.user_properties["DELAY"] = "99"
             assert send_code(s, lv, far, ts, bad) == [
                 Code.OK, Code.ILLEGAL_DELIVERY_TIME, Code.OK, Code.ILLEGAL_DELIVERY_TIME]
-        assert b.schedule.pending_count() == 2
+        # the schedule service loads parked messages on its own thread, woken by the store
+        wait_until(lambda: b.schedule.pending_count() == 2, "two parked messages loaded")
         clock.now_ms += 10_000
         b.schedule.run_due()
         assert [m.body for m in b.store.read("D", 0, 0, 10)] == [b"level3"]

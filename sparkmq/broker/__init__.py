@@ -2,8 +2,8 @@
 
 Run it with ``python -m sparkmq.broker -c conf/broker-a.properties``;
 :func:`main` is the entry point ``sparkmq broker`` calls. See
-:mod:`sparkmq.broker.broker` for the lifecycle and :mod:`sparkmq.broker.service`
-for the protocol mapping.
+:mod:`sparkmq.broker.broker` for the lifecycle and the module map, and
+:mod:`sparkmq.broker.grpc_service` for the protocol mapping.
 """
 from __future__ import annotations
 

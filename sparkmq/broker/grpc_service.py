@@ -53,6 +53,7 @@ from .pop import GroupKey, InvalidHandle, TagFilter
 from .protocol import (OK, ClientIdRequired, Code, duration, error_status, message_queue,
                        message_to_pb, ms_of_duration, send_response, status, timestamp)
 from .schedule import SCHEDULE_TOPIC, RecallStatus, make_recall_handle, parse_recall_handle
+from .send import SendRows
 from .transaction import UnknownTransaction
 
 log = logging.getLogger("sparkmq.broker.grpc")
@@ -73,7 +74,10 @@ def _lenient(message_class):
     def parse(data: bytes):
         try:
             return message_class.FromString(data)
-        except Exception as e:   # DecodeError and friends: malformed or truncated bytes
+        # every bad input must become BAD_REQUEST, and what the protobuf runtime raises
+        # for it differs by implementation (upb, cpp, python: DecodeError, ValueError,
+        # RuntimeError...): catch all, the error text goes back to the client
+        except Exception as e:
             return Malformed(f"{message_class.__name__} does not decode ({e}); "
                              "the request is malformed or truncated")
     return parse
@@ -101,6 +105,16 @@ def _bad_request(request: Malformed) -> pb.Status:
     return status(Code.BAD_REQUEST, request.error)
 
 
+def _failure_status(servicer: "MessagingServicer", method: str, e: Exception) -> pb.Status:
+    """The status answering exception ``e`` of ``method``; an unexpected one
+    (INTERNAL_ERROR) is logged with its traceback and counted."""
+    st = error_status(e)
+    if st.code == Code.INTERNAL_ERROR:
+        log.exception("%s failed", method)
+        servicer.broker.metrics.inc("sparkmq_rpc_errors_total", method=method)
+    return st
+
+
 def guarded(response_type):
     """Turn an exception of a unary handler into ``response_type(status=...)``."""
     def wrap(fn):
@@ -110,12 +124,27 @@ def guarded(response_type):
                 return response_type(status=_bad_request(request))
             try:
                 return fn(self, request, context)
-            except Exception as e:  # the broker keeps serving whatever a request does
-                st = error_status(e)
-                if st.code == Code.INTERNAL_ERROR:
-                    log.exception("%s failed", fn.__name__)
-                    self.broker.metrics.inc("sparkmq_rpc_errors_total", method=fn.__name__)
-                return response_type(status=st)
+            # a daemon never dies of one bad request: anything unexpected becomes
+            # INTERNAL_ERROR with its text (see _failure_status)
+            except Exception as e:
+                return response_type(status=_failure_status(self, fn.__name__, e))
+        return inner
+    return wrap
+
+
+def guarded_stream(response_type):
+    """``guarded`` for a server-streaming handler: an exception ends the stream with
+    one ``response_type(status=...)``."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(self, request, context):
+            if isinstance(request, Malformed):
+                yield response_type(status=_bad_request(request))
+                return
+            try:
+                yield from fn(self, request, context)
+            except Exception as e:  # as in guarded: the broker keeps serving
+                yield response_type(status=_failure_status(self, fn.__name__, e))
         return inner
     return wrap
 
@@ -188,11 +217,14 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                             self.broker.streams.set_topics(
                                 cid, [t.name for t in cmd.settings.publishing.topics])
                         out.put(self._settings_reply(cid, cmd.settings))
-            except Exception as e:  # a client that vanished mid-stream ends here
+            except grpc.RpcError as e:      # the client went away mid-stream
                 log.debug("telemetry stream of %s ended: %s", cid, e)
+            except Exception:  # a bad settings reply ends this stream only; logged
+                log.exception("telemetry stream of %s failed", cid)
             finally:
                 out.put(done)
 
+        # one reader per stream, living as long as the stream (not a periodic service)
         threading.Thread(target=read, name="sparkmq-telemetry-read", daemon=True).start()
         try:
             while context.is_active() and self.broker.state.value not in ("stopping", "stopped"):
@@ -250,7 +282,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                 return send_response(results)
         return self._store_rows(request, rows, results, context)
 
-    def _store_rows(self, request, rows: "SendRows", results: list, context):
+    def _store_rows(self, request, rows: SendRows, results: list, context):
         """Store the accepted ``rows`` of ``request`` (``results`` holds the refused
         entries' statuses, None for the others) and answer."""
         notifier = self.broker.notifier
@@ -282,17 +314,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         return out
 
     # ------------------------------------------------------------ receive
+    @guarded_stream(spb.ReceiveMessageResponse)
     def ReceiveMessage(self, request, context):
-        if isinstance(request, Malformed):
-            yield spb.ReceiveMessageResponse(status=_bad_request(request))
-            return
-        try:
-            yield from self._receive(request, context)
-        except Exception as e:
-            st = error_status(e)
-            if st.code == Code.INTERNAL_ERROR:
-                log.exception("ReceiveMessage failed")
-            yield spb.ReceiveMessageResponse(status=st)
+        return self._receive(request, context)
 
     def _filter(self, fe: pb.FilterExpression) -> "TagFilter | SqlFilter":
         """The filter a ReceiveMessage/PullMessage asks for; _FilterRefused (with the status
@@ -427,17 +451,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         return spb.QueryOffsetResponse(status=OK, offset=self.broker.receiver.query_offset(
             topic, qid, at_ms=at_ms, end=policy == pb.END))
 
+    @guarded_stream(spb.PullMessageResponse)
     def PullMessage(self, request, context):
-        if isinstance(request, Malformed):
-            yield spb.PullMessageResponse(status=_bad_request(request))
-            return
-        try:
-            yield from self._pull(request, context)
-        except Exception as e:
-            st = error_status(e)
-            if st.code == Code.INTERNAL_ERROR:
-                log.exception("PullMessage failed")
-            yield spb.PullMessageResponse(status=st)
+        return self._pull(request, context)
 
     def _pull(self, request, context):
         validate_group(request.group.name)

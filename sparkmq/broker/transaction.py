@@ -263,7 +263,7 @@ class TransactionService:
                     return
             try:
                 self.run_checks()
-            except Exception:
+            except Exception:  # keep the service alive (logged); the next pass retries
                 log.exception("transaction check failed")
                 time.sleep(0.1)
 
