@@ -147,6 +147,8 @@ class ReceiveService:
             self.notifier.wait(topic, seen, left)
 
     def ack(self, group: str, handle: str, topic: str | None) -> None:
+        """Acknowledge the delivery ``handle`` (AckMessage; InvalidHandle if stale);
+        wakes long polls when a held FIFO message may now be delivered."""
         if self.pop.ack(group, handle, topic):
             self.notifier.poke()          # a held FIFO message may be deliverable now
         self.metrics.inc("sparkmq_acks_total", group=getattr(group, "group", group))
