@@ -7,7 +7,6 @@ SparkSession; ``integration`` starts real processes/servers on 127.0.0.1;
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import uuid
 
@@ -29,12 +28,6 @@ def store_url(request, tmp_path):
 @pytest.fixture
 def local_store_url(tmp_path):
     return str(tmp_path / "store")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

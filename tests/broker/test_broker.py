@@ -12,14 +12,13 @@ import urllib.request
 import grpc
 import pytest
 from google.protobuf.duration_pb2 import Duration
-from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message, Producer,
-                      SimpleConsumer)
+from rocketmq import FilterExpression, Producer, SimpleConsumer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-from conftest import free_port
-from helpers.brokers import broker_config
+from helpers.net import free_port
+from helpers.brokers import broker_config, client_conf, msg
 from helpers.daemons import kill9, spawn, stop_process
 from sparkmq import Store
 from sparkmq.broker import Broker, BrokerConfig
@@ -28,21 +27,6 @@ from sparkmq.namesrv import NameServer, NameServerClient
 
 pytestmark = pytest.mark.integration
 Code = pb.Code
-
-
-def client_conf(broker: Broker) -> ClientConfiguration:
-    return ClientConfiguration(broker.endpoint, Credentials(), request_timeout=5)
-
-
-def msg(topic, body, tag=None, keys=None) -> Message:
-    m = Message()
-    m.topic = topic
-    m.body = body
-    if tag:
-        m.tag = tag
-    if keys:
-        m.keys = keys
-    return m
 
 
 def receive_until(consumer, n, *, invisible_s=30, max_calls=20):

@@ -10,7 +10,7 @@ import pytest
 from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Message, Producer,
                       SimpleConsumer)
 
-from conftest import free_port
+from helpers.net import free_port
 from helpers.daemons import get_json, post_json, spawn, stop_process
 from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.namesrv import NameServerClient

@@ -9,7 +9,7 @@ from sparkmq.broker.config import BrokerConfig
 from sparkmq.properties import load_properties, parse_properties
 from sparkmq.errors import InvalidConfigError
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 def test_parse_properties_comments_separators_and_errors():

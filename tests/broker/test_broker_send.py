@@ -12,7 +12,7 @@ import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from conftest import free_port
+from helpers.net import free_port
 from helpers.waiting import wait_until
 from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.broker.broker import _column

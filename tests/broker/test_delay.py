@@ -162,7 +162,8 @@ def test_the_service_thread_delivers_a_one_second_level_for_real(local_store_url
 
 
 # ---------------------------------------------------------------- broker, official client
-from test_broker import client_conf, msg, raw_message, send_code  # noqa: E402
+from helpers.brokers import client_conf, msg  # noqa: E402
+from test_broker import raw_message, send_code  # noqa: E402
 
 
 @pytest.mark.integration

@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from sparkmq.broker.filter import FilterExpressionError, SqlFilter
 from sparkmq.errors import UserError
 
-from test_broker import client_conf, msg
+from helpers.brokers import client_conf, msg
 
 Code = pb.Code
 

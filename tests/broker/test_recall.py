@@ -111,7 +111,7 @@ def test_recall_with_the_official_client(tmp_path, clients):
     from rocketmq import Producer as OfficialProducer
     from sparkmq.broker import Broker
     from helpers.brokers import broker_config
-    from test_broker import client_conf, msg
+    from helpers.brokers import client_conf, msg
 
     clock = Clock(int(time.time() * 1000))
     b = Broker(broker_config(tmp_path), clock_ms=clock).start()

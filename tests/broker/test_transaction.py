@@ -14,7 +14,7 @@ from rocketmq import (FilterExpression, Producer, SimpleConsumer, TransactionChe
 from helpers.waiting import wait_until
 from sparkmq.broker.transaction import HALF_TOPIC, OP_TOPIC
 
-from test_broker import client_conf, msg
+from helpers.brokers import client_conf, msg
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ from sparkmq import Message, Store
 from sparkmq.admin import main
 from sparkmq.namesrv import NameServer
 
-from conftest import free_port
-from test_broker import client_conf, msg
+from helpers.net import free_port
+from helpers.brokers import client_conf, msg
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "quickstart.ipynb"
 
 
 def test_quickstart_notebook_executes(tmp_path, monkeypatch):

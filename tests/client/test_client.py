@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import free_port
+from helpers.net import free_port
 from sparkmq.client import (BrokerUnavailableError, ConsumeMode, ConsumeResult, Message,
                             Producer, PullConsumer, PushConsumer, SimpleConsumer)
 

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import free_port
+from helpers.net import free_port
 from helpers.daemons import get_json, kill9, post_json, spawn, stop_process
 from helpers.waiting import wait_until
 from sparkmq import Message, Store

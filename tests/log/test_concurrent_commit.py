@@ -14,7 +14,7 @@ from sparkmq.log import format as fmt
 from sparkmq.log.fs import StoreFS
 from sparkmq.log.txlog import TransactionLog, decode_actions
 
-WORKER = Path(__file__).parent / "helpers" / "commit_worker.py"
+WORKER = Path(__file__).parent.parent / "helpers" / "commit_worker.py"
 COMMITS_PER_WRITER = 100
 
 

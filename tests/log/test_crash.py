@@ -18,7 +18,7 @@ import pytest
 
 from sparkmq import Snapshot, Store
 
-WRITER = Path(__file__).parent / "helpers" / "crash_writer.py"
+WRITER = Path(__file__).parent.parent / "helpers" / "crash_writer.py"
 TOPIC, QUEUES = "crash", 2
 BODY_RE = re.compile(rb"^r(\d+)-s(\d+)-i(\d+)-n(\d+)\|x*$")
 ROUNDS = 8

@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from conftest import free_port
+from helpers.net import free_port
 from helpers.clock import Clock
 from sparkmq.namesrv import BrokerRegistration, NameServer, NameServerClient, RouteRegistry
 
