@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -20,6 +19,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 from helpers.net import free_port
 from helpers.brokers import broker_config, client_conf, msg
 from helpers.daemons import kill9, spawn, stop_process
+from helpers.waiting import wait_until
 from sparkmq import Store
 from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.broker.pop import dlq_topic
@@ -78,10 +78,7 @@ def test_long_polling_returns_when_a_message_arrives(make_broker, clients):
     result = []
     t = threading.Thread(target=lambda: result.append(consumer.receive(16, 30)))
     t.start()
-    for _ in range(2000):                     # bounded: until the receive is parked
-        if b.notifier.waiting:
-            break
-        time.sleep(0.005)
+    wait_until(lambda: b.notifier.waiting, "the receive to be parked")
     assert b.notifier.waiting == 1
     producer.send(msg("Live", b"wake up"))
     t.join(poll_s * 0.6)                      # well before the poll timeout
@@ -219,16 +216,10 @@ def test_bad_input_gets_the_protocol_status_and_the_broker_keeps_serving(stub):
     stream = s.ReceiveMessage(spb.ReceiveMessageRequest(
         group=pb.Resource(name="G2"), message_queue=pb.MessageQueue(topic=pb.Resource(name="Empty")),
         batch_size=1, long_polling_timeout=Duration(seconds=20)), timeout=25)
-    for _ in range(2000):                               # bounded: until it is parked
-        if b.notifier.waiting:
-            break
-        time.sleep(0.005)
+    wait_until(lambda: b.notifier.waiting, "the receive to be parked")
     assert b.notifier.waiting == 1
     stream.cancel()
-    for _ in range(2000):                               # bounded: until the broker lets go
-        if not b.notifier.waiting:
-            break
-        time.sleep(0.005)
+    wait_until(lambda: not b.notifier.waiting, "the broker to let the receive go")
     assert b.notifier.waiting == 0
 
     assert send_code(s, raw_message("Known", b"still serving")) == [Code.OK]
@@ -333,10 +324,7 @@ def test_sigkill_under_sync_flush_loses_no_acked_message(tmp_path):
                 i += 1
         t = threading.Thread(target=produce)
         t.start()
-        for _ in range(3000):                       # bounded: until some sends are acked
-            if len(acked) >= 50:
-                break
-            time.sleep(0.01)
+        wait_until(lambda: len(acked) >= 50, "50 acked sends")
         kill9(proc)
         stop.set()
         t.join(30)
@@ -388,11 +376,10 @@ def test_official_push_consumer_consumes_and_a_failed_message_comes_back(make_br
                 return ConsumeResult.FAILURE            # -> invisible for the back-off, then again
             return ConsumeResult.SUCCESS
     clients(PushConsumer(client_conf(b), "PushG", Listener(), {"P": FilterExpression()}))
-    for _ in range(1500):                               # bounded: back-off is 1 s
+    def redelivered() -> bool:
         with lock:
-            if (b"p3", 2) in seen and len({x for x, _ in seen}) == 6:
-                break
-        time.sleep(0.01)
+            return (b"p3", 2) in seen and len({x for x, _ in seen}) == 6
+    wait_until(redelivered, "p3's redelivery after the 1 s back-off")
     with lock:
         assert {x for x, _ in seen} == {f"p{i}".encode() for i in range(6)}
         assert (b"p3", 1) in seen and (b"p3", 2) in seen
@@ -456,10 +443,7 @@ def test_spark_commit_goes_through_the_broker_and_online_consumers_see_it(make_b
     result = []
     t = threading.Thread(target=lambda: result.append(consumer.receive(16, 30)))
     t.start()
-    for _ in range(2000):                                  # bounded: until the poll is parked
-        if b.notifier.waiting:
-            break
-        time.sleep(0.005)
+    wait_until(lambda: b.notifier.waiting, "the poll to be parked")
     url = b.config.store_path
     batch = messages_to_batch([StoreMessage("Job", f"row{i}".encode()) for i in range(3)],
                               queue_ids=[0, 0, 0], store_timestamp_ms=1_700_000_000_000,

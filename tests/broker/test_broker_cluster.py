@@ -3,7 +3,6 @@
 produces through one broker and consumes from the other; offsets survive a restart."""
 from __future__ import annotations
 
-import time
 import urllib.request
 
 import pytest
@@ -11,6 +10,7 @@ from rocketmq import (ClientConfiguration, Credentials, FilterExpression, Messag
                       SimpleConsumer)
 
 from helpers.net import free_port
+from helpers.waiting import wait_until
 from helpers.daemons import get_json, post_json, spawn, stop_process
 from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.namesrv import NameServerClient
@@ -34,10 +34,7 @@ def test_nameserver_and_two_broker_processes(tmp_path, procs):
         post_json(f"http://127.0.0.1:{admin_port}/admin/topics",
                   {"name": "Shared", "queueNums": 2})
     ns = NameServerClient(f"127.0.0.1:{ns_port}")
-    for _ in range(300):                             # bounded: until both re-registered
-        if len(ns.route("Shared") or []) == 4:
-            break
-        time.sleep(0.05)
+    wait_until(lambda: len(ns.route("Shared") or []) == 4, "both brokers to re-register Shared")
     assert {q["brokerName"] for q in ns.route("Shared")} == {"broker-a", "broker-b"}
 
     conf_a = ClientConfiguration(f"127.0.0.1:{brokers['broker-a'][0]}", Credentials())

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from helpers.clock import Clock
+from helpers.waiting import wait_until
 from sparkmq import Store
 from sparkmq.broker.schedule import (PROP_REAL_TOPIC, SCHEDULE_GROUP, SCHEDULE_TOPIC,
                                      DEFAULT_DELAY_LEVELS, DelayPolicy, DelayRefused,
@@ -147,10 +148,7 @@ def test_the_service_thread_delivers_a_one_second_level_for_real(local_store_url
     try:
         sent_ms = int(time.time() * 1000)
         park(store, store_clock := (lambda: sent_ms), policy, "T", b"x", level=1)
-        for _ in range(100):                                  # bounded: 10 s
-            if store.max_offset("T", 0) > 0:
-                break
-            time.sleep(0.1)
+        wait_until(lambda: store.max_offset("T", 0) > 0, "the delayed message's delivery")
         got = store.read("T", 0, 0, 1)
         assert [m.body for m in got] == [b"x"]
         assert got[0].store_timestamp >= sent_ms + 1000       # waited the level's second

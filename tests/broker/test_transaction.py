@@ -5,7 +5,6 @@ mid-transaction. Check-backs are driven by an injected clock and ``run_checks()`
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 from rocketmq import (FilterExpression, Producer, SimpleConsumer, TransactionChecker,
@@ -43,11 +42,8 @@ def half_send(producer, body: bytes):
     return tx, receipt
 
 
-def wait_asked(checker, n, tries=100):
-    for _ in range(tries):                       # bounded: 10 s
-        if len(checker.asked) >= n:
-            return
-        time.sleep(0.1)
+def wait_asked(checker, n):
+    wait_until(lambda: len(checker.asked) >= n, f"the broker to ask the checker {n} times")
 
 
 def test_commit_and_rollback(tx_broker, clients):

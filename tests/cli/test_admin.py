@@ -14,6 +14,7 @@ from sparkmq import Message, Store
 from sparkmq.admin import main
 from sparkmq.namesrv import NameServer
 
+from helpers.clock import Clock
 from helpers.net import free_port
 from helpers.brokers import client_conf, msg
 
@@ -100,12 +101,13 @@ def test_admin_on_a_live_two_broker_cluster(cluster, clients, capsys):
 
 
 def test_admin_writes_on_a_stopped_store_and_errors(local_store_url, capsys):
-    with Store.open(local_store_url) as s:
+    clock = Clock()
+    with Store.open(local_store_url, clock_ms=clock) as s:
         s.create_topic("T", read_queue_nums=1, write_queue_nums=1)
         from sparkmq.log.message import Message
         s.append([Message(topic="T", body=b"a")])
         t_mid = s.read("T", 0, 0, 1)[0].store_timestamp + 1
-        time.sleep(0.01)
+        clock.advance(10)
         s.append([Message(topic="T", body=b"b")])
     out = run_json(capsys, "--store", local_store_url, "group", "reset-offset", "G",
                    "--topic", "T", "--timestamp", str(t_mid))
@@ -231,6 +233,8 @@ def test_group_delete_waits_for_a_persist_pass_that_took_its_offsets(make_broker
     assert entered.wait(30)                          # the pass holds G's floors now
     delete = threading.Thread(target=a.update_group, args=({"name": "G", "delete": True},))
     delete.start()
+    # the sleep is the point: a negative check (the delete must NOT finish while the
+    # pass holds the lock); there is no event to wait for, only time to give it
     time.sleep(0.3)                                  # without the lock, the delete ends here
     release.set()
     persist.join(30)

@@ -11,6 +11,9 @@ import time
 import pyarrow as pa
 import pytest
 
+from helpers.clock import Clock
+from helpers.waiting import wait_until
+
 from sparkmq.log.store import Store
 
 
@@ -147,16 +150,15 @@ def test_starting_and_ending_offsets(spark, local_store_url):
 
 @pytest.mark.spark
 def test_starting_and_ending_timestamp(spark, local_store_url):
-    with Store.open(local_store_url, start_services=False) as s:
+    clock = Clock()
+    with Store.open(local_store_url, start_services=False, clock_ms=clock) as s:
         s.create_topic(TOPIC, read_queue_nums=1, write_queue_nums=1)
         s.append_batch(_rows(5, 0))
-        time.sleep(0.02)
-        t1 = int(time.time() * 1000)
-        time.sleep(0.02)
+        t1 = clock.advance(20)
+        clock.advance(20)
         s.append_batch(_rows(5, 5))
-        time.sleep(0.02)
-        t2 = int(time.time() * 1000)
-        time.sleep(0.02)
+        t2 = clock.advance(20)
+        clock.advance(20)
         s.append_batch(_rows(5, 10))
     df = read(spark, local_store_url, startingTimestamp=str(t1), endingTimestamp=str(t2))
     assert bodies(df) == sorted(f"m{i}" for i in range(5, 10))
@@ -164,12 +166,12 @@ def test_starting_and_ending_timestamp(spark, local_store_url):
 
 @pytest.mark.spark
 def test_time_travel_returns_older_snapshot(spark, local_store_url):
-    make_store(local_store_url, 20)
+    clock = Clock()
+    make_store(local_store_url, 20, clock_ms=clock)
     v1 = snapshot_version(local_store_url)
-    time.sleep(0.02)
-    ts_between = int(time.time() * 1000)
-    time.sleep(0.02)
-    with Store.open(local_store_url, start_services=False) as s:
+    ts_between = clock.advance(20)
+    clock.advance(20)
+    with Store.open(local_store_url, start_services=False, clock_ms=clock) as s:
         s.append_batch(_rows(20, 20))
     assert read(spark, local_store_url).count() == 40
     assert bodies(read(spark, local_store_url, versionAsOf=str(v1))) == \
@@ -348,11 +350,11 @@ def test_stream_restart_from_checkpoint_exactly_once(spark, local_store_url, tmp
                 .option("checkpointLocation", str(ckpt)).trigger(**trigger).start())
     q = start({"processingTime": "0 seconds"})
     try:
-        deadline = time.monotonic() + 120
-        while len(batch_rows(q)) < 2 and time.monotonic() < deadline:
+        def two_batches() -> bool:
             assert q.exception() is None
-            time.sleep(0.2)
-        assert len(batch_rows(q)) >= 2
+            return len(batch_rows(q)) >= 2
+        wait_until(two_batches, "two micro-batches of the stream", timeout_s=120,
+                   interval_s=0.2)
     finally:
         q.stop()
     with Store.open(local_store_url, start_services=False) as s:
@@ -386,7 +388,7 @@ def test_reader_sees_only_whole_committed_versions(spark, local_store_url):
                     s.append_batch(_rows(7, 7 * b))
                     if b % 5 == 0:
                         s.publish()
-                    time.sleep(0.005)
+                    time.sleep(0.005)   # the point: pace the writer so reads interleave
         except Exception as exc:   # surfaced below
             errors.append(exc)
     t = threading.Thread(target=write)
@@ -403,10 +405,9 @@ def test_reader_sees_only_whole_committed_versions(spark, local_store_url):
             if i:
                 # let the writer commit more before the next read (a bounded wait, not a
                 # timing assertion): the next read must then see the newer versions
-                deadline = time.monotonic() + 60
-                while (t.is_alive() and committed_messages() <= counts[-1]
-                       and time.monotonic() < deadline):
-                    time.sleep(0.05)
+                wait_until(lambda: committed_messages() > counts[-1],
+                           f"the writer to commit more than {counts[-1]} messages",
+                           interval_s=0.05)
             rows = read(spark, local_store_url).select("queue_id", "queue_offset").collect()
             counts.append(len(rows))
             assert len(rows) % 7 == 0

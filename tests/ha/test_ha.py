@@ -433,7 +433,7 @@ class Sender:
                 self.acked.append(i)
             except Exception:
                 self.failed += 1
-                time.sleep(0.01)
+                time.sleep(0.01)       # the point: back off between retries, not a wait
             i += 1
 
     def close(self):
@@ -752,7 +752,7 @@ HAClient(rlog, broker_name="broker-a", broker_id=1, secret=secret,
          master_address=lambda: "127.0.0.1:%d" % port).start()
 while True:
     print(rlog.offset, rlog.dispatched_offset, flush=True)
-    time.sleep(0.02)
+    time.sleep(0.02)   # the point: pace the progress lines until the test kills us
 """
 
 

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.waiting import wait_until
+
 from sparkmq.log import format as fmt
 from sparkmq.log.fs import StoreFS
 from sparkmq.log.txlog import TransactionLog, decode_actions
@@ -46,12 +48,10 @@ def _check_log(log: TransactionLog, writers: int, n: int) -> None:
 
 
 def _wait_ready(go: Path, writers: int, procs, timeout_s: float = 60) -> None:
-    import time
-    deadline = time.monotonic() + timeout_s
-    while not all(Path(f"{go}.ready{w}").exists() for w in range(writers)):
-        assert time.monotonic() < deadline, "workers did not start"
+    def ready() -> bool:
         assert all(p.poll() is None for p in procs), "a worker died before starting"
-        time.sleep(0.01)
+        return all(Path(f"{go}.ready{w}").exists() for w in range(writers))
+    wait_until(ready, "the workers to start", timeout_s=timeout_s)
 
 
 @pytest.mark.integration

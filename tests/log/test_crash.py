@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers.waiting import wait_until
+
 from sparkmq import Snapshot, Store
 
 WRITER = Path(__file__).parent.parent / "helpers" / "crash_writer.py"
@@ -132,6 +134,11 @@ def test_sigkill_writer_loses_no_acknowledged_append(tmp_path, flush_type, round
 
 
 @pytest.mark.integration
+def _reader_sees_topic(url: str) -> bool:
+    with Store.open(url, mode="r") as reader:
+        return TOPIC in reader.topic_names()
+
+
 def test_live_writer_in_another_process_holds_the_lease(tmp_path):
     """While a writer process lives, a second writer gets StoreLockedError and a
     reader is welcome; once it is SIGKILLed, the next writer recovers at once
@@ -147,9 +154,7 @@ def test_live_writer_in_another_process_holds_the_lease(tmp_path):
         assert len(lines) >= 3, proc.stderr.read().decode()[-2000:] if proc.poll() else lines
         with pytest.raises(StoreLockedError, match="held by writer"):
             Store.open(url, start_services=False)
-        time.sleep(0.3)                      # let a publish happen
-        with Store.open(url, mode="r") as reader:
-            assert TOPIC in reader.topic_names()
+        wait_until(lambda: _reader_sees_topic(url), f"a reader to see topic {TOPIC}")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)

@@ -13,6 +13,7 @@ from sparkmq.errors import DataLossError, UserError
 from sparkmq.log.retention import next_run_ms
 
 from helpers.clock import Clock
+from helpers.waiting import wait_until
 from helpers.storetools import SMALL_SEGMENT_BYTES, bodies
 
 HOUR_MS = 3600 * 1000
@@ -184,7 +185,6 @@ def test_floors_survive_reopen(store_url, clock):
 @pytest.mark.integration
 def test_live_broker_applies_topic_retention_and_consumers_start_at_the_floor(tmp_path,
                                                                               caplog):
-    import time
     from sparkmq.broker import Broker
     from sparkmq.client import Message as ClientMessage
     from sparkmq.client import Producer, SimpleConsumer
@@ -201,10 +201,8 @@ def test_live_broker_applies_topic_retention_and_consumers_start_at_the_floor(tm
             with Producer(b.endpoint) as p:
                 for i in range(30):
                     p.send(ClientMessage("Capped", b"%03d" % i + b"." * 97))   # 100 bytes
-            for _ in range(100):                     # bounded: the service looks every 200 ms
-                if b.store.min_offset("Capped", 0) == 20:
-                    break
-                time.sleep(0.1)
+            wait_until(lambda: b.store.min_offset("Capped", 0) == 20,   # looks every 200 ms
+                       "retention to drop Capped:0 below offset 20")
         assert b.store.min_offset("Capped", 0) == 20
         assert "G_slow" in caplog.text and "Capped:0" in caplog.text
         c = SimpleConsumer(b.endpoint, "G_slow", {"Capped": "*"})

@@ -120,7 +120,7 @@ s.flush()
 paths = [r.path for r in s.commitlog.segments()[:2]]
 s.remove_segments(paths)
 print(json.dumps(paths), flush=True)
-time.sleep(120)
+time.sleep(120)   # the point: stay alive holding the lease until the test kills us
 """
 
 
