@@ -58,6 +58,7 @@ def test_errors_are_one_clear_line(tmp_path, capsys):
     assert "SPARKMQ_INVALID_NAME" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_demo_without_spark_runs_end_to_end(tmp_path):
     store = tmp_path / "demo"
     out = subprocess.run([sys.executable, "-m", "sparkmq.cli", "demo", "--no-spark",
@@ -71,6 +72,7 @@ def test_demo_without_spark_runs_end_to_end(tmp_path):
         assert sum(hi - lo for lo, hi in s.queue_ranges("Payments").values()) == 1000
 
 
+@pytest.mark.integration
 def test_output_into_a_closed_pipe_stops_quietly(tmp_path):
     """``sparkmq print ... | head -1``: the reader goes away; no traceback."""
     url = str(tmp_path / "s")

@@ -147,6 +147,7 @@ def test_two_committers_racing_in_threads(local_store_url):
     _check_race(local_store_url, ["a", "b"], 6, 5)
 
 
+@pytest.mark.integration
 def test_two_committers_racing_in_processes(local_store_url):
     make_store(local_store_url, [("T", 2)])
     ctx = mp.get_context("spawn")

@@ -133,12 +133,12 @@ def test_sigkill_writer_loses_no_acknowledged_append(tmp_path, flush_type, round
         assert len({b for _q, _o, b in rows}) == len(rows), "a message is stored twice"
 
 
-@pytest.mark.integration
 def _reader_sees_topic(url: str) -> bool:
     with Store.open(url, mode="r") as reader:
         return TOPIC in reader.topic_names()
 
 
+@pytest.mark.integration
 def test_live_writer_in_another_process_holds_the_lease(tmp_path):
     """While a writer process lives, a second writer gets StoreLockedError and a
     reader is welcome; once it is SIGKILLed, the next writer recovers at once
