@@ -30,24 +30,15 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent.parent))          # the repository's sparkmq
+sys.path[:0] = [str(HERE.parent.parent), str(HERE.parent)]   # the repository's sparkmq; helpers
 
+from helpers.clock import Clock  # noqa: E402
 from sparkmq import Message, Store  # noqa: E402
 from sparkmq.log import format as fmt  # noqa: E402
 
 START_MS = 1_700_000_000_000
 STEP_MS = 1_000
 SEGMENT_BYTES = 4096
-
-
-class StepClock:
-    """Time stands still until the script moves it; ``now_ms`` is epoch ms."""
-
-    def __init__(self, start_ms: int):
-        self.now_ms = start_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
 
 
 def orders(round_no: int) -> list[Message]:
@@ -74,7 +65,7 @@ def events(round_no: int) -> list[Message]:
     return out
 
 
-def special(clock: StepClock) -> list[Message]:
+def special(clock: Clock) -> list[Message]:
     """A delayed message and a transactional one (stored values; the broker acts on them)."""
     return [Message("Orders", b"delayed-1", tags="later", keys=["delayed-1"], queue_id=0,
                     delivery_timestamp=clock() + 60_000, message_type=fmt.MESSAGE_TYPE_DELAY,
@@ -96,7 +87,7 @@ def record(results, messages, clock) -> list[dict]:
 
 
 def make(out: Path) -> dict:
-    clock = StepClock(START_MS)
+    clock = Clock(START_MS)
     store_url = str(out / "store")
     store = Store.open(store_url, clock_ms=clock, start_services=False,
                        mappedFileSizeCommitLog=SEGMENT_BYTES, checkpointInterval=5,
@@ -106,7 +97,7 @@ def make(out: Path) -> dict:
     versions: list[dict] = []
 
     def step():
-        clock.now_ms += STEP_MS
+        clock.advance(STEP_MS)
 
     def mark(label: str):
         versions.append({"label": label, "version": store.version,
