@@ -7,7 +7,6 @@ SparkSession; ``integration`` starts real processes/servers on 127.0.0.1;
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import uuid
 
@@ -29,12 +28,6 @@ def store_url(request, tmp_path):
 @pytest.fixture
 def local_store_url(tmp_path):
     return str(tmp_path / "store")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -126,3 +119,24 @@ def spark():
     register(session)
     yield session
     session.stop()
+
+
+# tier markers that a fixture implies: a test using the fixture must carry the marker
+_FIXTURE_TIERS = {"spark": "spark", "procs": "integration", "make_broker": "integration",
+                  "tx_broker": "integration", "clients": "integration"}
+
+
+def pytest_collection_modifyitems(items):
+    """Refuse to run a test that starts Spark (``spark`` fixture) without the ``spark``
+    marker, or starts daemons/brokers/clients (``procs``, ``make_broker``, ``tx_broker``,
+    ``clients``) without ``integration``: ``-m "not spark and not integration"`` must
+    never start one."""
+    wrong = []
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        for fixture in getattr(item, "fixturenames", ()):
+            tier = _FIXTURE_TIERS.get(fixture)
+            if tier and tier not in marks:
+                wrong.append(f"{item.nodeid} uses {fixture} but is not marked {tier}")
+    if wrong:
+        raise pytest.UsageError("tier markers missing:\n" + "\n".join(wrong))

@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from conftest import free_port
+from helpers.net import free_port
 from helpers.daemons import get_json, kill9, spawn, stop_process
 
 pytestmark = pytest.mark.integration

@@ -17,6 +17,7 @@ def _modules_after(code: str) -> set[str]:
     return set(out.stdout.split())
 
 
+@pytest.mark.integration   # a fresh python process
 def test_the_stream_reader_of_a_local_store_loads_neither_the_store_nor_fsspec(tmp_path):
     from sparkmq import Store
     url = str(tmp_path / "s")
@@ -34,6 +35,7 @@ def test_the_stream_reader_of_a_local_store_loads_neither_the_store_nor_fsspec(t
     assert "sparkmq.log.store" not in mods and "sparkmq.log.services" not in mods
 
 
+@pytest.mark.integration   # a fresh python process
 def test_public_names_still_import_from_the_packages():
     mods = _modules_after("from sparkmq import Store, Snapshot, SYNC_FLUSH, SparkMQError\n"
                           "from sparkmq.log import Store as S2, GetMessageStatus\n"

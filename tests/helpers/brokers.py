@@ -3,8 +3,10 @@ store under the test's ``tmp_path``. The ``make_broker``, ``clients`` and
 ``tx_broker`` fixtures (conftest.py) start brokers and clients and stop them."""
 from __future__ import annotations
 
-from conftest import free_port
-from sparkmq.broker import BrokerConfig
+from rocketmq import ClientConfiguration, Credentials, Message
+
+from helpers.net import free_port
+from sparkmq.broker import Broker, BrokerConfig
 
 
 def broker_config(tmp_path, name="broker-a", **props) -> BrokerConfig:
@@ -14,3 +16,20 @@ def broker_config(tmp_path, name="broker-a", **props) -> BrokerConfig:
             "defaultTopicQueueNums": "2", "flushConsumerOffsetInterval": "500"}
     base.update({k: str(v) for k, v in props.items()})
     return BrokerConfig.from_properties(base)
+
+
+def client_conf(broker: Broker) -> ClientConfiguration:
+    """The official client's configuration for ``broker``'s gRPC endpoint (5 s timeout)."""
+    return ClientConfiguration(broker.endpoint, Credentials(), request_timeout=5)
+
+
+def msg(topic, body, tag=None, keys=None) -> Message:
+    """An official-client ``Message`` with the given body and optional tag and keys."""
+    m = Message()
+    m.topic = topic
+    m.body = body
+    if tag:
+        m.tag = tag
+    if keys:
+        m.keys = keys
+    return m

@@ -12,22 +12,22 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 from sparkmq.log.fs import StoreFS
 from sparkmq.log.txlog import TransactionLog
+from waiting import wait_until   # run as a script: its folder, tests/helpers, is on sys.path
 
 
 def main() -> int:
     url, worker, n, go_file = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     log = TransactionLog(StoreFS(url), checkpoint_interval_versions=7)
     open(f"{go_file}.ready{worker}", "w").close()
-    deadline = time.monotonic() + 30
-    while not os.path.exists(go_file):
-        if time.monotonic() > deadline:
-            print(json.dumps({"worker": worker, "error": "no go signal"}), flush=True)
-            return 2
-        time.sleep(0.001)
+    try:
+        wait_until(lambda: os.path.exists(go_file), "the go signal", timeout_s=30,
+                   interval_s=0.001)
+    except AssertionError:
+        print(json.dumps({"worker": worker, "error": "no go signal"}), flush=True)
+        return 2
     builds = 0
     versions = []
     for i in range(n):

@@ -17,8 +17,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
+
+from helpers.waiting import wait_until
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 START_TIMEOUT_S = 60
@@ -65,17 +66,15 @@ def spawn(args: list[str], health_url: str, procs: list | None = None,
     proc.output_file = out
     if procs is not None:
         procs.append(proc)
-    deadline = time.monotonic() + timeout_s
-    while not http_ok(health_url):
-        problem = None
-        if proc.poll() is not None:
-            problem = f"exited with {proc.returncode}"
-        elif time.monotonic() >= deadline:
-            problem = f"did not answer {health_url} within {timeout_s} s"
-        if problem:
-            kill9(proc)
-            raise AssertionError(f"{' '.join(args)} {problem}; its output:\n{output(proc)}")
-        time.sleep(0.1)
+    try:
+        wait_until(lambda: proc.poll() is not None or http_ok(health_url),
+                   f"{health_url} to answer", timeout_s=timeout_s, interval_s=0.1)
+        problem = None if proc.poll() is None else f"exited with {proc.returncode}"
+    except AssertionError:
+        problem = f"did not answer {health_url} within {timeout_s} s"
+    if problem:
+        kill9(proc)
+        raise AssertionError(f"{' '.join(args)} {problem}; its output:\n{output(proc)}")
     return proc
 
 

@@ -1,0 +1,91 @@
+"""The layering contract (STYLE.md 9 and 12): the import-linter contracts in pyproject.toml
+(``[tool.importlinter]``) hold for the package (checked in process, in the fast tier); a
+forbidden import added to a copy of it breaks them (a linter process on the copy, so the
+check can fail); and ``sparkmq/ha/`` uses no underscored name of the
+log layer's objects (an AST scan: layers talk through public APIs)."""
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "sparkmq"
+LINT = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+
+
+def lint_imports(project: Path) -> subprocess.CompletedProcess:
+    """Run import-linter on the ``sparkmq`` package under ``project`` with the contracts in
+    ``project/pyproject.toml``, in a fresh process whose ``sparkmq`` is that copy."""
+    return subprocess.run([sys.executable, "-c", LINT, "--config", "pyproject.toml",
+                           "--no-cache"], cwd=project, env={"PYTHONPATH": str(project),
+                                                            "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, timeout=120)
+
+
+def copy_project(dest: Path) -> Path:
+    shutil.copytree(PACKAGE, dest / "sparkmq", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    return dest
+
+
+def test_the_layering_contracts_hold(capsys, monkeypatch):
+    from importlinter.cli import lint_imports as lint_in_process
+    monkeypatch.setattr(sys, "path", list(sys.path))     # the linter prepends the cwd
+    code = lint_in_process(config_filename=str(ROOT / "pyproject.toml"), no_cache=True,
+                           no_logo=True)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "5 kept, 0 broken" in out
+
+
+@pytest.mark.integration
+def test_a_forbidden_import_breaks_the_contract(tmp_path):
+    project = copy_project(tmp_path)
+    fmt = project / "sparkmq" / "log" / "format.py"
+    fmt.write_text(fmt.read_text() + "\nimport sparkmq.broker  # forbidden: log below broker\n")
+    result = lint_imports(project)
+    assert result.returncode != 0
+    out = result.stdout
+    assert "sparkmq.log imports no upper layer, no Spark and no network stack BROKEN" in out
+    assert "sparkmq.log.format -> sparkmq.broker" in out
+
+
+def private_uses(source: str, filename: str) -> list[str]:
+    """``X._name`` attribute accesses where ``X`` is not ``self``/``cls`` (dunder names
+    excepted), and ``from ..log... import _name``, in one module's source."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                and not (node.attr.startswith("__") and node.attr.endswith("__")) \
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+            found.append(f"{filename}:{node.lineno}: .{node.attr}")
+        if isinstance(node, ast.ImportFrom) and _from_log(node):
+            found += [f"{filename}:{node.lineno}: import {a.name}" for a in node.names
+                      if a.name.startswith("_")]
+    return found
+
+
+def _from_log(node: ast.ImportFrom) -> bool:
+    module = node.module or ""
+    if node.level == 0:
+        return module == "sparkmq.log" or module.startswith("sparkmq.log.")
+    return node.level == 2 and (module == "log" or module.startswith("log."))
+
+
+def test_the_scan_finds_private_uses():
+    src = ("from ..log.store import _LIVE\nfrom ..log import Store\n"
+           "def f(store):\n    self._ok = store._dispatched_offset\n    return cls._ok, x.__dict__\n")
+    assert private_uses(src, "m.py") == ["m.py:1: import _LIVE", "m.py:4: ._dispatched_offset"]
+
+
+@pytest.mark.xfail(strict=True, reason="ha/ still reaches into log privates; removed by the "
+                                       "logcore branch")
+def test_ha_uses_no_private_name_of_the_log():
+    found = [use for path in sorted((PACKAGE / "ha").glob("*.py"))
+             for use in private_uses(path.read_text(), f"sparkmq/ha/{path.name}")]
+    assert found == [], "ha/ reaches into private names:\n" + "\n".join(found)
