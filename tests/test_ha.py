@@ -746,7 +746,7 @@ store = Store.open(url, replica=True, mappedFileSizeCommitLog=65536)
 rlog = ReplicaLog(store)
 real_step = rlog.dispatch_step
 def lagging_step(max_bytes=0):      # dispatch lags: small steps, and only up to `limit`
-    return real_step(4096) if store._dispatched_offset < limit else 0
+    return real_step(4096) if store.dispatcher.dispatched_offset < limit else 0
 rlog.dispatch_step = lagging_step
 HAClient(rlog, broker_name="broker-a", broker_id=1, secret=secret,
          master_address=lambda: "127.0.0.1:%d" % port).start()

@@ -126,7 +126,7 @@ class ReplicaLog:
     @property
     def dispatched_offset(self) -> int:
         """The end of the last batch in this replica's ConsumeQueue/Index (readable)."""
-        return self.store._dispatched_offset
+        return self.store.dispatcher.dispatched_offset
 
     # -- dispatch (RocketMQ's ReputMessageService on a slave) -------------------
     def start(self) -> "ReplicaLog":
@@ -148,7 +148,7 @@ class ReplicaLog:
         """Dispatch every whole batch written; returns the dispatched offset."""
         while self.dispatch_step(1 << 62):
             pass
-        return self.store._dispatched_offset
+        return self.store.dispatcher.dispatched_offset
 
     def dispatch_step(self, max_bytes: int = DISPATCH_STEP_BYTES) -> int:
         """Dispatch whole batches from the dispatched offset on, reading them from the
@@ -157,7 +157,7 @@ class ReplicaLog:
         st, cl = self.store, self.store.commitlog
         affected: list = []
         with self._dispatch_lock:
-            start = off = st._dispatched_offset
+            start = off = st.dispatcher.dispatched_offset
             target = self._whole_end
             while off < target and off - start < max_bytes:
                 ref = cl.segment_for(off)
@@ -182,14 +182,14 @@ class ReplicaLog:
                         raise HAProtocolError(f"segment {ref.path}: no whole batch at byte "
                                               f"{pos} below the acked end {target}")
                     batch = seg.read_batch_at(buf, pos)
-                    affected.extend(st._dispatch(batch, base + pos)[1])
+                    affected.extend(st.dispatcher.dispatch(batch, base + pos)[1])
                     pos += n
                 del buf
                 if base + pos == off:
                     break
-                off = st._dispatched_offset = base + pos
+                off = st.dispatcher.dispatched_offset = base + pos
         if affected:
-            st._after_visible(affected)
+            st.dispatcher.after_visible(affected)
         return off - start
 
     # -- writing -----------------------------------------------------------
@@ -222,7 +222,7 @@ class ReplicaLog:
                 cl.written_offset = base_offset
                 cl.flushed_offset = max(cl.flushed_offset, base_offset) if segs else base_offset
                 if not segs:                  # else dispatch reaches it past the sealed one
-                    st._dispatched_offset = base_offset
+                    st.dispatcher.dispatched_offset = base_offset
                 self._whole_end = base_offset
                 self._walk_pos = 0
 
@@ -415,7 +415,7 @@ class ReplicaLog:
             st._commit(lambda s: actions, "REPLICATE META", {"actions": len(actions)})
             if empty:
                 with st._append_lock, self._dispatch_lock:
-                    st._reset_offsets()
+                    st.dispatcher.reset_offsets(st.state)
 
     # -- rejoin ---------------------------------------------------------------
     def truncate_to(self, offset: int, keep_dir: str | None = None) -> int:
@@ -429,8 +429,8 @@ class ReplicaLog:
         Returns the bytes dropped."""
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
-        from ..log.consumequeue import MemoryConsumeQueue, consumequeue_add, write_side_table
-        from ..log.index import MemoryIndex, index_add
+        from ..log.consumequeue import consumequeue_add, write_side_table
+        from ..log.index import index_add
         st, cl = self.store, self.store.commitlog
         with st._append_lock, self._dispatch_lock, st._commit_lock:
             self._close_peek()
@@ -497,11 +497,8 @@ class ReplicaLog:
                 cl._cache.clear()
                 cl._cache_bytes = 0
             cl.written_offset = cl.flushed_offset = offset
-            st._dispatched_offset = offset
-            st.cq = MemoryConsumeQueue(st.config.memory_consume_queue_entries)
-            st.index = MemoryIndex()
-            st._reset_offsets()
-            st._visible_next = dict(st._next_offsets)
+            st.dispatcher.dispatched_offset = offset
+            st.dispatcher.clear(st.state, offset)
             self._walk_pos = (offset - cut.base_offset) if cut is not None else 0
             self._whole_end = offset
         log.warning("store %s truncated to physical offset %d: %d bytes dropped%s", st.url,
@@ -535,11 +532,11 @@ class ReplicaLog:
             with cl._lock:
                 ref.size = a.size
             cl.written_offset = cl.flushed_offset = a.base_offset + a.size
-            st._dispatched_offset = self._whole_end = cl.written_offset
+            st.dispatcher.dispatched_offset = self._whole_end = cl.written_offset
             self._walk_pos = a.size
             if fmt.parse_segment_file(ref.path.rsplit("/", 1)[-1]) is None:
                 cl.seal_active()   # a Spark segment: never appended to by a broker
-                st._dispatched_offset = cl.written_offset
+                st.dispatcher.dispatched_offset = cl.written_offset
             return dropped
 
 

@@ -61,6 +61,7 @@ from . import format as fmt
 from . import segment as seg
 from .consumequeue import consumequeue_add, write_side_table
 from .fs import StoreFS
+from .dispatch import assign_entries, next_queue_offsets  # noqa: F401  (re-exported)
 from .index import index_add, index_entries
 from .names import validate_group
 from .store import _LIVE_TOKENS, PERM_WRITE, CommitResult
@@ -184,15 +185,6 @@ def _check_topics(url: str, state: LogState, staged: list[_Staged]) -> None:
                         f"out of range for topic {name!r} (0..{conf['writeQueueNums'] - 1})")
 
 
-def next_queue_offsets(state: LogState) -> dict[tuple[int, int], int]:
-    """(topic_id, queue_id) -> next queue offset, never below a retention floor."""
-    out = dict(state.queue_max_offsets())
-    for q in (state.retention or {}).get("queues", ()):
-        key = (q["topicId"], q["queueId"])
-        out[key] = max(out.get(key, 0), int(q["minOffset"]))
-    return out
-
-
 @dataclass
 class _Placement:
     """What one attempt decided: segment adds and side tables."""
@@ -214,7 +206,7 @@ def _place(state: LogState, staged: list[_Staged], now_ms: int) -> _Placement:
     total = 0
     for st in staged:
         for pos, batch in st.batches:
-            entries, qos, tids = _assign(state, batch, base + pos, nxt)
+            entries, qos, tids = assign_entries(state, batch, base + pos, nxt)
             cq_parts.append(entries)
             it = index_entries(batch, tids, qos, base + pos)
             if it is not None and it.num_rows:
@@ -233,44 +225,6 @@ def _place(state: LogState, staged: list[_Staged], now_ms: int) -> _Placement:
         index = pa.concat_tables(index_parts).sort_by([("topic_id", "ascending"),
                                                        ("key", "ascending")])
     return _Placement(adds, cq, index, total)
-
-
-def _assign(state: LogState, batch: pa.RecordBatch, batch_offset: int,
-            nxt: dict[tuple[int, int], int]) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-    """ConsumeQueue entries, queue offsets and topic ids of one batch's rows
-    (offsets continue ``nxt``, which is advanced)."""
-    n = batch.num_rows
-    enc = pc.dictionary_encode(batch.column("topic"))
-    ids = np.asarray([state.topics[t]["id"] for t in enc.dictionary.to_pylist()], np.int64)
-    tids = ids[enc.indices.to_numpy()] if n else np.zeros(0, np.int64)
-    qids = batch.column("queue_id").to_numpy().astype(np.int64)
-    key = (tids << 32) | qids
-    qos = np.zeros(n, np.int64)
-    uniq = np.unique(key)
-    for k in uniq.tolist():
-        tid, qid = k >> 32, k & 0xFFFFFFFF
-        rows = np.flatnonzero(key == k) if len(uniq) > 1 else slice(None)
-        start = nxt.get((tid, qid), 0)
-        count = n if len(uniq) == 1 else len(rows)
-        nxt[(tid, qid)] = start + count
-        qos[rows] = np.arange(start, start + count)
-    entries = pa.table([
-        pa.array(tids.astype(np.int32)), pa.array(qids.astype(np.int32)), pa.array(qos),
-        pa.array(np.full(n, batch_offset, np.int64)), pa.array(np.arange(n, dtype=np.int32)),
-        pc.binary_length(batch.column("body")).cast(pa.int32()),
-        pa.array(_tags_codes(batch.column("tags"))),
-        batch.column("store_timestamp"),
-    ], schema=fmt.CONSUMEQUEUE_SCHEMA)
-    return entries, qos, tids
-
-
-def _tags_codes(tags: pa.Array) -> np.ndarray:
-    n = len(tags)
-    if tags.null_count == n:
-        return np.zeros(n, np.int64)
-    enc = pc.dictionary_encode(tags)
-    codes = np.asarray([fmt.tags_code(t) for t in enc.dictionary.to_pylist()] + [0], np.int64)
-    return codes[enc.indices.fill_null(len(codes) - 1).to_numpy()]
 
 
 # ---------------------------------------------------------------------- direct

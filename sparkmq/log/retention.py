@@ -249,7 +249,7 @@ class _QueueBounds:
         self.store = store
         self.mins = store.state.queue_min_offsets()
         self.maxes = store.state.queue_max_offsets()
-        self.visible = dict(store._visible_next) if store.writable else None
+        self.visible = dict(store.dispatcher.visible_next) if store.writable else None
         self.by_topic: dict[int, set[int]] = {}
         for (t, q) in list(self.maxes) + list(self.visible or ()):
             self.by_topic.setdefault(t, set()).add(q)
