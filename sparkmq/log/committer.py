@@ -43,8 +43,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -64,7 +62,9 @@ from .fs import StoreFS
 from .dispatch import assign_entries, next_queue_offsets  # noqa: F401  (re-exported)
 from .index import index_add, index_entries
 from .names import validate_group
-from .store import _LIVE_TOKENS, PERM_WRITE, CommitResult
+from .lease import (LEASE_CRASHED, LEASE_FREE, LEASE_LIVE, lease_status,  # noqa: F401
+                    live_writer, local_token)
+from .store import PERM_WRITE, CommitResult
 from .txlog import LogState, TransactionLog, check_writer_version
 
 log = logging.getLogger("sparkmq.committer")
@@ -90,36 +90,6 @@ class Committer(Protocol):
 
 
 # ---------------------------------------------------------------------- leases
-LEASE_FREE = "free"
-LEASE_LIVE = "live"
-LEASE_CRASHED = "crashed"
-
-
-def lease_status(lease: dict | None, now_ms: int) -> str:
-    """``free`` (none, or released), ``live`` (held), or ``crashed`` (its holder is gone).
-
-    A lease is live while it is unexpired and, when its owner runs on this host,
-    the owner process (and in this process, the owning Store) still exists.
-    """
-    if not lease or lease.get("released"):
-        return LEASE_FREE
-    if now_ms > int(lease.get("expiresTime", 0)):
-        return LEASE_CRASHED
-    host, _, rest = str(lease.get("owner", "")).partition(":")
-    pid_s, _, token = rest.partition(":")
-    if host == socket.gethostname() and pid_s.isdigit():
-        pid = int(pid_s)
-        if pid == os.getpid():
-            return LEASE_LIVE if token in _LIVE_TOKENS else LEASE_CRASHED
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return LEASE_CRASHED
-        except PermissionError:
-            return LEASE_LIVE
-    return LEASE_LIVE
-
-
 def _unclean_error(url: str, lease: dict) -> UncleanWriterError:
     return UncleanWriterError(
         f"store {url}: the last writer ({lease.get('owner')}, epoch {lease.get('epoch')}) "
@@ -430,12 +400,10 @@ def committer_for(url: str, storage_options: dict | None = None) -> Committer:
         return direct
     if lease.get("endpoint"):
         return BrokerCommitter(url, lease)
-    host, _, rest = str(lease.get("owner", "")).partition(":")
-    pid_s, _, token = rest.partition(":")
-    if host == socket.gethostname() and pid_s == str(os.getpid()):
-        store = _LIVE_TOKENS.get(token)
-        if store is not None:
-            return StoreCommitter(store)
+    token = local_token(lease)
+    store = live_writer(token) if token is not None else None
+    if store is not None:
+        return StoreCommitter(store)
     return BrokerCommitter(url, lease)
 
 

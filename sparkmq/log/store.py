@@ -34,11 +34,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import logging
-import os
-import socket
 import threading
 import uuid
-import weakref
 import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
@@ -61,6 +58,7 @@ from .consumequeue import (chunks_to_side_table, consumequeue_add,
 from .fs import StoreFS
 from .dispatch import Dispatcher, RowInfo, binary_lengths
 from .index import index_add, read_index
+from .lease import WriterLease, register_live, unregister_live
 from .message import Message, group_hashes, messages_to_batch, now_ms, store_tag
 from .names import validate_group, validate_topic
 from .reader import MessageReader, Snapshot
@@ -75,7 +73,6 @@ PERM_WRITE = 2
 PERM_RW = 6
 MAX_BATCH_BODY_BYTES = 256 << 20
 
-_LIVE_TOKENS: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
 
 
 @dataclass
@@ -141,13 +138,27 @@ class Store(MessageReader):
         # removed files this writer already deleted (while their tombstones last)
         self._deleted_files: set[tuple[str, int]] = set()
         self._closed = False
-        self._fenced = False       # a newer writer took the lease: refuse all writes
-        self.token = uuid.uuid4().hex[:12]
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.token}"
-        self.epoch = 0
+        self.lease = WriterLease(self.url, self.clock_ms, config.lease_timeout_ms)
         self.recovered_from_crash = False
-        self.lease_endpoint: str | None = None   # admin URL of a broker holding the lease
         self.replica = False       # a replica's copy (sparkmq.ha): see open()
+
+    @property
+    def owner(self) -> str:
+        """This writer's lease owner (``host:pid:token``)."""
+        return self.lease.owner
+
+    @property
+    def token(self) -> str:
+        return self.lease.token
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of this writer's lease (0 before it is taken)."""
+        return self.lease.epoch
+
+    @property
+    def lease_endpoint(self) -> str | None:
+        return self.lease.endpoint
 
     @property
     def cq(self):
@@ -198,7 +209,7 @@ class Store(MessageReader):
                 raise
             if start_services:
                 store._start_services()
-            _LIVE_TOKENS[store.token] = store
+            register_live(store.token, store)
         return store
 
     def _create(self) -> None:
@@ -215,51 +226,17 @@ class Store(MessageReader):
                 raise
 
     # ------------------------------------------------------------------ lease
-    def _lease_is_live(self, lease: dict | None) -> bool:
-        if not lease or lease.get("released"):
-            return False
-        if lease.get("owner") == self.owner:
-            return False
-        if self.clock_ms() > int(lease.get("expiresTime", 0)):
-            return False
-        host, _, rest = lease.get("owner", "").partition(":")
-        pid_s, _, token = rest.partition(":")
-        if host == socket.gethostname() and pid_s.isdigit():
-            pid = int(pid_s)
-            if pid == os.getpid():
-                return token in _LIVE_TOKENS
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                return True
-        return True
-
     def _acquire_lease(self) -> None:
+        crashed = False
+
         def build(state: LogState):
-            lease = state.lease
-            if self._lease_is_live(lease):
-                raise StoreLockedError(
-                    f"store {self.url} is held by writer {lease['owner']} (epoch "
-                    f"{lease['epoch']}) until {lease.get('expiresTime')}; stop it or open "
-                    "the store with mode='r'")
-            self.epoch = int((lease or {}).get("epoch", 0)) + 1
-            self.recovered_from_crash = bool(lease) and not lease.get("released")
-            now = self.clock_ms()
-            return [{"lease": {"owner": self.owner, "epoch": self.epoch, "acquiredTime": now,
-                               "expiresTime": now + self.config.lease_timeout_ms,
-                               "released": False}}]
+            nonlocal crashed
+            actions, crashed = self.lease.acquire(state)
+            return actions
         self.state = self.txlog.commit(build, operation="ACQUIRE LEASE", state=self.state,
                                        retries=self.config.commit_retries)
+        self.recovered_from_crash = crashed
         log.info("store %s: writer lease taken, epoch %d", self.url, self.epoch)
-
-    def _check_fence(self, state: LogState) -> None:
-        lease = state.lease or {}
-        if lease.get("owner") != self.owner or int(lease.get("epoch", -1)) != self.epoch:
-            raise FencedError(
-                f"store {self.url}: writer lease now belongs to {lease.get('owner')} epoch "
-                f"{lease.get('epoch')}; this writer (epoch {self.epoch}) must stop")
 
     def raise_epoch(self, above: int) -> int:
         """Re-take this store's writer lease with an epoch greater than ``above``
@@ -269,22 +246,19 @@ class Store(MessageReader):
             new_epoch = max(self.epoch, int(above)) + 1
 
             def build(state: LogState):
-                self._check_fence(state)
-                lease = dict(state.lease or {})
-                lease.update(owner=self.owner, epoch=new_epoch, released=False,
-                             expiresTime=self.clock_ms() + self.config.lease_timeout_ms)
-                return [{"lease": lease}]
+                self.lease.check(state)
+                return self.lease.promotion(state, new_epoch)
             self.state = self.txlog.commit(build, operation="PROMOTE",
                                            parameters={"epoch": new_epoch}, state=self.state,
                                            retries=self.config.commit_retries)
-            self.epoch = new_epoch
+            self.lease.epoch = new_epoch
         log.warning("store %s: writer lease re-taken with epoch %d", self.url, new_epoch)
         return new_epoch
 
     def fence(self, reason: str) -> None:
         """Refuse every write from now on (a newer master exists elsewhere, ``sparkmq.ha``)."""
         log.error("store %s: fenced: %s", self.url, reason)
-        self._fenced = True
+        self.lease.fence()
 
     # ------------------------------------------------------------------ recovery
     def _recover(self) -> None:
@@ -417,7 +391,7 @@ class Store(MessageReader):
             raise StoreClosedError(f"store {self.url} is closed")
         if not self.writable:
             raise ReadOnlyStoreError(f"store {self.url} was opened with mode='r'")
-        if self._fenced:
+        if self.lease.fenced:
             raise FencedError(f"store {self.url}: a newer writer took the lease from this one "
                               f"(epoch {self.epoch}); open the store again to write")
 
@@ -430,11 +404,7 @@ class Store(MessageReader):
                 parameters: dict | None = None) -> LogState:
         with self._commit_lock:
             def fenced_build(state):
-                try:
-                    self._check_fence(state)
-                except FencedError:
-                    self._fenced = True
-                    raise
+                self.lease.check(state)
                 return build(state)
             self.state = self.txlog.commit(fenced_build, operation=operation,
                                            parameters=parameters, state=self.state,
@@ -1055,18 +1025,9 @@ class Store(MessageReader):
                     written.append(rel)
                     actions.append({"add": index_add(rel, itable, size)})
                 actions.extend(extra_actions)
-                lease = self.state.lease or {}
-                renew_due = int(lease.get("expiresTime", 0)) - self.clock_ms() < \
-                    self.config.lease_timeout_ms // 2
-                if not actions and not force and not renew_due:
+                if not actions and not force and not self.lease.renewal_due(self.state):
                     return self.state
-                now = self.clock_ms()
-                actions.append({"lease": {"owner": self.owner, "epoch": self.epoch,
-                                          "acquiredTime": lease.get("acquiredTime", now),
-                                          "expiresTime": now + self.config.lease_timeout_ms,
-                                          "released": False,
-                                          **({"endpoint": self.lease_endpoint}
-                                             if self.lease_endpoint else {})}})
+                actions.append(self.lease.renewal(self.state))
                 frozen = list(actions)
                 state = self._commit(lambda s: frozen, operation, parameters)
             except BaseException:
@@ -1239,13 +1200,9 @@ class Store(MessageReader):
         in the writer lease, and keep it there on renewals, so that committers in
         other processes hand their commits to it (``BrokerCommitter``)."""
         self._require_writable()
-        self.lease_endpoint = endpoint
-
-        def build(state: LogState):
-            lease = dict(state.lease or {})
-            lease["endpoint"] = endpoint
-            return [{"lease": lease}]
-        self._commit(build, "ADVERTISE ENDPOINT", {"endpoint": endpoint})
+        self.lease.endpoint = endpoint
+        self._commit(lambda state: self.lease.advertising(state, endpoint), "ADVERTISE ENDPOINT",
+                     {"endpoint": endpoint})
 
     # ------------------------------------------------------------------ retention
     def run_retention(self, *, force_hour: bool = False) -> list[str]:
@@ -1370,9 +1327,7 @@ class Store(MessageReader):
             try:
                 self.commitlog.flush(sync=True)
                 self.publish(force=True)
-                lease = dict(self.state.lease or {})
-                lease.update(released=True, expiresTime=self.clock_ms())
-                self._commit(lambda s: [{"lease": lease}], "RELEASE LEASE")
+                self._commit(self.lease.release, "RELEASE LEASE")
                 self.sfs.delete(fmt.abort_file())
             except FencedError:
                 log.warning("store %s: fenced at close; leaving the lease to its new owner",
@@ -1383,7 +1338,7 @@ class Store(MessageReader):
                     self.delete_removed_files()
                 except OSError:
                     log.exception("store %s: deleting removed files at close failed", self.url)
-                _LIVE_TOKENS.pop(self.token, None)
+                unregister_live(self.token)
         self._closed = True
         self.sfs.close()
 
@@ -1394,7 +1349,7 @@ class Store(MessageReader):
             self.commitlog.active.close()
             self.commitlog.active = None
         self._closed = True
-        _LIVE_TOKENS.pop(self.token, None)
+        unregister_live(self.token)
 
     def __enter__(self) -> "Store":
         return self
