@@ -53,8 +53,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import errors
-from ..errors import (InvalidConfigError, PermissionDeniedError, QueueNotFoundError,
-                      StoreLockedError, TopicNotFoundError, UncleanWriterError, UserError)
+from ..errors import (InvalidConfigError, QueueNotFoundError, StoreLockedError,
+                      TopicNotFoundError, UncleanWriterError, UserError)
 from . import format as fmt
 from . import segment as seg
 from .consumequeue import consumequeue_add, write_side_table
@@ -64,7 +64,8 @@ from .index import index_add, index_entries
 from .names import validate_group
 from .lease import (LEASE_CRASHED, LEASE_FREE, LEASE_LIVE, lease_status,  # noqa: F401
                     live_writer, local_token)
-from .store import PERM_WRITE, CommitResult
+from .batch import writable_topic_conf
+from .store import CommitResult
 from .txlog import LogState, TransactionLog, check_writer_version
 
 log = logging.getLogger("sparkmq.committer")
@@ -139,14 +140,8 @@ def _check_topics(url: str, state: LogState, staged: list[_Staged]) -> None:
             topics = batch.column("topic")
             qids = batch.column("queue_id")
             for name in pc.unique(topics).to_pylist():
-                conf = state.topics.get(name)
-                if conf is None:
-                    raise TopicNotFoundError(
-                        f"{st.path}: topic {name!r} does not exist in {url} (topics: "
-                        f"{sorted(state.topics) or 'none'}); create it and rerun the write")
-                if not conf["perm"] & PERM_WRITE:
-                    raise PermissionDeniedError(f"topic {name!r} is not writable "
-                                                f"(perm {conf['perm']})")
+                conf = writable_topic_conf(state.topics, name, where=f"{st.path}: ", store=url,
+                                           then="and rerun the write")
                 mine = qids.filter(pc.equal(topics, name))
                 lo, hi = pc.min(mine).as_py(), pc.max(mine).as_py()
                 if lo is not None and (lo < 0 or hi >= conf["writeQueueNums"]):

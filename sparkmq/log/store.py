@@ -36,7 +36,6 @@ import datetime as _dt
 import logging
 import threading
 import uuid
-import zlib
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -56,10 +55,12 @@ from .consumequeue import (chunks_to_side_table, consumequeue_add,
                            read_side_by_time, read_side_entries,
                            write_side_table, compact_side_tables)
 from .fs import StoreFS
-from .dispatch import Dispatcher, RowInfo, binary_lengths
+from .dispatch import Dispatcher
 from .index import index_add, read_index
 from .lease import WriterLease, register_live, unregister_live
-from .message import Message, group_hashes, messages_to_batch, now_ms, store_tag
+from .batch import (MAX_BATCH_BODY_BYTES, PERM_READ, PERM_RW, PERM_WRITE,  # noqa: F401
+                    BatchBuilder, split_by_size, stamp_store_time)
+from .message import Message, now_ms, store_tag
 from .names import validate_group, validate_topic
 from .reader import MessageReader, Snapshot
 from .services import CallbackService, GroupCommitService
@@ -68,10 +69,6 @@ from .txlog import LogState, TransactionLog, check_writer_version
 
 log = logging.getLogger("sparkmq.store")
 
-PERM_READ = 4
-PERM_WRITE = 2
-PERM_RW = 6
-MAX_BATCH_BODY_BYTES = 256 << 20
 
 
 
@@ -131,7 +128,9 @@ class Store(MessageReader):
                                      config.memory_consume_queue_entries)
         self._append_lock = threading.RLock()
         self._commit_lock = threading.RLock()
-        self._round_robin: dict[str, int] = {}
+        self.batches = BatchBuilder(self._writable_topic,
+                                    max_message_size_bytes=config.max_message_size_bytes,
+                                    store_host=config.store_host, clock_ms=self.clock_ms)
         self._last_store_ts = 0
         self._services: list = []
         self._group_commit: GroupCommitService | None = None
@@ -540,23 +539,14 @@ class Store(MessageReader):
                 raise InvalidMessageError(
                     f"append takes sparkmq.Message objects, got {type(m).__name__}")
         results: list[AppendResult] = []
-        for group in _split_by_size(msgs):
+        for group in split_by_size(msgs):
             results.extend(self._append_group(group))
         return results
 
     def _append_group(self, msgs: list[Message]) -> list[AppendResult]:
-        qids = []
-        confs: dict[str, dict] = {}
-        for m in msgs:
-            conf = confs.get(m.topic) if isinstance(m.topic, str) else None
-            if conf is None:
-                conf = confs[m.topic] = self._writable_topic(m.topic)
-            qids.append(self._choose_queue(conf, m))
+        qids = self.batches.queue_ids_for(msgs)
         with self._append_lock:
-            ts = self._store_ts()
-            batch = messages_to_batch(msgs, queue_ids=qids, store_timestamp_ms=ts,
-                                      store_host=self.config.store_host,
-                                      max_message_size_bytes=self.config.max_message_size_bytes)
+            batch = self.batches.from_messages(msgs, qids, self._store_ts())
             batch_offset, qos, updates = self._append_locked(batch)
         status = self._await_flush(batch_offset)
         self.dispatcher.after_visible(updates)
@@ -576,189 +566,18 @@ class Store(MessageReader):
         self._require_writable()
         info = None
         if isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
-            batch, info = self._check_segment_batch(data)
+            batch, info = self.batches.check_segment_batch(data)
         else:
             table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-            batch = self._normalize_batch(table)
+            batch = self.batches.normalize(table)
+        n = batch.num_rows
         with self._append_lock:
-            ts = self._store_ts()
-            n = batch.num_rows
-            ts_ms = np.full(n, ts, np.int64)
-            batch = batch.set_column(_STORE_TS_COLUMN, _STORE_TS_FIELD, pa.Array.from_buffers(
-                fmt.TS, n, [None, pa.py_buffer(ts_ms)]))
+            batch, ts_ms = stamp_store_time(batch, self._store_ts())
             batch_offset, qos, updates = self._append_locked(batch, info, ts_ms)
         status = self._await_flush(batch_offset)
         self.dispatcher.after_visible(updates)
         qids = info.queue_ids if info is not None else batch.column("queue_id").to_numpy()
         return BatchAppendResult(status, batch_offset, qos, qids, n)
-
-    def _check_segment_batch(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, "RowInfo"]:
-        """Validate a batch already in SEGMENT_SCHEMA (no cast, no copy): the same
-        checks as :meth:`_normalize_batch`. Returns the batch (with queue ids
-        chosen if the column had nulls) and what dispatch can reuse."""
-        n = batch.num_rows
-        if n == 0:
-            raise InvalidMessageError("append_batch got no rows")
-        if batch.schema.metadata != fmt.SEGMENT_SCHEMA.metadata:   # zero copy: same arrays
-            batch = pa.RecordBatch.from_arrays(batch.columns, schema=fmt.SEGMENT_SCHEMA)
-        topics = batch.column(0)
-        if topics.null_count:
-            raise InvalidMessageError("topic column has nulls")
-        body = batch.column(2)
-        if body.null_count:
-            raise InvalidMessageError("body column has nulls; every message needs a body")
-        sizes = binary_lengths(body)
-        maxlen = int(sizes.max())
-        if maxlen > self.config.max_message_size_bytes:
-            raise InvalidMessageError(
-                f"a body of {maxlen} bytes exceeds maxMessageSize "
-                f"({self.config.max_message_size_bytes} bytes)")
-        if n == 1:
-            names, idx = [topics[0].as_py()], None
-        else:
-            names, idx = pc.unique(topics).to_pylist(), None     # (cheaper than encoding)
-            if len(names) > 1:
-                enc = pc.dictionary_encode(topics)
-                names = enc.dictionary.to_pylist()
-                idx = enc.indices.to_numpy()
-        confs = [self._writable_topic(t) for t in names]
-        qcol = batch.column(1)
-        if qcol.null_count == 0:
-            qids = qcol.to_numpy()
-            for i, conf in enumerate(confs):
-                q = qids if idx is None else qids[idx == i]
-                lo, hi = (int(q[0]), int(q[0])) if n == 1 else (int(q.min()), int(q.max()))
-                if lo < 0 or hi >= conf["writeQueueNums"]:
-                    raise QueueNotFoundError(
-                        f"queue_id out of range for topic {names[i]!r} "
-                        f"(0..{conf['writeQueueNums'] - 1})")
-        else:
-            qids = self._fill_queue_ids(qcol, names, idx, confs, n,
-                                        batch.column(_MESSAGE_GROUP_COLUMN))
-            batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
-        return batch, RowInfo(names, idx, qids, sizes)
-
-    def _fill_queue_ids(self, qcol: pa.Array | None, names: list[str], idx: np.ndarray | None,
-                        confs: list[dict], n: int,
-                        groups: pa.Array | None = None) -> np.ndarray:
-        """Queue ids for ``n`` rows (``idx``: row -> topic, None when one topic).
-
-        A row whose ``qcol`` value is set keeps it (range-checked against its
-        topic's ``writeQueueNums``: ``QueueNotFoundError``); a null row with a
-        ``groups`` value (message group, the sharding key) goes to
-        ``crc32(group) % writeQueueNums`` as in :meth:`append`, so a group keeps
-        its order; the other null rows (all rows when ``qcol`` is None) are
-        chosen round robin per topic, continuing where the previous append left off."""
-        if qcol is None or qcol.null_count == len(qcol):
-            given = np.zeros(n, bool)
-            qarr = np.zeros(n, np.int64)
-        else:
-            given = np.asarray(pc.is_valid(qcol).to_numpy(zero_copy_only=False))
-            qarr = np.array(qcol.cast(pa.int64()).fill_null(0).to_numpy(), np.int64)
-        ghash = None
-        if groups is not None and groups.null_count < len(groups):
-            ghash = group_hashes(groups)
-        for i, (t, conf) in enumerate(zip(names, confs)):
-            nq = conf["writeQueueNums"]
-            mine = np.ones(n, bool) if idx is None else idx == i
-            bad = mine & given & ((qarr < 0) | (qarr >= nq))
-            if bad.any():
-                raise QueueNotFoundError(
-                    f"queue_id {int(qarr[bad][0])} is out of range for topic {t!r} "
-                    f"(0..{nq - 1})")
-            free = mine & ~given
-            if ghash is not None:
-                grouped = free & (ghash >= 0)
-                qarr[grouped] = ghash[grouped] % nq
-                free &= ~grouped
-            rows = np.flatnonzero(free)
-            if len(rows):
-                start = self._round_robin.get(t, 0)
-                qarr[rows] = (start + np.arange(len(rows))) % nq
-                self._round_robin[t] = (start + len(rows)) % nq
-        return qarr.astype(np.int32, copy=False)
-
-    def _normalize_batch(self, table: pa.Table) -> pa.RecordBatch:
-        names = table.schema.names
-        for need in ("topic", "body"):
-            if need not in names:
-                raise InvalidMessageError(f"append_batch needs a {need!r} column; got {names}")
-        n = table.num_rows
-        if n == 0:
-            raise InvalidMessageError("append_batch got no rows")
-        table = table.combine_chunks()   # now one chunk per column: _col is zero copy
-        topics = _col(table, "topic")
-        if topics.null_count:
-            raise InvalidMessageError("topic column has nulls")
-        body = _col(table, "body")
-        if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
-            body = body.cast(pa.binary())
-        if body.null_count:
-            raise InvalidMessageError("body column has nulls; every message needs a body")
-        maxlen = pc.max(pc.binary_length(body)).as_py() or 0
-        if maxlen > self.config.max_message_size_bytes:
-            raise InvalidMessageError(
-                f"a body of {maxlen} bytes exceeds maxMessageSize "
-                f"({self.config.max_message_size_bytes} bytes)")
-        uniq = pc.unique(topics).to_pylist()
-        confs = {t: self._writable_topic(t) for t in uniq}
-        if "queue_id" in names and table.column("queue_id").null_count == 0:
-            qids = _col(table, "queue_id").cast(pa.int32())
-            for t, conf in confs.items():
-                if len(confs) == 1:   # every row has this topic: min/max decide
-                    lo_hi = pc.min_max(qids)
-                    bad = lo_hi["min"].as_py() < 0 or \
-                        lo_hi["max"].as_py() >= conf["writeQueueNums"]
-                else:
-                    mask = pc.equal(topics, t)
-                    bad = pc.any(pc.and_(mask, pc.or_(pc.less(qids, 0), pc.greater_equal(
-                        qids, conf["writeQueueNums"])))).as_py()
-                if bad:
-                    raise QueueNotFoundError(
-                        f"queue_id out of range for topic {t!r} (0..{conf['writeQueueNums'] - 1})")
-        else:   # no queue_id column, or one with nulls: the null rows go round robin
-            enc = pc.dictionary_encode(topics)
-            names_ = enc.dictionary.to_pylist()
-            idx = enc.indices.to_numpy() if len(names_) > 1 else None
-            given = _col(table, "queue_id") if "queue_id" in names else None
-            if given is not None and not pa.types.is_integer(given.type) \
-                    and given.null_count < n:
-                raise InvalidMessageError(
-                    f"column 'queue_id' has type {given.type}, expected an integer type")
-            groups = None
-            if "message_group" in names:
-                groups = _col(table, "message_group")
-                if not (pa.types.is_string(groups.type) or pa.types.is_large_string(groups.type)
-                        or pa.types.is_null(groups.type)):
-                    raise InvalidMessageError(
-                        f"column 'message_group' has type {groups.type}, expected string")
-                groups = None if pa.types.is_null(groups.type) else groups
-            qids = pa.array(self._fill_queue_ids(
-                given, names_, idx, [confs[t] for t in names_], n, groups), pa.int32())
-        cols = {"topic": topics.cast(pa.string()), "queue_id": qids, "body": body}
-        now = self.clock_ms()
-        for f in fmt.SEGMENT_SCHEMA:
-            if f.name in cols:
-                continue
-            if f.name in names:
-                try:
-                    cols[f.name] = _col(table, f.name).cast(f.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise InvalidMessageError(
-                        f"column {f.name!r} has type {table.column(f.name).type}, expected "
-                        f"{f.type}: {exc}") from None
-            elif f.name == "born_timestamp":
-                cols[f.name] = pa.array(np.full(n, now, np.int64)).cast(fmt.TS)
-            elif f.name in ("reconsume_times",):
-                cols[f.name] = pa.array(np.zeros(n, np.int32))
-            elif f.name == "message_type":
-                cols[f.name] = pa.array(np.zeros(n, np.int8))
-            elif f.name == "store_host":
-                cols[f.name] = pa.array([self.config.store_host] * n, pa.string())
-            else:
-                cols[f.name] = pa.nulls(n, f.type)
-        return pa.RecordBatch.from_arrays([cols[f.name] for f in fmt.SEGMENT_SCHEMA],
-                                          schema=fmt.SEGMENT_SCHEMA)
 
     def _writable_topic(self, topic: str) -> dict:
         conf = self.state.topics.get(topic)
@@ -774,20 +593,6 @@ class Store(MessageReader):
         if not conf["perm"] & PERM_WRITE:
             raise PermissionDeniedError(f"topic {topic!r} is not writable (perm {conf['perm']})")
         return conf
-
-    def _choose_queue(self, conf: dict, m: Message) -> int:
-        n = conf["writeQueueNums"]
-        if m.queue_id is not None:
-            if not isinstance(m.queue_id, int) or not 0 <= m.queue_id < n:
-                raise QueueNotFoundError(
-                    f"queue_id {m.queue_id!r} is out of range for topic {conf['name']!r} "
-                    f"(0..{n - 1})")
-            return m.queue_id
-        if m.message_group:
-            return zlib.crc32(m.message_group.encode()) % n
-        i = self._round_robin.get(conf["name"], 0)
-        self._round_robin[conf["name"]] = (i + 1) % n
-        return i
 
     def _store_ts(self) -> int:
         ts = max(self.clock_ms(), self._last_store_ts)
@@ -1384,27 +1189,6 @@ def _retention_fields(topic: dict, retention_ms: int | None,
     return out
 
 
-def _col(table: pa.Table, name: str) -> pa.Array:
-    """Column ``name`` as one array; zero copy when it has one chunk
-    (``ChunkedArray.combine_chunks`` copies even then)."""
-    col = table.column(name)
-    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-
-
-def _split_by_size(msgs: list[Message]) -> list[list[Message]]:
-    groups, cur, size = [], [], 0
-    for m in msgs:
-        n = len(m.body) if isinstance(m.body, (bytes, bytearray, str)) else 0
-        if cur and size + n > MAX_BATCH_BODY_BYTES:
-            groups.append(cur)
-            cur, size = [], 0
-        cur.append(m)
-        size += n
-    if cur:
-        groups.append(cur)
-    return groups
-
-
 def _load_staged(sfs: StoreFS, rel: str) -> tuple[str, pa.Buffer, list[int]]:
     if not fmt.is_relative_store_path(rel) or not rel.startswith(fmt.COMMITLOG_DIR + "/w-"):
         raise UserError(f"{rel!r} is not a staged segment path of this store")
@@ -1427,11 +1211,6 @@ def group_delete_actions(state: LogState, group: str, *, remove_offsets: bool = 
                     for (g, tid, qid, cid) in state.consumer_offsets
                     if g == group and (g, tid, qid, cid) not in keep]
     return actions
-
-_STORE_TS_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
-_MESSAGE_GROUP_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("message_group")
-_STORE_TS_FIELD = fmt.SEGMENT_SCHEMA.field(_STORE_TS_COLUMN)
-
 
 def _small_files(files: dict[str, dict], max_rows: int) -> list[dict]:
     """Side-table adds with fewer than ``max_rows // 2`` rows, in commit order."""
