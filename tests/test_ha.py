@@ -668,7 +668,7 @@ def test_broker_sync_master_statuses_replica_refuses_sends_admin_promote(tmp_pat
                                    for m in replica.store.read("T", q, 0, 10)), "dispatch")
             # a replica that does not ack in time (its writer is blocked): the send is
             # stored on the master and answered SLAVE_PERSISTENCE_TIMEOUT
-            with replica.store._append_lock:
+            with replica.store.append_lock:
                 with pytest.raises(ClientError) as e:
                     p.send(CMessage("T", b"slow-replica"))
             assert e.value.status_code == Code.SLAVE_PERSISTENCE_TIMEOUT

@@ -160,6 +160,29 @@ class Store(MessageReader):
         return self.lease.endpoint
 
     @property
+    def append_lock(self) -> threading.RLock:
+        """Serializes appends to the CommitLog (and their dispatch)."""
+        return self._append_lock
+
+    @property
+    def commit_lock(self) -> threading.RLock:
+        """Serializes this writer's transaction-log commits."""
+        return self._commit_lock
+
+    def commit_actions(self, build: Callable[[LogState], list | None], operation: str,
+                       parameters: dict | None = None) -> LogState:
+        """Commit the actions ``build(state)`` returns as this (fenced) writer, in one
+        log version; returns the new state (replication's REPLICATE META, TRUNCATE)."""
+        return self._commit(build, operation, parameters)
+
+    def request_flush(self, offset: int) -> None:
+        """SYNC_FLUSH: ask the group-commit service to fsync up to ``offset``, without
+        waiting (ASYNC_FLUSH: nothing, the flush service runs on its interval)."""
+        gc = self._group_commit
+        if gc is not None:
+            gc.wait_for(offset, 0)
+
+    @property
     def cq(self):
         """The in-memory ConsumeQueue (owned by the dispatcher)."""
         return self.dispatcher.cq
