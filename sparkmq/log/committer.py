@@ -45,27 +45,23 @@ import json
 import logging
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from .. import errors
-from ..errors import (InvalidConfigError, QueueNotFoundError, StoreLockedError,
+from ..errors import (InvalidConfigError, StoreLockedError,
                       TopicNotFoundError, UncleanWriterError, UserError)
 from . import format as fmt
-from . import segment as seg
 from .consumequeue import consumequeue_add, write_side_table
 from .fs import StoreFS
-from .dispatch import assign_entries, next_queue_offsets  # noqa: F401  (re-exported)
-from .index import index_add, index_entries
+from .adopt import Placement, check_staged_topics, load_staged, place
+from .dispatch import next_queue_offsets  # noqa: F401  (re-exported)
+from .index import index_add
 from .names import validate_group
-from .lease import (LEASE_CRASHED, LEASE_FREE, LEASE_LIVE, lease_status,  # noqa: F401
-                    live_writer, local_token)
+from .lease import (LEASE_CRASHED, LEASE_FREE, LEASE_LIVE,  # noqa: F401  (re-exported)
+                    lease_status, live_writer, local_token)
 from .batch import writable_topic_conf
-from .store import CommitResult
+from .status import CommitResult
 from .txlog import LogState, TransactionLog, check_writer_version
 
 log = logging.getLogger("sparkmq.committer")
@@ -105,93 +101,6 @@ def _locked_error(url: str, lease: dict) -> StoreLockedError:
         f"{lease.get('epoch')}); commit through it, or stop it and retry")
 
 
-# ---------------------------------------------------------------------- staged files
-@dataclass
-class _Staged:
-    """One staged segment file, read once: its size and (position, batch) pairs."""
-
-    path: str
-    size: int
-    batches: list[tuple[int, pa.RecordBatch]]
-
-    @property
-    def num_rows(self) -> int:
-        return sum(b.num_rows for _, b in self.batches)
-
-
-def _load_staged(sfs: StoreFS, rel: str) -> _Staged:
-    if not fmt.is_relative_store_path(rel) or not rel.startswith(fmt.COMMITLOG_DIR + "/w-"):
-        raise UserError(f"{rel!r} is not a staged segment path of this store")
-    try:
-        buf = sfs.read_buffer(rel)
-    except FileNotFoundError:
-        raise UserError(f"staged segment {rel} does not exist (aborted or cleaned up?); "
-                        "rerun the write") from None
-    res = seg.scan(buf, validate=True)
-    if res.valid_end == 0 or not res.sealed or res.valid_end + 8 != len(buf):
-        raise UserError(f"staged segment {rel} is incomplete or corrupt; rerun the write")
-    return _Staged(rel, len(buf), [(p, seg.read_batch_at(buf, p)) for p in res.positions])
-
-
-def _check_topics(url: str, state: LogState, staged: list[_Staged]) -> None:
-    """Every row's topic exists and is writable; queue ids are in range."""
-    for st in staged:
-        for _, batch in st.batches:
-            topics = batch.column("topic")
-            qids = batch.column("queue_id")
-            for name in pc.unique(topics).to_pylist():
-                conf = writable_topic_conf(state.topics, name, where=f"{st.path}: ", store=url,
-                                           then="and rerun the write")
-                mine = qids.filter(pc.equal(topics, name))
-                lo, hi = pc.min(mine).as_py(), pc.max(mine).as_py()
-                if lo is not None and (lo < 0 or hi >= conf["writeQueueNums"]):
-                    raise QueueNotFoundError(
-                        f"{st.path}: queue_id {hi if hi >= conf['writeQueueNums'] else lo} is "
-                        f"out of range for topic {name!r} (0..{conf['writeQueueNums'] - 1})")
-
-
-@dataclass
-class _Placement:
-    """What one attempt decided: segment adds and side tables."""
-
-    segment_adds: list[dict]
-    cq_table: pa.Table
-    index_table: pa.Table | None
-    num_messages: int
-
-
-def _place(state: LogState, staged: list[_Staged], now_ms: int) -> _Placement:
-    """Place staged segments at the end of the address space; assign queue offsets
-    per (topic, queue) in file, batch, row order."""
-    base = state.address_end()
-    nxt = next_queue_offsets(state)
-    cq_parts: list[pa.Table] = []
-    index_parts: list[pa.Table] = []
-    adds = []
-    total = 0
-    for st in staged:
-        for pos, batch in st.batches:
-            entries, qos, tids = assign_entries(state, batch, base + pos, nxt)
-            cq_parts.append(entries)
-            it = index_entries(batch, tids, qos, base + pos)
-            if it is not None and it.num_rows:
-                index_parts.append(it)
-            total += batch.num_rows
-        adds.append({"add": {"path": st.path, "kind": "segment", "baseOffset": base,
-                             "size": st.size, "sealed": True, "modificationTime": now_ms}})
-        base += st.size
-    cq = fmt.CONSUMEQUEUE_SCHEMA.empty_table()
-    if cq_parts:
-        cq = pa.concat_tables(cq_parts).sort_by([("topic_id", "ascending"),
-                                                 ("queue_id", "ascending"),
-                                                 ("queue_offset", "ascending")])
-    index = None
-    if index_parts:
-        index = pa.concat_tables(index_parts).sort_by([("topic_id", "ascending"),
-                                                       ("key", "ascending")])
-    return _Placement(adds, cq, index, total)
-
-
 # ---------------------------------------------------------------------- direct
 class DirectCommitter:
     """Commits staged segments straight through the transaction log (no broker).
@@ -227,7 +136,7 @@ class DirectCommitter:
         if (app_id is None) != (app_version is None):
             raise InvalidConfigError("app_id and app_version go together (both or neither)")
         paths = list(dict.fromkeys(staged_paths))
-        staged = [_load_staged(self.sfs, p) for p in paths]   # read once, outside the retries
+        staged = [load_staged(self.sfs, p) for p in paths]   # read once, outside the retries
         written: list[str] = []
         outcome: dict = {}
 
@@ -243,9 +152,10 @@ class DirectCommitter:
             already = [p for p in paths if p in state.segments]
             if already:
                 raise UserError(f"staged segments already committed: {already[:3]}")
-            _check_topics(self.url, state, staged)
+            check_staged_topics(staged, lambda name, path: writable_topic_conf(
+                state.topics, name, where=f"{path}: ", store=self.url, then="and rerun the write"))
             now = self.txlog.clock_ms()
-            placed = _place(state, staged, now)
+            placed = place(state, staged, now)
             actions = list(placed.segment_adds)
             actions.extend(self._write_side_files(placed, written))
             if app_id is not None:
@@ -268,7 +178,7 @@ class DirectCommitter:
             return CommitResult(state.version, 0, skipped=True)
         return CommitResult(state.version, int(outcome.get("messages", 0)))
 
-    def _write_side_files(self, placed: _Placement, written: list[str]) -> list[dict]:
+    def _write_side_files(self, placed: Placement, written: list[str]) -> list[dict]:
         actions = []
         if placed.cq_table.num_rows:
             rel = fmt.consumequeue_file()
@@ -304,7 +214,7 @@ class StoreCommitter:
         self.url = store.url
 
     def check(self) -> None:
-        self.store._require_writable()
+        self.store.require_writable()
 
     def commit(self, staged_paths: Sequence[str], *, app_id: str | None = None,
                app_version: int | None = None) -> CommitResult:

@@ -38,7 +38,8 @@ from ..lifecycle import ServiceThread
 from . import format as fmt
 from . import segment as seg
 from .commitlog import SegmentRef
-from .store import Store, group_delete_actions
+from .store import Store
+from .topics import group_delete_actions
 
 log = logging.getLogger("sparkmq.ha")
 
