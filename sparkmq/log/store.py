@@ -38,7 +38,6 @@ import threading
 import uuid
 from typing import Callable, Iterable, Sequence
 
-import numpy as np
 import pyarrow as pa
 
 from ..config import SYNC_FLUSH, StoreConfig
@@ -46,24 +45,24 @@ from ..errors import (FencedError, InvalidConfigError, InvalidMessageError, Perm
                       ReadOnlyStoreError, StoreClosedError, StoreNotFoundError,
                       TopicNotFoundError)
 from . import adopt as _adopt
+from .append import Appender
 from . import format as fmt
 from . import publish as _publish
 from . import retention as _retention
 from . import topics as _topics
 from . import vacuum as _vacuum
-from .batch import (MAX_BATCH_BODY_BYTES, PERM_READ, PERM_RW, PERM_WRITE,  # noqa: F401
-                    BatchBuilder, split_by_size, stamp_store_time)
+from .batch import MAX_BATCH_BODY_BYTES, PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401
 from .commitlog import CommitLog, SegmentRef
-from .consumequeue import read_side_by_time, read_side_entries
-from .dispatch import Dispatcher, RowInfo
+from .consumequeue import live_entries, live_time_entries
+from .dispatch import Dispatcher
 from .fs import StoreFS
-from .index import read_index
+from .index import live_index_hits
 from .lease import WriterLease, register_live, unregister_live
-from .message import Message, now_ms, store_tag
+from .message import Message, now_ms
 from .reader import MessageReader, Snapshot
 from .recovery import recover
 from .retention import RetentionCache
-from .services import CallbackService, GroupCommitService
+from .services import StoreServices
 from .status import AppendResult, BatchAppendResult, CommitResult, PutMessageStatus  # noqa: F401
 from .topics import group_delete_actions  # noqa: F401  (re-exported)
 from .txlog import LogState, TransactionLog, check_writer_version
@@ -91,12 +90,8 @@ class Store(MessageReader):
                                      config.memory_consume_queue_entries)
         self._append_lock = threading.RLock()
         self._commit_lock = threading.RLock()
-        self.batches = BatchBuilder(self.writable_topic,
-                                    max_message_size_bytes=config.max_message_size_bytes,
-                                    store_host=config.store_host, clock_ms=self.clock_ms)
-        self._last_store_ts = 0
-        self._services: list = []
-        self._group_commit: GroupCommitService | None = None
+        self.appender = Appender(self)
+        self.services = StoreServices()
         # removed files this writer already deleted (while their tombstones last)
         self.deleted_files: set[tuple[str, int]] = set()
         self._closed = False
@@ -146,7 +141,7 @@ class Store(MessageReader):
     def request_flush(self, offset: int) -> None:
         """SYNC_FLUSH: ask the group-commit service to fsync up to ``offset``, without
         waiting (ASYNC_FLUSH: nothing, the flush service runs on its interval)."""
-        gc = self._group_commit
+        gc = self.services.group_commit
         if gc is not None:
             gc.wait_for(offset, 0)
 
@@ -254,29 +249,14 @@ class Store(MessageReader):
     # ------------------------------------------------------------------ services
     def _start_services(self) -> None:
         c = self.config
-        if c.flush_disk_type == SYNC_FLUSH:
-            self._group_commit = GroupCommitService(lambda: self.commitlog.flush(sync=True))
-            self._group_commit.start()
-        else:
-            flush = CallbackService("flush", c.flush_interval_ms,
-                                    lambda: self.commitlog.flush(sync=True))
-            flush.start()
-            self._services.append(flush)
-        pub = CallbackService("publish", c.publish_interval_ms, self.publish)
-        pub.start()
-        self._services.append(pub)
-        self._publisher = pub
-        ret = CallbackService("retention", c.retention_check_interval_ms, self.run_retention)
-        ret.start()
-        self._services.append(ret)
+        self.services.start(
+            sync_flush=c.flush_disk_type == SYNC_FLUSH,
+            flush=lambda: self.commitlog.flush(sync=True), flush_interval_ms=c.flush_interval_ms,
+            publish=self.publish, publish_interval_ms=c.publish_interval_ms,
+            retention=self.run_retention, retention_interval_ms=c.retention_check_interval_ms)
 
     def _stop_services(self) -> None:
-        for s in self._services:
-            s.stop()
-        self._services.clear()
-        if self._group_commit is not None:
-            self._group_commit.stop()
-            self._group_commit = None
+        self.services.stop()
 
     # ------------------------------------------------------------------ topics
     def require_writable(self) -> None:
@@ -331,63 +311,12 @@ class Store(MessageReader):
 
     # ------------------------------------------------------------------ append
     def append(self, messages: Iterable[Message] | Message) -> list[AppendResult]:
-        """Append messages; one result per message, in order.
-
-        All messages of one call are one record batch (split only past 256 MiB
-        of bodies). Returns when the batch is written (ASYNC_FLUSH) or fsynced
-        (SYNC_FLUSH; status FLUSH_DISK_TIMEOUT if the fsync took longer than
-        ``sync_flush_timeout_ms`` — the messages are still stored).
-        """
-        self.require_writable()
-        if isinstance(messages, Message):
-            messages = [messages]
-        msgs = list(messages)
-        if not msgs:
-            return []
-        for m in msgs:
-            if not isinstance(m, Message):
-                raise InvalidMessageError(
-                    f"append takes sparkmq.Message objects, got {type(m).__name__}")
-        results: list[AppendResult] = []
-        for group in split_by_size(msgs):
-            results.extend(self._append_group(group))
-        return results
-
-    def _append_group(self, msgs: list[Message]) -> list[AppendResult]:
-        qids = self.batches.queue_ids_for(msgs)
-        with self._append_lock:
-            batch = self.batches.from_messages(msgs, qids, self._store_ts())
-            batch_offset, qos, updates = self._append_locked(batch)
-        status = self._await_flush(batch_offset)
-        self.dispatcher.after_visible(updates)
-        # message id = encode_message_id(tag, batch_offset, row): the prefix is shared
-        prefix = f"{store_tag(self.state.store_id):08X}{batch_offset:016X}"
-        return [AppendResult(status, f"{prefix}{i:08X}", m.topic, q, qo, batch_offset + i)
-                for i, (m, q, qo) in enumerate(zip(msgs, qids, qos.tolist()))]
+        """Append messages; one result per message, in order (see :meth:`Appender.append`)."""
+        return self.appender.append(messages)
 
     def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
-        """Columnar append: rows with at least ``topic`` and ``body`` (other
-        segment columns optional; a row's ``queue_id`` is kept, range-checked,
-        and where the column is missing or null it is ``crc32(message_group) %
-        queues`` for a row with a message group, else chosen round robin).
-        Everything is one record batch; per-row offsets come back as arrays. The fast path for bulk producers and benchmarks: a
-        ``RecordBatch`` whose schema already equals ``SEGMENT_SCHEMA`` (field
-        metadata aside) is validated without casting or copying any column."""
-        self.require_writable()
-        info = None
-        if isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
-            batch, info = self.batches.check_segment_batch(data)
-        else:
-            table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-            batch = self.batches.normalize(table)
-        n = batch.num_rows
-        with self._append_lock:
-            batch, ts_ms = stamp_store_time(batch, self._store_ts())
-            batch_offset, qos, updates = self._append_locked(batch, info, ts_ms)
-        status = self._await_flush(batch_offset)
-        self.dispatcher.after_visible(updates)
-        qids = info.queue_ids if info is not None else batch.column("queue_id").to_numpy()
-        return BatchAppendResult(status, batch_offset, qos, qids, n)
+        """Columnar append, one record batch (see :meth:`Appender.append_batch`)."""
+        return self.appender.append_batch(data)
 
     def writable_topic(self, topic: str) -> dict:
         conf = self.state.topics.get(topic)
@@ -403,35 +332,6 @@ class Store(MessageReader):
         if not conf["perm"] & PERM_WRITE:
             raise PermissionDeniedError(f"topic {topic!r} is not writable (perm {conf['perm']})")
         return conf
-
-    def _store_ts(self) -> int:
-        ts = max(self.clock_ms(), self._last_store_ts)
-        self._last_store_ts = ts
-        return ts
-
-    def _append_locked(self, batch: pa.RecordBatch, info: "RowInfo | None" = None,
-                       store_ts_ms: np.ndarray | None = None) -> tuple[int, np.ndarray, list]:
-        if self._closed:
-            raise StoreClosedError(f"store {self.url} is closed")
-        self.require_not_replica()
-        rolls = self.commitlog.segments_created
-        batch_offset = self.commitlog.append(batch)
-        qos, updates = self.dispatcher.dispatch(batch, batch_offset, info, store_ts_ms)
-        self.dispatcher.dispatched_offset = self.commitlog.written_offset
-        if rolls != self.commitlog.segments_created:
-            publisher = getattr(self, "_publisher", None)
-            if publisher is not None:
-                publisher.wakeup()   # publish at segment roll, not only on the interval
-        return batch_offset, qos, updates
-
-    def _await_flush(self, batch_offset: int) -> PutMessageStatus:
-        gc = self._group_commit
-        if gc is None:
-            if self.config.flush_disk_type == SYNC_FLUSH:   # services not started
-                self.commitlog.flush(sync=True)
-            return PutMessageStatus.PUT_OK
-        ok = gc.wait_for(self.commitlog.written_offset, self.config.sync_flush_timeout_ms)
-        return PutMessageStatus.PUT_OK if ok else PutMessageStatus.FLUSH_DISK_TIMEOUT
 
     def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """Call ``fn(topic, queue_id, max_offset)`` when messages become readable
@@ -465,16 +365,7 @@ class Store(MessageReader):
 
     def _entries(self, tid: int, qid: int, lo: int, hi: int,
                  columns: list[str] | None = None) -> pa.Table:
-        first = self.cq.first_offset(tid, qid)
-        if first is not None and first <= lo:
-            return _select_entries(self.cq.entries(tid, qid, lo, hi), columns)
-        persisted = read_side_entries(self.sfs, list(self.state.consumequeue_files.values()),
-                                      tid, qid, lo, hi if first is None else min(hi, first),
-                                      columns)
-        if first is None or hi <= first:
-            return persisted
-        recent = _select_entries(self.cq.entries(tid, qid, first, hi), columns)
-        return pa.concat_tables([persisted, recent], promote_options="permissive")
+        return live_entries(self.sfs, self.state, self.cq, tid, qid, lo, hi, columns)
 
     def queue_entries(self, tid: int, qid: int, lo: int, hi: int,
                       columns: list[str] | None = None) -> pa.Table:
@@ -485,25 +376,12 @@ class Store(MessageReader):
         return self.commitlog.read_batch(batch_offset)
 
     def _index_hits(self, tid: int, key: str) -> pa.Table:
-        persisted = read_index(self.sfs, list(self.state.index_files.values()), tid, key)
-        recent = self.index.lookup(tid, key, persisted=False)
-        return pa.concat_tables([persisted, recent], promote_options="permissive")
+        return live_index_hits(self.sfs, self.state, self.index, tid, key)
 
     def _time_entries(self, tid, qid, start_ms, end_ms) -> pa.Table:
-        persisted = read_side_by_time(self.sfs, list(self.state.consumequeue_files.values()),
-                                      tid, qid, start_ms, end_ms)
-        parts = [persisted.select(["queue_id", "queue_offset", "store_timestamp"])]
-        keys = [k for k in self.dispatcher.next_offsets if k[0] == tid and (qid is None or k[1] == qid)]
-        for t, q in keys:
-            for ch in self.cq.all_chunks(t, q):
-                sel = (ch.store_ts >= start_ms) & (ch.store_ts <= end_ms)
-                if sel.any():
-                    offs = np.arange(ch.start, ch.end)[sel]
-                    parts.append(pa.table({
-                        "queue_id": pa.array(np.full(len(offs), q, np.int32)),
-                        "queue_offset": pa.array(offs, pa.int64()),
-                        "store_timestamp": pa.array(ch.store_ts[sel], pa.int64()).cast(fmt.TS)}))
-        return pa.concat_tables(parts, promote_options="permissive")
+        keys = [k for k in self.dispatcher.queue_keys()
+                if k[0] == tid and (qid is None or k[1] == qid)]
+        return live_time_entries(self.sfs, self.state, self.cq, keys, tid, qid, start_ms, end_ms)
 
     def refresh(self) -> None:
         """Read-only stores: move to the newest committed version."""
@@ -641,8 +519,8 @@ class Store(MessageReader):
         """fsync everything appended so far and publish it."""
         self.require_writable()
         off = self.commitlog.flush(sync=True)
-        if self._group_commit is not None:
-            self._group_commit.note_flushed(off)
+        if self.services.group_commit is not None:
+            self.services.group_commit.note_flushed(off)
         self.publish(force=True)
 
     def close(self) -> None:
@@ -683,11 +561,3 @@ class Store(MessageReader):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _select_entries(entries: pa.Table, columns: list[str] | None) -> pa.Table:
-    """In-memory entries cut to the columns a persisted read of ``columns`` returns."""
-    if columns is None:
-        return entries
-    return entries.select([c for c in entries.column_names if c in columns
-                           or c == "queue_offset"])
