@@ -150,19 +150,28 @@ class QueueChooser:
 
 
 # ---------------------------------------------------------------------- builders
-def split_by_size(msgs: list[Message]) -> list[list[Message]]:
-    """``msgs`` in order, cut into groups of at most MAX_BATCH_BODY_BYTES of bodies."""
-    groups, cur, size = [], [], 0
-    for m in msgs:
-        n = len(m.body) if isinstance(m.body, (bytes, bytearray, str)) else 0
-        if cur and size + n > MAX_BATCH_BODY_BYTES:
-            groups.append(cur)
+def pack(items: list, max_size: int, size_of: Callable[[object], int]) -> list[list]:
+    """Consecutive parts of ``items`` of at most ``max_size`` each (by ``size_of``),
+    greedy in order (an item bigger than that is a part of its own)."""
+    parts: list[list] = []
+    cur: list = []
+    size = 0
+    for item in items:
+        n = size_of(item)
+        if cur and size + n > max_size:
+            parts.append(cur)
             cur, size = [], 0
-        cur.append(m)
+        cur.append(item)
         size += n
     if cur:
-        groups.append(cur)
-    return groups
+        parts.append(cur)
+    return parts
+
+
+def split_by_size(msgs: list[Message]) -> list[list[Message]]:
+    """``msgs`` in order, cut into groups of at most MAX_BATCH_BODY_BYTES of bodies."""
+    return pack(msgs, MAX_BATCH_BODY_BYTES,
+                lambda m: len(m.body) if isinstance(m.body, (bytes, bytearray, str)) else 0)
 
 
 def messages_to_batch(messages: Iterable[Message], *, queue_ids: Sequence[int],

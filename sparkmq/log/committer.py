@@ -49,8 +49,7 @@ from typing import Protocol, Sequence
 
 
 from .. import errors
-from ..errors import (InvalidConfigError, StoreLockedError,
-                      TopicNotFoundError, UncleanWriterError, UserError)
+from ..errors import InvalidConfigError, StoreLockedError, UncleanWriterError, UserError
 from . import format as fmt
 from .consumequeue import consumequeue_add, write_side_table
 from .fs import StoreFS
@@ -62,6 +61,7 @@ from .lease import (LEASE_CRASHED, LEASE_FREE, LEASE_LIVE,  # noqa: F401  (re-ex
                     lease_status, live_writer, local_token)
 from .batch import writable_topic_conf
 from .status import CommitResult
+from .topics import consumer_offset_actions
 from .txlog import LogState, TransactionLog, check_writer_version
 
 log = logging.getLogger("sparkmq.committer")
@@ -326,15 +326,7 @@ def commit_consumer_offsets(url: str, group: str, offsets: dict[tuple[str, int],
     txlog = TransactionLog(StoreFS(url, storage_options))
 
     def build(state: LogState):
-        actions = []
-        for (topic, qid), off in sorted(offsets.items()):
-            t = state.topics.get(topic)
-            if t is None:
-                raise TopicNotFoundError(f"topic {topic!r} does not exist in {url}")
-            actions.append({"consumerOffset": {"group": group, "topicId": t["id"],
-                                               "queueId": int(qid), "offset": int(off),
-                                               "clientId": client_id}})
-        return actions or None
+        return consumer_offset_actions(state, group, offsets, client_id, where=f" in {url}")
     return txlog.commit(build, operation="COMMIT OFFSETS", parameters={"group": group},
                         retries=COMMIT_RETRIES).version
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from ..errors import InvalidMessageError, InvalidMessageIdError
+from ..errors import InvalidMessageIdError
 from . import format as fmt
 
 

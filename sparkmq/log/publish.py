@@ -16,12 +16,13 @@ Thread-safety: both hold the store's commit lock.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from . import format as fmt
+from .batch import pack
 from .consumequeue import chunks_to_side_table, compact_side_tables, consumequeue_add, \
     write_side_table
 from .index import index_add
@@ -133,24 +134,6 @@ def compact(store: "Store") -> None:
 def small_files(files: dict[str, dict], max_rows: int) -> list[dict]:
     """Side-table adds with fewer than ``max_rows // 2`` rows, in commit order."""
     return [a for a in files.values() if int(a.get("rows", 0)) < max_rows // 2]
-
-
-def pack(items: list, max_rows: int, rows_of: Callable[[object], int]) -> list[list]:
-    """Consecutive parts of ``items`` with at most ``max_rows`` rows each, greedy in
-    order (an item bigger than that is a part of its own)."""
-    parts: list[list] = []
-    cur: list = []
-    rows = 0
-    for item in items:
-        n = rows_of(item)
-        if cur and rows + n > max_rows:
-            parts.append(cur)
-            cur, rows = [], 0
-        cur.append(item)
-        rows += n
-    if cur:
-        parts.append(cur)
-    return parts
 
 
 def compaction_groups(adds: list[dict], max_rows: int) -> list[list[dict]]:

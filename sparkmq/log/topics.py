@@ -116,17 +116,24 @@ def commit_consumer_offsets(store: "Store", group: str, offsets: dict[tuple[str,
     store.require_writable()
     validate_group(group)
 
-    def build(state: LogState):
-        actions = []
-        for (topic, qid), off in offsets.items():
-            t = state.topics.get(topic)
-            if t is None:
-                raise TopicNotFoundError(f"topic {topic!r} does not exist")
-            actions.append({"consumerOffset": {"group": group, "topicId": t["id"],
-                                               "queueId": int(qid), "offset": int(off),
-                                               "clientId": client_id}})
-        return actions or None
-    store.commit_actions(build, "COMMIT OFFSETS", {"group": group})
+    store.commit_actions(lambda state: consumer_offset_actions(state, group, offsets, client_id),
+                         "COMMIT OFFSETS", {"group": group})
+
+
+def consumer_offset_actions(state: LogState, group: str, offsets: dict[tuple[str, int], int],
+                            client_id: str | None, *, where: str = "") -> list[dict] | None:
+    """The ``consumerOffset`` actions recording ``offsets`` ((topic, queue) -> next
+    offset) of ``group`` in ``state`` (None if there are none); TopicNotFoundError
+    names ``where`` (a store) for an unknown topic."""
+    actions = []
+    for (topic, qid), off in sorted(offsets.items()):
+        t = state.topics.get(topic)
+        if t is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist{where}")
+        actions.append({"consumerOffset": {"group": group, "topicId": t["id"],
+                                           "queueId": int(qid), "offset": int(off),
+                                           "clientId": client_id}})
+    return actions or None
 
 
 def create_group(store: "Store", group: str, *, retry_max_times: int | None = None,
