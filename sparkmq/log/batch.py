@@ -245,10 +245,10 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
         if v is None:
             out.append(_default_column(f, n, store_host, now_ms))
             continue
-        if f.name == "born_timestamp" and not isinstance(v, pa.Array) and None in v:
-            v = [now_ms if b is None else b for b in v]
         if isinstance(v, pa.ChunkedArray):
             v = v.chunk(0) if v.num_chunks == 1 else pa.concat_arrays(v.chunks)
+        if f.name == "born_timestamp" and not isinstance(v, pa.Array) and None in v:
+            v = [now_ms if b is None else b for b in v]
         arr = v if isinstance(v, pa.Array) else pa.array(v, f.type)
         out.append(arr if arr.type == f.type else arr.cast(f.type))
     return pa.RecordBatch.from_arrays(out, schema=fmt.SEGMENT_SCHEMA)

@@ -29,6 +29,15 @@ Fencing: a writer whose lease was taken over learns it at its next commit
 (publish, at most ``publish_interval_ms`` later) and refuses every write after
 with FencedError. Thread-safety: every public method is safe to call from
 several threads.
+
+``Store`` is a facade; each concern is an object or module of its own:
+``lease`` (:class:`~sparkmq.log.lease.WriterLease`), ``appender``
+(:mod:`.append`, building batches with :mod:`.batch`), ``dispatcher``
+(:mod:`.dispatch`), ``commitlog``, ``services`` (:mod:`.services`), recovery
+(:mod:`.recovery`), publish and compaction (:mod:`.publish`), topics and groups
+(:mod:`.topics`), retention (:mod:`.retention`), deletion and vacuum
+(:mod:`.vacuum`), adoption (:mod:`.adopt`); a replica drives it through
+:mod:`.replication`.
 """
 from __future__ import annotations
 
