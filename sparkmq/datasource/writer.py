@@ -74,12 +74,11 @@ from pyspark.sql.types import (ArrayType, BinaryType, ByteType, IntegerType, Lon
                                MapType, ShortType, StringType, StructType, TimestampNTZType,
                                TimestampType)
 
-from ..errors import (InvalidConfigError, InvalidMessageError, PermissionDeniedError,
-                      QueueNotFoundError, TopicNotFoundError, UserError)
+from ..errors import InvalidConfigError, InvalidMessageError, UserError
 from ..log import format as fmt
 from ..log.committer import abort_job, committer_for
 from ..log.fs import StoreFS
-from ..log.message import group_hashes
+from ..log.batch import QueueChooser, check_bodies, writable_topic_conf
 from ..log import segment as seg
 from ..log.txlog import TransactionLog
 
@@ -90,7 +89,6 @@ DEFAULT_MAX_MESSAGE_SIZE_BYTES = 4 << 20
 #: a staged file's bytes are handed to the disk (writeback started, not awaited) every
 #: this many bytes, so the fsync that seals it finds little left to write
 WRITEBACK_CHUNK_BYTES = 8 << 20
-PERM_WRITE = 2
 
 _INTS = (ByteType, ShortType, IntegerType, LongType)
 #: column -> (accepted Spark types, what to tell the user)
@@ -209,14 +207,7 @@ class _SegmentWriterBase:
 
     # -- executors ---------------------------------------------------------
     def _topic_conf(self, name: str) -> dict:
-        conf = self.topics.get(name)
-        if conf is None:
-            raise TopicNotFoundError(
-                f"topic {name!r} does not exist in {self.url} (topics: "
-                f"{sorted(self.topics) or 'none'}); create it first")
-        if not conf["perm"] & PERM_WRITE:
-            raise PermissionDeniedError(f"topic {name!r} is not writable (perm {conf['perm']})")
-        return conf
+        return writable_topic_conf(self.topics, name, store=self.url)
 
     def _write_task(self, iterator: Iterator[pa.RecordBatch]) -> SparkMQCommitMessage:
         from pyspark import TaskContext
@@ -435,7 +426,7 @@ class _BatchConverter:
     def __init__(self, writer: _SegmentWriterBase, partition: int):
         self.w = writer
         self.partition = partition
-        self.round_robin: dict[str, int] = {}
+        self.queues = QueueChooser(start=partition, by_block=True)
         self.host = socket.gethostname()
         self.host_scalar = pa.scalar(self.host, pa.string())
 
@@ -483,57 +474,26 @@ class _BatchConverter:
     def _body(self, body: pa.Array) -> pa.Array:
         if not pa.types.is_binary(body.type):
             body = body.cast(pa.binary())
-        if body.null_count:
-            raise InvalidMessageError("a row has a null body; every message needs a body")
-        longest = pc.max(pc.binary_length(body)).as_py() or 0
-        if longest > self.w.max_message_size:
-            raise InvalidMessageError(
-                f"a body of {longest} bytes exceeds maxMessageSize ({self.w.max_message_size} "
-                "bytes); raise the option maxMessageSize or split the message")
+        check_bodies(body, self.w.max_message_size,
+                     hint="; raise the option maxMessageSize or split the message")
         return body
 
     def _queues(self, topics: pa.Array, queue_id, group, n: int) -> pa.Array:
-        """Explicit queue_id, else crc32(message_group) % queues, else round robin."""
+        """Explicit queue_id, else crc32(message_group) % queues, else round robin by
+        block (the store's one chooser, :class:`sparkmq.log.batch.QueueChooser`)."""
         if queue_id is None and group is None and self.w.topic_option:
             # one topic, every row round robin: no per-row topic lookup
             name = self.w.topic_option
             nq = self.w._topic_conf(name)["writeQueueNums"]
-            start = self.round_robin.get(name, self.partition)
-            self.round_robin[name] = (start + 1) % nq
-            return pa.array(_spread(n, start, nq).astype(np.int32))
-        qids = np.full(n, -1, np.int64)
-        explicit = np.zeros(n, bool)
-        if queue_id is not None:
-            valid = np.asarray(pc.is_valid(queue_id).to_numpy(zero_copy_only=False))
-            qids[valid] = np.asarray(queue_id.cast(pa.int64()).fill_null(-1).to_numpy())[valid]
-            explicit = valid
-        grouped = np.zeros(n, bool)
-        group_hash = None
-        if group is not None:
-            g = group.cast(pa.string())
-            grouped = np.asarray(pc.is_valid(g).to_numpy(zero_copy_only=False)) & ~explicit
-            if grouped.any():
-                group_hash = group_hashes(g)
+            return pa.array(self.queues.round_robin(name, n, nq).astype(np.int32))
         enc_t = pc.dictionary_encode(topics)
         tnames = enc_t.dictionary.to_pylist()
-        tidx = enc_t.indices.to_numpy()
-        for i, name in enumerate(tnames):
-            nq = self.w._topic_conf(name)["writeQueueNums"]
-            mine = tidx == i
-            bad = mine & explicit & ((qids < 0) | (qids >= nq))
-            if bad.any():
-                raise QueueNotFoundError(
-                    f"queue_id {int(qids[bad][0])} is out of range for topic {name!r} "
-                    f"(0..{nq - 1})")
-            if group_hash is not None:
-                sel = mine & grouped
-                qids[sel] = group_hash[sel] % nq
-            rr = np.flatnonzero(mine & ~explicit & ~grouped)
-            if len(rr):
-                start = self.round_robin.get(name, self.partition)
-                qids[rr] = _spread(len(rr), start, nq)
-                self.round_robin[name] = (start + 1) % nq
-        return pa.array(qids.astype(np.int32))
+        idx = enc_t.indices.to_numpy() if len(tnames) > 1 else None
+        if group is not None:
+            group = group.cast(pa.string())
+        return pa.array(self.queues.choose(
+            queue_id, tnames, idx, [self.w._topic_conf(t)["writeQueueNums"] for t in tnames],
+            n, group))
 
     def _keys(self, keys, n: int) -> pa.Array:
         if keys is None:
@@ -544,15 +504,6 @@ class _BatchConverter:
             arr = pa.ListArray.from_arrays(pa.array(offsets), s)
             return pc.if_else(pc.is_valid(s), arr, pa.nulls(n, arr.type))
         return keys.cast(pa.list_(pa.string()))
-
-
-def _spread(n: int, start: int, queues: int) -> np.ndarray:
-    """Queue ids for ``n`` unkeyed rows: ``queues`` contiguous blocks of near-equal
-    size, block ``j`` to queue ``(start + j) % queues``. Round robin by block, not by
-    row, so each queue's rows of a batch are one contiguous run: a reader slices
-    them from the segment (zero copy) instead of gathering every n-th row."""
-    block = np.arange(n, dtype=np.int64) * queues // max(n, 1)
-    return (start + block) % queues
 
 
 def _cast(col: dict, name: str, typ: pa.DataType, n: int) -> pa.Array:

@@ -69,7 +69,7 @@ class ReplicaConnection:
             log.warning("HA: refused replica connection from %s: %s", self.addr, e)
             self.close()
             return
-        self.service._attach(self)
+        self.service.attach(self)
         reader = threading.Thread(target=self._read_acks, daemon=True,
                                   name=f"sparkmq-ha-ack-{self.broker_id}")
         reader.start()
@@ -84,7 +84,7 @@ class ReplicaConnection:
         finally:
             self.close()
             reader.join(5)
-            self.service._detach(self)
+            self.service.detach(self)
 
     def close(self) -> None:
         self.closed.set()
@@ -162,13 +162,13 @@ class ReplicaConnection:
                 header, _ = recv_frame(self.sock)
                 if header.get("type") == "ack" and isinstance(header.get("offset"), int):
                     self.acked_offset = max(self.acked_offset, header["offset"])
-                    self.service._acked()
+                    self.service.note_acked()
         except (OSError, ConnectionError, HAProtocolError):
             pass
         finally:
             self.closed.set()
             self.service.notify()   # wake the streamer so it sees the close
-            self.service._acked()   # and SYNC waiters, which stop counting this replica
+            self.service.note_acked()   # and SYNC waiters, which stop counting this replica
 
     # -- streaming -----------------------------------------------------------
     def _stream(self, cursor: int) -> None:
@@ -309,7 +309,7 @@ class HAService:
         self.stopped.set()
         self.store.remove_listener(self._on_arrival)
         self.notify()
-        self._acked()
+        self.note_acked()
         if self._sock is not None:
             self._sock.close()
         with self._ack_cond:
@@ -333,16 +333,18 @@ class HAService:
             t.start()
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
-    def _attach(self, conn: ReplicaConnection) -> None:
+    def attach(self, conn: ReplicaConnection) -> None:
+        """A replica connection starts counting for SYNC_MASTER acks."""
         with self._ack_cond:
             self._conns.append(conn)
-        self._acked()
+        self.note_acked()
 
-    def _detach(self, conn: ReplicaConnection) -> None:
+    def detach(self, conn: ReplicaConnection) -> None:
+        """A replica connection ended: it no longer counts; waiters re-check."""
         with self._ack_cond:
             if conn in self._conns:
                 self._conns.remove(conn)
-        self._acked()
+        self.note_acked()
         self.notify()
 
     # -- signals -----------------------------------------------------------
@@ -355,7 +357,8 @@ class HAService:
             self.generation += 1
             self._cond.notify_all()
 
-    def _acked(self) -> None:
+    def note_acked(self) -> None:
+        """A replica acked more bytes (or the set changed): wake SYNC_MASTER waiters."""
         with self._ack_cond:
             self._ack_cond.notify_all()
 

@@ -44,6 +44,13 @@ class SegmentRef:
 
 
 class CommitLog:
+    """The segments of one store as one address space (see the module docstring).
+
+    On disk: ``commitlog/<20-digit base offset>.arrow`` per broker segment (and
+    adopted ``commitlog/w-...`` Spark segments). After a crash: the store's
+    recovery (:mod:`sparkmq.log.recovery`) cuts a torn tail and loads the refs.
+    Thread-safety: see the module docstring."""
+
     def __init__(self, sfs: StoreFS, *, segment_size_bytes: int,
                  cache_bytes: int = 64 << 20):
         self.sfs = sfs
@@ -152,6 +159,35 @@ class CommitLog:
             self.active = None
             self.written_offset = ref.end_offset
             return ref
+
+    def ref(self, path: str) -> SegmentRef:
+        """The ref of segment ``path`` (KeyError if the CommitLog has none)."""
+        with self._lock:
+            return self._ref(path)
+
+    def set_size(self, ref: SegmentRef, size: int, *, sealed: bool | None = None) -> None:
+        """Record ``ref``'s readable size (and sealed flag) under the segment-list lock."""
+        with self._lock:
+            ref.size = size
+            if sealed is not None:
+                ref.sealed = sealed
+
+    def seal_written(self, writer: seg.SegmentWriter, ref: SegmentRef) -> None:
+        """``writer`` (the active segment) got its end-of-stream marker from elsewhere
+        (a replica copying its master): fsync it, mark ``ref`` sealed, close it."""
+        with self._flush_lock:
+            writer.flush(sync=True)
+            with self._lock:
+                ref.sealed = True
+            writer.close()
+            self.active = None
+            self.flushed_offset = max(self.flushed_offset, ref.end_offset)
+
+    def clear_cache(self) -> None:
+        """Forget every cached batch (their offsets now hold other bytes: a truncation)."""
+        with self._lock:
+            self._cache.clear()
+            self._cache_bytes = 0
 
     def _ref(self, path: str) -> SegmentRef:
         for r in self._segments:

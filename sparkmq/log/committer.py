@@ -43,27 +43,25 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from .. import errors
-from ..errors import (InvalidConfigError, PermissionDeniedError, QueueNotFoundError,
-                      StoreLockedError, TopicNotFoundError, UncleanWriterError, UserError)
+from ..errors import InvalidConfigError, StoreLockedError, UncleanWriterError, UserError
 from . import format as fmt
-from . import segment as seg
 from .consumequeue import consumequeue_add, write_side_table
 from .fs import StoreFS
-from .index import index_add, index_entries
+from .adopt import Placement, check_staged_topics, load_staged, place
+from .dispatch import next_queue_offsets  # noqa: F401  (re-exported)
+from .index import index_add
 from .names import validate_group
-from .store import _LIVE_TOKENS, PERM_WRITE, CommitResult
+from .lease import (LEASE_CRASHED, LEASE_FREE, LEASE_LIVE,  # noqa: F401  (re-exported)
+                    lease_status, live_writer, local_token)
+from .batch import writable_topic_conf
+from .status import CommitResult
+from .topics import consumer_offset_actions
 from .txlog import LogState, TransactionLog, check_writer_version
 
 log = logging.getLogger("sparkmq.committer")
@@ -89,36 +87,6 @@ class Committer(Protocol):
 
 
 # ---------------------------------------------------------------------- leases
-LEASE_FREE = "free"
-LEASE_LIVE = "live"
-LEASE_CRASHED = "crashed"
-
-
-def lease_status(lease: dict | None, now_ms: int) -> str:
-    """``free`` (none, or released), ``live`` (held), or ``crashed`` (its holder is gone).
-
-    A lease is live while it is unexpired and, when its owner runs on this host,
-    the owner process (and in this process, the owning Store) still exists.
-    """
-    if not lease or lease.get("released"):
-        return LEASE_FREE
-    if now_ms > int(lease.get("expiresTime", 0)):
-        return LEASE_CRASHED
-    host, _, rest = str(lease.get("owner", "")).partition(":")
-    pid_s, _, token = rest.partition(":")
-    if host == socket.gethostname() and pid_s.isdigit():
-        pid = int(pid_s)
-        if pid == os.getpid():
-            return LEASE_LIVE if token in _LIVE_TOKENS else LEASE_CRASHED
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return LEASE_CRASHED
-        except PermissionError:
-            return LEASE_LIVE
-    return LEASE_LIVE
-
-
 def _unclean_error(url: str, lease: dict) -> UncleanWriterError:
     return UncleanWriterError(
         f"store {url}: the last writer ({lease.get('owner')}, epoch {lease.get('epoch')}) "
@@ -131,146 +99,6 @@ def _locked_error(url: str, lease: dict) -> StoreLockedError:
     return StoreLockedError(
         f"store {url}: a broker/writer holds the store ({lease.get('owner')}, epoch "
         f"{lease.get('epoch')}); commit through it, or stop it and retry")
-
-
-# ---------------------------------------------------------------------- staged files
-@dataclass
-class _Staged:
-    """One staged segment file, read once: its size and (position, batch) pairs."""
-
-    path: str
-    size: int
-    batches: list[tuple[int, pa.RecordBatch]]
-
-    @property
-    def num_rows(self) -> int:
-        return sum(b.num_rows for _, b in self.batches)
-
-
-def _load_staged(sfs: StoreFS, rel: str) -> _Staged:
-    if not fmt.is_relative_store_path(rel) or not rel.startswith(fmt.COMMITLOG_DIR + "/w-"):
-        raise UserError(f"{rel!r} is not a staged segment path of this store")
-    try:
-        buf = sfs.read_buffer(rel)
-    except FileNotFoundError:
-        raise UserError(f"staged segment {rel} does not exist (aborted or cleaned up?); "
-                        "rerun the write") from None
-    res = seg.scan(buf, validate=True)
-    if res.valid_end == 0 or not res.sealed or res.valid_end + 8 != len(buf):
-        raise UserError(f"staged segment {rel} is incomplete or corrupt; rerun the write")
-    return _Staged(rel, len(buf), [(p, seg.read_batch_at(buf, p)) for p in res.positions])
-
-
-def _check_topics(url: str, state: LogState, staged: list[_Staged]) -> None:
-    """Every row's topic exists and is writable; queue ids are in range."""
-    for st in staged:
-        for _, batch in st.batches:
-            topics = batch.column("topic")
-            qids = batch.column("queue_id")
-            for name in pc.unique(topics).to_pylist():
-                conf = state.topics.get(name)
-                if conf is None:
-                    raise TopicNotFoundError(
-                        f"{st.path}: topic {name!r} does not exist in {url} (topics: "
-                        f"{sorted(state.topics) or 'none'}); create it and rerun the write")
-                if not conf["perm"] & PERM_WRITE:
-                    raise PermissionDeniedError(f"topic {name!r} is not writable "
-                                                f"(perm {conf['perm']})")
-                mine = qids.filter(pc.equal(topics, name))
-                lo, hi = pc.min(mine).as_py(), pc.max(mine).as_py()
-                if lo is not None and (lo < 0 or hi >= conf["writeQueueNums"]):
-                    raise QueueNotFoundError(
-                        f"{st.path}: queue_id {hi if hi >= conf['writeQueueNums'] else lo} is "
-                        f"out of range for topic {name!r} (0..{conf['writeQueueNums'] - 1})")
-
-
-def next_queue_offsets(state: LogState) -> dict[tuple[int, int], int]:
-    """(topic_id, queue_id) -> next queue offset, never below a retention floor."""
-    out = dict(state.queue_max_offsets())
-    for q in (state.retention or {}).get("queues", ()):
-        key = (q["topicId"], q["queueId"])
-        out[key] = max(out.get(key, 0), int(q["minOffset"]))
-    return out
-
-
-@dataclass
-class _Placement:
-    """What one attempt decided: segment adds and side tables."""
-
-    segment_adds: list[dict]
-    cq_table: pa.Table
-    index_table: pa.Table | None
-    num_messages: int
-
-
-def _place(state: LogState, staged: list[_Staged], now_ms: int) -> _Placement:
-    """Place staged segments at the end of the address space; assign queue offsets
-    per (topic, queue) in file, batch, row order."""
-    base = state.address_end()
-    nxt = next_queue_offsets(state)
-    cq_parts: list[pa.Table] = []
-    index_parts: list[pa.Table] = []
-    adds = []
-    total = 0
-    for st in staged:
-        for pos, batch in st.batches:
-            entries, qos, tids = _assign(state, batch, base + pos, nxt)
-            cq_parts.append(entries)
-            it = index_entries(batch, tids, qos, base + pos)
-            if it is not None and it.num_rows:
-                index_parts.append(it)
-            total += batch.num_rows
-        adds.append({"add": {"path": st.path, "kind": "segment", "baseOffset": base,
-                             "size": st.size, "sealed": True, "modificationTime": now_ms}})
-        base += st.size
-    cq = fmt.CONSUMEQUEUE_SCHEMA.empty_table()
-    if cq_parts:
-        cq = pa.concat_tables(cq_parts).sort_by([("topic_id", "ascending"),
-                                                 ("queue_id", "ascending"),
-                                                 ("queue_offset", "ascending")])
-    index = None
-    if index_parts:
-        index = pa.concat_tables(index_parts).sort_by([("topic_id", "ascending"),
-                                                       ("key", "ascending")])
-    return _Placement(adds, cq, index, total)
-
-
-def _assign(state: LogState, batch: pa.RecordBatch, batch_offset: int,
-            nxt: dict[tuple[int, int], int]) -> tuple[pa.Table, np.ndarray, np.ndarray]:
-    """ConsumeQueue entries, queue offsets and topic ids of one batch's rows
-    (offsets continue ``nxt``, which is advanced)."""
-    n = batch.num_rows
-    enc = pc.dictionary_encode(batch.column("topic"))
-    ids = np.asarray([state.topics[t]["id"] for t in enc.dictionary.to_pylist()], np.int64)
-    tids = ids[enc.indices.to_numpy()] if n else np.zeros(0, np.int64)
-    qids = batch.column("queue_id").to_numpy().astype(np.int64)
-    key = (tids << 32) | qids
-    qos = np.zeros(n, np.int64)
-    uniq = np.unique(key)
-    for k in uniq.tolist():
-        tid, qid = k >> 32, k & 0xFFFFFFFF
-        rows = np.flatnonzero(key == k) if len(uniq) > 1 else slice(None)
-        start = nxt.get((tid, qid), 0)
-        count = n if len(uniq) == 1 else len(rows)
-        nxt[(tid, qid)] = start + count
-        qos[rows] = np.arange(start, start + count)
-    entries = pa.table([
-        pa.array(tids.astype(np.int32)), pa.array(qids.astype(np.int32)), pa.array(qos),
-        pa.array(np.full(n, batch_offset, np.int64)), pa.array(np.arange(n, dtype=np.int32)),
-        pc.binary_length(batch.column("body")).cast(pa.int32()),
-        pa.array(_tags_codes(batch.column("tags"))),
-        batch.column("store_timestamp"),
-    ], schema=fmt.CONSUMEQUEUE_SCHEMA)
-    return entries, qos, tids
-
-
-def _tags_codes(tags: pa.Array) -> np.ndarray:
-    n = len(tags)
-    if tags.null_count == n:
-        return np.zeros(n, np.int64)
-    enc = pc.dictionary_encode(tags)
-    codes = np.asarray([fmt.tags_code(t) for t in enc.dictionary.to_pylist()] + [0], np.int64)
-    return codes[enc.indices.fill_null(len(codes) - 1).to_numpy()]
 
 
 # ---------------------------------------------------------------------- direct
@@ -308,7 +136,7 @@ class DirectCommitter:
         if (app_id is None) != (app_version is None):
             raise InvalidConfigError("app_id and app_version go together (both or neither)")
         paths = list(dict.fromkeys(staged_paths))
-        staged = [_load_staged(self.sfs, p) for p in paths]   # read once, outside the retries
+        staged = [load_staged(self.sfs, p) for p in paths]   # read once, outside the retries
         written: list[str] = []
         outcome: dict = {}
 
@@ -324,9 +152,10 @@ class DirectCommitter:
             already = [p for p in paths if p in state.segments]
             if already:
                 raise UserError(f"staged segments already committed: {already[:3]}")
-            _check_topics(self.url, state, staged)
+            check_staged_topics(staged, lambda name, path: writable_topic_conf(
+                state.topics, name, where=f"{path}: ", store=self.url, then="and rerun the write"))
             now = self.txlog.clock_ms()
-            placed = _place(state, staged, now)
+            placed = place(state, staged, now)
             actions = list(placed.segment_adds)
             actions.extend(self._write_side_files(placed, written))
             if app_id is not None:
@@ -349,7 +178,7 @@ class DirectCommitter:
             return CommitResult(state.version, 0, skipped=True)
         return CommitResult(state.version, int(outcome.get("messages", 0)))
 
-    def _write_side_files(self, placed: _Placement, written: list[str]) -> list[dict]:
+    def _write_side_files(self, placed: Placement, written: list[str]) -> list[dict]:
         actions = []
         if placed.cq_table.num_rows:
             rel = fmt.consumequeue_file()
@@ -385,7 +214,7 @@ class StoreCommitter:
         self.url = store.url
 
     def check(self) -> None:
-        self.store._require_writable()
+        self.store.require_writable()
 
     def commit(self, staged_paths: Sequence[str], *, app_id: str | None = None,
                app_version: int | None = None) -> CommitResult:
@@ -476,12 +305,10 @@ def committer_for(url: str, storage_options: dict | None = None) -> Committer:
         return direct
     if lease.get("endpoint"):
         return BrokerCommitter(url, lease)
-    host, _, rest = str(lease.get("owner", "")).partition(":")
-    pid_s, _, token = rest.partition(":")
-    if host == socket.gethostname() and pid_s == str(os.getpid()):
-        store = _LIVE_TOKENS.get(token)
-        if store is not None:
-            return StoreCommitter(store)
+    token = local_token(lease)
+    store = live_writer(token) if token is not None else None
+    if store is not None:
+        return StoreCommitter(store)
     return BrokerCommitter(url, lease)
 
 
@@ -499,15 +326,7 @@ def commit_consumer_offsets(url: str, group: str, offsets: dict[tuple[str, int],
     txlog = TransactionLog(StoreFS(url, storage_options))
 
     def build(state: LogState):
-        actions = []
-        for (topic, qid), off in sorted(offsets.items()):
-            t = state.topics.get(topic)
-            if t is None:
-                raise TopicNotFoundError(f"topic {topic!r} does not exist in {url}")
-            actions.append({"consumerOffset": {"group": group, "topicId": t["id"],
-                                               "queueId": int(qid), "offset": int(off),
-                                               "clientId": client_id}})
-        return actions or None
+        return consumer_offset_actions(state, group, offsets, client_id, where=f" in {url}")
     return txlog.commit(build, operation="COMMIT OFFSETS", parameters={"group": group},
                         retries=COMMIT_RETRIES).version
 

@@ -446,3 +446,46 @@ def compact_side_tables(sfs: StoreFS, adds: list[dict], sort_keys: list[str],
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables).sort_by([(k, "ascending") for k in sort_keys])
+
+
+# ---------------------------------------------------------------------- a writer's view
+def live_entries(sfs: StoreFS, state, cq: MemoryConsumeQueue, tid: int, qid: int, lo: int,
+                 hi: int, columns: list[str] | None = None) -> pa.Table:
+    """Entries [lo, hi) of queue (tid, qid) as a writer sees them: the persisted side
+    files of ``state`` up to the first offset still in memory, then ``cq``."""
+    first = cq.first_offset(tid, qid)
+    if first is not None and first <= lo:
+        return _select_entries(cq.entries(tid, qid, lo, hi), columns)
+    persisted = read_side_entries(sfs, list(state.consumequeue_files.values()),
+                                  tid, qid, lo, hi if first is None else min(hi, first), columns)
+    if first is None or hi <= first:
+        return persisted
+    recent = _select_entries(cq.entries(tid, qid, first, hi), columns)
+    return pa.concat_tables([persisted, recent], promote_options="permissive")
+
+
+def live_time_entries(sfs: StoreFS, state, cq: MemoryConsumeQueue, keys: list[tuple[int, int]],
+                      tid: int, qid: int | None, start_ms: int, end_ms: int) -> pa.Table:
+    """(queue_id, queue_offset, store_timestamp) of the entries stored in
+    [start_ms, end_ms]: persisted ones of ``state``, then those in ``cq`` for ``keys``."""
+    persisted = read_side_by_time(sfs, list(state.consumequeue_files.values()),
+                                  tid, qid, start_ms, end_ms)
+    parts = [persisted.select(["queue_id", "queue_offset", "store_timestamp"])]
+    for t, q in keys:
+        for ch in cq.all_chunks(t, q):
+            sel = (ch.store_ts >= start_ms) & (ch.store_ts <= end_ms)
+            if sel.any():
+                offs = np.arange(ch.start, ch.end)[sel]
+                parts.append(pa.table({
+                    "queue_id": pa.array(np.full(len(offs), q, np.int32)),
+                    "queue_offset": pa.array(offs, pa.int64()),
+                    "store_timestamp": pa.array(ch.store_ts[sel], pa.int64()).cast(fmt.TS)}))
+    return pa.concat_tables(parts, promote_options="permissive")
+
+
+def _select_entries(entries: pa.Table, columns: list[str] | None) -> pa.Table:
+    """In-memory entries cut to the columns a persisted read of ``columns`` returns."""
+    if columns is None:
+        return entries
+    return entries.select([c for c in entries.column_names if c in columns
+                           or c == "queue_offset"])

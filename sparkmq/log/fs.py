@@ -177,11 +177,7 @@ class StoreFS:
         if self.is_local:
             path = self.full(rel)
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(data)
-                if sync:
-                    f.flush()
-                    os.fsync(f.fileno())
+            _write_file(path, data, sync=sync)
         else:
             self.fs.pipe_file(self.full(rel), bytes(data))
 
@@ -190,12 +186,7 @@ class StoreFS:
         path = self.full(rel)
         if self.is_local:
             folder = os.path.dirname(path)
-            os.makedirs(folder, exist_ok=True)
-            tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            tmp = _write_temp(folder, data)
             try:
                 os.link(tmp, path)
                 won = True
@@ -227,14 +218,7 @@ class StoreFS:
         """Atomically overwrite ``rel`` (used only for ``_last_checkpoint``)."""
         path = self.full(rel)
         if self.is_local:
-            folder = os.path.dirname(path)
-            os.makedirs(folder, exist_ok=True)
-            tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            os.replace(_write_temp(os.path.dirname(path), data), path)
         else:
             self.fs.pipe_file(path, bytes(data))
 
@@ -333,6 +317,24 @@ def _map(path: str) -> pa.Buffer:
     """Memory-map a whole file; the buffer keeps the map alive (zero copy)."""
     with pa.memory_map(path, "r") as mm:
         return mm.read_buffer()
+
+
+def _write_file(path: str, data: bytes, *, sync: bool = True) -> None:
+    """Write ``data`` as the whole of ``path`` and (``sync``) fsync it."""
+    with open(path, "wb") as f:
+        f.write(data)
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _write_temp(folder: str, data: bytes) -> str:
+    """A new fsynced ``.tmp-*`` file in ``folder`` holding ``data`` (to be linked or
+    renamed into place); returns its path."""
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+    _write_file(tmp, data)
+    return tmp
 
 
 def _fsync_dir(folder: str) -> None:

@@ -131,3 +131,11 @@ def read_index(sfs: StoreFS, adds: list[dict], tid: int, key: str) -> pa.Table:
     if not tables:
         return fmt.INDEX_SCHEMA.empty_table()
     return pa.concat_tables(tables)
+
+
+def live_index_hits(sfs: StoreFS, state, index: MemoryIndex, tid: int, key: str) -> pa.Table:
+    """Index rows of ``key`` in topic ``tid`` as a writer sees them: the persisted side
+    files of ``state`` and the unpersisted rows of ``index``."""
+    persisted = read_index(sfs, list(state.index_files.values()), tid, key)
+    recent = index.lookup(tid, key, persisted=False)
+    return pa.concat_tables([persisted, recent], promote_options="permissive")

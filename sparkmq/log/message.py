@@ -14,11 +14,11 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import pyarrow as pa
 
-from ..errors import InvalidMessageError, InvalidMessageIdError
+from ..errors import InvalidMessageIdError
 from . import format as fmt
 
 
@@ -131,57 +131,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def messages_to_batch(messages: Iterable[Message], *, queue_ids: Sequence[int],
-                      store_timestamp_ms: int, store_host: str,
-                      max_message_size_bytes: int) -> pa.RecordBatch:
-    """Build a segment batch from messages whose queues are already chosen."""
-    msgs = list(messages)
-    now = store_timestamp_ms
-    bodies = []
-    for m in msgs:
-        body = m.body
-        if isinstance(body, str):
-            body = body.encode()
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise InvalidMessageError(
-                f"message body must be bytes or str, got {type(m.body).__name__}")
-        if len(body) > max_message_size_bytes:
-            raise InvalidMessageError(
-                f"message body of {len(body)} bytes exceeds maxMessageSize "
-                f"({max_message_size_bytes} bytes)")
-        bodies.append(bytes(body))
-        if isinstance(m.keys, str):
-            raise InvalidMessageError("message keys must be a list of strings, not one string")
-    n = len(msgs)
-
-    def optional(values: list, typ: pa.DataType) -> pa.Array:
-        # most messages leave most fields unset: an all-null column needs no conversion
-        for v in values:
-            if v is not None:
-                return pa.array(values, typ)
-        return pa.nulls(n, typ)
-
-    try:
-        arrays = [
-            pa.array([m.topic for m in msgs], pa.string()),
-            pa.array(queue_ids, pa.int32()),
-            pa.array(bodies, pa.binary()),
-            optional([m.tags for m in msgs], pa.string()),
-            optional([list(m.keys) if m.keys else None for m in msgs], pa.list_(pa.string())),
-            optional([list(m.properties.items()) if m.properties else None for m in msgs],
-                     pa.map_(pa.string(), pa.string())),
-            pa.array([m.born_timestamp if m.born_timestamp is not None else now for m in msgs],
-                     fmt.TS),
-            pa.array([now] * n, fmt.TS),
-            optional([m.born_host for m in msgs], pa.string()),
-            pa.array([store_host] * n, pa.string()),
-            pa.array([m.reconsume_times for m in msgs], pa.int32()),
-            optional([m.delivery_timestamp for m in msgs], fmt.TS),
-            optional([m.message_group for m in msgs], pa.string()),
-            optional([m.transaction_id for m in msgs], pa.string()),
-            pa.array([m.message_type for m in msgs], pa.int8()),
-            optional([m.unique_key for m in msgs], pa.string()),
-        ]
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
-        raise InvalidMessageError(f"message field has the wrong type: {exc}") from exc
-    return pa.RecordBatch.from_arrays(arrays, schema=fmt.SEGMENT_SCHEMA)
+def messages_to_batch(messages, **kw):
+    """Moved to :func:`sparkmq.log.batch.messages_to_batch` (the one batch builder)."""
+    from .batch import messages_to_batch as build
+    return build(messages, **kw)

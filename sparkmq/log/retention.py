@@ -30,15 +30,34 @@ it may run next to appends. It imports neither pyspark nor network code.
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from ..errors import UserError
 from . import segment as seg
 
 HOUR_MS = 3_600_000
 NO_BATCH = 1 << 62          # "no retained message in this queue": it blocks nothing
+
+if TYPE_CHECKING:
+    from .store import Store
+
+log = logging.getLogger("sparkmq.store")
+
+
+class RetentionCache:
+    """What retention planning remembers between passes, owned by one store: the
+    newest store time per topic of sealed segments (they never change; bounded),
+    and the ConsumeQueue files' per-queue ranges of one log state. Used from the
+    retention service's thread and admin calls; a race only recomputes."""
+
+    def __init__(self):
+        self.segment_topic_times: dict[str, dict[str, int] | None] = {}
+        self.cq_stats: tuple | None = None
 
 
 @dataclass
@@ -219,7 +238,7 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
 def segment_topic_times(store, ref) -> dict[str, int] | None:
     """Newest store time (ms) per topic of a sealed segment; None if unreadable. Cached
     per store and path (a sealed segment never changes)."""
-    cache = store.__dict__.setdefault("_segment_topic_times", {})
+    cache = store.retention_cache.segment_topic_times
     if ref.path in cache:
         return cache[ref.path]
     out: dict[str, int] | None = {}
@@ -249,7 +268,7 @@ class _QueueBounds:
         self.store = store
         self.mins = store.state.queue_min_offsets()
         self.maxes = store.state.queue_max_offsets()
-        self.visible = dict(store._visible_next) if store.writable else None
+        self.visible = dict(store.dispatcher.visible_next) if store.writable else None
         self.by_topic: dict[int, set[int]] = {}
         for (t, q) in list(self.maxes) + list(self.visible or ()):
             self.by_topic.setdefault(t, set()).add(q)
@@ -285,7 +304,7 @@ def _entry_at(store, tid: int, qid: int, off: int, hi: int) -> tuple[int, int | 
     """(batch offset, store ms) of the message at ``off``; (NO_BATCH, None) past the end."""
     if off >= hi:
         return NO_BATCH, None
-    e = store._entries(tid, qid, off, off + 1)
+    e = store.queue_entries(tid, qid, off, off + 1)
     if not e.num_rows:
         return -1, None            # unknown: hold everything (never remove blindly)
     ts = e.column("store_timestamp").cast(pa.int64())[0].as_py()
@@ -309,14 +328,14 @@ def _narrow(store, tid: int, qid: int, lo: int, hi: int, min_key: str, max_key: 
 def _file_stats(store) -> dict[tuple[int, int], list[dict]]:
     """The ConsumeQueue adds' per-queue ranges, indexed by (topic id, queue id); cached
     per log state (rebuilt when the store moves to another version)."""
-    cache = store.__dict__.get("_retention_cq_stats")
+    cache = store.retention_cache.cq_stats
     if cache is not None and cache[0] is store.state:
         return cache[1]
     out: dict[tuple[int, int], list[dict]] = {}
     for add in store.state.consumequeue_files.values():
         for q in add.get("queues", ()):
             out.setdefault((q["topicId"], q["queueId"]), []).append(q)
-    store.__dict__["_retention_cq_stats"] = (store.state, out)
+    store.retention_cache.cq_stats = (store.state, out)
     return out
 
 
@@ -327,7 +346,7 @@ def _search(store, tid, qid, lo: int, hi: int, column: str, value: int) -> int:
     """First offset in [lo, hi) whose ``column`` (non-decreasing along the queue) is past
     ``value``; hi if none."""
     if hi - lo <= SEARCH_READ_ROWS:
-        e = store._entries(tid, qid, lo, hi)
+        e = store.queue_entries(tid, qid, lo, hi)
         if e.num_rows == hi - lo:
             col = e.column(column)
             if column == "store_timestamp":
@@ -336,7 +355,7 @@ def _search(store, tid, qid, lo: int, hi: int, column: str, value: int) -> int:
             return lo + int(np.searchsorted(values, value, side="right"))
     while lo < hi:                                  # large or incomplete: probe
         mid = (lo + hi) // 2
-        e = store._entries(tid, qid, mid, mid + 1)
+        e = store.queue_entries(tid, qid, mid, mid + 1)
         col = e.column(column) if e.num_rows else None
         if col is not None and column == "store_timestamp":
             col = col.cast(pa.int64())
@@ -363,7 +382,7 @@ def _first_offset_at_batch(store, tid, qid, lo: int, hi: int, floor: int) -> int
 def _first_offset_within_bytes(store, tid, qid, lo: int, hi: int, max_bytes: int) -> int:
     """The smallest offset f in [lo, hi] such that the bodies of [f, hi) total at most
     ``max_bytes`` (Kafka's retention.bytes, per queue)."""
-    e = store._entries(tid, qid, lo, hi)
+    e = store.queue_entries(tid, qid, lo, hi)
     if e.num_rows != hi - lo:
         return lo                                   # entries missing: remove nothing
     sizes = e.column("size").to_numpy(zero_copy_only=False).astype(np.int64)
@@ -426,3 +445,112 @@ def describe(plan: RetentionPlan, store) -> dict:
                           "newMinOffset": w.new_min_offset,
                           "unconsumedMessages": w.unconsumed_messages, "text": w.text()}
                          for w in plan.warnings]}
+
+
+# ---------------------------------------------------------------------- a store's retention pass
+def run_retention(store: "Store", *, force_hour: bool = False) -> list[str]:
+    """One retention pass (log/retention.py): at ``deleteWhen`` hours (or at once
+    when the disk is fuller than ``diskMaxUsedSpaceRatio``) raise the floors of
+    topics with their own retention and remove the sealed segments every topic
+    has passed. Consumer groups that still needed removed offsets are logged
+    (WARNING) before the commit. Returns the removed segment paths."""
+    if not store.writable or store.closed:
+        return []
+    store.delete_removed_files()
+    if not retention_due(store, store.clock_ms(), force_hour)[0]:
+        return []          # outside deleteWhen hours nothing is planned (no reads)
+    plan = store.retention_plan(force_hour=force_hour)
+    if not plan.due or not plan.changes:
+        return []
+    for w in plan.warnings:
+        log.warning("retention: %s", w.text())
+    return store.remove_segments(plan.remove_segments, queue_floors=plan.floors(),
+                                exact_floors=plan.exact)
+
+
+def retention_plan(store: "Store", *, force_hour: bool = False, now_ms: int | None = None,
+                   detail: bool = False):
+    """What a retention pass would do now (``retention.RetentionPlan``); changes
+    nothing. ``plan.due`` says whether a pass at this moment acts at all; ``detail``
+    also reports every queue of topics on the broker default (for admin)."""
+    now = store.clock_ms() if now_ms is None else now_ms
+    due, disk_full = retention_due(store, now, force_hour)
+    return plan_retention(store, now, due=due, disk_full=disk_full, detail=detail)
+
+
+def retention_due(store: "Store", now_ms: int, force_hour: bool) -> tuple[bool, bool]:
+    """(a pass acts now, the disk is over diskMaxUsedSpaceRatio)."""
+    hour = _dt.datetime.fromtimestamp(now_ms / 1000).hour
+    ratio = store.sfs.disk_usage_ratio()
+    disk_full = ratio is not None and ratio * 100 > store.config.disk_max_used_space_ratio
+    return force_hour or disk_full or hour in store.config.delete_hours(), disk_full
+
+
+def remove_segments(store: "Store", paths: Sequence[str], *,
+                    queue_floors: dict[tuple[int, int], int] | None = None,
+                    exact_floors: bool = False) -> list[str]:
+    """Remove the oldest segments (a prefix of the CommitLog) and everything
+    that points into them; their offsets then read as removed. ``queue_floors``
+    ((topic id, queue id) -> first offset kept) also raises queue floors
+    (per-topic retention), with or without segments removed; a floor never
+    goes down and never passes the queue's max offset. ``exact_floors``: the
+    given floors already cover every queue with rows in ``paths`` (a retention
+    plan), so no queue is searched here."""
+    store.require_writable()
+    with store.append_lock, store.commit_lock:
+        segs = store.commitlog.segments()
+        prefix = segs[:len(paths)]
+        if [s.path for s in prefix] != list(paths) or any(
+                store.commitlog.active is not None and s.path == store.commitlog.active.rel_path
+                for s in prefix):
+            raise UserError("only a prefix of sealed segments can be removed")
+        floor = prefix[-1].end_offset if prefix else store.state.min_physical_offset()
+        store.publish(force=True)
+        queues = queue_floors_at(store, floor, queue_floors or {}, search=not exact_floors)
+        qmin = {(q["topicId"], q["queueId"]): q["minOffset"] for q in queues}
+        prev = {(q["topicId"], q["queueId"]): q["minOffset"]
+                for q in (store.state.retention or {}).get("queues", ())}
+        if not paths and all(v <= prev.get(k, 0) for k, v in qmin.items()):
+            return []
+        now = store.clock_ms()
+        actions = [{"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}}
+                   for p in paths]
+        for add in store.state.consumequeue_files.values():
+            if all(int(q.get("maxBatchOffset", 1 << 62)) < floor or
+                   int(q["maxOffset"]) <= qmin.get((q["topicId"], q["queueId"]), 0)
+                   for q in add["queues"]):
+                actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
+                                           "dataChange": False}})
+        for add in store.state.index_files.values():
+            # (files written before maxBatchOffset was logged stay: compaction drops
+            # their entries below the floor when it merges them)
+            if "maxBatchOffset" in add and int(add["maxBatchOffset"]) < floor:
+                actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
+                                           "dataChange": False}})
+        actions.append({"retention": {"minPhysicalOffset": floor, "queues": queues,
+                                      "time": now}})
+        store.commit_actions(lambda s: actions, "RETENTION", {"segments": len(paths)})
+        store.commitlog.drop_segments(set(paths))
+        log.info("retention removed %d segments below physical offset %d", len(paths), floor)
+        return list(paths)
+
+
+def queue_floors_at(store: "Store", floor: int, raised: dict[tuple[int, int], int], *,
+                  search: bool = True) -> list[dict]:
+    out = []
+    prev = {(q["topicId"], q["queueId"]): q["minOffset"]
+            for q in (store.state.retention or {}).get("queues", ())}
+    keys = set(store.dispatcher.next_offsets) | set(prev)
+    for tid, qid in sorted(keys):
+        nxt = store.dispatcher.next_offsets.get((tid, qid), 0)
+        lo = max(prev.get((tid, qid), 0), min(raised.get((tid, qid), 0), nxt))
+        hi = nxt if search else lo
+        while lo < hi:   # first offset whose batch is at or above the floor
+            mid = (lo + hi) // 2
+            e = store.queue_entries(tid, qid, mid, mid + 1)
+            if e.num_rows and int(e.column("batch_offset")[0].as_py()) >= floor:
+                hi = mid
+            else:
+                lo = mid + 1
+        out.append({"topicId": tid, "queueId": qid, "minOffset": lo})
+    return out

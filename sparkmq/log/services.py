@@ -8,6 +8,7 @@
 * ``PublishService`` commits the store's progress to the transaction log every
   ``publish_interval_ms``; ``RetentionService`` removes expired segments.
 
+:class:`StoreServices` starts and stops the ones a writable store runs.
 Every wait is bounded; ``stop`` joins the thread.
 """
 from __future__ import annotations
@@ -84,3 +85,43 @@ class GroupCommitService:
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None
+
+
+class StoreServices:
+    """The background services of one writable store: ``flush`` (ASYNC_FLUSH) or
+    ``group-commit`` (SYNC_FLUSH), ``publish`` and ``retention``, each a named
+    thread. ``start`` and ``stop`` are called by the store's open and close (one
+    thread); ``wake_publisher`` and ``group_commit`` may be used from any thread."""
+
+    def __init__(self):
+        self.group_commit: GroupCommitService | None = None
+        self._publisher: CallbackService | None = None
+        self._threads: list[CallbackService] = []
+
+    def start(self, *, sync_flush: bool, flush: Callable[[], int], flush_interval_ms: int,
+              publish: Callable[[], object], publish_interval_ms: int,
+              retention: Callable[[], object], retention_interval_ms: int) -> None:
+        if sync_flush:
+            self.group_commit = GroupCommitService(flush)
+            self.group_commit.start()
+        else:
+            self._threads.append(CallbackService("flush", flush_interval_ms, flush))
+        self._publisher = CallbackService("publish", publish_interval_ms, publish)
+        self._threads.append(self._publisher)
+        self._threads.append(CallbackService("retention", retention_interval_ms, retention))
+        for t in self._threads:
+            t.start()
+
+    def wake_publisher(self) -> None:
+        """Publish now (a segment rolled), not only on the interval."""
+        if self._publisher is not None:
+            self._publisher.wakeup()
+
+    def stop(self) -> None:
+        for t in self._threads:
+            t.stop()
+        self._threads.clear()
+        self._publisher = None
+        if self.group_commit is not None:
+            self.group_commit.stop()
+            self.group_commit = None

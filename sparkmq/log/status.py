@@ -1,7 +1,11 @@
-"""Expected outcomes on the hot path, as status values (RocketMQ's names)."""
+"""Expected outcomes on the hot path, as status values (RocketMQ's names), and the
+results of appends and commits."""
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
+
+import numpy as np
 
 
 class PutMessageStatus(enum.Enum):
@@ -20,3 +24,39 @@ class GetMessageStatus(enum.Enum):
     OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
     OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"          # removed by retention
     NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"      # messages exist, none matched the filter
+
+
+@dataclass
+class AppendResult:
+    """The outcome of appending one message."""
+
+    status: PutMessageStatus
+    message_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutMessageStatus.PUT_OK
+
+
+@dataclass
+class BatchAppendResult:
+    """The outcome of a columnar append: per-row offsets as arrays."""
+
+    status: PutMessageStatus
+    batch_offset: int
+    queue_offsets: np.ndarray
+    queue_ids: np.ndarray
+    num_rows: int
+
+
+@dataclass
+class CommitResult:
+    """The outcome of adopting staged segment files."""
+
+    version: int
+    num_messages: int
+    skipped: bool = False    # the (app id, version) was already committed

@@ -29,88 +29,54 @@ Fencing: a writer whose lease was taken over learns it at its next commit
 (publish, at most ``publish_interval_ms`` later) and refuses every write after
 with FencedError. Thread-safety: every public method is safe to call from
 several threads.
+
+``Store`` is a facade; each concern is an object or module of its own:
+``lease`` (:class:`~sparkmq.log.lease.WriterLease`), ``appender``
+(:mod:`.append`, building batches with :mod:`.batch`), ``dispatcher``
+(:mod:`.dispatch`), ``commitlog``, ``services`` (:mod:`.services`), recovery
+(:mod:`.recovery`), publish and compaction (:mod:`.publish`), topics and groups
+(:mod:`.topics`), retention (:mod:`.retention`), deletion and vacuum
+(:mod:`.vacuum`), adoption (:mod:`.adopt`); a replica drives it through
+:mod:`.replication`.
 """
 from __future__ import annotations
 
 import datetime as _dt
 import logging
-import os
-import socket
 import threading
 import uuid
-import weakref
-import zlib
-from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..config import SYNC_FLUSH, StoreConfig
-from ..errors import (FencedError, GroupNotFoundError, InvalidMessageError, PermissionDeniedError,
-                      QueueNotFoundError, ReadOnlyStoreError, StoreClosedError,
-                      StoreLockedError, StoreNotFoundError, TopicExistsError,
-                      TopicNotFoundError, UserError, InvalidConfigError)
+from ..errors import (FencedError, InvalidConfigError, InvalidMessageError, PermissionDeniedError,
+                      ReadOnlyStoreError, StoreClosedError, StoreNotFoundError,
+                      TopicNotFoundError)
+from . import adopt as _adopt
+from .append import Appender
 from . import format as fmt
-from . import segment as seg
+from . import publish as _publish
+from . import retention as _retention
+from . import topics as _topics
+from . import vacuum as _vacuum
+from .batch import MAX_BATCH_BODY_BYTES, PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401
 from .commitlog import CommitLog, SegmentRef
-from .consumequeue import (Chunk, MemoryConsumeQueue, chunks_to_side_table, consumequeue_add,
-                           read_side_by_time, read_side_entries,
-                           write_side_table, compact_side_tables)
+from .consumequeue import live_entries, live_time_entries
+from .dispatch import Dispatcher
 from .fs import StoreFS
-from .index import MemoryIndex, index_add, index_entries, read_index
-from .message import Message, group_hashes, messages_to_batch, now_ms, store_tag
-from .names import validate_group, validate_topic
+from .index import live_index_hits
+from .lease import WriterLease, register_live, unregister_live
+from .message import Message, now_ms
 from .reader import MessageReader, Snapshot
-from .services import CallbackService, GroupCommitService
-from .status import PutMessageStatus
+from .recovery import recover
+from .retention import RetentionCache
+from .services import StoreServices
+from .status import AppendResult, BatchAppendResult, CommitResult, PutMessageStatus  # noqa: F401
+from .topics import group_delete_actions  # noqa: F401  (re-exported)
 from .txlog import LogState, TransactionLog, check_writer_version
 
 log = logging.getLogger("sparkmq.store")
-
-PERM_READ = 4
-PERM_WRITE = 2
-PERM_RW = 6
-MAX_BATCH_BODY_BYTES = 256 << 20
-
-_LIVE_TOKENS: "weakref.WeakValueDictionary[str, Store]" = weakref.WeakValueDictionary()
-
-
-@dataclass
-class AppendResult:
-    """The outcome of appending one message."""
-
-    status: PutMessageStatus
-    message_id: str
-    topic: str
-    queue_id: int
-    queue_offset: int
-    physical_offset: int
-
-    @property
-    def ok(self) -> bool:
-        return self.status is PutMessageStatus.PUT_OK
-
-
-@dataclass
-class BatchAppendResult:
-    """The outcome of a columnar append: per-row offsets as arrays."""
-
-    status: PutMessageStatus
-    batch_offset: int
-    queue_offsets: np.ndarray
-    queue_ids: np.ndarray
-    num_rows: int
-
-
-@dataclass
-class CommitResult:
-    """The outcome of adopting staged segment files."""
-
-    version: int
-    num_messages: int
-    skipped: bool = False    # the (app id, version) was already committed
 
 
 class Store(MessageReader):
@@ -129,30 +95,74 @@ class Store(MessageReader):
                                     log_retention_ms=config.log_retention_ms)
         self.state: LogState = LogState()
         self.commitlog = CommitLog(sfs, segment_size_bytes=config.segment_size_bytes)
-        self.cq = MemoryConsumeQueue(config.memory_consume_queue_entries)
-        self.index = MemoryIndex()
+        self.dispatcher = Dispatcher(lambda: self.state.topics,
+                                     config.memory_consume_queue_entries)
         self._append_lock = threading.RLock()
         self._commit_lock = threading.RLock()
-        self._next_offsets: dict[tuple[int, int], int] = {}
-        self._visible_next: dict[tuple[int, int], int] = {}
-        self._round_robin: dict[str, int] = {}
-        self._last_store_ts = 0
-        self._listeners: list[Callable[[str, int, int], None]] = []
-        self._services: list = []
-        self._group_commit: GroupCommitService | None = None
+        self.appender = Appender(self)
+        self.services = StoreServices()
         # removed files this writer already deleted (while their tombstones last)
-        self._deleted_files: set[tuple[str, int]] = set()
+        self.deleted_files: set[tuple[str, int]] = set()
         self._closed = False
-        self._fenced = False       # a newer writer took the lease: refuse all writes
-        # every batch below this physical offset has its ConsumeQueue/Index entries;
-        # publish never commits segment bytes past it (a crash would skip their dispatch)
-        self._dispatched_offset = 0
-        self.token = uuid.uuid4().hex[:12]
-        self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.token}"
-        self.epoch = 0
+        self.lease = WriterLease(self.url, self.clock_ms, config.lease_timeout_ms)
         self.recovered_from_crash = False
-        self.lease_endpoint: str | None = None   # admin URL of a broker holding the lease
         self.replica = False       # a replica's copy (sparkmq.ha): see open()
+        self.retention_cache = RetentionCache()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def owner(self) -> str:
+        """This writer's lease owner (``host:pid:token``)."""
+        return self.lease.owner
+
+    @property
+    def token(self) -> str:
+        return self.lease.token
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of this writer's lease (0 before it is taken)."""
+        return self.lease.epoch
+
+    @property
+    def lease_endpoint(self) -> str | None:
+        return self.lease.endpoint
+
+    @property
+    def append_lock(self) -> threading.RLock:
+        """Serializes appends to the CommitLog (and their dispatch)."""
+        return self._append_lock
+
+    @property
+    def commit_lock(self) -> threading.RLock:
+        """Serializes this writer's transaction-log commits."""
+        return self._commit_lock
+
+    def commit_actions(self, build: Callable[[LogState], list | None], operation: str,
+                       parameters: dict | None = None) -> LogState:
+        """Commit the actions ``build(state)`` returns as this (fenced) writer, in one
+        log version; returns the new state (replication's REPLICATE META, TRUNCATE)."""
+        return self._commit(build, operation, parameters)
+
+    def request_flush(self, offset: int) -> None:
+        """SYNC_FLUSH: ask the group-commit service to fsync up to ``offset``, without
+        waiting (ASYNC_FLUSH: nothing, the flush service runs on its interval)."""
+        gc = self.services.group_commit
+        if gc is not None:
+            gc.wait_for(offset, 0)
+
+    @property
+    def cq(self):
+        """The in-memory ConsumeQueue (owned by the dispatcher)."""
+        return self.dispatcher.cq
+
+    @property
+    def index(self):
+        """The in-memory Index (owned by the dispatcher)."""
+        return self.dispatcher.index
 
     # ------------------------------------------------------------------ open
     @classmethod
@@ -187,13 +197,13 @@ class Store(MessageReader):
             check_writer_version(store.state, url)   # before anything is written
             try:
                 store._acquire_lease()
-                store._recover()
+                recover(store)
             except BaseException:
                 store.commitlog.close()
                 raise
             if start_services:
                 store._start_services()
-            _LIVE_TOKENS[store.token] = store
+            register_live(store.token, store)
         return store
 
     def _create(self) -> None:
@@ -210,218 +220,64 @@ class Store(MessageReader):
                 raise
 
     # ------------------------------------------------------------------ lease
-    def _lease_is_live(self, lease: dict | None) -> bool:
-        if not lease or lease.get("released"):
-            return False
-        if lease.get("owner") == self.owner:
-            return False
-        if self.clock_ms() > int(lease.get("expiresTime", 0)):
-            return False
-        host, _, rest = lease.get("owner", "").partition(":")
-        pid_s, _, token = rest.partition(":")
-        if host == socket.gethostname() and pid_s.isdigit():
-            pid = int(pid_s)
-            if pid == os.getpid():
-                return token in _LIVE_TOKENS
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return False
-            except PermissionError:
-                return True
-        return True
-
     def _acquire_lease(self) -> None:
+        crashed = False
+
         def build(state: LogState):
-            lease = state.lease
-            if self._lease_is_live(lease):
-                raise StoreLockedError(
-                    f"store {self.url} is held by writer {lease['owner']} (epoch "
-                    f"{lease['epoch']}) until {lease.get('expiresTime')}; stop it or open "
-                    "the store with mode='r'")
-            self.epoch = int((lease or {}).get("epoch", 0)) + 1
-            self.recovered_from_crash = bool(lease) and not lease.get("released")
-            now = self.clock_ms()
-            return [{"lease": {"owner": self.owner, "epoch": self.epoch, "acquiredTime": now,
-                               "expiresTime": now + self.config.lease_timeout_ms,
-                               "released": False}}]
+            nonlocal crashed
+            actions, crashed = self.lease.acquire(state)
+            return actions
         self.state = self.txlog.commit(build, operation="ACQUIRE LEASE", state=self.state,
                                        retries=self.config.commit_retries)
+        self.recovered_from_crash = crashed
         log.info("store %s: writer lease taken, epoch %d", self.url, self.epoch)
-
-    def _check_fence(self, state: LogState) -> None:
-        lease = state.lease or {}
-        if lease.get("owner") != self.owner or int(lease.get("epoch", -1)) != self.epoch:
-            raise FencedError(
-                f"store {self.url}: writer lease now belongs to {lease.get('owner')} epoch "
-                f"{lease.get('epoch')}; this writer (epoch {self.epoch}) must stop")
 
     def raise_epoch(self, above: int) -> int:
         """Re-take this store's writer lease with an epoch greater than ``above``
         and than its own (promotion of a replica, ``sparkmq.ha``). Returns it."""
-        self._require_writable()
+        self.require_writable()
         with self._commit_lock:
             new_epoch = max(self.epoch, int(above)) + 1
 
             def build(state: LogState):
-                self._check_fence(state)
-                lease = dict(state.lease or {})
-                lease.update(owner=self.owner, epoch=new_epoch, released=False,
-                             expiresTime=self.clock_ms() + self.config.lease_timeout_ms)
-                return [{"lease": lease}]
+                self.lease.check(state)
+                return self.lease.promotion(state, new_epoch)
             self.state = self.txlog.commit(build, operation="PROMOTE",
                                            parameters={"epoch": new_epoch}, state=self.state,
                                            retries=self.config.commit_retries)
-            self.epoch = new_epoch
+            self.lease.epoch = new_epoch
         log.warning("store %s: writer lease re-taken with epoch %d", self.url, new_epoch)
         return new_epoch
 
     def fence(self, reason: str) -> None:
         """Refuse every write from now on (a newer master exists elsewhere, ``sparkmq.ha``)."""
         log.error("store %s: fenced: %s", self.url, reason)
-        self._fenced = True
+        self.lease.fence()
 
     # ------------------------------------------------------------------ recovery
-    def _recover(self) -> None:
-        sfs = self.sfs
-        crashed = sfs.exists(fmt.abort_file()) or self.recovered_from_crash
-        self.recovered_from_crash = crashed
-        if crashed:
-            log.warning("store %s: abort marker found, recovering from a crash", self.url)
-        refs = [SegmentRef(a["path"], int(a["baseOffset"]), int(a["size"]), bool(a.get("sealed")))
-                for a in self.state.segments.values()]
-        self.commitlog.load(refs)
-        self._reset_offsets()
-        refs.sort(key=lambda r: r.base_offset)
-        # segment files written after the last publish (rolled), named by base offset
-        known = {r.path for r in refs}
-        end = self.state.address_end()
-        extra = []
-        for name in sfs.list_names(fmt.COMMITLOG_DIR):
-            base = fmt.parse_segment_file(name)
-            rel = f"{fmt.COMMITLOG_DIR}/{name}"
-            if base is not None and rel not in known and base >= end:
-                extra.append((base, rel))
-            elif base is not None and rel not in known and base < self.state.min_physical_offset() \
-                    and rel not in self.state.tombstones:
-                # removed by retention so long ago that checkpoints dropped the tombstone,
-                # and no writer deleted the file (files with a tombstone wait for its delay)
-                log.info("deleting segment file %s: below the retention floor", rel)
-                sfs.delete(rel)
-        extra.sort()
-        tail: list[SegmentRef] = []
-        if refs and not refs[-1].sealed:
-            tail.append(refs[-1])
-        for base, rel in extra:
-            if tail and base != tail[-1].base_offset + sfs.size(tail[-1].path):
-                log.warning("ignoring segment file %s: not contiguous with the CommitLog", rel)
-                continue
-            ref = SegmentRef(rel, base, seg.HEADER_SIZE, False)
-            self.commitlog.add_segment(ref)
-            tail.append(ref)
-        redispatched = 0
-        for i, ref in enumerate(tail):
-            buf = sfs.read_buffer(ref.path)
-            start = max(seg.HEADER_SIZE, ref.size)
-            result = seg.scan(buf, start, validate=crashed)
-            if result.valid_end == 0:
-                log.warning("segment %s has no valid header; truncating it to empty", ref.path)
-                sfs.truncate(ref.path, 0)
-                sfs.write(ref.path, seg.SCHEMA_BYTES)
-                valid_end = seg.HEADER_SIZE
-            else:
-                valid_end = result.valid_end + (8 if result.sealed else 0)
-            if len(buf) > valid_end:
-                log.warning("segment %s: cutting torn tail at byte %d (file had %d bytes)",
-                            ref.path, valid_end, len(buf))
-                del buf
-                sfs.truncate(ref.path, valid_end)
-                buf = sfs.read_buffer(ref.path)
-            for pos in result.positions:
-                batch = seg.read_batch_at(buf, pos)
-                self._dispatch(batch, ref.base_offset + pos)
-                redispatched += batch.num_rows
-            ref.size = valid_end
-            ref.sealed = result.sealed
-            self.commitlog.load(self.commitlog.segments())
-        # continue appending to the last unsealed segment, if it is the newest
-        segs = self.commitlog.segments()
-        if segs and not segs[-1].sealed and fmt.parse_segment_file(segs[-1].path) is not None:
-            if crashed and not self.replica:
-                self._seal_foreign_tail(segs[-1])
-            else:
-                self.commitlog.open_active(segs[-1])
-        for s in segs[:-1]:
-            s.sealed = True  # frozen: something was placed after it
-        self.commitlog.flushed_offset = self.commitlog.written_offset
-        self._dispatched_offset = self.commitlog.written_offset
-        for key, nxt in self._next_offsets.items():
-            self._visible_next[key] = nxt
-        if redispatched:
-            log.info("store %s: re-dispatched %d messages from the CommitLog tail",
-                     self.url, redispatched)
-        sfs.write(fmt.abort_file(), self.owner.encode())
-        self.publish(force=True)
-        self.delete_removed_files()   # left by a previous writer that stopped too early
-
-    def _seal_foreign_tail(self, ref: SegmentRef) -> None:
-        """After an unclean stop the previous writer may still be alive (its lease
-        expired while it was paused): never append to its file. Seal it with an
-        end-of-stream marker, so bytes it writes late land past the sealed end and
-        are never read; the next append rolls to a new segment."""
-        w = seg.SegmentWriter(self.sfs, ref.path, ref.base_offset, create=False)
-        try:
-            w.append(seg.EOS)
-            w.flush(sync=True)
-            size = w.size
-        finally:
-            w.close()
-        ref.size = size
-        ref.sealed = True
-        self.commitlog.load(self.commitlog.segments())
-
-    def _reset_offsets(self) -> None:
-        self._next_offsets = dict(self.state.queue_max_offsets())
-        self._visible_next = dict(self._next_offsets)
-
     # ------------------------------------------------------------------ services
     def _start_services(self) -> None:
         c = self.config
-        if c.flush_disk_type == SYNC_FLUSH:
-            self._group_commit = GroupCommitService(lambda: self.commitlog.flush(sync=True))
-            self._group_commit.start()
-        else:
-            flush = CallbackService("flush", c.flush_interval_ms,
-                                    lambda: self.commitlog.flush(sync=True))
-            flush.start()
-            self._services.append(flush)
-        pub = CallbackService("publish", c.publish_interval_ms, self.publish)
-        pub.start()
-        self._services.append(pub)
-        self._publisher = pub
-        ret = CallbackService("retention", c.retention_check_interval_ms, self.run_retention)
-        ret.start()
-        self._services.append(ret)
+        self.services.start(
+            sync_flush=c.flush_disk_type == SYNC_FLUSH,
+            flush=lambda: self.commitlog.flush(sync=True), flush_interval_ms=c.flush_interval_ms,
+            publish=self.publish, publish_interval_ms=c.publish_interval_ms,
+            retention=self.run_retention, retention_interval_ms=c.retention_check_interval_ms)
 
     def _stop_services(self) -> None:
-        for s in self._services:
-            s.stop()
-        self._services.clear()
-        if self._group_commit is not None:
-            self._group_commit.stop()
-            self._group_commit = None
+        self.services.stop()
 
     # ------------------------------------------------------------------ topics
-    def _require_writable(self) -> None:
+    def require_writable(self) -> None:
         if self._closed:
             raise StoreClosedError(f"store {self.url} is closed")
         if not self.writable:
             raise ReadOnlyStoreError(f"store {self.url} was opened with mode='r'")
-        if self._fenced:
+        if self.lease.fenced:
             raise FencedError(f"store {self.url}: a newer writer took the lease from this one "
                               f"(epoch {self.epoch}); open the store again to write")
 
-    def _require_not_replica(self) -> None:
+    def require_not_replica(self) -> None:
         if self.replica:
             raise ReadOnlyStoreError(f"store {self.url} is a replica's copy: its messages and "
                                      "topics come from its master; write to the master")
@@ -430,103 +286,12 @@ class Store(MessageReader):
                 parameters: dict | None = None) -> LogState:
         with self._commit_lock:
             def fenced_build(state):
-                try:
-                    self._check_fence(state)
-                except FencedError:
-                    self._fenced = True
-                    raise
+                self.lease.check(state)
                 return build(state)
             self.state = self.txlog.commit(fenced_build, operation=operation,
                                            parameters=parameters, state=self.state,
                                            retries=self.config.commit_retries)
             return self.state
-
-    def create_topic(self, name: str, *, read_queue_nums: int | None = None,
-                     write_queue_nums: int | None = None, perm: int = PERM_RW,
-                     attributes: dict | None = None, system: bool = False,
-                     exist_ok: bool = False, retention_ms: int | None = None,
-                     retention_bytes: int | None = None) -> dict:
-        """Create a topic (committed at once). Returns its config.
-
-        ``retention_ms`` / ``retention_bytes`` (per queue, message bodies) give the
-        topic its own retention on top of the broker default (log/retention.py)."""
-        self._require_writable()
-        self._require_not_replica()
-        validate_topic(name, system=system)
-        n = self.config.default_topic_queue_nums
-        rq = n if read_queue_nums is None else read_queue_nums
-        wq = n if write_queue_nums is None else write_queue_nums
-        _check_queue_nums(rq, wq, perm)
-        retention = _retention_fields({}, retention_ms, retention_bytes)
-        created: dict = {}
-
-        def build(state: LogState):
-            if name in state.topics:
-                if exist_ok:
-                    created.update(state.topics[name])
-                    return None
-                raise TopicExistsError(f"topic {name!r} already exists")
-            t = {"name": name, "id": state.next_topic_id(), "readQueueNums": rq,
-                 "writeQueueNums": wq, "perm": perm, "createdTime": self.clock_ms(),
-                 "attributes": dict(attributes or {}), "deleted": False, **retention}
-            created.clear()
-            created.update(t)
-            return [{"topic": t}]
-        self._commit(build, "CREATE TOPIC", {"topic": name})
-        return dict(created)
-
-    def update_topic(self, name: str, *, read_queue_nums: int | None = None,
-                     write_queue_nums: int | None = None, perm: int | None = None,
-                     attributes: dict | None = None, retention_ms: int | None = None,
-                     retention_bytes: int | None = None) -> dict:
-        """Change a topic's queue counts, permission, attributes or retention
-        (``retention_ms`` / ``retention_bytes``: None keeps, 0 goes back to the
-        broker default)."""
-        self._require_writable()
-        self._require_not_replica()
-        _retention_fields({}, retention_ms, retention_bytes)   # validates before the commit
-        updated: dict = {}
-
-        def build(state: LogState):
-            t = state.topics.get(name)
-            if t is None:
-                raise TopicNotFoundError(f"topic {name!r} does not exist")
-            t = dict(t)
-            if read_queue_nums is not None:
-                t["readQueueNums"] = read_queue_nums
-            if write_queue_nums is not None:
-                t["writeQueueNums"] = write_queue_nums
-            if perm is not None:
-                t["perm"] = perm
-            if attributes is not None:
-                t["attributes"] = dict(attributes)
-            t = _retention_fields(t, retention_ms, retention_bytes)
-            _check_queue_nums(t["readQueueNums"], t["writeQueueNums"], t["perm"])
-            updated.clear()
-            updated.update(t)
-            return [{"topic": t}]
-        self._commit(build, "UPDATE TOPIC", {"topic": name})
-        return dict(updated)
-
-    def delete_topic(self, name: str) -> None:
-        """Delete a topic: its messages stay in segments until retention, unreadable."""
-        self._require_writable()
-        self.publish(force=True)   # persist its entries under the old id first
-        tid = None
-
-        def build(state: LogState):
-            nonlocal tid
-            t = state.topics.get(name)
-            if t is None:
-                raise TopicNotFoundError(f"topic {name!r} does not exist")
-            tid = t["id"]
-            return [{"topic": {**t, "deleted": True}}]
-        self._commit(build, "DELETE TOPIC", {"topic": name})
-        with self._append_lock:
-            for key in [k for k in self._next_offsets if k[0] == tid]:
-                self._next_offsets.pop(key, None)
-                self._visible_next.pop(key, None)
-            self.cq.drop_queue(tid)
 
     def topics(self) -> dict[str, dict]:
         return dict(self.state.topics)
@@ -555,245 +320,14 @@ class Store(MessageReader):
 
     # ------------------------------------------------------------------ append
     def append(self, messages: Iterable[Message] | Message) -> list[AppendResult]:
-        """Append messages; one result per message, in order.
-
-        All messages of one call are one record batch (split only past 256 MiB
-        of bodies). Returns when the batch is written (ASYNC_FLUSH) or fsynced
-        (SYNC_FLUSH; status FLUSH_DISK_TIMEOUT if the fsync took longer than
-        ``sync_flush_timeout_ms`` — the messages are still stored).
-        """
-        self._require_writable()
-        if isinstance(messages, Message):
-            messages = [messages]
-        msgs = list(messages)
-        if not msgs:
-            return []
-        for m in msgs:
-            if not isinstance(m, Message):
-                raise InvalidMessageError(
-                    f"append takes sparkmq.Message objects, got {type(m).__name__}")
-        results: list[AppendResult] = []
-        for group in _split_by_size(msgs):
-            results.extend(self._append_group(group))
-        return results
-
-    def _append_group(self, msgs: list[Message]) -> list[AppendResult]:
-        qids = []
-        confs: dict[str, dict] = {}
-        for m in msgs:
-            conf = confs.get(m.topic) if isinstance(m.topic, str) else None
-            if conf is None:
-                conf = confs[m.topic] = self._writable_topic(m.topic)
-            qids.append(self._choose_queue(conf, m))
-        with self._append_lock:
-            ts = self._store_ts()
-            batch = messages_to_batch(msgs, queue_ids=qids, store_timestamp_ms=ts,
-                                      store_host=self.config.store_host,
-                                      max_message_size_bytes=self.config.max_message_size_bytes)
-            batch_offset, qos, updates = self._append_locked(batch)
-        status = self._await_flush(batch_offset)
-        self._after_visible(updates)
-        # message id = encode_message_id(tag, batch_offset, row): the prefix is shared
-        prefix = f"{store_tag(self.state.store_id):08X}{batch_offset:016X}"
-        return [AppendResult(status, f"{prefix}{i:08X}", m.topic, q, qo, batch_offset + i)
-                for i, (m, q, qo) in enumerate(zip(msgs, qids, qos.tolist()))]
+        """Append messages; one result per message, in order (see :meth:`Appender.append`)."""
+        return self.appender.append(messages)
 
     def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
-        """Columnar append: rows with at least ``topic`` and ``body`` (other
-        segment columns optional; a row's ``queue_id`` is kept, range-checked,
-        and where the column is missing or null it is ``crc32(message_group) %
-        queues`` for a row with a message group, else chosen round robin).
-        Everything is one record batch; per-row offsets come back as arrays. The fast path for bulk producers and benchmarks: a
-        ``RecordBatch`` whose schema already equals ``SEGMENT_SCHEMA`` (field
-        metadata aside) is validated without casting or copying any column."""
-        self._require_writable()
-        info = None
-        if isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
-            batch, info = self._check_segment_batch(data)
-        else:
-            table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-            batch = self._normalize_batch(table)
-        with self._append_lock:
-            ts = self._store_ts()
-            n = batch.num_rows
-            ts_ms = np.full(n, ts, np.int64)
-            batch = batch.set_column(_STORE_TS_COLUMN, _STORE_TS_FIELD, pa.Array.from_buffers(
-                fmt.TS, n, [None, pa.py_buffer(ts_ms)]))
-            batch_offset, qos, updates = self._append_locked(batch, info, ts_ms)
-        status = self._await_flush(batch_offset)
-        self._after_visible(updates)
-        qids = info.queue_ids if info is not None else batch.column("queue_id").to_numpy()
-        return BatchAppendResult(status, batch_offset, qos, qids, n)
+        """Columnar append, one record batch (see :meth:`Appender.append_batch`)."""
+        return self.appender.append_batch(data)
 
-    def _check_segment_batch(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, "_RowInfo"]:
-        """Validate a batch already in SEGMENT_SCHEMA (no cast, no copy): the same
-        checks as :meth:`_normalize_batch`. Returns the batch (with queue ids
-        chosen if the column had nulls) and what dispatch can reuse."""
-        n = batch.num_rows
-        if n == 0:
-            raise InvalidMessageError("append_batch got no rows")
-        if batch.schema.metadata != fmt.SEGMENT_SCHEMA.metadata:   # zero copy: same arrays
-            batch = pa.RecordBatch.from_arrays(batch.columns, schema=fmt.SEGMENT_SCHEMA)
-        topics = batch.column(0)
-        if topics.null_count:
-            raise InvalidMessageError("topic column has nulls")
-        body = batch.column(2)
-        if body.null_count:
-            raise InvalidMessageError("body column has nulls; every message needs a body")
-        sizes = _binary_lengths(body)
-        maxlen = int(sizes.max())
-        if maxlen > self.config.max_message_size_bytes:
-            raise InvalidMessageError(
-                f"a body of {maxlen} bytes exceeds maxMessageSize "
-                f"({self.config.max_message_size_bytes} bytes)")
-        if n == 1:
-            names, idx = [topics[0].as_py()], None
-        else:
-            names, idx = pc.unique(topics).to_pylist(), None     # (cheaper than encoding)
-            if len(names) > 1:
-                enc = pc.dictionary_encode(topics)
-                names = enc.dictionary.to_pylist()
-                idx = enc.indices.to_numpy()
-        confs = [self._writable_topic(t) for t in names]
-        qcol = batch.column(1)
-        if qcol.null_count == 0:
-            qids = qcol.to_numpy()
-            for i, conf in enumerate(confs):
-                q = qids if idx is None else qids[idx == i]
-                lo, hi = (int(q[0]), int(q[0])) if n == 1 else (int(q.min()), int(q.max()))
-                if lo < 0 or hi >= conf["writeQueueNums"]:
-                    raise QueueNotFoundError(
-                        f"queue_id out of range for topic {names[i]!r} "
-                        f"(0..{conf['writeQueueNums'] - 1})")
-        else:
-            qids = self._fill_queue_ids(qcol, names, idx, confs, n,
-                                        batch.column(_MESSAGE_GROUP_COLUMN))
-            batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
-        return batch, _RowInfo(names, idx, qids, sizes)
-
-    def _fill_queue_ids(self, qcol: pa.Array | None, names: list[str], idx: np.ndarray | None,
-                        confs: list[dict], n: int,
-                        groups: pa.Array | None = None) -> np.ndarray:
-        """Queue ids for ``n`` rows (``idx``: row -> topic, None when one topic).
-
-        A row whose ``qcol`` value is set keeps it (range-checked against its
-        topic's ``writeQueueNums``: ``QueueNotFoundError``); a null row with a
-        ``groups`` value (message group, the sharding key) goes to
-        ``crc32(group) % writeQueueNums`` as in :meth:`append`, so a group keeps
-        its order; the other null rows (all rows when ``qcol`` is None) are
-        chosen round robin per topic, continuing where the previous append left off."""
-        if qcol is None or qcol.null_count == len(qcol):
-            given = np.zeros(n, bool)
-            qarr = np.zeros(n, np.int64)
-        else:
-            given = np.asarray(pc.is_valid(qcol).to_numpy(zero_copy_only=False))
-            qarr = np.array(qcol.cast(pa.int64()).fill_null(0).to_numpy(), np.int64)
-        ghash = None
-        if groups is not None and groups.null_count < len(groups):
-            ghash = group_hashes(groups)
-        for i, (t, conf) in enumerate(zip(names, confs)):
-            nq = conf["writeQueueNums"]
-            mine = np.ones(n, bool) if idx is None else idx == i
-            bad = mine & given & ((qarr < 0) | (qarr >= nq))
-            if bad.any():
-                raise QueueNotFoundError(
-                    f"queue_id {int(qarr[bad][0])} is out of range for topic {t!r} "
-                    f"(0..{nq - 1})")
-            free = mine & ~given
-            if ghash is not None:
-                grouped = free & (ghash >= 0)
-                qarr[grouped] = ghash[grouped] % nq
-                free &= ~grouped
-            rows = np.flatnonzero(free)
-            if len(rows):
-                start = self._round_robin.get(t, 0)
-                qarr[rows] = (start + np.arange(len(rows))) % nq
-                self._round_robin[t] = (start + len(rows)) % nq
-        return qarr.astype(np.int32, copy=False)
-
-    def _normalize_batch(self, table: pa.Table) -> pa.RecordBatch:
-        names = table.schema.names
-        for need in ("topic", "body"):
-            if need not in names:
-                raise InvalidMessageError(f"append_batch needs a {need!r} column; got {names}")
-        n = table.num_rows
-        if n == 0:
-            raise InvalidMessageError("append_batch got no rows")
-        table = table.combine_chunks()   # now one chunk per column: _col is zero copy
-        topics = _col(table, "topic")
-        if topics.null_count:
-            raise InvalidMessageError("topic column has nulls")
-        body = _col(table, "body")
-        if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
-            body = body.cast(pa.binary())
-        if body.null_count:
-            raise InvalidMessageError("body column has nulls; every message needs a body")
-        maxlen = pc.max(pc.binary_length(body)).as_py() or 0
-        if maxlen > self.config.max_message_size_bytes:
-            raise InvalidMessageError(
-                f"a body of {maxlen} bytes exceeds maxMessageSize "
-                f"({self.config.max_message_size_bytes} bytes)")
-        uniq = pc.unique(topics).to_pylist()
-        confs = {t: self._writable_topic(t) for t in uniq}
-        if "queue_id" in names and table.column("queue_id").null_count == 0:
-            qids = _col(table, "queue_id").cast(pa.int32())
-            for t, conf in confs.items():
-                if len(confs) == 1:   # every row has this topic: min/max decide
-                    lo_hi = pc.min_max(qids)
-                    bad = lo_hi["min"].as_py() < 0 or \
-                        lo_hi["max"].as_py() >= conf["writeQueueNums"]
-                else:
-                    mask = pc.equal(topics, t)
-                    bad = pc.any(pc.and_(mask, pc.or_(pc.less(qids, 0), pc.greater_equal(
-                        qids, conf["writeQueueNums"])))).as_py()
-                if bad:
-                    raise QueueNotFoundError(
-                        f"queue_id out of range for topic {t!r} (0..{conf['writeQueueNums'] - 1})")
-        else:   # no queue_id column, or one with nulls: the null rows go round robin
-            enc = pc.dictionary_encode(topics)
-            names_ = enc.dictionary.to_pylist()
-            idx = enc.indices.to_numpy() if len(names_) > 1 else None
-            given = _col(table, "queue_id") if "queue_id" in names else None
-            if given is not None and not pa.types.is_integer(given.type) \
-                    and given.null_count < n:
-                raise InvalidMessageError(
-                    f"column 'queue_id' has type {given.type}, expected an integer type")
-            groups = None
-            if "message_group" in names:
-                groups = _col(table, "message_group")
-                if not (pa.types.is_string(groups.type) or pa.types.is_large_string(groups.type)
-                        or pa.types.is_null(groups.type)):
-                    raise InvalidMessageError(
-                        f"column 'message_group' has type {groups.type}, expected string")
-                groups = None if pa.types.is_null(groups.type) else groups
-            qids = pa.array(self._fill_queue_ids(
-                given, names_, idx, [confs[t] for t in names_], n, groups), pa.int32())
-        cols = {"topic": topics.cast(pa.string()), "queue_id": qids, "body": body}
-        now = self.clock_ms()
-        for f in fmt.SEGMENT_SCHEMA:
-            if f.name in cols:
-                continue
-            if f.name in names:
-                try:
-                    cols[f.name] = _col(table, f.name).cast(f.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                    raise InvalidMessageError(
-                        f"column {f.name!r} has type {table.column(f.name).type}, expected "
-                        f"{f.type}: {exc}") from None
-            elif f.name == "born_timestamp":
-                cols[f.name] = pa.array(np.full(n, now, np.int64)).cast(fmt.TS)
-            elif f.name in ("reconsume_times",):
-                cols[f.name] = pa.array(np.zeros(n, np.int32))
-            elif f.name == "message_type":
-                cols[f.name] = pa.array(np.zeros(n, np.int8))
-            elif f.name == "store_host":
-                cols[f.name] = pa.array([self.config.store_host] * n, pa.string())
-            else:
-                cols[f.name] = pa.nulls(n, f.type)
-        return pa.RecordBatch.from_arrays([cols[f.name] for f in fmt.SEGMENT_SCHEMA],
-                                          schema=fmt.SEGMENT_SCHEMA)
-
-    def _writable_topic(self, topic: str) -> dict:
+    def writable_topic(self, topic: str) -> dict:
         conf = self.state.topics.get(topic)
         if conf is None:
             if not isinstance(topic, str):
@@ -808,152 +342,13 @@ class Store(MessageReader):
             raise PermissionDeniedError(f"topic {topic!r} is not writable (perm {conf['perm']})")
         return conf
 
-    def _choose_queue(self, conf: dict, m: Message) -> int:
-        n = conf["writeQueueNums"]
-        if m.queue_id is not None:
-            if not isinstance(m.queue_id, int) or not 0 <= m.queue_id < n:
-                raise QueueNotFoundError(
-                    f"queue_id {m.queue_id!r} is out of range for topic {conf['name']!r} "
-                    f"(0..{n - 1})")
-            return m.queue_id
-        if m.message_group:
-            return zlib.crc32(m.message_group.encode()) % n
-        i = self._round_robin.get(conf["name"], 0)
-        self._round_robin[conf["name"]] = (i + 1) % n
-        return i
-
-    def _store_ts(self) -> int:
-        ts = max(self.clock_ms(), self._last_store_ts)
-        self._last_store_ts = ts
-        return ts
-
-    def _append_locked(self, batch: pa.RecordBatch, info: "_RowInfo | None" = None,
-                       store_ts_ms: np.ndarray | None = None) -> tuple[int, np.ndarray, list]:
-        if self._closed:
-            raise StoreClosedError(f"store {self.url} is closed")
-        self._require_not_replica()
-        rolls = self.commitlog.segments_created
-        batch_offset = self.commitlog.append(batch)
-        qos, updates = self._dispatch(batch, batch_offset, info, store_ts_ms)
-        self._dispatched_offset = self.commitlog.written_offset
-        if rolls != self.commitlog.segments_created:
-            publisher = getattr(self, "_publisher", None)
-            if publisher is not None:
-                publisher.wakeup()   # publish at segment roll, not only on the interval
-        return batch_offset, qos, updates
-
-    def _await_flush(self, batch_offset: int) -> PutMessageStatus:
-        gc = self._group_commit
-        if gc is None:
-            if self.config.flush_disk_type == SYNC_FLUSH:   # services not started
-                self.commitlog.flush(sync=True)
-            return PutMessageStatus.PUT_OK
-        ok = gc.wait_for(self.commitlog.written_offset, self.config.sync_flush_timeout_ms)
-        return PutMessageStatus.PUT_OK if ok else PutMessageStatus.FLUSH_DISK_TIMEOUT
-
-    def _after_visible(self, updates: list[tuple[str, int, int, int]]) -> None:
-        """Advance the visible max offsets and tell the arrival listeners.
-
-        ``updates``: (topic, topic_id, queue_id, next queue offset) per queue a
-        dispatched batch touched (what :meth:`_dispatch` returns)."""
-        for t, tid, q, nxt in updates:
-            key = (tid, q)
-            if nxt > self._visible_next.get(key, 0):
-                self._visible_next[key] = nxt
-            for fn in list(self._listeners):
-                try:
-                    fn(t, q, nxt)
-                except Exception:
-                    log.exception("arrival listener failed")
-
     def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
         """Call ``fn(topic, queue_id, max_offset)`` when messages become readable
         (long polling wakes on this). ``fn`` must be quick and not block."""
-        self._listeners.append(fn)
+        self.dispatcher.add_listener(fn)
 
     def remove_listener(self, fn) -> None:
-        try:
-            self._listeners.remove(fn)
-        except ValueError:
-            pass
-
-    # ------------------------------------------------------------------ dispatch
-    def _dispatch(self, batch: pa.RecordBatch, batch_offset: int, info: "_RowInfo | None" = None,
-                  store_ts_ms: np.ndarray | None = None) -> tuple[np.ndarray, list]:
-        """Assign queue offsets to a batch's rows; add ConsumeQueue and Index entries.
-
-        ``info`` (what validation learned about the rows) and ``store_ts_ms``
-        (the store_timestamp column as int64 ms) are computed from the batch
-        when not given. Returns the queue offsets per row (-1 for rows of a
-        deleted topic) and the (topic, topic_id, queue_id, next offset) of each
-        queue touched, for :meth:`_after_visible`.
-
-        Called under the append lock (or during recovery/adoption, single-threaded).
-        """
-        n = batch.num_rows
-        if info is None:
-            info = _row_info(batch)
-        if store_ts_ms is None:   # a copy: chunks must not pin (memory-mapped) segment bytes
-            store_ts_ms = np.array(batch.column("store_timestamp").cast(pa.int64()).to_numpy(),
-                                   dtype=np.int64)
-        topics = self.state.topics
-        tids = np.asarray([topics[t]["id"] if t in topics else -1 for t in info.topic_names],
-                          dtype=np.int64)
-        qids = info.queue_ids
-        sizes = info.body_sizes
-        tags = batch.column("tags")
-        if tags.null_count == n:
-            tcodes = np.zeros(n, np.int64)
-        else:
-            tenc = pc.dictionary_encode(tags)
-            codes = np.asarray([fmt.tags_code(t) for t in tenc.dictionary.to_pylist()] + [0],
-                               dtype=np.int64)
-            ix = tenc.indices.fill_null(len(codes) - 1).to_numpy()
-            tcodes = codes[ix]
-        tnp = None        # topic id per row, built only when needed
-        if info.topic_index is None and (n == 1 or qids.min() == qids.max()):
-            groups = [(int(tids[0]), int(qids[0]), None)]     # one queue: every row
-        else:
-            tnp = tids[info.topic_index] if info.topic_index is not None else \
-                np.full(n, tids[0], np.int64)
-            key = (tnp << 32) | qids.astype(np.int64)
-            groups = [(k >> 32, k & 0xFFFFFFFF, np.flatnonzero(key == k))
-                      for k in np.unique(key).tolist()]
-        name_of = dict(zip(tids.tolist(), info.topic_names))
-        qos = None
-        updates = []
-        for tid, qid, rows in groups:
-            if tid < 0:
-                log.warning("batch at %d has messages for a deleted topic; not dispatched",
-                            batch_offset)
-                continue
-            count = n if rows is None else len(rows)
-            start = self._next_offsets.get((tid, qid), 0)
-            self._next_offsets[(tid, qid)] = start + count
-            if rows is None:
-                qos = np.arange(start, start + n, dtype=np.int64)
-                chunk = Chunk(start, batch_offset, np.arange(n, dtype=np.int32), sizes,
-                              tcodes, store_ts_ms)
-            else:
-                if qos is None:
-                    qos = np.full(n, -1, dtype=np.int64)
-                qos[rows] = np.arange(start, start + count)
-                chunk = Chunk(start, batch_offset, rows.astype(np.int32), sizes[rows],
-                              tcodes[rows], store_ts_ms[rows])
-            self.cq.add(tid, qid, chunk)
-            updates.append((name_of[tid], tid, qid, start + count))
-        if qos is None:
-            qos = np.full(n, -1, dtype=np.int64)
-        keys = batch.column("keys")
-        if keys.null_count != n:
-            if tnp is None:
-                tnp = tids[info.topic_index] if info.topic_index is not None else \
-                    np.full(n, tids[0], np.int64)
-            itable = index_entries(batch, tnp, qos, batch_offset)
-            if itable is not None:
-                keep = pc.greater_equal(itable.column("topic_id"), 0)
-                self.index.add(batch_offset, itable.filter(keep))
-        return qos, updates
+        self.dispatcher.remove_listener(fn)
 
     # ------------------------------------------------------------------ reading
     def _visible_offset(self) -> int:
@@ -974,45 +369,28 @@ class Store(MessageReader):
     def max_offset(self, topic: str, queue_id: int) -> int:
         tid = self._topic_id(topic)
         if self.writable:
-            return self._visible_next.get((tid, queue_id), 0)
+            return self.dispatcher.visible_next.get((tid, queue_id), 0)
         return self.state.queue_max_offsets().get((tid, queue_id), 0)
 
     def _entries(self, tid: int, qid: int, lo: int, hi: int,
                  columns: list[str] | None = None) -> pa.Table:
-        first = self.cq.first_offset(tid, qid)
-        if first is not None and first <= lo:
-            return _select_entries(self.cq.entries(tid, qid, lo, hi), columns)
-        persisted = read_side_entries(self.sfs, list(self.state.consumequeue_files.values()),
-                                      tid, qid, lo, hi if first is None else min(hi, first),
-                                      columns)
-        if first is None or hi <= first:
-            return persisted
-        recent = _select_entries(self.cq.entries(tid, qid, first, hi), columns)
-        return pa.concat_tables([persisted, recent], promote_options="permissive")
+        return live_entries(self.sfs, self.state, self.cq, tid, qid, lo, hi, columns)
+
+    def queue_entries(self, tid: int, qid: int, lo: int, hi: int,
+                      columns: list[str] | None = None) -> pa.Table:
+        """ConsumeQueue entries [lo, hi) of queue (tid, qid): persisted and in memory."""
+        return self._entries(tid, qid, lo, hi, columns)
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         return self.commitlog.read_batch(batch_offset)
 
     def _index_hits(self, tid: int, key: str) -> pa.Table:
-        persisted = read_index(self.sfs, list(self.state.index_files.values()), tid, key)
-        recent = self.index.lookup(tid, key, persisted=False)
-        return pa.concat_tables([persisted, recent], promote_options="permissive")
+        return live_index_hits(self.sfs, self.state, self.index, tid, key)
 
     def _time_entries(self, tid, qid, start_ms, end_ms) -> pa.Table:
-        persisted = read_side_by_time(self.sfs, list(self.state.consumequeue_files.values()),
-                                      tid, qid, start_ms, end_ms)
-        parts = [persisted.select(["queue_id", "queue_offset", "store_timestamp"])]
-        keys = [k for k in self._next_offsets if k[0] == tid and (qid is None or k[1] == qid)]
-        for t, q in keys:
-            for ch in self.cq.all_chunks(t, q):
-                sel = (ch.store_ts >= start_ms) & (ch.store_ts <= end_ms)
-                if sel.any():
-                    offs = np.arange(ch.start, ch.end)[sel]
-                    parts.append(pa.table({
-                        "queue_id": pa.array(np.full(len(offs), q, np.int32)),
-                        "queue_offset": pa.array(offs, pa.int64()),
-                        "store_timestamp": pa.array(ch.store_ts[sel], pa.int64()).cast(fmt.TS)}))
-        return pa.concat_tables(parts, promote_options="permissive")
+        keys = [k for k in self.dispatcher.queue_keys()
+                if k[0] == tid and (qid is None or k[1] == qid)]
+        return live_time_entries(self.sfs, self.state, self.cq, keys, tid, qid, start_ms, end_ms)
 
     def refresh(self) -> None:
         """Read-only stores: move to the newest committed version."""
@@ -1036,68 +414,6 @@ class Store(MessageReader):
         return Snapshot(self.url, state, sfs=self.sfs)
 
     # ------------------------------------------------------------------ consumer offsets
-    def commit_consumer_offsets(self, group: str, offsets: dict[tuple[str, int], int], *,
-                                client_id: str | None = None) -> None:
-        """Record a consumer group's offsets (next offset to consume) per (topic, queue)."""
-        self._require_writable()
-        validate_group(group)
-
-        def build(state: LogState):
-            actions = []
-            for (topic, qid), off in offsets.items():
-                t = state.topics.get(topic)
-                if t is None:
-                    raise TopicNotFoundError(f"topic {topic!r} does not exist")
-                actions.append({"consumerOffset": {"group": group, "topicId": t["id"],
-                                                   "queueId": int(qid), "offset": int(off),
-                                                   "clientId": client_id}})
-            return actions or None
-        self._commit(build, "COMMIT OFFSETS", {"group": group})
-
-    def create_group(self, group: str, *, retry_max_times: int | None = None,
-                     consume_broadcast_enable: bool = True, consume_enable: bool = True,
-                     ) -> dict:
-        """Create or replace a consumer group's subscription group config (mqadmin
-        updateSubGroup), committed at once as a ``subscriptionGroup`` action.
-        ``retry_max_times`` (None: the broker's ``maxReconsumeTimes``) bounds
-        redeliveries before the dead-letter queue; ``consume_enable=False`` makes the
-        broker refuse receives of the group, ``consume_broadcast_enable=False`` its
-        broadcasting consumers (RocketMQ's defaults: both allowed)."""
-        self._require_writable()
-        validate_group(group)
-        if retry_max_times is not None and (isinstance(retry_max_times, bool) or not
-                                            isinstance(retry_max_times, int) or
-                                            not 0 <= retry_max_times <= 10_000):
-            raise UserError(f"retry_max_times must be an integer in 0..10000, "
-                            f"got {retry_max_times!r}")
-        conf = {"groupName": group, "consumeEnable": bool(consume_enable),
-                "consumeBroadcastEnable": bool(consume_broadcast_enable),
-                "createdTime": self.clock_ms(), "deleted": False}
-        if retry_max_times is not None:
-            conf["retryMaxTimes"] = retry_max_times
-
-        def build(state: LogState):
-            prev = state.subscription_groups.get(group)
-            if prev is not None:
-                conf["createdTime"] = prev.get("createdTime", conf["createdTime"])
-            return [{"subscriptionGroup": conf}]
-        self._commit(build, "UPDATE GROUP", {"group": group})
-        return dict(conf)
-
-    def delete_group(self, group: str, *, remove_offsets: bool = True) -> None:
-        """Delete a group's config and (``remove_offsets``) its committed consumer
-        offsets, in one commit. A group known only by its offsets can be deleted
-        too; a group unknown in both ways is an error."""
-        self._require_writable()
-
-        def build(state: LogState):
-            if group not in state.subscription_groups and \
-                    not any(k[0] == group for k in state.consumer_offsets):
-                raise GroupNotFoundError(
-                    f"consumer group {group!r} has neither a config nor offsets in {self.url}")
-            return group_delete_actions(state, group, remove_offsets=remove_offsets)
-        self._commit(build, "DELETE GROUP", {"group": group})
-
     def subscription_groups(self) -> dict[str, dict]:
         """Consumer groups created with ``create_group``: name -> config."""
         return dict(self.state.subscription_groups)
@@ -1110,354 +426,110 @@ class Store(MessageReader):
                 if g == group and (cid or None) == client_id}
 
     # ------------------------------------------------------------------ publish
-    def publish(self, *, force: bool = False, extra_actions: Sequence[dict] = (),
-                operation: str = "PUBLISH", parameters: dict | None = None) -> LogState:
-        """Commit progress: flushed segment sizes, new side-table files, lease renewal."""
-        if not self.writable or self._closed and not force:
-            return self.state
-        with self._commit_lock:
-            # flushed and dispatched: an append writes its bytes before it dispatches, and
-            # the flush service may flush them in between
-            upto = min(self._dispatched_offset, self.commitlog.flushed_offset)
-            taken = self.cq.take_unpersisted(upto)
-            itable = self.index.take_unpersisted(upto)
-            actions: list[dict] = []
-            written: list[str] = []
-            try:
-                for ref in self.commitlog.segments():
-                    sealed = ref.sealed and ref.end_offset <= upto  # (a roll may be newer)
-                    size = ref.size if sealed else min(ref.size, max(0, upto - ref.base_offset))
-                    prev = self.state.segments.get(ref.path)
-                    if prev is not None and int(prev["size"]) == size and \
-                            bool(prev.get("sealed")) == sealed:
-                        continue
-                    if size <= 0:
-                        continue
-                    actions.append({"add": {"path": ref.path, "kind": "segment",
-                                            "baseOffset": ref.base_offset, "size": size,
-                                            "sealed": sealed,
-                                            "modificationTime": self.clock_ms()}})
-                for part in _split_chunks(taken, self.config.compact_max_rows):
-                    # one file per compact_max_rows entries: a publish that lagged
-                    # builds no table bigger than a compaction would
-                    table = chunks_to_side_table(part)
-                    rel = fmt.consumequeue_file()
-                    size = write_side_table(self.sfs, rel, table,
-                                            row_group_rows=self.config.side_table_row_group_rows)
-                    written.append(rel)
-                    actions.append({"add": consumequeue_add(rel, table, size)})
-                    del table
-                if itable.num_rows:
-                    rel = fmt.index_file()
-                    size = write_side_table(self.sfs, rel, itable,
-                                            row_group_rows=self.config.side_table_row_group_rows)
-                    written.append(rel)
-                    actions.append({"add": index_add(rel, itable, size)})
-                actions.extend(extra_actions)
-                lease = self.state.lease or {}
-                renew_due = int(lease.get("expiresTime", 0)) - self.clock_ms() < \
-                    self.config.lease_timeout_ms // 2
-                if not actions and not force and not renew_due:
-                    return self.state
-                now = self.clock_ms()
-                actions.append({"lease": {"owner": self.owner, "epoch": self.epoch,
-                                          "acquiredTime": lease.get("acquiredTime", now),
-                                          "expiresTime": now + self.config.lease_timeout_ms,
-                                          "released": False,
-                                          **({"endpoint": self.lease_endpoint}
-                                             if self.lease_endpoint else {})}})
-                frozen = list(actions)
-                state = self._commit(lambda s: frozen, operation, parameters)
-            except BaseException:
-                self.cq.restore_unpersisted(taken)
-                self.index.restore_unpersisted(itable)
-                self.sfs.delete_many(written)
-                raise
-            self.cq.evict()
-        if any(len(_small_files(files, self.config.compact_max_rows)) >
-               self.config.compact_after_files
-               for files in (self.state.consumequeue_files, self.state.index_files)):
-            try:
-                self.compact()
-            except Exception:
-                log.exception("compaction failed; will retry at the next publish")
-        return state
-
-    def compact(self) -> None:
-        """Merge small side-table files of a kind (dataChange false), dropping the
-        entries below the retention floor (readers skip them anyway).
-
-        Tiered: a merged file holds at most ``compact_max_rows`` rows, and files
-        of at least half that are left alone. One merge thus reads a bounded
-        number of rows (its memory does not grow with the store) and old
-        entries are not rewritten at every compaction."""
-        with self._commit_lock:
-            for kind, files, keys, schema, make_add, new_rel in (
-                    ("consumequeue", self.state.consumequeue_files,
-                     ["topic_id", "queue_id", "queue_offset"], fmt.CONSUMEQUEUE_SCHEMA,
-                     consumequeue_add, fmt.consumequeue_file),
-                    ("index", self.state.index_files, ["topic_id", "key"], fmt.INDEX_SCHEMA,
-                     index_add, fmt.index_file)):
-                for adds in _compaction_groups(_small_files(files, self.config.compact_max_rows),
-                                               self.config.compact_max_rows):
-                    table = _above_retention_floor(
-                        compact_side_tables(self.sfs, adds, keys, schema), self.state.retention)
-                    now = self.clock_ms()
-                    actions = [{"remove": {"path": a["path"], "deletionTimestamp": now,
-                                           "dataChange": False}} for a in adds]
-                    if table.num_rows:   # (all below the floor: the files just go)
-                        rel = new_rel()
-                        size = write_side_table(
-                            self.sfs, rel, table,
-                            row_group_rows=self.config.side_table_row_group_rows)
-                        actions.append({"add": make_add(rel, table, size)})
-                    del table
-                    self._commit(lambda s, a=actions: a, "COMPACT", {"kind": kind})
-
     # ------------------------------------------------------------------ deletion
-    def delete_removed_files(self) -> list[str]:
-        """Delete the files whose ``remove`` (its persisted ``deletionTimestamp``) is
-        at least ``deletedFileRetentionMs`` old, except files a live ``add`` or this
-        writer's CommitLog still uses. Runs with every retention check, after
-        recovery and at close; a removed file whose delay has not passed at close
-        is left to the next writer (its tombstone is in the log) or to vacuum.
-        Returns the paths deleted now."""
-        from .vacuum import due_removed_files
-        if not self.writable or self._closed:
-            return []
-        state = self.state
-        protect = {s.path for s in self.commitlog.segments()}
-
-        def key(p):   # a path removed again later is a new tombstone
-            return p, state.tombstones[p].get("deletionTimestamp")
-        due = [p for p in due_removed_files(state, self.clock_ms(),
-                                            self.config.deleted_file_retention_ms, protect)
-               if key(p) not in self._deleted_files]
-        for rel in due:
-            self.sfs.delete(rel)
-        self._deleted_files = {k for k in self._deleted_files.union(map(key, due))
-                               if k[0] in state.tombstones and key(k[0]) == k}
-        if due:
-            log.info("deleted %d files removed at least %d ms ago", len(due),
-                     self.config.deleted_file_retention_ms)
-        return due
-
-    def vacuum(self, *, retention_ms: int | None = None, dry_run: bool = False,
-               force: bool = False):
-        """Delete files under commitlog/, consumequeue/ and index/ that no live
-        ``add`` of the newest version lists and that are older than
-        ``retention_ms`` (default 7 days; by the ``remove``'s deletionTimestamp
-        when the log has one, else by the file's modification time): removed
-        files, staged segments of failed Spark jobs, side files of lost commits.
-        A retention below 1 h raises ``InvalidConfigError`` unless ``force``
-        (a running Spark job's staged files are protected only by their youth).
-        ``dry_run`` deletes nothing. Never deletes a referenced file, nor an
-        unpublished segment of a writer. Works on a read-only store too (on its
-        newest version, next to a live lease holder). A writable store holds its
-        commit lock meanwhile (publishes wait for the listing). Returns a
-        ``vacuum.VacuumResult``."""
-        from .vacuum import DEFAULT_VACUUM_RETENTION_MS, check_vacuum_retention, plan_vacuum
-        retention_ms = DEFAULT_VACUUM_RETENTION_MS if retention_ms is None else int(retention_ms)
-        check_vacuum_retention(retention_ms, force)
-        with self._commit_lock:
-            if self.writable:
-                self._require_writable()
-                state = self.state
-                protect = {s.path for s in self.commitlog.segments()}
-            else:
-                self.refresh()
-                state, protect = self.state, set()
-            result = plan_vacuum(self.sfs, state, retention_ms=retention_ms,
-                                 now_ms=self.clock_ms(), protect=protect)
-            if not self.writable:
-                # another process may have committed while we listed (the lease
-                # holder's commits, unlike ours, are not under this lock): re-check
-                self.refresh()
-                live = (set(self.state.segments) | set(self.state.consumequeue_files)
-                        | set(self.state.index_files))
-                result.keep_only({f for f in result.files if f not in live})
-            result.dry_run = dry_run
-            if not dry_run:
-                for rel in result.files:
-                    self.sfs.delete(rel)
-                log.info("vacuum of %s deleted %d files (%d bytes) older than %d ms",
-                         self.url, len(result.files), result.total_bytes, retention_ms)
-        return result
-
     # ------------------------------------------------------------------ adopt
-    def adopt(self, paths: Sequence[str], *, app_id: str | None = None,
-              app_version: int | None = None) -> CommitResult:
-        """Make staged segment files (written by Spark tasks) part of the store,
-        atomically, in one log version. With (app_id, app_version) a replay of
-        an already committed version is skipped (idempotent writers)."""
-        self._require_writable()
-        self._require_not_replica()
-        with self._append_lock, self._commit_lock:
-            if app_id is not None:
-                done = self.state.txns.get(app_id)
-                if done is not None and int(done["version"]) >= int(app_version):
-                    return CommitResult(self.state.version, 0, skipped=True)
-            staged = [_load_staged(self.sfs, p) for p in paths]
-            self._check_staged_topics(staged)
-            self.commitlog.seal_active()
-            total = 0
-            affected = []
-            for rel, buf, positions in staged:
-                base = self.commitlog.written_offset
-                ref = SegmentRef(rel, base, len(buf), True)
-                self.commitlog.add_segment(ref)
-                for pos in positions:
-                    batch = seg.read_batch_at(buf, pos)
-                    _, updates = self._dispatch(batch, base + pos)
-                    affected.extend(updates)
-                    total += batch.num_rows
-            self.commitlog.flushed_offset = self.commitlog.written_offset
-            self._dispatched_offset = self.commitlog.written_offset
-            extra = []
-            if app_id is not None:
-                extra.append({"txn": {"appId": app_id, "version": int(app_version),
-                                      "lastUpdated": self.clock_ms()}})
-            state = self.publish(force=True, extra_actions=extra, operation="ADOPT",
-                                 parameters={"files": len(paths), "messages": total})
-        self._after_visible(affected)
-        return CommitResult(state.version, total)
-
-    def _check_staged_topics(self, staged) -> None:
-        for rel, buf, positions in staged:
-            for pos in positions:
-                batch = seg.read_batch_at(buf, pos)
-                for t in pc.unique(batch.column("topic")).to_pylist():
-                    conf = self._writable_topic(t)
-                    qmax = pc.max(batch.column("queue_id")).as_py()
-                    if qmax is not None and qmax >= conf["writeQueueNums"]:
-                        raise QueueNotFoundError(
-                            f"{rel}: queue_id {qmax} out of range for topic {t!r}")
-
     def advertise_endpoint(self, endpoint: str) -> None:
         """Record ``endpoint`` (the lease holder's admin URL, ``http://host:port``)
         in the writer lease, and keep it there on renewals, so that committers in
         other processes hand their commits to it (``BrokerCommitter``)."""
-        self._require_writable()
-        self.lease_endpoint = endpoint
-
-        def build(state: LogState):
-            lease = dict(state.lease or {})
-            lease["endpoint"] = endpoint
-            return [{"lease": lease}]
-        self._commit(build, "ADVERTISE ENDPOINT", {"endpoint": endpoint})
+        self.require_writable()
+        self.lease.endpoint = endpoint
+        self._commit(lambda state: self.lease.advertising(state, endpoint), "ADVERTISE ENDPOINT",
+                     {"endpoint": endpoint})
 
     # ------------------------------------------------------------------ retention
+    # ------------------------------------------------------------------ topics, groups
+    def create_topic(self, name: str, *, read_queue_nums: int | None = None,
+                     write_queue_nums: int | None = None, perm: int = PERM_RW,
+                     attributes: dict | None = None, system: bool = False,
+                     exist_ok: bool = False, retention_ms: int | None = None,
+                     retention_bytes: int | None = None) -> dict:
+        """Create a topic (committed at once); see :func:`topics.create_topic`."""
+        return _topics.create_topic(
+            self, name, read_queue_nums=read_queue_nums, write_queue_nums=write_queue_nums,
+            perm=perm, attributes=attributes, system=system, exist_ok=exist_ok,
+            retention_ms=retention_ms, retention_bytes=retention_bytes)
+
+    def update_topic(self, name: str, *, read_queue_nums: int | None = None,
+                     write_queue_nums: int | None = None, perm: int | None = None,
+                     attributes: dict | None = None, retention_ms: int | None = None,
+                     retention_bytes: int | None = None) -> dict:
+        """Change a topic's config; see :func:`topics.update_topic`."""
+        return _topics.update_topic(
+            self, name, read_queue_nums=read_queue_nums, write_queue_nums=write_queue_nums,
+            perm=perm, attributes=attributes, retention_ms=retention_ms,
+            retention_bytes=retention_bytes)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic: its messages stay in segments until retention, unreadable."""
+        _topics.delete_topic(self, name)
+
+    def commit_consumer_offsets(self, group: str, offsets: dict[tuple[str, int], int], *,
+                                client_id: str | None = None) -> None:
+        """Record a consumer group's offsets (next offset to consume) per (topic, queue)."""
+        _topics.commit_consumer_offsets(self, group, offsets, client_id=client_id)
+
+    def create_group(self, group: str, *, retry_max_times: int | None = None,
+                     consume_broadcast_enable: bool = True, consume_enable: bool = True,
+                     ) -> dict:
+        """Create or replace a subscription group config; see :func:`topics.create_group`."""
+        return _topics.create_group(self, group, retry_max_times=retry_max_times,
+                                    consume_broadcast_enable=consume_broadcast_enable,
+                                    consume_enable=consume_enable)
+
+    def delete_group(self, group: str, *, remove_offsets: bool = True) -> None:
+        """Delete a group's config and (``remove_offsets``) its offsets, in one commit."""
+        _topics.delete_group(self, group, remove_offsets=remove_offsets)
+
+    # ------------------------------------------------------------------ publish, retention
+    def publish(self, *, force: bool = False, extra_actions: Sequence[dict] = (),
+                operation: str = "PUBLISH", parameters: dict | None = None) -> LogState:
+        """Commit progress: flushed segment sizes, new side-table files, lease renewal."""
+        return _publish.publish(self, force=force, extra_actions=extra_actions,
+                                operation=operation, parameters=parameters)
+
+    def compact(self) -> None:
+        """Merge small side-table files (see :func:`publish.compact`)."""
+        _publish.compact(self)
+
     def run_retention(self, *, force_hour: bool = False) -> list[str]:
-        """One retention pass (log/retention.py): at ``deleteWhen`` hours (or at once
-        when the disk is fuller than ``diskMaxUsedSpaceRatio``) raise the floors of
-        topics with their own retention and remove the sealed segments every topic
-        has passed. Consumer groups that still needed removed offsets are logged
-        (WARNING) before the commit. Returns the removed segment paths."""
-        if not self.writable or self._closed:
-            return []
-        self.delete_removed_files()
-        if not self._retention_due(self.clock_ms(), force_hour)[0]:
-            return []          # outside deleteWhen hours nothing is planned (no reads)
-        plan = self.retention_plan(force_hour=force_hour)
-        if not plan.due or not plan.changes:
-            return []
-        for w in plan.warnings:
-            log.warning("retention: %s", w.text())
-        return self.remove_segments(plan.remove_segments, queue_floors=plan.floors(),
-                                    exact_floors=plan.exact)
+        """One retention pass (:func:`retention.run_retention`); returns removed paths."""
+        return _retention.run_retention(self, force_hour=force_hour)
 
     def retention_plan(self, *, force_hour: bool = False, now_ms: int | None = None,
                        detail: bool = False):
-        """What a retention pass would do now (``retention.RetentionPlan``); changes
-        nothing. ``plan.due`` says whether a pass at this moment acts at all; ``detail``
-        also reports every queue of topics on the broker default (for admin)."""
-        from .retention import plan_retention
-        now = self.clock_ms() if now_ms is None else now_ms
-        due, disk_full = self._retention_due(now, force_hour)
-        return plan_retention(self, now, due=due, disk_full=disk_full, detail=detail)
-
-    def _retention_due(self, now_ms: int, force_hour: bool) -> tuple[bool, bool]:
-        """(a pass acts now, the disk is over diskMaxUsedSpaceRatio)."""
-        hour = _dt.datetime.fromtimestamp(now_ms / 1000).hour
-        ratio = self.sfs.disk_usage_ratio()
-        disk_full = ratio is not None and ratio * 100 > self.config.disk_max_used_space_ratio
-        return force_hour or disk_full or hour in self.config.delete_hours(), disk_full
+        """What a retention pass would do now (:func:`retention.retention_plan`)."""
+        return _retention.retention_plan(self, force_hour=force_hour, now_ms=now_ms,
+                                         detail=detail)
 
     def remove_segments(self, paths: Sequence[str], *,
                         queue_floors: dict[tuple[int, int], int] | None = None,
                         exact_floors: bool = False) -> list[str]:
-        """Remove the oldest segments (a prefix of the CommitLog) and everything
-        that points into them; their offsets then read as removed. ``queue_floors``
-        ((topic id, queue id) -> first offset kept) also raises queue floors
-        (per-topic retention), with or without segments removed; a floor never
-        goes down and never passes the queue's max offset. ``exact_floors``: the
-        given floors already cover every queue with rows in ``paths`` (a retention
-        plan), so no queue is searched here."""
-        self._require_writable()
-        with self._append_lock, self._commit_lock:
-            segs = self.commitlog.segments()
-            prefix = segs[:len(paths)]
-            if [s.path for s in prefix] != list(paths) or any(
-                    self.commitlog.active is not None and s.path == self.commitlog.active.rel_path
-                    for s in prefix):
-                raise UserError("only a prefix of sealed segments can be removed")
-            floor = prefix[-1].end_offset if prefix else self.state.min_physical_offset()
-            self.publish(force=True)
-            queues = self._queue_floors(floor, queue_floors or {}, search=not exact_floors)
-            qmin = {(q["topicId"], q["queueId"]): q["minOffset"] for q in queues}
-            prev = {(q["topicId"], q["queueId"]): q["minOffset"]
-                    for q in (self.state.retention or {}).get("queues", ())}
-            if not paths and all(v <= prev.get(k, 0) for k, v in qmin.items()):
-                return []
-            now = self.clock_ms()
-            actions = [{"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}}
-                       for p in paths]
-            for add in self.state.consumequeue_files.values():
-                if all(int(q.get("maxBatchOffset", 1 << 62)) < floor or
-                       int(q["maxOffset"]) <= qmin.get((q["topicId"], q["queueId"]), 0)
-                       for q in add["queues"]):
-                    actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
-                                               "dataChange": False}})
-            for add in self.state.index_files.values():
-                # (files written before maxBatchOffset was logged stay: compaction drops
-                # their entries below the floor when it merges them)
-                if "maxBatchOffset" in add and int(add["maxBatchOffset"]) < floor:
-                    actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
-                                               "dataChange": False}})
-            actions.append({"retention": {"minPhysicalOffset": floor, "queues": queues,
-                                          "time": now}})
-            self._commit(lambda s: actions, "RETENTION", {"segments": len(paths)})
-            self.commitlog.drop_segments(set(paths))
-            log.info("retention removed %d segments below physical offset %d", len(paths), floor)
-            return list(paths)
+        """Remove the oldest segments (see :func:`retention.remove_segments`)."""
+        return _retention.remove_segments(self, paths, queue_floors=queue_floors,
+                                          exact_floors=exact_floors)
 
-    def _queue_floors(self, floor: int, raised: dict[tuple[int, int], int], *,
-                      search: bool = True) -> list[dict]:
-        out = []
-        prev = {(q["topicId"], q["queueId"]): q["minOffset"]
-                for q in (self.state.retention or {}).get("queues", ())}
-        keys = set(self._next_offsets) | set(prev)
-        for tid, qid in sorted(keys):
-            nxt = self._next_offsets.get((tid, qid), 0)
-            lo = max(prev.get((tid, qid), 0), min(raised.get((tid, qid), 0), nxt))
-            hi = nxt if search else lo
-            while lo < hi:   # first offset whose batch is at or above the floor
-                mid = (lo + hi) // 2
-                e = self._entries(tid, qid, mid, mid + 1)
-                if e.num_rows and int(e.column("batch_offset")[0].as_py()) >= floor:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            out.append({"topicId": tid, "queueId": qid, "minOffset": lo})
-        return out
+    def delete_removed_files(self) -> list[str]:
+        """Delete removed files whose delay passed (:func:`vacuum.delete_removed_files`)."""
+        return _vacuum.delete_removed_files(self)
+
+    def vacuum(self, *, retention_ms: int | None = None, dry_run: bool = False,
+               force: bool = False):
+        """Delete unreferenced old files (:func:`vacuum.vacuum`); a ``VacuumResult``."""
+        return _vacuum.vacuum(self, retention_ms=retention_ms, dry_run=dry_run, force=force)
+
+    def adopt(self, paths: Sequence[str], *, app_id: str | None = None,
+              app_version: int | None = None) -> CommitResult:
+        """Make staged Spark segments part of the store in one version (:func:`adopt.adopt`)."""
+        return _adopt.adopt(self, paths, app_id=app_id, app_version=app_version)
 
     # ------------------------------------------------------------------ close
     def flush(self) -> None:
         """fsync everything appended so far and publish it."""
-        self._require_writable()
+        self.require_writable()
         off = self.commitlog.flush(sync=True)
-        if self._group_commit is not None:
-            self._group_commit.note_flushed(off)
+        if self.services.group_commit is not None:
+            self.services.group_commit.note_flushed(off)
         self.publish(force=True)
 
     def close(self) -> None:
@@ -1469,9 +541,7 @@ class Store(MessageReader):
             try:
                 self.commitlog.flush(sync=True)
                 self.publish(force=True)
-                lease = dict(self.state.lease or {})
-                lease.update(released=True, expiresTime=self.clock_ms())
-                self._commit(lambda s: [{"lease": lease}], "RELEASE LEASE")
+                self._commit(self.lease.release, "RELEASE LEASE")
                 self.sfs.delete(fmt.abort_file())
             except FencedError:
                 log.warning("store %s: fenced at close; leaving the lease to its new owner",
@@ -1482,7 +552,7 @@ class Store(MessageReader):
                     self.delete_removed_files()
                 except OSError:
                     log.exception("store %s: deleting removed files at close failed", self.url)
-                _LIVE_TOKENS.pop(self.token, None)
+                unregister_live(self.token)
         self._closed = True
         self.sfs.close()
 
@@ -1493,178 +563,10 @@ class Store(MessageReader):
             self.commitlog.active.close()
             self.commitlog.active = None
         self._closed = True
-        _LIVE_TOKENS.pop(self.token, None)
+        unregister_live(self.token)
 
     def __enter__(self) -> "Store":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def _check_queue_nums(rq: int, wq: int, perm: int) -> None:
-    for name, v in (("read_queue_nums", rq), ("write_queue_nums", wq)):
-        if not isinstance(v, int) or not 1 <= v <= 1024:
-            raise UserError(f"{name} must be an integer in 1..1024, got {v!r}")
-    if perm not in (0, 2, 4, 6):
-        raise UserError(f"perm must be 2 (write), 4 (read) or 6 (read+write), got {perm!r}")
-
-
-def _retention_fields(topic: dict, retention_ms: int | None,
-                      retention_bytes: int | None) -> dict:
-    """``topic`` with ``retentionMs`` / ``retentionBytes`` set (None keeps, 0 removes)."""
-    out = dict(topic)
-    for key, v, what in (("retentionMs", retention_ms, "retention_ms (milliseconds)"),
-                         ("retentionBytes", retention_bytes, "retention_bytes (bytes per queue)")):
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise UserError(f"{what} must be a positive integer, or 0 for the broker "
-                            f"default; got {v!r}")
-        if v == 0:
-            out.pop(key, None)
-        else:
-            out[key] = v
-    return out
-
-
-def _col(table: pa.Table, name: str) -> pa.Array:
-    """Column ``name`` as one array; zero copy when it has one chunk
-    (``ChunkedArray.combine_chunks`` copies even then)."""
-    col = table.column(name)
-    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
-
-
-def _split_by_size(msgs: list[Message]) -> list[list[Message]]:
-    groups, cur, size = [], [], 0
-    for m in msgs:
-        n = len(m.body) if isinstance(m.body, (bytes, bytearray, str)) else 0
-        if cur and size + n > MAX_BATCH_BODY_BYTES:
-            groups.append(cur)
-            cur, size = [], 0
-        cur.append(m)
-        size += n
-    if cur:
-        groups.append(cur)
-    return groups
-
-
-def _load_staged(sfs: StoreFS, rel: str) -> tuple[str, pa.Buffer, list[int]]:
-    if not fmt.is_relative_store_path(rel) or not rel.startswith(fmt.COMMITLOG_DIR + "/w-"):
-        raise UserError(f"{rel!r} is not a staged segment path of this store")
-    buf = sfs.read_buffer(rel)
-    res = seg.scan(buf, validate=True)
-    if res.valid_end == 0 or not res.sealed or res.valid_end + 8 != len(buf):
-        raise UserError(f"staged segment {rel} is incomplete or corrupt; rewrite it")
-    return rel, buf, res.positions
-
-
-@dataclass
-class _RowInfo:
-    """What validating a batch learned about its rows, reused by dispatch."""
-
-    topic_names: list[str]            # distinct topics of the batch
-    topic_index: np.ndarray | None    # row -> index in topic_names (None: one topic)
-    queue_ids: np.ndarray             # int32 per row
-    body_sizes: np.ndarray            # int32 body bytes per row
-
-
-def group_delete_actions(state: LogState, group: str, *, remove_offsets: bool = True,
-                         keep: frozenset | set = frozenset()) -> list[dict]:
-    """The actions deleting ``group``'s subscription group config and (with
-    ``remove_offsets``) its committed consumer offsets in ``state``, except the
-    offset keys (group, topic id, queue id, client id) in ``keep``."""
-    actions = [{"subscriptionGroup": {"groupName": group, "deleted": True}}]
-    if remove_offsets:
-        actions += [{"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
-                                        "clientId": cid or None, "offset": None}}
-                    for (g, tid, qid, cid) in state.consumer_offsets
-                    if g == group and (g, tid, qid, cid) not in keep]
-    return actions
-
-_STORE_TS_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
-_MESSAGE_GROUP_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("message_group")
-_STORE_TS_FIELD = fmt.SEGMENT_SCHEMA.field(_STORE_TS_COLUMN)
-
-
-def _row_info(batch: pa.RecordBatch) -> _RowInfo:
-    """:class:`_RowInfo` of a segment batch (topic and queue_id have no nulls)."""
-    enc = pc.dictionary_encode(batch.column("topic"))
-    names = enc.dictionary.to_pylist()
-    idx = enc.indices.to_numpy() if len(names) > 1 else None
-    return _RowInfo(names, idx, batch.column("queue_id").to_numpy(),
-                    _binary_lengths(batch.column("body")))
-
-
-def _binary_lengths(arr: pa.Array) -> np.ndarray:
-    """Byte length of each value of a binary array (int32), from its offsets (no kernel call)."""
-    if arr.type == pa.binary() and arr.null_count == 0:
-        offsets = np.frombuffer(arr.buffers()[1], np.int32, count=len(arr) + 1,
-                                offset=arr.offset * 4)
-        return offsets[1:] - offsets[:-1]      # (np.diff costs ~8 us of Python per call)
-    return pc.binary_length(arr).fill_null(0).to_numpy().astype(np.int32)
-
-
-def _small_files(files: dict[str, dict], max_rows: int) -> list[dict]:
-    """Side-table adds with fewer than ``max_rows // 2`` rows, in commit order."""
-    return [a for a in files.values() if int(a.get("rows", 0)) < max_rows // 2]
-
-
-def _pack(items: list, max_rows: int, rows_of: Callable[[object], int]) -> list[list]:
-    """Consecutive parts of ``items`` with at most ``max_rows`` rows each, greedy in
-    order (an item bigger than that is a part of its own)."""
-    parts: list[list] = []
-    cur: list = []
-    rows = 0
-    for item in items:
-        n = rows_of(item)
-        if cur and rows + n > max_rows:
-            parts.append(cur)
-            cur, rows = [], 0
-        cur.append(item)
-        rows += n
-    if cur:
-        parts.append(cur)
-    return parts
-
-
-def _compaction_groups(adds: list[dict], max_rows: int) -> list[list[dict]]:
-    """Split small files into merges of two or more files and at most ``max_rows``
-    rows (greedy in commit order). Each file has under half of ``max_rows``, so
-    every group but the last ends with more than half: it leaves the small tier."""
-    return [g for g in _pack(adds, max_rows, lambda a: int(a.get("rows", 0))) if len(g) > 1]
-
-
-def _split_chunks(taken: list, max_rows: int) -> list[list]:
-    """Consecutive parts of (tid, qid, chunk) with at most ``max_rows`` entries each
-    (a single chunk bigger than that is a part of its own)."""
-    return _pack(taken, max_rows, lambda item: len(item[2].rows))
-
-
-def _above_retention_floor(table: pa.Table, retention: dict | None) -> pa.Table:
-    """The rows of a ConsumeQueue or Index table that retention has not removed: batch
-    at or past ``minPhysicalOffset`` and queue offset at or past its queue's
-    ``minOffset`` (FORMAT.md section 13). Order is kept."""
-    if not retention or table.num_rows == 0:
-        return table
-    keep = np.asarray(table.column("batch_offset").to_numpy()) >= \
-        int(retention.get("minPhysicalOffset", 0))
-    floors = sorted(((int(q["topicId"]) << 32) | int(q["queueId"]), int(q["minOffset"]))
-                    for q in retention.get("queues", ()))
-    if floors:
-        keys = np.array([k for k, _ in floors], np.int64)
-        mins = np.array([m for _, m in floors], np.int64)
-        row_keys = (np.asarray(table.column("topic_id").to_numpy(), np.int64) << 32) | \
-            np.asarray(table.column("queue_id").to_numpy(), np.int64)
-        pos = np.minimum(np.searchsorted(keys, row_keys), len(keys) - 1)
-        floor = np.where(keys[pos] == row_keys, mins[pos], 0)
-        keep &= np.asarray(table.column("queue_offset").to_numpy()) >= floor
-    return table if keep.all() else table.filter(pa.array(keep))
-
-
-def _select_entries(entries: pa.Table, columns: list[str] | None) -> pa.Table:
-    """In-memory entries cut to the columns a persisted read of ``columns`` returns."""
-    if columns is None:
-        return entries
-    return entries.select([c for c in entries.column_names if c in columns
-                           or c == "queue_offset"])

@@ -25,13 +25,20 @@ make. Neither function changes anything; the caller deletes.
 """
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import InvalidConfigError
 from . import format as fmt
 from .fs import StoreFS
 from .txlog import LogState
+
+if TYPE_CHECKING:
+    from .store import Store
+
+log = logging.getLogger("sparkmq.store")
 
 VACUUM_MIN_RETENTION_MS = 3_600_000          # 1 h: refused below, unless forced
 DEFAULT_VACUUM_RETENTION_MS = 7 * 24 * 3_600_000
@@ -124,4 +131,74 @@ def plan_vacuum(sfs: StoreFS, state: LogState, *, retention_ms: int, now_ms: int
             result.files.append(rel)
             result.sizes[rel] = size
             result.total_bytes += size
+    return result
+
+
+# ---------------------------------------------------------------------- a store's deletions
+def delete_removed_files(store: "Store") -> list[str]:
+    """Delete the files whose ``remove`` (its persisted ``deletionTimestamp``) is
+    at least ``deletedFileRetentionMs`` old, except files a live ``add`` or this
+    writer's CommitLog still uses. Runs with every retention check, after
+    recovery and at close; a removed file whose delay has not passed at close
+    is left to the next writer (its tombstone is in the log) or to vacuum.
+    Returns the paths deleted now."""
+    if not store.writable or store.closed:
+        return []
+    state = store.state
+    protect = {s.path for s in store.commitlog.segments()}
+
+    def key(p):   # a path removed again later is a new tombstone
+        return p, state.tombstones[p].get("deletionTimestamp")
+    due = [p for p in due_removed_files(state, store.clock_ms(),
+                                        store.config.deleted_file_retention_ms, protect)
+           if key(p) not in store.deleted_files]
+    for rel in due:
+        store.sfs.delete(rel)
+    store.deleted_files = {k for k in store.deleted_files.union(map(key, due))
+                           if k[0] in state.tombstones and key(k[0]) == k}
+    if due:
+        log.info("deleted %d files removed at least %d ms ago", len(due),
+                 store.config.deleted_file_retention_ms)
+    return due
+
+
+def vacuum(store: "Store", *, retention_ms: int | None = None, dry_run: bool = False,
+           force: bool = False):
+    """Delete files under commitlog/, consumequeue/ and index/ that no live
+    ``add`` of the newest version lists and that are older than
+    ``retention_ms`` (default 7 days; by the ``remove``'s deletionTimestamp
+    when the log has one, else by the file's modification time): removed
+    files, staged segments of failed Spark jobs, side files of lost commits.
+    A retention below 1 h raises ``InvalidConfigError`` unless ``force``
+    (a running Spark job's staged files are protected only by their youth).
+    ``dry_run`` deletes nothing. Never deletes a referenced file, nor an
+    unpublished segment of a writer. Works on a read-only store too (on its
+    newest version, next to a live lease holder). A writable store holds its
+    commit lock meanwhile (publishes wait for the listing). Returns a
+    ``vacuum.VacuumResult``."""
+    retention_ms = DEFAULT_VACUUM_RETENTION_MS if retention_ms is None else int(retention_ms)
+    check_vacuum_retention(retention_ms, force)
+    with store.commit_lock:
+        if store.writable:
+            store.require_writable()
+            state = store.state
+            protect = {s.path for s in store.commitlog.segments()}
+        else:
+            store.refresh()
+            state, protect = store.state, set()
+        result = plan_vacuum(store.sfs, state, retention_ms=retention_ms,
+                             now_ms=store.clock_ms(), protect=protect)
+        if not store.writable:
+            # another process may have committed while we listed (the lease
+            # holder's commits, unlike ours, are not under this lock): re-check
+            store.refresh()
+            live = (set(store.state.segments) | set(store.state.consumequeue_files)
+                    | set(store.state.index_files))
+            result.keep_only({f for f in result.files if f not in live})
+        result.dry_run = dry_run
+        if not dry_run:
+            for rel in result.files:
+                store.sfs.delete(rel)
+            log.info("vacuum of %s deleted %d files (%d bytes) older than %d ms",
+                     store.url, len(result.files), result.total_bytes, retention_ms)
     return result

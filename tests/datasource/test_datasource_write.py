@@ -317,7 +317,7 @@ def test_streaming_writer_id_prefers_writer_id_then_the_checkpoint_query_id(tmp_
 def test_unkeyed_rows_go_to_queues_in_contiguous_balanced_blocks():
     import numpy as np
 
-    from sparkmq.datasource.writer import _spread
+    from sparkmq.log.batch import spread as _spread
     q = _spread(10, 1, 4)
     assert q.tolist() == [1, 1, 1, 2, 2, 3, 3, 3, 0, 0]
     assert (np.diff(q) != 0).sum() == 3                   # one run per queue

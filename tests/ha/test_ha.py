@@ -668,7 +668,7 @@ def test_broker_sync_master_statuses_replica_refuses_sends_admin_promote(tmp_pat
                                    for m in replica.store.read("T", q, 0, 10)), "dispatch")
             # a replica that does not ack in time (its writer is blocked): the send is
             # stored on the master and answered SLAVE_PERSISTENCE_TIMEOUT
-            with replica.store._append_lock:
+            with replica.store.append_lock:
                 with pytest.raises(ClientError) as e:
                     p.send(CMessage("T", b"slow-replica"))
             assert e.value.status_code == Code.SLAVE_PERSISTENCE_TIMEOUT
@@ -746,7 +746,7 @@ store = Store.open(url, replica=True, mappedFileSizeCommitLog=65536)
 rlog = ReplicaLog(store)
 real_step = rlog.dispatch_step
 def lagging_step(max_bytes=0):      # dispatch lags: small steps, and only up to `limit`
-    return real_step(4096) if store._dispatched_offset < limit else 0
+    return real_step(4096) if store.dispatcher.dispatched_offset < limit else 0
 rlog.dispatch_step = lagging_step
 HAClient(rlog, broker_name="broker-a", broker_id=1, secret=secret,
          master_address=lambda: "127.0.0.1:%d" % port).start()

@@ -128,3 +128,19 @@ def test_a_message_group_column_of_the_wrong_type_is_refused(store):
     table = pa.table({"topic": ["t"], "body": [b"x"], "message_group": [7]})
     with pytest.raises(InvalidMessageError, match="message_group"):
         store.append_batch(table)
+
+
+def test_a_send_built_from_column_lists_gets_the_one_queue_choice(store):
+    """batch.build_segment_batch (the broker's entry point): a given queue id is kept,
+    a message group hashes to crc32(group) % queues, the rest go round robin."""
+    import zlib
+
+    from sparkmq.log.batch import build_segment_batch
+    batch = build_segment_batch(
+        {"topic": ["t", "t", "u", "t"], "body": [b"a", b"b", b"c", b"d"],
+         "queue_id": [2, None, None, None], "message_group": [None, "g", None, None],
+         "born_timestamp": [None, 5, None, None]}, 4, store_host="h:1", now_ms=100)
+    r = store.append_batch(batch)
+    assert r.queue_ids.tolist() == [2, zlib.crc32(b"g") % 4, 0, 0]
+    got = _queues_of(store, "t")
+    assert got == {b"a": 2, b"b": zlib.crc32(b"g") % 4, b"d": 0}

@@ -359,15 +359,15 @@ def test_crash_after_a_publish_that_ran_between_write_and_dispatch(store_url, mo
     s = _open(store_url, flushDiskType=ASYNC_FLUSH)
     s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
     _append_n(s, 3)
-    real_dispatch = s._dispatch
+    real_dispatch = s.dispatcher.dispatch
 
     def dispatch_late(batch, batch_offset, *hints):
         s.commitlog.flush(sync=True)      # the flush service ...
         s.publish()                       # ... and the publish service got in first
         return real_dispatch(batch, batch_offset, *hints)
-    monkeypatch.setattr(s, "_dispatch", dispatch_late)
+    monkeypatch.setattr(s.dispatcher, "dispatch", dispatch_late)
     res = _append_n(s, 2, start=3)
-    monkeypatch.setattr(s, "_dispatch", real_dispatch)
+    monkeypatch.setattr(s.dispatcher, "dispatch", real_dispatch)
     s.commitlog.flush(sync=True)
     s._crash()
     with _open(store_url) as s2:

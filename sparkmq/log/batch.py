@@ -1,0 +1,429 @@
+"""The one batch builder and validator, and the one queue chooser.
+
+Every message that enters a store becomes a row of a record batch in
+``SEGMENT_SCHEMA`` here: from :class:`~sparkmq.log.message.Message` objects
+(:func:`messages_to_batch`), from an Arrow table or batch of any compatible
+schema (:meth:`BatchBuilder.normalize`, :meth:`BatchBuilder.check_segment_batch`),
+from per-column Python lists of a send (:func:`build_segment_batch`), or from
+a Spark task's Arrow batches (the data source's writer, which validates with
+:func:`check_bodies` and chooses with a :class:`QueueChooser`).
+
+Queue choice (:class:`QueueChooser`), the same for every writer: an explicit
+queue id is kept and range-checked against the topic's ``writeQueueNums``;
+else a row with a message group goes to ``crc32(group) % writeQueueNums`` (so
+a group keeps its order whoever writes it); else round robin per topic.
+
+On disk: nothing (batches are appended by the CommitLog). Thread-safety: the
+functions are pure; a :class:`QueueChooser` (round-robin state) and a
+:class:`BatchBuilder` are used under the store's append lock or by one task.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import (InvalidMessageError, PermissionDeniedError, QueueNotFoundError,
+                      TopicNotFoundError)
+from . import format as fmt
+from .dispatch import RowInfo, binary_lengths
+from .message import Message, group_hashes
+
+PERM_READ = 4
+PERM_WRITE = 2
+PERM_RW = 6
+MAX_BATCH_BODY_BYTES = 256 << 20
+
+_STORE_TS_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
+_MESSAGE_GROUP_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("message_group")
+_STORE_TS_FIELD = fmt.SEGMENT_SCHEMA.field(_STORE_TS_COLUMN)
+
+
+# ---------------------------------------------------------------------- topics
+def writable_topic_conf(topics: Mapping[str, dict], name: str, *, where: str = "",
+                        store: str = "", then: str = "first") -> dict:
+    """``topics[name]`` if the topic exists and is writable; else TopicNotFoundError /
+    PermissionDeniedError (``where`` prefixes the message, e.g. a file name; ``store``
+    names the store; ``then`` ends the advice)."""
+    conf = topics.get(name)
+    if conf is None:
+        in_store = f" in {store}" if store else ""
+        raise TopicNotFoundError(f"{where}topic {name!r} does not exist{in_store} (topics: "
+                                 f"{sorted(topics) or 'none'}); create it {then}")
+    if not conf["perm"] & PERM_WRITE:
+        raise PermissionDeniedError(f"topic {name!r} is not writable (perm {conf['perm']})")
+    return conf
+
+
+def check_bodies(body: pa.Array, max_message_size_bytes: int,
+                 sizes: np.ndarray | None = None, hint: str = "") -> None:
+    """No null body, none longer than ``max_message_size_bytes`` (InvalidMessageError)."""
+    if body.null_count:
+        raise InvalidMessageError("body column has nulls; every message needs a body")
+    if sizes is not None:
+        longest = int(sizes.max()) if len(sizes) else 0
+    else:
+        longest = pc.max(pc.binary_length(body)).as_py() or 0
+    if longest > max_message_size_bytes:
+        raise InvalidMessageError(f"a body of {longest} bytes exceeds maxMessageSize "
+                                  f"({max_message_size_bytes} bytes){hint}")
+
+
+# ---------------------------------------------------------------------- queues
+def spread(n: int, start: int, queues: int) -> np.ndarray:
+    """Queue ids for ``n`` unkeyed rows: ``queues`` contiguous blocks of near-equal
+    size, block ``j`` to queue ``(start + j) % queues``. Round robin by block, not by
+    row, so each queue's rows of a batch are one contiguous run: a reader slices
+    them from the segment (zero copy) instead of gathering every n-th row."""
+    block = np.arange(n, dtype=np.int64) * queues // max(n, 1)
+    return (start + block) % queues
+
+
+class QueueChooser:
+    """Chooses queues (see the module docstring); keeps the round-robin position per
+    topic. ``by_block``: unkeyed rows of one call go to contiguous blocks
+    (:func:`spread`) and the position advances by one per call (the Spark writer,
+    starting at its partition number ``start``); else row by row, continuing where
+    the previous call left off. Not thread-safe: one owner serializes calls."""
+
+    def __init__(self, *, start: int = 0, by_block: bool = False):
+        self.start = start
+        self.by_block = by_block
+        self._next: dict[str, int] = {}
+
+    def round_robin(self, topic: str, count: int, queues: int) -> np.ndarray:
+        """Queue ids for ``count`` unkeyed rows of ``topic``."""
+        first = self._next.get(topic, self.start)
+        if self.by_block:
+            self._next[topic] = (first + 1) % queues
+            return spread(count, first, queues)
+        self._next[topic] = (first + count) % queues
+        return (first + np.arange(count)) % queues
+
+    def choose_one(self, conf: dict, queue_id, message_group: str | None) -> int:
+        """The queue of one message of topic ``conf``."""
+        n = conf["writeQueueNums"]
+        if queue_id is not None:
+            if not isinstance(queue_id, int) or not 0 <= queue_id < n:
+                raise QueueNotFoundError(
+                    f"queue_id {queue_id!r} is out of range for topic {conf['name']!r} "
+                    f"(0..{n - 1})")
+            return queue_id
+        if message_group:
+            return zlib.crc32(message_group.encode()) % n
+        return int(self.round_robin(conf["name"], 1, n)[0])
+
+    def choose(self, qcol: pa.Array | None, names: list[str], idx: np.ndarray | None,
+               queue_nums: list[int], n: int, groups: pa.Array | None = None) -> np.ndarray:
+        """Queue ids (int32) for ``n`` rows (``idx``: row -> topic in ``names``, None
+        when one topic; ``queue_nums``: each topic's writeQueueNums). A row whose
+        ``qcol`` value is set keeps it (range-checked: QueueNotFoundError); a null
+        row with a ``groups`` value goes to its group's queue; the others round robin."""
+        if qcol is None or qcol.null_count == len(qcol):
+            given = np.zeros(n, bool)
+            qarr = np.zeros(n, np.int64)
+        else:
+            given = np.asarray(pc.is_valid(qcol).to_numpy(zero_copy_only=False))
+            qarr = np.array(qcol.cast(pa.int64()).fill_null(0).to_numpy(), np.int64)
+        ghash = None
+        if groups is not None and groups.null_count < len(groups):
+            ghash = group_hashes(groups)
+        for i, (t, nq) in enumerate(zip(names, queue_nums)):
+            mine = np.ones(n, bool) if idx is None else idx == i
+            bad = mine & given & ((qarr < 0) | (qarr >= nq))
+            if bad.any():
+                raise QueueNotFoundError(
+                    f"queue_id {int(qarr[bad][0])} is out of range for topic {t!r} "
+                    f"(0..{nq - 1})")
+            free = mine & ~given
+            if ghash is not None:
+                grouped = free & (ghash >= 0)
+                qarr[grouped] = ghash[grouped] % nq
+                free &= ~grouped
+            rows = np.flatnonzero(free)
+            if len(rows):
+                qarr[rows] = self.round_robin(t, len(rows), nq)
+        return qarr.astype(np.int32, copy=False)
+
+
+# ---------------------------------------------------------------------- builders
+def pack(items: list, max_size: int, size_of: Callable[[object], int]) -> list[list]:
+    """Consecutive parts of ``items`` of at most ``max_size`` each (by ``size_of``),
+    greedy in order (an item bigger than that is a part of its own)."""
+    parts: list[list] = []
+    cur: list = []
+    size = 0
+    for item in items:
+        n = size_of(item)
+        if cur and size + n > max_size:
+            parts.append(cur)
+            cur, size = [], 0
+        cur.append(item)
+        size += n
+    if cur:
+        parts.append(cur)
+    return parts
+
+
+def split_by_size(msgs: list[Message]) -> list[list[Message]]:
+    """``msgs`` in order, cut into groups of at most MAX_BATCH_BODY_BYTES of bodies."""
+    return pack(msgs, MAX_BATCH_BODY_BYTES,
+                lambda m: len(m.body) if isinstance(m.body, (bytes, bytearray, str)) else 0)
+
+
+def messages_to_batch(messages: Iterable[Message], *, queue_ids: Sequence[int],
+                      store_timestamp_ms: int, store_host: str,
+                      max_message_size_bytes: int) -> pa.RecordBatch:
+    """Build a segment batch from messages whose queues are already chosen."""
+    msgs = list(messages)
+    now = store_timestamp_ms
+    bodies = []
+    for m in msgs:
+        body = m.body
+        if isinstance(body, str):
+            body = body.encode()
+        if not isinstance(body, (bytes, bytearray, memoryview)):
+            raise InvalidMessageError(
+                f"message body must be bytes or str, got {type(m.body).__name__}")
+        if len(body) > max_message_size_bytes:
+            raise InvalidMessageError(
+                f"message body of {len(body)} bytes exceeds maxMessageSize "
+                f"({max_message_size_bytes} bytes)")
+        bodies.append(bytes(body))
+        if isinstance(m.keys, str):
+            raise InvalidMessageError("message keys must be a list of strings, not one string")
+    n = len(msgs)
+
+    def optional(values: list, typ: pa.DataType) -> pa.Array:
+        # most messages leave most fields unset: an all-null column needs no conversion
+        for v in values:
+            if v is not None:
+                return pa.array(values, typ)
+        return pa.nulls(n, typ)
+
+    try:
+        arrays = [
+            pa.array([m.topic for m in msgs], pa.string()),
+            pa.array(queue_ids, pa.int32()),
+            pa.array(bodies, pa.binary()),
+            optional([m.tags for m in msgs], pa.string()),
+            optional([list(m.keys) if m.keys else None for m in msgs], pa.list_(pa.string())),
+            optional([list(m.properties.items()) if m.properties else None for m in msgs],
+                     pa.map_(pa.string(), pa.string())),
+            pa.array([m.born_timestamp if m.born_timestamp is not None else now for m in msgs],
+                     fmt.TS),
+            pa.array([now] * n, fmt.TS),
+            optional([m.born_host for m in msgs], pa.string()),
+            pa.array([store_host] * n, pa.string()),
+            pa.array([m.reconsume_times for m in msgs], pa.int32()),
+            optional([m.delivery_timestamp for m in msgs], fmt.TS),
+            optional([m.message_group for m in msgs], pa.string()),
+            optional([m.transaction_id for m in msgs], pa.string()),
+            pa.array([m.message_type for m in msgs], pa.int8()),
+            optional([m.unique_key for m in msgs], pa.string()),
+        ]
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+        raise InvalidMessageError(f"message field has the wrong type: {exc}") from exc
+    return pa.RecordBatch.from_arrays(arrays, schema=fmt.SEGMENT_SCHEMA)
+
+
+def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
+                        store_host: str, now_ms: int) -> pa.RecordBatch:
+    """A batch in SEGMENT_SCHEMA from per-column values (Python lists or Arrow arrays,
+    any subset of the schema's columns, ``n`` rows each). Missing columns get their
+    defaults: ``queue_id`` null (the store chooses: :class:`QueueChooser`),
+    ``born_timestamp`` and ``store_timestamp`` ``now_ms`` (the store restamps the
+    latter under its append lock), ``store_host``, ``reconsume_times`` 0,
+    ``message_type`` NORMAL, the rest null. A ``born_timestamp`` list may hold None
+    (then ``now_ms``). Feed the result to ``Store.append_batch`` (its no-cast path)."""
+    out = []
+    for f in fmt.SEGMENT_SCHEMA:
+        v = columns.get(f.name)
+        if v is None:
+            out.append(_default_column(f, n, store_host, now_ms))
+            continue
+        if isinstance(v, pa.ChunkedArray):
+            v = v.chunk(0) if v.num_chunks == 1 else pa.concat_arrays(v.chunks)
+        if f.name == "born_timestamp" and not isinstance(v, pa.Array) and None in v:
+            v = [now_ms if b is None else b for b in v]
+        arr = v if isinstance(v, pa.Array) else pa.array(v, f.type)
+        out.append(arr if arr.type == f.type else arr.cast(f.type))
+    return pa.RecordBatch.from_arrays(out, schema=fmt.SEGMENT_SCHEMA)
+
+
+def _default_column(f: pa.Field, n: int, store_host: str, now_ms: int) -> pa.Array:
+    if f.name in ("born_timestamp", "store_timestamp"):
+        return pa.repeat(pa.scalar(now_ms, fmt.TS), n)
+    if f.name == "store_host":
+        return pa.repeat(pa.scalar(store_host, pa.string()), n)
+    if f.name == "reconsume_times":
+        return pa.array(np.zeros(n, np.int32))
+    if f.name == "message_type":
+        return pa.array(np.zeros(n, np.int8))
+    return pa.nulls(n, f.type)
+
+
+def _col(table: pa.Table, name: str) -> pa.Array:
+    """Column ``name`` as one array; zero copy when it has one chunk
+    (``ChunkedArray.combine_chunks`` copies even then)."""
+    col = table.column(name)
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
+
+
+def stamp_store_time(batch: pa.RecordBatch, ts_ms: int) -> tuple[pa.RecordBatch, np.ndarray]:
+    """``batch`` with every row's store_timestamp set to ``ts_ms``, and that column as
+    int64 ms (what dispatch keeps)."""
+    n = batch.num_rows
+    ts = np.full(n, ts_ms, np.int64)
+    return batch.set_column(_STORE_TS_COLUMN, _STORE_TS_FIELD, pa.Array.from_buffers(
+        fmt.TS, n, [None, pa.py_buffer(ts)])), ts
+
+
+class BatchBuilder:
+    """Builds and validates a store's batches (see the module docstring).
+
+    ``topic_conf(name)`` returns a writable topic's config or raises (the store
+    creates topics there when auto-create is on); ``clock_ms`` stamps
+    ``born_timestamp`` defaults. Used under the store's append lock or by one
+    thread (the chooser's round robin is not locked)."""
+
+    def __init__(self, topic_conf: Callable[[str], dict], *, max_message_size_bytes: int,
+                 store_host: str, clock_ms: Callable[[], int],
+                 chooser: QueueChooser | None = None):
+        self.topic_conf = topic_conf
+        self.max_message_size_bytes = max_message_size_bytes
+        self.store_host = store_host
+        self.clock_ms = clock_ms
+        self.chooser = chooser or QueueChooser()
+
+    def queue_ids_for(self, msgs: list[Message]) -> list[int]:
+        """The queue of each message (checks its topic)."""
+        qids = []
+        confs: dict[str, dict] = {}
+        for m in msgs:
+            conf = confs.get(m.topic) if isinstance(m.topic, str) else None
+            if conf is None:
+                conf = confs[m.topic] = self.topic_conf(m.topic)
+            qids.append(self.chooser.choose_one(conf, m.queue_id, m.message_group))
+        return qids
+
+    def from_messages(self, msgs: list[Message], queue_ids: Sequence[int],
+                      store_ts_ms: int) -> pa.RecordBatch:
+        return messages_to_batch(msgs, queue_ids=queue_ids, store_timestamp_ms=store_ts_ms,
+                                 store_host=self.store_host,
+                                 max_message_size_bytes=self.max_message_size_bytes)
+
+    def check_segment_batch(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, RowInfo]:
+        """Validate a batch already in SEGMENT_SCHEMA (no cast, no copy): the same
+        checks as :meth:`normalize`. Returns the batch (with queue ids chosen if the
+        column had nulls) and what dispatch can reuse."""
+        n = batch.num_rows
+        if n == 0:
+            raise InvalidMessageError("append_batch got no rows")
+        if batch.schema.metadata != fmt.SEGMENT_SCHEMA.metadata:   # zero copy: same arrays
+            batch = pa.RecordBatch.from_arrays(batch.columns, schema=fmt.SEGMENT_SCHEMA)
+        topics = batch.column(0)
+        if topics.null_count:
+            raise InvalidMessageError("topic column has nulls")
+        body = batch.column(2)
+        sizes = binary_lengths(body) if not body.null_count else None
+        check_bodies(body, self.max_message_size_bytes, sizes)
+        if n == 1:
+            names, idx = [topics[0].as_py()], None
+        else:
+            names, idx = pc.unique(topics).to_pylist(), None     # (cheaper than encoding)
+            if len(names) > 1:
+                enc = pc.dictionary_encode(topics)
+                names = enc.dictionary.to_pylist()
+                idx = enc.indices.to_numpy()
+        confs = [self.topic_conf(t) for t in names]
+        qcol = batch.column(1)
+        if qcol.null_count == 0:
+            qids = qcol.to_numpy()
+            for i, conf in enumerate(confs):
+                q = qids if idx is None else qids[idx == i]
+                lo, hi = (int(q[0]), int(q[0])) if n == 1 else (int(q.min()), int(q.max()))
+                if lo < 0 or hi >= conf["writeQueueNums"]:
+                    raise QueueNotFoundError(
+                        f"queue_id out of range for topic {names[i]!r} "
+                        f"(0..{conf['writeQueueNums'] - 1})")
+        else:
+            qids = self.chooser.choose(qcol, names, idx, [c["writeQueueNums"] for c in confs],
+                                       n, batch.column(_MESSAGE_GROUP_COLUMN))
+            batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
+        return batch, RowInfo(names, idx, qids, sizes)
+
+    def normalize(self, table: pa.Table) -> pa.RecordBatch:
+        """A batch in SEGMENT_SCHEMA from a table with at least ``topic`` and ``body``
+        (other columns cast; missing ones get their defaults; queue ids chosen)."""
+        names = table.schema.names
+        for need in ("topic", "body"):
+            if need not in names:
+                raise InvalidMessageError(f"append_batch needs a {need!r} column; got {names}")
+        n = table.num_rows
+        if n == 0:
+            raise InvalidMessageError("append_batch got no rows")
+        table = table.combine_chunks()   # now one chunk per column: _col is zero copy
+        topics = _col(table, "topic")
+        if topics.null_count:
+            raise InvalidMessageError("topic column has nulls")
+        body = _col(table, "body")
+        if pa.types.is_string(body.type) or pa.types.is_large_string(body.type):
+            body = body.cast(pa.binary())
+        check_bodies(body, self.max_message_size_bytes)
+        confs = {t: self.topic_conf(t) for t in pc.unique(topics).to_pylist()}
+        if "queue_id" in names and table.column("queue_id").null_count == 0:
+            qids = self._checked_queue_ids(_col(table, "queue_id").cast(pa.int32()), topics,
+                                           confs)
+        else:   # no queue_id column, or one with nulls: the null rows are chosen
+            qids = pa.array(self._choose_missing(table, topics, confs, n), pa.int32())
+        cols = {"topic": topics.cast(pa.string()), "queue_id": qids, "body": body}
+        for f in fmt.SEGMENT_SCHEMA:
+            if f.name in cols or f.name not in names:
+                continue
+            try:
+                cols[f.name] = _col(table, f.name).cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InvalidMessageError(
+                    f"column {f.name!r} has type {table.column(f.name).type}, expected "
+                    f"{f.type}: {exc}") from None
+        return build_segment_batch(cols, n, store_host=self.store_host, now_ms=self.clock_ms())
+
+    @staticmethod
+    def _checked_queue_ids(qids: pa.Array, topics: pa.Array, confs: dict) -> pa.Array:
+        for t, conf in confs.items():
+            if len(confs) == 1:   # every row has this topic: min/max decide
+                lo_hi = pc.min_max(qids)
+                bad = lo_hi["min"].as_py() < 0 or lo_hi["max"].as_py() >= conf["writeQueueNums"]
+            else:
+                mask = pc.equal(topics, t)
+                bad = pc.any(pc.and_(mask, pc.or_(pc.less(qids, 0), pc.greater_equal(
+                    qids, conf["writeQueueNums"])))).as_py()
+            if bad:
+                raise QueueNotFoundError(
+                    f"queue_id out of range for topic {t!r} (0..{conf['writeQueueNums'] - 1})")
+        return qids
+
+    def _choose_missing(self, table: pa.Table, topics: pa.Array, confs: dict,
+                        n: int) -> np.ndarray:
+        names = table.schema.names
+        enc = pc.dictionary_encode(topics)
+        tnames = enc.dictionary.to_pylist()
+        idx = enc.indices.to_numpy() if len(tnames) > 1 else None
+        given = _col(table, "queue_id") if "queue_id" in names else None
+        if given is not None and not pa.types.is_integer(given.type) and given.null_count < n:
+            raise InvalidMessageError(
+                f"column 'queue_id' has type {given.type}, expected an integer type")
+        groups = None
+        if "message_group" in names:
+            groups = _col(table, "message_group")
+            if not (pa.types.is_string(groups.type) or pa.types.is_large_string(groups.type)
+                    or pa.types.is_null(groups.type)):
+                raise InvalidMessageError(
+                    f"column 'message_group' has type {groups.type}, expected string")
+            groups = None if pa.types.is_null(groups.type) else groups
+        return self.chooser.choose(given, tnames, idx,
+                                   [confs[t]["writeQueueNums"] for t in tnames], n, groups)

@@ -1,0 +1,173 @@
+"""The writer lease: who may write a store, and with which epoch.
+
+A store has at most one writer: the owner of the newest ``lease`` action of its
+transaction log (FORMAT.md). The owner is ``<host>:<pid>:<token>``; the epoch
+grows with every new writer (and with every promotion of a replica). A writer
+renews its lease at its publishes; a lease unrenewed past ``expiresTime`` may be
+taken over; a writer whose lease was taken learns it at its next commit
+(:meth:`WriterLease.check`, raising FencedError) and refuses writes from then on.
+
+:func:`lease_status` is the one place that decides whether a lease is free,
+live or left by a crash; the in-process registry (:func:`register_live`,
+:func:`live_writer`) tells a live Store of this process from a dead one.
+
+On disk: only the ``lease`` actions of the log. After a crash: the lease stays
+unreleased until it expires (or its holder process is seen gone on this host);
+the next writer takes it with epoch + 1 and recovers. Thread-safety: the
+registry is thread-safe; a :class:`WriterLease` is used under the store's
+commit lock.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+import weakref
+from typing import Callable
+
+from ..errors import FencedError, StoreLockedError
+from .txlog import LogState
+
+log = logging.getLogger("sparkmq.store")
+
+LEASE_FREE = "free"
+LEASE_LIVE = "live"
+LEASE_CRASHED = "crashed"
+
+_LIVE: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+
+
+def register_live(token: str, writer: object) -> None:
+    """``writer`` (a Store) holds the lease with owner token ``token`` in this process."""
+    _LIVE[token] = writer
+
+
+def unregister_live(token: str) -> None:
+    _LIVE.pop(token, None)
+
+
+def live_writer(token: str):
+    """The live writer of this process with owner token ``token``, or None."""
+    return _LIVE.get(token)
+
+
+def parse_owner(owner: str) -> tuple[str, str, str]:
+    """(host, pid, token) of a lease owner ``host:pid:token``."""
+    host, _, rest = str(owner or "").partition(":")
+    pid_s, _, token = rest.partition(":")
+    return host, pid_s, token
+
+
+def local_token(lease: dict) -> str | None:
+    """The owner token when the lease is held by this very process, else None."""
+    host, pid_s, token = parse_owner(lease.get("owner", ""))
+    return token if host == socket.gethostname() and pid_s == str(os.getpid()) else None
+
+
+def lease_status(lease: dict | None, now_ms: int) -> str:
+    """``free`` (none, or released), ``live`` (held), or ``crashed`` (its holder is gone).
+
+    A lease is live while it is unexpired and, when its owner runs on this host,
+    the owner process (and in this process, the owning Store) still exists.
+    """
+    if not lease or lease.get("released"):
+        return LEASE_FREE
+    if now_ms > int(lease.get("expiresTime", 0)):
+        return LEASE_CRASHED
+    host, pid_s, token = parse_owner(lease.get("owner", ""))
+    if host == socket.gethostname() and pid_s.isdigit():
+        pid = int(pid_s)
+        if pid == os.getpid():
+            return LEASE_LIVE if token in _LIVE else LEASE_CRASHED
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return LEASE_CRASHED
+        except PermissionError:
+            return LEASE_LIVE
+    return LEASE_LIVE
+
+
+class WriterLease:
+    """This writer's lease on the store at ``url``: identity, epoch, fencing.
+
+    Builds the ``lease`` actions (acquire, renew, promote, advertise, release);
+    the store commits them. ``fenced`` turns true once a newer writer is seen
+    (or :meth:`fence` is called): every write is refused from then on.
+    Not thread-safe by itself: the store calls it under its commit lock.
+    """
+
+    def __init__(self, url: str, clock_ms: Callable[[], int], timeout_ms: int):
+        self.url = url
+        self.clock_ms = clock_ms
+        self.timeout_ms = timeout_ms
+        self.token = uuid.uuid4().hex[:12]
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{self.token}"
+        self.epoch = 0
+        self.endpoint: str | None = None   # admin URL of a broker holding the lease
+        self.fenced = False
+
+    def is_held_by_other(self, lease: dict | None) -> bool:
+        """True if ``lease`` belongs to another writer that is still live."""
+        return bool(lease) and lease.get("owner") != self.owner and \
+            lease_status(lease, self.clock_ms()) == LEASE_LIVE
+
+    def acquire(self, state: LogState) -> tuple[list[dict], bool]:
+        """The actions taking the lease (epoch + 1) and whether the previous writer
+        left it unreleased (a crash). Raises StoreLockedError while another writer
+        holds it."""
+        lease = state.lease
+        if self.is_held_by_other(lease):
+            raise StoreLockedError(
+                f"store {self.url} is held by writer {lease['owner']} (epoch "
+                f"{lease['epoch']}) until {lease.get('expiresTime')}; stop it or open "
+                "the store with mode='r'")
+        self.epoch = int((lease or {}).get("epoch", 0)) + 1
+        crashed = bool(lease) and not lease.get("released")
+        now = self.clock_ms()
+        return [{"lease": {"owner": self.owner, "epoch": self.epoch, "acquiredTime": now,
+                           "expiresTime": now + self.timeout_ms, "released": False}}], crashed
+
+    def check(self, state: LogState) -> None:
+        """Raise FencedError (and stay fenced) unless ``state``'s lease is still ours."""
+        lease = state.lease or {}
+        if lease.get("owner") != self.owner or int(lease.get("epoch", -1)) != self.epoch:
+            self.fenced = True
+            raise FencedError(
+                f"store {self.url}: writer lease now belongs to {lease.get('owner')} epoch "
+                f"{lease.get('epoch')}; this writer (epoch {self.epoch}) must stop")
+
+    def fence(self) -> None:
+        self.fenced = True
+
+    def promotion(self, state: LogState, new_epoch: int) -> list[dict]:
+        """The action re-taking the lease with ``new_epoch`` (a replica's promotion)."""
+        lease = dict(state.lease or {})
+        lease.update(owner=self.owner, epoch=new_epoch, released=False,
+                     expiresTime=self.clock_ms() + self.timeout_ms)
+        return [{"lease": lease}]
+
+    def renewal_due(self, state: LogState) -> bool:
+        lease = state.lease or {}
+        return int(lease.get("expiresTime", 0)) - self.clock_ms() < self.timeout_ms // 2
+
+    def renewal(self, state: LogState) -> dict:
+        """The renewed ``lease`` action (keeps the advertised endpoint)."""
+        lease = state.lease or {}
+        now = self.clock_ms()
+        return {"lease": {"owner": self.owner, "epoch": self.epoch,
+                          "acquiredTime": lease.get("acquiredTime", now),
+                          "expiresTime": now + self.timeout_ms, "released": False,
+                          **({"endpoint": self.endpoint} if self.endpoint else {})}}
+
+    def advertising(self, state: LogState, endpoint: str) -> list[dict]:
+        self.endpoint = endpoint
+        lease = dict(state.lease or {})
+        lease["endpoint"] = endpoint
+        return [{"lease": lease}]
+
+    def release(self, state: LogState) -> list[dict]:
+        lease = dict(state.lease or {})
+        lease.update(released=True, expiresTime=self.clock_ms())
+        return [{"lease": lease}]

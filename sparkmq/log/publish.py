@@ -1,0 +1,170 @@
+"""Publishing a writer's progress, and tiered compaction of side tables.
+
+:func:`publish` commits, in one transaction-log version, what the store did
+since the last publish: segment sizes (never past the dispatched and flushed
+offset), new ConsumeQueue and Index side files (one per ``compact_max_rows``
+entries), extra actions of the caller, and the lease renewal. :func:`compact`
+merges small side files of a kind (tiered: at most ``compact_max_rows`` rows
+per merge; files of half that are left alone) and drops entries below the
+retention floor.
+
+On disk: writes ``consumequeue/*.parquet`` and ``index/*.parquet`` before the
+commit that adds them. After a crash: files written without their commit are
+orphans (vacuum deletes them); the unpublished CommitLog tail is recovered.
+Thread-safety: both hold the store's commit lock.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from . import format as fmt
+from .batch import pack
+from .consumequeue import chunks_to_side_table, compact_side_tables, consumequeue_add, \
+    write_side_table
+from .index import index_add
+from .txlog import LogState
+
+if TYPE_CHECKING:
+    from .store import Store
+
+log = logging.getLogger("sparkmq.store")
+
+
+def publish(store: "Store", *, force: bool = False, extra_actions: Sequence[dict] = (),
+            operation: str = "PUBLISH", parameters: dict | None = None) -> LogState:
+    """Commit progress: flushed segment sizes, new side-table files, lease renewal."""
+    if not store.writable or store.closed and not force:
+        return store.state
+    with store.commit_lock:
+        # flushed and dispatched: an append writes its bytes before it dispatches, and
+        # the flush service may flush them in between
+        upto = min(store.dispatcher.dispatched_offset, store.commitlog.flushed_offset)
+        taken = store.cq.take_unpersisted(upto)
+        itable = store.index.take_unpersisted(upto)
+        actions: list[dict] = []
+        written: list[str] = []
+        try:
+            for ref in store.commitlog.segments():
+                sealed = ref.sealed and ref.end_offset <= upto  # (a roll may be newer)
+                size = ref.size if sealed else min(ref.size, max(0, upto - ref.base_offset))
+                prev = store.state.segments.get(ref.path)
+                if prev is not None and int(prev["size"]) == size and \
+                        bool(prev.get("sealed")) == sealed:
+                    continue
+                if size <= 0:
+                    continue
+                actions.append({"add": {"path": ref.path, "kind": "segment",
+                                        "baseOffset": ref.base_offset, "size": size,
+                                        "sealed": sealed,
+                                        "modificationTime": store.clock_ms()}})
+            for part in split_chunks(taken, store.config.compact_max_rows):
+                # one file per compact_max_rows entries: a publish that lagged
+                # builds no table bigger than a compaction would
+                table = chunks_to_side_table(part)
+                rel = fmt.consumequeue_file()
+                size = write_side_table(store.sfs, rel, table,
+                                        row_group_rows=store.config.side_table_row_group_rows)
+                written.append(rel)
+                actions.append({"add": consumequeue_add(rel, table, size)})
+                del table
+            if itable.num_rows:
+                rel = fmt.index_file()
+                size = write_side_table(store.sfs, rel, itable,
+                                        row_group_rows=store.config.side_table_row_group_rows)
+                written.append(rel)
+                actions.append({"add": index_add(rel, itable, size)})
+            actions.extend(extra_actions)
+            if not actions and not force and not store.lease.renewal_due(store.state):
+                return store.state
+            actions.append(store.lease.renewal(store.state))
+            frozen = list(actions)
+            state = store.commit_actions(lambda s: frozen, operation, parameters)
+        except BaseException:
+            store.cq.restore_unpersisted(taken)
+            store.index.restore_unpersisted(itable)
+            store.sfs.delete_many(written)
+            raise
+        store.cq.evict()
+    if any(len(small_files(files, store.config.compact_max_rows)) >
+           store.config.compact_after_files
+           for files in (store.state.consumequeue_files, store.state.index_files)):
+        try:
+            store.compact()
+        except Exception:
+            log.exception("compaction failed; will retry at the next publish")
+    return state
+
+
+def compact(store: "Store") -> None:
+    """Merge small side-table files of a kind (dataChange false), dropping the
+    entries below the retention floor (readers skip them anyway).
+
+    Tiered: a merged file holds at most ``compact_max_rows`` rows, and files
+    of at least half that are left alone. One merge thus reads a bounded
+    number of rows (its memory does not grow with the store) and old
+    entries are not rewritten at every compaction."""
+    with store.commit_lock:
+        for kind, files, keys, schema, make_add, new_rel in (
+                ("consumequeue", store.state.consumequeue_files,
+                 ["topic_id", "queue_id", "queue_offset"], fmt.CONSUMEQUEUE_SCHEMA,
+                 consumequeue_add, fmt.consumequeue_file),
+                ("index", store.state.index_files, ["topic_id", "key"], fmt.INDEX_SCHEMA,
+                 index_add, fmt.index_file)):
+            for adds in compaction_groups(small_files(files, store.config.compact_max_rows),
+                                           store.config.compact_max_rows):
+                table = above_retention_floor(
+                    compact_side_tables(store.sfs, adds, keys, schema), store.state.retention)
+                now = store.clock_ms()
+                actions = [{"remove": {"path": a["path"], "deletionTimestamp": now,
+                                       "dataChange": False}} for a in adds]
+                if table.num_rows:   # (all below the floor: the files just go)
+                    rel = new_rel()
+                    size = write_side_table(
+                        store.sfs, rel, table,
+                        row_group_rows=store.config.side_table_row_group_rows)
+                    actions.append({"add": make_add(rel, table, size)})
+                del table
+                store.commit_actions(lambda s, a=actions: a, "COMPACT", {"kind": kind})
+
+
+def small_files(files: dict[str, dict], max_rows: int) -> list[dict]:
+    """Side-table adds with fewer than ``max_rows // 2`` rows, in commit order."""
+    return [a for a in files.values() if int(a.get("rows", 0)) < max_rows // 2]
+
+
+def compaction_groups(adds: list[dict], max_rows: int) -> list[list[dict]]:
+    """Split small files into merges of two or more files and at most ``max_rows``
+    rows (greedy in commit order). Each file has under half of ``max_rows``, so
+    every group but the last ends with more than half: it leaves the small tier."""
+    return [g for g in pack(adds, max_rows, lambda a: int(a.get("rows", 0))) if len(g) > 1]
+
+
+def split_chunks(taken: list, max_rows: int) -> list[list]:
+    """Consecutive parts of (tid, qid, chunk) with at most ``max_rows`` entries each
+    (a single chunk bigger than that is a part of its own)."""
+    return pack(taken, max_rows, lambda item: len(item[2].rows))
+
+
+def above_retention_floor(table: pa.Table, retention: dict | None) -> pa.Table:
+    """The rows of a ConsumeQueue or Index table that retention has not removed: batch
+    at or past ``minPhysicalOffset`` and queue offset at or past its queue's
+    ``minOffset`` (FORMAT.md section 13). Order is kept."""
+    if not retention or table.num_rows == 0:
+        return table
+    keep = np.asarray(table.column("batch_offset").to_numpy()) >= \
+        int(retention.get("minPhysicalOffset", 0))
+    floors = sorted(((int(q["topicId"]) << 32) | int(q["queueId"]), int(q["minOffset"]))
+                    for q in retention.get("queues", ()))
+    if floors:
+        keys = np.array([k for k, _ in floors], np.int64)
+        mins = np.array([m for _, m in floors], np.int64)
+        row_keys = (np.asarray(table.column("topic_id").to_numpy(), np.int64) << 32) | \
+            np.asarray(table.column("queue_id").to_numpy(), np.int64)
+        pos = np.minimum(np.searchsorted(keys, row_keys), len(keys) - 1)
+        floor = np.where(keys[pos] == row_keys, mins[pos], 0)
+        keep &= np.asarray(table.column("queue_offset").to_numpy()) >= floor
+    return table if keep.all() else table.filter(pa.array(keep))

@@ -1,0 +1,222 @@
+"""Topics, subscription groups and consumer offsets of a writable store.
+
+Each function validates its arguments, then commits its actions (``topic``,
+``subscriptionGroup``, ``consumerOffset``) as the store's writer, in one
+transaction-log version (FORMAT.md); a lost race re-reads and rebuilds.
+:func:`group_delete_actions` is shared with the replica's metadata mirror.
+
+On disk: only transaction-log actions. After a crash: a committed action is
+there, an uncommitted one is not (nothing to recover). Thread-safety: commits
+are serialized by the store's commit lock; a deleted topic's in-memory queues
+are dropped under the append lock.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import GroupNotFoundError, TopicExistsError, TopicNotFoundError, UserError
+from .batch import PERM_RW
+from .names import validate_group, validate_topic
+from .txlog import LogState
+
+if TYPE_CHECKING:
+    from .store import Store
+
+
+def create_topic(store: "Store", name: str, *, read_queue_nums: int | None = None,
+                 write_queue_nums: int | None = None, perm: int = PERM_RW,
+                 attributes: dict | None = None, system: bool = False,
+                 exist_ok: bool = False, retention_ms: int | None = None,
+                 retention_bytes: int | None = None) -> dict:
+    """Create a topic (committed at once). Returns its config.
+
+    ``retention_ms`` / ``retention_bytes`` (per queue, message bodies) give the
+    topic its own retention on top of the broker default (log/retention.py)."""
+    store.require_writable()
+    store.require_not_replica()
+    validate_topic(name, system=system)
+    n = store.config.default_topic_queue_nums
+    rq = n if read_queue_nums is None else read_queue_nums
+    wq = n if write_queue_nums is None else write_queue_nums
+    check_queue_nums(rq, wq, perm)
+    retention = retention_fields({}, retention_ms, retention_bytes)
+    created: dict = {}
+
+    def build(state: LogState):
+        if name in state.topics:
+            if exist_ok:
+                created.update(state.topics[name])
+                return None
+            raise TopicExistsError(f"topic {name!r} already exists")
+        t = {"name": name, "id": state.next_topic_id(), "readQueueNums": rq,
+             "writeQueueNums": wq, "perm": perm, "createdTime": store.clock_ms(),
+             "attributes": dict(attributes or {}), "deleted": False, **retention}
+        created.clear()
+        created.update(t)
+        return [{"topic": t}]
+    store.commit_actions(build, "CREATE TOPIC", {"topic": name})
+    return dict(created)
+
+
+def update_topic(store: "Store", name: str, *, read_queue_nums: int | None = None,
+                 write_queue_nums: int | None = None, perm: int | None = None,
+                 attributes: dict | None = None, retention_ms: int | None = None,
+                 retention_bytes: int | None = None) -> dict:
+    """Change a topic's queue counts, permission, attributes or retention
+    (``retention_ms`` / ``retention_bytes``: None keeps, 0 goes back to the
+    broker default)."""
+    store.require_writable()
+    store.require_not_replica()
+    retention_fields({}, retention_ms, retention_bytes)   # validates before the commit
+    updated: dict = {}
+
+    def build(state: LogState):
+        t = state.topics.get(name)
+        if t is None:
+            raise TopicNotFoundError(f"topic {name!r} does not exist")
+        t = dict(t)
+        if read_queue_nums is not None:
+            t["readQueueNums"] = read_queue_nums
+        if write_queue_nums is not None:
+            t["writeQueueNums"] = write_queue_nums
+        if perm is not None:
+            t["perm"] = perm
+        if attributes is not None:
+            t["attributes"] = dict(attributes)
+        t = retention_fields(t, retention_ms, retention_bytes)
+        check_queue_nums(t["readQueueNums"], t["writeQueueNums"], t["perm"])
+        updated.clear()
+        updated.update(t)
+        return [{"topic": t}]
+    store.commit_actions(build, "UPDATE TOPIC", {"topic": name})
+    return dict(updated)
+
+
+def delete_topic(store: "Store", name: str) -> None:
+    """Delete a topic: its messages stay in segments until retention, unreadable."""
+    store.require_writable()
+    store.publish(force=True)   # persist its entries under the old id first
+    tid = None
+
+    def build(state: LogState):
+        nonlocal tid
+        t = state.topics.get(name)
+        if t is None:
+            raise TopicNotFoundError(f"topic {name!r} does not exist")
+        tid = t["id"]
+        return [{"topic": {**t, "deleted": True}}]
+    store.commit_actions(build, "DELETE TOPIC", {"topic": name})
+    with store.append_lock:
+        store.dispatcher.drop_topic(tid)
+
+
+def commit_consumer_offsets(store: "Store", group: str, offsets: dict[tuple[str, int], int], *,
+                            client_id: str | None = None) -> None:
+    """Record a consumer group's offsets (next offset to consume) per (topic, queue)."""
+    store.require_writable()
+    validate_group(group)
+
+    store.commit_actions(lambda state: consumer_offset_actions(state, group, offsets, client_id),
+                         "COMMIT OFFSETS", {"group": group})
+
+
+def consumer_offset_actions(state: LogState, group: str, offsets: dict[tuple[str, int], int],
+                            client_id: str | None, *, where: str = "") -> list[dict] | None:
+    """The ``consumerOffset`` actions recording ``offsets`` ((topic, queue) -> next
+    offset) of ``group`` in ``state`` (None if there are none); TopicNotFoundError
+    names ``where`` (a store) for an unknown topic."""
+    actions = []
+    for (topic, qid), off in sorted(offsets.items()):
+        t = state.topics.get(topic)
+        if t is None:
+            raise TopicNotFoundError(f"topic {topic!r} does not exist{where}")
+        actions.append({"consumerOffset": {"group": group, "topicId": t["id"],
+                                           "queueId": int(qid), "offset": int(off),
+                                           "clientId": client_id}})
+    return actions or None
+
+
+def create_group(store: "Store", group: str, *, retry_max_times: int | None = None,
+                 consume_broadcast_enable: bool = True, consume_enable: bool = True,
+                 ) -> dict:
+    """Create or replace a consumer group's subscription group config (mqadmin
+    updateSubGroup), committed at once as a ``subscriptionGroup`` action.
+    ``retry_max_times`` (None: the broker's ``maxReconsumeTimes``) bounds
+    redeliveries before the dead-letter queue; ``consume_enable=False`` makes the
+    broker refuse receives of the group, ``consume_broadcast_enable=False`` its
+    broadcasting consumers (RocketMQ's defaults: both allowed)."""
+    store.require_writable()
+    validate_group(group)
+    if retry_max_times is not None and (isinstance(retry_max_times, bool) or not
+                                        isinstance(retry_max_times, int) or
+                                        not 0 <= retry_max_times <= 10_000):
+        raise UserError(f"retry_max_times must be an integer in 0..10000, "
+                        f"got {retry_max_times!r}")
+    conf = {"groupName": group, "consumeEnable": bool(consume_enable),
+            "consumeBroadcastEnable": bool(consume_broadcast_enable),
+            "createdTime": store.clock_ms(), "deleted": False}
+    if retry_max_times is not None:
+        conf["retryMaxTimes"] = retry_max_times
+
+    def build(state: LogState):
+        prev = state.subscription_groups.get(group)
+        if prev is not None:
+            conf["createdTime"] = prev.get("createdTime", conf["createdTime"])
+        return [{"subscriptionGroup": conf}]
+    store.commit_actions(build, "UPDATE GROUP", {"group": group})
+    return dict(conf)
+
+
+def delete_group(store: "Store", group: str, *, remove_offsets: bool = True) -> None:
+    """Delete a group's config and (``remove_offsets``) its committed consumer
+    offsets, in one commit. A group known only by its offsets can be deleted
+    too; a group unknown in both ways is an error."""
+    store.require_writable()
+
+    def build(state: LogState):
+        if group not in state.subscription_groups and \
+                not any(k[0] == group for k in state.consumer_offsets):
+            raise GroupNotFoundError(
+                f"consumer group {group!r} has neither a config nor offsets in {store.url}")
+        return group_delete_actions(state, group, remove_offsets=remove_offsets)
+    store.commit_actions(build, "DELETE GROUP", {"group": group})
+
+
+def check_queue_nums(rq: int, wq: int, perm: int) -> None:
+    for name, v in (("read_queue_nums", rq), ("write_queue_nums", wq)):
+        if not isinstance(v, int) or not 1 <= v <= 1024:
+            raise UserError(f"{name} must be an integer in 1..1024, got {v!r}")
+    if perm not in (0, 2, 4, 6):
+        raise UserError(f"perm must be 2 (write), 4 (read) or 6 (read+write), got {perm!r}")
+
+
+def retention_fields(topic: dict, retention_ms: int | None,
+                      retention_bytes: int | None) -> dict:
+    """``topic`` with ``retentionMs`` / ``retentionBytes`` set (None keeps, 0 removes)."""
+    out = dict(topic)
+    for key, v, what in (("retentionMs", retention_ms, "retention_ms (milliseconds)"),
+                         ("retentionBytes", retention_bytes, "retention_bytes (bytes per queue)")):
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise UserError(f"{what} must be a positive integer, or 0 for the broker "
+                            f"default; got {v!r}")
+        if v == 0:
+            out.pop(key, None)
+        else:
+            out[key] = v
+    return out
+
+
+def group_delete_actions(state: LogState, group: str, *, remove_offsets: bool = True,
+                         keep: frozenset | set = frozenset()) -> list[dict]:
+    """The actions deleting ``group``'s subscription group config and (with
+    ``remove_offsets``) its committed consumer offsets in ``state``, except the
+    offset keys (group, topic id, queue id, client id) in ``keep``."""
+    actions = [{"subscriptionGroup": {"groupName": group, "deleted": True}}]
+    if remove_offsets:
+        actions += [{"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
+                                        "clientId": cid or None, "offset": None}}
+                    for (g, tid, qid, cid) in state.consumer_offsets
+                    if g == group and (g, tid, qid, cid) not in keep]
+    return actions
