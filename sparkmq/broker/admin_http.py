@@ -22,6 +22,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ..errors import InvalidConfigError, SparkMQError, TopicNotFoundError, UserError
+from ..log.batch import PERM_RW
 from ..log.committer import ADOPT_PATH
 
 log = logging.getLogger("sparkmq.broker")
@@ -56,7 +57,7 @@ class BrokerAdmin:
             self.broker.topic_created(name)
             return {"topic": name, **conf}
         n = int(request.get("queueNums") or self.store.config.default_topic_queue_nums)
-        perm = int(request.get("perm") or 6)
+        perm = int(request.get("perm") or PERM_RW)
         if self.broker.topic_conf(name) is not None:
             conf = self.store.update_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm,
                                            **retention)
