@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 
 from ..errors import SparkMQError, UserError
 from ..log import format as fmt
+from ..log.batch import build_segment_batch
 from ..log.message import Message
 
 log = logging.getLogger(__name__)
@@ -456,7 +457,7 @@ class ScheduleService:
         if not tables:
             return None
         t = (tables[0] if len(tables) == 1 else pa.concat_tables(tables)).combine_chunks()
-        return _segment_batch(t, self.store.config.store_host)
+        return _segment_batch(t, self.store.config.store_host, self.clock_ms())
 
     def _maybe_persist(self) -> None:
         """Persist progress every persist_interval_ms, but not while the next message is
@@ -484,28 +485,16 @@ class ScheduleService:
                 self._committed[q] = f
 
 
-def _segment_batch(t: pa.Table, store_host: str) -> pa.RecordBatch:
-    """Delivered rows as one batch in SEGMENT_SCHEMA, so ``Store.append_batch`` takes its
-    no-cast path (queue ids null: chosen round robin; store time stamped by the store)."""
-    n = t.num_rows
-
-    def col(name: str) -> pa.Array:
-        c = t.column(name)
-        return c.chunk(0) if c.num_chunks == 1 else pa.concat_arrays(c.chunks)
-
-    cols = {
-        "topic": col("topic"), "queue_id": pa.nulls(n, pa.int32()), "body": col("body"),
-        "tags": col("tags"), "keys": col("keys"), "properties": col("properties"),
-        "born_timestamp": col("born_timestamp"), "store_timestamp": col("born_timestamp"),
-        "born_host": col("born_host"), "store_host": pa.repeat(pa.scalar(store_host), n),
-        "reconsume_times": pa.repeat(pa.scalar(0, pa.int32()), n),
-        "delivery_timestamp": col("delivery_timestamp"),
-        "message_group": pa.nulls(n, pa.string()), "transaction_id": pa.nulls(n, pa.string()),
-        "message_type": pa.repeat(pa.scalar(fmt.MESSAGE_TYPE_DELAY, pa.int8()), n),
-        "unique_key": col("unique_key"),
-    }
-    return pa.RecordBatch.from_arrays([cols[f.name] for f in fmt.SEGMENT_SCHEMA],
-                                      schema=fmt.SEGMENT_SCHEMA)
+def _segment_batch(t: pa.Table, store_host: str, now_ms: int) -> pa.RecordBatch:
+    """Delivered rows as one batch in SEGMENT_SCHEMA, built by the log's one builder so
+    ``Store.append_batch`` takes its no-cast path (queue ids null: the store's queue
+    chooser places them; store time stamped by the store)."""
+    cols = {name: t.column(name) for name in (
+        "topic", "body", "tags", "keys", "properties", "born_timestamp", "born_host",
+        "delivery_timestamp", "unique_key")}
+    cols["store_timestamp"] = t.column("born_timestamp")
+    cols["message_type"] = pa.repeat(pa.scalar(fmt.MESSAGE_TYPE_DELAY, pa.int8()), t.num_rows)
+    return build_segment_batch(cols, t.num_rows, store_host=store_host, now_ms=now_ms)
 
 
 def _ms(v) -> int:

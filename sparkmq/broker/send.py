@@ -19,17 +19,13 @@ round-robin counters are under a lock, the store is thread-safe.
 """
 from __future__ import annotations
 
-import functools
-import threading
-import zlib
 from typing import Callable
 
-import numpy as np
-import pyarrow as pa
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from ..errors import InvalidNameError, PermissionDeniedError, SparkMQError
 from ..log import format as fmt
+from ..log.batch import build_segment_batch
 from ..log.message import encode_message_id, store_tag
 from ..log.names import validate_topic
 from ..log.status import PutMessageStatus
@@ -37,48 +33,11 @@ from .protocol import Code, ms_of_timestamp, status
 from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
 from .sendmerge import SendMerger
 
-KEYS_TYPE = pa.list_(pa.string())
-PROPERTIES_TYPE = pa.map_(pa.string(), pa.string())
+_SEGMENT_COLUMNS = ("topic", "queue_id", "body", "tags", "keys", "properties", "born_timestamp",
+                    "born_host", "delivery_timestamp", "message_group", "transaction_id",
+                    "message_type", "unique_key")
 NORMAL_TYPE, FIFO_TYPE = fmt.MESSAGE_TYPE_NORMAL, fmt.MESSAGE_TYPE_FIFO
 DELAY_TYPE, TRANSACTION_TYPE = fmt.MESSAGE_TYPE_DELAY, fmt.MESSAGE_TYPE_TRANSACTION
-
-
-def _column(values: list, type_: pa.DataType) -> pa.Array:
-    """``values`` as an Arrow array. A column of one value (the usual case in a batch:
-    one topic, host, born time and type; optional fields all null) is built from that
-    value alone (``_constant_column``) where ``pa.array`` converts value by value
-    (~10-100 us for 100 strings)."""
-    n = len(values)
-    first = values[0] if n else None
-    if n and values.count(first) == n:
-        if first is None or type(first) in (str, int):
-            return _constant_column(first, type_, n)
-        return pa.repeat(pa.scalar(first, type_), n)     # lists (keys, properties)
-    return pa.array(values, type_)
-
-
-@functools.lru_cache(maxsize=256)
-def _constant_column(value, type_: pa.DataType, n: int) -> pa.Array:
-    """``n`` times ``value`` (None: nulls) as an Arrow array of ``type_``. Arrow arrays
-    are immutable, so the columns that repeat from batch to batch (topic, hosts, type,
-    the null optional fields: ~10 per batch, 1-4 us each to build) are shared; at most
-    256 are kept."""
-    return pa.nulls(n, type_) if value is None else pa.repeat(pa.scalar(value, type_), n)
-
-
-def _binary_column(values: list[bytes]) -> pa.Array:
-    """``values`` (bytes, none null) as a ``pa.binary()`` array built from its two buffers:
-    one join and one cumulative sum, ~10x cheaper than ``pa.array`` for 100 bodies of 1 KiB
-    (~30 vs ~290 us), which converts value by value."""
-    n = len(values)
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(np.fromiter(map(len, values), np.int64, n), out=offsets[1:])
-    if offsets[-1] >= 2**31:          # beyond int32 offsets: let pyarrow decide (chunks)
-        return pa.array(values, pa.binary())
-    offsets = offsets.astype(np.int32)
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
-                                                  pa.py_buffer(b"".join(values))])
-
 
 
 class SendRows:
@@ -218,8 +177,6 @@ class SendService:
 
     def __init__(self, broker):
         self.broker = broker
-        self._rr: dict[str, int] = {}
-        self._rr_lock = threading.Lock()
         self.merger = SendMerger(self._send_rows_alone, self._append_rows, SendRows.concat)
 
     # What _append_rows and _choose_queues read of the broker (their bodies moved
@@ -412,39 +369,15 @@ class SendService:
             raise PermissionDeniedError(refusal)
         c = rows.columns()
         n = len(rows)
-        topics, groups, unique_keys, txids = (c["topic"], c["message_group"], c["unique_key"],
-                                              c["transaction_id"])
+        topics, unique_keys, txids = c["topic"], c["unique_key"], c["transaction_id"]
         now = self.clock_ms()
-        fixed = c["queue_id"]
-        if any(groups) or fixed.count(None) != n:
-            chosen = self._choose_queues(topics, groups)
-            queue_ids = pa.array([q if f is None else f for q, f in zip(chosen, fixed)],
-                                 pa.int32())
-        else:
-            queue_ids = pa.nulls(n, pa.int32())   # the store spreads them round robin
-        # One batch in SEGMENT_SCHEMA: the store's fast path (no casts, no copies);
-        # store_timestamp is a placeholder the store stamps under its append lock.
-        zeros_i32 = pa.array(np.zeros(n, np.int32))
-        borns = c["born_timestamp"]
-        table = pa.RecordBatch.from_arrays([
-            _column(topics, pa.string()),
-            queue_ids,
-            _binary_column(c["body"]),
-            _column(c["tags"], pa.string()),
-            _column(c["keys"], KEYS_TYPE),
-            _column(c["properties"], PROPERTIES_TYPE),
-            _column(borns if None not in borns else [b or now for b in borns], fmt.TS),
-            pa.repeat(pa.scalar(now, fmt.TS), n),
-            _column(c["born_host"], pa.string()),
-            pa.repeat(pa.scalar(self.store.config.store_host, pa.string()), n),
-            zeros_i32,
-            _column(c["delivery_timestamp"], fmt.TS),
-            _column(groups, pa.string()),
-            _column(txids, pa.string()),
-            _column(c["message_type"], pa.int8()),
-            _column(unique_keys, pa.string()),
-        ], schema=fmt.SEGMENT_SCHEMA)
-        r = self.store.append_batch(table)
+        # One batch in SEGMENT_SCHEMA (the store's no-cast path), built by the log's one
+        # builder; rows without a queue id are placed by the store's one queue chooser
+        # (message group -> crc32 % queues, else round robin); store_timestamp is a
+        # placeholder the store stamps under its append lock.
+        batch = build_segment_batch({name: c[name] for name in _SEGMENT_COLUMNS}, n,
+                                    store_host=self.store.config.store_host, now_ms=now)
+        r = self.store.append_batch(batch)
         put_status = r.status
         ha = self.ha_service
         if self.role == "SYNC_MASTER" and ha is not None and put_status is PutMessageStatus.PUT_OK:
@@ -476,20 +409,3 @@ class SendService:
         tag = store_tag(self.store.store_id)
         return [(put_status, unique_keys[j] or encode_message_id(tag, r.batch_offset, j), qos[j],
                  txids[j]) for j in range(n)]
-
-    def _choose_queues(self, topics: list[str], groups: list[str | None]) -> list[int]:
-        """Queue per message: a message group hashes to a fixed queue (FIFO order),
-        others go round robin per topic."""
-        out = []
-        confs = self.store.topics()
-        with self._rr_lock:
-            for t, g in zip(topics, groups):
-                n = confs[t]["writeQueueNums"]
-                if g:
-                    out.append(zlib.crc32(g.encode()) % n)
-                else:
-                    i = self._rr.get(t, 0)
-                    self._rr[t] = (i + 1) % n
-                    out.append(i % n)
-        return out
-

@@ -19,6 +19,7 @@ functions are pure; a :class:`QueueChooser` (round-robin state) and a
 """
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -29,12 +30,10 @@ import pyarrow.compute as pc
 from ..errors import (InvalidMessageError, PermissionDeniedError, QueueNotFoundError,
                       TopicNotFoundError)
 from . import format as fmt
+from .actions import PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401  (re-exported)
 from .dispatch import RowInfo, binary_lengths
 from .message import Message, group_hashes
 
-PERM_READ = 4
-PERM_WRITE = 2
-PERM_RW = 6
 MAX_BATCH_BODY_BYTES = 256 << 20
 
 _STORE_TS_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
@@ -230,6 +229,44 @@ def messages_to_batch(messages: Iterable[Message], *, queue_ids: Sequence[int],
     return pa.RecordBatch.from_arrays(arrays, schema=fmt.SEGMENT_SCHEMA)
 
 
+# ---------------------------------------------------------------------- columns
+def list_column(values: list, type_: pa.DataType) -> pa.Array:
+    """``values`` as an Arrow array. A column of one value (the usual case in a batch:
+    one topic, host, born time and type; optional fields all null) is built from that
+    value alone (``constant_column``) where ``pa.array`` converts value by value
+    (~10-100 us for 100 strings)."""
+    n = len(values)
+    first = values[0] if n else None
+    if n and values.count(first) == n:
+        if first is None or type(first) in (str, int):
+            return constant_column(first, type_, n)
+        return pa.repeat(pa.scalar(first, type_), n)     # lists (keys, properties)
+    return pa.array(values, type_)
+
+
+@functools.lru_cache(maxsize=256)
+def constant_column(value, type_: pa.DataType, n: int) -> pa.Array:
+    """``n`` times ``value`` (None: nulls) as an Arrow array of ``type_``. Arrow arrays
+    are immutable, so the columns that repeat from batch to batch (topic, hosts, type,
+    the null optional fields: ~10 per batch, 1-4 us each to build) are shared; at most
+    256 are kept."""
+    return pa.nulls(n, type_) if value is None else pa.repeat(pa.scalar(value, type_), n)
+
+
+def binary_column(values: list[bytes]) -> pa.Array:
+    """``values`` (bytes, none null) as a ``pa.binary()`` array built from its two buffers:
+    one join and one cumulative sum, ~10x cheaper than ``pa.array`` for 100 bodies of 1 KiB
+    (~30 vs ~290 us), which converts value by value."""
+    n = len(values)
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, values), np.int64, n), out=offsets[1:])
+    if offsets[-1] >= 2**31:          # beyond int32 offsets: let pyarrow decide (chunks)
+        return pa.array(values, pa.binary())
+    offsets = offsets.astype(np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets),
+                                                  pa.py_buffer(b"".join(values))])
+
+
 def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
                         store_host: str, now_ms: int) -> pa.RecordBatch:
     """A batch in SEGMENT_SCHEMA from per-column values (Python lists or Arrow arrays,
@@ -247,10 +284,12 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
             continue
         if isinstance(v, pa.ChunkedArray):
             v = v.chunk(0) if v.num_chunks == 1 else pa.concat_arrays(v.chunks)
-        if f.name == "born_timestamp" and not isinstance(v, pa.Array) and None in v:
+        if isinstance(v, pa.Array):
+            out.append(v if v.type == f.type else v.cast(f.type))
+            continue
+        if f.name == "born_timestamp" and None in v:
             v = [now_ms if b is None else b for b in v]
-        arr = v if isinstance(v, pa.Array) else pa.array(v, f.type)
-        out.append(arr if arr.type == f.type else arr.cast(f.type))
+        out.append(binary_column(v) if f.name == "body" else list_column(v, f.type))
     return pa.RecordBatch.from_arrays(out, schema=fmt.SEGMENT_SCHEMA)
 
 

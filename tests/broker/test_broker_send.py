@@ -18,7 +18,8 @@ from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.broker.longpoll import ArrivalNotifier
 from sparkmq.broker.schedule import PROP_REAL_TOPIC, SCHEDULE_TOPIC
 from sparkmq.broker.grpc_service import MessagingServicer
-from sparkmq.broker.send import SendRows, _column
+from sparkmq.broker.send import SendRows
+from sparkmq.log.batch import list_column as _column
 from sparkmq.broker.transaction import HALF_TOPIC
 from sparkmq.log import format as fmt
 
