@@ -45,7 +45,45 @@ def _frozen(d: Mapping | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(d)) if d else _EMPTY
 
 
-class _Action:
+class _JsonReadShim:
+    """Transitional, read-only: ``value["jsonName"]`` / ``.get`` / ``in`` on a typed
+    action or struct, answering what the raw JSON dict answered (absent optional
+    fields are missing, nested values come back as JSON). Only for readers not yet
+    converted to attributes (issue 11 item 2, in progress); new code uses attributes."""
+
+    def _json_attr(self, key: str):
+        names = type(self).__dict__.get("_json_names")
+        if names is None:
+            names = {k: a for a, k in self.FIELDS.items()}    # type: ignore[attr-defined]
+            type(self)._json_names = names
+        attr = names.get(key)
+        if attr is None:
+            if key in self.extra:                              # type: ignore[attr-defined]
+                return _to_json_value(self.extra[key])         # type: ignore[attr-defined]
+            raise KeyError(key)
+        v = getattr(self, attr)
+        if v is None and attr in self.OPTIONAL:                # type: ignore[attr-defined]
+            raise KeyError(key)
+        return _to_json_value(v)
+
+    def __getitem__(self, key: str):
+        return self._json_attr(key)
+
+    def get(self, key: str, default=None):
+        try:
+            return self._json_attr(key)
+        except KeyError:
+            return default
+
+    def __contains__(self, key: str) -> bool:
+        try:
+            self._json_attr(key)
+            return True
+        except KeyError:
+            return False
+
+
+class _Action(_JsonReadShim):
     """Base of every action: ``KIND`` is its JSON key; ``FIELDS`` maps the
     attribute names to JSON names, in the order they are declared; attributes in
     ``OPTIONAL`` are left out of the JSON when None."""
@@ -120,7 +158,7 @@ def _to_json_value(v):
     return v
 
 
-class _Struct:
+class _Struct(_JsonReadShim):
     """A nested JSON object inside an action (a queue's stats, a queue floor)."""
 
     FIELDS: ClassVar[dict[str, str]] = {}

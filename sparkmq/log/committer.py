@@ -57,6 +57,7 @@ from .adopt import Placement, check_staged_topics, load_staged, place
 from .dispatch import next_queue_offsets  # noqa: F401  (re-exported)
 from .index import index_add
 from .names import validate_group
+from .actions import Lease
 from .lease import (LEASE_CRASHED, LEASE_FREE, LEASE_LIVE,  # noqa: F401  (re-exported)
                     lease_status, live_writer, local_token)
 from .batch import writable_topic_conf
@@ -87,18 +88,18 @@ class Committer(Protocol):
 
 
 # ---------------------------------------------------------------------- leases
-def _unclean_error(url: str, lease: dict) -> UncleanWriterError:
+def _unclean_error(url: str, lease: Lease) -> UncleanWriterError:
     return UncleanWriterError(
-        f"store {url}: the last writer ({lease.get('owner')}, epoch {lease.get('epoch')}) "
+        f"store {url}: the last writer ({lease.owner}, epoch {lease.epoch}) "
         "stopped without releasing its lease (a crash); its unpublished CommitLog tail must "
         "be recovered first: open the store for writing once (sparkmq.Store.open(url, "
         "mode='w').close()), then retry the write")
 
 
-def _locked_error(url: str, lease: dict) -> StoreLockedError:
+def _locked_error(url: str, lease: Lease) -> StoreLockedError:
     return StoreLockedError(
-        f"store {url}: a broker/writer holds the store ({lease.get('owner')}, epoch "
-        f"{lease.get('epoch')}); commit through it, or stop it and retry")
+        f"store {url}: a broker/writer holds the store ({lease.owner}, epoch "
+        f"{lease.epoch}); commit through it, or stop it and retry")
 
 
 # ---------------------------------------------------------------------- direct
@@ -238,17 +239,18 @@ class BrokerCommitter:
     ``Store`` in another process) the commit is refused with StoreLockedError.
     """
 
-    def __init__(self, url: str, lease: dict, *, timeout_s: float = BROKER_TIMEOUT_S):
+    def __init__(self, url: str, lease: Lease | dict, *, timeout_s: float = BROKER_TIMEOUT_S):
         self.url = url
-        self.lease = dict(lease)
-        self.endpoint = self.lease.get("endpoint")
+        # a lease action's body as JSON is parsed at this boundary
+        self.lease = lease = Lease.from_body(lease) if isinstance(lease, dict) else lease
+        self.endpoint = lease.endpoint
         self.timeout_s = timeout_s
 
     def check(self) -> None:
         if not self.endpoint:
             raise StoreLockedError(
-                f"store {self.url}: a broker/writer holds the store ({self.lease.get('owner')}, "
-                f"epoch {self.lease.get('epoch')}) and publishes no admin endpoint; commit "
+                f"store {self.url}: a broker/writer holds the store ({self.lease.owner}, "
+                f"epoch {self.lease.epoch}) and publishes no admin endpoint; commit "
                 "through it (the broker commit path arrives with the broker), or stop it "
                 "and retry")
 
@@ -303,7 +305,7 @@ def committer_for(url: str, storage_options: dict | None = None) -> Committer:
     lease = state.lease
     if lease_status(lease, direct.txlog.clock_ms()) != LEASE_LIVE:
         return direct
-    if lease.get("endpoint"):
+    if lease.endpoint:
         return BrokerCommitter(url, lease)
     token = local_token(lease)
     store = live_writer(token) if token is not None else None

@@ -24,9 +24,11 @@ import os
 import socket
 import uuid
 import weakref
+from dataclasses import replace
 from typing import Callable
 
 from ..errors import FencedError, StoreLockedError
+from .actions import Lease
 from .txlog import LogState
 
 log = logging.getLogger("sparkmq.store")
@@ -120,54 +122,52 @@ class WriterLease:
         lease = state.lease
         if self.is_held_by_other(lease):
             raise StoreLockedError(
-                f"store {self.url} is held by writer {lease['owner']} (epoch "
-                f"{lease['epoch']}) until {lease.get('expiresTime')}; stop it or open "
+                f"store {self.url} is held by writer {lease.owner} (epoch "
+                f"{lease.epoch}) until {lease.expires_time}; stop it or open "
                 "the store with mode='r'")
-        self.epoch = int((lease or {}).get("epoch", 0)) + 1
-        crashed = bool(lease) and not lease.get("released")
+        self.epoch = (int(lease.epoch) if lease else 0) + 1
+        crashed = bool(lease) and not lease.released
         now = self.clock_ms()
-        return [{"lease": {"owner": self.owner, "epoch": self.epoch, "acquiredTime": now,
-                           "expiresTime": now + self.timeout_ms, "released": False}}], crashed
+        return [Lease(owner=self.owner, epoch=self.epoch, acquired_time=now,
+                      expires_time=now + self.timeout_ms, released=False)], crashed
 
     def check(self, state: LogState) -> None:
         """Raise FencedError (and stay fenced) unless ``state``'s lease is still ours."""
-        lease = state.lease or {}
-        if lease.get("owner") != self.owner or int(lease.get("epoch", -1)) != self.epoch:
+        lease = state.lease
+        if lease is None or lease.owner != self.owner or int(lease.epoch) != self.epoch:
             self.fenced = True
             raise FencedError(
-                f"store {self.url}: writer lease now belongs to {lease.get('owner')} epoch "
-                f"{lease.get('epoch')}; this writer (epoch {self.epoch}) must stop")
+                f"store {self.url}: writer lease now belongs to {lease and lease.owner} epoch "
+                f"{lease and lease.epoch}; this writer (epoch {self.epoch}) must stop")
 
     def fence(self) -> None:
         self.fenced = True
 
-    def promotion(self, state: LogState, new_epoch: int) -> list[dict]:
+    def promotion(self, state: LogState, new_epoch: int) -> list[Lease]:
         """The action re-taking the lease with ``new_epoch`` (a replica's promotion)."""
-        lease = dict(state.lease or {})
-        lease.update(owner=self.owner, epoch=new_epoch, released=False,
-                     expiresTime=self.clock_ms() + self.timeout_ms)
-        return [{"lease": lease}]
+        return [replace(state.lease or Lease(owner=self.owner, epoch=new_epoch),
+                        owner=self.owner, epoch=new_epoch, released=False,
+                        expires_time=self.clock_ms() + self.timeout_ms)]
 
     def renewal_due(self, state: LogState) -> bool:
-        lease = state.lease or {}
-        return int(lease.get("expiresTime", 0)) - self.clock_ms() < self.timeout_ms // 2
+        expires_ms = (state.lease.expires_time if state.lease else None) or 0
+        return int(expires_ms) - self.clock_ms() < self.timeout_ms // 2
 
-    def renewal(self, state: LogState) -> dict:
+    def renewal(self, state: LogState) -> Lease:
         """The renewed ``lease`` action (keeps the advertised endpoint)."""
-        lease = state.lease or {}
         now = self.clock_ms()
-        return {"lease": {"owner": self.owner, "epoch": self.epoch,
-                          "acquiredTime": lease.get("acquiredTime", now),
-                          "expiresTime": now + self.timeout_ms, "released": False,
-                          **({"endpoint": self.endpoint} if self.endpoint else {})}}
+        acquired = state.lease.acquired_time if state.lease else None
+        return Lease(owner=self.owner, epoch=self.epoch,
+                     acquired_time=now if acquired is None else acquired,
+                     expires_time=now + self.timeout_ms, released=False,
+                     endpoint=self.endpoint or None)
 
-    def advertising(self, state: LogState, endpoint: str) -> list[dict]:
+    def advertising(self, state: LogState, endpoint: str) -> list[Lease]:
         self.endpoint = endpoint
-        lease = dict(state.lease or {})
-        lease["endpoint"] = endpoint
-        return [{"lease": lease}]
+        return [replace(self._current(state), endpoint=endpoint)]
 
-    def release(self, state: LogState) -> list[dict]:
-        lease = dict(state.lease or {})
-        lease.update(released=True, expiresTime=self.clock_ms())
-        return [{"lease": lease}]
+    def release(self, state: LogState) -> list[Lease]:
+        return [replace(self._current(state), released=True, expires_time=self.clock_ms())]
+
+    def _current(self, state: LogState) -> Lease:
+        return state.lease or Lease(owner=self.owner, epoch=self.epoch)

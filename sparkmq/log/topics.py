@@ -12,10 +12,12 @@ are dropped under the append lock.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import GroupNotFoundError, TopicExistsError, TopicNotFoundError, UserError
-from .batch import PERM_RW
+from .actions import (MAX_QUEUE_NUMS, MIN_QUEUE_NUMS, PERM_RW, PERMS, ConsumerOffset,
+                      GroupConfig, TopicConfig)
 from .names import validate_group, validate_topic
 from .txlog import LogState
 
@@ -39,21 +41,21 @@ def create_topic(store: "Store", name: str, *, read_queue_nums: int | None = Non
     rq = n if read_queue_nums is None else read_queue_nums
     wq = n if write_queue_nums is None else write_queue_nums
     check_queue_nums(rq, wq, perm)
-    retention = retention_fields({}, retention_ms, retention_bytes)
+    retention = retention_fields(retention_ms, retention_bytes)
     created: dict = {}
 
     def build(state: LogState):
         if name in state.topics:
             if exist_ok:
-                created.update(state.topics[name])
+                created.update(state.topics[name].body())
                 return None
             raise TopicExistsError(f"topic {name!r} already exists")
-        t = {"name": name, "id": state.next_topic_id(), "readQueueNums": rq,
-             "writeQueueNums": wq, "perm": perm, "createdTime": store.clock_ms(),
-             "attributes": dict(attributes or {}), "deleted": False, **retention}
+        t = TopicConfig(name=name, id=state.next_topic_id(), read_queue_nums=rq,
+                        write_queue_nums=wq, perm=perm, created_time=store.clock_ms(),
+                        attributes=dict(attributes or {}), deleted=False, **retention)
         created.clear()
-        created.update(t)
-        return [{"topic": t}]
+        created.update(t.body())
+        return [t]
     store.commit_actions(build, "CREATE TOPIC", {"topic": name})
     return dict(created)
 
@@ -67,27 +69,23 @@ def update_topic(store: "Store", name: str, *, read_queue_nums: int | None = Non
     broker default)."""
     store.require_writable()
     store.require_not_replica()
-    retention_fields({}, retention_ms, retention_bytes)   # validates before the commit
+    retention = retention_fields(retention_ms, retention_bytes)   # validates before commit
     updated: dict = {}
 
     def build(state: LogState):
         t = state.topics.get(name)
         if t is None:
             raise TopicNotFoundError(f"topic {name!r} does not exist")
-        t = dict(t)
-        if read_queue_nums is not None:
-            t["readQueueNums"] = read_queue_nums
-        if write_queue_nums is not None:
-            t["writeQueueNums"] = write_queue_nums
-        if perm is not None:
-            t["perm"] = perm
+        changes = {k: v for k, v in (("read_queue_nums", read_queue_nums),
+                                     ("write_queue_nums", write_queue_nums), ("perm", perm))
+                   if v is not None}
         if attributes is not None:
-            t["attributes"] = dict(attributes)
-        t = retention_fields(t, retention_ms, retention_bytes)
-        check_queue_nums(t["readQueueNums"], t["writeQueueNums"], t["perm"])
+            changes["attributes"] = dict(attributes)
+        t = replace(t, **changes, **retention)
+        check_queue_nums(t.read_queue_nums, t.write_queue_nums, t.perm)
         updated.clear()
-        updated.update(t)
-        return [{"topic": t}]
+        updated.update(t.body())
+        return [t]
     store.commit_actions(build, "UPDATE TOPIC", {"topic": name})
     return dict(updated)
 
@@ -103,8 +101,8 @@ def delete_topic(store: "Store", name: str) -> None:
         t = state.topics.get(name)
         if t is None:
             raise TopicNotFoundError(f"topic {name!r} does not exist")
-        tid = t["id"]
-        return [{"topic": {**t, "deleted": True}}]
+        tid = t.id
+        return [replace(t, deleted=True)]
     store.commit_actions(build, "DELETE TOPIC", {"topic": name})
     with store.append_lock:
         store.dispatcher.drop_topic(tid)
@@ -130,9 +128,8 @@ def consumer_offset_actions(state: LogState, group: str, offsets: dict[tuple[str
         t = state.topics.get(topic)
         if t is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist{where}")
-        actions.append({"consumerOffset": {"group": group, "topicId": t["id"],
-                                           "queueId": int(qid), "offset": int(off),
-                                           "clientId": client_id}})
+        actions.append(ConsumerOffset(group=group, topic_id=t.id, queue_id=int(qid),
+                                      offset=int(off), client_id=client_id))
     return actions or None
 
 
@@ -152,19 +149,21 @@ def create_group(store: "Store", group: str, *, retry_max_times: int | None = No
                                         not 0 <= retry_max_times <= 10_000):
         raise UserError(f"retry_max_times must be an integer in 0..10000, "
                         f"got {retry_max_times!r}")
-    conf = {"groupName": group, "consumeEnable": bool(consume_enable),
-            "consumeBroadcastEnable": bool(consume_broadcast_enable),
-            "createdTime": store.clock_ms(), "deleted": False}
-    if retry_max_times is not None:
-        conf["retryMaxTimes"] = retry_max_times
+    conf = GroupConfig(group_name=group, consume_enable=bool(consume_enable),
+                       consume_broadcast_enable=bool(consume_broadcast_enable),
+                       created_time=store.clock_ms(), deleted=False,
+                       retry_max_times=retry_max_times)
+    committed = [conf]
 
     def build(state: LogState):
         prev = state.subscription_groups.get(group)
-        if prev is not None:
-            conf["createdTime"] = prev.get("createdTime", conf["createdTime"])
-        return [{"subscriptionGroup": conf}]
+        if prev is not None and prev.created_time is not None:
+            committed[0] = replace(conf, created_time=prev.created_time)
+        else:
+            committed[0] = conf
+        return [committed[0]]
     store.commit_actions(build, "UPDATE GROUP", {"group": group})
-    return dict(conf)
+    return committed[0].body()
 
 
 def delete_group(store: "Store", group: str, *, remove_offsets: bool = True) -> None:
@@ -184,39 +183,38 @@ def delete_group(store: "Store", group: str, *, remove_offsets: bool = True) -> 
 
 def check_queue_nums(rq: int, wq: int, perm: int) -> None:
     for name, v in (("read_queue_nums", rq), ("write_queue_nums", wq)):
-        if not isinstance(v, int) or not 1 <= v <= 1024:
-            raise UserError(f"{name} must be an integer in 1..1024, got {v!r}")
-    if perm not in (0, 2, 4, 6):
+        if not isinstance(v, int) or not MIN_QUEUE_NUMS <= v <= MAX_QUEUE_NUMS:
+            raise UserError(f"{name} must be an integer in {MIN_QUEUE_NUMS}..{MAX_QUEUE_NUMS}, "
+                            f"got {v!r}")
+    if perm not in PERMS:
         raise UserError(f"perm must be 2 (write), 4 (read) or 6 (read+write), got {perm!r}")
 
 
-def retention_fields(topic: dict, retention_ms: int | None,
-                      retention_bytes: int | None) -> dict:
-    """``topic`` with ``retentionMs`` / ``retentionBytes`` set (None keeps, 0 removes)."""
-    out = dict(topic)
-    for key, v, what in (("retentionMs", retention_ms, "retention_ms (milliseconds)"),
-                         ("retentionBytes", retention_bytes, "retention_bytes (bytes per queue)")):
+def retention_fields(retention_ms: int | None, retention_bytes: int | None) -> dict:
+    """The ``TopicConfig`` changes setting a topic's own retention (None keeps,
+    0 goes back to the broker default); UserError for a bad value."""
+    out = {}
+    for attr, v, what in (("retention_ms", retention_ms, "retention_ms (milliseconds)"),
+                          ("retention_bytes", retention_bytes,
+                           "retention_bytes (bytes per queue)")):
         if v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise UserError(f"{what} must be a positive integer, or 0 for the broker "
                             f"default; got {v!r}")
-        if v == 0:
-            out.pop(key, None)
-        else:
-            out[key] = v
+        out[attr] = v or None
     return out
 
 
 def group_delete_actions(state: LogState, group: str, *, remove_offsets: bool = True,
-                         keep: frozenset | set = frozenset()) -> list[dict]:
+                         keep: frozenset | set = frozenset()) -> list:
     """The actions deleting ``group``'s subscription group config and (with
     ``remove_offsets``) its committed consumer offsets in ``state``, except the
     offset keys (group, topic id, queue id, client id) in ``keep``."""
-    actions = [{"subscriptionGroup": {"groupName": group, "deleted": True}}]
+    actions: list = [GroupConfig(group_name=group, deleted=True)]
     if remove_offsets:
-        actions += [{"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
-                                        "clientId": cid or None, "offset": None}}
+        actions += [ConsumerOffset(group=g, topic_id=tid, queue_id=qid, client_id=cid or None,
+                                   offset=None)
                     for (g, tid, qid, cid) in state.consumer_offsets
                     if g == group and (g, tid, qid, cid) not in keep]
     return actions

@@ -18,8 +18,8 @@ from the winner's state and no data file is rewritten).
 Thread-safety: ``TransactionLog`` is safe to share; ``LogState`` objects are
 immutable once returned (``apply`` is used only while building them). States
 of consecutive versions share their action bodies (``LogState.copy`` copies
-the containers, not the actions), so an action dict is never changed in place:
-build a new one.
+the containers, not the actions). The state holds the typed, frozen values of
+:mod:`sparkmq.log.actions`; ``dataclasses.replace`` makes a changed copy.
 """
 from __future__ import annotations
 
@@ -32,11 +32,12 @@ from typing import Callable, Iterable
 from ..errors import (CommitConflictError, CorruptStoreError, InvalidConfigError,
                       StoreNotFoundError, UnsupportedFormatError, VersionNotFoundError)
 from . import format as fmt
+from .actions import (Action, AddFile, CommitInfo, ConsumerOffset, GroupConfig, Lease,
+                      MetaData, Protocol, RemoveFile, Retention, TopicConfig, Txn,
+                      parse_action)
 from .fs import StoreFS
 
 log = logging.getLogger("sparkmq.txlog")
-
-Action = dict
 
 
 @dataclass
@@ -45,84 +46,84 @@ class LogState:
 
     version: int = -1
     timestamp_ms: int = 0
-    protocol: dict | None = None
-    metadata: dict | None = None
-    topics: dict[str, dict] = field(default_factory=dict)        # live topics by name
-    topics_by_id: dict[int, dict] = field(default_factory=dict)  # every topic ever, by id
-    segments: dict[str, dict] = field(default_factory=dict)      # path -> add (kind=segment)
-    consumequeue_files: dict[str, dict] = field(default_factory=dict)
-    index_files: dict[str, dict] = field(default_factory=dict)
-    txns: dict[str, dict] = field(default_factory=dict)          # appId -> txn
-    lease: dict | None = None
+    protocol: Protocol | None = None
+    metadata: MetaData | None = None
+    topics: dict[str, TopicConfig] = field(default_factory=dict)        # live, by name
+    topics_by_id: dict[int, TopicConfig] = field(default_factory=dict)  # every topic ever
+    segments: dict[str, AddFile] = field(default_factory=dict)    # path -> add (segment)
+    consumequeue_files: dict[str, AddFile] = field(default_factory=dict)
+    index_files: dict[str, AddFile] = field(default_factory=dict)
+    txns: dict[str, Txn] = field(default_factory=dict)            # appId -> txn
+    lease: Lease | None = None
     consumer_offsets: dict[tuple, int] = field(default_factory=dict)
-    retention: dict | None = None
-    subscription_groups: dict[str, dict] = field(default_factory=dict)  # live, by name
-    # path -> remove body of files removed and not added again (their deletion is due
-    # deletionTimestamp + deletedFileRetentionMs later; checkpoints keep them a while)
-    tombstones: dict[str, dict] = field(default_factory=dict)
+    retention: Retention | None = None
+    subscription_groups: dict[str, GroupConfig] = field(default_factory=dict)  # live
+    # path -> remove of files removed and not added again (their deletion is due
+    # deletion_timestamp + deletedFileRetentionMs later; checkpoints keep them a while)
+    tombstones: dict[str, RemoveFile] = field(default_factory=dict)
     # derived views (queue offset ranges, address end), computed once per state
     _views: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- replay ------------------------------------------------------------
-    def apply(self, action: Action) -> None:
-        if len(action) != 1:
-            raise CorruptStoreError(f"an action has exactly one key, got {sorted(action)}")
-        (kind, body), = action.items()
+    def apply(self, action: Action | dict) -> None:
+        """Apply one typed action (a raw JSON dict is parsed first); unknown
+        action types from newer writers of the same reader version are skipped."""
+        if type(action) is dict:
+            action = parse_action(action)
         self._views.clear()
-        if kind == "protocol":
-            if body.get("minReaderVersion", 1) > fmt.FORMAT_VERSION:
-                raise UnsupportedFormatError(
-                    f"store needs reader version {body['minReaderVersion']}; this sparkmq "
-                    f"reads format version {fmt.FORMAT_VERSION}. Upgrade sparkmq.")
-            self.protocol = body
-        elif kind == "metaData":
-            self.metadata = body
-        elif kind == "topic":
-            self.topics_by_id[body["id"]] = body
-            for name, t in list(self.topics.items()):
-                if t["id"] == body["id"]:
-                    del self.topics[name]
-            if not body.get("deleted"):
-                self.topics[body["name"]] = body
-        elif kind == "add":
-            target = self._files(body.get("kind"))
-            target[body["path"]] = body
-            self.tombstones.pop(body["path"], None)
-        elif kind == "remove":
-            for target in (self.segments, self.consumequeue_files, self.index_files):
-                target.pop(body["path"], None)
-            self.tombstones[body["path"]] = body
-        elif kind == "txn":
-            self.txns[body["appId"]] = body
-        elif kind == "lease":
-            self.lease = body
-        elif kind == "consumerOffset":
-            key = (body["group"], body["topicId"], body["queueId"], body.get("clientId") or "")
-            if body.get("offset") is None:
-                self.consumer_offsets.pop(key, None)
-            else:
-                self.consumer_offsets[key] = int(body["offset"])
-        elif kind == "retention":
-            self.retention = body
-        elif kind == "subscriptionGroup":
-            if body.get("deleted"):
-                self.subscription_groups.pop(body["groupName"], None)
-            else:
-                self.subscription_groups[body["groupName"]] = body
-        elif kind == "commitInfo":
-            self.timestamp_ms = int(body.get("timestamp", self.timestamp_ms))
-        else:
-            # Unknown actions from newer writers of the same reader version are ignored.
-            log.debug("ignoring unknown action %s", kind)
+        match action:
+            case AddFile():
+                self._files(action.kind)[action.path] = action
+                self.tombstones.pop(action.path, None)
+            case CommitInfo():
+                self.timestamp_ms = int(action.timestamp)
+            case ConsumerOffset():
+                if action.offset is None:
+                    self.consumer_offsets.pop(action.key, None)
+                else:
+                    self.consumer_offsets[action.key] = int(action.offset)
+            case RemoveFile():
+                for target in (self.segments, self.consumequeue_files, self.index_files):
+                    target.pop(action.path, None)
+                self.tombstones[action.path] = action
+            case TopicConfig():
+                self._apply_topic(action)
+            case Txn():
+                self.txns[action.app_id] = action
+            case Lease():
+                self.lease = action
+            case Retention():
+                self.retention = action
+            case GroupConfig():
+                if action.deleted:
+                    self.subscription_groups.pop(action.group_name, None)
+                else:
+                    self.subscription_groups[action.group_name] = action
+            case Protocol():
+                if action.min_reader_version > fmt.FORMAT_VERSION:
+                    raise UnsupportedFormatError(
+                        f"store needs reader version {action.min_reader_version}; this "
+                        f"sparkmq reads format version {fmt.FORMAT_VERSION}. Upgrade sparkmq.")
+                self.protocol = action
+            case MetaData():
+                self.metadata = action
+            case _:
+                log.debug("ignoring unknown action %s", getattr(action, "kind", action))
 
-    def _files(self, kind: str | None) -> dict:
+    def _apply_topic(self, t: TopicConfig) -> None:
+        self.topics_by_id[t.id] = t
+        for name, old in list(self.topics.items()):
+            if old.id == t.id:
+                del self.topics[name]
+        if not t.deleted:
+            self.topics[t.name] = t
+
+    def _files(self, kind: str) -> dict:
         if kind == "segment":
             return self.segments
         if kind == "consumequeue":
             return self.consumequeue_files
-        if kind == "index":
-            return self.index_files
-        raise CorruptStoreError(f"add action has unknown kind {kind!r}")
+        return self.index_files
 
     def copy(self) -> "LogState":
         """A state to apply more actions to: new containers, shared action bodies
@@ -147,7 +148,7 @@ class LogState:
     # -- derived views -----------------------------------------------------
     @property
     def store_id(self) -> str:
-        return (self.metadata or {}).get("storeId", "")
+        return self.metadata.store_id if self.metadata else ""
 
     def next_topic_id(self) -> int:
         return max(self.topics_by_id, default=-1) + 1
@@ -157,13 +158,13 @@ class LogState:
         return self._view("address_end", self._address_end)
 
     def _address_end(self) -> int:
-        end = int((self.retention or {}).get("minPhysicalOffset", 0))
+        end = self.min_physical_offset()
         for add in self.segments.values():
-            end = max(end, int(add["baseOffset"]) + int(add.get("reservedSize", add["size"])))
+            end = max(end, add.end_offset)
         return end
 
     def min_physical_offset(self) -> int:
-        return int((self.retention or {}).get("minPhysicalOffset", 0))
+        return int(self.retention.min_physical_offset) if self.retention else 0
 
     def queue_max_offsets(self) -> dict[tuple[int, int], int]:
         """(topic_id, queue_id) -> next queue offset, from the ConsumeQueue file stats.
@@ -174,13 +175,13 @@ class LogState:
     def _queue_max_offsets(self) -> dict[tuple[int, int], int]:
         out: dict[tuple[int, int], int] = {}
         for add in self.consumequeue_files.values():
-            for q in add.get("queues", ()):
-                key = (q["topicId"], q["queueId"])
-                out[key] = max(out.get(key, 0), int(q["maxOffset"]))
-        for q in (self.retention or {}).get("queues", ()):
+            for q in add.queues or ():
+                key = (q.topic_id, q.queue_id)
+                out[key] = max(out.get(key, 0), int(q.max_offset))
+        for f in self._floors():
             # a queue whose files all went to retention still continues from its floor
-            key = (q["topicId"], q["queueId"])
-            out[key] = max(out.get(key, 0), int(q["minOffset"]))
+            key = (f.topic_id, f.queue_id)
+            out[key] = max(out.get(key, 0), int(f.min_offset))
         return out
 
     def queue_min_offsets(self) -> dict[tuple[int, int], int]:
@@ -192,48 +193,42 @@ class LogState:
     def _queue_min_offsets(self) -> dict[tuple[int, int], int]:
         out: dict[tuple[int, int], int] = {}
         for add in self.consumequeue_files.values():
-            for q in add.get("queues", ()):
-                key = (q["topicId"], q["queueId"])
-                out[key] = min(out.get(key, 1 << 62), int(q["minOffset"]))
-        for q in (self.retention or {}).get("queues", ()):
+            for q in add.queues or ():
+                key = (q.topic_id, q.queue_id)
+                out[key] = min(out.get(key, 1 << 62), int(q.min_offset))
+        for f in self._floors():
             # also when retention removed every file of the queue: it starts at its floor
-            key = (q["topicId"], q["queueId"])
-            out[key] = max(out.get(key, 0), int(q["minOffset"]))
+            key = (f.topic_id, f.queue_id)
+            out[key] = max(out.get(key, 0), int(f.min_offset))
         return out
+
+    def _floors(self) -> tuple:
+        return self.retention.queues if self.retention else ()
 
     def prune_tombstones(self, older_than_ms: int) -> None:
         """Forget tombstones whose ``deletionTimestamp`` is below ``older_than_ms``
         (only on a state not yet returned to anyone: states are immutable after)."""
         for path in [p for p, rm in self.tombstones.items()
-                     if int(rm.get("deletionTimestamp", 0)) < older_than_ms]:
+                     if int(rm.deletion_timestamp or 0) < older_than_ms]:
             del self.tombstones[path]
 
     def live_actions(self) -> list[Action]:
         """The actions that rebuild this state (the content of a checkpoint)."""
-        out: list[Action] = []
-        if self.protocol:
-            out.append({"protocol": self.protocol})
-        if self.metadata:
-            out.append({"metaData": self.metadata})
-        for t in sorted(self.topics_by_id.values(), key=lambda t: t["id"]):
-            out.append({"topic": t})
+        out: list[Action] = [a for a in (self.protocol, self.metadata) if a]
+        out += sorted(self.topics_by_id.values(), key=lambda t: t.id)
         for files in (self.segments, self.consumequeue_files, self.index_files):
-            for add in files.values():
-                out.append({"add": add})
-        for rm in self.tombstones.values():
-            out.append({"remove": rm})
-        for txn in self.txns.values():
-            out.append({"txn": txn})
+            out += files.values()
+        out += self.tombstones.values()
+        out += self.txns.values()
         if self.lease:
-            out.append({"lease": self.lease})
+            out.append(self.lease)
         for (group, tid, qid, cid), off in sorted(self.consumer_offsets.items()):
-            out.append({"consumerOffset": {"group": group, "topicId": tid, "queueId": qid,
-                                           "clientId": cid or None, "offset": off}})
+            out.append(ConsumerOffset(group=group, topic_id=tid, queue_id=qid,
+                                      client_id=cid or None, offset=off))
         if self.retention:
-            out.append({"retention": self.retention})
-        for name in sorted(self.subscription_groups):
-            out.append({"subscriptionGroup": self.subscription_groups[name]})
-        out.append({"commitInfo": {"timestamp": self.timestamp_ms, "operation": "CHECKPOINT"}})
+            out.append(self.retention)
+        out += (self.subscription_groups[name] for name in sorted(self.subscription_groups))
+        out.append(CommitInfo(timestamp=self.timestamp_ms, operation="CHECKPOINT"))
         return out
 
 
@@ -241,19 +236,22 @@ def check_writer_version(state: LogState, url: str) -> None:
     """Refuse to write a store whose ``protocol.minWriterVersion`` is above the
     writer version this code implements (FORMAT.md section 1): raises
     ``UnsupportedFormatError``. Reading such a store is still allowed."""
-    need = int((state.protocol or {}).get("minWriterVersion", 1))
+    need = int(state.protocol.min_writer_version) if state.protocol else 1
     if need > fmt.WRITER_VERSION:
         raise UnsupportedFormatError(
             f"store {url!r} needs writer version {need}; this sparkmq writes version "
             f"{fmt.WRITER_VERSION}. Open it read-only (mode='r') or upgrade sparkmq to write it.")
 
 
-def encode_actions(actions: Iterable[Action]) -> bytes:
-    return ("\n".join(json.dumps(a, separators=(",", ":"), sort_keys=True) for a in actions)
-            + "\n").encode()
+def encode_actions(actions: Iterable[Action | dict]) -> bytes:
+    """One line of compact, key-sorted JSON per action (``a.to_json()``)."""
+    return ("\n".join(json.dumps(a if type(a) is dict else a.to_json(), separators=(",", ":"),
+                                 sort_keys=True) for a in actions) + "\n").encode()
 
 
-def decode_actions(data: bytes, where: str) -> list[Action]:
+def decode_actions(data: bytes, where: str) -> list[dict]:
+    """The raw JSON object of each line (for tools that show a commit as written);
+    replay uses :func:`parse_actions`."""
     out = []
     for n, line in enumerate(data.decode().splitlines(), 1):
         if not line.strip():
@@ -262,6 +260,21 @@ def decode_actions(data: bytes, where: str) -> list[Action]:
             out.append(json.loads(line))
         except json.JSONDecodeError as exc:
             raise CorruptStoreError(f"{where} line {n} is not JSON: {exc}") from exc
+    return out
+
+
+def parse_actions(data: bytes, where: str) -> list[Action]:
+    """The typed action of each line (``parse_action``); ``CorruptStoreError``
+    naming the file and line of a malformed one."""
+    out = []
+    for n, line in enumerate(data.decode().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorruptStoreError(f"{where} line {n} is not JSON: {exc}") from exc
+        out.append(parse_action(obj, f"{where} line {n}"))
     return out
 
 
@@ -329,13 +342,19 @@ class TransactionLog:
             f"version {version} is no longer in the log: versions older than logRetentionMs "
             f"are cleaned up; the oldest version available is {oldest}")
 
-    def read_version(self, version: int) -> list[Action]:
-        rel = fmt.commit_file(version)
+    def read_version(self, version: int) -> list[dict]:
+        """The raw JSON actions of ``version`` as written (see :meth:`read_actions`)."""
+        return decode_actions(self._read_commit(version), fmt.commit_file(version))
+
+    def read_actions(self, version: int) -> list[Action]:
+        """The typed actions of ``version``; ``VersionNotFoundError`` if it is not there."""
+        return parse_actions(self._read_commit(version), fmt.commit_file(version))
+
+    def _read_commit(self, version: int) -> bytes:
         try:
-            data = self.sfs.read_bytes(rel)
+            return self.sfs.read_bytes(fmt.commit_file(version))
         except FileNotFoundError:
             raise VersionNotFoundError(f"version {version} is not in the log") from None
-        return decode_actions(data, rel)
 
     def _last_checkpoint(self) -> int | None:
         try:
@@ -347,7 +366,7 @@ class TransactionLog:
     def _load_checkpoint(self, version: int) -> LogState | None:
         rel = fmt.checkpoint_file(version)
         try:
-            actions = decode_actions(self.sfs.read_bytes(rel), rel)
+            actions = parse_actions(self.sfs.read_bytes(rel), rel)
         except FileNotFoundError:
             return None
         state = LogState()
@@ -387,7 +406,7 @@ class TransactionLog:
                 state = LogState()
         for v in range(state.version + 1, version + 1):
             try:
-                actions = self.read_version(v)
+                actions = self.read_actions(v)
             except VersionNotFoundError:
                 if from_base:   # log cleanup went past the base: start from a checkpoint
                     return self.snapshot(version)
@@ -422,9 +441,9 @@ class TransactionLog:
         return max(cps) if cps else None
 
     def commit_timestamp(self, version: int) -> int:
-        for a in self.read_version(version):
-            if "commitInfo" in a:
-                return int(a["commitInfo"].get("timestamp", 0))
+        for a in self.read_actions(version):
+            if isinstance(a, CommitInfo):
+                return int(a.timestamp)
         return 0
 
     def version_at(self, timestamp_ms: int) -> int:
@@ -459,8 +478,8 @@ class TransactionLog:
         """Write ``version`` if no one has; its commit timestamp, or None if another
         writer won it."""
         ts = max(self.clock_ms(), previous_ts)
-        info = {"commitInfo": {"timestamp": ts, "operation": operation,
-                               "operationParameters": parameters or {}}}
+        info = CommitInfo(timestamp=ts, operation=operation,
+                          operation_parameters=parameters or {})
         won = self.sfs.put_if_absent(fmt.commit_file(version), encode_actions([*actions, info]))
         return ts if won else None
 
@@ -481,6 +500,7 @@ class TransactionLog:
             actions = build(state)
             if actions is None:
                 return state
+            actions = [parse_action(a, operation) if type(a) is dict else a for a in actions]
             version = state.version + 1
             ts = self.try_commit(version, actions, previous_ts=state.timestamp_ms,
                                  operation=operation, parameters=parameters)
