@@ -39,7 +39,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from ..errors import DataLossError, TopicNotFoundError
+from ..errors import DataLossError, InvalidReceiptHandleError, TopicNotFoundError
 from ..log.message import Message, StoredMessage
 from ..log.names import DLQ_PREFIX
 
@@ -65,8 +65,7 @@ def _key(group: "str | GroupKey") -> GroupKey:
     return group if isinstance(group, GroupKey) else GroupKey(group)
 
 
-class InvalidHandle(Exception):
-    """A receipt handle that does not decode, or whose lease is gone."""
+InvalidHandle = InvalidReceiptHandleError   # the broker's old name for it
 
 
 def dlq_topic(group: str) -> str:
