@@ -118,8 +118,8 @@ class BrokerConfig:
             from ..ha.protocol import parse_address
             try:
                 parse_address(self.ha_master_address)
-            except ValueError as e:
-                raise InvalidConfigError(f"haMasterAddress: {e}") from None
+            except InvalidConfigError as e:
+                raise InvalidConfigError(f"haMasterAddress: {e.message}") from None
         if not 0 <= self.ha_listen_port <= 65535 or self.auto_failover_silence_ms <= 0:
             raise InvalidConfigError("haListenPort must be 0..65535 and autoFailoverSilenceMs "
                                      "positive")

@@ -200,8 +200,10 @@ class DirectCommitter:
             return False
         try:
             state = self.txlog.snapshot()
-        except Exception:
-            return True    # cannot tell: keep the files (orphans are harmless)
+        except Exception:   # any failure to read means "cannot tell": keep the files (orphans
+            #               are harmless, deleting a committed file loses data)
+            log.warning("cannot tell whether a commit won; keeping its files", exc_info=True)
+            return True
         return any(f in state.consumequeue_files or f in state.index_files for f in side_files)
 
 

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from ..errors import (DataLossError, InvalidMessageIdError,
                       QueueNotFoundError, TopicNotFoundError, UserError)
+from ..errors import StoreIOError
 from . import format as fmt
 from . import segment as seg
 from .consumequeue import read_side_by_time, read_side_entries
@@ -299,7 +300,10 @@ class MessageReader:
             batch = self._read_batch(batch_offset)
         except DataLossError:
             return None
-        except Exception as exc:
+        except StoreIOError:
+            raise
+        except Exception as exc:   # a forged id may point anywhere: what reading there raises
+            #                        (Arrow, index, format errors) means the id is bad
             raise InvalidMessageIdError(
                 f"message id {message_id} does not point at a message: {exc}") from None
         if row >= batch.num_rows:

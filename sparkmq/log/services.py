@@ -65,7 +65,7 @@ class GroupCommitService:
                     return
             try:
                 flushed = self._flush()
-            except Exception:
+            except Exception:   # the flush daemon must survive a failed fsync and try again
                 log.exception("fsync failed; appenders waiting will time out")
                 time.sleep(0.05)
                 continue

@@ -53,6 +53,7 @@ from ..config import SYNC_FLUSH, StoreConfig
 from ..errors import (FencedError, InvalidConfigError, InvalidMessageError, PermissionDeniedError,
                       ReadOnlyStoreError, StoreClosedError, StoreNotFoundError,
                       TopicNotFoundError)
+from ..errors import StoreIOError
 from . import adopt as _adopt
 from .append import Appender
 from . import format as fmt
@@ -215,8 +216,8 @@ class Store(MessageReader):
                 {"protocol": {"minReaderVersion": fmt.MIN_READER_VERSION,
                               "minWriterVersion": fmt.MIN_WRITER_VERSION}},
                 {"metaData": meta}])
-        except Exception:
-            if not self.txlog.exists():
+        except Exception:   # a concurrent opener created the store first: that is success;
+            if not self.txlog.exists():   # anything else re-raises
                 raise
 
     # ------------------------------------------------------------------ lease
@@ -550,7 +551,7 @@ class Store(MessageReader):
                 self.commitlog.close()
                 try:
                     self.delete_removed_files()
-                except OSError:
+                except StoreIOError:
                     log.exception("store %s: deleting removed files at close failed", self.url)
                 unregister_live(self.token)
         self._closed = True

@@ -31,6 +31,7 @@ from typing import Callable, Iterable
 
 from ..errors import (CommitConflictError, CorruptStoreError, InvalidConfigError,
                       StoreNotFoundError, UnsupportedFormatError, VersionNotFoundError)
+from ..errors import StoreIOError
 from . import format as fmt
 from .fs import StoreFS
 
@@ -522,7 +523,7 @@ class TransactionLog:
             self._last_cleanup_ms = now
             try:
                 self.cleanup_log(now)
-            except OSError:   # best effort: the next checkpoint tries again
+            except StoreIOError:   # best effort: the next checkpoint tries again
                 log.exception("log cleanup of %s failed", self.sfs.url)
 
     def cleanup_log(self, now_ms: int | None = None) -> list[str]:
