@@ -400,6 +400,22 @@ class MessageReader:
     def topic_names(self) -> list[str]:
         raise NotImplementedError
 
+    # -- the public lookups other layers build on (the data source's admission
+    #    control and key pushdown): no caller outside log/ uses the hooks above
+    def topic_id(self, topic: str) -> int:
+        """The id of a live topic (``TopicNotFoundError`` naming the topics there are)."""
+        return self._topic_id(topic)
+
+    def queue_entries(self, tid: int, qid: int, lo: int, hi: int,
+                      columns: list[str] | None = None) -> pa.Table:
+        """ConsumeQueue entries of queue offsets [lo, hi) of queue (tid, qid), in order
+        (FORMAT.md section 4's columns; ``columns`` narrows them)."""
+        return self._entries(tid, qid, lo, hi, columns)
+
+    def index_hits(self, tid: int, key: str) -> pa.Table:
+        """Index rows (queue id, queue offset, ...) of messages of topic ``tid`` with ``key``."""
+        return self._index_hits(tid, key)
+
 
 def _select_schema(columns: Sequence[str] | None) -> pa.Schema:
     if not columns:

@@ -377,11 +377,6 @@ class Store(MessageReader):
                  columns: list[str] | None = None) -> pa.Table:
         return live_entries(self.sfs, self.state, self.cq, tid, qid, lo, hi, columns)
 
-    def queue_entries(self, tid: int, qid: int, lo: int, hi: int,
-                      columns: list[str] | None = None) -> pa.Table:
-        """ConsumeQueue entries [lo, hi) of queue (tid, qid): persisted and in memory."""
-        return self._entries(tid, qid, lo, hi, columns)
-
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         return self.commitlog.read_batch(batch_offset)
 
