@@ -12,7 +12,8 @@
 * ``retention`` runs a retention pass every ``retention_check_interval_ms``.
 
 Every wait is bounded; ``stop`` joins the thread.
-"""from __future__ import annotations
+"""
+from __future__ import annotations
 
 import logging
 import threading
