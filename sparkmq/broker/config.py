@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..config import MIB, StoreConfig
+from ..config import DEFAULT_MAX_MESSAGE_SIZE_BYTES, StoreConfig
 from ..errors import InvalidConfigError, SparkMQError
 from ..properties import load_properties, parse_bool, parse_int
 
@@ -159,7 +159,7 @@ class BrokerConfig:
         opts = dict(self.store_options)
         opts.setdefault("brokerName", self.broker_name)
         opts.setdefault("storeHost", self.endpoint)
-        opts.setdefault("maxMessageSize", 4 * MIB)
+        opts.setdefault("maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE_BYTES)
         return opts
 
     @property

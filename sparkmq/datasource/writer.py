@@ -74,6 +74,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, ByteType, IntegerType, Lon
                                MapType, ShortType, StringType, StructType, TimestampNTZType,
                                TimestampType)
 
+from ..config import DEFAULT_MAX_MESSAGE_SIZE_BYTES
 from ..errors import InvalidConfigError, InvalidMessageError, UserError
 from ..log import format as fmt
 from ..log.committer import abort_job, committer_for
@@ -85,7 +86,6 @@ from ..log.txlog import TransactionLog
 log = logging.getLogger("sparkmq.datasource.writer")
 
 DEFAULT_MAX_SEGMENT_BYTES = 64 << 20
-DEFAULT_MAX_MESSAGE_SIZE_BYTES = 4 << 20
 #: a staged file's bytes are handed to the disk (writeback started, not awaited) every
 #: this many bytes, so the fsync that seals it finds little left to write
 WRITEBACK_CHUNK_BYTES = 8 << 20

@@ -49,6 +49,7 @@ from typing import Protocol, Sequence
 
 
 from .. import errors
+from ..config import DEFAULT_COMMIT_RETRIES
 from ..errors import InvalidConfigError, StoreLockedError, UncleanWriterError, UserError
 from . import format as fmt
 from .consumequeue import consumequeue_add, write_side_table
@@ -67,7 +68,7 @@ from .txlog import LogState, TransactionLog, check_writer_version
 log = logging.getLogger("sparkmq.committer")
 
 SIDE_TABLE_ROW_GROUP_ROWS = 65_536
-COMMIT_RETRIES = 50
+COMMIT_RETRIES = DEFAULT_COMMIT_RETRIES
 BROKER_TIMEOUT_S = 120.0
 #: the lease holder's admin route that adopts staged files (served by sparkmq.broker)
 ADOPT_PATH = "/admin/adopt"
