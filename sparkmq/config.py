@@ -18,6 +18,10 @@ ASYNC_FLUSH = "ASYNC_FLUSH"
 GIB = 1 << 30
 MIB = 1 << 20
 
+# defaults that other modules use too (the Spark writer, the direct committer, the broker)
+DEFAULT_MAX_MESSAGE_SIZE_BYTES = 4 * MIB        # maxMessageSize
+DEFAULT_COMMIT_RETRIES = 50                    # put-if-absent conflicts before giving up
+
 
 @dataclass(frozen=True)
 class StoreConfig:
@@ -33,7 +37,7 @@ class StoreConfig:
     delete_when: str = "04"                       # deleteWhen (hours, ';' separated)
     disk_max_used_space_ratio: int = 75           # diskMaxUsedSpaceRatio (percent)
     retention_check_interval_ms: int = 10_000     # how often the retention service looks
-    max_message_size_bytes: int = 4 * MIB         # maxMessageSize
+    max_message_size_bytes: int = DEFAULT_MAX_MESSAGE_SIZE_BYTES   # maxMessageSize
     default_topic_queue_nums: int = 4             # defaultTopicQueueNums
     auto_create_topic: bool = False               # autoCreateTopicEnable
     compact_after_files: int = 8                  # small side-table files before compaction
@@ -43,7 +47,7 @@ class StoreConfig:
     lease_timeout_ms: int = 30_000                # writer lease expiry without renewal
     deleted_file_retention_ms: int = 60_000       # deletedFileRetentionMs: removed file -> deleted
     log_retention_ms: int = 30 * 24 * 3_600_000   # logRetentionMs: old _log/ versions -> cleaned
-    commit_retries: int = 50                      # put-if-absent conflicts before giving up
+    commit_retries: int = DEFAULT_COMMIT_RETRIES  # put-if-absent conflicts before giving up
     store_host: str = "127.0.0.1:10911"           # brokerIP1:listenPort
     broker_name: str = "broker-a"                 # brokerName
 

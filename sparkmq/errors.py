@@ -121,6 +121,51 @@ class ReadOnlyStoreError(UserError):
     code = "SPARKMQ_READ_ONLY"
 
 
+class DelayRefused(UserError):
+    """A delay the broker will not take (too long, unknown level); the message says why."""
+
+    code = "SPARKMQ_ILLEGAL_DELIVERY_TIME"
+
+
+class UnknownTransaction(UserError):
+    """EndTransaction for a transaction that is not pending (unknown or already resolved)."""
+
+    code = "SPARKMQ_INVALID_TRANSACTION_ID"
+
+
+class FilterExpressionError(UserError, ValueError):
+    """A SQL92 filter expression that does not parse; the message says where and why.
+
+    Also a ``ValueError``, as it was before it moved here."""
+
+    code = "SPARKMQ_INVALID_FILTER"
+
+
+class InvalidReceiptHandleError(UserError):
+    """A receipt handle that does not decode, or whose lease is gone."""
+
+    code = "SPARKMQ_INVALID_RECEIPT_HANDLE"
+
+
+class ClientIdRequiredError(UserError):
+    """A broadcasting consumer sent no ``x-mq-client-id`` header."""
+
+    code = "SPARKMQ_CLIENT_ID_REQUIRED"
+
+
+class IllegalOffsetError(UserError):
+    """An offset outside a queue's min..max offsets."""
+
+    code = "SPARKMQ_ILLEGAL_OFFSET"
+
+
+class BindError(UserError):
+    """A server could not listen on its address (port in use, no permission); pick
+    another port or stop the process holding it."""
+
+    code = "SPARKMQ_BIND_FAILED"
+
+
 # --- retriable -------------------------------------------------------------
 
 class CommitConflictError(RetriableError):
@@ -133,6 +178,12 @@ class StoreLockedError(RetriableError):
     """Another live writer holds the store's writer lease."""
 
     code = "SPARKMQ_STORE_LOCKED"
+
+
+class BrokerUnavailableError(RetriableError):
+    """No broker could be reached (or every one failed); retry later or check the endpoints."""
+
+    code = "SPARKMQ_BROKER_UNAVAILABLE"
 
 
 # --- store errors ----------------------------------------------------------
@@ -175,6 +226,37 @@ class UncleanWriterError(StoreError):
     """The last writer did not stop cleanly; open the store for writing to recover it."""
 
     code = "SPARKMQ_UNCLEAN_WRITER"
+
+
+class StoreIOError(StoreError):
+    """The store's file system failed an operation (disk full, I/O error, no permission).
+
+    Raised only by :class:`sparkmq.log.fs.StoreFS` and the segment writer, the one
+    boundary where ``OSError`` becomes a store error. ``errno`` is the OS error
+    number (``errno.ENOSPC``...), ``path`` the store-relative path, ``operation``
+    what was being done; the message says what to do.
+    """
+
+    code = "SPARKMQ_STORE_IO"
+
+    def __init__(self, message: str, *, errno: int | None = None, path: str | None = None,
+                 operation: str | None = None):
+        super().__init__(message)
+        self.errno = errno
+        self.path = path
+        self.operation = operation
+
+
+# --- remote peers: the branch depends on the peer's answer ------------------
+
+class ClientError(SparkMQError):
+    """A broker answered a request with a non-OK status; ``status_code`` is the protocol code."""
+
+    code = "SPARKMQ_CLIENT_ERROR"
+
+    def __init__(self, message: str, status_code: int = 50000):   # Code.INTERNAL_ERROR
+        super().__init__(message)
+        self.status_code = status_code
 
 
 class HAProtocolError(SparkMQError):

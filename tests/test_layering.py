@@ -81,7 +81,36 @@ def test_the_scan_finds_private_uses():
     assert private_uses(src, "m.py") == ["m.py:1: import _LIVE", "m.py:4: ._dispatched_offset"]
 
 
-def test_ha_uses_no_private_name_of_the_log():
+def log_private_names() -> set[str]:
+    """Underscored names the log layer defines: methods, attributes set on ``self``, and
+    module-level names of ``sparkmq/log/*.py``."""
+    names = set()
+    for path in (PACKAGE / "log").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def test_ha_uses_no_private_name_at_all():
     found = [use for path in sorted((PACKAGE / "ha").glob("*.py"))
              for use in private_uses(path.read_text(), f"sparkmq/ha/{path.name}")]
     assert found == [], "ha/ reaches into private names:\n" + "\n".join(found)
+
+
+def test_no_layer_above_the_log_uses_its_private_names():
+    private = log_private_names()
+    assert {"_entries", "_topic_id", "_dispatch"} & private     # the scan sees the log
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE.parent)
+        if rel.parts[1] == "log":
+            continue
+        found += [use for use in private_uses(path.read_text(), str(rel))
+                  if use.rsplit(".", 1)[-1] in private or " import _" in use]
+    assert found == [], "layers above the log reach into its private names:\n" + \
+        "\n".join(found)

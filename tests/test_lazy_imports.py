@@ -24,7 +24,7 @@ def test_the_stream_reader_of_a_local_store_loads_neither_the_store_nor_fsspec(t
     with Store.open(url, mode="w", start_services=False) as s:
         s.create_topic("T", write_queue_nums=2, read_queue_nums=2)
     mods = _modules_after(
-        "from sparkmq.datasource.reader import SparkMQStreamReader\n"
+        "from sparkmq.datasource.stream import SparkMQStreamReader\n"
         f"r = SparkMQStreamReader({{'path': {url!r}, 'topic': 'T', "
         "'startingOffsets': 'earliest'})\n"
         "r.prepareForTriggerAvailableNow()\n"

@@ -41,7 +41,7 @@ from typing import Callable
 
 import grpc
 
-from ..errors import SparkMQError
+from ..errors import BindError, SparkMQError
 from ..lifecycle import ServiceThread
 from ..log.store import Store
 from ..namesrv.client import NameServerClient
@@ -176,10 +176,12 @@ class Broker:
         try:
             port = server.add_insecure_port(f"{self.config.host}:{self.config.listen_port}")
         except RuntimeError as e:   # grpc reports a taken port this way
-            raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.listen_port}: "
-                          f"{e}") from None
+            raise BindError(f"cannot bind gRPC port {self.config.host}:{self.config.listen_port}: "
+                            f"{e}; set listenPort to a free port or stop the process "
+                            "holding it") from None
         if port == 0:
-            raise OSError(f"cannot bind gRPC port {self.config.host}:{self.config.listen_port}")
+            raise BindError(f"cannot bind gRPC port {self.config.host}:{self.config.listen_port}; "
+                            "set listenPort to a free port or stop the process holding it")
         self.listen_port = port
         server.start()
         self._grpc = server

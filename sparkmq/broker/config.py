@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..config import MIB, StoreConfig
+from ..config import DEFAULT_MAX_MESSAGE_SIZE_BYTES, StoreConfig
 from ..errors import InvalidConfigError, SparkMQError
 from ..properties import load_properties, parse_bool, parse_int
 
@@ -118,8 +118,8 @@ class BrokerConfig:
             from ..ha.protocol import parse_address
             try:
                 parse_address(self.ha_master_address)
-            except ValueError as e:
-                raise InvalidConfigError(f"haMasterAddress: {e}") from None
+            except InvalidConfigError as e:
+                raise InvalidConfigError(f"haMasterAddress: {e.message}") from None
         if not 0 <= self.ha_listen_port <= 65535 or self.auto_failover_silence_ms <= 0:
             raise InvalidConfigError("haListenPort must be 0..65535 and autoFailoverSilenceMs "
                                      "positive")
@@ -159,7 +159,7 @@ class BrokerConfig:
         opts = dict(self.store_options)
         opts.setdefault("brokerName", self.broker_name)
         opts.setdefault("storeHost", self.endpoint)
-        opts.setdefault("maxMessageSize", 4 * MIB)
+        opts.setdefault("maxMessageSize", DEFAULT_MAX_MESSAGE_SIZE_BYTES)
         return opts
 
     @property

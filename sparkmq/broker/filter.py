@@ -31,7 +31,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Mapping
 
-from ..errors import UserError
+from ..errors import FilterExpressionError
 
 __all__ = ["FilterExpressionError", "SqlFilter", "TAGS_PROPERTY"]
 
@@ -52,12 +52,6 @@ _CMP = {"=", "<>", "!=", "<", "<=", ">", ">="}
 
 Value = Any                      # str | int | float | bool | None (NULL / UNKNOWN)
 Node = Callable[[Mapping[str, str]], Value]
-
-
-class FilterExpressionError(UserError, ValueError):
-    """A SQL92 filter expression that does not parse; the message says where and why."""
-
-    code = "SPARKMQ_INVALID_FILTER"
 
 
 class _Tok:

@@ -46,7 +46,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
-from ..errors import UserError
+from ..errors import SparkMQError, UserError
 from ..log.names import validate_group, validate_topic
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
@@ -529,8 +529,12 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
 BROADCAST_HEADER = "x-sparkmq-consume-mode"
 
 
-class _FilterRefused(Exception):
+# An exception, not a status value: it leaves _filter from deep inside the filter
+# parsing of a request and is answered (never seen by users) by its caller.
+class _FilterRefused(SparkMQError):
     """A filter expression refused; ``status`` is the answer to send."""
+
+    code = "SPARKMQ_INVALID_FILTER"
 
     def __init__(self, st: pb.Status):
         super().__init__(st.message)

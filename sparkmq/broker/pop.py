@@ -39,7 +39,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from ..errors import DataLossError, TopicNotFoundError
+from ..errors import (DataLossError, FilterExpressionError, InvalidReceiptHandleError,
+                      TopicNotFoundError)
 from ..log.message import Message, StoredMessage
 from ..log.names import DLQ_PREFIX
 
@@ -65,8 +66,7 @@ def _key(group: "str | GroupKey") -> GroupKey:
     return group if isinstance(group, GroupKey) else GroupKey(group)
 
 
-class InvalidHandle(Exception):
-    """A receipt handle that does not decode, or whose lease is gone."""
+InvalidHandle = InvalidReceiptHandleError   # the broker's old name for it
 
 
 def dlq_topic(group: str) -> str:
@@ -142,7 +142,7 @@ class TagFilter:
         else:
             tags = {t.strip() for t in expr.split("||")}
             if "" in tags:
-                raise ValueError(f"tag expression {expression!r} has an empty tag")
+                raise FilterExpressionError(f"tag expression {expression!r} has an empty tag")
             self.tags = tags
 
     def matches(self, tag: str | None) -> bool:

@@ -19,8 +19,9 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from ..errors import (DataLossError, InvalidMessageError, InvalidNameError, PermissionDeniedError,
-                      QueueNotFoundError, SparkMQError, TopicNotFoundError)
+from ..errors import (ClientIdRequiredError, DataLossError, IllegalOffsetError, InvalidMessageError,
+                      InvalidNameError, PermissionDeniedError, QueueNotFoundError, SparkMQError,
+                      TopicNotFoundError)
 from ..log.status import PutMessageStatus
 from .pop import InvalidHandle
 
@@ -37,12 +38,8 @@ ALL_TYPES = [pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION]
 PERM = {6: pb.READ_WRITE, 4: pb.READ, 2: pb.WRITE, 0: pb.NONE}
 
 
-class ClientIdRequired(Exception):
-    """A broadcasting consumer sent no ``x-mq-client-id`` (CLIENT_ID_REQUIRED)."""
-
-
-class IllegalOffset(Exception):
-    """An offset outside a queue's min..max offsets (ILLEGAL_OFFSET)."""
+ClientIdRequired = ClientIdRequiredError   # the broker's old names for them
+IllegalOffset = IllegalOffsetError
 
 
 def error_status(e: Exception) -> pb.Status:
@@ -61,11 +58,11 @@ def error_status(e: Exception) -> pb.Status:
     if isinstance(e, (QueueNotFoundError, DataLossError)):
         return status(Code.BAD_REQUEST, e.message)
     if isinstance(e, InvalidHandle):
-        return status(Code.INVALID_RECEIPT_HANDLE, str(e))
+        return status(Code.INVALID_RECEIPT_HANDLE, e.message)
     if isinstance(e, ClientIdRequired):
-        return status(Code.CLIENT_ID_REQUIRED, str(e))
+        return status(Code.CLIENT_ID_REQUIRED, e.message)
     if isinstance(e, IllegalOffset):
-        return status(Code.ILLEGAL_OFFSET, str(e))
+        return status(Code.ILLEGAL_OFFSET, e.message)
     if isinstance(e, SparkMQError):
         return status(Code.INTERNAL_ERROR if not e.retriable else Code.TOO_MANY_REQUESTS, e.message)
     return status(Code.INTERNAL_ERROR, f"{type(e).__name__}: {e}")

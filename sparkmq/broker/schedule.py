@@ -43,7 +43,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SparkMQError, UserError
+from ..errors import DelayRefused, SparkMQError, UserError
 from ..log import format as fmt
 from ..log.batch import build_segment_batch
 from ..log.message import Message
@@ -64,12 +64,6 @@ PERSIST_SLACK_MS = 200
 _PARKED_COLUMNS = ["queue_offset", "body", "tags", "keys", "properties", "born_timestamp",
                    "born_host", "delivery_timestamp", "unique_key"]
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-class DelayRefused(UserError):
-    """A delay the broker will not take (too long, unknown level); the message says why."""
-
-    code = "SPARKMQ_ILLEGAL_DELIVERY_TIME"
 
 
 def parse_delay_levels(text: str) -> list[int]:

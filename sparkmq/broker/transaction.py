@@ -37,7 +37,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import SparkMQError, UserError
+from ..errors import SparkMQError, UnknownTransaction, UserError  # noqa: F401
 from ..log import format as fmt
 from ..log.message import Message
 
@@ -51,12 +51,6 @@ PROP_CLIENT_ID = "TRANS_CLIENT_ID"
 OP_COMMIT, OP_ROLLBACK, OP_EXPIRED = "c", "r", "x"
 OP_CHECKED = "k"              # a check-back was sent (not a resolution)
 PROP_CHECKS = "checks"
-
-
-class UnknownTransaction(UserError):
-    """EndTransaction for a transaction that is not pending (unknown or already resolved)."""
-
-    code = "SPARKMQ_INVALID_TRANSACTION_ID"
 
 
 class ProducerStreams:

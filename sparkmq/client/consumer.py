@@ -135,11 +135,9 @@ class _GroupClient:
                     out.append(ReceivedMessage.from_pb(r.message, queue.endpoint))
                 elif kind == "status" and r.status.code not in (Code.OK, Code.MESSAGE_NOT_FOUND):
                     check(r.status, f"ReceiveMessage {queue.topic!r} at {queue.endpoint}")
-        except Exception as e:
-            if isinstance(e, grpc.RpcError):
-                raise BrokerUnavailableError(f"ReceiveMessage at {queue.endpoint}: {e.code()} "
-                                             f"{e.details()}") from None
-            raise
+        except grpc.RpcError as e:
+            raise BrokerUnavailableError(f"ReceiveMessage at {queue.endpoint}: {e.code()} "
+                                         f"{e.details()}") from None
         return out
 
     def _ack(self, m: ReceivedMessage) -> None:
@@ -302,8 +300,12 @@ class PushConsumer(_GroupClient):
                 continue
             try:
                 got = self._receive_from(queue, n, self.invisible_duration_s, self.wait_s)
-            except Exception as e:
+            except (BrokerUnavailableError, ClientError) as e:   # a broker down or refusing
                 log.info("receive from %s failed: %s", queue.endpoint, e)
+                got = []
+                self._stop.wait(1.0)
+            except Exception:   # this receive thread must not die on one bad answer
+                log.exception("receive from %s failed", queue.endpoint)
                 got = []
                 self._stop.wait(1.0)
             for _ in range(n - len(got)):
@@ -346,7 +348,7 @@ class PushConsumer(_GroupClient):
     def _consume_one(self, m: ReceivedMessage) -> bool:
         try:
             result = self.listener(m)
-        except Exception:
+        except Exception:   # a user callback: whatever it raises means "consume failed"
             log.exception("listener raised on %s; it will be redelivered", m.message_id)
             result = ConsumeResult.FAILURE
         if result is ConsumeResult.SUCCESS:
@@ -419,11 +421,9 @@ class PullConsumer:
                     nxt = r.next_offset
                 elif kind == "status" and r.status.code not in (Code.OK, Code.MESSAGE_NOT_FOUND):
                     check(r.status, f"PullMessage {queue.topic}/{queue.queue_id}")
-        except Exception as e:
-            if isinstance(e, grpc.RpcError):
-                raise BrokerUnavailableError(f"PullMessage at {queue.endpoint}: {e.code()} "
-                                             f"{e.details()}") from None
-            raise
+        except grpc.RpcError as e:
+            raise BrokerUnavailableError(f"PullMessage at {queue.endpoint}: {e.code()} "
+                                         f"{e.details()}") from None
         return out, nxt
 
     def query_offset(self, queue: Queue, policy: str = "BEGINNING",

@@ -26,27 +26,12 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-from ..errors import InvalidConfigError, RetriableError, SparkMQError, TopicNotFoundError, UserError
+from ..errors import (BrokerUnavailableError, ClientError, InvalidConfigError, RetriableError,  # noqa: F401
+                      SparkMQError, TopicNotFoundError, UserError)
 
 Code = pb.Code
 DEFAULT_REQUEST_TIMEOUT_S = 5.0
 DEFAULT_ROUTE_TTL_S = 30.0
-
-
-class ClientError(SparkMQError):
-    """A broker answered a request with a non-OK status; ``status_code`` is the protocol code."""
-
-    code = "SPARKMQ_CLIENT_ERROR"
-
-    def __init__(self, message: str, status_code: int = Code.INTERNAL_ERROR):
-        super().__init__(message)
-        self.status_code = status_code
-
-
-class BrokerUnavailableError(RetriableError):
-    """No broker could be reached (or every one failed); retry later or check the endpoints."""
-
-    code = "SPARKMQ_BROKER_UNAVAILABLE"
 
 
 @dataclasses.dataclass

@@ -205,7 +205,7 @@ class Producer:
                               queue.endpoint, st.code)
         try:
             decided = as_resolution(execute(message, receipt), "the local transaction")
-        except Exception:
+        except Exception:   # a user callback: whatever it raises leaves the outcome UNKNOWN
             log.exception("local transaction of %s raised; left to the broker's check-back",
                           entry.transaction_id)
             decided = TransactionResolution.UNKNOWN
@@ -397,5 +397,5 @@ def _run_callback(callback, fut: cf.Future) -> None:
     try:
         err = fut.exception()
         callback(None if err else fut.result(), err)
-    except Exception:
+    except Exception:   # a user callback must not kill the executor thread running it
         log.exception("send callback raised")

@@ -109,7 +109,7 @@ class _Stream:
             except grpc.RpcError as e:
                 if not self.owner.closed.is_set():
                     log.debug("telemetry stream to %s broke: %s", self.endpoint, e.code())
-            except Exception:
+            except Exception:   # the telemetry daemon must reconnect, not die, on any failure
                 log.exception("telemetry stream to %s failed", self.endpoint)
             finally:
                 outbound.put(None)
@@ -181,7 +181,7 @@ class TelemetryStreams:
         received = ReceivedMessage.from_pb(message, endpoint)
         try:
             decided = as_resolution(self.checker(received), "the transaction checker")
-        except Exception:
+        except Exception:   # a user callback: whatever it raises means UNKNOWN
             log.exception("transaction checker raised for %s; answering nothing (UNKNOWN)",
                           transaction_id)
             return

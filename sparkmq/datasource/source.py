@@ -13,7 +13,8 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
-from .reader import SPARK_SCHEMA, SparkMQBatchReader, SparkMQStreamReader
+from .reader import SPARK_SCHEMA, SparkMQBatchReader
+from .stream import SparkMQStreamReader
 
 
 class SparkMQDataSource(DataSource):

@@ -74,6 +74,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, ByteType, IntegerType, Lon
                                MapType, ShortType, StringType, StructType, TimestampNTZType,
                                TimestampType)
 
+from ..config import DEFAULT_MAX_MESSAGE_SIZE_BYTES
 from ..errors import InvalidConfigError, InvalidMessageError, UserError
 from ..log import format as fmt
 from ..log.committer import abort_job, committer_for
@@ -85,7 +86,6 @@ from ..log.txlog import TransactionLog
 log = logging.getLogger("sparkmq.datasource.writer")
 
 DEFAULT_MAX_SEGMENT_BYTES = 64 << 20
-DEFAULT_MAX_MESSAGE_SIZE_BYTES = 4 << 20
 #: a staged file's bytes are handed to the disk (writeback started, not awaited) every
 #: this many bytes, so the fsync that seals it finds little left to write
 WRITEBACK_CHUNK_BYTES = 8 << 20
@@ -202,11 +202,11 @@ class _SegmentWriterBase:
         self.topics = {name: {"id": t["id"], "writeQueueNums": int(t["writeQueueNums"]),
                               "perm": int(t["perm"])} for name, t in state.topics.items()}
         if self.topic_option:
-            self._topic_conf(self.topic_option)
+            self.topic_conf(self.topic_option)
         committer_for(self.url, self.storage_options).check()
 
     # -- executors ---------------------------------------------------------
-    def _topic_conf(self, name: str) -> dict:
+    def topic_conf(self, name: str) -> dict:
         return writable_topic_conf(self.topics, name, store=self.url)
 
     def _write_task(self, iterator: Iterator[pa.RecordBatch]) -> SparkMQCommitMessage:
@@ -468,7 +468,7 @@ class _BatchConverter:
             raise InvalidMessageError("a row has a null topic and no topic option is set; "
                                       "fill the topic column or set .option('topic', ...)")
         for t in pc.unique(topics).to_pylist():
-            self.w._topic_conf(t)
+            self.w.topic_conf(t)
         return topics
 
     def _body(self, body: pa.Array) -> pa.Array:
@@ -484,7 +484,7 @@ class _BatchConverter:
         if queue_id is None and group is None and self.w.topic_option:
             # one topic, every row round robin: no per-row topic lookup
             name = self.w.topic_option
-            nq = self.w._topic_conf(name)["writeQueueNums"]
+            nq = self.w.topic_conf(name)["writeQueueNums"]
             return pa.array(self.queues.round_robin(name, n, nq).astype(np.int32))
         enc_t = pc.dictionary_encode(topics)
         tnames = enc_t.dictionary.to_pylist()
@@ -492,7 +492,7 @@ class _BatchConverter:
         if group is not None:
             group = group.cast(pa.string())
         return pa.array(self.queues.choose(
-            queue_id, tnames, idx, [self.w._topic_conf(t)["writeQueueNums"] for t in tnames],
+            queue_id, tnames, idx, [self.w.topic_conf(t)["writeQueueNums"] for t in tnames],
             n, group))
 
     def _keys(self, keys, n: int) -> pa.Array:

@@ -1,5 +1,9 @@
-"""High availability: the replica process that tails a master's CommitLog, and promotion.
+"""High availability: RocketMQ's master/replica replication, and promotion.
 
-Not built yet (issue 6). The store already carries what it needs: the writer
-lease with an epoch in the transaction log, which fences a returning master.
+``master.py`` (``HAService``) streams a master's CommitLog bytes and meta to each
+replica and answers SYNC_MASTER waits; ``replica.py`` (``HAClient``) follows a
+master and writes through the store's public replication API
+(:mod:`sparkmq.log.replication`), and ``promote`` turns a replica into a master
+with a higher writer epoch; ``protocol.py`` is the wire format and its HMAC
+handshake; ``epochs.py`` the epoch history a rejoining store is truncated by.
 """

@@ -32,7 +32,7 @@ import socket
 import threading
 import time
 
-from ..errors import HAProtocolError
+from ..errors import BindError, HAProtocolError, StoreIOError
 from ..log.commitlog import SegmentRef
 from ..log.status import PutMessageStatus
 from ..log.store import Store
@@ -65,7 +65,7 @@ class ReplicaConnection:
     def run(self) -> None:
         try:
             start = self._handshake()
-        except (HAProtocolError, OSError, ConnectionError, ValueError) as e:
+        except (HAProtocolError, StoreIOError, OSError, ConnectionError, ValueError) as e:
             log.warning("HA: refused replica connection from %s: %s", self.addr, e)
             self.close()
             return
@@ -79,7 +79,7 @@ class ReplicaConnection:
             if not self.closed.is_set():
                 log.info("HA: replica %s#%d at %s disconnected: %s",
                          self.service.broker_name, self.broker_id, self.addr, e)
-        except Exception:
+        except Exception:   # a connection thread: one replica's failure must not go unlogged
             log.exception("HA: streaming to replica %s failed", self.addr)
         finally:
             self.close()
@@ -293,7 +293,8 @@ class HAService:
             sock.bind((self.host, self.port))
         except OSError as e:
             sock.close()
-            raise OSError(f"cannot bind HA port {self.host}:{self.port}: {e}") from None
+            raise BindError(f"cannot bind HA port {self.host}:{self.port}: {e}; set haListenPort "
+                            "to a free port or stop the process holding it") from None
         sock.listen(16)
         sock.settimeout(0.5)
         self._sock = sock

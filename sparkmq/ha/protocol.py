@@ -38,7 +38,7 @@ import select
 import socket
 import struct
 
-from ..errors import HAProtocolError
+from ..errors import HAProtocolError, InvalidConfigError
 
 PREFIX = struct.Struct("!IQ")
 MAX_HEADER_BYTES = 64 << 10
@@ -127,8 +127,8 @@ def recv_header(sock: socket.socket) -> tuple[dict, int]:
 
 
 def parse_address(addr: str) -> tuple[str, int]:
-    """``host:port`` -> (host, port); raises ValueError with what was wrong."""
+    """``host:port`` -> (host, port); raises InvalidConfigError with what was wrong."""
     host, sep, port = (addr or "").rpartition(":")
     if not sep or not host or not port.isdigit():
-        raise ValueError(f"expected host:port, got {addr!r}")
+        raise InvalidConfigError(f"expected host:port, got {addr!r}")
     return host, int(port)

@@ -161,7 +161,7 @@ class CommitLog:
             return ref
 
     def ref(self, path: str) -> SegmentRef:
-        """The ref of segment ``path`` (KeyError if the CommitLog has none)."""
+        """The ref of segment ``path`` (CorruptStoreError if the CommitLog has none)."""
         with self._lock:
             return self._ref(path)
 
@@ -193,7 +193,7 @@ class CommitLog:
         for r in self._segments:
             if r.path == path:
                 return r
-        raise KeyError(path)
+        raise CorruptStoreError(f"segment {path} is not in the commit log of {self.sfs.url}")
 
     def append(self, batch: pa.RecordBatch, data: pa.Buffer | None = None) -> int:
         """Append one batch; returns its physical offset. Caller serializes appends."""

@@ -49,6 +49,7 @@ from typing import Protocol, Sequence
 
 
 from .. import errors
+from ..config import DEFAULT_COMMIT_RETRIES
 from ..errors import InvalidConfigError, StoreLockedError, UncleanWriterError, UserError
 from . import format as fmt
 from .consumequeue import consumequeue_add, write_side_table
@@ -68,7 +69,7 @@ from .txlog import LogState, TransactionLog, check_writer_version
 log = logging.getLogger("sparkmq.committer")
 
 SIDE_TABLE_ROW_GROUP_ROWS = 65_536
-COMMIT_RETRIES = 50
+COMMIT_RETRIES = DEFAULT_COMMIT_RETRIES
 BROKER_TIMEOUT_S = 120.0
 #: the lease holder's admin route that adopts staged files (served by sparkmq.broker)
 ADOPT_PATH = "/admin/adopt"
@@ -201,8 +202,10 @@ class DirectCommitter:
             return False
         try:
             state = self.txlog.snapshot()
-        except Exception:
-            return True    # cannot tell: keep the files (orphans are harmless)
+        except Exception:   # any failure to read means "cannot tell": keep the files (orphans
+            #               are harmless, deleting a committed file loses data)
+            log.warning("cannot tell whether a commit won; keeping its files", exc_info=True)
+            return True
         return any(f in state.consumequeue_files or f in state.index_files for f in side_files)
 
 

@@ -199,7 +199,7 @@ class Dispatcher:
             for fn in list(self._listeners):
                 try:
                     fn(t, q, nxt)
-                except Exception:
+                except Exception:   # a listener callback must not fail the append that woke it
                     log.exception("arrival listener failed")
 
     # -- dispatch ------------------------------------------------------------

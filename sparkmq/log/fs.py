@@ -23,6 +23,13 @@ Guarantees, per backend (docs/FORMAT.md, "Log store guarantees"):
 * ``read_buffer(path)`` returns a ``pyarrow.Buffer``: a memory map on local
   disks (zero copy), the bytes otherwise.
 
+Errors: this is the one place where ``OSError`` becomes a store error. A failing
+backend call raises :class:`~sparkmq.errors.StoreIOError` naming the operation,
+the store-relative path, ``errno`` and what to do (ENOSPC: free space; EIO:
+check the disk). ``FileNotFoundError`` and ``FileExistsError`` keep their
+meaning (a missing file, a lost put-if-absent race) and pass through as they are.
+The segment writer's own ``os`` calls use :meth:`StoreFS.io_error` likewise.
+
 Thread-safe: methods hold no state but the memory-map cache, which is locked.
 
 An absolute local path (``/data/store`` or ``file:///data/store``) without
@@ -33,6 +40,8 @@ starts for a streaming query.
 """
 from __future__ import annotations
 
+import errno as errnos
+import functools
 import os
 import threading
 import uuid
@@ -40,9 +49,37 @@ from typing import Iterable
 
 import pyarrow as pa
 
-from ..errors import InvalidConfigError
+from ..errors import InvalidConfigError, StoreIOError
 
 _MEMORY_LOCK = threading.Lock()
+
+#: what to do about an OSError, by errno (anything else: check the file system)
+_IO_ADVICE = {
+    errnos.ENOSPC: "free space on the disk holding the store, then retry",
+    errnos.EDQUOT: "raise the disk quota of the store's user or free space, then retry",
+    errnos.EIO: "check the disk (kernel log, SMART); the store may need recovery",
+    errnos.EROFS: "the file system is mounted read-only; remount it read-write",
+    errnos.EACCES: "check the permissions of the store's folder",
+    errnos.EPERM: "check the permissions of the store's folder",
+    errnos.EMFILE: "raise the open-files limit (ulimit -n)",
+}
+
+
+def _io_boundary(operation: str):
+    """Method decorator: an ``OSError`` (but ``FileNotFoundError``/``FileExistsError``,
+    which callers rely on) from the wrapped ``StoreFS`` method becomes a
+    ``StoreIOError`` naming ``operation`` and the method's first argument (a path)."""
+    def wrap(method):
+        @functools.wraps(method)
+        def guarded(self, *args, **kwargs):
+            try:
+                return method(self, *args, **kwargs)
+            except (FileNotFoundError, FileExistsError):
+                raise
+            except OSError as exc:
+                raise self.io_error(operation, args[0] if args else "", exc) from exc
+        return guarded
+    return wrap
 
 
 class StoreFS:
@@ -76,6 +113,16 @@ class StoreFS:
             self._fs = _url_to_fs(self.url, self.storage_options)[0]
         return self._fs
 
+    def io_error(self, operation: str, rel: str, exc: OSError) -> StoreIOError:
+        """The store error for ``exc``, raised by ``operation`` on ``rel``."""
+        code = exc.errno
+        name = errnos.errorcode.get(code, str(code)) if code is not None else "no errno"
+        advice = _IO_ADVICE.get(code, "check the store's file system")
+        return StoreIOError(
+            f"cannot {operation} {rel or '.'!r} in store {self.url}: "
+            f"{exc.strerror or exc} ({name}); {advice}",
+            errno=code, path=rel, operation=operation)
+
     # -- paths -----------------------------------------------------------
     def full(self, rel: str) -> str:
         return self.root + "/" + rel.lstrip("/") if rel else self.root
@@ -85,17 +132,20 @@ class StoreFS:
         return self.full(rel)
 
     # -- reading ---------------------------------------------------------
+    @_io_boundary("check")
     def exists(self, rel: str) -> bool:
         if self.is_local:
             return os.path.exists(self.full(rel))
         return self.fs.exists(self.full(rel))
 
+    @_io_boundary("read")
     def read_bytes(self, rel: str) -> bytes:
         if self.is_local:
             with open(self.full(rel), "rb") as f:
                 return f.read()
         return self.fs.cat_file(self.full(rel))
 
+    @_io_boundary("read")
     def read_range(self, rel: str, start: int, end: int) -> bytes:
         if self.is_local:
             with open(self.full(rel), "rb") as f:
@@ -103,11 +153,13 @@ class StoreFS:
                 return f.read(end - start)
         return self.fs.cat_file(self.full(rel), start=start, end=end)
 
+    @_io_boundary("stat")
     def size(self, rel: str) -> int:
         if self.is_local:
             return os.path.getsize(self.full(rel))
         return int(self.fs.size(self.full(rel)))
 
+    @_io_boundary("stat")
     def modified_ms(self, rel: str) -> int:
         """Last modification time of a file, in ms since the epoch (FileNotFoundError
         if it is gone). Object stores report their last PUT, ``memory://`` the
@@ -116,6 +168,7 @@ class StoreFS:
             return os.stat(self.full(rel)).st_mtime_ns // 1_000_000
         return int(self.fs.modified(self.full(rel)).timestamp() * 1000)
 
+    @_io_boundary("list")
     def list_names(self, rel_dir: str) -> list[str]:
         """Names (not paths) of the files directly under ``rel_dir``; [] if it is missing."""
         path = self.full(rel_dir)
@@ -130,6 +183,7 @@ class StoreFS:
             return []
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
+    @_io_boundary("map")
     def read_buffer(self, rel: str, *, cache: bool = False,
                     min_size: int | None = None) -> pa.Buffer:
         """The whole file as an Arrow buffer: memory-mapped on local disks.
@@ -159,6 +213,7 @@ class StoreFS:
         with self._maps_lock:
             self._maps.pop(self.full(rel), None)
 
+    @_io_boundary("open")
     def open_input(self, rel: str):
         """A seekable binary file object (for Parquet readers)."""
         if self.is_local:
@@ -166,12 +221,14 @@ class StoreFS:
         return self.fs.open(self.full(rel), "rb")
 
     # -- writing ---------------------------------------------------------
+    @_io_boundary("create folder")
     def makedirs(self, rel_dir: str) -> None:
         if self.is_local:
             os.makedirs(self.full(rel_dir), exist_ok=True)
         else:
             self.fs.makedirs(self.full(rel_dir), exist_ok=True)
 
+    @_io_boundary("write")
     def write(self, rel: str, data: bytes, *, sync: bool = True) -> None:
         """Write a new immutable file (side tables, staged segments)."""
         if self.is_local:
@@ -181,6 +238,7 @@ class StoreFS:
         else:
             self.fs.pipe_file(self.full(rel), bytes(data))
 
+    @_io_boundary("create")
     def put_if_absent(self, rel: str, data: bytes) -> bool:
         """Atomically create ``rel`` with ``data``; False if it already exists."""
         path = self.full(rel)
@@ -214,6 +272,7 @@ class StoreFS:
                 f"backend {self.fs.protocol!r} does not support exclusive create (mode 'xb'); "
                 "sparkmq needs put-if-absent for its transaction log") from exc
 
+    @_io_boundary("replace")
     def replace(self, rel: str, data: bytes) -> None:
         """Atomically overwrite ``rel`` (used only for ``_last_checkpoint``)."""
         path = self.full(rel)
@@ -222,6 +281,7 @@ class StoreFS:
         else:
             self.fs.pipe_file(path, bytes(data))
 
+    @_io_boundary("delete")
     def delete(self, rel: str) -> None:
         self.forget(rel)
         try:
@@ -236,6 +296,7 @@ class StoreFS:
         for rel in rels:
             self.delete(rel)
 
+    @_io_boundary("truncate")
     def truncate(self, rel: str, size: int) -> None:
         """Cut a file to ``size`` bytes (recovery of a torn segment tail)."""
         self.forget(rel)
@@ -248,6 +309,7 @@ class StoreFS:
             data = self.read_bytes(rel)
             self.fs.pipe_file(self.full(rel), data[:size])
 
+    @_io_boundary("measure the disk of")
     def disk_usage_ratio(self) -> float | None:
         """Used/total of the disk holding the store (local only), else None."""
         if not self.is_local:

@@ -94,7 +94,7 @@ def publish(store: "Store", *, force: bool = False, extra_actions: Sequence[dict
            for files in (store.state.consumequeue_files, store.state.index_files)):
         try:
             store.compact()
-        except Exception:
+        except Exception:   # best effort: the publish already committed; compaction must not fail it
             log.exception("compaction failed; will retry at the next publish")
     return state
 

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from ..errors import (DataLossError, InvalidMessageIdError,
                       QueueNotFoundError, TopicNotFoundError, UserError)
+from ..errors import StoreIOError
 from . import format as fmt
 from . import segment as seg
 from .consumequeue import read_side_by_time, read_side_entries
@@ -299,7 +300,10 @@ class MessageReader:
             batch = self._read_batch(batch_offset)
         except DataLossError:
             return None
-        except Exception as exc:
+        except StoreIOError:
+            raise
+        except Exception as exc:   # a forged id may point anywhere: what reading there raises
+            #                        (Arrow, index, format errors) means the id is bad
             raise InvalidMessageIdError(
                 f"message id {message_id} does not point at a message: {exc}") from None
         if row >= batch.num_rows:
@@ -395,6 +399,22 @@ class MessageReader:
 
     def topic_names(self) -> list[str]:
         raise NotImplementedError
+
+    # -- the public lookups other layers build on (the data source's admission
+    #    control and key pushdown): no caller outside log/ uses the hooks above
+    def topic_id(self, topic: str) -> int:
+        """The id of a live topic (``TopicNotFoundError`` naming the topics there are)."""
+        return self._topic_id(topic)
+
+    def queue_entries(self, tid: int, qid: int, lo: int, hi: int,
+                      columns: list[str] | None = None) -> pa.Table:
+        """ConsumeQueue entries of queue offsets [lo, hi) of queue (tid, qid), in order
+        (FORMAT.md section 4's columns; ``columns`` narrows them)."""
+        return self._entries(tid, qid, lo, hi, columns)
+
+    def index_hits(self, tid: int, key: str) -> pa.Table:
+        """Index rows (queue id, queue offset, ...) of messages of topic ``tid`` with ``key``."""
+        return self._index_hits(tid, key)
 
 
 def _select_schema(columns: Sequence[str] | None) -> pa.Schema:

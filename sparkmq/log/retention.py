@@ -252,8 +252,10 @@ def segment_topic_times(store, ref) -> dict[str, int] | None:
                           "ts": t.column("store_timestamp").cast(pa.int64())}
                          ).group_by("topic").aggregate([("ts", "max")])
             out = dict(zip(g.column("topic").to_pylist(), g.column("ts_max").to_pylist()))
-    except Exception:
-        out = None                  # unreadable: never expired by age (disk pressure still applies)
+    except Exception:   # unreadable: never expired by age (disk pressure still applies)
+        log.warning("cannot read the timestamps of %s; it expires by size only", ref.path,
+                    exc_info=True)
+        out = None
     if len(cache) > 4096:           # bounded: segments come and go
         cache.clear()
     cache[ref.path] = out

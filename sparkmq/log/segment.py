@@ -230,15 +230,12 @@ class SegmentWriter:
         self._splice_fd: int | None = None
         self._buffer: bytearray | None = None
         if sfs.is_local:
-            path = sfs.local_path(rel_path)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
-            if create:
-                flags |= os.O_EXCL
-            self._fd = os.open(path, flags, 0o644)
-            if create:
-                os.write(self._fd, SCHEMA_BYTES)
-            self.size = os.fstat(self._fd).st_size
+            try:
+                self._open_local(create)
+            except (FileNotFoundError, FileExistsError):
+                raise
+            except OSError as exc:
+                raise sfs.io_error("create" if create else "open", rel_path, exc) from exc
         else:
             if create:
                 self._buffer = bytearray(SCHEMA_BYTES)
@@ -250,14 +247,28 @@ class SegmentWriter:
         self.flushed_size = self.size
         self.dirty = False
 
+    def _open_local(self, create: bool) -> None:
+        path = self.sfs.local_path(self.rel_path)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+        if create:
+            flags |= os.O_EXCL
+        self._fd = os.open(path, flags, 0o644)
+        if create:
+            os.write(self._fd, SCHEMA_BYTES)
+        self.size = os.fstat(self._fd).st_size
+
     def append(self, data: pa.Buffer | bytes) -> int:
         """Append one message; returns its byte position in the file."""
         pos = self.size
         if self._fd is not None:
             view = memoryview(data)
             written = 0
-            while written < len(view):
-                written += os.write(self._fd, view[written:])
+            try:
+                while written < len(view):
+                    written += os.write(self._fd, view[written:])
+            except OSError as exc:   # a short write leaves a torn tail: recovery cuts it
+                raise self.sfs.io_error("append to", self.rel_path, exc) from exc
         else:
             self._buffer.extend(memoryview(data))
         self.size += len(data)
@@ -288,7 +299,10 @@ class SegmentWriter:
         size = self.size
         if self._fd is not None:
             if sync and self.flushed_size < size:
-                os.fdatasync(self._fd)
+                try:
+                    os.fdatasync(self._fd)
+                except OSError as exc:
+                    raise self.sfs.io_error("sync", self.rel_path, exc) from exc
         elif self.dirty:
             self.sfs.write(self.rel_path, bytes(self._buffer))
         self.dirty = False

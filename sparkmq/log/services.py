@@ -1,14 +1,16 @@
 """Background services of a store: named threads with start and stop.
 
-* ``FlushService`` (ASYNC_FLUSH) fsyncs the active segment every
-  ``flush_interval_ms``.
-* ``GroupCommitService`` (SYNC_FLUSH) fsyncs on demand: appenders call
-  ``wait_for(offset)``; one fsync covers every append written before it, so
-  concurrent appends share it (RocketMQ's GroupCommitService).
-* ``PublishService`` commits the store's progress to the transaction log every
-  ``publish_interval_ms``; ``RetentionService`` removes expired segments.
+:class:`StoreServices` runs the ones a writable store needs, each a
+:class:`~sparkmq.lifecycle.CallbackService` thread named ``sparkmq-<name>``:
 
-:class:`StoreServices` starts and stops the ones a writable store runs.
+* ``flush`` (ASYNC_FLUSH) fsyncs the active segment every ``flush_interval_ms``;
+  under SYNC_FLUSH a :class:`GroupCommitService` (``sparkmq-group-commit``) fsyncs
+  on demand instead: appenders call ``wait_for(offset)``, and one fsync covers
+  every append written before it (RocketMQ's GroupCommitService);
+* ``publish`` commits the store's progress to the transaction log every
+  ``publish_interval_ms`` (and at once after a segment roll: ``wake_publisher``);
+* ``retention`` runs a retention pass every ``retention_check_interval_ms``.
+
 Every wait is bounded; ``stop`` joins the thread.
 """
 from __future__ import annotations
@@ -65,7 +67,7 @@ class GroupCommitService:
                     return
             try:
                 flushed = self._flush()
-            except Exception:
+            except Exception:   # the flush daemon must survive a failed fsync and try again
                 log.exception("fsync failed; appenders waiting will time out")
                 time.sleep(0.05)
                 continue

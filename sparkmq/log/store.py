@@ -53,6 +53,7 @@ from ..config import SYNC_FLUSH, StoreConfig
 from ..errors import (FencedError, InvalidConfigError, InvalidMessageError, PermissionDeniedError,
                       ReadOnlyStoreError, StoreClosedError, StoreNotFoundError,
                       TopicNotFoundError)
+from ..errors import StoreIOError
 from . import adopt as _adopt
 from .append import Appender
 from . import format as fmt
@@ -215,8 +216,8 @@ class Store(MessageReader):
                 {"protocol": {"minReaderVersion": fmt.MIN_READER_VERSION,
                               "minWriterVersion": fmt.MIN_WRITER_VERSION}},
                 {"metaData": meta}])
-        except Exception:
-            if not self.txlog.exists():
+        except Exception:   # a concurrent opener created the store first: that is success;
+            if not self.txlog.exists():   # anything else re-raises
                 raise
 
     # ------------------------------------------------------------------ lease
@@ -375,11 +376,6 @@ class Store(MessageReader):
     def _entries(self, tid: int, qid: int, lo: int, hi: int,
                  columns: list[str] | None = None) -> pa.Table:
         return live_entries(self.sfs, self.state, self.cq, tid, qid, lo, hi, columns)
-
-    def queue_entries(self, tid: int, qid: int, lo: int, hi: int,
-                      columns: list[str] | None = None) -> pa.Table:
-        """ConsumeQueue entries [lo, hi) of queue (tid, qid): persisted and in memory."""
-        return self._entries(tid, qid, lo, hi, columns)
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         return self.commitlog.read_batch(batch_offset)
@@ -550,7 +546,7 @@ class Store(MessageReader):
                 self.commitlog.close()
                 try:
                     self.delete_removed_files()
-                except OSError:
+                except StoreIOError:
                     log.exception("store %s: deleting removed files at close failed", self.url)
                 unregister_live(self.token)
         self._closed = True

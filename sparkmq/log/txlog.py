@@ -31,6 +31,7 @@ from typing import Callable, Iterable
 
 from ..errors import (CommitConflictError, CorruptStoreError, InvalidConfigError,
                       StoreNotFoundError, UnsupportedFormatError, VersionNotFoundError)
+from ..errors import StoreIOError
 from . import format as fmt
 from .actions import (Action, AddFile, CommitInfo, ConsumerOffset, GroupConfig, Lease,
                       MetaData, Protocol, RemoveFile, Retention, TopicConfig, Txn,
@@ -542,7 +543,7 @@ class TransactionLog:
             self._last_cleanup_ms = now
             try:
                 self.cleanup_log(now)
-            except OSError:   # best effort: the next checkpoint tries again
+            except StoreIOError:   # best effort: the next checkpoint tries again
                 log.exception("log cleanup of %s failed", self.sfs.url)
 
     def cleanup_log(self, now_ms: int | None = None) -> list[str]:

@@ -23,6 +23,7 @@ from helpers.waiting import wait_until
 from sparkmq import Store
 from sparkmq.broker import Broker, BrokerConfig
 from sparkmq.broker.pop import dlq_topic
+from sparkmq.errors import BindError
 from sparkmq.namesrv import NameServer, NameServerClient
 
 pytestmark = pytest.mark.integration
@@ -519,7 +520,7 @@ def test_main_reports_a_bad_config_and_exits_nonzero(tmp_path, capsys):
 def test_a_taken_port_fails_the_start_cleanly(tmp_path, make_broker):
     b = make_broker()
     clash = Broker(broker_config(tmp_path, "broker-z", listenPort=b.listen_port))
-    with pytest.raises(OSError, match="cannot bind"):
+    with pytest.raises(BindError, match="cannot bind"):
         clash.start()
     assert clash.state.value == "stopped"
     again = make_broker("broker-z")                 # the store's lease was released

@@ -434,7 +434,7 @@ def _admit_store(url, sizes_per_queue):
 
 
 def test_admit_rows_and_bytes_exact_and_fair(local_store_url):
-    from sparkmq.datasource.reader import admit
+    from sparkmq.datasource.stream import admit
     from sparkmq.log.reader import Snapshot
     _admit_store(local_store_url, [[10] * 9, [10] * 2, [50] * 5])
     snap = Snapshot.load(local_store_url)

@@ -1,0 +1,212 @@
+"""Streaming reads of a store: ``spark.readStream.format("sparkmq")``.
+
+Where things run: ``SparkMQStreamReader`` lives in the driver's streaming source
+worker for the whole query: ``latestOffset`` applies admission control
+(``maxMessagesPerTrigger`` / ``maxBytesPerTrigger``, exactly: :func:`admit`),
+``partitions`` plans one committed snapshot version per micro-batch (the same
+planning as a batch read, ``reader.split_ranges``), and ``commit`` records the
+``consumerGroup`` offsets in the store's log. ``read(partition)`` runs on
+executors, as a batch read's does (``reader.read_range``).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from pyspark.sql.datasource import DataSourceStreamReader
+from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes,
+                                              ReadMaxRows, SupportsTriggerAvailableNow)
+from pyspark.sql.types import StructType
+
+from ..errors import UserError
+from ..log.reader import Snapshot
+from .options import (ReadOptions, TopicQueue, from_offset_json, parse_options,
+                      resolve_offsets, select_queues, select_topics, to_offset_json)
+from .reader import (QueueRange, check_data_loss, open_snapshot, output_schema, read_range,
+                     split_ranges)
+
+log = logging.getLogger("sparkmq.datasource")
+
+
+# -- admission control -----------------------------------------------------------------
+def admit(snap: Snapshot, start: dict[TopicQueue, int], avail: dict[TopicQueue, int],
+          max_rows: int | None, max_bytes: int | None) -> dict[TopicQueue, int]:
+    """End offsets taking at most ``max_rows`` messages and ``max_bytes`` body bytes.
+
+    Messages are admitted round robin over the queues (message i of every queue
+    before message i+1 of any), so a trigger is shared fairly. The byte limit
+    always admits at least one message, else a message bigger than the limit
+    would stall the query. Both limits hold exactly otherwise.
+    """
+    pairs = [p for p in sorted(avail) if avail[p] > start.get(p, avail[p])]
+    if not pairs or (max_rows is None and max_bytes is None):
+        return dict(avail)
+    sizes = []
+    for t, q in pairs:
+        lo, hi = start[(t, q)], avail[(t, q)]
+        if max_rows is not None:
+            hi = min(hi, lo + max_rows)
+        sizes.append(_entry_sizes(snap, t, q, lo, hi, max_bytes)
+                     if max_bytes is not None else np.ones(hi - lo, np.int64))
+    qidx = np.concatenate([np.full(len(s), i, np.int64) for i, s in enumerate(sizes)])
+    rank = np.concatenate([np.arange(len(s), dtype=np.int64) for s in sizes])
+    flat = np.concatenate(sizes)
+    order = np.lexsort((qidx, rank))
+    k = len(order)
+    if max_rows is not None:
+        k = min(k, max_rows)
+    if max_bytes is not None:
+        cum = np.cumsum(flat[order])
+        k = min(k, max(1, int(np.searchsorted(cum, max_bytes, "right"))))
+    taken = np.bincount(qidx[order[:k]], minlength=len(pairs))
+    out = dict(avail)
+    for i, p in enumerate(pairs):
+        out[p] = start[p] + int(taken[i])
+    return out
+
+
+def _entry_sizes(snap: Snapshot, topic: str, qid: int, lo: int, hi: int,
+                 max_bytes: int) -> np.ndarray:
+    """Body sizes of offsets lo.. until their sum passes ``max_bytes`` (or ``hi``)."""
+    tid = snap.topic_id(topic)
+    chunks, total, pos = [], 0, lo
+    while pos < hi and total <= max_bytes:
+        step = min(hi, pos + 65_536)
+        e = snap.queue_entries(tid, qid, pos, step)
+        if e.num_rows == 0:
+            break
+        s = e.column("size").to_numpy().astype(np.int64)
+        chunks.append(s)
+        total += int(s.sum())
+        pos += len(s)
+    return np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+
+
+# -- streaming reader ----------------------------------------------------------------------
+class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("sparkmq")``. Offsets: {"topic": {"queue": next_offset}}.
+
+    One instance lives in the driver's streaming source worker for the query
+    (not thread-safe; Spark calls it from one thread). Each micro-batch is
+    planned from one committed snapshot: the newest at ``partitions`` time,
+    which holds every offset below the batch's end (versions only grow).
+    """
+
+    def __init__(self, options, schema: StructType | None = None):
+        self.opts: ReadOptions = parse_options(options)
+        self.schema = output_schema(schema)
+        if self.opts.version_as_of is not None or self.opts.timestamp_as_of_ms is not None:
+            raise UserError("versionAsOf / timestampAsOf are for batch reads; a stream "
+                            "always follows the newest version")
+        if self.opts.ending_offsets or self.opts.ending_timestamp_ms is not None:
+            raise UserError("endingOffsets / endingTimestamp are for batch reads only")
+        self.target: dict[TopicQueue, int] | None = None
+        self._recorded: dict[TopicQueue, int] | None = None
+
+    def _latest(self) -> Snapshot:
+        return open_snapshot(self.opts.url, storage_options=self.opts.storage_options)
+
+    def _pairs(self, snap: Snapshot) -> list[TopicQueue]:
+        return select_queues(snap, select_topics(snap, self.opts), self.opts)
+
+    def initialOffset(self):
+        snap = self._latest()
+        pairs = self._pairs(snap)
+        starts = resolve_offsets(snap, pairs, self.opts.starting_offsets,
+                                 self.opts.starting_timestamp_ms, "latest", "startingOffsets")
+        return to_offset_json(starts)
+
+    def _available(self, snap: Snapshot, start: dict[TopicQueue, int]) -> dict[TopicQueue, int]:
+        """Max offsets now; queues new since ``start`` begin at their earliest (like Kafka)."""
+        avail = {}
+        for p in self._pairs(snap):
+            avail[p] = max(snap.max_offset(*p), start.get(p, 0))
+        for p, o in start.items():   # a topic that vanished keeps its position
+            avail.setdefault(p, o)
+        if self.target is not None:
+            avail = {p: max(start.get(p, o), min(o, self.target.get(p, start.get(p, 0))))
+                     for p, o in avail.items()}
+        return avail
+
+    def _start(self, snap: Snapshot, start: dict) -> dict[TopicQueue, int]:
+        s = from_offset_json(start)
+        for p in self._pairs(snap):
+            s.setdefault(p, snap.min_offset(*p))
+        return s
+
+    def prepareForTriggerAvailableNow(self):
+        snap = self._latest()
+        self.target = {p: snap.max_offset(*p) for p in self._pairs(snap)}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.max_messages_per_trigger is not None:
+            return ReadMaxRows(self.opts.max_messages_per_trigger)
+        if self.opts.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(self.opts.max_bytes_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start=None, limit=None):
+        snap = self._latest()
+        self._record_group(from_offset_json(start or {}))
+        begin = self._start(snap, start or {})
+        avail = self._available(snap, begin)
+        if limit is None or isinstance(limit, ReadAllAvailable):
+            return to_offset_json(avail)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
+        # both options set: the default limit carries rows; bytes come from the options
+        if max_rows is not None and self.opts.max_bytes_per_trigger is not None:
+            max_bytes = self.opts.max_bytes_per_trigger
+        return to_offset_json(admit(snap, begin, avail, max_rows, max_bytes))
+
+    def reportLatestOffset(self):
+        snap = self._latest()
+        return to_offset_json({p: snap.max_offset(*p) for p in self._pairs(snap)})
+
+    def partitions(self, start, end):
+        snap = self._latest()
+        begin = self._start(snap, start or {})
+        ranges = []
+        for (t, q), hi in sorted(from_offset_json(end).items()):
+            lo = begin.get((t, q), 0)
+            if hi <= lo or t not in snap.state.topics:
+                continue
+            r = check_data_loss(snap, QueueRange(self.opts.url, snap.version, t, q, lo, hi,
+                                                 self.opts.fail_on_data_loss,
+                                                 storage_options=self.opts.storage_options,
+                                                 schema=self.schema))
+            if r is not None:
+                ranges.append(r)
+        return split_ranges(ranges, self.opts.min_partitions)
+
+    def read(self, partition: QueueRange):
+        return read_range(partition)
+
+    def commit(self, end):
+        self._record_group(from_offset_json(end))
+
+    def _record_group(self, offsets: dict[TopicQueue, int]) -> None:
+        """Record ``offsets`` as the consumerGroup's offsets (when set and changed).
+
+        Spark calls ``commit(end of batch N-1)`` only when it plans batch N, so
+        the last batch of a run would never be recorded; ``latestOffset``'s
+        ``start`` is the end of the last batch whose commit-log entry is
+        written, so it is recorded too. One log version per change, none when idle.
+        """
+        group = self.opts.consumer_group
+        if not group or not offsets or offsets == self._recorded:
+            return
+        commit_consumer_offsets(self.opts.url, group, offsets,
+                                storage_options=self.opts.storage_options)
+        self._recorded = dict(offsets)
+
+    def stop(self):
+        pass
+
+
+def commit_consumer_offsets(url: str, group: str, offsets: dict[TopicQueue, int],
+                            storage_options: dict | None = None) -> None:
+    """Record ``group``'s next offsets in the store (no broker needed; see
+    :func:`sparkmq.log.committer.commit_consumer_offsets`)."""
+    from ..log.committer import commit_consumer_offsets as commit
+    commit(url, group, offsets, storage_options=storage_options)
