@@ -107,10 +107,10 @@ def _msg_row(m) -> dict:
 # ---------------------------------------------------------------- topic
 def topic_list(args) -> None:
     with _store(args) as s:
-        rows = [{"topic": name, "readQueues": c["readQueueNums"],
-                 "writeQueues": c["writeQueueNums"], "perm": c["perm"],
+        rows = [{"topic": name, "readQueues": c.read_queue_nums,
+                 "writeQueues": c.write_queue_nums, "perm": c.perm,
                  "messages": sum(s.max_offset(name, q) - s.min_offset(name, q)
-                                 for q in range(c["readQueueNums"]))}
+                                 for q in range(c.read_queue_nums))}
                 for name, c in sorted(s.topics().items())]
     _emit(args, rows)
 
@@ -119,7 +119,7 @@ def topic_status(args) -> None:
     with _store(args) as s:
         c = _topic_conf(s, args.topic)
         rows = [{"queueId": q, "minOffset": s.min_offset(args.topic, q),
-                 "maxOffset": s.max_offset(args.topic, q)} for q in range(c["readQueueNums"])]
+                 "maxOffset": s.max_offset(args.topic, q)} for q in range(c.read_queue_nums)]
     _emit(args, rows)
 
 
@@ -157,7 +157,7 @@ def topic_create(args) -> None:
     with _store(args, write=True) as s:
         c = s.create_topic(args.topic, read_queue_nums=args.queues, write_queue_nums=args.queues,
                            **ret)
-    _emit(args, {"topic": args.topic, **c})
+    _emit(args, {"topic": args.topic, **c.body()})
 
 
 def topic_update(args) -> None:
@@ -174,7 +174,7 @@ def topic_update(args) -> None:
     with _store(args, write=True) as s:
         c = s.update_topic(args.topic, read_queue_nums=args.read_queues,
                            write_queue_nums=args.write_queues, perm=args.perm, **ret)
-    _emit(args, {"topic": args.topic, **c})
+    _emit(args, {"topic": args.topic, **c.body()})
 
 
 def topic_retention(args) -> None:
@@ -237,16 +237,21 @@ def topic_route(args) -> None:
 
 
 # ---------------------------------------------------------------- consumer groups
+def _group_row(group: str, conf, has_offsets: bool) -> dict:
+    """One row of ``group list``: RocketMQ's defaults where no config sets a field."""
+    return {"group": group, "configured": conf is not None, "hasOffsets": has_offsets,
+            "retryMaxTimes": conf.retry_max_times if conf else None,
+            "consumeEnable": conf.receives_allowed if conf else True,
+            "consumeBroadcastEnable": conf.broadcast_allowed if conf else True}
+
+
 def group_list(args) -> None:
     """Groups with a config (``group create``) or with recorded offsets (broker
     consumers, Spark queries' consumerGroup)."""
     with _store(args) as s:
         with_offsets = {g for (g, _, _, _) in s.state.consumer_offsets}
         confs = s.subscription_groups()
-    rows = [{"group": g, "configured": g in confs, "hasOffsets": g in with_offsets,
-             "retryMaxTimes": confs.get(g, {}).get("retryMaxTimes"),
-             "consumeEnable": confs.get(g, {}).get("consumeEnable", True),
-             "consumeBroadcastEnable": confs.get(g, {}).get("consumeBroadcastEnable", True)}
+    rows = [_group_row(g, confs.get(g), g in with_offsets)
             for g in sorted(with_offsets | set(confs))]
     _emit(args, rows)
 
@@ -263,7 +268,7 @@ def group_create(args) -> None:
         c = s.create_group(args.group, retry_max_times=args.retry_max_times,
                            consume_enable=not args.disable,
                            consume_broadcast_enable=not args.no_broadcast)
-    _emit(args, c)
+    _emit(args, c.body())
 
 
 def group_delete(args) -> None:
@@ -302,7 +307,7 @@ def group_reset_offset(args) -> None:
     with _store(args, write=True) as s:
         c = _topic_conf(s, args.topic)
         offsets = {(args.topic, q): s.offset_for_time(args.topic, q, args.timestamp)
-                   for q in range(c["readQueueNums"])}
+                   for q in range(c.read_queue_nums)}
         s.commit_consumer_offsets(args.group, offsets)
     _emit(args, [{"topic": t, "queueId": q, "offset": o} for (t, q), o in offsets.items()])
 
@@ -326,7 +331,7 @@ def _by_unique_key(s, unique_key: str):
     """The message whose client-side id is ``unique_key`` (a column scan: not indexed)."""
     import pyarrow.compute as pc
     for topic, conf in s.topics().items():
-        for q in range(conf["readQueueNums"]):
+        for q in range(conf.read_queue_nums):
             lo = s.min_offset(topic, q)
             for batch in s.iter_batches(topic, q, lo, columns=["queue_offset", "unique_key"],
                                         on_removed="skip"):

@@ -45,7 +45,7 @@ def cmd_topics(args) -> int:
     for name in snap.topic_names():
         conf = snap.topics()[name]
         for (t, q), (lo, hi) in sorted(snap.queue_ranges(name).items()):
-            rows.append([t, q, lo, hi, hi - lo, conf["perm"]])
+            rows.append([t, q, lo, hi, hi - lo, conf.perm])
     if args.json:
         print(json.dumps([dict(zip(["topic", "queue", "min", "max", "count", "perm"], r))
                           for r in rows]))
@@ -58,6 +58,7 @@ def cmd_topics(args) -> int:
 
 def cmd_log(args) -> int:
     from .log.fs import StoreFS
+    from .log.actions import AddFile, CommitInfo
     from .log.txlog import TransactionLog
     tl = TransactionLog(StoreFS(args.store))
     versions = tl.versions()
@@ -67,16 +68,14 @@ def cmd_log(args) -> int:
     shown = versions[-args.limit:] if args.limit else versions
     rows = []
     for v in shown:
-        actions = tl.read_version(v)
-        info = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+        actions = tl.read_actions(v)
+        info = next((a for a in actions if isinstance(a, CommitInfo)), CommitInfo())
         kinds: dict[str, int] = {}
         for a in actions:
-            k = next(iter(a))
-            if k == "add":
-                k = f"add:{a['add'].get('kind')}"
-            if k != "commitInfo":
+            k = f"add:{a.kind}" if isinstance(a, AddFile) else a.KIND
+            if k != CommitInfo.KIND:
                 kinds[k] = kinds.get(k, 0) + 1
-        rows.append([v, _ts(info.get("timestamp")), info.get("operation", "?"),
+        rows.append([v, _ts(info.timestamp or None), info.operation or "?",
                      " ".join(f"{k}={n}" for k, n in sorted(kinds.items()))])
     if args.json:
         print(json.dumps([dict(zip(["version", "time", "operation", "actions"], r)) for r in rows]))
@@ -115,7 +114,7 @@ def cmd_create_topic(args) -> int:
     with Store.open(args.store, start_services=False) as store:
         conf = store.create_topic(args.name, read_queue_nums=args.queues,
                                   write_queue_nums=args.queues)
-    print(f"created topic {conf['name']} (id {conf['id']}, {args.queues} queues)")
+    print(f"created topic {conf.name} (id {conf.id}, {args.queues} queues)")
     return 0
 
 

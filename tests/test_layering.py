@@ -114,3 +114,53 @@ def test_no_layer_above_the_log_uses_its_private_names():
                   if use.rsplit(".", 1)[-1] in private or " import _" in use]
     assert found == [], "layers above the log reach into its private names:\n" + \
         "\n".join(found)
+
+
+# JSON names that only transaction-log actions use (FORMAT.md section 5): code reads
+# these values as attributes of the typed actions (sparkmq/log/actions.py), never by name
+ACTION_ONLY_JSON_NAMES = {
+    "readQueueNums", "writeQueueNums", "retentionMs", "retentionBytes", "retryMaxTimes",
+    "consumeEnable", "consumeBroadcastEnable", "groupName", "baseOffset", "reservedSize",
+    "modificationTime", "topicIds", "minBatchOffset", "maxBatchOffset", "minPhysicalOffset",
+    "expiresTime", "acquiredTime", "deletionTimestamp", "dataChange", "minReaderVersion",
+    "minWriterVersion"}
+# where those names are a wire format of their own: the NameServer's registration and
+# route JSON, the admin HTTP request bodies and the HA frame headers (read from variables
+# named ``request`` and ``header``)
+WIRE_PACKAGES = ("namesrv",)
+
+
+def action_name_lookups(source: str, filename: str) -> list[str]:
+    """``x["readQueueNums"]`` / ``x.get("readQueueNums")`` uses of action-only JSON
+    names, except on an HTTP ``request`` body or an HA frame ``header``."""
+    out = []
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Subscript):
+            base, key = node.value, node.slice
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr == "get" and node.args):
+            base, key = node.func.value, node.args[0]
+        else:
+            continue
+        if not (isinstance(key, ast.Constant) and key.value in ACTION_ONLY_JSON_NAMES):
+            continue
+        if isinstance(base, ast.Name) and base.id in ("request", "header"):
+            continue
+        out.append(f"{filename}:{node.lineno}: [{key.value!r}]")
+    return out
+
+
+def test_the_action_scan_finds_a_lookup_by_name():
+    src = 'def f(conf, request):\n    request.get("retryMaxTimes")\n' \
+          '    return conf["writeQueueNums"], conf.get("baseOffset")\n'
+    assert len(action_name_lookups(src, "x.py")) == 2
+
+
+def test_no_module_looks_up_an_action_field_by_its_json_name():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] in WIRE_PACKAGES or rel == Path("log/actions.py"):
+            continue
+        found += action_name_lookups(path.read_text(), str(rel))
+    assert not found, "use the typed action's attributes:\n" + "\n".join(found)

@@ -55,7 +55,7 @@ class BrokerAdmin:
                                            write_queue_nums=opt("writeQueueNums"),
                                            perm=opt("perm"), **retention)
             self.broker.topic_created(name)
-            return {"topic": name, **conf}
+            return {"topic": name, **conf.body()}
         n = int(request.get("queueNums") or self.store.config.default_topic_queue_nums)
         perm = int(request.get("perm") or PERM_RW)
         if self.broker.topic_conf(name) is not None:
@@ -65,9 +65,10 @@ class BrokerAdmin:
             conf = self.store.create_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm,
                                            **{k: v for k, v in retention.items() if v})
         self.broker.topic_created(name)
-        return {"topic": name, "readQueueNums": conf["readQueueNums"],
-                "writeQueueNums": conf["writeQueueNums"], "perm": conf["perm"],
-                **{k: conf[k] for k in ("retentionMs", "retentionBytes") if k in conf}}
+        body = conf.body()
+        return {"topic": name, **{k: body[k] for k in (
+            "readQueueNums", "writeQueueNums", "perm", "retentionMs", "retentionBytes")
+            if k in body}}
 
     def update_group(self, request: dict) -> dict:
         """``POST /admin/groups`` ``{"name": .., "retryMaxTimes": N, "consumeEnable": true,
@@ -84,7 +85,7 @@ class BrokerAdmin:
         return self.store.create_group(
             name, retry_max_times=None if retry is None else int(retry),
             consume_enable=bool(request.get("consumeEnable", True)),
-            consume_broadcast_enable=bool(request.get("consumeBroadcastEnable", True)))
+            consume_broadcast_enable=bool(request.get("consumeBroadcastEnable", True))).body()
 
     def retention_report(self) -> dict:
         """``GET /admin/retention``: what the store's next retention pass removes, per
@@ -120,7 +121,7 @@ class BrokerAdmin:
         topics = {}
         for name, conf in sorted(store.topics().items()):
             ranges = store.queue_ranges(name)
-            topics[name] = {"queues": max(conf["readQueueNums"], conf["writeQueueNums"]),
+            topics[name] = {"queues": max(conf.read_queue_nums, conf.write_queue_nums),
                             "messages": sum(hi - lo for lo, hi in ranges.values())}
         return {"cluster": b.config.cluster_name, "brokerName": b.config.broker_name,
                 "brokerId": b.broker_id, "role": b.role,

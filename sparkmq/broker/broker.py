@@ -44,6 +44,7 @@ import grpc
 from ..errors import BindError, SparkMQError
 from ..lifecycle import ServiceThread
 from ..log.store import Store
+from ..log.actions import TopicConfig
 from ..namesrv.client import NameServerClient
 from .admin_http import AdminServer, BrokerAdmin
 from .config import BrokerConfig
@@ -298,8 +299,8 @@ class Broker:
     # ------------------------------------------------------------ registration
     def registration(self) -> dict:
         """What this broker tells the NameServers: identity, role, endpoints, topics, epochs."""
-        topics = {name: {"readQueueNums": t["readQueueNums"], "writeQueueNums": t["writeQueueNums"],
-                         "perm": t["perm"]}
+        topics = {name: {"readQueueNums": t.read_queue_nums, "writeQueueNums": t.write_queue_nums,
+                         "perm": t.perm}
                   for name, t in self.store.topics().items()}
         from ..ha import epochs as epoch_history
         return {"cluster": self.config.cluster_name, "brokerName": self.config.broker_name,
@@ -331,7 +332,7 @@ class Broker:
             self._register_service.wakeup()
 
     # ------------------------------------------------------------ topics and routes
-    def topic_conf(self, topic: str) -> dict | None:
+    def topic_conf(self, topic: str) -> TopicConfig | None:
         """The config of ``topic`` in this broker's store (None: not here). The store
         lists no deleted topic."""
         return self.store.topics().get(topic)
@@ -341,10 +342,10 @@ class Broker:
         conf = self.topic_conf(topic)
         if conf is None:
             return []
-        n = max(conf["readQueueNums"], conf["writeQueueNums"])
+        n = max(conf.read_queue_nums, conf.write_queue_nums)
         return [{"brokerName": self.config.broker_name, "brokerId": self.broker_id,
-                 "endpoint": self.endpoint, "queueId": q, "perm": conf["perm"],
-                 "readable": q < conf["readQueueNums"], "writable": q < conf["writeQueueNums"]}
+                 "endpoint": self.endpoint, "queueId": q, "perm": conf.perm,
+                 "readable": q < conf.read_queue_nums, "writable": q < conf.write_queue_nums}
                 for q in range(n)]
 
     def route(self, topic: str) -> list[dict]:

@@ -185,8 +185,8 @@ class PopService:
         """Deliveries of one message before the DLQ: the group's ``retryMaxTimes``
         + 1 if its subscription group config sets one, else the broker's."""
         conf = self.store.state.subscription_groups.get(group)
-        if conf is not None and conf.get("retryMaxTimes") is not None:
-            return int(conf["retryMaxTimes"]) + 1
+        if conf is not None and conf.retry_max_times is not None:
+            return int(conf.retry_max_times) + 1
         return self.max_delivery_attempts
 
     # ---------------------------------------------------------------- state
@@ -231,7 +231,7 @@ class PopService:
         conf = self.store.topics().get(topic)
         if conf is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist on {self.broker_name}")
-        return list(range(conf["readQueueNums"]))
+        return list(range(conf.read_queue_nums))
 
     # ---------------------------------------------------------------- pop
     def pop(self, group: "str | GroupKey", topic: str, *, batch_size: int, invisible_ms: int,

@@ -106,13 +106,13 @@ class ReceiveService:
                                      f"{self.broker.config.broker_name}")
         conf = self.store.state.subscription_groups.get(
             group.group if isinstance(group, GroupKey) else group)
-        if conf is not None and not conf.get("consumeEnable", True):
-            raise PermissionDeniedError(f"consumer group {conf['groupName']!r} is disabled "
+        if conf is not None and not conf.receives_allowed:
+            raise PermissionDeniedError(f"consumer group {conf.group_name!r} is disabled "
                                         "(consumeEnable=false); enable it with "
                                         "'sparkmq admin group create'")
         if conf is not None and isinstance(group, GroupKey) and group.client_id and \
-                not conf.get("consumeBroadcastEnable", True):
-            raise PermissionDeniedError(f"consumer group {conf['groupName']!r} does not allow "
+                not conf.broadcast_allowed:
+            raise PermissionDeniedError(f"consumer group {conf.group_name!r} does not allow "
                                         "broadcasting consumption (consumeBroadcastEnable=false)")
         self.metrics.inc("sparkmq_receive_requests_total")
         finished = threading.Event()
@@ -191,7 +191,7 @@ class ReceiveService:
         conf = self.broker.topic_conf(topic)
         if conf is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist on this broker")
-        if not 0 <= qid < max(conf["readQueueNums"], conf["writeQueueNums"]):
+        if not 0 <= qid < max(conf.read_queue_nums, conf.write_queue_nums):
             raise QueueNotFoundError(f"queue {qid} of {topic!r} does not exist")
         return topic, qid
 
@@ -246,7 +246,7 @@ class ReceiveService:
         (groups not active since this broker started)."""
         lag = dict(self.pop.lag())
         live = {k for k, _ in lag}
-        names = {t["id"]: name for name, t in self.store.topics().items()}
+        names = {t.id: name for name, t in self.store.topics().items()}
         persisted: dict = {}
         for (group, tid, qid, cid), off in self.store.state.consumer_offsets.items():
             key = GroupKey(group, cid or None)

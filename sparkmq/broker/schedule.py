@@ -198,7 +198,7 @@ class ScheduleService:
         if conf is None:
             self.store.create_topic(SCHEDULE_TOPIC, read_queue_nums=n, write_queue_nums=n,
                                     system=True, exist_ok=True)
-        elif conf["readQueueNums"] < n:
+        elif conf.read_queue_nums < n:
             self.store.update_topic(SCHEDULE_TOPIC, read_queue_nums=n, write_queue_nums=n)
         if RECALL_TOPIC not in self.store.topics():
             self.store.create_topic(RECALL_TOPIC, read_queue_nums=1, write_queue_nums=1,
@@ -316,7 +316,7 @@ class ScheduleService:
             if real in self.store.topics():
                 by_topic[real] = min(stored, by_topic.get(real, stored))
         for topic, since in by_topic.items():
-            for q in range(self.store.topics()[topic]["readQueueNums"]):
+            for q in range(self.store.topics()[topic].read_queue_nums):
                 start = self.store.offset_for_time(topic, q, since)
                 t = self.store.read_table(topic, q, start, columns=["properties"],
                                           on_removed="skip")

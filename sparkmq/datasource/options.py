@@ -188,7 +188,7 @@ def select_topics(snap: Snapshot, opts: ReadOptions) -> list[str]:
 
 def _queue_count(snap: Snapshot, topic: str) -> int:
     conf = snap.topics()[topic]
-    return max(conf["readQueueNums"], conf["writeQueueNums"])
+    return max(conf.read_queue_nums, conf.write_queue_nums)
 
 
 def select_queues(snap: Snapshot, topics: list[str], opts: ReadOptions) -> list[TopicQueue]:

@@ -135,7 +135,7 @@ def _options_key(storage_options: dict | None) -> str:
 
 def broker_name(snap: Snapshot) -> str:
     """The store's brokerName (metaData configuration), else its store id."""
-    conf = (snap.state.metadata or {}).get("configuration") or {}
+    conf = snap.state.metadata.configuration if snap.state.metadata else {}
     return str(conf.get("brokerName") or snap.store_id)
 
 

@@ -79,6 +79,7 @@ from ..errors import InvalidConfigError, InvalidMessageError, UserError
 from ..log import format as fmt
 from ..log.committer import abort_job, committer_for
 from ..log.fs import StoreFS
+from ..log.actions import TopicConfig
 from ..log.batch import QueueChooser, check_bodies, writable_topic_conf
 from ..log import segment as seg
 from ..log.txlog import TransactionLog
@@ -199,14 +200,13 @@ class _SegmentWriterBase:
         validate_schema(schema, topic_option=self.topic_option)
         self.columns = [f.name for f in schema.fields]
         state = TransactionLog(StoreFS(self.url, self.storage_options)).snapshot()
-        self.topics = {name: {"id": t["id"], "writeQueueNums": int(t["writeQueueNums"]),
-                              "perm": int(t["perm"])} for name, t in state.topics.items()}
+        self.topics = dict(state.topics)     # (typed configs pickle to the tasks)
         if self.topic_option:
             self.topic_conf(self.topic_option)
         committer_for(self.url, self.storage_options).check()
 
     # -- executors ---------------------------------------------------------
-    def topic_conf(self, name: str) -> dict:
+    def topic_conf(self, name: str) -> TopicConfig:
         return writable_topic_conf(self.topics, name, store=self.url)
 
     def _write_task(self, iterator: Iterator[pa.RecordBatch]) -> SparkMQCommitMessage:
@@ -484,7 +484,7 @@ class _BatchConverter:
         if queue_id is None and group is None and self.w.topic_option:
             # one topic, every row round robin: no per-row topic lookup
             name = self.w.topic_option
-            nq = self.w.topic_conf(name)["writeQueueNums"]
+            nq = self.w.topic_conf(name).write_queue_nums
             return pa.array(self.queues.round_robin(name, n, nq).astype(np.int32))
         enc_t = pc.dictionary_encode(topics)
         tnames = enc_t.dictionary.to_pylist()
@@ -492,7 +492,7 @@ class _BatchConverter:
         if group is not None:
             group = group.cast(pa.string())
         return pa.array(self.queues.choose(
-            queue_id, tnames, idx, [self.w.topic_conf(t)["writeQueueNums"] for t in tnames],
+            queue_id, tnames, idx, [self.w.topic_conf(t).write_queue_nums for t in tnames],
             n, group))
 
     def _keys(self, keys, n: int) -> pa.Array:

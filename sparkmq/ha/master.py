@@ -34,6 +34,7 @@ import time
 
 from ..errors import BindError, HAProtocolError, StoreIOError
 from ..log.commitlog import SegmentRef
+from ..log.replication import meta_frame
 from ..log.status import PutMessageStatus
 from ..log.store import Store
 from . import epochs as epoch_history
@@ -402,12 +403,7 @@ class HAService:
         cached = self._meta_cache
         if cached is not None and cached[0] == state.version:
             return cached[1]
-        topics = sorted(state.topics_by_id.values(), key=lambda t: t["id"])
-        offsets = [[g, tid, qid, cid, off]
-                   for (g, tid, qid, cid), off in sorted(state.consumer_offsets.items())]
-        groups = [state.subscription_groups[g] for g in sorted(state.subscription_groups)]
-        meta = {"topics": topics, "consumerOffsets": offsets, "retention": state.retention,
-                "subscriptionGroups": groups}
+        meta = meta_frame(state)
         self._meta_cache = (state.version, meta)
         return meta
 

@@ -45,11 +45,12 @@ def _frozen(d: Mapping | None) -> Mapping[str, Any]:
     return MappingProxyType(dict(d)) if d else _EMPTY
 
 
-class _JsonReadShim:
-    """Transitional, read-only: ``value["jsonName"]`` / ``.get`` / ``in`` on a typed
-    action or struct, answering what the raw JSON dict answered (absent optional
-    fields are missing, nested values come back as JSON). Only for readers not yet
-    converted to attributes (issue 11 item 2, in progress); new code uses attributes."""
+class JsonView:
+    """Read-only access to a public config by its JSON names (``conf["readQueueNums"]``,
+    ``.get``, ``in``), answering what the JSON of FORMAT.md answers (absent optional
+    fields are missing). For users of the public API who read configs as the JSON
+    dicts earlier versions returned; code inside sparkmq uses attributes
+    (tests/test_layering.py checks)."""
 
     def _json_attr(self, key: str):
         names = type(self).__dict__.get("_json_names")
@@ -83,7 +84,7 @@ class _JsonReadShim:
             return False
 
 
-class _Action(_JsonReadShim):
+class _Action:
     """Base of every action: ``KIND`` is its JSON key; ``FIELDS`` maps the
     attribute names to JSON names, in the order they are declared; attributes in
     ``OPTIONAL`` are left out of the JSON when None."""
@@ -104,6 +105,10 @@ class _Action(_JsonReadShim):
 
     def to_json(self) -> dict:
         return {self.KIND: self.body()}
+
+    def __reduce__(self):
+        # (mapping fields are read-only proxies, which do not pickle): rebuild from JSON
+        return type(self).from_body, (self.body(),)
 
     @classmethod
     def from_body(cls, body: Mapping) -> "_Action":
@@ -127,7 +132,10 @@ class _Action(_JsonReadShim):
             extra = {k: v for k, v in body.items() if k not in known}
             if extra:
                 kwargs["extra"] = _frozen(extra)
-        return cls(**kwargs)
+        obj = _built(cls, {**cls.__dict__["_defaults"], **kwargs})
+        if hasattr(cls, "__post_init__"):
+            obj.__post_init__()
+        return obj
 
 
 _MISSING = object()
@@ -140,7 +148,23 @@ def _plan(cls) -> tuple:
                   nested.get(attr)) for attr, key in cls.FIELDS.items())
     cls._plan = plan
     cls._known = frozenset(cls.FIELDS.values())
+    cls._defaults = {f.name: f.default if f.default is not dataclasses.MISSING
+                     else f.default_factory()
+                     for f in dataclasses.fields(cls)
+                     if f.default is not dataclasses.MISSING
+                     or f.default_factory is not dataclasses.MISSING}
     return plan
+
+
+def _built(cls, values: dict):
+    """An instance of the frozen dataclass ``cls`` holding ``values`` (every field),
+    made without the frozen ``__init__`` and its per-field ``object.__setattr__``:
+    replay builds one value per action and one per queue of every ConsumeQueue add,
+    and this halves the cost of loading a snapshot. The values are checked by the
+    caller (required fields present; defaults filled in)."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj
 
 
 def _has_default(cls, attr: str) -> bool:
@@ -158,7 +182,7 @@ def _to_json_value(v):
     return v
 
 
-class _Struct(_JsonReadShim):
+class _Struct:
     """A nested JSON object inside an action (a queue's stats, a queue floor)."""
 
     FIELDS: ClassVar[dict[str, str]] = {}
@@ -173,13 +197,19 @@ class _Struct(_JsonReadShim):
             out[key] = v
         return out
 
+    def __reduce__(self):
+        return type(self).from_json, (self.to_json(),)
+
     @classmethod
     def from_json(cls, body: Mapping):
-        try:
-            if len(body) == len(cls.FIELDS):    # the common case: every field, nothing else
-                return cls(**{attr: body[key] for attr, key in cls.FIELDS.items()})
-        except KeyError:
-            pass
+        if len(body) == len(cls.FIELDS):    # the common case: every field, nothing else
+            try:
+                values = dict(zip(cls.FIELDS, map(body.__getitem__, cls.FIELDS.values())))
+            except KeyError:
+                pass
+            else:
+                values["extra"] = _EMPTY
+                return _built(cls, values)
         known = set(cls.FIELDS.values())
         kwargs = {attr: body[key] for attr, key in cls.FIELDS.items() if key in body}
         missing = [key for attr, key in cls.FIELDS.items()
@@ -217,7 +247,7 @@ class MetaData(_Action):
 
 # ---------------------------------------------------------------- topics and groups
 @dataclass(frozen=True)
-class TopicConfig(_Action):
+class TopicConfig(JsonView, _Action):
     """A topic's whole config; the newest with an ``id`` replaces the previous one.
 
     ``perm``: 2 write, 4 read, 6 both, 0 none. ``retention_ms`` /
@@ -252,7 +282,7 @@ class TopicConfig(_Action):
 
 
 @dataclass(frozen=True)
-class GroupConfig(_Action):
+class GroupConfig(JsonView, _Action):
     """A consumer group's subscription group config (mqadmin updateSubGroup).
     ``retry_max_times`` None: the broker's ``maxReconsumeTimes``."""
 
@@ -462,6 +492,10 @@ class UnknownAction:
 
     kind: str
     raw: Mapping
+
+    @property
+    def KIND(self) -> str:     # noqa: N802  (the typed actions' class attribute)
+        return self.kind
 
     def to_json(self) -> dict:
         return {self.kind: dict(self.raw)}

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 from ..errors import QueueNotFoundError, UserError
 from . import format as fmt
 from . import segment as seg
+from .actions import AddFile, TopicConfig, Txn
 from .commitlog import SegmentRef
 from .dispatch import assign_entries, next_queue_offsets
 from .fs import StoreFS
@@ -67,7 +68,7 @@ def load_staged(sfs: StoreFS, rel: str) -> StagedSegment:
 
 
 def check_staged_topics(staged: list[StagedSegment],
-                        topic_conf: Callable[[str, str], dict]) -> None:
+                        topic_conf: Callable[[str, str], TopicConfig]) -> None:
     """Every row's topic is writable (``topic_conf(name, path)`` returns its config or
     raises) and its queue id is in range (QueueNotFoundError)."""
     for st in staged:
@@ -78,17 +79,18 @@ def check_staged_topics(staged: list[StagedSegment],
                 conf = topic_conf(name, st.path)
                 mine = qids.filter(pc.equal(topics, name))
                 lo, hi = pc.min(mine).as_py(), pc.max(mine).as_py()
-                if lo is not None and (lo < 0 or hi >= conf["writeQueueNums"]):
+                n = conf.write_queue_nums
+                if lo is not None and (lo < 0 or hi >= n):
                     raise QueueNotFoundError(
-                        f"{st.path}: queue_id {hi if hi >= conf['writeQueueNums'] else lo} is "
-                        f"out of range for topic {name!r} (0..{conf['writeQueueNums'] - 1})")
+                        f"{st.path}: queue_id {hi if hi >= n else lo} is "
+                        f"out of range for topic {name!r} (0..{n - 1})")
 
 
 @dataclass
 class Placement:
     """What one placement decided: segment adds and side tables."""
 
-    segment_adds: list[dict]
+    segment_adds: list[AddFile]
     cq_table: pa.Table
     index_table: pa.Table | None
     num_messages: int
@@ -111,8 +113,8 @@ def place(state: LogState, staged: list[StagedSegment], now_ms: int) -> Placemen
             if it is not None and it.num_rows:
                 index_parts.append(it)
             total += batch.num_rows
-        adds.append({"add": {"path": st.path, "kind": "segment", "baseOffset": base,
-                             "size": st.size, "sealed": True, "modificationTime": now_ms}})
+        adds.append(AddFile(path=st.path, kind="segment", base_offset=base, size=st.size,
+                            sealed=True, modification_time=now_ms))
         base += st.size
     cq = fmt.CONSUMEQUEUE_SCHEMA.empty_table()
     if cq_parts:
@@ -136,7 +138,7 @@ def adopt(store: "Store", paths: Sequence[str], *, app_id: str | None = None,
     with store.append_lock, store.commit_lock:
         if app_id is not None:
             done = store.state.txns.get(app_id)
-            if done is not None and int(done["version"]) >= int(app_version):
+            if done is not None and done.version >= int(app_version):
                 return CommitResult(store.state.version, 0, skipped=True)
         staged = [load_staged(store.sfs, p) for p in paths]
         check_staged_topics(staged, lambda name, path: store.writable_topic(name))
@@ -154,8 +156,8 @@ def adopt(store: "Store", paths: Sequence[str], *, app_id: str | None = None,
         store.dispatcher.dispatched_offset = store.commitlog.written_offset
         extra = []
         if app_id is not None:
-            extra.append({"txn": {"appId": app_id, "version": int(app_version),
-                                  "lastUpdated": store.clock_ms()}})
+            extra.append(Txn(app_id=app_id, version=int(app_version),
+                             last_updated=store.clock_ms()))
         state = store.publish(force=True, extra_actions=extra, operation="ADOPT",
                              parameters={"files": len(paths), "messages": total})
     store.dispatcher.after_visible(affected)

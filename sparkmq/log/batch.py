@@ -31,6 +31,7 @@ from ..errors import (InvalidMessageError, PermissionDeniedError, QueueNotFoundE
                       TopicNotFoundError)
 from . import format as fmt
 from .actions import PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401  (re-exported)
+from .actions import TopicConfig
 from .dispatch import RowInfo, binary_lengths
 from .message import Message, group_hashes
 
@@ -42,8 +43,8 @@ _STORE_TS_FIELD = fmt.SEGMENT_SCHEMA.field(_STORE_TS_COLUMN)
 
 
 # ---------------------------------------------------------------------- topics
-def writable_topic_conf(topics: Mapping[str, dict], name: str, *, where: str = "",
-                        store: str = "", then: str = "first") -> dict:
+def writable_topic_conf(topics: Mapping[str, TopicConfig], name: str, *, where: str = "",
+                        store: str = "", then: str = "first") -> TopicConfig:
     """``topics[name]`` if the topic exists and is writable; else TopicNotFoundError /
     PermissionDeniedError (``where`` prefixes the message, e.g. a file name; ``store``
     names the store; ``then`` ends the advice)."""
@@ -52,8 +53,8 @@ def writable_topic_conf(topics: Mapping[str, dict], name: str, *, where: str = "
         in_store = f" in {store}" if store else ""
         raise TopicNotFoundError(f"{where}topic {name!r} does not exist{in_store} (topics: "
                                  f"{sorted(topics) or 'none'}); create it {then}")
-    if not conf["perm"] & PERM_WRITE:
-        raise PermissionDeniedError(f"topic {name!r} is not writable (perm {conf['perm']})")
+    if not conf.writable:
+        raise PermissionDeniedError(f"topic {name!r} is not writable (perm {conf.perm})")
     return conf
 
 
@@ -102,18 +103,18 @@ class QueueChooser:
         self._next[topic] = (first + count) % queues
         return (first + np.arange(count)) % queues
 
-    def choose_one(self, conf: dict, queue_id, message_group: str | None) -> int:
+    def choose_one(self, conf: TopicConfig, queue_id, message_group: str | None) -> int:
         """The queue of one message of topic ``conf``."""
-        n = conf["writeQueueNums"]
+        n = conf.write_queue_nums
         if queue_id is not None:
             if not isinstance(queue_id, int) or not 0 <= queue_id < n:
                 raise QueueNotFoundError(
-                    f"queue_id {queue_id!r} is out of range for topic {conf['name']!r} "
+                    f"queue_id {queue_id!r} is out of range for topic {conf.name!r} "
                     f"(0..{n - 1})")
             return queue_id
         if message_group:
             return zlib.crc32(message_group.encode()) % n
-        return int(self.round_robin(conf["name"], 1, n)[0])
+        return int(self.round_robin(conf.name, 1, n)[0])
 
     def choose(self, qcol: pa.Array | None, names: list[str], idx: np.ndarray | None,
                queue_nums: list[int], n: int, groups: pa.Array | None = None) -> np.ndarray:
@@ -385,12 +386,12 @@ class BatchBuilder:
             for i, conf in enumerate(confs):
                 q = qids if idx is None else qids[idx == i]
                 lo, hi = (int(q[0]), int(q[0])) if n == 1 else (int(q.min()), int(q.max()))
-                if lo < 0 or hi >= conf["writeQueueNums"]:
+                if lo < 0 or hi >= conf.write_queue_nums:
                     raise QueueNotFoundError(
                         f"queue_id out of range for topic {names[i]!r} "
-                        f"(0..{conf['writeQueueNums'] - 1})")
+                        f"(0..{conf.write_queue_nums - 1})")
         else:
-            qids = self.chooser.choose(qcol, names, idx, [c["writeQueueNums"] for c in confs],
+            qids = self.chooser.choose(qcol, names, idx, [c.write_queue_nums for c in confs],
                                        n, batch.column(_MESSAGE_GROUP_COLUMN))
             batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
         return batch, RowInfo(names, idx, qids, sizes)
@@ -436,14 +437,14 @@ class BatchBuilder:
         for t, conf in confs.items():
             if len(confs) == 1:   # every row has this topic: min/max decide
                 lo_hi = pc.min_max(qids)
-                bad = lo_hi["min"].as_py() < 0 or lo_hi["max"].as_py() >= conf["writeQueueNums"]
+                bad = lo_hi["min"].as_py() < 0 or lo_hi["max"].as_py() >= conf.write_queue_nums
             else:
                 mask = pc.equal(topics, t)
                 bad = pc.any(pc.and_(mask, pc.or_(pc.less(qids, 0), pc.greater_equal(
-                    qids, conf["writeQueueNums"])))).as_py()
+                    qids, conf.write_queue_nums)))).as_py()
             if bad:
                 raise QueueNotFoundError(
-                    f"queue_id out of range for topic {t!r} (0..{conf['writeQueueNums'] - 1})")
+                    f"queue_id out of range for topic {t!r} (0..{conf.write_queue_nums - 1})")
         return qids
 
     def _choose_missing(self, table: pa.Table, topics: pa.Array, confs: dict,
@@ -465,4 +466,4 @@ class BatchBuilder:
                     f"column 'message_group' has type {groups.type}, expected string")
             groups = None if pa.types.is_null(groups.type) else groups
         return self.chooser.choose(given, tnames, idx,
-                                   [confs[t]["writeQueueNums"] for t in tnames], n, groups)
+                                   [confs[t].write_queue_nums for t in tnames], n, groups)

@@ -58,7 +58,7 @@ from .adopt import Placement, check_staged_topics, load_staged, place
 from .dispatch import next_queue_offsets  # noqa: F401  (re-exported)
 from .index import index_add
 from .names import validate_group
-from .actions import Lease
+from .actions import AddFile, Lease, Txn
 from .lease import (LEASE_CRASHED, LEASE_FREE, LEASE_LIVE,  # noqa: F401  (re-exported)
                     lease_status, live_writer, local_token)
 from .batch import writable_topic_conf
@@ -148,7 +148,7 @@ class DirectCommitter:
             self._check_lease(state)
             if app_id is not None:
                 done = state.txns.get(app_id)
-                if done is not None and int(done["version"]) >= int(app_version):
+                if done is not None and done.version >= int(app_version):
                     outcome["skipped"] = True
                     return None
             already = [p for p in paths if p in state.segments]
@@ -161,8 +161,7 @@ class DirectCommitter:
             actions = list(placed.segment_adds)
             actions.extend(self._write_side_files(placed, written))
             if app_id is not None:
-                actions.append({"txn": {"appId": app_id, "version": int(app_version),
-                                        "lastUpdated": now}})
+                actions.append(Txn(app_id=app_id, version=int(app_version), last_updated=now))
             outcome["messages"] = placed.num_messages
             return actions
 
@@ -180,20 +179,20 @@ class DirectCommitter:
             return CommitResult(state.version, 0, skipped=True)
         return CommitResult(state.version, int(outcome.get("messages", 0)))
 
-    def _write_side_files(self, placed: Placement, written: list[str]) -> list[dict]:
+    def _write_side_files(self, placed: Placement, written: list[str]) -> list[AddFile]:
         actions = []
         if placed.cq_table.num_rows:
             rel = fmt.consumequeue_file()
             written.append(rel)
             size = write_side_table(self.sfs, rel, placed.cq_table,
                                     row_group_rows=SIDE_TABLE_ROW_GROUP_ROWS)
-            actions.append({"add": consumequeue_add(rel, placed.cq_table, size)})
+            actions.append(consumequeue_add(rel, placed.cq_table, size))
         if placed.index_table is not None:
             rel = fmt.index_file()
             written.append(rel)
             size = write_side_table(self.sfs, rel, placed.index_table,
                                     row_group_rows=SIDE_TABLE_ROW_GROUP_ROWS)
-            actions.append({"add": index_add(rel, placed.index_table, size)})
+            actions.append(index_add(rel, placed.index_table, size))
         return actions
 
     def _committed(self, side_files: list[str]) -> bool:

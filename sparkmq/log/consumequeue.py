@@ -29,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import format as fmt
+from .actions import AddFile, QueueStats
 from .fs import StoreFS
 
 ENTRY_COLUMNS = ["queue_offset", "batch_offset", "row", "size", "tags_code", "store_timestamp"]
@@ -239,7 +240,7 @@ def write_side_table(sfs: StoreFS, rel: str, table: pa.Table, *, row_group_rows:
     return len(data)
 
 
-def consumequeue_add(rel: str, table: pa.Table, size: int) -> dict:
+def consumequeue_add(rel: str, table: pa.Table, size: int) -> AddFile:
     """The ``add`` action of a ConsumeQueue file, with per-queue ranges."""
     queues = []
     if table.num_rows:
@@ -248,15 +249,14 @@ def consumequeue_add(rel: str, table: pa.Table, size: int) -> dict:
             ("store_timestamp", "min"), ("store_timestamp", "max"),
             ("batch_offset", "min"), ("batch_offset", "max")])
         for r in grouped.to_pylist():
-            queues.append({
-                "topicId": r["topic_id"], "queueId": r["queue_id"],
-                "minOffset": r["queue_offset_min"], "maxOffset": r["queue_offset_max"] + 1,
-                "minTimestamp": _ms(r["store_timestamp_min"]),
-                "maxTimestamp": _ms(r["store_timestamp_max"]),
-                "minBatchOffset": r["batch_offset_min"], "maxBatchOffset": r["batch_offset_max"],
-            })
-    return {"path": rel, "kind": "consumequeue", "size": size, "rows": table.num_rows,
-            "queues": queues}
+            queues.append(QueueStats(
+                topic_id=r["topic_id"], queue_id=r["queue_id"],
+                min_offset=r["queue_offset_min"], max_offset=r["queue_offset_max"] + 1,
+                min_timestamp=_ms(r["store_timestamp_min"]),
+                max_timestamp=_ms(r["store_timestamp_max"]),
+                min_batch_offset=r["batch_offset_min"], max_batch_offset=r["batch_offset_max"]))
+    return AddFile(path=rel, kind="consumequeue", size=size, rows=table.num_rows,
+                   queues=tuple(queues))
 
 
 def _ms(v) -> int:
@@ -281,9 +281,9 @@ def read_side_entries(sfs: StoreFS, adds: list[dict], tid: int, qid: int, lo: in
     tables = []
     for add in adds:
         q = _queue_stats(add, tid, qid)
-        if q is None or q["maxOffset"] <= lo or q["minOffset"] >= hi:
+        if q is None or q.max_offset <= lo or q.min_offset >= hi:
             continue
-        tables.extend(_read_queue_slices(sfs, add["path"], tid, qid, lo, hi, columns))
+        tables.extend(_read_queue_slices(sfs, add.path, tid, qid, lo, hi, columns))
     if not tables:
         return empty_entries().select(_entry_columns(columns))
     t = tables[0] if len(tables) == 1 else pa.concat_tables(tables)
@@ -367,26 +367,26 @@ def read_side_by_time(sfs: StoreFS, adds: list[dict], tid: int, qid: int | None,
     end_ms = min(end_ms, _MAX_DATETIME_MS)
     tables = []
     for add in adds:
-        for q in add.get("queues", ()):
-            if q["topicId"] != tid or (qid is not None and q["queueId"] != qid):
+        for q in add.queues or ():
+            if q.topic_id != tid or (qid is not None and q.queue_id != qid):
                 continue
-            if q["maxTimestamp"] < start_ms or q["minTimestamp"] > end_ms:
+            if q.max_timestamp < start_ms or q.min_timestamp > end_ms:
                 continue
             filters = [("topic_id", "=", tid),
                        ("store_timestamp", ">=", pa.scalar(start_ms, fmt.TS)),
                        ("store_timestamp", "<=", pa.scalar(end_ms, fmt.TS))]
             if qid is not None:
                 filters.append(("queue_id", "=", qid))
-            tables.append(_read_filtered(sfs, add["path"], filters))
+            tables.append(_read_filtered(sfs, add.path, filters))
             break
     if not tables:
         return fmt.CONSUMEQUEUE_SCHEMA.empty_table()
     return pa.concat_tables(tables)
 
 
-def _queue_stats(add: dict, tid: int, qid: int) -> dict | None:
-    for q in add.get("queues", ()):
-        if q["topicId"] == tid and q["queueId"] == qid:
+def _queue_stats(add: AddFile, tid: int, qid: int) -> QueueStats | None:
+    for q in add.queues or ():
+        if q.topic_id == tid and q.queue_id == qid:
             return q
     return None
 
@@ -441,7 +441,7 @@ def compact_side_tables(sfs: StoreFS, adds: list[dict], sort_keys: list[str],
     """Read side-table files and merge them into one table sorted by ``sort_keys``."""
     tables = []
     for add in adds:
-        with sfs.open_input(add["path"]) as f:
+        with sfs.open_input(add.path) as f:
             tables.append(pq.read_table(f).cast(schema))
     if not tables:
         return schema.empty_table()

@@ -95,9 +95,9 @@ def topic_ids_per_row(tids: np.ndarray, info: RowInfo, n: int) -> np.ndarray:
 def next_queue_offsets(state: LogState) -> dict[tuple[int, int], int]:
     """(topic_id, queue_id) -> next queue offset, never below a retention floor."""
     out = dict(state.queue_max_offsets())
-    for q in (state.retention or {}).get("queues", ()):
-        key = (q["topicId"], q["queueId"])
-        out[key] = max(out.get(key, 0), int(q["minOffset"]))
+    for q in state.retention.queues if state.retention else ():
+        key = (q.topic_id, q.queue_id)
+        out[key] = max(out.get(key, 0), int(q.min_offset))
     return out
 
 
@@ -108,7 +108,7 @@ def assign_entries(state: LogState, batch: pa.RecordBatch, batch_offset: int,
     The stateless form of :meth:`Dispatcher.dispatch` for committers."""
     n = batch.num_rows
     info = row_info(batch)
-    tids = np.asarray([state.topics[t]["id"] for t in info.topic_names], np.int64)
+    tids = np.asarray([state.topics[t].id for t in info.topic_names], np.int64)
     qos = np.zeros(n, np.int64)
     groups, tnp = queue_groups(tids, info, n) if n else ([], None)
     for tid, qid, rows in groups:
@@ -219,7 +219,7 @@ class Dispatcher:
             store_ts_ms = np.array(batch.column("store_timestamp").cast(pa.int64()).to_numpy(),
                                    dtype=np.int64)
         topics = self._topics()
-        tids = np.asarray([topics[t]["id"] if t in topics else -1 for t in info.topic_names],
+        tids = np.asarray([topics[t].id if t in topics else -1 for t in info.topic_names],
                           dtype=np.int64)
         sizes = info.body_sizes
         tcodes = tags_codes(batch.column("tags"))

@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import format as fmt
+from .actions import AddFile
 from .consumequeue import _ms, _read_filtered
 from .fs import StoreFS
 
@@ -106,26 +107,25 @@ class MemoryIndex:
             self._rows = 0
 
 
-def index_add(rel: str, table: pa.Table, size: int) -> dict:
+def index_add(rel: str, table: pa.Table, size: int) -> AddFile:
     """The ``add`` action of an Index file."""
     tids = sorted(set(pc.unique(table.column("topic_id")).to_pylist())) if table.num_rows else []
     ts = table.column("store_timestamp")
-    return {"path": rel, "kind": "index", "size": size, "rows": table.num_rows,
-            "topicIds": tids,
-            "minTimestamp": _ms(pc.min(ts).as_py()) if table.num_rows else 0,
-            "maxTimestamp": _ms(pc.max(ts).as_py()) if table.num_rows else 0,
-            "minBatchOffset": int(pc.min(table.column("batch_offset")).as_py() or 0)
-            if table.num_rows else 0,
-            "maxBatchOffset": int(pc.max(table.column("batch_offset")).as_py() or 0)
-            if table.num_rows else 0}
+    n = table.num_rows
+    return AddFile(
+        path=rel, kind="index", size=size, rows=n, topic_ids=tuple(tids),
+        min_timestamp=_ms(pc.min(ts).as_py()) if n else 0,
+        max_timestamp=_ms(pc.max(ts).as_py()) if n else 0,
+        min_batch_offset=int(pc.min(table.column("batch_offset")).as_py() or 0) if n else 0,
+        max_batch_offset=int(pc.max(table.column("batch_offset")).as_py() or 0) if n else 0)
 
 
 def read_index(sfs: StoreFS, adds: list[dict], tid: int, key: str) -> pa.Table:
     tables = []
     for add in adds:
-        if tid not in add.get("topicIds", ()):
+        if tid not in (add.topic_ids or ()):
             continue
-        t = _read_filtered(sfs, add["path"], [("topic_id", "=", tid), ("key", "=", key)])
+        t = _read_filtered(sfs, add.path, [("topic_id", "=", tid), ("key", "=", key)])
         if t.num_rows:
             tables.append(t.cast(fmt.INDEX_SCHEMA))
     if not tables:

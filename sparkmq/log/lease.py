@@ -61,23 +61,23 @@ def parse_owner(owner: str) -> tuple[str, str, str]:
     return host, pid_s, token
 
 
-def local_token(lease: dict) -> str | None:
+def local_token(lease: Lease) -> str | None:
     """The owner token when the lease is held by this very process, else None."""
-    host, pid_s, token = parse_owner(lease.get("owner", ""))
+    host, pid_s, token = parse_owner(lease.owner)
     return token if host == socket.gethostname() and pid_s == str(os.getpid()) else None
 
 
-def lease_status(lease: dict | None, now_ms: int) -> str:
+def lease_status(lease: Lease | None, now_ms: int) -> str:
     """``free`` (none, or released), ``live`` (held), or ``crashed`` (its holder is gone).
 
     A lease is live while it is unexpired and, when its owner runs on this host,
     the owner process (and in this process, the owning Store) still exists.
     """
-    if not lease or lease.get("released"):
+    if not lease or lease.released:
         return LEASE_FREE
-    if now_ms > int(lease.get("expiresTime", 0)):
+    if now_ms > int(lease.expires_time or 0):
         return LEASE_CRASHED
-    host, pid_s, token = parse_owner(lease.get("owner", ""))
+    host, pid_s, token = parse_owner(lease.owner)
     if host == socket.gethostname() and pid_s.isdigit():
         pid = int(pid_s)
         if pid == os.getpid():
@@ -110,12 +110,12 @@ class WriterLease:
         self.endpoint: str | None = None   # admin URL of a broker holding the lease
         self.fenced = False
 
-    def is_held_by_other(self, lease: dict | None) -> bool:
+    def is_held_by_other(self, lease: Lease | None) -> bool:
         """True if ``lease`` belongs to another writer that is still live."""
-        return bool(lease) and lease.get("owner") != self.owner and \
+        return lease is not None and lease.owner != self.owner and \
             lease_status(lease, self.clock_ms()) == LEASE_LIVE
 
-    def acquire(self, state: LogState) -> tuple[list[dict], bool]:
+    def acquire(self, state: LogState) -> tuple[list[Lease], bool]:
         """The actions taking the lease (epoch + 1) and whether the previous writer
         left it unreleased (a crash). Raises StoreLockedError while another writer
         holds it."""

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import format as fmt
+from .actions import Action, AddFile, RemoveFile, Retention
 from .batch import pack
 from .consumequeue import chunks_to_side_table, compact_side_tables, consumequeue_add, \
     write_side_table
@@ -45,22 +46,20 @@ def publish(store: "Store", *, force: bool = False, extra_actions: Sequence[dict
         upto = min(store.dispatcher.dispatched_offset, store.commitlog.flushed_offset)
         taken = store.cq.take_unpersisted(upto)
         itable = store.index.take_unpersisted(upto)
-        actions: list[dict] = []
+        actions: list[Action] = []
         written: list[str] = []
         try:
             for ref in store.commitlog.segments():
                 sealed = ref.sealed and ref.end_offset <= upto  # (a roll may be newer)
                 size = ref.size if sealed else min(ref.size, max(0, upto - ref.base_offset))
                 prev = store.state.segments.get(ref.path)
-                if prev is not None and int(prev["size"]) == size and \
-                        bool(prev.get("sealed")) == sealed:
+                if prev is not None and prev.size == size and bool(prev.sealed) == sealed:
                     continue
                 if size <= 0:
                     continue
-                actions.append({"add": {"path": ref.path, "kind": "segment",
-                                        "baseOffset": ref.base_offset, "size": size,
-                                        "sealed": sealed,
-                                        "modificationTime": store.clock_ms()}})
+                actions.append(AddFile(path=ref.path, kind="segment",
+                                       base_offset=ref.base_offset, size=size, sealed=sealed,
+                                       modification_time=store.clock_ms()))
             for part in split_chunks(taken, store.config.compact_max_rows):
                 # one file per compact_max_rows entries: a publish that lagged
                 # builds no table bigger than a compaction would
@@ -69,14 +68,14 @@ def publish(store: "Store", *, force: bool = False, extra_actions: Sequence[dict
                 size = write_side_table(store.sfs, rel, table,
                                         row_group_rows=store.config.side_table_row_group_rows)
                 written.append(rel)
-                actions.append({"add": consumequeue_add(rel, table, size)})
+                actions.append(consumequeue_add(rel, table, size))
                 del table
             if itable.num_rows:
                 rel = fmt.index_file()
                 size = write_side_table(store.sfs, rel, itable,
                                         row_group_rows=store.config.side_table_row_group_rows)
                 written.append(rel)
-                actions.append({"add": index_add(rel, itable, size)})
+                actions.append(index_add(rel, itable, size))
             actions.extend(extra_actions)
             if not actions and not force and not store.lease.renewal_due(store.state):
                 return store.state
@@ -119,28 +118,28 @@ def compact(store: "Store") -> None:
                 table = above_retention_floor(
                     compact_side_tables(store.sfs, adds, keys, schema), store.state.retention)
                 now = store.clock_ms()
-                actions = [{"remove": {"path": a["path"], "deletionTimestamp": now,
-                                       "dataChange": False}} for a in adds]
+                actions = [RemoveFile(path=a.path, deletion_timestamp=now, data_change=False)
+                           for a in adds]
                 if table.num_rows:   # (all below the floor: the files just go)
                     rel = new_rel()
                     size = write_side_table(
                         store.sfs, rel, table,
                         row_group_rows=store.config.side_table_row_group_rows)
-                    actions.append({"add": make_add(rel, table, size)})
+                    actions.append(make_add(rel, table, size))
                 del table
                 store.commit_actions(lambda s, a=actions: a, "COMPACT", {"kind": kind})
 
 
-def small_files(files: dict[str, dict], max_rows: int) -> list[dict]:
+def small_files(files: dict[str, AddFile], max_rows: int) -> list[AddFile]:
     """Side-table adds with fewer than ``max_rows // 2`` rows, in commit order."""
-    return [a for a in files.values() if int(a.get("rows", 0)) < max_rows // 2]
+    return [a for a in files.values() if int(a.rows or 0) < max_rows // 2]
 
 
-def compaction_groups(adds: list[dict], max_rows: int) -> list[list[dict]]:
+def compaction_groups(adds: list[AddFile], max_rows: int) -> list[list[AddFile]]:
     """Split small files into merges of two or more files and at most ``max_rows``
     rows (greedy in commit order). Each file has under half of ``max_rows``, so
     every group but the last ends with more than half: it leaves the small tier."""
-    return [g for g in pack(adds, max_rows, lambda a: int(a.get("rows", 0))) if len(g) > 1]
+    return [g for g in pack(adds, max_rows, lambda a: int(a.rows or 0)) if len(g) > 1]
 
 
 def split_chunks(taken: list, max_rows: int) -> list[list]:
@@ -149,16 +148,16 @@ def split_chunks(taken: list, max_rows: int) -> list[list]:
     return pack(taken, max_rows, lambda item: len(item[2].rows))
 
 
-def above_retention_floor(table: pa.Table, retention: dict | None) -> pa.Table:
+def above_retention_floor(table: pa.Table, retention: Retention | None) -> pa.Table:
     """The rows of a ConsumeQueue or Index table that retention has not removed: batch
     at or past ``minPhysicalOffset`` and queue offset at or past its queue's
     ``minOffset`` (FORMAT.md section 13). Order is kept."""
     if not retention or table.num_rows == 0:
         return table
     keep = np.asarray(table.column("batch_offset").to_numpy()) >= \
-        int(retention.get("minPhysicalOffset", 0))
-    floors = sorted(((int(q["topicId"]) << 32) | int(q["queueId"]), int(q["minOffset"]))
-                    for q in retention.get("queues", ()))
+        int(retention.min_physical_offset)
+    floors = sorted(((int(q.topic_id) << 32) | int(q.queue_id), int(q.min_offset))
+                    for q in retention.queues)
     if floors:
         keys = np.array([k for k, _ in floors], np.int64)
         mins = np.array([m for _, m in floors], np.int64)

@@ -26,6 +26,7 @@ from ..errors import (DataLossError, InvalidMessageIdError,
 from ..errors import StoreIOError
 from . import format as fmt
 from . import segment as seg
+from .actions import AddFile, TopicConfig
 from .consumequeue import read_side_by_time, read_side_entries
 from .fs import StoreFS
 from .index import read_index
@@ -114,7 +115,7 @@ class MessageReader:
     def _topic_id(self, topic: str) -> int:
         raise NotImplementedError
 
-    def _topic_conf(self, topic: str) -> dict:
+    def _topic_conf(self, topic: str) -> TopicConfig:
         raise NotImplementedError
 
     def _entries(self, tid: int, qid: int, lo: int, hi: int,
@@ -144,12 +145,11 @@ class MessageReader:
     # -- shared ------------------------------------------------------------
     def _check_queue(self, topic: str, queue_id: int) -> int:
         conf = self._topic_conf(topic)
-        if not isinstance(queue_id, int) or not 0 <= queue_id < max(
-                conf["readQueueNums"], conf["writeQueueNums"]):
+        n = max(conf.read_queue_nums, conf.write_queue_nums)
+        if not isinstance(queue_id, int) or not 0 <= queue_id < n:
             raise QueueNotFoundError(
-                f"topic {topic!r} has queues 0..{max(conf['readQueueNums'], conf['writeQueueNums']) - 1};"
-                f" queue {queue_id!r} does not exist")
-        return conf["id"]
+                f"topic {topic!r} has queues 0..{n - 1}; queue {queue_id!r} does not exist")
+        return conf.id
 
     def read_table(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
                    columns: Sequence[str] | None = None, max_bytes: int | None = None,
@@ -393,7 +393,7 @@ class MessageReader:
         out = {}
         for name in ([topic] if topic else self.topic_names()):
             conf = self._topic_conf(name)
-            for q in range(max(conf["readQueueNums"], conf["writeQueueNums"])):
+            for q in range(max(conf.read_queue_nums, conf.write_queue_nums)):
                 out[(name, q)] = (self.min_offset(name, q), self.max_offset(name, q))
         return out
 
@@ -440,8 +440,8 @@ class Snapshot(MessageReader):
             else self.sfs.storage_options
         self.state = state
         self.store_id = state.store_id
-        self._segments = sorted(state.segments.values(), key=lambda a: a["baseOffset"])
-        self._bases = [a["baseOffset"] for a in self._segments]
+        self._segments = sorted(state.segments.values(), key=lambda a: a.base_offset)
+        self._bases = [a.base_offset for a in self._segments]
         self._cq_files = list(state.consumequeue_files.values())
         self._index_files = list(state.index_files.values())
         self._max = state.queue_max_offsets()
@@ -470,10 +470,10 @@ class Snapshot(MessageReader):
     def topic_names(self) -> list[str]:
         return sorted(self.state.topics)
 
-    def topics(self) -> dict[str, dict]:
+    def topics(self) -> dict[str, TopicConfig]:
         return dict(self.state.topics)
 
-    def _topic_conf(self, topic: str) -> dict:
+    def _topic_conf(self, topic: str) -> TopicConfig:
         conf = self.state.topics.get(topic)
         if conf is None:
             raise TopicNotFoundError(
@@ -482,7 +482,7 @@ class Snapshot(MessageReader):
         return conf
 
     def _topic_id(self, topic: str) -> int:
-        return self._topic_conf(topic)["id"]
+        return self._topic_conf(topic).id
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         tid = self._topic_id(topic)
@@ -497,9 +497,9 @@ class Snapshot(MessageReader):
     def _visible_offset(self) -> int:
         return 1 << 62
 
-    def _segment(self, batch_offset: int) -> dict:
+    def _segment(self, batch_offset: int) -> AddFile:
         i = bisect.bisect_right(self._bases, batch_offset) - 1
-        if i < 0 or batch_offset >= self._segments[i]["baseOffset"] + self._segments[i]["size"]:
+        if i < 0 or batch_offset >= self._segments[i].base_offset + self._segments[i].size:
             first = self._bases[0] if self._bases else 0
             raise DataLossError(
                 f"physical offset {batch_offset} is in no segment of version "
@@ -508,14 +508,14 @@ class Snapshot(MessageReader):
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         add = self._segment(batch_offset)
-        pos = batch_offset - add["baseOffset"]
+        pos = batch_offset - add.base_offset
         try:
             if not self.sfs.is_local:   # object stores: fetch this batch's bytes only
-                return seg.read_remote_batch(self.sfs, add["path"], pos)[0]
-            buf = self.sfs.read_buffer(add["path"], cache=True, min_size=int(add["size"]))
+                return seg.read_remote_batch(self.sfs, add.path, pos)[0]
+            buf = self.sfs.read_buffer(add.path, cache=True, min_size=add.size)
         except FileNotFoundError:
             raise DataLossError(
-                f"segment {add['path']} of version {self.state.version} was deleted by "
+                f"segment {add.path} of version {self.state.version} was deleted by "
                 "retention after that version; read a newer version",
                 earliest_offset=None) from None
         return seg.read_batch_at(buf, pos)
@@ -527,7 +527,7 @@ class Snapshot(MessageReader):
         return read_side_by_time(self.sfs, self._cq_files, tid, qid, start_ms, end_ms)
 
     def consumer_offsets(self, group: str) -> dict[tuple[str, int], int]:
-        names = {t["id"]: t["name"] for t in self.state.topics_by_id.values()}
+        names = {t.id: t.name for t in self.state.topics_by_id.values()}
         return {(names.get(tid, str(tid)), qid): off
                 for (g, tid, qid, cid), off in self.state.consumer_offsets.items()
                 if g == group and not cid}

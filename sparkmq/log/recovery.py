@@ -37,7 +37,7 @@ def recover(store: "Store") -> None:
     store.recovered_from_crash = crashed
     if crashed:
         log.warning("store %s: abort marker found, recovering from a crash", store.url)
-    refs = [SegmentRef(a["path"], int(a["baseOffset"]), int(a["size"]), bool(a.get("sealed")))
+    refs = [SegmentRef(a.path, int(a.base_offset), a.size, bool(a.sealed))
             for a in store.state.segments.values()]
     store.commitlog.load(refs)
     store.dispatcher.reset_offsets(store.state)

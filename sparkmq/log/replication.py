@@ -33,13 +33,16 @@ from typing import Callable
 
 import pyarrow as pa
 
-from ..errors import HAProtocolError, InvalidConfigError
+from ..errors import CorruptStoreError, HAProtocolError, InvalidConfigError
 from ..lifecycle import ServiceThread
 from . import format as fmt
 from . import segment as seg
+from .actions import (Action, AddFile, ConsumerOffset, GroupConfig, RemoveFile, Retention,
+                      TopicConfig)
 from .commitlog import SegmentRef
 from .store import Store
 from .topics import group_delete_actions
+from .txlog import LogState
 
 log = logging.getLogger("sparkmq.ha")
 
@@ -333,45 +336,25 @@ class ReplicaLog:
         configs into this store (and, while it is empty, the master's retention floor).
         A group config the master no longer has is deleted here with its offsets (the
         master deleted the group); offsets of groups the master never configured are
-        left alone (consumers of this replica may keep their own)."""
+        left alone (consumers of this replica may keep their own). The frame is
+        parsed into typed actions first (:func:`parse_meta`): a malformed one is an
+        ``HAProtocolError`` and changes nothing."""
         st = self.store
-        topics = meta.get("topics")
-        offsets = meta.get("consumerOffsets")
-        if not isinstance(topics, list) or not isinstance(offsets, list):
-            raise HAProtocolError("meta frame needs lists 'topics' and 'consumerOffsets'")
+        topics, offsets, groups, retention = parse_meta(meta)
         state = st.state
-        actions = []
-        for t in topics:
-            if not isinstance(t, dict) or not isinstance(t.get("id"), int) or \
-                    not isinstance(t.get("name"), str):
-                raise HAProtocolError(f"bad topic in meta frame: {t!r}")
-            if state.topics_by_id.get(t["id"]) != t:
-                actions.append({"topic": t})
-        for row in offsets:
-            try:
-                g, tid, qid, cid, off = row
-            except (TypeError, ValueError):
-                raise HAProtocolError(f"bad consumer offset in meta frame: {row!r}") from None
-            if state.consumer_offsets.get((g, tid, qid, cid or "")) != off:
-                actions.append({"consumerOffset": {"group": g, "topicId": tid, "queueId": qid,
-                                                   "clientId": cid or None, "offset": off}})
-        groups = meta.get("subscriptionGroups")
+        actions: list[Action] = [t for t in topics if state.topics_by_id.get(t.id) != t]
+        actions += [o for o in offsets if state.consumer_offsets.get(o.key) != o.offset]
         if groups is not None:        # absent from masters older than this field
-            if not isinstance(groups, list) or not all(
-                    isinstance(g, dict) and isinstance(g.get("groupName"), str) for g in groups):
-                raise HAProtocolError(f"bad subscriptionGroups in meta frame: {groups!r}"[:300])
-            wanted = {g["groupName"]: g for g in groups}
-            master_keys = {(g, tid, qid, cid or "") for g, tid, qid, cid, _ in offsets}
-            for name, conf in wanted.items():
-                if state.subscription_groups.get(name) != conf:
-                    actions.append({"subscriptionGroup": conf})
+            wanted = {g.group_name: g for g in groups}
+            master_keys = {o.key for o in offsets}
+            actions += [conf for name, conf in wanted.items()
+                        if state.subscription_groups.get(name) != conf]
             for name in state.subscription_groups.keys() - wanted.keys():
                 actions += group_delete_actions(state, name, keep=master_keys)
-        retention = meta.get("retention")
         empty = not st.commitlog.segments()
-        if isinstance(retention, dict) and empty and state.retention != retention:
+        if retention is not None and empty and state.retention != retention:
             # the copy starts at the master's retention floor: continue its queue offsets
-            actions.append({"retention": retention})
+            actions.append(retention)
         if actions:
             st.commit_actions(lambda s: actions, "REPLICATE META", {"actions": len(actions)})
             if empty:
@@ -416,35 +399,35 @@ class ReplicaLog:
                 cl.active.close()
                 cl.active = None
             now = st.clock_ms()
-            actions: list[dict] = [{"remove": {"path": r.path, "deletionTimestamp": now,
-                                               "dataChange": True}} for r in drop]
+            actions: list[Action] = [RemoveFile(path=r.path, deletion_timestamp=now,
+                                                data_change=True) for r in drop]
             for adds, schema, make_add, new_rel, need in (
                     (st.state.consumequeue_files, fmt.CONSUMEQUEUE_SCHEMA, consumequeue_add,
                      fmt.consumequeue_file,
-                     lambda a: any(int(q.get("maxBatchOffset", 1 << 62)) >= offset
-                                   for q in a.get("queues", ()))),
+                     lambda a: any(q.max_batch_offset is None or q.max_batch_offset >= offset
+                                   for q in a.queues or ())),
                     (st.state.index_files, fmt.INDEX_SCHEMA, index_add, fmt.index_file,
                      lambda a: True)):
                 for add in list(adds.values()):
                     if not need(add):
                         continue
-                    with st.sfs.open_input(add["path"]) as f:
+                    with st.sfs.open_input(add.path) as f:
                         table = pq.read_table(f).cast(schema)
                     keep = table.filter(pc.less(table.column("batch_offset"), offset))
                     if keep.num_rows == table.num_rows:
                         continue
-                    actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
-                                               "dataChange": False}})
+                    actions.append(RemoveFile(path=add.path, deletion_timestamp=now,
+                                              data_change=False))
                     if keep.num_rows:
                         rel = new_rel()
                         size = write_side_table(st.sfs, rel, keep,
                                                 row_group_rows=st.config.side_table_row_group_rows)
-                        actions.append({"add": make_add(rel, keep, size)})
+                        actions.append(make_add(rel, keep, size))
             if cut is not None:
-                actions.append({"add": {"path": cut.path, "kind": "segment",
-                                        "baseOffset": cut.base_offset,
-                                        "size": offset - cut.base_offset, "sealed": False,
-                                        "modificationTime": now}})
+                actions.append(AddFile(path=cut.path, kind="segment",
+                                       base_offset=cut.base_offset,
+                                       size=offset - cut.base_offset, sealed=False,
+                                       modification_time=now))
             st.commit_actions(lambda s: actions, "TRUNCATE", {"toOffset": offset,
                                                        "droppedBytes": end - offset})
             if cut is not None:
@@ -511,3 +494,54 @@ class ReputService(ServiceThread):
     def run_once(self) -> None:
         while not self._stop.is_set() and self.rlog.dispatch_step():
             pass
+
+
+def meta_frame(state: LogState) -> dict:
+    """The meta frame a master sends (ha/protocol.py): every topic config ever (by
+    id), the consumer offsets as ``[group, topic id, queue id, client id, offset]``
+    rows, the retention floor and the subscription group configs, as JSON."""
+    return {"topics": [t.body() for t in sorted(state.topics_by_id.values(),
+                                                key=lambda t: t.id)],
+            "consumerOffsets": [[g, tid, qid, cid, off] for (g, tid, qid, cid), off
+                                in sorted(state.consumer_offsets.items())],
+            "retention": state.retention.body() if state.retention else None,
+            "subscriptionGroups": [state.subscription_groups[g].body()
+                                   for g in sorted(state.subscription_groups)]}
+
+
+def parse_meta(meta: dict) -> tuple[list[TopicConfig], list[ConsumerOffset],
+                                    list[GroupConfig] | None, Retention | None]:
+    """The typed content of a meta frame; ``HAProtocolError`` naming the first
+    malformed part."""
+    if not isinstance(meta, dict):
+        raise HAProtocolError(f"meta frame is not an object: {meta!r}"[:300])
+    topics, offsets = meta.get("topics"), meta.get("consumerOffsets")
+    if not isinstance(topics, list) or not isinstance(offsets, list):
+        raise HAProtocolError("meta frame needs lists 'topics' and 'consumerOffsets'")
+    out_topics = [_parsed(TopicConfig, t, "topic") for t in topics]
+    out_offsets = []
+    for row in offsets:
+        try:
+            g, tid, qid, cid, off = row
+            out_offsets.append(ConsumerOffset(group=g, topic_id=tid, queue_id=qid,
+                                              client_id=cid or None, offset=off))
+        except (TypeError, ValueError):
+            raise HAProtocolError(f"bad consumer offset in meta frame: {row!r}") from None
+    groups = meta.get("subscriptionGroups")
+    if groups is not None:
+        if not isinstance(groups, list):
+            raise HAProtocolError(f"bad subscriptionGroups in meta frame: {groups!r}"[:300])
+        groups = [_parsed(GroupConfig, g, "subscription group") for g in groups]
+    retention = meta.get("retention")
+    retention = _parsed(Retention, retention, "retention") if isinstance(retention, dict) \
+        else None
+    return out_topics, out_offsets, groups, retention
+
+
+def _parsed(cls, body, what: str):
+    try:
+        if not isinstance(body, dict):
+            raise TypeError("not an object")
+        return cls.from_body(body)
+    except (TypeError, ValueError, CorruptStoreError) as exc:
+        raise HAProtocolError(f"bad {what} in meta frame ({exc}): {body!r}"[:300]) from None

@@ -39,6 +39,7 @@ import pyarrow as pa
 
 from ..errors import UserError
 from . import segment as seg
+from .actions import Action, QueueFloor, QueueStats, RemoveFile, Retention, TopicConfig
 
 HOUR_MS = 3_600_000
 NO_BATCH = 1 << 62          # "no retained message in this queue": it blocks nothing
@@ -124,10 +125,10 @@ class RetentionPlan:
         return {(q.topic_id, q.queue_id): q.new_min_offset for q in self.queues}
 
 
-def topic_retention(conf: dict, default_ms: int) -> tuple[int, int | None, bool]:
+def topic_retention(conf: TopicConfig, default_ms: int) -> tuple[int, int | None, bool]:
     """(retention ms, retention bytes per queue or None, own) of a topic config."""
-    ms = conf.get("retentionMs")
-    nbytes = conf.get("retentionBytes")
+    ms = conf.retention_ms
+    nbytes = conf.retention_bytes
     own = ms is not None or nbytes is not None
     return (int(ms) if ms is not None else default_ms,
             int(nbytes) if nbytes is not None else None, own)
@@ -164,7 +165,7 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
     cur_floor = store.state.min_physical_offset()
     own_keep = NO_BATCH                    # first batch any own-retention queue still keeps
     own_holder = None
-    default_topics: dict[str, dict] = {}
+    default_topics: dict[str, TopicConfig] = {}
     own_queues: list[QueuePlan] = []
     bounds = _QueueBounds(store)
     for topic, conf in sorted(store.topics().items()):
@@ -173,18 +174,18 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
             default_topics[topic] = conf
             continue
         for qid in bounds.queue_ids(conf):
-            lo, hi = bounds.get(conf["id"], qid)
-            floor = _first_offset_after(store, conf["id"], qid, lo, hi, now_ms - ret_ms)
+            lo, hi = bounds.get(conf.id, qid)
+            floor = _first_offset_after(store, conf.id, qid, lo, hi, now_ms - ret_ms)
             reason = "time"
             if ret_bytes is not None and hi > floor:
-                bytes_floor = _first_offset_within_bytes(store, conf["id"], qid, floor, hi,
+                bytes_floor = _first_offset_within_bytes(store, conf.id, qid, floor, hi,
                                                          ret_bytes)
                 if bytes_floor > floor:
                     floor, reason = bytes_floor, "bytes"
-            batch, ts = _entry_at(store, conf["id"], qid, floor, hi)
+            batch, ts = _entry_at(store, conf.id, qid, floor, hi)
             if batch < own_keep:
                 own_keep, own_holder = batch, topic
-            own_queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, floor,
+            own_queues.append(QueuePlan(topic, conf.id, qid, lo, hi, floor,
                                         reason if floor > lo else None, batch, ts))
     # segments: the sealed prefix that every live topic has passed
     removed_topics: set[str] = set()
@@ -214,10 +215,10 @@ def plan_retention(store, now_ms: int, *, due: bool = True, disk_full: bool = Fa
         if not detail and not moved:
             continue
         for qid in bounds.queue_ids(conf):
-            lo, hi = bounds.get(conf["id"], qid)
-            f = _first_offset_at_batch(store, conf["id"], qid, lo, hi, cur_floor) if moved else lo
-            batch, ts = _entry_at(store, conf["id"], qid, f, hi) if detail or f > lo else (0, None)
-            plan.queues.append(QueuePlan(topic, conf["id"], qid, lo, hi, f,
+            lo, hi = bounds.get(conf.id, qid)
+            f = _first_offset_at_batch(store, conf.id, qid, lo, hi, cur_floor) if moved else lo
+            batch, ts = _entry_at(store, conf.id, qid, f, hi) if detail or f > lo else (0, None)
+            plan.queues.append(QueuePlan(topic, conf.id, qid, lo, hi, f,
                                          "segment" if f > lo else None, batch, ts))
     # own-retention queues too keep nothing below the physical floor
     for q in own_queues:
@@ -275,9 +276,9 @@ class _QueueBounds:
         for (t, q) in list(self.maxes) + list(self.visible or ()):
             self.by_topic.setdefault(t, set()).add(q)
 
-    def queue_ids(self, conf: dict) -> list[int]:
-        ids = set(range(max(conf["readQueueNums"], conf["writeQueueNums"])))
-        ids.update(self.by_topic.get(conf["id"], ()))
+    def queue_ids(self, conf: TopicConfig) -> list[int]:
+        ids = set(range(max(conf.read_queue_nums, conf.write_queue_nums)))
+        ids.update(self.by_topic.get(conf.id, ()))
         return sorted(ids)
 
     def get(self, tid: int, qid: int) -> tuple[int, int]:
@@ -295,7 +296,7 @@ def _sealed_segments(store) -> list:
     out = []
     for ref in store.commitlog.segments():
         add = store.state.segments.get(ref.path)
-        sealed = ref.sealed if store.writable else bool(add and add.get("sealed"))
+        sealed = ref.sealed if store.writable else bool(add and add.sealed)
         if not sealed or ref.path == active_path:
             break                                   # only a prefix of sealed segments
         out.append(ref)
@@ -319,24 +320,25 @@ def _narrow(store, tid: int, qid: int, lo: int, hi: int, min_key: str, max_key: 
     whose ``min_key``/``max_key`` column is past ``value`` (files wholly at or below it
     raise lo, files wholly past it lower hi)."""
     for q in _file_stats(store).get((tid, qid), ()):
-        if max_key in q:
-            if int(q[max_key]) <= value:
-                lo = max(lo, int(q["maxOffset"]))
-            elif int(q[min_key]) > value:
-                hi = min(hi, int(q["minOffset"]))
+        top = getattr(q, max_key)
+        if top is not None:
+            if int(top) <= value:
+                lo = max(lo, int(q.max_offset))
+            elif int(getattr(q, min_key)) > value:
+                hi = min(hi, int(q.min_offset))
     return lo, max(lo, hi)
 
 
-def _file_stats(store) -> dict[tuple[int, int], list[dict]]:
+def _file_stats(store) -> dict[tuple[int, int], list[QueueStats]]:
     """The ConsumeQueue adds' per-queue ranges, indexed by (topic id, queue id); cached
     per log state (rebuilt when the store moves to another version)."""
     cache = store.retention_cache.cq_stats
     if cache is not None and cache[0] is store.state:
         return cache[1]
-    out: dict[tuple[int, int], list[dict]] = {}
+    out: dict[tuple[int, int], list[QueueStats]] = {}
     for add in store.state.consumequeue_files.values():
-        for q in add.get("queues", ()):
-            out.setdefault((q["topicId"], q["queueId"]), []).append(q)
+        for q in add.queues or ():
+            out.setdefault((q.topic_id, q.queue_id), []).append(q)
     store.retention_cache.cq_stats = (store.state, out)
     return out
 
@@ -371,13 +373,13 @@ def _search(store, tid, qid, lo: int, hi: int, column: str, value: int) -> int:
 def _first_offset_after(store, tid, qid, lo: int, hi: int, cutoff_ms: int) -> int:
     """First offset in [lo, hi) stored after ``cutoff_ms`` (hi if none): a queue's store
     timestamps do not decrease within one writer."""
-    lo, hi = _narrow(store, tid, qid, lo, hi, "minTimestamp", "maxTimestamp", cutoff_ms)
+    lo, hi = _narrow(store, tid, qid, lo, hi, "min_timestamp", "max_timestamp", cutoff_ms)
     return _search(store, tid, qid, lo, hi, "store_timestamp", cutoff_ms)
 
 
 def _first_offset_at_batch(store, tid, qid, lo: int, hi: int, floor: int) -> int:
     """First offset in [lo, hi) whose batch is at or past physical offset ``floor``."""
-    lo, hi = _narrow(store, tid, qid, lo, hi, "minBatchOffset", "maxBatchOffset", floor - 1)
+    lo, hi = _narrow(store, tid, qid, lo, hi, "min_batch_offset", "max_batch_offset", floor - 1)
     return _search(store, tid, qid, lo, hi, "batch_offset", floor - 1)
 
 
@@ -509,28 +511,26 @@ def remove_segments(store: "Store", paths: Sequence[str], *,
         floor = prefix[-1].end_offset if prefix else store.state.min_physical_offset()
         store.publish(force=True)
         queues = queue_floors_at(store, floor, queue_floors or {}, search=not exact_floors)
-        qmin = {(q["topicId"], q["queueId"]): q["minOffset"] for q in queues}
-        prev = {(q["topicId"], q["queueId"]): q["minOffset"]
-                for q in (store.state.retention or {}).get("queues", ())}
+        qmin = {(q.topic_id, q.queue_id): q.min_offset for q in queues}
+        prev = previous_floors(store.state)
         if not paths and all(v <= prev.get(k, 0) for k, v in qmin.items()):
             return []
         now = store.clock_ms()
-        actions = [{"remove": {"path": p, "deletionTimestamp": now, "dataChange": True}}
-                   for p in paths]
+        actions: list[Action] = [RemoveFile(path=p, deletion_timestamp=now, data_change=True)
+                                 for p in paths]
         for add in store.state.consumequeue_files.values():
-            if all(int(q.get("maxBatchOffset", 1 << 62)) < floor or
-                   int(q["maxOffset"]) <= qmin.get((q["topicId"], q["queueId"]), 0)
-                   for q in add["queues"]):
-                actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
-                                           "dataChange": False}})
+            if all(int(_or(q.max_batch_offset, 1 << 62)) < floor or
+                   int(q.max_offset) <= qmin.get((q.topic_id, q.queue_id), 0)
+                   for q in add.queues or ()):
+                actions.append(RemoveFile(path=add.path, deletion_timestamp=now,
+                                          data_change=False))
         for add in store.state.index_files.values():
             # (files written before maxBatchOffset was logged stay: compaction drops
             # their entries below the floor when it merges them)
-            if "maxBatchOffset" in add and int(add["maxBatchOffset"]) < floor:
-                actions.append({"remove": {"path": add["path"], "deletionTimestamp": now,
-                                           "dataChange": False}})
-        actions.append({"retention": {"minPhysicalOffset": floor, "queues": queues,
-                                      "time": now}})
+            if add.max_batch_offset is not None and int(add.max_batch_offset) < floor:
+                actions.append(RemoveFile(path=add.path, deletion_timestamp=now,
+                                          data_change=False))
+        actions.append(Retention(min_physical_offset=floor, queues=tuple(queues), time=now))
         store.commit_actions(lambda s: actions, "RETENTION", {"segments": len(paths)})
         store.commitlog.drop_segments(set(paths))
         log.info("retention removed %d segments below physical offset %d", len(paths), floor)
@@ -538,10 +538,9 @@ def remove_segments(store: "Store", paths: Sequence[str], *,
 
 
 def queue_floors_at(store: "Store", floor: int, raised: dict[tuple[int, int], int], *,
-                  search: bool = True) -> list[dict]:
+                  search: bool = True) -> list[QueueFloor]:
     out = []
-    prev = {(q["topicId"], q["queueId"]): q["minOffset"]
-            for q in (store.state.retention or {}).get("queues", ())}
+    prev = previous_floors(store.state)
     keys = set(store.dispatcher.next_offsets) | set(prev)
     for tid, qid in sorted(keys):
         nxt = store.dispatcher.next_offsets.get((tid, qid), 0)
@@ -554,5 +553,15 @@ def queue_floors_at(store: "Store", floor: int, raised: dict[tuple[int, int], in
                 hi = mid
             else:
                 lo = mid + 1
-        out.append({"topicId": tid, "queueId": qid, "minOffset": lo})
+        out.append(QueueFloor(topic_id=tid, queue_id=qid, min_offset=lo))
     return out
+
+
+def previous_floors(state) -> dict[tuple[int, int], int]:
+    """(topic id, queue id) -> the queue floor of ``state``'s retention action."""
+    return {(q.topic_id, q.queue_id): q.min_offset
+            for q in (state.retention.queues if state.retention else ())}
+
+
+def _or(value, default):
+    return default if value is None else value

@@ -62,6 +62,7 @@ from . import retention as _retention
 from . import topics as _topics
 from . import vacuum as _vacuum
 from .batch import MAX_BATCH_BODY_BYTES, PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401
+from .actions import Action, GroupConfig, TopicConfig
 from .commitlog import CommitLog, SegmentRef
 from .consumequeue import live_entries, live_time_entries
 from .dispatch import Dispatcher
@@ -294,7 +295,7 @@ class Store(MessageReader):
                                            retries=self.config.commit_retries)
             return self.state
 
-    def topics(self) -> dict[str, dict]:
+    def topics(self) -> dict[str, TopicConfig]:
         return dict(self.state.topics)
 
     @property
@@ -308,7 +309,7 @@ class Store(MessageReader):
     def topic_names(self) -> list[str]:
         return sorted(self.state.topics)
 
-    def _topic_conf(self, topic: str) -> dict:
+    def _topic_conf(self, topic: str) -> TopicConfig:
         conf = self.state.topics.get(topic)
         if conf is None:
             raise TopicNotFoundError(
@@ -317,7 +318,7 @@ class Store(MessageReader):
         return conf
 
     def _topic_id(self, topic: str) -> int:
-        return self._topic_conf(topic)["id"]
+        return self._topic_conf(topic).id
 
     # ------------------------------------------------------------------ append
     def append(self, messages: Iterable[Message] | Message) -> list[AppendResult]:
@@ -328,7 +329,7 @@ class Store(MessageReader):
         """Columnar append, one record batch (see :meth:`Appender.append_batch`)."""
         return self.appender.append_batch(data)
 
-    def writable_topic(self, topic: str) -> dict:
+    def writable_topic(self, topic: str) -> TopicConfig:
         conf = self.state.topics.get(topic)
         if conf is None:
             if not isinstance(topic, str):
@@ -339,8 +340,8 @@ class Store(MessageReader):
                 raise TopicNotFoundError(
                     f"topic {topic!r} does not exist; create it first (autoCreateTopicEnable "
                     "is off)")
-        if not conf["perm"] & PERM_WRITE:
-            raise PermissionDeniedError(f"topic {topic!r} is not writable (perm {conf['perm']})")
+        if not conf.writable:
+            raise PermissionDeniedError(f"topic {topic!r} is not writable (perm {conf.perm})")
         return conf
 
     def add_listener(self, fn: Callable[[str, int, int], None]) -> None:
@@ -395,7 +396,7 @@ class Store(MessageReader):
             self._load_readonly()
 
     def _load_readonly(self) -> None:
-        self.commitlog.load([SegmentRef(a["path"], int(a["baseOffset"]), int(a["size"]), True)
+        self.commitlog.load([SegmentRef(a.path, int(a.base_offset), a.size, True)
                              for a in self.state.segments.values()])
 
     def snapshot(self, version: int | None = None, *,
@@ -410,13 +411,13 @@ class Store(MessageReader):
         return Snapshot(self.url, state, sfs=self.sfs)
 
     # ------------------------------------------------------------------ consumer offsets
-    def subscription_groups(self) -> dict[str, dict]:
+    def subscription_groups(self) -> dict[str, GroupConfig]:
         """Consumer groups created with ``create_group``: name -> config."""
         return dict(self.state.subscription_groups)
 
     def consumer_offsets(self, group: str, *, client_id: str | None = None
                          ) -> dict[tuple[str, int], int]:
-        names = {t["id"]: t["name"] for t in self.state.topics_by_id.values()}
+        names = {t.id: t.name for t in self.state.topics_by_id.values()}
         return {(names.get(tid, str(tid)), qid): off
                 for (g, tid, qid, cid), off in self.state.consumer_offsets.items()
                 if g == group and (cid or None) == client_id}
@@ -439,7 +440,7 @@ class Store(MessageReader):
                      write_queue_nums: int | None = None, perm: int = PERM_RW,
                      attributes: dict | None = None, system: bool = False,
                      exist_ok: bool = False, retention_ms: int | None = None,
-                     retention_bytes: int | None = None) -> dict:
+                     retention_bytes: int | None = None) -> TopicConfig:
         """Create a topic (committed at once); see :func:`topics.create_topic`."""
         return _topics.create_topic(
             self, name, read_queue_nums=read_queue_nums, write_queue_nums=write_queue_nums,
@@ -449,7 +450,7 @@ class Store(MessageReader):
     def update_topic(self, name: str, *, read_queue_nums: int | None = None,
                      write_queue_nums: int | None = None, perm: int | None = None,
                      attributes: dict | None = None, retention_ms: int | None = None,
-                     retention_bytes: int | None = None) -> dict:
+                     retention_bytes: int | None = None) -> TopicConfig:
         """Change a topic's config; see :func:`topics.update_topic`."""
         return _topics.update_topic(
             self, name, read_queue_nums=read_queue_nums, write_queue_nums=write_queue_nums,
@@ -467,7 +468,7 @@ class Store(MessageReader):
 
     def create_group(self, group: str, *, retry_max_times: int | None = None,
                      consume_broadcast_enable: bool = True, consume_enable: bool = True,
-                     ) -> dict:
+                     ) -> GroupConfig:
         """Create or replace a subscription group config; see :func:`topics.create_group`."""
         return _topics.create_group(self, group, retry_max_times=retry_max_times,
                                     consume_broadcast_enable=consume_broadcast_enable,
@@ -478,7 +479,7 @@ class Store(MessageReader):
         _topics.delete_group(self, group, remove_offsets=remove_offsets)
 
     # ------------------------------------------------------------------ publish, retention
-    def publish(self, *, force: bool = False, extra_actions: Sequence[dict] = (),
+    def publish(self, *, force: bool = False, extra_actions: Sequence[Action] = (),
                 operation: str = "PUBLISH", parameters: dict | None = None) -> LogState:
         """Commit progress: flushed segment sizes, new side-table files, lease renewal."""
         return _publish.publish(self, force=force, extra_actions=extra_actions,

@@ -29,7 +29,7 @@ def create_topic(store: "Store", name: str, *, read_queue_nums: int | None = Non
                  write_queue_nums: int | None = None, perm: int = PERM_RW,
                  attributes: dict | None = None, system: bool = False,
                  exist_ok: bool = False, retention_ms: int | None = None,
-                 retention_bytes: int | None = None) -> dict:
+                 retention_bytes: int | None = None) -> TopicConfig:
     """Create a topic (committed at once). Returns its config.
 
     ``retention_ms`` / ``retention_bytes`` (per queue, message bodies) give the
@@ -42,35 +42,35 @@ def create_topic(store: "Store", name: str, *, read_queue_nums: int | None = Non
     wq = n if write_queue_nums is None else write_queue_nums
     check_queue_nums(rq, wq, perm)
     retention = retention_fields(retention_ms, retention_bytes)
-    created: dict = {}
+    created: list[TopicConfig] = []
 
     def build(state: LogState):
+        created.clear()
         if name in state.topics:
             if exist_ok:
-                created.update(state.topics[name].body())
+                created.append(state.topics[name])
                 return None
             raise TopicExistsError(f"topic {name!r} already exists")
         t = TopicConfig(name=name, id=state.next_topic_id(), read_queue_nums=rq,
                         write_queue_nums=wq, perm=perm, created_time=store.clock_ms(),
                         attributes=dict(attributes or {}), deleted=False, **retention)
-        created.clear()
-        created.update(t.body())
+        created.append(t)
         return [t]
     store.commit_actions(build, "CREATE TOPIC", {"topic": name})
-    return dict(created)
+    return created[0]
 
 
 def update_topic(store: "Store", name: str, *, read_queue_nums: int | None = None,
                  write_queue_nums: int | None = None, perm: int | None = None,
                  attributes: dict | None = None, retention_ms: int | None = None,
-                 retention_bytes: int | None = None) -> dict:
+                 retention_bytes: int | None = None) -> TopicConfig:
     """Change a topic's queue counts, permission, attributes or retention
     (``retention_ms`` / ``retention_bytes``: None keeps, 0 goes back to the
     broker default)."""
     store.require_writable()
     store.require_not_replica()
     retention = retention_fields(retention_ms, retention_bytes)   # validates before commit
-    updated: dict = {}
+    updated: list[TopicConfig] = []
 
     def build(state: LogState):
         t = state.topics.get(name)
@@ -83,11 +83,10 @@ def update_topic(store: "Store", name: str, *, read_queue_nums: int | None = Non
             changes["attributes"] = dict(attributes)
         t = replace(t, **changes, **retention)
         check_queue_nums(t.read_queue_nums, t.write_queue_nums, t.perm)
-        updated.clear()
-        updated.update(t.body())
+        updated[:] = [t]
         return [t]
     store.commit_actions(build, "UPDATE TOPIC", {"topic": name})
-    return dict(updated)
+    return updated[0]
 
 
 def delete_topic(store: "Store", name: str) -> None:
@@ -135,7 +134,7 @@ def consumer_offset_actions(state: LogState, group: str, offsets: dict[tuple[str
 
 def create_group(store: "Store", group: str, *, retry_max_times: int | None = None,
                  consume_broadcast_enable: bool = True, consume_enable: bool = True,
-                 ) -> dict:
+                 ) -> GroupConfig:
     """Create or replace a consumer group's subscription group config (mqadmin
     updateSubGroup), committed at once as a ``subscriptionGroup`` action.
     ``retry_max_times`` (None: the broker's ``maxReconsumeTimes``) bounds
@@ -163,7 +162,7 @@ def create_group(store: "Store", group: str, *, retry_max_times: int | None = No
             committed[0] = conf
         return [committed[0]]
     store.commit_actions(build, "UPDATE GROUP", {"group": group})
-    return committed[0].body()
+    return committed[0]
 
 
 def delete_group(store: "Store", group: str, *, remove_offsets: bool = True) -> None:

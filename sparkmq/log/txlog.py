@@ -112,10 +112,15 @@ class LogState:
                 log.debug("ignoring unknown action %s", getattr(action, "kind", action))
 
     def _apply_topic(self, t: TopicConfig) -> None:
+        """The newest config of id ``t.id`` replaces the previous one (which may have
+        had another name): found through ``topics_by_id``, not by scanning every
+        live topic (a scan per topic action made replay quadratic in topics)."""
+        old = self.topics_by_id.get(t.id)
         self.topics_by_id[t.id] = t
-        for name, old in list(self.topics.items()):
-            if old.id == t.id:
-                del self.topics[name]
+        if old is not None:
+            live = self.topics.get(old.name)
+            if live is not None and live.id == t.id:
+                del self.topics[old.name]
         if not t.deleted:
             self.topics[t.name] = t
 

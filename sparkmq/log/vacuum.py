@@ -83,7 +83,7 @@ def due_removed_files(state: LogState, now_ms: int, delay_ms: int,
     live = _live(state)
     out = []
     for path, rm in state.tombstones.items():
-        if int(rm.get("deletionTimestamp", 0)) + delay_ms > now_ms:
+        if int(rm.deletion_timestamp or 0) + delay_ms > now_ms:
             continue
         if path in live or path in protect or not fmt.is_relative_store_path(path):
             continue
@@ -120,7 +120,7 @@ def plan_vacuum(sfs: StoreFS, state: LogState, *, retention_ms: int, now_ms: int
                 continue           # a writer's unpublished tail: recovery reads it
             rm = state.tombstones.get(rel)
             try:
-                when_ms = (int(rm.get("deletionTimestamp", 0)) if rm is not None
+                when_ms = (int(rm.deletion_timestamp or 0) if rm is not None
                            else sfs.modified_ms(rel))
                 size = sfs.size(rel)
             except FileNotFoundError:
@@ -148,7 +148,7 @@ def delete_removed_files(store: "Store") -> list[str]:
     protect = {s.path for s in store.commitlog.segments()}
 
     def key(p):   # a path removed again later is a new tombstone
-        return p, state.tombstones[p].get("deletionTimestamp")
+        return p, state.tombstones[p].deletion_timestamp
     due = [p for p in due_removed_files(state, store.clock_ms(),
                                         store.config.deleted_file_retention_ms, protect)
            if key(p) not in store.deleted_files]

@@ -263,7 +263,7 @@ def test_stream_write_replayed_batch_is_skipped(spark, tmp_path):
     assert os.path.exists(os.path.join(ck, "commits", "2"))    # batch 2 did run again
     assert _stream_ids(url) == list(range(50))   # no duplicates, no gaps
     txns = Snapshot.load(url).state.txns
-    assert {k: t["version"] for k, t in txns.items()} == {f"spark-query:{q.id}": 4}
+    assert {k: t.version for k, t in txns.items()} == {f"spark-query:{q.id}": 4}
     assert len(write_versions(url)) == 5
     assert staged_leftovers(url) == []
 

@@ -317,7 +317,7 @@ def test_promotion_raises_the_epoch_and_old_master_diverges(pair, tmp_path):
     send(p.master, 50, start=300)          # acked by no one: will be lost at promotion
     epoch = promote(p.replica, p.rlog, p.client.master_epoch)
     assert epoch > master_epoch
-    assert p.replica.state.lease["epoch"] == epoch
+    assert p.replica.state.lease.epoch == epoch
     r = p.replica.append(Message("T", b"after-promotion"))[0]
     assert r.ok
     hist = epochs.load(p.replica.sfs)
@@ -813,7 +813,7 @@ def test_replica_finds_whole_batches_across_any_frame_cuts(tmp_path):
     replica = Store.open(str(tmp_path / "r"), replica=True)
     try:
         rlog = ReplicaLog(replica)              # not started: dispatches inline
-        rlog.apply_meta({"topics": list(master.state.topics_by_id.values()),
+        rlog.apply_meta({"topics": [t.body() for t in master.state.topics_by_id.values()],
                          "consumerOffsets": []})
         rlog.begin_segment(ref.path, ref.base_offset)
         acks: list[int] = []

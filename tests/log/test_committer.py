@@ -128,9 +128,9 @@ def _check_race(url, jobs, n_files, rows_per_file):
         for i in range(n_files):
             mine = [s for s in seen if s.startswith(f"{job}-{i}-")]
             assert len(mine) == rows_per_file
-    segs = sorted(snap.state.segments.values(), key=lambda a: a["baseOffset"])
+    segs = sorted(snap.state.segments.values(), key=lambda a: a.base_offset)
     for a, b in zip(segs, segs[1:]):                   # no overlap in the address space
-        assert a["baseOffset"] + a["size"] == b["baseOffset"]
+        assert a.base_offset + a.size == b.base_offset
     names = set(StoreFS(url).list_names(fmt.CONSUMEQUEUE_DIR))
     assert names == {p.split("/")[-1] for p in snap.state.consumequeue_files}
 

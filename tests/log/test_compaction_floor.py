@@ -78,12 +78,12 @@ def test_retention_removes_index_files_wholly_below_the_physical_floor(store_url
         segs = s.commitlog.segments()
         assert len(segs) > 3
         floor = segs[2].end_offset
-        below = {p for p, a in s.state.index_files.items() if a["maxBatchOffset"] < floor}
+        below = {p for p, a in s.state.index_files.items() if a.max_batch_offset < floor}
         assert below and below != set(s.state.index_files)
         s.remove_segments([r.path for r in segs[:3]])
         assert not below & set(s.state.index_files) and below <= set(s.state.tombstones)
         for p, a in s.state.index_files.items():
-            assert a["maxBatchOffset"] >= floor
+            assert a.max_batch_offset >= floor
         q0 = s.min_offset("a", 0)
         # keys of kept messages are still found (a body is its key), removed ones are not
         kept_key = bodies(s, "a", 0, q0, q0 + 1)[0].decode()

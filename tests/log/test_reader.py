@@ -61,7 +61,7 @@ def test_seek_in_sorted_files_spanning_row_groups(tmp_path, monkeypatch):
     rows = [(t, q, o, 100 * o, o % 3) for t in (0, 1) for q in (0, 1, 2) for o in range(11)]
     table = _cq_table(rows)
     add = _write(sfs, "a", table)
-    assert pq.ParquetFile(tmp_path / add["path"]).metadata.num_row_groups > 10
+    assert pq.ParquetFile(tmp_path / add.path).metadata.num_row_groups > 10
     for tid, qid, lo, hi in [(0, 0, 0, 11), (1, 1, 3, 9), (1, 2, 10, 20), (0, 2, 5, 5),
                              (1, 0, 0, 1)]:
         got = read_side_entries(sfs, [add], tid, qid, lo, hi)
@@ -95,7 +95,7 @@ def test_overlapping_files_give_one_entry_per_offset(tmp_path):
 def test_side_tables_use_delta_encoding_for_integers(tmp_path):
     sfs = StoreFS(str(tmp_path))
     add = _write(sfs, "d", _cq_table([(0, 0, o, 100 * o, 0) for o in range(100)]), 1000)
-    md = pq.ParquetFile(tmp_path / add["path"]).metadata.row_group(0)
+    md = pq.ParquetFile(tmp_path / add.path).metadata.row_group(0)
     names = [md.column(i).path_in_schema for i in range(md.num_columns)]
     assert "DELTA_BINARY_PACKED" in md.column(names.index("queue_offset")).encodings
 
@@ -137,7 +137,7 @@ def test_range_read_is_zero_copy_and_matches_the_entries(local_store_url):
                          table.column("physical_offset").to_pylist()):
         t, bo, row = decode_message_id(mid)
         assert t == tag and bo + row == phys
-    seg_path = next(iter(snap.state.segments.values()))["path"]
+    seg_path = next(iter(snap.state.segments.values())).path
     mapped = snap.sfs.read_buffer(seg_path, cache=True)
     chunks = table.column("body").chunks
     assert [len(c) for c in chunks] == [100, 100, 50]

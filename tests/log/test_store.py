@@ -588,17 +588,17 @@ def test_compaction_is_tiered_and_publish_splits_big_files(store_url, clock):
             s.append([msg("t", b"a%03d" % i, 0)])
         s.flush()
         first = dict(s.state.consumequeue_files)
-        assert sorted(a["rows"] for a in first.values()) == [4, 8, 8]
+        assert sorted(a.rows for a in first.values()) == [4, 8, 8]
         for i in range(30):                           # small publishes, then compactions
             s.append([msg("t", b"b%03d" % i, 0)])
             if i % 2:
                 s.flush()
         files = s.state.consumequeue_files
-        assert all(a["rows"] <= 8 for a in files.values())
-        full = [p for p, a in first.items() if a["rows"] == 8]
+        assert all(a.rows <= 8 for a in files.values())
+        full = [p for p, a in first.items() if a.rows == 8]
         assert all(p in files for p in full)           # full files were left alone
-        assert sum(a["rows"] for a in files.values()) == 50
-        assert sum(a["rows"] < 4 for a in files.values()) <= 2
+        assert sum(a.rows for a in files.values()) == 50
+        assert sum(a.rows < 4 for a in files.values()) <= 2
     with Store.open(store_url, mode="r") as r:
         assert bodies(r, "t", 0) == [b"a%03d" % i for i in range(20)] + [
             b"b%03d" % i for i in range(30)]
