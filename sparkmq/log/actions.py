@@ -21,9 +21,10 @@ Thread-safety: values are immutable; the functions are pure.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
 from ..errors import CorruptStoreError
 from . import format as fmt
@@ -525,3 +526,39 @@ def parse_action(obj: Mapping, where: str = "") -> Action:
         return cls.from_body(body)
     except (TypeError, ValueError) as e:
         raise CorruptStoreError(f"{where}: malformed {kind} action ({e}): {dict(body)}") from None
+
+
+# ---------------------------------------------------------------- commit files
+def encode_actions(actions: Iterable[Action | dict]) -> bytes:
+    """A commit file's bytes: one line of compact, key-sorted JSON per action
+    (``a.to_json()``; a raw JSON dict is written as it is)."""
+    return ("\n".join(json.dumps(a if type(a) is dict else a.to_json(), separators=(",", ":"),
+                                 sort_keys=True) for a in actions) + "\n").encode()
+
+
+def _json_lines(data: bytes, where: str) -> Iterator[tuple[int, Any]]:
+    """(line number, decoded JSON) of each non-empty line; ``CorruptStoreError``
+    naming ``where`` and the line when one is not UTF-8 JSON."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as exc:
+        raise CorruptStoreError(f"{where} is not UTF-8 text: {exc}") from None
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield n, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorruptStoreError(f"{where} line {n} is not JSON: {exc}") from exc
+
+
+def decode_actions(data: bytes, where: str) -> list[dict]:
+    """The raw JSON object of each line (for tools that show a commit as written);
+    replay uses :func:`parse_actions`."""
+    return [obj for _, obj in _json_lines(data, where)]
+
+
+def parse_actions(data: bytes, where: str) -> list[Action]:
+    """The typed action of each line (:func:`parse_action`); ``CorruptStoreError``
+    naming the file and line of a malformed one."""
+    return [parse_action(obj, f"{where} line {n}") for n, obj in _json_lines(data, where)]

@@ -183,6 +183,24 @@ class StoreFS:
             return []
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
+    @_io_boundary("list")
+    def list_sizes(self, rel_dir: str) -> dict[str, int]:
+        """Name -> size in bytes of the files directly under ``rel_dir`` (one listing;
+        {} if it is missing)."""
+        path = self.full(rel_dir)
+        if self.is_local:
+            try:
+                with os.scandir(path) as it:
+                    return {e.name: e.stat().st_size for e in it if e.is_file()}
+            except FileNotFoundError:
+                return {}
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+                for e in entries if e.get("type") != "directory"}
+
     @_io_boundary("map")
     def read_buffer(self, rel: str, *, cache: bool = False,
                     min_size: int | None = None) -> pa.Buffer:

@@ -61,6 +61,7 @@ from . import publish as _publish
 from . import retention as _retention
 from . import topics as _topics
 from . import vacuum as _vacuum
+from .integrity import check_files
 from .batch import MAX_BATCH_BODY_BYTES, PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401
 from .actions import Action, GroupConfig, TopicConfig
 from .commitlog import CommitLog, SegmentRef
@@ -193,6 +194,7 @@ class Store(MessageReader):
                     f"no store at {url!r}; open it with mode='w', create=True to make one")
             store._create()
         store.state = txlog.snapshot()
+        check_files(sfs, store.state)       # one listing per folder: named, not found late
         if mode == "r":
             store._load_readonly()
         if mode == "w":

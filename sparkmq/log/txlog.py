@@ -27,13 +27,14 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 from ..errors import (CommitConflictError, CorruptStoreError, InvalidConfigError,
                       StoreNotFoundError, UnsupportedFormatError, VersionNotFoundError)
 from ..errors import StoreIOError
 from . import format as fmt
-from .actions import (Action, AddFile, CommitInfo, ConsumerOffset, GroupConfig, Lease,
+from .actions import (decode_actions, encode_actions, parse_actions,  # noqa: F401
+                      Action, AddFile, CommitInfo, ConsumerOffset, GroupConfig, Lease,
                       MetaData, Protocol, RemoveFile, Retention, TopicConfig, Txn,
                       parse_action)
 from .fs import StoreFS
@@ -249,41 +250,6 @@ def check_writer_version(state: LogState, url: str) -> None:
             f"{fmt.WRITER_VERSION}. Open it read-only (mode='r') or upgrade sparkmq to write it.")
 
 
-def encode_actions(actions: Iterable[Action | dict]) -> bytes:
-    """One line of compact, key-sorted JSON per action (``a.to_json()``)."""
-    return ("\n".join(json.dumps(a if type(a) is dict else a.to_json(), separators=(",", ":"),
-                                 sort_keys=True) for a in actions) + "\n").encode()
-
-
-def decode_actions(data: bytes, where: str) -> list[dict]:
-    """The raw JSON object of each line (for tools that show a commit as written);
-    replay uses :func:`parse_actions`."""
-    out = []
-    for n, line in enumerate(data.decode().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise CorruptStoreError(f"{where} line {n} is not JSON: {exc}") from exc
-    return out
-
-
-def parse_actions(data: bytes, where: str) -> list[Action]:
-    """The typed action of each line (``parse_action``); ``CorruptStoreError``
-    naming the file and line of a malformed one."""
-    out = []
-    for n, line in enumerate(data.decode().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise CorruptStoreError(f"{where} line {n} is not JSON: {exc}") from exc
-        out.append(parse_action(obj, f"{where} line {n}"))
-    return out
-
-
 # how long past its deletion time a tombstone stays in checkpoints: a writer deletes a
 # removed file within a retention tick (10 s) of it being due; one that was down longer
 # leaves the file to the next writer (tombstone still there) or to vacuum (by mtime)
@@ -370,16 +336,45 @@ class TransactionLog:
             return None
 
     def _load_checkpoint(self, version: int) -> LogState | None:
+        """The state in checkpoint ``version``; None when it is missing or damaged (a
+        WARNING names it): not JSON, a malformed action, or not ending with its
+        ``commitInfo`` CHECKPOINT line (a checkpoint cut at a line boundary)."""
         rel = fmt.checkpoint_file(version)
         try:
             actions = parse_actions(self.sfs.read_bytes(rel), rel)
+            last = actions[-1] if actions else None
+            if not isinstance(last, CommitInfo) or last.operation != "CHECKPOINT":
+                raise CorruptStoreError(f"{rel} does not end with its CHECKPOINT commitInfo "
+                                        "(truncated)")
+            state = LogState()
+            for a in actions:
+                state.apply(a)
         except FileNotFoundError:
             return None
-        state = LogState()
-        for a in actions:
-            state.apply(a)
+        except CorruptStoreError as exc:
+            log.warning("store %s: checkpoint %s is damaged (%s); building the state from "
+                        "an older checkpoint and the commits after it", self.sfs.url, rel, exc)
+            return None
         state.version = version
         return state
+
+    def _checkpoint_state(self, version: int) -> LogState | None:
+        """The newest checkpoint at or before ``version`` that loads; None: replay from
+        version 0."""
+        tried = set()
+        last = self._last_checkpoint()
+        if last is not None and last <= version:
+            tried.add(last)
+            state = self._load_checkpoint(last)
+            if state is not None:
+                return state
+        names = self.sfs.list_names(fmt.LOG_DIR)
+        for cp in sorted((c for c in (fmt.parse_checkpoint_file(n) for n in names)
+                          if c is not None and c <= version and c not in tried), reverse=True):
+            state = self._load_checkpoint(cp)
+            if state is not None:
+                return state
+        return None
 
     def snapshot(self, version: int | None = None, *, timestamp_ms: int | None = None,
                  base: LogState | None = None) -> LogState:
@@ -406,10 +401,7 @@ class TransactionLog:
             state = base.copy()
             from_base = state.version >= 0
         if state is None or state.version < 0:
-            cp = self._checkpoint_at_or_before(version)
-            state = self._load_checkpoint(cp) if cp is not None else None
-            if state is None:
-                state = LogState()
+            state = self._checkpoint_state(version) or LogState()
         for v in range(state.version + 1, version + 1):
             try:
                 actions = self.read_actions(v)
@@ -436,15 +428,6 @@ class TransactionLog:
         while self.sfs.exists(fmt.commit_file(latest + 1)):
             latest += 1
         return latest
-
-    def _checkpoint_at_or_before(self, version: int) -> int | None:
-        last = self._last_checkpoint()
-        if last is not None and last <= version:
-            return last
-        names = self.sfs.list_names(fmt.LOG_DIR)
-        cps = [c for c in (fmt.parse_checkpoint_file(n) for n in names)
-               if c is not None and c <= version]
-        return max(cps) if cps else None
 
     def commit_timestamp(self, version: int) -> int:
         for a in self.read_actions(version):
