@@ -1,16 +1,21 @@
 """Named background threads with a lifecycle (start, wakeup, stop).
 
 Every package's background work (a store's flush and publish, a broker's
-registration, a NameServer's scan) is a :class:`ServiceThread`: a daemon thread
-named ``sparkmq-<name>`` that runs ``run_once`` every ``interval_ms`` until
-stopped. A failing pass is logged and retried at the next interval; ``stop``
-joins the thread (bounded). Thread-safe: ``wakeup`` and ``stop`` may be called
-from any thread.
+registration, a NameServer's scan, the delay scheduler, the transaction
+check-back) is a :class:`ServiceThread`: a daemon thread named
+``sparkmq-<name>`` that runs ``run_once`` every ``wait_s()`` seconds (by default
+``interval_ms``; a service with timers returns the time to its next one) or at
+once after ``wakeup``, until stopped. At most one pass per
+``min_pass_interval_ms`` (passes woken close together are one pass). A failing
+pass is logged and retried after ``retry_after_failure_s``; ``stop`` joins the
+thread (bounded). Thread-safe: ``wakeup`` and ``stop`` may be called from any
+thread.
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 log = logging.getLogger("sparkmq.services")
@@ -20,6 +25,10 @@ class ServiceThread:
     """A named daemon thread running ``run_once`` every ``interval_ms`` until stopped."""
 
     name = "service"
+    #: passes are at least this far apart (a wakeup inside it waits for its end)
+    min_pass_interval_ms = 0
+    #: after a failed pass, wait this long before the next one
+    retry_after_failure_s = 0.1
 
     def __init__(self, interval_ms: int):
         self.interval_ms = interval_ms
@@ -36,15 +45,25 @@ class ServiceThread:
         self._wake.set()
 
     def _loop(self) -> None:
+        last_pass = 0.0
         while not self._stop.is_set():
-            self._wake.wait(self.interval_ms / 1000.0)
+            self._wake.wait(self.wait_s())
+            rest_s = last_pass + self.min_pass_interval_ms / 1000.0 - time.monotonic()
+            if rest_s > 0:
+                self._stop.wait(rest_s)
             self._wake.clear()
             if self._stop.is_set():
                 break
+            last_pass = time.monotonic()
             try:
                 self.run_once()
             except Exception:  # a service never dies of one bad pass
                 log.exception("%s pass failed; will retry", self.name)
+                self._stop.wait(self.retry_after_failure_s)
+
+    def wait_s(self) -> float:
+        """Seconds to wait for the next pass (unless woken); called before each wait."""
+        return self.interval_ms / 1000.0
 
     def run_once(self) -> None:
         raise NotImplementedError

@@ -46,6 +46,7 @@ import pyarrow.compute as pc
 from ..errors import DelayRefused, SparkMQError, UserError
 from ..log import format as fmt
 from ..log.batch import build_segment_batch
+from ..lifecycle import ServiceThread
 from ..log.message import Message
 
 log = logging.getLogger(__name__)
@@ -163,33 +164,33 @@ class RecallStatus:
 DEFAULT_TICK_MS = 50
 
 
-class ScheduleService:
+class ScheduleService(ServiceThread):
     """Delivers parked messages when due (see module docstring). Thread-safe; one
     ``sparkmq-schedule`` thread delivers, at most one pass per ``tick_ms``."""
+
+    name = "schedule"
 
     def __init__(self, store, policy: DelayPolicy, *, clock_ms: Callable[[], int] | None = None,
                  persist_interval_ms: int = 1000, max_wait_s: float = 5.0,
                  on_delivered: Callable[[int], None] | None = None,
                  tick_ms: int = DEFAULT_TICK_MS):
+        super().__init__(interval_ms=int(max_wait_s * 1000))
         self.store = store
-        self.tick_ms = tick_ms
+        self.tick_ms = self.min_pass_interval_ms = tick_ms
         self.policy = policy
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.persist_interval_ms = persist_interval_ms
         self.max_wait_s = max_wait_s
         self.on_delivered = on_delivered
         self.delivered_total = 0
-        self._cond = threading.Condition()
+        self._lock = threading.RLock()
         self._run_lock = threading.Lock()
         self._heap: list[tuple[int, int, int]] = []     # (due ms, queue, offset)
         self._pending: dict[int, set[int]] = {}         # queue -> undelivered parked offsets
         self._scanned: dict[int, int] = {}              # queue -> next offset to load
         self._committed: dict[int, int] = {}
         self._recalled: set[tuple[int, int]] = set()   # recalled, still in the heap
-        self._dirty = False
-        self._stopping = False
         self._last_persist_ms = 0
-        self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "ScheduleService":
@@ -205,19 +206,14 @@ class ScheduleService:
                                     system=True, exist_ok=True)
         self._rebuild()
         self.store.add_listener(self._on_arrival)
-        self._thread = threading.Thread(target=self._run, name="sparkmq-schedule", daemon=True)
-        self._thread.start()
+        super().start()
         log.info("schedule service: %d parked message(s) pending", self.pending_count())
         return self
 
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop delivering, then persist the delivered-up-to offsets."""
         self.store.remove_listener(self._on_arrival)
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
+        super().stop(timeout_s)
         try:
             self.persist()
         except SparkMQError as e:
@@ -225,16 +221,14 @@ class ScheduleService:
 
     def wake(self) -> None:
         """Re-evaluate now (after an injected clock moved, or new parked messages)."""
-        with self._cond:
-            self._dirty = True
-            self._cond.notify_all()
+        self.wakeup()
 
     def pending_count(self) -> int:
-        with self._cond:
+        with self._lock:
             return sum(len(s) for s in self._pending.values())
 
     def next_due_ms(self) -> int | None:
-        with self._cond:
+        with self._lock:
             return self._heap[0][0] if self._heap else None
 
     # ------------------------------------------------------------ loading
@@ -272,7 +266,7 @@ class ScheduleService:
         """Cancel parked message ``qid:offset`` if it is not delivered yet (RecallStatus).
         The recall is stored before it takes effect; a delivery never races it."""
         with self._run_lock:
-            with self._cond:
+            with self._lock:
                 if qid not in self._pending:
                     return RecallStatus.NOT_FOUND
                 for due, off, _, _ in self._load(qid):
@@ -280,11 +274,10 @@ class ScheduleService:
                 if offset not in self._pending[qid] or (qid, offset) in self._recalled:
                     return RecallStatus.NOT_FOUND
             self.store.append([Message(RECALL_TOPIC, f"{qid}:{offset}".encode(), queue_id=0)])
-            with self._cond:
+            with self._lock:
                 self._pending[qid].discard(offset)
                 self._recalled.add((qid, offset))
-                self._dirty = True
-                self._cond.notify_all()
+            self.wakeup()
             log.info("schedule service: parked message %d:%d recalled", qid, offset)
             return RecallStatus.RECALLED
 
@@ -336,31 +329,15 @@ class ScheduleService:
             self.wake()
 
     # ------------------------------------------------------------ delivering
-    def _run(self) -> None:
-        last_pass = 0.0                      # time.monotonic() of the last delivery pass
-        while True:
-            with self._cond:
-                if self._stopping:
-                    return
-                if not self._dirty:
-                    self._cond.wait(self._wait_s())
-                # At most one pass per tick: messages falling due within a tick of each
-                # other go out as one append (one per due message cost most of a core
-                # at 1,000 due/s); a pass is at most tick_ms late.
-                rest_s = last_pass + self.tick_ms / 1000.0 - time.monotonic()
-                if rest_s > 0 and not self._stopping:
-                    self._cond.wait(rest_s)
-                self._dirty = False
-                if self._stopping:
-                    return
-            last_pass = time.monotonic()
-            try:
-                self.run_due()
-            except Exception:       # keep the service alive; the next wake retries
-                log.exception("schedule service: delivery failed")
-                time.sleep(0.1)
+    def run_once(self) -> None:
+        self.run_due()
 
-    def _wait_s(self) -> float:
+    def wait_s(self) -> float:
+        """Until the next parked message is due (at most ``max_wait_s``)."""
+        with self._lock:
+            return self._next_wait_s()
+
+    def _next_wait_s(self) -> float:
         if not self._heap:
             return self.max_wait_s
         return min(self.max_wait_s, max(0.0, (self._heap[0][0] - self.clock_ms()) / 1000.0))
@@ -368,13 +345,13 @@ class ScheduleService:
     def run_due(self) -> int:
         """Load newly parked messages and deliver every due one now; returns how many."""
         with self._run_lock:
-            with self._cond:
+            with self._lock:
                 for qid in self._pending:
                     for due, off, _, _ in self._load(qid):
                         self._push(due, qid, off)
             total = 0
             while True:
-                with self._cond:
+                with self._lock:
                     now = self.clock_ms()
                     due = []
                     while self._heap and self._heap[0][0] <= now and len(due) < DELIVER_BATCH:
@@ -396,11 +373,11 @@ class ScheduleService:
             if table is not None and table.num_rows:
                 self.store.append_batch(table)
         except BaseException:
-            with self._cond:
+            with self._lock:
                 for item in due:
                     heapq.heappush(self._heap, item)
             raise
-        with self._cond:
+        with self._lock:
             for _, qid, off in due:
                 self._pending[qid].discard(off)
         n = 0 if table is None else table.num_rows
@@ -468,7 +445,7 @@ class ScheduleService:
 
     def persist(self) -> None:
         """Commit each schedule queue's lowest undelivered offset (if it moved)."""
-        with self._cond:
+        with self._lock:
             floors = {qid: (min(p) if p else self._scanned[qid])
                       for qid, p in self._pending.items()}
         changed = {(SCHEDULE_TOPIC, q): f for q, f in floors.items() if f != self._committed.get(q)}

@@ -39,6 +39,7 @@ from typing import Callable
 
 from ..errors import SparkMQError, UnknownTransaction, UserError  # noqa: F401
 from ..log import format as fmt
+from ..lifecycle import ServiceThread
 from ..log.message import Message
 
 log = logging.getLogger(__name__)
@@ -108,8 +109,12 @@ class Half:
     checks: int = 0
 
 
-class TransactionService:
-    """Half messages and their resolution (see module docstring)."""
+class TransactionService(ServiceThread):
+    """Half messages and their resolution (see module docstring). Its
+    ``sparkmq-transaction-check`` thread wakes at the next due check (at most 5 s)."""
+
+    name = "transaction-check"
+    retry_after_failure_s = 0.1
 
     def __init__(self, store, streams: ProducerStreams, *, make_command: Callable,
                  clock_ms: Callable[[], int] | None = None, timeout_ms: int = 6000,
@@ -121,14 +126,13 @@ class TransactionService:
         self.timeout_ms = timeout_ms
         self.check_interval_ms = check_interval_ms
         self.check_max = check_max
-        self._cond = threading.Condition()
+        super().__init__(interval_ms=5000)
+        self._lock = threading.RLock()
         self._by_txid: dict[str, Half] = {}
         self._by_offset: dict[int, Half] = {}
         self._heap: list[tuple[int, int]] = []     # (next check ms, half offset)
         self._scanned = 0
         self._committed = 0
-        self._stopping = False
-        self._thread: threading.Thread | None = None
         self.rolled_back_unresolved = 0
 
     # ------------------------------------------------------------ lifecycle
@@ -138,26 +142,20 @@ class TransactionService:
                 self.store.create_topic(t, read_queue_nums=1, write_queue_nums=1, system=True,
                                         exist_ok=True)
         self._rebuild()
-        self._thread = threading.Thread(target=self._run, name="sparkmq-transaction-check",
-                                        daemon=True)
-        self._thread.start()
+        super().start()
         log.info("transaction service: %d half message(s) pending", len(self._by_offset))
         return self
 
-    def stop(self) -> None:
-        with self._cond:
-            self._stopping = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(10)
-            self._thread = None
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the check thread, then persist the checked-up-to offset."""
+        super().stop(timeout_s)
         try:
             self.persist()
         except SparkMQError as e:
             log.error("transaction service: could not persist progress: %s", e)
 
     def pending(self) -> list[Half]:
-        with self._cond:
+        with self._lock:
             return sorted(self._by_offset.values(), key=lambda h: h.offset)
 
     # ------------------------------------------------------------ state
@@ -213,13 +211,13 @@ class TransactionService:
 
     def on_stored(self) -> None:
         """Call after half messages were appended: load them and re-arm the timer."""
-        with self._cond:
+        with self._lock:
             self._load()
-            self._cond.notify_all()
+        self.wakeup()
 
     # ------------------------------------------------------------ resolution
     def end(self, transaction_id: str, commit: bool) -> None:
-        with self._cond:
+        with self._lock:
             self._load()
             h = self._by_txid.get(transaction_id)
             if h is None:
@@ -229,7 +227,7 @@ class TransactionService:
             self._resolve(h, OP_COMMIT if commit else OP_ROLLBACK)
 
     def _resolve(self, h: Half, op: str) -> None:
-        """Append the op (and for a commit, the real message) in one batch. Holds _cond."""
+        """Append the op (and for a commit, the real message) in one batch. Holds _lock."""
         out = [Message(topic=OP_TOPIC, body=str(h.offset).encode(), tags=op,
                        properties={"transactionId": h.transaction_id})]
         if op == OP_COMMIT:
@@ -244,27 +242,20 @@ class TransactionService:
         del self._by_offset[h.offset]
 
     # ------------------------------------------------------------ check-back
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if self._stopping:
-                    return
-                wait = 5.0
-                if self._heap:
-                    wait = min(wait, max(0.0, (self._heap[0][0] - self.clock_ms()) / 1000.0))
-                self._cond.wait(wait)
-                if self._stopping:
-                    return
-            try:
-                self.run_checks()
-            except Exception:  # keep the service alive (logged); the next pass retries
-                log.exception("transaction check failed")
-                time.sleep(0.1)
+    def wait_s(self) -> float:
+        with self._lock:
+            if not self._heap:
+                return self.interval_ms / 1000.0
+            return min(self.interval_ms / 1000.0,
+                       max(0.0, (self._heap[0][0] - self.clock_ms()) / 1000.0))
+
+    def run_once(self) -> None:
+        self.run_checks()
 
     def run_checks(self) -> int:
         """Check back (or expire) every half message whose check is due; returns how many."""
         n = 0
-        with self._cond:
+        with self._lock:
             self._load()
             now = self.clock_ms()
             records: list[Message] = []
@@ -303,7 +294,7 @@ class TransactionService:
                  f"sent to {sent_to}" if sent_to else "found no connected producer")
 
     def persist(self) -> None:
-        with self._cond:
+        with self._lock:
             floor = min(self._by_offset) if self._by_offset else self._scanned
         if floor != self._committed:
             self.store.commit_consumer_offsets(CHECK_GROUP, {(HALF_TOPIC, 0): floor})

@@ -36,11 +36,11 @@ import logging
 import os
 import select
 import socket
-import threading
 import time
 from typing import Callable
 
 from ..errors import HAProtocolError, InvalidConfigError, SparkMQError
+from ..lifecycle import ServiceThread
 from ..log import segment as seg
 from ..log.replication import ReplicaLog  # noqa: F401  (the store side; re-exported)
 from ..log.store import Store
@@ -79,9 +79,12 @@ def promote(store: Store, replica_log: ReplicaLog | None, seen_epoch: int) -> in
     return epoch
 
 
-class HAClient:
+class HAClient(ServiceThread):
     """Follows a master; see the module docstring. ``master_address`` is called
-    before each connection attempt (a fixed ``haMasterAddress`` or a lookup)."""
+    before each connection attempt (a fixed ``haMasterAddress`` or a lookup). Its
+    ``sparkmq-ha-client`` thread runs one session per pass."""
+
+    name = "ha-client"
 
     def __init__(self, replica_log: ReplicaLog, *, broker_name: str, broker_id: int,
                  secret: str, master_address: Callable[[], str | None]):
@@ -98,9 +101,9 @@ class HAClient:
         self.last_error: str | None = None
         self.diverged_at: int | None = None      # where this store was truncated to rejoin
         self.diverged_kept: str | None = None    # where the dropped bytes were kept
-        self._stop = threading.Event()
+        super().__init__(interval_ms=int(BACKOFF_MIN_S * 1000))
+        self._backoff_s = self._next_wait_s = BACKOFF_MIN_S
         self._sock: socket.socket | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def offset(self) -> int:
@@ -111,47 +114,49 @@ class HAClient:
 
     def start(self) -> "HAClient":
         self.rlog.start()
-        self._thread = threading.Thread(target=self._loop, name="sparkmq-ha-client",
-                                        daemon=True)
-        self._thread.start()
+        super().start()
+        self.wakeup()                 # connect at once; later attempts back off
         return self
 
-    def stop(self) -> None:
-        self._stop.set()
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stop.set()              # (before the shutdown: the follow loop ends quietly)
         sock = self._sock
         if sock is not None:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        if self._thread is not None:
-            self._thread.join(10)
+        super().stop(timeout_s)
         self.rlog.stop()
 
-    def _loop(self) -> None:
-        backoff = BACKOFF_MIN_S
-        while not self._stop.is_set():
-            addr = None
-            try:
-                addr = self.master_address()
-                if addr:
-                    self._follow(addr)
-                    backoff = BACKOFF_MIN_S
-            except (OSError, ConnectionError, HAProtocolError, ValueError, SparkMQError) as e:
-                self.last_error = f"{type(e).__name__}: {e}"
-                if not self._stop.is_set():
-                    log.warning("HA: link to master %s of %s lost: %s; retrying", addr,
-                                self.broker_name, self.last_error)
-            except Exception as e:   # never die: log, back off, retry
-                self.last_error = f"{type(e).__name__}: {e}"
-                log.exception("HA client failed")
-            finally:
-                self.connected = False
-                if self._sock is not None:
-                    self._sock.close()
-                    self._sock = None
-            self._stop.wait(backoff)
-            backoff = min(BACKOFF_MAX_S, backoff * 2)
+    def wait_s(self) -> float:
+        return self._next_wait_s
+
+    def run_once(self) -> None:
+        """One session with the master (until the link drops); the next attempt
+        waits BACKOFF_MIN_S after a session, doubling (to BACKOFF_MAX_S) while
+        attempts fail."""
+        addr = None
+        try:
+            addr = self.master_address()
+            if addr:
+                self._follow(addr)
+                self._backoff_s = BACKOFF_MIN_S
+        except (OSError, ConnectionError, HAProtocolError, ValueError, SparkMQError) as e:
+            self.last_error = f"{type(e).__name__}: {e}"
+            if not self._stop.is_set():
+                log.warning("HA: link to master %s of %s lost: %s; retrying", addr,
+                            self.broker_name, self.last_error)
+        except Exception as e:   # never die: log, back off, retry
+            self.last_error = f"{type(e).__name__}: {e}"
+            log.exception("HA client failed")
+        finally:
+            self.connected = False
+            if self._sock is not None:
+                self._sock.close()
+                self._sock = None
+            self._next_wait_s = self._backoff_s
+            self._backoff_s = min(BACKOFF_MAX_S, self._backoff_s * 2)
 
     def _follow(self, addr: str) -> None:
         host, port = parse_address(addr)
