@@ -2,7 +2,7 @@
 
 ``BrokerConfig.from_properties(props)`` reads the broker's own names
 (brokerClusterName, brokerName, brokerId, brokerRole, namesrvAddr, listenPort,
-adminPort, maxReconsumeTimes, ...); every other name (flushDiskType,
+adminPort, adminListenAddress, adminTokenFile, adminTls*, maxReconsumeTimes, ...); every other name (flushDiskType,
 storePathRootDir, fileReservedTime, maxMessageSize, autoCreateTopicEnable,
 defaultTopicQueueNums, ...) is handed to ``Store.open`` as store config.
 Attributes carry their unit in the name. Immutable; thread-safe to share.
@@ -33,6 +33,13 @@ class BrokerConfig:
     host: str = "127.0.0.1"                       # brokerIP1
     listen_port: int = 8081                       # listenPort (gRPC MessagingService)
     admin_port: int = 8082                        # adminPort (HTTP health/status/metrics)
+    admin_listen_address: str = "127.0.0.1"       # adminListenAddress (loopback unless set)
+    admin_token_file: str = ""                    # adminTokenFile (default: admin.token
+                                                  #   in the store folder; admin_auth.py)
+    admin_metrics_auth: bool = False              # adminMetricsAuthEnable (/metrics needs
+                                                  #   the token too)
+    admin_tls_cert_file: str = ""                 # adminTlsCertFile (PEM; with the key:
+    admin_tls_key_file: str = ""                  # adminTlsKeyFile   HTTPS on adminPort)
     register_interval_ms: int = 30_000            # registerBrokerIntervalMs
     offset_persist_interval_ms: int = 5_000       # flushConsumerOffsetInterval
     max_reconsume_times: int = 16                 # maxReconsumeTimes
@@ -61,7 +68,10 @@ class BrokerConfig:
         "brokerId": "broker_id", "brokerRole": "broker_role",
         "storePathRootDir": "store_path", "namesrvAddr": "namesrv_addr",
         "brokerIP1": "host", "listenPort": "listen_port", "grpcServerPort": "listen_port",
-        "adminPort": "admin_port", "registerBrokerIntervalMs": "register_interval_ms",
+        "adminPort": "admin_port", "adminListenAddress": "admin_listen_address",
+        "adminTokenFile": "admin_token_file", "adminMetricsAuthEnable": "admin_metrics_auth",
+        "adminTlsCertFile": "admin_tls_cert_file", "adminTlsKeyFile": "admin_tls_key_file",
+        "registerBrokerIntervalMs": "register_interval_ms",
         "flushConsumerOffsetInterval": "offset_persist_interval_ms",
         "maxReconsumeTimes": "max_reconsume_times",
         "defaultInvisibleTimeMs": "default_invisible_ms",
@@ -76,7 +86,7 @@ class BrokerConfig:
         "haMasterAddress": "ha_master_address", "enableAutoFailover": "enable_auto_failover",
         "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
-    _BOOLS = ("enable_property_filter", "enable_auto_failover")
+    _BOOLS = ("enable_property_filter", "enable_auto_failover", "admin_metrics_auth")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",
@@ -123,6 +133,9 @@ class BrokerConfig:
         if not 0 <= self.ha_listen_port <= 65535 or self.auto_failover_silence_ms <= 0:
             raise InvalidConfigError("haListenPort must be 0..65535 and autoFailoverSilenceMs "
                                      "positive")
+        if bool(self.admin_tls_cert_file) != bool(self.admin_tls_key_file):
+            raise InvalidConfigError("set both adminTlsCertFile and adminTlsKeyFile (PEM files; "
+                                     "`sparkmq tls selfsigned` makes a pair), or neither")
         StoreConfig.from_options(self.store_config_options())  # validates store options
 
     @classmethod
@@ -154,6 +167,27 @@ class BrokerConfig:
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.listen_port}"
+
+    @property
+    def admin_scheme(self) -> str:
+        """``https`` when the admin port serves TLS, else ``http``."""
+        return "https" if self.admin_tls_cert_file else "http"
+
+    def admin_url(self, port: int) -> str:
+        """The URL other processes reach the admin endpoint at (``brokerIP1`` when the
+        admin port listens on every interface)."""
+        host = self.admin_listen_address
+        if host in ("0.0.0.0", "::", ""):
+            host = self.host
+        return f"{self.admin_scheme}://{host}:{port}"
+
+    @property
+    def admin_token_path(self) -> str:
+        """The admin token file (``adminTokenFile``, else the default of admin_auth.py)."""
+        from ..admin_auth import default_token_file
+        return self.admin_token_file or default_token_file(
+            self.store_path, cluster=self.cluster_name, broker_name=self.broker_name,
+            broker_id=self.broker_id)
 
     def store_config_options(self) -> dict[str, Any]:
         opts = dict(self.store_options)
