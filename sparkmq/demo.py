@@ -88,12 +88,15 @@ def _online_part(store_path: str, *, spark: bool, online_messages: int = 2000) -
     from .client import Message as ClientMessage, Producer, SimpleConsumer
     from .namesrv.server import NameServer
 
-    namesrv = NameServer(port=0).start()
+    import secrets
+    cluster_secret = secrets.token_urlsafe(32)     # this demo's NameServer and broker only
+    namesrv = NameServer(port=0, cluster_secret=cluster_secret).start()
     broker = None
     try:
         broker = Broker(BrokerConfig.from_properties({
             "brokerClusterName": "DemoCluster", "brokerName": "broker-a", "brokerId": "0",
             "storePathRootDir": store_path, "namesrvAddr": namesrv.address,
+            "clusterSecret": cluster_secret,
             "listenPort": str(_free_port()), "adminPort": str(_free_port()),
             "flushDiskType": "SYNC_FLUSH", "autoCreateTopicEnable": "true",
             "defaultTopicQueueNums": "4"})).start()

@@ -103,7 +103,9 @@ class Broker:
         self.notifier = ArrivalNotifier()
         self.metrics = Metrics()
         self.clients = ClientRegistry(self.clock_ms)
-        self.namesrv = NameServerClient(config.namesrv_addr) if config.namesrv_addr else None
+        self.namesrv = NameServerClient(
+            config.namesrv_addr, cluster_secret=config.cluster_secret or None,
+            cluster_secret_file=config.cluster_secret_file or None) if config.namesrv_addr else None
         self._grpc: grpc.Server | None = None
         self._admin_server: AdminServer | None = None
         self._services: list[ServiceThread] = []
@@ -339,7 +341,7 @@ class Broker:
         ok = self.namesrv.register(self.registration())
         if self.namesrv.fenced_by and self.is_master:
             addr, answer = next(iter(self.namesrv.fenced_by.items()))
-            self.ha.fenced_by_newer_master(addr, answer["master"])
+            self.ha.fenced_by_newer_master(addr)
             return
         failed = [a for a, good in ok.items() if not good]
         if failed:

@@ -41,6 +41,8 @@ class BrokerConfig:
     admin_tls_cert_file: str = ""                 # adminTlsCertFile (PEM; with the key:
     admin_tls_key_file: str = ""                  # adminTlsKeyFile   HTTPS on adminPort)
     register_interval_ms: int = 30_000            # registerBrokerIntervalMs
+    cluster_secret: str = ""                      # clusterSecret (signs NameServer writes;
+    cluster_secret_file: str = ""                 # clusterSecretFile  namesrv/signing.py)
     offset_persist_interval_ms: int = 5_000       # flushConsumerOffsetInterval
     max_reconsume_times: int = 16                 # maxReconsumeTimes
     default_invisible_ms: int = 30_000            # defaultInvisibleTimeMs
@@ -69,7 +71,8 @@ class BrokerConfig:
         "storePathRootDir": "store_path", "namesrvAddr": "namesrv_addr",
         "brokerIP1": "host", "listenPort": "listen_port", "grpcServerPort": "listen_port",
         "adminPort": "admin_port", "adminListenAddress": "admin_listen_address",
-        "adminTokenFile": "admin_token_file", "adminMetricsAuthEnable": "admin_metrics_auth",
+        "adminTokenFile": "admin_token_file", "clusterSecret": "cluster_secret",
+        "clusterSecretFile": "cluster_secret_file", "adminMetricsAuthEnable": "admin_metrics_auth",
         "adminTlsCertFile": "admin_tls_cert_file", "adminTlsKeyFile": "admin_tls_key_file",
         "registerBrokerIntervalMs": "register_interval_ms",
         "flushConsumerOffsetInterval": "offset_persist_interval_ms",
@@ -133,6 +136,9 @@ class BrokerConfig:
         if not 0 <= self.ha_listen_port <= 65535 or self.auto_failover_silence_ms <= 0:
             raise InvalidConfigError("haListenPort must be 0..65535 and autoFailoverSilenceMs "
                                      "positive")
+        if self.cluster_secret:
+            from ..namesrv.signing import check_secret
+            check_secret(self.cluster_secret)
         if bool(self.admin_tls_cert_file) != bool(self.admin_tls_key_file):
             raise InvalidConfigError("set both adminTlsCertFile and adminTlsKeyFile (PEM files; "
                                      "`sparkmq tls selfsigned` makes a pair), or neither")

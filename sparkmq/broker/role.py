@@ -126,11 +126,11 @@ class HARole:
                 self.ha_service.stop()
                 self.ha_service = None
 
-    def fenced_by_newer_master(self, addr: str, master: dict) -> None:
-        """A NameServer at ``addr`` answered a registration with a newer ``master``."""
+    def fenced_by_newer_master(self, addr: str) -> None:
+        """A NameServer at ``addr`` answered a registration: a newer master exists."""
         self.fence(f"broker {self.name} is fenced: NameServer {addr} knows a newer master "
-                   f"(epoch {master.get('epoch')}, store {master.get('storeId')}); this "
-                   "store refuses writes. Rejoin as a replica (brokerRole=SLAVE, brokerId>0)")
+                   "of this broker group; this store refuses writes. Rejoin as a replica "
+                   "(brokerRole=SLAVE, brokerId>0)")
 
     # ------------------------------------------------------------ promotion
     def promote(self, request: dict | None = None) -> dict:
