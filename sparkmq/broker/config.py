@@ -2,9 +2,10 @@
 
 ``BrokerConfig.from_properties(props)`` reads the broker's own names
 (brokerClusterName, brokerName, brokerId, brokerRole, namesrvAddr, listenPort,
-adminPort, adminListenAddress, adminTokenFile, adminTls*, maxReconsumeTimes, ...); every other name (flushDiskType,
-storePathRootDir, fileReservedTime, maxMessageSize, autoCreateTopicEnable,
-defaultTopicQueueNums, ...) is handed to ``Store.open`` as store config.
+adminPort, adminListenAddress, adminTokenFile, adminTls*, clusterSecret, haSecret,
+maxReconsumeTimes, ...); every other name (flushDiskType, storePathRootDir,
+fileReservedTime, maxMessageSize, autoCreateTopicEnable, defaultTopicQueueNums, ...)
+is handed to ``Store.open`` as store config.
 Attributes carry their unit in the name. Immutable; thread-safe to share.
 """
 from __future__ import annotations
@@ -58,6 +59,8 @@ class BrokerConfig:
     transaction_check_max: int = 15               # transactionCheckMax (then rolled back)
     ha_listen_port: int = 0                       # haListenPort (HA service of a master; 0 = none)
     ha_secret: str = ""                           # haSecret (shared by a master and its replicas)
+    ha_secret_file: str = ""                      # haSecretFile (instead of haSecret: a 0600
+                                                  #   file, made at the first start if absent)
     ha_master_address: str = ""                   # haMasterAddress (replica: master's HA host:port;
                                                   #   empty = the master's haEndpoint from the NameServers)
     enable_auto_failover: bool = False            # enableAutoFailover (replica promotes itself)
@@ -86,6 +89,7 @@ class BrokerConfig:
         "transactionCheckInterval": "transaction_check_interval_ms",
         "transactionCheckMax": "transaction_check_max",
         "haListenPort": "ha_listen_port", "haSecret": "ha_secret",
+        "haSecretFile": "ha_secret_file",
         "haMasterAddress": "ha_master_address", "enableAutoFailover": "enable_auto_failover",
         "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
@@ -118,15 +122,19 @@ class BrokerConfig:
         if self.broker_role == "SLAVE":
             if self.broker_id <= 0:
                 raise InvalidConfigError("a replica (brokerRole=SLAVE) needs brokerId > 0")
-            if not self.ha_secret:
-                raise InvalidConfigError("a replica needs haSecret, the secret its master's "
-                                         "haSecret is set to")
+            if not self.has_ha_secret:
+                raise InvalidConfigError("a replica needs haSecret (or haSecretFile), the "
+                                         "secret its master's is set to")
             if not self.ha_master_address and not self.namesrv_addr:
                 raise InvalidConfigError("a replica needs haMasterAddress (host:port of the "
                                          "master's haListenPort) or namesrvAddr to find it")
-        elif self.ha_listen_port and not self.ha_secret:
+        elif self.ha_listen_port and not self.has_ha_secret:
             raise InvalidConfigError("haListenPort is set but haSecret is empty; replication "
-                                     "traffic must be authenticated: set haSecret")
+                                     "traffic must be authenticated: set haSecret or "
+                                     "haSecretFile")
+        if self.ha_secret:
+            from ..ha.protocol import check_secret as check_ha_secret
+            check_ha_secret(self.ha_secret)
         if self.ha_master_address:
             from ..ha.protocol import parse_address
             try:
@@ -173,6 +181,21 @@ class BrokerConfig:
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.listen_port}"
+
+    @property
+    def has_ha_secret(self) -> bool:
+        return bool(self.ha_secret or self.ha_secret_file)
+
+    def resolved_ha_secret(self) -> str:
+        """The HA secret: ``haSecret``, else the content of ``haSecretFile`` (made 0600
+        with a random secret if absent: a master and replicas on one machine share
+        it; elsewhere copy the file). Checked (``ha.protocol.check_secret``)."""
+        from ..ha.protocol import check_secret as check_ha_secret
+        if self.ha_secret:
+            return check_ha_secret(self.ha_secret)
+        from ..secretfile import load_or_create
+        secret, _ = load_or_create(self.ha_secret_file)
+        return check_ha_secret(secret, f"haSecretFile {self.ha_secret_file}")
 
     @property
     def admin_scheme(self) -> str:
