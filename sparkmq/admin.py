@@ -82,19 +82,15 @@ def _store(args, *, write: bool = False):
 def _http(args, path: str, body: dict | None = None) -> Any:
     """Call the broker admin endpoint ``args.broker`` with its token (``--token``,
     SPARKMQ_ADMIN_TOKEN, ``--token-file``, or the token file beside ``--store``)."""
-    from .admin_auth import MISSING_TOKEN_HINT, auth_headers, find_token
+    from .admin_auth import MISSING_TOKEN_HINT, auth_headers, client_ssl_context, find_token
     url = args.broker
     token = find_token(token=args.token, token_file=args.token_file, store_url=args.store)
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url.rstrip("/") + path, data=data,
                                  headers={"Content-Type": "application/json",
                                           **auth_headers(token)})
-    context = None
-    if args.tls_ca:
-        import ssl
-        context = ssl.create_default_context(cafile=args.tls_ca)
     try:
-        with urllib.request.urlopen(req, timeout=10, context=context) as r:
+        with urllib.request.urlopen(req, timeout=10, context=client_ssl_context(args.tls_ca)) as r:
             return json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
         hint = f"; {MISSING_TOKEN_HINT}" if e.code == 401 else ""
@@ -470,7 +466,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--token", help="the broker's admin token (default: SPARKMQ_ADMIN_TOKEN, "
                                    "--token-file, or admin.token beside --store)")
     p.add_argument("--token-file", help="file holding the broker's admin token")
-    p.add_argument("--tls-ca", help="CA/certificate file to trust for an https:// --broker")
+    p.add_argument("--tls-ca", help="CA/certificate file to trust for an https:// --broker "
+                                    "(default: SPARKMQ_ADMIN_CA)")
     p.add_argument("--json", action="store_true", help="print JSON")
     sub = p.add_subparsers(dest="area", required=True)
 

@@ -16,6 +16,9 @@ token file (given, or the one beside a local store). The file lives beside the
 store because the processes allowed to write the store (Spark jobs committing
 through the broker) are the ones that can read it.
 
+An https endpoint (adminTlsCertFile) is trusted through the system's CAs, or a
+CA/certificate file in ``SPARKMQ_ADMIN_CA`` (``--tls-ca`` for the CLI).
+
 Tokens are compared with ``hmac.compare_digest`` (constant time).
 """
 from __future__ import annotations
@@ -26,6 +29,7 @@ import os
 from .secretfile import load_or_create, read_secret
 
 TOKEN_ENV = "SPARKMQ_ADMIN_TOKEN"
+CA_ENV = "SPARKMQ_ADMIN_CA"          # CA/certificate file an https admin endpoint is trusted with
 TOKEN_FILE_NAME = "admin.token"
 
 
@@ -79,6 +83,16 @@ def find_token(*, token: str | None = None, token_file: str | None = None,
 def auth_headers(token: str | None) -> dict[str, str]:
     """The request headers carrying ``token`` (none if it is None)."""
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def client_ssl_context(ca_file: str | None = None):
+    """The TLS context callers reach an https admin endpoint with: trusting ``ca_file``
+    (else ``SPARKMQ_ADMIN_CA``) besides the system's CAs; None for the default."""
+    ca_file = ca_file or os.environ.get(CA_ENV) or None
+    if ca_file is None:
+        return None
+    import ssl
+    return ssl.create_default_context(cafile=ca_file)
 
 
 def bearer_matches(header: str | None, token: str) -> bool:

@@ -165,6 +165,14 @@ class BrokerAdmin:
         return b.metrics.render(gauges, counters)
 
 
+class _AdminHTTPServer(ThreadingHTTPServer):
+    """A connection that breaks before a request is read (a failed TLS handshake, a
+    plain-HTTP client on the HTTPS port, a reset) is logged, not printed."""
+
+    def handle_error(self, request, client_address):
+        log.info("admin connection from %s failed", client_address[0], exc_info=True)
+
+
 def admin_ssl_context(config):
     """The server TLS context of adminTlsCertFile/adminTlsKeyFile, or None (plain HTTP)."""
     if not config.admin_tls_cert_file:
@@ -189,7 +197,7 @@ class AdminServer:
 
     def __init__(self, broker, host: str, port: int, guard, ssl_context=None):
         self.guard = guard
-        self._http = ThreadingHTTPServer((host, port), _admin_handler(broker, self))
+        self._http = _AdminHTTPServer((host, port), _admin_handler(broker, self))
         self._http.daemon_threads = True
         if ssl_context is not None:   # the handshake runs on the request's own thread
             self._http.socket = ssl_context.wrap_socket(self._http.socket, server_side=True,

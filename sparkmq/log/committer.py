@@ -50,7 +50,7 @@ from typing import Protocol, Sequence
 
 from .. import errors
 from ..config import DEFAULT_COMMIT_RETRIES
-from ..admin_auth import auth_headers, find_token
+from ..admin_auth import auth_headers, client_ssl_context, find_token
 from ..errors import InvalidConfigError, StoreLockedError, UncleanWriterError, UserError
 from . import format as fmt
 from .consumequeue import consumequeue_add, write_side_table
@@ -269,7 +269,8 @@ class BrokerCommitter:
                                               **auth_headers(token)},
                                      method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout_s,
+                                        context=client_ssl_context()) as resp:
                 out = json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             raise _broker_error(self.endpoint, exc.code, exc.read()) from None
