@@ -153,3 +153,10 @@ def test_admin_port_on_loopback_apart_from_the_grpc_address(make_broker):
     other = make_broker("broker-b", adminListenAddress="127.0.0.2")
     assert call(other.admin_url + "/status", "GET", None, token=other.admin_token)[0] == 200
     assert other.admin_url.startswith("http://127.0.0.2:")
+
+
+def test_metrics_can_require_the_token(make_broker):
+    b = make_broker(adminMetricsAuthEnable="true")
+    assert call(b.admin_url + "/metrics", "GET", None)[0] == 401
+    assert call(b.admin_url + "/metrics", "GET", None, token=b.admin_token)[0] == 200
+    assert call(b.admin_url + "/health", "GET", None)[0] == 200
