@@ -67,11 +67,12 @@ def output(proc: subprocess.Popen) -> str:
 
 
 def spawn(args: list[str], health_url: str, procs: list | None = None,
-          timeout_s: float = START_TIMEOUT_S) -> subprocess.Popen:
-    """Start ``python -m *args`` in the repository root and wait until ``health_url``
-    answers; append it to ``procs`` (the test's ``procs`` fixture) so it is stopped."""
+          timeout_s: float = START_TIMEOUT_S, env: dict | None = None) -> subprocess.Popen:
+    """Start ``python -m *args`` in the repository root (environment ``env``, default
+    this process's) and wait until ``health_url`` answers; append it to ``procs`` (the
+    test's ``procs`` fixture) so it is stopped."""
     out = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=env,
                             stdout=out, stderr=subprocess.STDOUT)
     proc.output_file = out
     if procs is not None:
