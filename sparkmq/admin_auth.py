@@ -97,9 +97,10 @@ def client_ssl_context(ca_file: str | None = None):
 
 def bearer_matches(header: str | None, token: str) -> bool:
     """Whether an ``Authorization`` header value carries ``token`` (constant time)."""
-    if not header or not header.startswith("Bearer "):
+    scheme, _, presented = (header or "").strip().partition(" ")
+    if scheme.lower() != "bearer":
         return False
-    presented = header[len("Bearer "):].strip().encode()
+    presented = presented.strip().encode()
     return hmac.compare_digest(presented, token.encode())
 
 

@@ -160,3 +160,10 @@ def test_metrics_can_require_the_token(make_broker):
     assert call(b.admin_url + "/metrics", "GET", None)[0] == 401
     assert call(b.admin_url + "/metrics", "GET", None, token=b.admin_token)[0] == 200
     assert call(b.admin_url + "/health", "GET", None)[0] == 200
+
+
+def test_bearer_header_parsing():
+    from sparkmq.admin_auth import bearer_matches
+    assert bearer_matches("Bearer tok", "tok") and bearer_matches("bearer  tok ", "tok")
+    for header in (None, "", "Bearer", "Basic tok", "Bearer tok2", "Bearertok"):
+        assert not bearer_matches(header, "tok"), header
