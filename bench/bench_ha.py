@@ -51,7 +51,7 @@ import pyarrow as pa
 from sparkmq.ha.master import HAService
 from sparkmq.log.store import Store
 
-SECRET = "bench-secret"
+SECRET = "bench-secret-0123456789"
 TOPIC = "bench"
 BODY_BYTES = 1024
 MIB = 1 << 20

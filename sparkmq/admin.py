@@ -6,7 +6,9 @@ Targets (global options before the command):
   (topic create/update/delete, group reset-offset) open it writable and are refused with a
   clear message while a broker holds the lease: then use ``--broker``.
 - ``--broker URL``: a broker's admin HTTP endpoint (``http://127.0.0.1:8082``): broker status;
-  topic create through the broker.
+  topic create through the broker. It needs the broker's admin token: ``--token``, else
+  ``SPARKMQ_ADMIN_TOKEN``, else ``--token-file``, else ``admin.token`` beside ``--store``
+  (``sparkmq.admin_auth``); ``--tls-ca FILE`` trusts an https endpoint's certificate.
 - ``--namesrv host:port[;host:port]``: cluster list, topic route.
 
 Output: aligned text tables, or ``--json`` (one JSON document on stdout). Exit status 0 on
@@ -77,15 +79,23 @@ def _store(args, *, write: bool = False):
     return Store.open(args.store, mode="r", create=False)
 
 
-def _http(url: str, path: str, body: dict | None = None) -> Any:
+def _http(args, path: str, body: dict | None = None) -> Any:
+    """Call the broker admin endpoint ``args.broker`` with its token (``--token``,
+    SPARKMQ_ADMIN_TOKEN, ``--token-file``, or the token file beside ``--store``)."""
+    from .admin_auth import MISSING_TOKEN_HINT, auth_headers, client_ssl_context, find_token
+    url = args.broker
+    token = find_token(token=args.token, token_file=args.token_file, store_url=args.store)
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url.rstrip("/") + path, data=data,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          **auth_headers(token)})
     try:
-        with urllib.request.urlopen(req, timeout=10) as r:
+        with urllib.request.urlopen(req, timeout=10, context=client_ssl_context(args.tls_ca)) as r:
             return json.loads(r.read() or b"null")
     except urllib.error.HTTPError as e:
-        raise SparkMQError(f"{url}{path} answered {e.code}: {e.read().decode(errors='replace')}")
+        hint = f"; {MISSING_TOKEN_HINT}" if e.code == 401 else ""
+        raise SparkMQError(f"{url}{path} answered {e.code}: "
+                           f"{e.read().decode(errors='replace')}{hint}")
     except OSError as e:
         raise SparkMQError(f"cannot reach {url}{path}: {e}") from None
 
@@ -153,7 +163,7 @@ def topic_create(args) -> None:
                 **({"retentionMs": ret["retention_ms"]} if "retention_ms" in ret else {}),
                 **({"retentionBytes": ret["retention_bytes"]} if "retention_bytes" in ret
                    else {})}
-        return _emit(args, _http(args.broker, "/admin/topics", body))
+        return _emit(args, _http(args, "/admin/topics", body))
     with _store(args, write=True) as s:
         c = s.create_topic(args.topic, read_queue_nums=args.queues, write_queue_nums=args.queues,
                            **ret)
@@ -170,7 +180,7 @@ def topic_update(args) -> None:
                 **({"retentionMs": ret["retention_ms"]} if "retention_ms" in ret else {}),
                 **({"retentionBytes": ret["retention_bytes"]} if "retention_bytes" in ret
                    else {})}
-        return _emit(args, _http(args.broker, "/admin/topics", body))
+        return _emit(args, _http(args, "/admin/topics", body))
     with _store(args, write=True) as s:
         c = s.update_topic(args.topic, read_queue_nums=args.read_queues,
                            write_queue_nums=args.write_queues, perm=args.perm, **ret)
@@ -184,7 +194,7 @@ def topic_retention(args) -> None:
     from .log.retention import describe
     from .log.store import Store
     if args.broker:    # the broker knows its fileReservedTime / deleteWhen and unpublished data
-        report = _http(args.broker, "/admin/retention")
+        report = _http(args, "/admin/retention")
         if args.topic and args.topic not in {t["topic"] for t in report["topics"]}:
             raise SparkMQError(f"topic {args.topic!r} does not exist on {args.broker}")
     else:
@@ -263,7 +273,7 @@ def group_create(args) -> None:
             **({"retryMaxTimes": args.retry_max_times} if args.retry_max_times is not None
                else {})}
     if args.broker:
-        return _emit(args, _http(args.broker, "/admin/groups", body))
+        return _emit(args, _http(args, "/admin/groups", body))
     with _store(args, write=True) as s:
         c = s.create_group(args.group, retry_max_times=args.retry_max_times,
                            consume_enable=not args.disable,
@@ -274,7 +284,7 @@ def group_create(args) -> None:
 def group_delete(args) -> None:
     """Delete a group's config and its recorded offsets (mqadmin deleteSubGroup)."""
     if args.broker:
-        return _emit(args, _http(args.broker, "/admin/groups",
+        return _emit(args, _http(args, "/admin/groups",
                                  {"name": args.group, "delete": True,
                                   "keepOffsets": args.keep_offsets}))
     with _store(args, write=True) as s:
@@ -381,14 +391,14 @@ def cluster_list(args) -> None:
 def broker_status(args) -> None:
     if not args.broker:
         raise SparkMQError("broker status needs --broker http://host:adminPort")
-    _emit(args, _http(args.broker, "/status"))
+    _emit(args, _http(args, "/status"))
 
 
 def broker_ha(args) -> None:
     """Replication progress: a master's replicas (acked offset, lag) or a replica's link."""
     if not args.broker:
         raise SparkMQError("broker ha needs --broker http://host:adminPort")
-    ha = _http(args.broker, "/status").get("ha") or {}
+    ha = _http(args, "/status").get("ha") or {}
     if args.json:
         _emit(args, ha)
         return
@@ -407,7 +417,7 @@ def broker_promote(args) -> None:
     ``--store PATH``: promote a stopped replica's store (then start it with
     ``sparkmq broker`` as brokerId 0)."""
     if args.broker:
-        _emit(args, _http(args.broker, "/admin/promote", {"role": args.role}))
+        _emit(args, _http(args, "/admin/promote", {"role": args.role}))
         return
     if not args.store:
         raise SparkMQError("promote needs --broker http://host:adminPort of a running replica, "
@@ -458,6 +468,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--store", help="store URL or path (read: read-only; write: needs the lease)")
     p.add_argument("--broker", help="broker admin URL, e.g. http://127.0.0.1:8082")
     p.add_argument("--namesrv", help="NameServer address(es) host:port[;host:port]")
+    p.add_argument("--token", help="the broker's admin token (default: SPARKMQ_ADMIN_TOKEN, "
+                                   "--token-file, or admin.token beside --store)")
+    p.add_argument("--token-file", help="file holding the broker's admin token")
+    p.add_argument("--tls-ca", help="CA/certificate file to trust for an https:// --broker "
+                                    "(default: SPARKMQ_ADMIN_CA)")
     p.add_argument("--json", action="store_true", help="print JSON")
     sub = p.add_subparsers(dest="area", required=True)
 

@@ -7,6 +7,7 @@ Subcommands that inspect a store (read-only; safe while a writer runs):
 * ``sparkmq print STORE -t TOPIC``    messages of a queue (or ``--id`` / ``--key``)
 * ``sparkmq create-topic STORE NAME`` create a topic (takes the writer lease briefly)
 * ``sparkmq demo``                    the main job on an embedded default
+* ``sparkmq tls selfsigned --out DIR`` a self-signed key and certificate for development
 
 Daemons: ``sparkmq namesrv -p 9876``, ``sparkmq broker -c conf/broker-a.properties`` and
 ``sparkmq replica -c conf/broker-a-s.properties``
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("broker", help="run a broker daemon (sparkmq broker --help)")
     sub.add_parser("replica", help="run a replica of a broker (sparkmq replica --help)")
     sub.add_parser("admin", help="mqadmin-style commands (sparkmq admin --help)")
+    sub.add_parser("tls", help="development TLS material (sparkmq tls selfsigned --help)")
 
     s = sub.add_parser("topics", help="list topics and queues with their offsets")
     s.add_argument("store")
@@ -189,11 +191,13 @@ def _main(argv: list[str] | None) -> int:
     if argv and argv[0] == "replica":
         from .broker import main as broker_main
         return broker_main(argv[1:], replica=True) or 0
-    if argv and argv[0] in ("broker", "namesrv", "admin"):
+    if argv and argv[0] in ("broker", "namesrv", "admin", "tls"):
         if argv[0] == "broker":
             from .broker import main as daemon_main
         elif argv[0] == "admin":
             from .admin import main as daemon_main
+        elif argv[0] == "tls":
+            from .tls import main as daemon_main
         else:
             from .namesrv import main as daemon_main
         return daemon_main(argv[1:]) or 0

@@ -88,12 +88,15 @@ def _online_part(store_path: str, *, spark: bool, online_messages: int = 2000) -
     from .client import Message as ClientMessage, Producer, SimpleConsumer
     from .namesrv.server import NameServer
 
-    namesrv = NameServer(port=0).start()
+    import secrets
+    cluster_secret = secrets.token_urlsafe(32)     # this demo's NameServer and broker only
+    namesrv = NameServer(port=0, cluster_secret=cluster_secret).start()
     broker = None
     try:
         broker = Broker(BrokerConfig.from_properties({
             "brokerClusterName": "DemoCluster", "brokerName": "broker-a", "brokerId": "0",
             "storePathRootDir": store_path, "namesrvAddr": namesrv.address,
+            "clusterSecret": cluster_secret,
             "listenPort": str(_free_port()), "adminPort": str(_free_port()),
             "flushDiskType": "SYNC_FLUSH", "autoCreateTopicEnable": "true",
             "defaultTopicQueueNums": "4"})).start()
@@ -125,7 +128,7 @@ def _online_part(store_path: str, *, spark: bool, online_messages: int = 2000) -
             consumer.close()
         print(f"[online] consumer group DemoGroup received and acked {got} messages")
         if spark:
-            _admin_create_topic(f"http://127.0.0.1:{broker.admin_port}", "Clicks", 4)
+            _admin_create_topic(broker.admin_url, broker.admin_token, "Clicks", 4)
             _spark_with_broker(store_path, sent)
     finally:
         if broker is not None:
@@ -134,13 +137,17 @@ def _online_part(store_path: str, *, spark: bool, online_messages: int = 2000) -
         print("[online] broker and NameServer stopped")
 
 
-def _admin_create_topic(admin_url: str, name: str, queues: int) -> None:
-    """Create a topic through the broker's admin endpoint (mqadmin updateTopic)."""
+def _admin_create_topic(admin_url: str, token: str, name: str, queues: int) -> None:
+    """Create a topic through the broker's admin endpoint (mqadmin updateTopic), with
+    the admin token the broker made at start."""
     import json
     import urllib.request
+
+    from .admin_auth import auth_headers
     req = urllib.request.Request(f"{admin_url}/admin/topics", method="POST",
                                  data=json.dumps({"name": name, "queueNums": queues}).encode(),
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          **auth_headers(token)})
     with urllib.request.urlopen(req, timeout=10) as resp:
         resp.read()
     print(f"[online] created topic {name} through the broker's admin endpoint")

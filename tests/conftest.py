@@ -7,6 +7,7 @@ SparkSession; ``integration`` starts real processes/servers on 127.0.0.1;
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import uuid
 
@@ -15,6 +16,13 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")     # bind only to loopback
+# One admin token for the session's brokers (in-process and spawned) and their callers
+# (helpers.daemons, the CLI, the Spark committer), as an operator would export it;
+# tests of the token file itself remove it (tests/broker/test_admin_auth.py).
+os.environ.setdefault("SPARKMQ_ADMIN_TOKEN", secrets.token_urlsafe(32))
+# Likewise the cluster secret NameServers and brokers sign registrations with
+# (sparkmq/namesrv/signing.py; otherwise ~/.sparkmq/cluster.secret would be made).
+os.environ.setdefault("SPARKMQ_CLUSTER_SECRET", secrets.token_urlsafe(32))
 
 
 @pytest.fixture(params=["local", "memory"])

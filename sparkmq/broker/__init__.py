@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None, *, replica: bool = False) -> int:
     p.add_argument("-n", "--namesrv", help="NameServer addresses, 'h:p;h:p'")
     p.add_argument("-p", "--port", type=int, help="gRPC listenPort")
     p.add_argument("--admin-port", type=int, help="HTTP adminPort")
+    p.add_argument("--admin-listen-address",
+                   help="adminListenAddress (default 127.0.0.1: the admin port on loopback only)")
     p.add_argument("--store", help="storePathRootDir")
     args = p.parse_args(argv)
     from ..errors import SparkMQError
@@ -46,7 +48,8 @@ def main(argv: list[str] | None = None, *, replica: bool = False) -> int:
                   "brokerRole=SLAVE (use 'sparkmq broker' for a master)", file=sys.stderr)
             return 2
     for key, val in (("namesrvAddr", args.namesrv), ("listenPort", args.port),
-                     ("adminPort", args.admin_port), ("storePathRootDir", args.store)):
+                     ("adminPort", args.admin_port), ("storePathRootDir", args.store),
+                     ("adminListenAddress", args.admin_listen_address)):
         if val is not None:
             props[key] = str(val)
     logging.basicConfig(level=logging.INFO,
@@ -61,7 +64,21 @@ def main(argv: list[str] | None = None, *, replica: bool = False) -> int:
         print(f"{prog}: cannot start: {e}", file=sys.stderr)
         return 1
     print(f"{prog} {broker.config.broker_name}#{broker.broker_id} running: gRPC {broker.endpoint}, "
-          f"admin http://{broker.config.host}:{broker.admin_port}", flush=True)
+          f"admin {broker.admin_url}", flush=True)
+    print(admin_token_banner(broker), flush=True)
     done.wait()
     broker.stop()
     return 0
+
+
+def admin_token_banner(broker) -> str:
+    """What a broker daemon prints once at start (as Jupyter prints its token): how to
+    call its admin endpoint, with the token."""
+    where = (f"kept in {broker.admin_token_file} (mode 0600)" if broker.admin_token_file
+             else "from SPARKMQ_ADMIN_TOKEN")
+    return (f"    admin token ({where}):\n"
+            f"        {broker.admin_token}\n"
+            f"    e.g. curl -H 'Authorization: Bearer {broker.admin_token}' "
+            f"{broker.admin_url}/status\n"
+            f"    or   SPARKMQ_ADMIN_TOKEN=... sparkmq admin --broker {broker.admin_url} "
+            "broker status")

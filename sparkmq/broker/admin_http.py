@@ -1,4 +1,5 @@
-"""The broker's admin endpoint: HTTP on ``127.0.0.1:adminPort``.
+"""The broker's admin endpoint: HTTP (HTTPS with adminTlsCertFile/adminTlsKeyFile) on
+``adminListenAddress:adminPort`` (loopback unless configured).
 
 Routes: ``GET /health`` (200 while running, else 503), ``GET /status`` (JSON),
 ``GET /metrics`` (Prometheus text), ``GET /admin/retention`` (what the next
@@ -8,7 +9,9 @@ updateTopic), ``POST /admin/groups`` (create/replace/delete a subscription group
 Spark committer hand-off; the store's lease advertises this endpoint).
 
 ``BrokerAdmin`` is what the routes do (also called in-process, e.g. by tests);
-``AdminServer`` serves them. A POST is answered 400 (malformed request or a
+``AdminServer`` serves them. Every request passes ``admin_guard.AdminGuard`` first
+(403 cross-origin, 401 without the admin token, 415 for a POST that is not
+``application/json``). A POST is answered 400 (malformed request or a
 ``UserError``), 409 (a retriable ``SparkMQError``), 503 (broker not running) or 500.
 
 Thread-safety: the server runs each request on its own thread; the store and the
@@ -163,17 +166,52 @@ class BrokerAdmin:
         return b.metrics.render(gauges, counters)
 
 
+class _AdminHTTPServer(ThreadingHTTPServer):
+    """A connection that breaks before a request is read (a failed TLS handshake, a
+    plain-HTTP client on the HTTPS port, a reset) is logged, not printed."""
+
+    def handle_error(self, request, client_address):
+        log.info("admin connection from %s failed", client_address[0], exc_info=True)
+
+
+def admin_ssl_context(config):
+    """The server TLS context of adminTlsCertFile/adminTlsKeyFile, or None (plain HTTP)."""
+    if not config.admin_tls_cert_file:
+        return None
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(config.admin_tls_cert_file, config.admin_tls_key_file)
+    except (OSError, ssl.SSLError) as e:
+        raise InvalidConfigError(
+            f"adminTlsCertFile/adminTlsKeyFile ({config.admin_tls_cert_file}, "
+            f"{config.admin_tls_key_file}) cannot be loaded: {e}; give a PEM certificate and "
+            "its key (`sparkmq tls selfsigned --out DIR` makes a development pair)") from None
+    return ctx
+
+
 class AdminServer:
     """``ThreadingHTTPServer`` serving ``BrokerAdmin``'s routes. Its accept loop
     (``serve_forever``) is a blocking loop with its own ``shutdown``, not a periodic
     pass, so it runs on a plain daemon thread rather than a ``ServiceThread``."""
 
-    def __init__(self, broker, host: str, port: int):
-        self._http = ThreadingHTTPServer((host, port), _admin_handler(broker))
+    def __init__(self, broker, host: str, port: int, guard, ssl_context=None):
+        self.guard = guard
+        self._http = _AdminHTTPServer((host, port), _admin_handler(broker, self))
         self._http.daemon_threads = True
+        if ssl_context is not None:   # the handshake runs on the request's own thread
+            self._http.socket = ssl_context.wrap_socket(self._http.socket, server_side=True,
+                                                        do_handshake_on_connect=False)
         self.port = self._http.server_address[1]
 
+    def set_guard(self, guard) -> None:
+        """The ``AdminGuard`` requests pass (known once the port is bound)."""
+        self.guard = guard
+
     def start(self) -> "AdminServer":
+        if self.guard is None:
+            raise RuntimeError("AdminServer.start without a guard")
         threading.Thread(target=self._http.serve_forever, name="sparkmq-broker-admin",
                          daemon=True).start()
         return self
@@ -183,7 +221,7 @@ class AdminServer:
         self._http.server_close()
 
 
-def _admin_handler(broker):
+def _admin_handler(broker, server: AdminServer):
     """The request handler class of ``broker``'s admin endpoint (see the module docstring)."""
     admin = broker.admin
 
@@ -193,16 +231,32 @@ def _admin_handler(broker):
         def log_message(self, fmt, *args):
             log.debug("admin " + fmt, *args)
 
-        def _reply(self, code: int, body: str, ctype: str) -> None:
+        def _reply(self, code: int, body: str, ctype: str, headers=()) -> None:
             data = body.encode()
             self.send_response(code)
             self.send_header("Content-Type", ctype)
+            for name, value in headers:
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
 
+        def _refused(self, method: str, path: str) -> bool:
+            """Answer and close the connection (a refused body stays unread) if the
+            guard refuses this request."""
+            refusal = server.guard.refusal(method, path, self.headers)
+            if refusal is None:
+                return False
+            self.close_connection = True
+            self._reply(refusal.status, json.dumps({"code": refusal.code,
+                                                    "message": refusal.message}),
+                        "application/json", refusal.headers + (("Connection", "close"),))
+            return True
+
         def do_GET(self):
             path = self.path.split("?", 1)[0]
+            if self._refused("GET", path):
+                return
             try:
                 if path == "/health":
                     up = broker.is_running
@@ -224,6 +278,8 @@ def _admin_handler(broker):
 
         def do_POST(self):
             path = self.path.split("?", 1)[0]
+            if self._refused("POST", path):
+                return
             actions = {ADOPT_PATH: admin.adopt, "/admin/topics": admin.create_topic,
                        "/admin/groups": admin.update_group,
                        "/admin/promote": broker.ha.promote}

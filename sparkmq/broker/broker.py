@@ -46,7 +46,9 @@ from ..lifecycle import ServiceThread
 from ..log.store import Store
 from ..log.actions import TopicConfig
 from ..namesrv.client import NameServerClient
-from .admin_http import AdminServer, BrokerAdmin
+from ..admin_auth import broker_token
+from .admin_guard import AdminGuard, own_origins
+from .admin_http import AdminServer, BrokerAdmin, admin_ssl_context
 from .config import BrokerConfig
 from .longpoll import ArrivalNotifier
 from .metrics import Metrics
@@ -102,7 +104,9 @@ class Broker:
         self.notifier = ArrivalNotifier()
         self.metrics = Metrics()
         self.clients = ClientRegistry(self.clock_ms)
-        self.namesrv = NameServerClient(config.namesrv_addr) if config.namesrv_addr else None
+        self.namesrv = NameServerClient(
+            config.namesrv_addr, cluster_secret=config.cluster_secret or None,
+            cluster_secret_file=config.cluster_secret_file or None) if config.namesrv_addr else None
         self._grpc: grpc.Server | None = None
         self._admin_server: AdminServer | None = None
         self._services: list[ServiceThread] = []
@@ -110,6 +114,8 @@ class Broker:
         self._topic_lock = threading.Lock()
         self.listen_port = config.listen_port
         self.admin_port = config.admin_port
+        self.admin_token: str | None = None        # set at start (_start_admin)
+        self.admin_token_file: str | None = None
         self.started_ms = 0
         self.delay_policy = config.delay_policy
         self.schedule: ScheduleService | None = None
@@ -149,7 +155,7 @@ class Broker:
         try:
             self._start_grpc()
             self._start_admin()
-            self.store.advertise_endpoint(f"http://{self.config.host}:{self.admin_port}")
+            self.store.advertise_endpoint(self.admin_url)
             self.ha.start()
         except BaseException:
             self._stop_servers()
@@ -159,9 +165,8 @@ class Broker:
         self._start_services()
         self.started_ms = self.clock_ms()
         self._set_state(BrokerState.RUNNING)
-        log.info("broker %s serving gRPC on %s:%d, admin on http://%s:%d, store %s",
-                 cfg.broker_name, cfg.host, self.listen_port, cfg.host, self.admin_port,
-                 cfg.store_path)
+        log.info("broker %s serving gRPC on %s:%d, admin on %s, store %s",
+                 cfg.broker_name, cfg.host, self.listen_port, self.admin_url, cfg.store_path)
         return self
 
     def _start_grpc(self) -> None:
@@ -188,8 +193,26 @@ class Broker:
         self._grpc = server
 
     def _start_admin(self) -> None:
-        self._admin_server = AdminServer(self, self.config.host, self.config.admin_port).start()
-        self.admin_port = self._admin_server.port
+        """Bind the admin endpoint on adminListenAddress with its token (made and
+        written 0600 at the first start; ``sparkmq.admin_auth``) and optional TLS."""
+        cfg = self.config
+        self.admin_token, self.admin_token_file, created = broker_token(cfg.admin_token_path)
+        if created:
+            log.warning("broker %s: made an admin token, kept in %s (mode 0600)",
+                        cfg.broker_name, self.admin_token_file)
+        server = AdminServer(self, cfg.admin_listen_address, cfg.admin_port, None,
+                             admin_ssl_context(cfg))
+        self.admin_port = server.port
+        server.set_guard(AdminGuard(
+            self.admin_token, own_origins(cfg.admin_scheme, cfg.admin_listen_address, cfg.host,
+                                          self.admin_port),
+            metrics_need_token=cfg.admin_metrics_auth))
+        self._admin_server = server.start()
+
+    @property
+    def admin_url(self) -> str:
+        """``http(s)://host:adminPort`` of the running admin endpoint."""
+        return self.config.admin_url(self.admin_port)
 
     def _start_services(self) -> None:
         persist = ConsumerOffsetPersistService(self, self.config.offset_persist_interval_ms)
@@ -306,7 +329,7 @@ class Broker:
         return {"cluster": self.config.cluster_name, "brokerName": self.config.broker_name,
                 "brokerId": self.broker_id, "role": self.role,
                 "endpoint": self.endpoint,
-                "adminEndpoint": f"{self.config.host}:{self.admin_port}", "topics": topics,
+                "adminEndpoint": self.admin_url.split("://", 1)[1], "topics": topics,
                 "haEndpoint": (f"{self.config.host}:{self.ha_service.port}"
                                if self.ha_service is not None else None),
                 "epochs": epoch_history.load(self.store.sfs) if self.is_master else []}
@@ -319,7 +342,7 @@ class Broker:
         ok = self.namesrv.register(self.registration())
         if self.namesrv.fenced_by and self.is_master:
             addr, answer = next(iter(self.namesrv.fenced_by.items()))
-            self.ha.fenced_by_newer_master(addr, answer["master"])
+            self.ha.fenced_by_newer_master(addr)
             return
         failed = [a for a, good in ok.items() if not good]
         if failed:

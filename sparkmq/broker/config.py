@@ -2,9 +2,10 @@
 
 ``BrokerConfig.from_properties(props)`` reads the broker's own names
 (brokerClusterName, brokerName, brokerId, brokerRole, namesrvAddr, listenPort,
-adminPort, maxReconsumeTimes, ...); every other name (flushDiskType,
-storePathRootDir, fileReservedTime, maxMessageSize, autoCreateTopicEnable,
-defaultTopicQueueNums, ...) is handed to ``Store.open`` as store config.
+adminPort, adminListenAddress, adminTokenFile, adminTls*, clusterSecret, haSecret,
+maxReconsumeTimes, ...); every other name (flushDiskType, storePathRootDir,
+fileReservedTime, maxMessageSize, autoCreateTopicEnable, defaultTopicQueueNums, ...)
+is handed to ``Store.open`` as store config.
 Attributes carry their unit in the name. Immutable; thread-safe to share.
 """
 from __future__ import annotations
@@ -33,7 +34,16 @@ class BrokerConfig:
     host: str = "127.0.0.1"                       # brokerIP1
     listen_port: int = 8081                       # listenPort (gRPC MessagingService)
     admin_port: int = 8082                        # adminPort (HTTP health/status/metrics)
+    admin_listen_address: str = "127.0.0.1"       # adminListenAddress (loopback unless set)
+    admin_token_file: str = ""                    # adminTokenFile (default: admin.token
+                                                  #   in the store folder; admin_auth.py)
+    admin_metrics_auth: bool = False              # adminMetricsAuthEnable (/metrics needs
+                                                  #   the token too)
+    admin_tls_cert_file: str = ""                 # adminTlsCertFile (PEM; with the key:
+    admin_tls_key_file: str = ""                  # adminTlsKeyFile   HTTPS on adminPort)
     register_interval_ms: int = 30_000            # registerBrokerIntervalMs
+    cluster_secret: str = ""                      # clusterSecret (signs NameServer writes;
+    cluster_secret_file: str = ""                 # clusterSecretFile  namesrv/signing.py)
     offset_persist_interval_ms: int = 5_000       # flushConsumerOffsetInterval
     max_reconsume_times: int = 16                 # maxReconsumeTimes
     default_invisible_ms: int = 30_000            # defaultInvisibleTimeMs
@@ -49,6 +59,8 @@ class BrokerConfig:
     transaction_check_max: int = 15               # transactionCheckMax (then rolled back)
     ha_listen_port: int = 0                       # haListenPort (HA service of a master; 0 = none)
     ha_secret: str = ""                           # haSecret (shared by a master and its replicas)
+    ha_secret_file: str = ""                      # haSecretFile (instead of haSecret: a 0600
+                                                  #   file, made at the first start if absent)
     ha_master_address: str = ""                   # haMasterAddress (replica: master's HA host:port;
                                                   #   empty = the master's haEndpoint from the NameServers)
     enable_auto_failover: bool = False            # enableAutoFailover (replica promotes itself)
@@ -61,7 +73,11 @@ class BrokerConfig:
         "brokerId": "broker_id", "brokerRole": "broker_role",
         "storePathRootDir": "store_path", "namesrvAddr": "namesrv_addr",
         "brokerIP1": "host", "listenPort": "listen_port", "grpcServerPort": "listen_port",
-        "adminPort": "admin_port", "registerBrokerIntervalMs": "register_interval_ms",
+        "adminPort": "admin_port", "adminListenAddress": "admin_listen_address",
+        "adminTokenFile": "admin_token_file", "clusterSecret": "cluster_secret",
+        "clusterSecretFile": "cluster_secret_file", "adminMetricsAuthEnable": "admin_metrics_auth",
+        "adminTlsCertFile": "admin_tls_cert_file", "adminTlsKeyFile": "admin_tls_key_file",
+        "registerBrokerIntervalMs": "register_interval_ms",
         "flushConsumerOffsetInterval": "offset_persist_interval_ms",
         "maxReconsumeTimes": "max_reconsume_times",
         "defaultInvisibleTimeMs": "default_invisible_ms",
@@ -73,10 +89,11 @@ class BrokerConfig:
         "transactionCheckInterval": "transaction_check_interval_ms",
         "transactionCheckMax": "transaction_check_max",
         "haListenPort": "ha_listen_port", "haSecret": "ha_secret",
+        "haSecretFile": "ha_secret_file",
         "haMasterAddress": "ha_master_address", "enableAutoFailover": "enable_auto_failover",
         "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
-    _BOOLS = ("enable_property_filter", "enable_auto_failover")
+    _BOOLS = ("enable_property_filter", "enable_auto_failover", "admin_metrics_auth")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",
@@ -105,15 +122,19 @@ class BrokerConfig:
         if self.broker_role == "SLAVE":
             if self.broker_id <= 0:
                 raise InvalidConfigError("a replica (brokerRole=SLAVE) needs brokerId > 0")
-            if not self.ha_secret:
-                raise InvalidConfigError("a replica needs haSecret, the secret its master's "
-                                         "haSecret is set to")
+            if not self.has_ha_secret:
+                raise InvalidConfigError("a replica needs haSecret (or haSecretFile), the "
+                                         "secret its master's is set to")
             if not self.ha_master_address and not self.namesrv_addr:
                 raise InvalidConfigError("a replica needs haMasterAddress (host:port of the "
                                          "master's haListenPort) or namesrvAddr to find it")
-        elif self.ha_listen_port and not self.ha_secret:
+        elif self.ha_listen_port and not self.has_ha_secret:
             raise InvalidConfigError("haListenPort is set but haSecret is empty; replication "
-                                     "traffic must be authenticated: set haSecret")
+                                     "traffic must be authenticated: set haSecret or "
+                                     "haSecretFile")
+        if self.ha_secret:
+            from ..ha.protocol import check_secret as check_ha_secret
+            check_ha_secret(self.ha_secret)
         if self.ha_master_address:
             from ..ha.protocol import parse_address
             try:
@@ -123,6 +144,12 @@ class BrokerConfig:
         if not 0 <= self.ha_listen_port <= 65535 or self.auto_failover_silence_ms <= 0:
             raise InvalidConfigError("haListenPort must be 0..65535 and autoFailoverSilenceMs "
                                      "positive")
+        if self.cluster_secret:
+            from ..namesrv.signing import check_secret
+            check_secret(self.cluster_secret)
+        if bool(self.admin_tls_cert_file) != bool(self.admin_tls_key_file):
+            raise InvalidConfigError("set both adminTlsCertFile and adminTlsKeyFile (PEM files; "
+                                     "`sparkmq tls selfsigned` makes a pair), or neither")
         StoreConfig.from_options(self.store_config_options())  # validates store options
 
     @classmethod
@@ -154,6 +181,42 @@ class BrokerConfig:
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.listen_port}"
+
+    @property
+    def has_ha_secret(self) -> bool:
+        return bool(self.ha_secret or self.ha_secret_file)
+
+    def resolved_ha_secret(self) -> str:
+        """The HA secret: ``haSecret``, else the content of ``haSecretFile`` (made 0600
+        with a random secret if absent: a master and replicas on one machine share
+        it; elsewhere copy the file). Checked (``ha.protocol.check_secret``)."""
+        from ..ha.protocol import check_secret as check_ha_secret
+        if self.ha_secret:
+            return check_ha_secret(self.ha_secret)
+        from ..secretfile import load_or_create
+        secret, _ = load_or_create(self.ha_secret_file)
+        return check_ha_secret(secret, f"haSecretFile {self.ha_secret_file}")
+
+    @property
+    def admin_scheme(self) -> str:
+        """``https`` when the admin port serves TLS, else ``http``."""
+        return "https" if self.admin_tls_cert_file else "http"
+
+    def admin_url(self, port: int) -> str:
+        """The URL other processes reach the admin endpoint at (``brokerIP1`` when the
+        admin port listens on every interface)."""
+        host = self.admin_listen_address
+        if host in ("0.0.0.0", "::", ""):
+            host = self.host
+        return f"{self.admin_scheme}://{host}:{port}"
+
+    @property
+    def admin_token_path(self) -> str:
+        """The admin token file (``adminTokenFile``, else the default of admin_auth.py)."""
+        from ..admin_auth import default_token_file
+        return self.admin_token_file or default_token_file(
+            self.store_path, cluster=self.cluster_name, broker_name=self.broker_name,
+            broker_id=self.broker_id)
 
     def store_config_options(self) -> dict[str, Any]:
         opts = dict(self.store_options)

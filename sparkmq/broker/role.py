@@ -76,7 +76,7 @@ class HARole:
             from ..ha.replica import HAClient, ReplicaLog
             self.replica_log = ReplicaLog(store)
             self.ha_client = HAClient(self.replica_log, broker_name=cfg.broker_name,
-                                      broker_id=self.broker_id, secret=cfg.ha_secret,
+                                      broker_id=self.broker_id, secret=cfg.resolved_ha_secret(),
                                       master_address=self._master_ha_address).start()
             return
         epoch_history.append(store.sfs, store.epoch, store.store_id,
@@ -88,7 +88,7 @@ class HARole:
         from ..ha.master import HAService
         cfg = self.broker.config
         self.ha_service = HAService(self.broker.store, broker_name=cfg.broker_name,
-                                    secret=cfg.ha_secret, host=cfg.host,
+                                    secret=cfg.resolved_ha_secret(), host=cfg.host,
                                     port=cfg.ha_listen_port).start()
 
     def stop(self) -> None:
@@ -126,11 +126,11 @@ class HARole:
                 self.ha_service.stop()
                 self.ha_service = None
 
-    def fenced_by_newer_master(self, addr: str, master: dict) -> None:
-        """A NameServer at ``addr`` answered a registration with a newer ``master``."""
+    def fenced_by_newer_master(self, addr: str) -> None:
+        """A NameServer at ``addr`` answered a registration: a newer master exists."""
         self.fence(f"broker {self.name} is fenced: NameServer {addr} knows a newer master "
-                   f"(epoch {master.get('epoch')}, store {master.get('storeId')}); this "
-                   "store refuses writes. Rejoin as a replica (brokerRole=SLAVE, brokerId>0)")
+                   "of this broker group; this store refuses writes. Rejoin as a replica "
+                   "(brokerRole=SLAVE, brokerId>0)")
 
     # ------------------------------------------------------------ promotion
     def promote(self, request: dict | None = None) -> dict:
@@ -155,7 +155,7 @@ class HARole:
             old_id = self.broker_id
             self.role, self.broker_id = role, 0
             self.ha_client = None
-            if cfg.ha_listen_port and cfg.ha_secret:
+            if cfg.ha_listen_port and cfg.has_ha_secret:
                 self._start_ha_service()
             broker.start_master_services()
             if broker.namesrv is not None:

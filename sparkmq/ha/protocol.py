@@ -27,6 +27,9 @@ in both directions: ``proof = HMAC(secret, "<role>|<nonce>|<brokerName>")``
 with role ``replica`` (R proves to M over M's nonce) and ``master`` (M proves
 to R over R's nonce). The secret never crosses the wire; a stranger without it
 is refused (and logged) before any byte of the CommitLog is sent.
+
+``check_secret`` refuses, at broker start, an ``haSecret`` shorter than 16 bytes
+or a shipped placeholder (``change-me...``).
 """
 from __future__ import annotations
 
@@ -132,3 +135,24 @@ def parse_address(addr: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit():
         raise InvalidConfigError(f"expected host:port, got {addr!r}")
     return host, int(port)
+
+
+MIN_HA_SECRET_BYTES = 16
+PLACEHOLDER_SECRETS = ("change-me", "changeme", "placeholder", "secret", "password")
+
+
+def check_secret(secret: str, name: str = "haSecret") -> str:
+    """``secret`` if it may authenticate replication, else InvalidConfigError saying
+    what to do: not a placeholder, at least 16 bytes."""
+    lowered = secret.strip().lower()
+    if any(lowered.startswith(p) for p in PLACEHOLDER_SECRETS):
+        raise InvalidConfigError(
+            f"{name} is a placeholder ({secret[:12]!r}...); set the same random secret on the "
+            "master and its replicas, e.g. `python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'`, or use haSecretFile")
+    if len(secret.encode()) < MIN_HA_SECRET_BYTES:
+        raise InvalidConfigError(
+            f"{name} is {len(secret.encode())} bytes; it must be at least "
+            f"{MIN_HA_SECRET_BYTES}: set a random one, e.g. `python -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'`, or use haSecretFile")
+    return secret

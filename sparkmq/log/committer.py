@@ -50,6 +50,7 @@ from typing import Protocol, Sequence
 
 from .. import errors
 from ..config import DEFAULT_COMMIT_RETRIES
+from ..admin_auth import auth_headers, client_ssl_context, find_token
 from ..errors import InvalidConfigError, StoreLockedError, UncleanWriterError, UserError
 from . import format as fmt
 from .consumequeue import consumequeue_add, write_side_table
@@ -236,6 +237,8 @@ class BrokerCommitter:
         -> 200 {"version": N, "numMessages": M, "skipped": false}
         -> 4xx/5xx {"code": "SPARKMQ_...", "message": "..."}  (raised as that error class)
 
+    with the broker's admin token as ``Authorization: Bearer`` (``SPARKMQ_ADMIN_TOKEN``,
+    else ``admin.token`` in a local store's folder: ``sparkmq.admin_auth``),
     and the broker answers it with ``Store.adopt`` (same atomicity and
     idempotence). Without an endpoint (a broker that predates it, or a plain
     ``Store`` in another process) the commit is refused with StoreLockedError.
@@ -261,11 +264,14 @@ class BrokerCommitter:
         self.check()
         body = json.dumps({"url": self.url, "paths": list(staged_paths), "appId": app_id,
                            "appVersion": app_version}).encode()
+        token = find_token(store_url=self.url)
         req = urllib.request.Request(self.endpoint.rstrip("/") + ADOPT_PATH, data=body,
-                                     headers={"Content-Type": "application/json"},
+                                     headers={"Content-Type": "application/json",
+                                              **auth_headers(token)},
                                      method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout_s,
+                                        context=client_ssl_context()) as resp:
                 out = json.loads(resp.read())
         except urllib.error.HTTPError as exc:
             raise _broker_error(self.endpoint, exc.code, exc.read()) from None

@@ -15,8 +15,8 @@ __all__ = ["NameServer", "NameServerClient", "RouteRegistry", "BrokerRegistratio
 
 def main(argv: list[str] | None = None) -> int:
     """Run a NameServer until SIGINT/SIGTERM. Options: ``-p PORT``, ``-c FILE``
-    (properties: listenPort, brokerExpiryMs, scanIntervalMs, kvConfigPath), ``--host``,
-    ``--kv-config-path``."""
+    (properties: listenPort, brokerExpiryMs, scanIntervalMs, kvConfigPath, clusterSecret,
+    clusterSecretFile), ``--host``, ``--kv-config-path``, ``--cluster-secret-file``."""
     import argparse
     import logging
     import signal
@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="file where the newest master of each broker name is kept (master "
                         "fencing survives a restart); default: the kvConfigPath property, "
                         "else kept in memory only")
+    p.add_argument("--cluster-secret-file",
+                   help="file holding the secret brokers sign registrations with (default: "
+                        "clusterSecret/clusterSecretFile properties, SPARKMQ_CLUSTER_SECRET, "
+                        "else ~/.sparkmq/cluster.secret, made at the first start)")
     args = p.parse_args(argv)
     props = load_properties(args.config) if args.config else {}
     port = args.port if args.port is not None else int(props.get("listenPort", DEFAULT_PORT))
@@ -44,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
         srv = NameServer(host=args.host, port=port,
                          broker_expiry_ms=int(props.get("brokerExpiryMs", 120_000)),
                          scan_interval_ms=int(props.get("scanIntervalMs", 10_000)),
-                         kv_config_path=kv_path)
+                         kv_config_path=kv_path,
+                         cluster_secret=props.get("clusterSecret") or None,
+                         cluster_secret_file=(args.cluster_secret_file
+                                              or props.get("clusterSecretFile") or None))
     except SparkMQError as e:
         print(f"sparkmq namesrv: {e}", file=sys.stderr)
         return 1

@@ -1,7 +1,8 @@
 """A client of the NameServer's HTTP/JSON API (used by brokers and clients).
 
 ``NameServerClient("127.0.0.1:9876;127.0.0.1:9877")`` talks to every listed
-NameServer: ``register`` sends to all of them (a failure of one is logged and
+NameServer: ``register`` sends to all of them, signed with the cluster secret
+(``signing.py``) (a failure of one is logged and
 reported, not raised), ``route`` asks them in turn until one answers.
 Every call is bounded by ``timeout_s``. Thread-safe (no shared state).
 """
@@ -12,6 +13,8 @@ import logging
 import urllib.error
 import urllib.request
 from urllib.parse import quote
+
+from .signing import resolve_secret, sign
 
 log = logging.getLogger("sparkmq.namesrv.client")
 
@@ -26,16 +29,28 @@ def parse_addresses(addrs: str | list[str] | None) -> list[str]:
 
 
 class NameServerClient:
-    def __init__(self, addresses: str | list[str] | None, *, timeout_s: float = 3.0):
+    """``cluster_secret``/``cluster_secret_file``: what signs registrations
+    (``signing.resolve_secret``, looked up at the first registration; route queries
+    need none)."""
+
+    def __init__(self, addresses: str | list[str] | None, *, timeout_s: float = 3.0,
+                 cluster_secret: str | None = None, cluster_secret_file: str | None = None):
         self.addresses = parse_addresses(addresses)
         self.timeout_s = timeout_s
         self.fenced_by: dict[str, dict] = {}
+        self._secret_source = (cluster_secret, cluster_secret_file)
+        self._secret: str | None = None
 
     def _call(self, addr: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"}
+        if data is not None:
+            if self._secret is None:
+                self._secret = resolve_secret(*self._secret_source)
+            headers.update(sign(self._secret, "POST", path, data))
         req = urllib.request.Request(f"http://{addr}{path}", data=data,
                                      method="POST" if data is not None else "GET",
-                                     headers={"Content-Type": "application/json"})
+                                     headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 return resp.status, json.loads(resp.read() or b"{}")

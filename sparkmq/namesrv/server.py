@@ -9,6 +9,11 @@ Endpoints (all on ``127.0.0.1:<port>``, default 9876; bodies are JSON):
 * ``GET /brokers``             live brokers with their topics
 * ``GET /health``              ``ok``
 
+The two POSTs must be signed with the cluster secret (``signing.py``): unsigned,
+wrongly signed, stale or replayed ones are answered 401 and change nothing. A
+refused master registration (409, fenced) says only that it is fenced: no epoch,
+no store id a caller could reuse.
+
 Several NameServers run side by side and never talk to each other: brokers
 register with each of them. A ``ScanBrokerService`` drops silent brokers every
 ``scan_interval_ms``; route queries also skip them at once.
@@ -27,6 +32,7 @@ from urllib.parse import parse_qs, urlparse
 
 from ..lifecycle import ServiceThread
 from .registry import BROKER_EXPIRY_MS, BrokerRegistration, RouteRegistry
+from .signing import RequestVerifier, resolve_secret
 
 log = logging.getLogger("sparkmq.namesrv")
 
@@ -54,9 +60,13 @@ class NameServer:
 
     def __init__(self, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
                  broker_expiry_ms: int = BROKER_EXPIRY_MS, scan_interval_ms: int = 10_000,
-                 clock_ms: Callable[[], int] | None = None, kv_config_path: str | None = None):
+                 clock_ms: Callable[[], int] | None = None, kv_config_path: str | None = None,
+                 cluster_secret: str | None = None, cluster_secret_file: str | None = None):
+        """``cluster_secret``/``cluster_secret_file``: see ``signing.resolve_secret``."""
         self.registry = RouteRegistry(broker_expiry_ms=broker_expiry_ms, clock_ms=clock_ms,
                                       kv_config_path=kv_config_path)
+        # wall clock, as the signing brokers use (``clock_ms`` ages registrations only)
+        self.verifier = RequestVerifier(resolve_secret(cluster_secret, cluster_secret_file))
         self.host = host
         self.port = port
         self._scan = ScanBrokerService(self.registry, scan_interval_ms)
@@ -68,7 +78,7 @@ class NameServer:
         return f"{self.host}:{self.port}"
 
     def start(self) -> "NameServer":
-        handler = _make_handler(self.registry)
+        handler = _make_handler(self.registry, self.verifier)
         self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
@@ -97,7 +107,7 @@ class NameServer:
         self.stop()
 
 
-def _make_handler(registry: RouteRegistry):
+def _make_handler(registry: RouteRegistry, verifier: RequestVerifier):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -113,16 +123,24 @@ def _make_handler(registry: RouteRegistry):
             self.end_headers()
             self.wfile.write(body)
 
-        def _json_body(self) -> dict | None:
+        def _json_body(self, path: str) -> dict | None:
+            """The signed JSON object body, or None (answered 400 or 401)."""
             try:
                 n = int(self.headers.get("Content-Length") or 0)
             except ValueError:
                 n = -1
             if not 0 <= n <= MAX_BODY_BYTES:
+                self.close_connection = True
                 self._reply(400, {"error": f"Content-Length must be 0..{MAX_BODY_BYTES}"})
                 return None
+            raw = self.rfile.read(n)
+            refused = verifier.refusal("POST", path, raw, self.headers)
+            if refused is not None:
+                log.warning("refused %s from %s: %s", path, self.address_string(), refused)
+                self._reply(401, {"error": refused})
+                return None
             try:
-                data = json.loads(self.rfile.read(n) or b"{}")
+                data = json.loads(raw or b"{}")
                 if not isinstance(data, dict):
                     raise ValueError("body must be a JSON object")
                 return data
@@ -150,7 +168,10 @@ def _make_handler(registry: RouteRegistry):
 
         def do_POST(self):
             url = urlparse(self.path)
-            data = self._json_body()
+            if url.path not in ("/brokers/register", "/brokers/unregister"):
+                self.close_connection = True
+                return self._reply(404, {"error": f"unknown path {url.path}"})
+            data = self._json_body(url.path)
             if data is None:
                 return
             if url.path == "/brokers/register":
@@ -165,21 +186,19 @@ def _make_handler(registry: RouteRegistry):
                     log.warning("refused master registration of %s#%d: epoch history lacks the "
                                 "newest master %s (promoted elsewhere)", reg.broker_name,
                                 reg.broker_id, refused["master"])
-                    return self._reply(409, {"error": "a newer master of this broker group was "
-                                             "promoted; this broker must not accept writes",
-                                             **refused})
+                    return self._reply(409, {"fenced": True,
+                                             "error": "a newer master of this broker group was "
+                                             "promoted; this broker must not accept writes"})
                 if not known:
                     log.info("broker %s#%d (%s, cluster %s) registered at %s with %d topics",
                              reg.broker_name, reg.broker_id, reg.role, reg.cluster,
                              reg.endpoint, len(reg.topics))
                 return self._reply(200, {"ok": True})
-            if url.path == "/brokers/unregister":
-                try:
-                    gone = registry.unregister(str(data["brokerName"]), int(data["brokerId"]))
-                except (KeyError, TypeError, ValueError) as e:
-                    return self._reply(400, {"error": f"malformed unregister body: {e!r}"})
-                log.info("broker %s#%s unregistered", data.get("brokerName"), data.get("brokerId"))
-                return self._reply(200, {"ok": gone})
-            return self._reply(404, {"error": f"unknown path {url.path}"})
+            try:                                   # /brokers/unregister
+                gone = registry.unregister(str(data["brokerName"]), int(data["brokerId"]))
+            except (KeyError, TypeError, ValueError) as e:
+                return self._reply(400, {"error": f"malformed unregister body: {e!r}"})
+            log.info("broker %s#%s unregistered", data.get("brokerName"), data.get("brokerId"))
+            return self._reply(200, {"ok": gone})
 
     return Handler

@@ -18,7 +18,7 @@ from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 from helpers.net import free_port
 from helpers.brokers import broker_config, client_conf, msg
-from helpers.daemons import kill9, spawn, stop_process
+from helpers.daemons import admin_headers, get_json, kill9, spawn, stop_process
 from helpers.waiting import wait_until
 from sparkmq import Store
 from sparkmq.broker import Broker, BrokerConfig
@@ -256,7 +256,7 @@ def test_admin_endpoint_health_status_metrics(make_broker, clients):
         producer.send(msg("M", b"abc"))
     base = f"http://127.0.0.1:{b.admin_port}"
     assert urllib.request.urlopen(base + "/health", timeout=5).read() == b"running\n"
-    status = json.loads(urllib.request.urlopen(base + "/status", timeout=5).read())
+    status = get_json(base + "/status")
     assert status["state"] == "running" and status["topics"]["M"]["messages"] == 3
     consumer = clients(SimpleConsumer(client_conf(b), "G", {"M": FilterExpression()},
                                       await_duration=2))
@@ -532,7 +532,9 @@ def test_admin_topic_api_and_bad_admin_requests(make_broker):
     base = f"http://127.0.0.1:{b.admin_port}"
 
     def post(path, body: bytes):
-        req = urllib.request.Request(base + path, data=body, method="POST")
+        req = urllib.request.Request(base + path, data=body, method="POST",
+                                     headers={"Content-Type": "application/json",
+                                              **admin_headers()})
         try:
             with urllib.request.urlopen(req, timeout=5) as r:
                 return r.status, json.loads(r.read())

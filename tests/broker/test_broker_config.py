@@ -37,7 +37,7 @@ def test_shipped_replica_conf_follows_broker_a_and_can_run_beside_both_groups():
     b = BrokerConfig.from_file(str(CONF / "broker-b.properties"))
     s = BrokerConfig.from_file(str(CONF / "broker-a-s.properties"))
     assert (s.broker_name, s.broker_id, s.is_master) == ("broker-a", 1, False)
-    assert s.ha_master_address == f"127.0.0.1:{a.ha_listen_port}" and s.ha_secret == a.ha_secret
+    assert s.ha_master_address == f"127.0.0.1:{a.ha_listen_port}" and s.ha_secret_file == a.ha_secret_file
     ports = [c.listen_port for c in (a, b, s)] + [c.admin_port for c in (a, b, s)] + \
         [a.ha_listen_port, s.ha_listen_port]
     assert len(set(ports)) == len(ports), f"shipped configs share a port: {ports}"
@@ -56,3 +56,27 @@ def test_store_options_pass_through_and_validation():
         BrokerConfig.from_properties({"flushDiskType": "SOMETIMES"})
     with pytest.raises(InvalidConfigError, match="cannot read"):
         load_properties("/nonexistent/broker.properties")
+
+
+@pytest.mark.parametrize("secret", ["change-me-shared-by-broker-a-and-its-replicas",
+                                    "CHANGEME", "short-secret"])
+def test_placeholder_and_short_ha_secrets_are_refused_at_start(secret):
+    for props in ({"haListenPort": "10912"},                       # a master
+                  {"brokerRole": "SLAVE", "brokerId": "1", "haMasterAddress": "h:1"}):
+        with pytest.raises(InvalidConfigError, match="haSecret.*(placeholder|at least 16)"):
+            BrokerConfig.from_properties({**props, "haSecret": secret})
+
+
+def test_ha_secret_file_is_made_private_once_and_shared(tmp_path):
+    import os
+    import stat
+    path = tmp_path / "broker-a.ha-secret"
+    master = BrokerConfig.from_properties({"haListenPort": "10912", "haSecretFile": str(path)})
+    replica = BrokerConfig.from_properties({"brokerRole": "SLAVE", "brokerId": "1",
+                                            "haMasterAddress": "h:1", "haSecretFile": str(path)})
+    secret = master.resolved_ha_secret()
+    assert len(secret) >= 32 and replica.resolved_ha_secret() == secret
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    path.write_text("change-me\n")
+    with pytest.raises(InvalidConfigError, match="placeholder"):
+        master.resolved_ha_secret()

@@ -1,5 +1,6 @@
 """Daemon processes for integration tests: NameServers, brokers and replicas run as
-``python -m <module> ...`` on 127.0.0.1, and the JSON calls to their admin HTTP ports.
+``python -m <module> ...`` on 127.0.0.1, and the JSON calls to their admin HTTP ports
+(with the session's admin token, SPARKMQ_ADMIN_TOKEN).
 
 ``spawn`` starts one and waits (bounded) until its ``/health`` answers 200; a process
 that exits or does not come up in time is killed and the test fails with its output.
@@ -35,14 +36,23 @@ def http_ok(url: str) -> bool:
         return False
 
 
+def admin_headers() -> dict[str, str]:
+    """The admin token header of the session's brokers (SPARKMQ_ADMIN_TOKEN, conftest.py)."""
+    return {"Authorization": f"Bearer {os.environ['SPARKMQ_ADMIN_TOKEN']}"}
+
+
 def get_json(url: str) -> dict:
-    with urllib.request.urlopen(url, timeout=10) as r:
+    """GET a broker admin URL with the admin token; the JSON answer."""
+    req = urllib.request.Request(url, headers=admin_headers())
+    with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
 
 
 def post_json(url: str, body: dict) -> dict:
+    """POST JSON to a broker admin URL with the admin token; the JSON answer."""
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json",
+                                          **admin_headers()})
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
 
@@ -57,11 +67,12 @@ def output(proc: subprocess.Popen) -> str:
 
 
 def spawn(args: list[str], health_url: str, procs: list | None = None,
-          timeout_s: float = START_TIMEOUT_S) -> subprocess.Popen:
-    """Start ``python -m *args`` in the repository root and wait until ``health_url``
-    answers; append it to ``procs`` (the test's ``procs`` fixture) so it is stopped."""
+          timeout_s: float = START_TIMEOUT_S, env: dict | None = None) -> subprocess.Popen:
+    """Start ``python -m *args`` in the repository root (environment ``env``, default
+    this process's) and wait until ``health_url`` answers; append it to ``procs`` (the
+    test's ``procs`` fixture) so it is stopped."""
     out = tempfile.TemporaryFile()
-    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT,
+    proc = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT, env=env,
                             stdout=out, stderr=subprocess.STDOUT)
     proc.output_file = out
     if procs is not None:

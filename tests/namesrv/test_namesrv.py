@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import urllib.request
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from helpers.net import free_port
 from helpers.clock import Clock
 from sparkmq.namesrv import BrokerRegistration, NameServer, NameServerClient, RouteRegistry
+from sparkmq.namesrv.signing import SECRET_ENV, sign
 
 
 def reg(name="broker-a", bid=0, port=8081, topics=None) -> dict:
@@ -85,16 +87,22 @@ def test_http_server_registration_route_and_expiry():
             assert resp.read() == b"ok"
 
 
+def signed(body: bytes) -> dict:
+    """The headers of a registration signed with the session's cluster secret."""
+    return sign(os.environ[SECRET_ENV], "POST", "/brokers/register", body)
+
+
 @pytest.mark.integration
 def test_bad_requests_get_400_and_the_server_keeps_serving():
     with NameServer(port=free_port()) as ns:
         req = urllib.request.Request(f"http://{ns.address}/brokers/register", data=b"{not json",
-                                     method="POST")
+                                     method="POST", headers=signed(b"{not json"))
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=3)
         assert e.value.code == 400
+        body = json.dumps({"brokerName": "x"}).encode()
         req = urllib.request.Request(f"http://{ns.address}/brokers/register",
-                                     data=json.dumps({"brokerName": "x"}).encode(), method="POST")
+                                     data=body, method="POST", headers=signed(body))
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=3)
         assert e.value.code == 400

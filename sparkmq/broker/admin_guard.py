@@ -1,0 +1,76 @@
+"""Who may call the broker's admin endpoint: the checks every request passes first.
+
+In order (the first that fails answers):
+
+1. **Cross-origin** -> 403. A browser marks a request a web page makes with ``Origin``
+   (and ``Sec-Fetch-Site``). A present ``Origin`` that is not the admin endpoint's own
+   (``scheme://host:port`` for the listen address, plus ``localhost``/``127.0.0.1``/
+   ``[::1]`` when it listens on loopback) is refused, as is ``Sec-Fetch-Site: cross-site``.
+   Tools (curl, urllib, Prometheus) send neither header.
+2. **Credential** -> 401 with ``WWW-Authenticate: Bearer``. Every route but ``/health``
+   (liveness) and ``/metrics`` (Prometheus scrapes without credentials by default; with
+   ``adminMetricsAuthEnable=true`` it needs the token too) needs
+   ``Authorization: Bearer <admin token>`` (``sparkmq.admin_auth``).
+3. **Body type** -> 415. A POST must say ``Content-Type: application/json`` (a browser
+   cannot send that cross-origin without a CORS preflight, which this endpoint never
+   grants).
+
+Thread-safe (immutable after construction).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..admin_auth import MISSING_TOKEN_HINT, bearer_matches
+
+OPEN_PATHS = frozenset({"/health"})
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An answer given instead of serving the request."""
+
+    status: int
+    code: str
+    message: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def own_origins(scheme: str, listen_host: str, advertised_host: str, port: int) -> frozenset:
+    """The ``Origin`` values of pages served by this endpoint itself."""
+    hosts = {listen_host, advertised_host}
+    if listen_host in ("127.0.0.1", "localhost", "::1") or listen_host.startswith("127."):
+        hosts.update(LOOPBACK_NAMES)
+    hosts = {f"[{h}]" if ":" in h and not h.startswith("[") else h for h in hosts if h}
+    return frozenset(f"{scheme}://{h}:{port}" for h in hosts)
+
+
+class AdminGuard:
+    """The checks of the module docstring for one endpoint (``token``: the admin token)."""
+
+    def __init__(self, token: str, origins: frozenset, *, metrics_need_token: bool = False):
+        self._token = token
+        self.origins = origins
+        self.open_paths = OPEN_PATHS if metrics_need_token else OPEN_PATHS | {"/metrics"}
+
+    def refusal(self, method: str, path: str, headers: Mapping[str, str]) -> Refusal | None:
+        """None if the request may be served, else the answer to give."""
+        origin = headers.get("Origin")
+        if origin is not None and origin not in self.origins:
+            return Refusal(403, "FORBIDDEN", f"cross-origin request from {origin!r} refused; "
+                           "the admin endpoint serves tools, not web pages")
+        if (headers.get("Sec-Fetch-Site") or "").lower() == "cross-site":
+            return Refusal(403, "FORBIDDEN", "cross-site request refused")
+        if path not in self.open_paths and not bearer_matches(headers.get("Authorization"),
+                                                              self._token):
+            return Refusal(401, "UNAUTHORIZED", MISSING_TOKEN_HINT,
+                           (("WWW-Authenticate", 'Bearer realm="sparkmq-admin"'),))
+        if method == "POST":
+            ctype = (headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+            if ctype != "application/json":
+                return Refusal(415, "UNSUPPORTED_MEDIA_TYPE",
+                               f"POST bodies must be Content-Type: application/json, got "
+                               f"{ctype or 'none'!r}")
+        return None
