@@ -18,6 +18,7 @@ from sparkmq import admin
 from sparkmq.admin_auth import TOKEN_ENV, TOKEN_FILE_NAME
 from sparkmq.broker import Broker
 from sparkmq.broker import admin_token_banner
+from sparkmq.log.actions import Lease
 from sparkmq.log.committer import BrokerCommitter
 
 pytestmark = pytest.mark.integration
@@ -134,7 +135,7 @@ def test_token_file_made_0600_once_and_found_by_callers(tmp_path, monkeypatch, c
         assert admin.main(["--broker", b.admin_url, "broker", "status"]) == 1
         assert "SPARKMQ_ADMIN_TOKEN" in capsys.readouterr().err
         # the Spark committer's hand-off finds it beside the store it commits to
-        committer = BrokerCommitter(conf.store_path, {"endpoint": b.admin_url})
+        committer = BrokerCommitter(conf.store_path, Lease(owner="test", epoch=1, endpoint=b.admin_url))
         assert committer.commit([]).num_messages == 0
     finally:
         b.stop()

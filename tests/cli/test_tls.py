@@ -17,6 +17,7 @@ from helpers.brokers import broker_config
 from sparkmq import admin, cli
 from sparkmq.broker import Broker
 from sparkmq.errors import InvalidConfigError
+from sparkmq.log.actions import Lease
 from sparkmq.log.committer import BrokerCommitter
 
 
@@ -57,7 +58,7 @@ def test_admin_port_over_https(tmp_path, monkeypatch, capsys):
                            "broker", "status"]) == 0
         assert json.loads(capsys.readouterr().out)["state"] == "running"
         monkeypatch.setenv("SPARKMQ_ADMIN_CA", cert)
-        assert BrokerCommitter(b.config.store_path, {"endpoint": b.admin_url}).commit(
+        assert BrokerCommitter(b.config.store_path, Lease(owner="test", epoch=1, endpoint=b.admin_url)).commit(
             []).num_messages == 0
     finally:
         b.stop()
