@@ -280,4 +280,4 @@ class CommitLog:
         if pos >= len(buf):
             raise CorruptStoreError(
                 f"segment {ref.path} has {len(buf)} bytes; batch at {pos} is past its end")
-        return seg.read_batch_at(buf, pos)
+        return seg.read_batch_at(buf, pos, ref.path)

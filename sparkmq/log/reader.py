@@ -518,7 +518,7 @@ class Snapshot(MessageReader):
                 f"segment {add['path']} of version {self.state.version} was deleted by "
                 "retention after that version; read a newer version",
                 earliest_offset=None) from None
-        return seg.read_batch_at(buf, pos)
+        return seg.read_batch_at(buf, pos, add["path"])
 
     def _index_hits(self, tid, key):
         return read_index(self.sfs, self._index_files, tid, key)

@@ -152,7 +152,7 @@ class ReplicaLog:
                     if n is None:
                         raise HAProtocolError(f"segment {ref.path}: no whole batch at byte "
                                               f"{pos} below the acked end {target}")
-                    batch = seg.read_batch_at(buf, pos)
+                    batch = seg.read_batch_at(buf, pos, ref.path)
                     affected.extend(st.dispatcher.dispatch(batch, base + pos)[1])
                     pos += n
                 del buf
