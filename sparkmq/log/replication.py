@@ -33,7 +33,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from ..errors import HAProtocolError, InvalidConfigError
+from ..errors import CorruptStoreError, HAProtocolError, InvalidConfigError
 from ..lifecycle import ServiceThread
 from . import format as fmt
 from . import segment as seg
@@ -75,6 +75,7 @@ class ReplicaLog:
                                      f"(got {store.url})")
         self.store = store
         self._walk_pos = 0         # position in the active segment of the next message start
+        self._unchecked: tuple[str, int, int] | None = None   # (path, pos, length) torn batch
         self._whole_end = store.commitlog.written_offset  # end of the last whole message
         self._dispatch_lock = threading.Lock()   # taken after the store's append lock
         self._reput: ReputService | None = None
@@ -272,6 +273,12 @@ class ReplicaLog:
         p = self._walk_pos
         whole = None
         sealed = False
+        torn, self._unchecked = self._unchecked, None
+        if torn is not None and torn[0] == a.rel_path and torn[1] + torn[2] == p:
+            if p > end:
+                self._unchecked = torn
+            else:
+                self._check_batch(a, torn[1], torn[2])
         while p < end:
             head = self._peek(a, p, min(end - p, PEEK_BYTES))
             n = seg.message_extent(head, 0)
@@ -299,6 +306,10 @@ class ReplicaLog:
                 if seg.header_length(pa.py_buffer(self._peek(a, 0, n))) != n:
                     raise HAProtocolError(f"segment {a.rel_path} does not start with the "
                                           "segment schema")
+            if p > 0 and p + n <= end:
+                self._check_batch(a, p, n)
+            elif p > 0:
+                self._unchecked = (a.rel_path, p, n)   # checked once its last byte is here
             if p + n <= end:
                 whole = p + n
             p += n
@@ -311,6 +322,16 @@ class ReplicaLog:
             cl = self.store.commitlog
             self._close_peek()
             cl.seal_written(a, ref)
+
+    def _check_batch(self, a: seg.SegmentWriter, pos: int, n: int) -> None:
+        """Verify the checksum of the whole batch message just received at ``pos`` (read back
+        from the page cache) before the replica acks it; a damaged copy is a protocol
+        error (the replica does not ack it)."""
+        try:
+            seg.verify_message(self._peek(a, pos, n), a.rel_path, pos,
+                               lambda: seg.segment_format(self._peek(a, 0, seg.HEADER_SIZE)) == 1)
+        except CorruptStoreError as exc:
+            raise HAProtocolError(f"received bytes fail their checksum: {exc}") from exc
 
     def _reopen(self, path: str) -> seg.SegmentWriter:
         cl = self.store.commitlog
