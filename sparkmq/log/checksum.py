@@ -33,6 +33,9 @@ DIGITS = 8
 PLACEHOLDER = MARK.decode() + "0" * DIGITS
 CUSTOM_METADATA = {KEY: PLACEHOLDER}
 _HEX = frozenset(b"0123456789abcdef")
+#: False skips the CRC comparison (bounds are still checked): only bench/bench_store.py sets
+#: it, to measure what checking costs. Never turn it off to read a damaged store.
+VERIFY = True
 
 VERIFY_HINT = ("run `sparkmq admin verify <store>` to list every damaged file, then restore the "
                "segment from a replica (or a backup) before reading it again")
@@ -83,6 +86,8 @@ def verify(msg, where: str, pos: int) -> bool:
     decides whether that is allowed: segments of format 1 have none). Raises
     :class:`CorruptStoreError` naming the file and position when it does not match.
     """
+    if not VERIFY:
+        return True
     view = _readonly(memoryview(msg))
     at = find_digits(view)
     if at is None:
@@ -101,3 +106,32 @@ def corrupt(where: str, pos: int, what: str) -> CorruptStoreError:
     """The error for a damaged record batch: file, byte position, what is wrong, what to do."""
     return CorruptStoreError(f"{where}: record batch at byte {pos} is damaged: {what}; "
                              f"{VERIFY_HINT}")
+
+
+class VerifiedBatches:
+    """The batch messages a reader already verified, so a batch read again (a range read
+    repeated, a consumer re-pulling) is not checksummed again: at most ``limit`` entries,
+    oldest forgotten first. Keyed by (file, position, length, stored checksum), so bytes
+    rewritten at the same place (a truncated and re-filled segment) are verified anew.
+    Thread-safe enough for its use (a lost insert only costs one more check)."""
+
+    def __init__(self, limit: int = 1 << 16):
+        self.limit = limit
+        self._seen: dict[tuple, None] = {}
+
+    def check(self, msg, where: str, pos: int) -> bool:
+        """:func:`verify` ``msg`` unless this very message was verified before."""
+        view = _readonly(memoryview(msg))
+        at = find_digits(view)
+        key = (where, pos, len(view), bytes(view[at:at + DIGITS]) if at is not None else None)
+        if key in self._seen:
+            return True
+        ok = verify(view, where, pos)
+        if ok and VERIFY:
+            self._seen[key] = None
+            if len(self._seen) > self.limit:
+                try:
+                    del self._seen[next(iter(self._seen))]
+                except (StopIteration, KeyError, RuntimeError):
+                    pass
+        return ok

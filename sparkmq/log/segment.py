@@ -78,11 +78,15 @@ def checked_length(buf, pos: int, where: str) -> int:
     return n
 
 
-def verify_message(msg, where: str, pos: int, legacy) -> None:
-    """Check the checksum of the whole message ``msg`` found at byte ``pos`` of ``where``;
-    ``legacy()`` tells whether the segment is of format 1 (whose batches have none).
-    Raises :class:`CorruptStoreError` when the bytes are damaged."""
-    if not checksum.verify(msg, where, pos) and not legacy():
+def verify_message(msg, where: str, pos: int, legacy,
+                   verified: checksum.VerifiedBatches | None = None) -> None:
+    """Check the checksum of the whole message ``msg`` found at byte ``pos`` of ``where``
+    (unless ``verified`` remembers it checked); ``legacy()`` tells whether the segment is
+    of format 1 (whose batches have none). Raises :class:`CorruptStoreError` when the
+    bytes are damaged."""
+    ok = verified.check(msg, where, pos) if verified is not None else \
+        checksum.verify(msg, where, pos)
+    if not ok and not legacy():
         raise checksum.corrupt(where, pos, "its checksum is missing (format 2 segments "
                                "checksum every batch)")
 
@@ -96,15 +100,17 @@ def decode_message(msg: pa.Buffer, where: str, pos: int) -> pa.RecordBatch:
 
 
 def read_batch_at(buf: pa.Buffer, pos: int, where: str = "segment", *,
-                  legacy: bool | None = None) -> pa.RecordBatch:
+                  legacy: bool | None = None,
+                  verified: checksum.VerifiedBatches | None = None) -> pa.RecordBatch:
     """Decode the record batch whose message starts at byte ``pos`` of ``buf`` (a whole
     segment, zero copy), after checking its bounds and its checksum. ``where`` names the
     file in errors; ``legacy`` says whether ``buf`` is a format-1 segment (None: read it
-    from ``buf``'s schema message). Raises :class:`CorruptStoreError` on damage."""
+    from ``buf``'s schema message); ``verified``: the reader's memory of batches already
+    checked. Raises :class:`CorruptStoreError` on damage."""
     n = checked_length(buf, pos, where)
     msg = buf.slice(pos, n)
     verify_message(msg, where, pos,
-                   lambda: segment_format(buf) == 1 if legacy is None else legacy)
+                   lambda: segment_format(buf) == 1 if legacy is None else legacy, verified)
     return decode_message(msg, where, pos)
 
 
