@@ -65,7 +65,8 @@ def store_verify(args) -> None:
         report = verify.verify_store(url, progress=update)
     finally:
         close()
-    print(json.dumps(report.to_dict(), indent=2) if args.json or args.verify_json else summary(report))
+    as_json = args.json or args.verify_json
+    print(json.dumps(report.to_dict(), indent=2) if as_json else summary(report))
     if not report.ok:
         raise CorruptStoreError(f"{len(report.problems)} damaged item(s) in {url}")
 

@@ -38,7 +38,7 @@ _HEX = frozenset(b"0123456789abcdef")
 VERIFY = True
 
 VERIFY_HINT = ("run `sparkmq admin verify <store>` to list every damaged file, then restore the "
-               "segment from a replica (or a backup) before reading it again")
+               "file from a replica (or a backup) before reading it again")
 
 
 def _readonly(view: memoryview) -> memoryview:
@@ -53,32 +53,45 @@ def message_crc(msg: memoryview, digits_at: int) -> int:
 
 
 def find_digits(msg: memoryview) -> int | None:
-    """Offset in ``msg`` of the checksum's hex digits (searched in the metadata only), or
-    None when the message carries no checksum."""
+    """Offset in ``msg`` (one IPC message) of the checksum's hex digits, searched in its
+    metadata only, or None when the message carries no checksum."""
     if len(msg) < 8:
         return None
     (meta_len,) = struct.unpack_from("<i", msg, 4)
-    meta = bytes(msg[8:8 + max(0, meta_len)])
-    at = meta.find(MARK)
-    if at < 0 or at + len(MARK) + DIGITS > len(meta):
+    return _find(msg, 8, 8 + max(0, meta_len))
+
+
+def _find(view: memoryview, lo: int, hi: int) -> int | None:
+    region = bytes(view[lo:hi])
+    at = region.find(MARK)
+    if at < 0 or at + len(MARK) + DIGITS > len(region):
         return None
-    return 8 + at + len(MARK)
+    return lo + at + len(MARK)
+
+
+def _fill(out: bytearray, at: int | None) -> bytearray:
+    if at is None:
+        raise ValueError("bytes were not written with the checksum placeholder")
+    crc = message_crc(_readonly(memoryview(out)), at)
+    out[at:at + DIGITS] = b"%08x" % crc
+    return out
 
 
 def seal(message: bytes | memoryview) -> bytearray:
     """A copy of ``message`` (an IPC message serialized with :data:`CUSTOM_METADATA`) with
     its checksum digits filled in."""
     out = bytearray(message)
-    view = memoryview(out)
-    at = find_digits(view)
-    if at is None:
-        raise ValueError("message was not serialized with the checksum placeholder")
-    crc = message_crc(_readonly(view), at)
-    out[at:at + DIGITS] = b"%08x" % crc
-    return out
+    return _fill(out, find_digits(memoryview(out)))
 
 
-def verify(msg, where: str, pos: int) -> bool:
+def seal_region(data: bytes | memoryview) -> bytearray:
+    """A copy of ``data`` (any bytes holding the placeholder once, e.g. a Parquet footer)
+    with its checksum digits filled in."""
+    out = bytearray(data)
+    return _fill(out, _find(memoryview(out), 0, len(out)))
+
+
+def verify(msg, where: str, pos: int, item: str = "record batch") -> bool:
     """Check the checksum of the whole IPC message ``msg`` (buffer protocol), which starts
     at byte ``pos`` of file ``where``.
 
@@ -89,22 +102,33 @@ def verify(msg, where: str, pos: int) -> bool:
     if not VERIFY:
         return True
     view = _readonly(memoryview(msg))
-    at = find_digits(view)
+    return _check(view, find_digits(view), where, pos, item)
+
+
+def verify_region(data, where: str, pos: int, item: str) -> bool:
+    """:func:`verify` for bytes whose placeholder may be anywhere in them (a Parquet
+    footer written through :func:`seal_region`)."""
+    view = _readonly(memoryview(data))
+    return _check(view, _find(view, 0, len(view)), where, pos, item)
+
+
+def _check(view: memoryview, at: int | None, where: str, pos: int, item: str) -> bool:
     if at is None:
         return False
     stored = bytes(view[at:at + DIGITS])
     if not _HEX.issuperset(stored):
-        raise corrupt(where, pos, f"its checksum field holds {stored!r}, not hex digits")
+        raise corrupt(where, pos, f"its checksum field holds {stored!r}, not hex digits", item)
     computed = message_crc(view, at)
     if int(stored, 16) != computed:
         raise corrupt(where, pos, f"CRC32C mismatch (stored {stored.decode()}, computed "
-                                  f"{computed:08x})")
+                                  f"{computed:08x})", item)
     return True
 
 
-def corrupt(where: str, pos: int, what: str) -> CorruptStoreError:
-    """The error for a damaged record batch: file, byte position, what is wrong, what to do."""
-    return CorruptStoreError(f"{where}: record batch at byte {pos} is damaged: {what}; "
+def corrupt(where: str, pos: int, what: str, item: str = "record batch") -> CorruptStoreError:
+    """The error for a damaged record batch (or other ``item``): file, byte position, what
+    is wrong, what to do."""
+    return CorruptStoreError(f"{where}: {item} at byte {pos} is damaged: {what}; "
                              f"{VERIFY_HINT}")
 
 

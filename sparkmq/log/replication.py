@@ -37,6 +37,7 @@ from ..errors import CorruptStoreError, HAProtocolError, InvalidConfigError
 from ..lifecycle import ServiceThread
 from . import format as fmt
 from . import segment as seg
+from . import sidefile
 from .commitlog import SegmentRef
 from .store import Store
 from .topics import group_delete_actions
@@ -449,8 +450,8 @@ class ReplicaLog:
                 for add in list(adds.values()):
                     if not need(add):
                         continue
-                    with st.sfs.open_input(add["path"]) as f:
-                        table = pq.read_table(f).cast(schema)
+                    with sidefile.open_checked(st.sfs, add["path"]) as f:
+                        table = pq.read_table(f, page_checksum_verification=True).cast(schema)
                     keep = table.filter(pc.less(table.column("batch_offset"), offset))
                     if keep.num_rows == table.num_rows:
                         continue

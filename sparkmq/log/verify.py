@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from ..errors import CorruptStoreError, SparkMQError
 from . import format as fmt
 from . import segment as seg
+from . import sidefile
 from .fs import StoreFS
 from .txlog import TransactionLog, decode_actions
 
@@ -187,10 +188,14 @@ def _check_side_table(sfs: StoreFS, kind: str, add, batches: dict[int, int],
     rel = add["path"]
     report.side_tables += 1
     try:
-        with sfs.open_input(rel) as f:
-            table = pq.read_table(f, columns=["batch_offset", "row"])
+        with sidefile.open_checked(sfs, rel) as f:
+            table = pq.read_table(f, columns=["batch_offset", "row"],
+                                  page_checksum_verification=True)
     except FileNotFoundError:
         report.problems.append(Problem(kind, rel, "the file is missing"))
+        return
+    except CorruptStoreError as exc:
+        report.problems.append(Problem(kind, rel, str(exc)))
         return
     except (pa.ArrowException, OSError, ValueError) as exc:
         report.problems.append(Problem(kind, rel, f"not readable Parquet: {exc}"))
