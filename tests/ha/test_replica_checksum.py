@@ -7,7 +7,8 @@ import pytest
 from sparkmq import Message, Store
 from sparkmq.errors import HAProtocolError
 from sparkmq.log import segment as seg
-from sparkmq.log.replication import ReplicaLog
+
+from helpers.storetools import inline_replica_log
 
 
 def test_a_damaged_batch_is_not_acked(tmp_path):
@@ -23,10 +24,7 @@ def test_a_damaged_batch_is_not_acked(tmp_path):
     data[second + res.lengths[1] - 20] ^= 0x01           # a body byte of the second batch
     replica = Store.open(str(tmp_path / "r"), replica=True)
     try:
-        rlog = ReplicaLog(replica)                       # not started: dispatches inline
-        rlog.apply_meta({"topics": list(master.state.topics_by_id.values()),
-                         "consumerOffsets": []})
-        rlog.begin_segment(ref.path, ref.base_offset)
+        rlog = inline_replica_log(replica, master, ref)
         acks: list[int] = []
         rlog.write(ref.path, 0, bytes(data[:second + 30]), acks.append)   # cut inside it
         assert acks[-1] == ref.base_offset + second
