@@ -69,12 +69,21 @@ def _find(view: memoryview, lo: int, hi: int) -> int | None:
     return lo + at + len(MARK)
 
 
-def _fill(out: bytearray, at: int | None) -> bytearray:
+def _fill(out, at: int | None):
     if at is None:
         raise ValueError("bytes were not written with the checksum placeholder")
-    crc = message_crc(_readonly(memoryview(out)), at)
-    out[at:at + DIGITS] = b"%08x" % crc
+    view = memoryview(out)
+    if view.format != "B":                       # pyarrow buffers are signed bytes ("b")
+        view = view.cast("B")
+    crc = message_crc(_readonly(view), at)
+    view[at:at + DIGITS] = b"%08x" % crc
     return out
+
+
+def seal_in_place(message: memoryview) -> None:
+    """Fill in the checksum digits of ``message`` (a writable view of one IPC message
+    serialized with :data:`CUSTOM_METADATA`), without copying it."""
+    _fill(message, find_digits(message))
 
 
 def seal(message: bytes | memoryview) -> bytearray:

@@ -44,9 +44,10 @@ def serialize_batch(batch: pa.RecordBatch) -> pa.Buffer:
     sink = pa.BufferOutputStream()
     writer = pa.ipc.new_stream(sink, batch.schema)
     writer.write_batch(batch, custom_metadata=checksum.CUSTOM_METADATA)
-    stream = sink.getvalue()
+    stream = sink.getvalue()                       # a mutable buffer: sealed in place
     start = message_length(stream, 0)
-    return pa.py_buffer(checksum.seal(memoryview(stream)[start:]))
+    checksum.seal_in_place(memoryview(stream)[start:])
+    return stream.slice(start)
 
 
 def segment_format(header) -> int | None:
