@@ -420,8 +420,10 @@ class SegmentWriter:
             want *= 4
         if not n:
             raise checksum.corrupt(self.rel_path, pos, "no whole record batch message there")
-        legacy = segment_format(bytes(self._buffer[:HEADER_SIZE])) == 1
-        return read_batch_at(pa.py_buffer(chunk), 0, self.rel_path, legacy=legacy), n
+        msg = pa.py_buffer(chunk[:n])
+        verify_message(msg, self.rel_path, pos,
+                       lambda: segment_format(bytes(self._buffer[:HEADER_SIZE])) == 1)
+        return decode_message(msg, self.rel_path, pos), n
 
     def buffer(self) -> pa.Buffer:
         """The bytes written so far (memory map on local disks)."""

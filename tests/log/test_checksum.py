@@ -118,3 +118,19 @@ def test_the_remote_read_path_checks_too(store_url):
         seg.read_remote_batch(sfs, rel, batch_pos)
     batch, _ = seg.read_remote_batch(sfs, rel, seg.HEADER_SIZE)
     assert batch.num_rows == 4
+
+
+def test_the_in_memory_active_segment_checks_too():
+    """Object stores keep the active segment in the writer's buffer: reads from it are
+    checked and name the batch's real position."""
+    import uuid
+    sfs = StoreFS(f"memory://sparkmq-test-{uuid.uuid4().hex}")
+    w = seg.SegmentWriter(sfs, fmt.segment_file(0), 0, create=True)
+    first = w.append(seg.serialize_batch(segment_batch(2, prefix=b"a")))
+    second = w.append(seg.serialize_batch(segment_batch(2, prefix=b"b")))
+    assert w.read_buffered_batch(second)[0].column("body").to_pylist() == [b"b0", b"b1"]
+    w._buffer[len(w._buffer) - 20] ^= 0x01           # a body byte of the second batch
+    with pytest.raises(CorruptStoreError, match=f"byte {second}"):
+        w.read_buffered_batch(second)
+    assert w.read_buffered_batch(first)[0].num_rows == 2
+    w.close()
