@@ -17,6 +17,11 @@
    from Parquet, batches memory-mapped), against the limit:
    ``pa.ipc.open_stream(pa.memory_map(segment)).read_all()`` over the same
    segment files (no queue_offset/physical_offset/message_id columns).
+   Then the checksum's cost: the same ``read_table`` with every batch's CRC32C
+   checked and with the check off (``checksum.VERIFY = False``), alternated five
+   times each in one run, on a fresh reader (cold: every batch checked) and on one
+   reader (warm: each batch checked once); those rows' "limit" is the unchecked
+   read, so their ratio is unchecked / checked time (target >= 0.9).
 3. memory: a 2 GiB append (1 KiB messages, batches of 1000, default 1 GiB
    segments, so it rolls) in a subprocess; reports its peak RSS (VmHWM: the
    child's own high-water mark; ru_maxrss would include the parent's RSS).
@@ -41,6 +46,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from sparkmq.log import checksum
 from sparkmq.log import format as fmt
 from sparkmq.log.message import Message
 from sparkmq.log.store import Store
@@ -191,7 +197,38 @@ def bench_read(root: str, n: int, rows: list) -> None:
         rows.append(_row("iter_batches one queue", msgs, best_of(iter_batches), t_lim))
     finally:
         reader.close()
+    checksum_cost(rows, msgs, path)
     shutil.rmtree(d, ignore_errors=True)
+
+
+def checksum_cost(rows: list, msgs: int, path: str) -> None:
+    """The same range read with the batch checksums checked and with the check turned off
+    (``checksum.VERIFY``), alternated in one run; each row's ratio is unchecked time /
+    checked time (1.0 = checking is free; the target is >= 0.9). "cold": a reader opened
+    anew for each read, so every batch is checksummed; "warm": one reader, which checks
+    a batch once and remembers it (``checksum.VerifiedBatches``)."""
+    def timed(reader) -> float:
+        t0 = time.perf_counter()
+        assert reader.read_table(TOPIC, 0, 0).num_rows == msgs
+        return time.perf_counter() - t0
+
+    def cold() -> float:
+        with Store.open(path, mode="r") as reader:
+            return timed(reader)
+
+    times: dict[tuple[str, bool], list[float]] = {}
+    try:
+        with Store.open(path, mode="r") as warm_reader:
+            for _ in range(5):
+                for check in (False, True):
+                    checksum.VERIFY = check
+                    times.setdefault(("cold", check), []).append(cold())
+                    times.setdefault(("warm", check), []).append(timed(warm_reader))
+    finally:
+        checksum.VERIFY = True
+    for kind in ("cold", "warm"):
+        rows.append(_row(f"read_table checked/unchecked {kind}", msgs,
+                         min(times[(kind, True)]), min(times[(kind, False)])))
 
 
 def best_of(fn, repeat: int = 3) -> float:

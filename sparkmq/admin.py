@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Sequence
 
+from . import admin_verify
 from .errors import SparkMQError
 
 __all__ = ["main"]
@@ -554,6 +555,7 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true",
                    help="allow a retention below 1 h (no Spark job may be writing)")
     c.set_defaults(fn=store_vacuum)
+    admin_verify.add_parser(sub)
 
     cl = sub.add_parser("cluster").add_subparsers(dest="cmd", required=True)
     cl.add_parser("list").set_defaults(fn=cluster_list)

@@ -64,7 +64,8 @@ def load_staged(sfs: StoreFS, rel: str) -> StagedSegment:
     res = seg.scan(buf, validate=True)
     if res.valid_end == 0 or not res.sealed or res.valid_end + 8 != len(buf):
         raise UserError(f"staged segment {rel} is incomplete or corrupt; rerun the write")
-    return StagedSegment(rel, len(buf), [(p, seg.read_batch_at(buf, p)) for p in res.positions])
+    batches = [(p, seg.read_batch_at(buf, p, rel)) for p in res.positions]
+    return StagedSegment(rel, len(buf), batches)
 
 
 def check_staged_topics(staged: list[StagedSegment],

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from ..errors import CorruptStoreError, DataLossError
+from . import checksum
 from . import format as fmt
 from . import segment as seg
 from .fs import StoreFS
@@ -62,6 +63,7 @@ class CommitLog:
         self._cache: OrderedDict[int, tuple[pa.RecordBatch, int]] = OrderedDict()
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
+        self._verified = checksum.VerifiedBatches()   # batches whose checksum was checked
         self._flush_lock = threading.RLock()   # also held while a segment is sealed
         self.flushed_offset = 0               # physical offset up to which bytes are flushed
         self.written_offset = 0               # physical offset after the last appended byte
@@ -188,6 +190,7 @@ class CommitLog:
         with self._lock:
             self._cache.clear()
             self._cache_bytes = 0
+            self._verified = checksum.VerifiedBatches()
 
     def _ref(self, path: str) -> SegmentRef:
         for r in self._segments:
@@ -280,4 +283,4 @@ class CommitLog:
         if pos >= len(buf):
             raise CorruptStoreError(
                 f"segment {ref.path} has {len(buf)} bytes; batch at {pos} is past its end")
-        return seg.read_batch_at(buf, pos)
+        return seg.read_batch_at(buf, pos, ref.path, verified=self._verified)

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from . import format as fmt
 from .actions import AddFile, QueueStats
+from . import sidefile
 from .fs import StoreFS
 
 ENTRY_COLUMNS = ["queue_offset", "batch_offset", "row", "size", "tags_code", "store_timestamp"]
@@ -231,11 +232,11 @@ def write_side_table(sfs: StoreFS, rel: str, table: pa.Table, *, row_group_rows:
     dictionaries."""
     sink = io.BytesIO()
     delta = _delta_columns(table.schema)
-    pq.write_table(table, sink, row_group_size=row_group_rows, compression="zstd",
-                   write_statistics=True,
+    pq.write_table(sidefile.with_placeholder(table), sink, row_group_size=row_group_rows,
+                   compression="zstd", write_statistics=True, write_page_checksum=True,
                    use_dictionary=[n for n in table.column_names if n not in delta],
                    column_encoding={n: "DELTA_BINARY_PACKED" for n in delta})
-    data = sink.getvalue()
+    data = sidefile.seal(sink.getvalue())       # footer checksum (format 2)
     sfs.write(rel, data)
     return len(data)
 
@@ -315,8 +316,8 @@ def _read_queue_slices(sfs: StoreFS, rel: str, tid: int, qid: int, lo: int, hi: 
     filters = [("topic_id", "=", tid), ("queue_id", "=", qid),
                ("queue_offset", ">=", lo), ("queue_offset", "<", hi)]
     out = []
-    with sfs.open_input(rel) as f:
-        pf = pq.ParquetFile(f)
+    with sidefile.open_checked(sfs, rel) as f:
+        pf = pq.ParquetFile(f, page_checksum_verification=True)
         for g in _row_groups(pf, filters):
             t = pf.read_row_group(g, columns=["topic_id", "queue_id", *wanted])
             part = _sorted_slice(t, tid, qid, lo, hi)
@@ -397,8 +398,8 @@ def _read_filtered(sfs: StoreFS, rel: str, filters: list) -> pa.Table:
         field = pc.field(col)
         e = {"=": field == val, ">=": field >= val, "<": field < val, "<=": field <= val}[op]
         expr = e if expr is None else expr & e
-    with sfs.open_input(rel) as f:
-        pf = pq.ParquetFile(f)
+    with sidefile.open_checked(sfs, rel) as f:
+        pf = pq.ParquetFile(f, page_checksum_verification=True)
         groups = _row_groups(pf, filters)
         if not groups:
             return fmt.CONSUMEQUEUE_SCHEMA.empty_table() if "consumequeue" in rel \
@@ -441,8 +442,8 @@ def compact_side_tables(sfs: StoreFS, adds: list[dict], sort_keys: list[str],
     """Read side-table files and merge them into one table sorted by ``sort_keys``."""
     tables = []
     for add in adds:
-        with sfs.open_input(add.path) as f:
-            tables.append(pq.read_table(f).cast(schema))
+        with sidefile.open_checked(sfs, add.path) as f:
+            tables.append(pq.read_table(f, page_checksum_verification=True).cast(schema))
     if not tables:
         return schema.empty_table()
     return pa.concat_tables(tables).sort_by([(k, "ascending") for k in sort_keys])

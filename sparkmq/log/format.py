@@ -22,12 +22,12 @@ import uuid
 
 import pyarrow as pa
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 MIN_READER_VERSION = 1
-MIN_WRITER_VERSION = 1
+MIN_WRITER_VERSION = 2
 # the protocol versions this code implements: it reads stores whose minReaderVersion is
 # at most FORMAT_VERSION and writes stores whose minWriterVersion is at most WRITER_VERSION
-WRITER_VERSION = 1
+WRITER_VERSION = 2
 
 LOG_DIR = "_log"
 COMMITLOG_DIR = "commitlog"

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from ..errors import (DataLossError, InvalidMessageIdError,
                       QueueNotFoundError, TopicNotFoundError, UserError)
 from ..errors import StoreIOError
+from . import checksum
 from . import format as fmt
 from . import segment as seg
 from .actions import AddFile, TopicConfig
@@ -446,6 +447,7 @@ class Snapshot(MessageReader):
         self._index_files = list(state.index_files.values())
         self._max = state.queue_max_offsets()
         self._min = state.queue_min_offsets()
+        self._verified = checksum.VerifiedBatches()   # batches whose checksum was checked
 
     @classmethod
     def load(cls, url: str, *, version: int | None = None, timestamp_ms: int | None = None,
@@ -518,7 +520,7 @@ class Snapshot(MessageReader):
                 f"segment {add.path} of version {self.state.version} was deleted by "
                 "retention after that version; read a newer version",
                 earliest_offset=None) from None
-        return seg.read_batch_at(buf, pos)
+        return seg.read_batch_at(buf, pos, add.path, verified=self._verified)
 
     def _index_hits(self, tid, key):
         return read_index(self.sfs, self._index_files, tid, key)

@@ -87,7 +87,7 @@ def recover(store: "Store") -> None:
             sfs.truncate(ref.path, valid_end)
             buf = sfs.read_buffer(ref.path)
         for pos in result.positions:
-            batch = seg.read_batch_at(buf, pos)
+            batch = seg.read_batch_at(buf, pos, ref.path)
             store.dispatcher.dispatch(batch, ref.base_offset + pos)
             redispatched += batch.num_rows
         ref.size = valid_end

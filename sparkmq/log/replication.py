@@ -37,6 +37,7 @@ from ..errors import CorruptStoreError, HAProtocolError, InvalidConfigError
 from ..lifecycle import ServiceThread
 from . import format as fmt
 from . import segment as seg
+from . import sidefile
 from .actions import (Action, AddFile, ConsumerOffset, GroupConfig, RemoveFile, Retention,
                       TopicConfig)
 from .commitlog import SegmentRef
@@ -78,6 +79,7 @@ class ReplicaLog:
                                      f"(got {store.url})")
         self.store = store
         self._walk_pos = 0         # position in the active segment of the next message start
+        self._unchecked: tuple[str, int, int] | None = None   # (path, pos, length) torn batch
         self._whole_end = store.commitlog.written_offset  # end of the last whole message
         self._dispatch_lock = threading.Lock()   # taken after the store's append lock
         self._reput: ReputService | None = None
@@ -155,7 +157,7 @@ class ReplicaLog:
                     if n is None:
                         raise HAProtocolError(f"segment {ref.path}: no whole batch at byte "
                                               f"{pos} below the acked end {target}")
-                    batch = seg.read_batch_at(buf, pos)
+                    batch = seg.read_batch_at(buf, pos, ref.path)
                     affected.extend(st.dispatcher.dispatch(batch, base + pos)[1])
                     pos += n
                 del buf
@@ -275,6 +277,12 @@ class ReplicaLog:
         p = self._walk_pos
         whole = None
         sealed = False
+        torn, self._unchecked = self._unchecked, None
+        if torn is not None and torn[0] == a.rel_path and torn[1] + torn[2] == p:
+            if p > end:
+                self._unchecked = torn
+            else:
+                self._check_batch(a, torn[1], torn[2])
         while p < end:
             head = self._peek(a, p, min(end - p, PEEK_BYTES))
             n = seg.message_extent(head, 0)
@@ -302,6 +310,10 @@ class ReplicaLog:
                 if seg.header_length(pa.py_buffer(self._peek(a, 0, n))) != n:
                     raise HAProtocolError(f"segment {a.rel_path} does not start with the "
                                           "segment schema")
+            if p > 0 and p + n <= end:
+                self._check_batch(a, p, n)
+            elif p > 0:
+                self._unchecked = (a.rel_path, p, n)   # checked once its last byte is here
             if p + n <= end:
                 whole = p + n
             p += n
@@ -314,6 +326,16 @@ class ReplicaLog:
             cl = self.store.commitlog
             self._close_peek()
             cl.seal_written(a, ref)
+
+    def _check_batch(self, a: seg.SegmentWriter, pos: int, n: int) -> None:
+        """Verify the checksum of the whole batch message just received at ``pos`` (read back
+        from the page cache) before the replica acks it; a damaged copy is a protocol
+        error (the replica does not ack it)."""
+        try:
+            seg.verify_message(self._peek(a, pos, n), a.rel_path, pos,
+                               lambda: seg.segment_format(self._peek(a, 0, seg.HEADER_SIZE)) == 1)
+        except CorruptStoreError as exc:
+            raise HAProtocolError(f"received bytes fail their checksum: {exc}") from exc
 
     def _reopen(self, path: str) -> seg.SegmentWriter:
         cl = self.store.commitlog
@@ -411,8 +433,8 @@ class ReplicaLog:
                 for add in list(adds.values()):
                     if not need(add):
                         continue
-                    with st.sfs.open_input(add.path) as f:
-                        table = pq.read_table(f).cast(schema)
+                    with sidefile.open_checked(st.sfs, add.path) as f:
+                        table = pq.read_table(f, page_checksum_verification=True).cast(schema)
                     keep = table.filter(pc.less(table.column("batch_offset"), offset))
                     if keep.num_rows == table.num_rows:
                         continue

@@ -245,7 +245,7 @@ def segment_topic_times(store, ref) -> dict[str, int] | None:
     out: dict[str, int] | None = {}
     try:
         buf = store.sfs.read_buffer(ref.path, cache=True)
-        batches = [seg.read_batch_at(buf, pos) for pos in seg.scan(buf).positions]
+        batches = [seg.read_batch_at(buf, pos, ref.path) for pos in seg.scan(buf).positions]
         batches = [b.select(["topic", "store_timestamp"]) for b in batches if b.num_rows]
         if batches:
             t = pa.Table.from_batches(batches)

@@ -28,6 +28,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from ..errors import CorruptStoreError
+from . import checksum
 from . import format as fmt
 from .fs import StoreFS, start_writeback
 
@@ -38,30 +39,104 @@ HEADER_SIZE = len(SCHEMA_BYTES)
 
 
 def serialize_batch(batch: pa.RecordBatch) -> pa.Buffer:
-    """The encapsulated IPC message of ``batch`` (the bytes appended to a segment)."""
-    return batch.serialize()
+    """The encapsulated IPC message of ``batch`` (the bytes appended to a segment), with its
+    CRC32C checksum in the message's custom metadata (:mod:`sparkmq.log.checksum`)."""
+    sink = pa.BufferOutputStream()
+    writer = pa.ipc.new_stream(sink, batch.schema)
+    writer.write_batch(batch, custom_metadata=checksum.CUSTOM_METADATA)
+    stream = sink.getvalue()                       # a mutable buffer: sealed in place
+    start = message_length(stream, 0)
+    checksum.seal_in_place(memoryview(stream)[start:])
+    return stream.slice(start)
 
 
-def read_batch_at(buf: pa.Buffer, pos: int) -> pa.RecordBatch:
-    """Decode the record batch whose message starts at byte ``pos`` of ``buf`` (zero copy)."""
+def segment_format(header) -> int | None:
+    """The format version a segment's schema message declares (its ``sparkmq.format``
+    metadata): 2 for segments whose batches carry checksums, 1 for older ones; None when
+    ``header`` (the segment's first bytes, buffer protocol) does not start with a segment
+    schema of a known version."""
+    if bytes(memoryview(header)[:HEADER_SIZE]) == SCHEMA_BYTES:
+        return fmt.FORMAT_VERSION
+    buf = header if isinstance(header, pa.Buffer) else pa.py_buffer(bytes(header))
+    n = header_length(buf)
+    if not n:
+        return None
+    meta = pa.ipc.read_schema(buf.slice(0, n)).metadata or {}
     try:
-        msg = pa.ipc.read_message(buf.slice(pos))
-        return pa.ipc.read_record_batch(msg, fmt.SEGMENT_SCHEMA)
+        version = int(meta.get(b"sparkmq.format", b"1"))
+    except ValueError:
+        return None
+    return version if version in (1, fmt.FORMAT_VERSION) else None
+
+
+def checked_length(buf, pos: int, where: str) -> int:
+    """Length of the whole record batch message at byte ``pos`` of ``buf``, from its header
+    with every offset and length checked against ``buf`` (nothing trusted, no pyarrow)."""
+    n = message_extent(buf, pos)
+    if n is None or n == NOT_A_MESSAGE or n == 0 or pos < 0 or pos + n > len(buf):
+        raise checksum.corrupt(where, pos, "no whole record batch message there "
+                               f"(header says {n} bytes, the file has {len(buf) - pos} left)")
+    return n
+
+
+def verify_message(msg, where: str, pos: int, legacy,
+                   verified: checksum.VerifiedBatches | None = None) -> None:
+    """Check the checksum of the whole message ``msg`` found at byte ``pos`` of ``where``
+    (unless ``verified`` remembers it checked); ``legacy()`` tells whether the segment is
+    of format 1 (whose batches have none). Raises :class:`CorruptStoreError` when the
+    bytes are damaged."""
+    ok = verified.check(msg, where, pos) if verified is not None else \
+        checksum.verify(msg, where, pos)
+    if not ok and not legacy():
+        raise checksum.corrupt(where, pos, "its checksum is missing (format 2 segments "
+                               "checksum every batch)")
+
+
+def decode_message(msg: pa.Buffer, where: str, pos: int) -> pa.RecordBatch:
+    """Decode one whole, verified IPC message into a record batch (zero copy)."""
+    try:
+        return pa.ipc.read_record_batch(pa.ipc.read_message(msg), fmt.SEGMENT_SCHEMA)
     except (pa.ArrowInvalid, OSError, IndexError, EOFError) as exc:
-        raise CorruptStoreError(f"no record batch at byte {pos}: {exc}") from exc
+        raise checksum.corrupt(where, pos, str(exc)) from exc
+
+
+def read_batch_at(buf: pa.Buffer, pos: int, where: str = "segment", *,
+                  legacy: bool | None = None,
+                  verified: checksum.VerifiedBatches | None = None) -> pa.RecordBatch:
+    """Decode the record batch whose message starts at byte ``pos`` of ``buf`` (a whole
+    segment, zero copy), after checking its bounds and its checksum. ``where`` names the
+    file in errors; ``legacy`` says whether ``buf`` is a format-1 segment (None: read it
+    from ``buf``'s schema message); ``verified``: the reader's memory of batches already
+    checked. Raises :class:`CorruptStoreError` on damage."""
+    n = checked_length(buf, pos, where)
+    msg = buf.slice(pos, n)
+    verify_message(msg, where, pos,
+                   lambda: segment_format(buf) == 1 if legacy is None else legacy, verified)
+    return decode_message(msg, where, pos)
 
 
 def read_remote_batch(sfs: StoreFS, rel: str, pos: int) -> tuple[pa.RecordBatch, int]:
     """The record batch at byte ``pos`` of segment ``rel`` on a non-local backend and the
     byte length of its message, fetching only that message (ranged reads through the
-    backend's file object), not the whole segment."""
+    backend's file object), not the whole segment; checked like :func:`read_batch_at`."""
     with sfs.open_input(rel) as f:
         f.seek(pos)
-        try:
-            msg = pa.ipc.read_message(pa.PythonFile(f, mode="r"))
-            return pa.ipc.read_record_batch(msg, fmt.SEGMENT_SCHEMA), f.tell() - pos
-        except (pa.ArrowInvalid, OSError, EOFError) as exc:
-            raise CorruptStoreError(f"no record batch at byte {pos} of {rel}: {exc}") from exc
+        data = f.read(8)
+        if len(data) == 8:
+            data += f.read(max(0, struct.unpack_from("<i", data, 4)[0]))
+        n = message_extent(data, 0)
+        if n is not None and n > len(data):
+            data += f.read(n - len(data))
+        if n is None or n == NOT_A_MESSAGE or n == 0 or n > len(data):
+            raise checksum.corrupt(rel, pos, "no whole record batch message there")
+
+        def legacy() -> bool:
+            f.seek(0)
+            return segment_format(f.read(HEADER_SIZE)) == 1
+
+        msg = pa.py_buffer(data[:n])
+        verify_message(msg, rel, pos, legacy)
+        return decode_message(msg, rel, pos), n
 
 
 def message_length(buf: pa.Buffer | bytes, pos: int) -> int | None:
@@ -344,8 +419,11 @@ class SegmentWriter:
                 break
             want *= 4
         if not n:
-            raise CorruptStoreError(f"{self.rel_path}: no whole record batch at byte {pos}")
-        return read_batch_at(pa.py_buffer(chunk), 0), n
+            raise checksum.corrupt(self.rel_path, pos, "no whole record batch message there")
+        msg = pa.py_buffer(chunk[:n])
+        verify_message(msg, self.rel_path, pos,
+                       lambda: segment_format(bytes(self._buffer[:HEADER_SIZE])) == 1)
+        return decode_message(msg, self.rel_path, pos), n
 
     def buffer(self) -> pa.Buffer:
         """The bytes written so far (memory map on local disks)."""
@@ -358,7 +436,7 @@ def write_segment(sfs: StoreFS, rel_path: str, batches: list[pa.RecordBatch]) ->
     """Write a whole sealed segment (used by writer tasks); returns its size."""
     parts = [SCHEMA_BYTES]
     for b in batches:
-        parts.append(serialize_batch(b).to_pybytes())
+        parts.append(serialize_batch(b).to_pybytes())   # each with its checksum
     parts.append(EOS)
     data = b"".join(parts)
     sfs.write(rel_path, data)

@@ -63,7 +63,7 @@ from . import topics as _topics
 from . import vacuum as _vacuum
 from .integrity import check_files
 from .batch import MAX_BATCH_BODY_BYTES, PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401
-from .actions import Action, GroupConfig, TopicConfig
+from .actions import Action, GroupConfig, MetaData, Protocol, TopicConfig
 from .commitlog import CommitLog, SegmentRef
 from .consumequeue import live_entries, live_time_entries
 from .dispatch import Dispatcher
@@ -211,14 +211,12 @@ class Store(MessageReader):
         return store
 
     def _create(self) -> None:
-        meta = {"storeId": uuid.uuid4().hex, "createdTime": self.clock_ms(),
-                "formatVersion": fmt.FORMAT_VERSION,
-                "configuration": {"brokerName": self.config.broker_name}}
+        meta = MetaData(store_id=uuid.uuid4().hex, created_time=self.clock_ms(),
+                        format_version=fmt.FORMAT_VERSION,
+                        configuration={"brokerName": self.config.broker_name})
         try:
-            self.txlog.create([
-                {"protocol": {"minReaderVersion": fmt.MIN_READER_VERSION,
-                              "minWriterVersion": fmt.MIN_WRITER_VERSION}},
-                {"metaData": meta}])
+            self.txlog.create([Protocol(min_reader_version=fmt.MIN_READER_VERSION,
+                                        min_writer_version=fmt.MIN_WRITER_VERSION), meta])
         except Exception:   # a concurrent opener created the store first: that is success;
             if not self.txlog.exists():   # anything else re-raises
                 raise

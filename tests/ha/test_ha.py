@@ -16,6 +16,7 @@ import time
 import pytest
 
 from helpers.net import free_port
+from helpers.storetools import inline_replica_log
 from helpers.daemons import get_json, kill9, post_json, spawn, stop_process
 from helpers.waiting import wait_until
 from sparkmq import Message, Store
@@ -812,10 +813,7 @@ def test_replica_finds_whole_batches_across_any_frame_cuts(tmp_path):
     cuts = [100, hdr + 3, b1 + 5, b2, b2 + 1, ends[3] - 1, len(data)]
     replica = Store.open(str(tmp_path / "r"), replica=True)
     try:
-        rlog = ReplicaLog(replica)              # not started: dispatches inline
-        rlog.apply_meta({"topics": [t.body() for t in master.state.topics_by_id.values()],
-                         "consumerOffsets": []})
-        rlog.begin_segment(ref.path, ref.base_offset)
+        rlog = inline_replica_log(replica, master, ref)
         acks: list[int] = []
         pos = 0
         for cut in cuts:

@@ -53,3 +53,14 @@ def batch_ends(path: str) -> list[int]:
     buf = pa.py_buffer(open(path, "rb").read())
     res = seg.scan(buf)
     return [p + n for p, n in zip(res.positions, res.lengths)]
+
+
+def inline_replica_log(replica, master, ref):
+    """A ReplicaLog of ``replica`` (not started: it dispatches inline) that mirrors
+    ``master``'s topics and has begun receiving segment ``ref``."""
+    from sparkmq.log.replication import ReplicaLog
+    rlog = ReplicaLog(replica)
+    rlog.apply_meta({"topics": [t.body() for t in master.state.topics_by_id.values()],
+                     "consumerOffsets": []})
+    rlog.begin_segment(ref.path, ref.base_offset)
+    return rlog

@@ -43,7 +43,7 @@ def test_reading_a_store_of_a_newer_writer_version_works(newer_store):
 def test_opening_for_write_refuses_and_changes_nothing(newer_store):
     sfs = StoreFS(newer_store)
     before = _files(sfs)
-    with pytest.raises(UnsupportedFormatError, match=r"writer version 2.*mode='r'"):
+    with pytest.raises(UnsupportedFormatError, match=rf"writer version {fmt.WRITER_VERSION + 1}.*mode='r'"):
         Store.open(newer_store, mode="w", start_services=False)
     assert _files(sfs) == before
     assert not sfs.exists(fmt.abort_file())
