@@ -22,6 +22,7 @@ from ..errors import InvalidMessageError, StoreClosedError
 from . import format as fmt
 from .batch import BatchBuilder, split_by_size, stamp_store_time
 from .dispatch import RowInfo
+from .limits import MessageLimits
 from .message import Message, store_tag
 from .status import AppendResult, BatchAppendResult, PutMessageStatus
 
@@ -37,7 +38,7 @@ class Appender:
         self.store = store
         c = store.config
         self.batches = BatchBuilder(store.writable_topic,
-                                    max_message_size_bytes=c.max_message_size_bytes,
+                                    limits=MessageLimits.of(c),
                                     store_host=c.store_host, clock_ms=store.clock_ms)
         self._last_store_ts = 0
 
