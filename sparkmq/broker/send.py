@@ -26,6 +26,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from ..errors import InvalidNameError, PermissionDeniedError, SparkMQError
 from ..log import format as fmt
 from ..log.batch import build_segment_batch
+from ..log.limits import (MAX_TIMESTAMP_MS, RESERVED_PROPERTY_KEYS, MessageLimits,
+                          message_violation)
 from ..log.message import encode_message_id, store_tag
 from ..log.names import validate_topic
 from ..log.status import PutMessageStatus
@@ -170,6 +172,58 @@ def body_refusal(size_bytes: int, limit_bytes: int) -> pb.Status | None:
     return None
 
 
+_KNOWN_TYPES = frozenset({pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY,
+                          pb.TRANSACTION})
+
+
+def _type_refusal(m: pb.Message) -> pb.Status | None:
+    """BAD_REQUEST for a message type the protocol does not define (99, -5); UNSUPPORTED
+    for one it defines that sparkmq does not serve (LITE, PRIORITY)."""
+    mtype = m.system_properties.message_type
+    if mtype in _KNOWN_TYPES:
+        return None
+    if mtype in pb.MessageType.values():
+        return status(Code.UNSUPPORTED,
+                      f"message type {pb.MessageType.Name(mtype)} is not supported")
+    return status(Code.BAD_REQUEST, f"message type {mtype} is not a RocketMQ message type "
+                  "(NORMAL, FIFO, DELAY, TRANSACTION)")
+
+
+def limits_refusal(m: pb.Message, limits: MessageLimits) -> pb.Status | None:
+    """The status refusing ``m`` for an input limit (``sparkmq.log.limits``: sizes,
+    properties, tag, keys, group, id, timestamps), with the proxy's code; else None."""
+    sp = m.system_properties
+    bad = message_violation(
+        limits, topic=m.topic.name, body_bytes=len(m.body),
+        tag=sp.tag if sp.HasField("tag") else None, keys=sp.keys,
+        properties=m.user_properties, message_group=sp.message_group or None,
+        message_id=sp.message_id or None, born_host=sp.born_host or None,
+        born_timestamp_ms=ms_of_timestamp(sp.born_timestamp) or None,
+        delivery_timestamp_ms=(ms_of_timestamp(sp.delivery_timestamp)
+                               if sp.HasField("delivery_timestamp") else None),
+        reserved_keys=RESERVED_PROPERTY_KEYS)
+    return None if bad is None else status(Code.Value(bad.status), bad.message)
+
+
+def _plain_within_limits(topic: str, sps: list, props: list, max_body_bytes: int,
+                         limits: MessageLimits) -> bool:
+    """True when no plain message of a request can break a limit: no properties or
+    keys, alphanumeric short ids, born times in range and bodies far enough under
+    maxMessageSize (a cheap screen; False means "decide message by message")."""
+    if any(props) or any([sp.keys for sp in sps]):
+        return False
+    ids = "".join([sp.message_id for sp in sps])
+    if ids and (not ids.isalnum() or not ids.isascii()
+                or max([len(sp.message_id) for sp in sps]) > limits.max_message_id_size_bytes):
+        return False
+    seconds = [sp.born_timestamp.seconds for sp in sps]
+    if min(seconds) < 0 or max(seconds) >= MAX_TIMESTAMP_MS // 1000:
+        return False
+    hosts = max([len(sp.born_host) for sp in sps])
+    return (max_body_bytes + 4 * (len(topic) + hosts) + limits.max_message_id_size_bytes
+            <= limits.max_message_size_bytes)
+
+
 class SendService:
     """The broker's send domain (see the module docstring). ``broker`` is the
     :class:`sparkmq.broker.Broker` whose store, role, metrics, topics, delay policy
@@ -213,12 +267,12 @@ class SendService:
         parked); a refused message's status goes to ``results[i]`` (and the
         ``sparkmq_send_errors_total`` counter). ``client_id()`` names the producer of
         a transactional message (asked only when there is one)."""
-        limit = self.store.config.max_message_size_bytes
+        limits = MessageLimits.of(self.store.config)
         rows = SendRows()
         topics: dict[str, pb.Status | None] = {}
         refusal, transactional = self.refusal, pb.TRANSACTION
         for i, m in enumerate(messages):
-            st = refusal(m, topics, limit)
+            st = refusal(m, topics, limits)
             parked = None
             if st is None:
                 mtype = m.system_properties.message_type
@@ -263,23 +317,30 @@ class SendService:
             return None
         bodies = [m.body for m in messages]
         sizes = list(map(len, bodies))
-        limit = self.store.config.max_message_size_bytes
+        limits = MessageLimits.of(self.store.config)
+        limit = limits.max_message_size_bytes
         if body_refusal(min(sizes), limit) is not None \
                 or body_refusal(max(sizes), limit) is not None \
                 or self.topic_refusal(first) is not None:
             return None
+        if not _plain_within_limits(first, sps, props, max(sizes), limits):
+            for m in messages:             # decide message by message; any refused: accept
+                if limits_refusal(m, limits) is not None:
+                    return None
         return SendRows.plain(messages, sps, props, bodies, first)
 
-    def refusal(self, m: pb.Message, topics: dict, limit: int) -> pb.Status | None:
+    def refusal(self, m: pb.Message, topics: dict, limits: MessageLimits) -> pb.Status | None:
         """The status refusing ``m`` before it reaches the store, or None if it may go;
-        ``topics`` caches the verdict per topic, ``limit`` is maxMessageSize."""
+        ``topics`` caches the verdict per topic. Each message is decided alone, before
+        any merge with other requests: a bad one never fails the others."""
         topic = m.topic.name
         refused = topics.get(topic, False)
         if refused is False:
             refused = topics[topic] = self.topic_refusal(topic)
         if refused is not None:
             return refused
-        refused = body_refusal(len(m.body), limit)
+        refused = body_refusal(len(m.body), limits.max_message_size_bytes) \
+            or _type_refusal(m) or limits_refusal(m, limits)
         if refused is not None:
             return refused
         sp = m.system_properties
@@ -299,18 +360,12 @@ class SendService:
                 and PROP_DELAY_LEVEL not in m.user_properties:
             return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                           "a DELAY message needs a delivery timestamp (or a DELAY level property)")
-        elif mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION,
-                           pb.MESSAGE_TYPE_UNSPECIFIED):
-            return status(Code.UNSUPPORTED,
-                          f"message type {pb.MessageType.Name(mtype)} is not supported")
         elif (mtype == pb.FIFO) != bool(sp.message_group):
             return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                           "a FIFO message needs a message group, and only FIFO messages may have one")
         if sp.HasField("delivery_timestamp") and mtype != pb.DELAY:
             return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                           "only DELAY messages may carry a delivery timestamp")
-        if sp.HasField("tag") and (not sp.tag.strip() or "|" in sp.tag):
-            return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or contains '|'")
         if sp.body_encoding == pb.GZIP:
             return status(Code.UNSUPPORTED, "gzip-encoded bodies are not supported")
         return None

@@ -94,7 +94,7 @@ def message_size_bytes(topic: str, body_bytes: int, tag: str | None, keys: Seque
                        *others: str | None) -> int:
     """The size counted against maxMessageSize: the body plus every variable-length
     field (``others``: message group, message id, born host, transaction id) in UTF-8."""
-    items = properties.items() if isinstance(properties, Mapping) else properties
+    items = properties.items() if hasattr(properties, "items") else properties
     return (body_bytes + _utf8_len(topic) + _utf8_len(tag) + sum(map(_utf8_len, keys))
             + sum(_utf8_len(k) + _utf8_len(v) for k, v in items)
             + sum(map(_utf8_len, others)))
