@@ -68,8 +68,8 @@ class InvalidMessageError(UserError):
 
 
 class MessageLimitError(InvalidMessageError):
-    """A message breaks an input limit (size, properties, tag, key, group, id, time,
-    type); ``status`` names the RocketMQ proxy's status code for it."""
+    """A message or request breaks an input limit (size, properties, tag, key, group,
+    id, time, type); ``status`` names the RocketMQ proxy's status code for it."""
 
     code = "SPARKMQ_MESSAGE_LIMIT"
 

@@ -19,6 +19,7 @@ round-robin counters are under a lock, the store is thread-safe.
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -35,11 +36,19 @@ from .protocol import Code, ms_of_timestamp, status
 from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
 from .sendmerge import SendMerger
 
+log = logging.getLogger(__name__)
 _SEGMENT_COLUMNS = ("topic", "queue_id", "body", "tags", "keys", "properties", "born_timestamp",
                     "born_host", "delivery_timestamp", "message_group", "transaction_id",
                     "message_type", "unique_key")
 NORMAL_TYPE, FIFO_TYPE = fmt.MESSAGE_TYPE_NORMAL, fmt.MESSAGE_TYPE_FIFO
 DELAY_TYPE, TRANSACTION_TYPE = fmt.MESSAGE_TYPE_DELAY, fmt.MESSAGE_TYPE_TRANSACTION
+
+
+def _logged(e: Exception) -> Exception:
+    """``e``, logged with its traceback when it is not one of sparkmq's own errors."""
+    if not isinstance(e, SparkMQError):
+        log.error("a send failed unexpectedly", exc_info=e)
+    return e
 
 
 class SendRows:
@@ -403,19 +412,22 @@ class SendService:
         return self.merger.submit(rows)
 
     def _send_rows_alone(self, rows) -> list:
-        """``send_rows`` for one SendRows as one record batch. If the batch is refused as
-        a whole, rows are appended one by one to isolate the bad one."""
+        """``send_rows`` for one SendRows as one record batch. If the batch is refused or
+        fails as a whole, rows are appended one by one to isolate the bad one."""
         try:
             return self._append_rows(rows)
-        except SparkMQError as e:
+        # refused as a whole (a SparkMQError, or an unexpected error of one row's
+        # values): row by row below, so only the bad row fails
+        except Exception as e:
             if len(rows) == 1:
-                return [e]
+                return [_logged(e)]
         out: list = []
         for p in range(len(rows)):
             try:
                 out += self._append_rows(rows.subset([p]))
-            except SparkMQError as e:
-                out.append(e)
+            # this row's own error, answered in its entry only (INTERNAL_ERROR if unexpected)
+            except Exception as e:
+                out.append(_logged(e))
         return out
 
     def _append_rows(self, rows) -> list:

@@ -32,6 +32,7 @@ Stateless; thread-safe.
 """
 from __future__ import annotations
 
+import numbers
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
@@ -197,15 +198,19 @@ def _id_violation(limits: MessageLimits, message_id: str | None) -> MessageLimit
     return _text_violation("ILLEGAL_MESSAGE_ID", "message id", message_id)
 
 
+def timestamp_violation(ms: int | None, what: str,
+                        status: str = "BAD_REQUEST") -> MessageLimitError | None:
+    """The error refusing timestamp ``ms`` (named ``what``) outside
+    MIN_TIMESTAMP_MS..MAX_TIMESTAMP_MS, or None (also for None)."""
+    if ms is None or (isinstance(ms, numbers.Integral) and MIN_TIMESTAMP_MS <= ms <= MAX_TIMESTAMP_MS):
+        return None
+    return MessageLimitError(status, f"{what} {ms!r} ms is not a time within "
+                                     "1970-01-01..9999-12-31 (ms since the epoch)")
+
+
 def _time_violation(born_ms: int | None, delivery_ms: int | None) -> MessageLimitError | None:
-    if born_ms is not None and not MIN_TIMESTAMP_MS <= born_ms <= MAX_TIMESTAMP_MS:
-        return MessageLimitError(
-            "BAD_REQUEST", f"born timestamp {born_ms} ms is outside 1970-01-01..9999-12-31")
-    if delivery_ms is not None and not MIN_TIMESTAMP_MS <= delivery_ms <= MAX_TIMESTAMP_MS:
-        return MessageLimitError(
-            "ILLEGAL_DELIVERY_TIME",
-            f"delivery timestamp {delivery_ms} ms is outside 1970-01-01..9999-12-31")
-    return None
+    return (timestamp_violation(born_ms, "born timestamp")
+            or timestamp_violation(delivery_ms, "delivery timestamp", "ILLEGAL_DELIVERY_TIME"))
 
 
 def _type_violation(message_type: int) -> MessageLimitError | None:
