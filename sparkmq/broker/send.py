@@ -202,10 +202,11 @@ def limits_refusal(m: pb.Message, limits: MessageLimits) -> pb.Status | None:
     """The status refusing ``m`` for an input limit (``sparkmq.log.limits``: sizes,
     properties, tag, keys, group, id, timestamps), with the proxy's code; else None."""
     sp = m.system_properties
-    bad = message_violation(
+    props = m.user_properties
+    bad = message_violation(     # Python lists and dicts: ~2x cheaper to read than pb's
         limits, topic=m.topic.name, body_bytes=len(m.body),
-        tag=sp.tag if sp.HasField("tag") else None, keys=sp.keys,
-        properties=m.user_properties, message_group=sp.message_group or None,
+        tag=sp.tag if sp.HasField("tag") else None, keys=list(sp.keys) if sp.keys else (),
+        properties=dict(props) if props else None, message_group=sp.message_group or None,
         message_id=sp.message_id or None, born_host=sp.born_host or None,
         born_timestamp_ms=ms_of_timestamp(sp.born_timestamp) or None,
         delivery_timestamp_ms=(ms_of_timestamp(sp.delivery_timestamp)
@@ -444,7 +445,8 @@ class SendService:
         # placeholder the store stamps under its append lock.
         batch = build_segment_batch({name: c[name] for name in _SEGMENT_COLUMNS}, n,
                                     store_host=self.store.config.store_host, now_ms=now)
-        r = self.store.append_batch(batch)
+        # every row was held to log/limits by ``refusal``/``plain_rows`` before merging
+        r = self.store.append_batch(batch, limits_checked=True)
         put_status = r.status
         ha = self.ha_service
         if self.role == "SYNC_MASTER" and ha is not None and put_status is PutMessageStatus.PUT_OK:

@@ -77,18 +77,23 @@ class Appender:
         return [AppendResult(status, f"{prefix}{i:08X}", m.topic, q, qo, batch_offset + i)
                 for i, (m, q, qo) in enumerate(zip(msgs, qids, qos.tolist()))]
 
-    def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
+    def append_batch(self, data: pa.RecordBatch | pa.Table, *,
+                     limits_checked: bool = False) -> BatchAppendResult:
         """Columnar append: rows with at least ``topic`` and ``body`` (other
         segment columns optional; a row's ``queue_id`` is kept, range-checked,
         and where the column is missing or null it is ``crc32(message_group) %
         queues`` for a row with a message group, else chosen round robin).
         Everything is one record batch; per-row offsets come back as arrays. The fast path for bulk producers and benchmarks: a
         ``RecordBatch`` whose schema already equals ``SEGMENT_SCHEMA`` (field
-        metadata aside) is validated without casting or copying any column."""
+        metadata aside) is validated without casting or copying any column.
+        Every row is held to the input limits (``log/limits.py``: MessageLimitError);
+        ``limits_checked``: the caller has held every row of such a batch to them
+        already (the broker, message by message before merging), so they are not
+        checked twice."""
         self.store.require_writable()
         info = None
         if isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
-            batch, info = self.batches.check_segment_batch(data)
+            batch, info = self.batches.check_segment_batch(data, limits_checked=limits_checked)
         else:
             table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
             batch = self.batches.normalize(table)

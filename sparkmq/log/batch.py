@@ -370,9 +370,10 @@ class BatchBuilder:
         return messages_to_batch(msgs, queue_ids=queue_ids, store_timestamp_ms=store_ts_ms,
                                  store_host=self.store_host, limits=self.limits)
 
-    def check_segment_batch(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, RowInfo]:
+    def check_segment_batch(self, batch: pa.RecordBatch, *,
+                            limits_checked: bool = False) -> tuple[pa.RecordBatch, RowInfo]:
         """Validate a batch already in SEGMENT_SCHEMA (no cast, no copy): the same
-        checks as :meth:`normalize`. Returns the batch (with queue ids chosen if the
+        checks as :meth:`normalize` (the input limits unless ``limits_checked``). Returns the batch (with queue ids chosen if the
         column had nulls) and what dispatch can reuse."""
         n = batch.num_rows
         if n == 0:
@@ -385,7 +386,8 @@ class BatchBuilder:
         body = batch.column(2)
         sizes = binary_lengths(body) if not body.null_count else None
         check_bodies(body, self.max_message_size_bytes, sizes)
-        check_batch(batch, self.limits)
+        if not limits_checked:
+            check_batch(batch, self.limits)
         if n == 1:
             names, idx = [topics[0].as_py()], None
         else:

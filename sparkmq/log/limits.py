@@ -115,6 +115,10 @@ def message_violation(limits: MessageLimits, *, topic: str, body_bytes: int,
     ``RESERVED_PROPERTY_KEYS``; the Store, which stores the broker's own, none)."""
     props = properties or {}
     keys = keys or ()
+    if _surely_within(limits, topic, body_bytes, tag, keys, props, message_group, message_id,
+                      born_host, transaction_id, born_timestamp_ms, delivery_timestamp_ms,
+                      message_type, reserved_keys):
+        return None
     bad = (_property_violation(limits, props, tag, keys, reserved_keys)
            or _text_violation("ILLEGAL_MESSAGE_TAG", "tag", tag, extra="|")
            or _keys_violation(keys)
@@ -132,6 +136,34 @@ def message_violation(limits: MessageLimits, *, topic: str, body_bytes: int,
             f"message is {size} bytes (body {body_bytes} + properties, tag, keys and ids); "
             f"maxMessageSize is {limits.max_message_size_bytes}: send a smaller message")
     return None
+
+
+def _surely_within(limits, topic, body_bytes, tag, keys, props, group, message_id, born_host,
+                   transaction_id, born_ms, delivery_ms, message_type, reserved) -> bool:
+    """True only if the message breaks no rule below, decided with a few C-level string
+    tests (the usual message: printable ASCII text, so no control character and as many
+    bytes as characters, where blank means only spaces); False: decide rule by rule."""
+    blob = "".join([tag or "", *keys, *props.keys(), *props.values()])
+    ids = (group or "") + (message_id or "")
+    if not (blob.isascii() and blob.isprintable() and ids.isascii() and ids.isprintable()):
+        return False
+    if (len(props) > limits.user_property_max_num
+            or len(blob) > limits.max_user_property_size_bytes
+            or (tag and ("|" in tag or tag.isspace()))
+            or any([k.isspace() for k in keys])
+            or (group and (len(group) >= limits.max_message_group_size_bytes
+                           or group.isspace()))
+            or (message_id and (len(message_id) > limits.max_message_id_size_bytes
+                                or message_id.isspace()))
+            or (reserved and not reserved.isdisjoint(props.keys()))
+            or message_type not in _STORED_TYPES):
+        return False
+    if not all(t is None or (isinstance(t, int) and MIN_TIMESTAMP_MS <= t <= MAX_TIMESTAMP_MS)
+               for t in (born_ms, delivery_ms)):
+        return False
+    size = (body_bytes + _utf8_len(topic) + len(blob) + len(ids) + _utf8_len(born_host)
+            + _utf8_len(transaction_id))
+    return size <= limits.max_message_size_bytes
 
 
 def _property_violation(limits, props, tag, keys, reserved) -> MessageLimitError | None:

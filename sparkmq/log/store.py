@@ -324,9 +324,10 @@ class Store(MessageReader):
         """Append messages; one result per message, in order (see :meth:`Appender.append`)."""
         return self.appender.append(messages)
 
-    def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
+    def append_batch(self, data: pa.RecordBatch | pa.Table, *,
+                     limits_checked: bool = False) -> BatchAppendResult:
         """Columnar append, one record batch (see :meth:`Appender.append_batch`)."""
-        return self.appender.append_batch(data)
+        return self.appender.append_batch(data, limits_checked=limits_checked)
 
     def writable_topic(self, topic: str) -> dict:
         conf = self.state.topics.get(topic)

@@ -121,11 +121,11 @@ def _hold_first_append(b, ready):
     appended: list[int] = []
     append_batch = b.store.append_batch
 
-    def held(batch):
+    def held(batch, **kw):
         appended.append(batch.num_rows)
         if len(appended) == 1:
             wait_until(ready, "every other request queued or answered", timeout_s=30)
-        return append_batch(batch)
+        return append_batch(batch, **kw)
     b.store.append_batch = held
     return appended
 
