@@ -76,6 +76,7 @@ class MessageLimitError(InvalidMessageError):
     def __init__(self, status: str, message: str):
         super().__init__(message)
         self.status = status
+        self.args = (f"[{self.code}] {status}: {message}",)    # the text names the status
 
     def __reduce__(self):
         return type(self), (self.status, self.message)
