@@ -177,16 +177,17 @@ def split_by_size(msgs: list[Message]) -> list[list[Message]]:
 def messages_to_batch(messages: Iterable[Message], *, queue_ids: Sequence[int],
                       store_timestamp_ms: int, store_host: str,
                       max_message_size_bytes: int | None = None,
-                      limits: MessageLimits | None = None) -> pa.RecordBatch:
-    """Build a segment batch from messages whose queues are already chosen; each
-    message is held to ``limits`` (default: MessageLimits with
+                      limits: MessageLimits | None = None,
+                      check_limits: bool = True) -> pa.RecordBatch:
+    """Build a segment batch from messages whose queues are already chosen; with
+    ``check_limits`` each message is held to ``limits`` (default: MessageLimits with
     ``max_message_size_bytes``) first (:func:`~sparkmq.log.limits.check_message`)."""
     msgs = list(messages)
     now = store_timestamp_ms
     if limits is None:
         limits = MessageLimits() if max_message_size_bytes is None else \
             MessageLimits(max_message_size_bytes=max_message_size_bytes)
-    bodies = [_checked_body(m, limits) for m in msgs]
+    bodies = [_checked_body(m, limits if check_limits else None) for m in msgs]
     n = len(msgs)
 
     def optional(values: list, typ: pa.DataType) -> pa.Array:
@@ -222,8 +223,9 @@ def messages_to_batch(messages: Iterable[Message], *, queue_ids: Sequence[int],
     return pa.RecordBatch.from_arrays(arrays, schema=fmt.SEGMENT_SCHEMA)
 
 
-def _checked_body(m: Message, limits: MessageLimits) -> bytes:
-    """``m``'s body as bytes, once ``m`` passed the limits (InvalidMessageError)."""
+def _checked_body(m: Message, limits: MessageLimits | None) -> bytes:
+    """``m``'s body as bytes, once ``m`` passed the ``limits`` (InvalidMessageError;
+    None: the caller checked them)."""
     body = m.body
     if isinstance(body, str):
         body = body.encode()
@@ -232,6 +234,8 @@ def _checked_body(m: Message, limits: MessageLimits) -> bytes:
             f"message body must be bytes or str, got {type(m.body).__name__}")
     if isinstance(m.keys, str):
         raise InvalidMessageError("message keys must be a list of strings, not one string")
+    if limits is None:
+        return bytes(body)
     try:
         check_message(limits, topic=m.topic, body_bytes=len(body), tag=m.tags,
                       keys=list(m.keys or ()), properties=dict(m.properties or {}),
@@ -366,9 +370,10 @@ class BatchBuilder:
         return qids
 
     def from_messages(self, msgs: list[Message], queue_ids: Sequence[int],
-                      store_ts_ms: int) -> pa.RecordBatch:
+                      store_ts_ms: int, check_limits: bool = True) -> pa.RecordBatch:
         return messages_to_batch(msgs, queue_ids=queue_ids, store_timestamp_ms=store_ts_ms,
-                                 store_host=self.store_host, limits=self.limits)
+                                 store_host=self.store_host, limits=self.limits,
+                                 check_limits=check_limits)
 
     def check_segment_batch(self, batch: pa.RecordBatch, *,
                             limits_checked: bool = False) -> tuple[pa.RecordBatch, RowInfo]:
@@ -413,7 +418,7 @@ class BatchBuilder:
             batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
         return batch, RowInfo(names, idx, qids, sizes)
 
-    def normalize(self, table: pa.Table) -> pa.RecordBatch:
+    def normalize(self, table: pa.Table, *, limits_checked: bool = False) -> pa.RecordBatch:
         """A batch in SEGMENT_SCHEMA from a table with at least ``topic`` and ``body``
         (other columns cast; missing ones get their defaults; queue ids chosen)."""
         names = table.schema.names
@@ -448,7 +453,8 @@ class BatchBuilder:
                     f"column {f.name!r} has type {table.column(f.name).type}, expected "
                     f"{f.type}: {exc}") from None
         batch = build_segment_batch(cols, n, store_host=self.store_host, now_ms=self.clock_ms())
-        check_batch(batch, self.limits)
+        if not limits_checked:
+            check_batch(batch, self.limits)
         return batch
 
     @staticmethod

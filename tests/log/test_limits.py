@@ -166,3 +166,16 @@ def test_an_offset_query_outside_1970_to_9999_is_refused(store):
         store.offset_for_time("T", 0, TOO_FAR_MS)
     assert info.value.status == "BAD_REQUEST"
     assert store.offset_for_time("T", 0, 0) == 0
+
+
+def test_the_broker_may_store_again_what_it_accepted_with_properties_of_its_own(store):
+    """A DLQ or schedule re-append adds properties to a message that was at a limit:
+    ``limits_checked=True`` (the broker's own re-appends) stores it; a user's append
+    of the same message is refused."""
+    at_limit = {f"k{i:03d}": "v" for i in range(128)}
+    again = _message(properties={**at_limit, "ORIGIN_TOPIC": "T"})
+    with pytest.raises(MessageLimitError):
+        store.append(again)
+    store.append(again, limits_checked=True)
+    store.append_batch(_table({"properties": again.properties}), limits_checked=True)
+    assert _count(store) == 2
