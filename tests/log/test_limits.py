@@ -179,3 +179,14 @@ def test_the_broker_may_store_again_what_it_accepted_with_properties_of_its_own(
     store.append(again, limits_checked=True)
     store.append_batch(_table({"properties": again.properties}), limits_checked=True)
     assert _count(store) == 2
+
+
+def test_file_names_and_tokens_are_matched_whole():
+    """The log's file-name patterns use fullmatch too: a trailing newline is no commit,
+    checkpoint or segment, and no file-name token (job / writer ids)."""
+    assert fmt.parse_commit_file("00000000000000000001.json") == 1
+    assert fmt.parse_commit_file("00000000000000000001.json\n") is None
+    assert fmt.parse_checkpoint_file("00000000000000000001.checkpoint.json\n") is None
+    assert fmt.parse_segment_file("00000000000000000000.arrow\n") is None
+    with pytest.raises(ValueError):
+        fmt.staged_segment_file("job\n", "task")
