@@ -190,3 +190,24 @@ def test_a_store_failure_of_one_merged_request_fails_that_request_only(stub, cli
     (answer,) = answers
     assert answer.entries[0].status.code != Code.OK
     assert _stored_bodies(b) == [b"good-%03d" % i for i in range(12)]
+
+
+@pytest.mark.integration
+def test_out_of_range_durations_get_the_proxys_codes(stub):
+    from google.protobuf.duration_pb2 import Duration
+    b, s = stub
+    meta = [("x-mq-client-id", "c1")]
+    mq = pb.MessageQueue(topic=pb.Resource(name="Known"), id=0)
+
+    def receive(**kw):
+        req = spb.ReceiveMessageRequest(group=pb.Resource(name="G"), message_queue=mq,
+                                        batch_size=kw.pop("batch_size", 1), **kw)
+        return [r.status.code for r in s.ReceiveMessage(req, timeout=10, metadata=meta)
+                if r.HasField("status")]
+    assert receive(invisible_duration=Duration(seconds=FAR_S)) == [Code.ILLEGAL_INVISIBLE_TIME]
+    assert receive(invisible_duration=Duration(seconds=-5)) == [Code.ILLEGAL_INVISIBLE_TIME]
+    assert receive(batch_size=-1, invisible_duration=Duration(seconds=30)) == [Code.BAD_REQUEST]
+    change = s.ChangeInvisibleDuration(spb.ChangeInvisibleDurationRequest(
+        group=pb.Resource(name="G"), topic=pb.Resource(name="Known"), receipt_handle="x",
+        invisible_duration=Duration(seconds=-5)), timeout=10, metadata=meta)
+    assert change.status.code == Code.ILLEGAL_INVISIBLE_TIME
