@@ -211,3 +211,21 @@ def test_out_of_range_durations_get_the_proxys_codes(stub):
         group=pb.Resource(name="G"), topic=pb.Resource(name="Known"), receipt_handle="x",
         invisible_duration=Duration(seconds=-5)), timeout=10, metadata=meta)
     assert change.status.code == Code.ILLEGAL_INVISIBLE_TIME
+
+
+@pytest.mark.integration
+def test_the_limits_are_set_in_the_broker_config_with_the_proxys_names(make_broker):
+    b = make_broker(autoCreateTopicEnable="false", userPropertyMaxNum=2, maxMessageGroupSize=8,
+                    maxUserPropertySize=40)
+    b.store.create_topic("Known")
+    channel = grpc.insecure_channel(b.endpoint)
+    try:
+        resp = MessagingServiceStub(channel).SendMessage(spb.SendMessageRequest(messages=[
+            raw(props={"a": "1", "b": "2", "c": "3"}), raw(props={"a": "1", "b": "2"}),
+            raw(mtype=pb.FIFO, message_group="eightchr"), raw(mtype=pb.FIFO, message_group="g7"),
+            raw(tag="t" * 41)]), timeout=10)
+    finally:
+        channel.close()
+    assert [e.status.code for e in resp.entries] == [
+        Code.MESSAGE_PROPERTIES_TOO_LARGE, Code.OK, Code.ILLEGAL_MESSAGE_GROUP, Code.OK,
+        Code.MESSAGE_PROPERTIES_TOO_LARGE]
