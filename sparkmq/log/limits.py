@@ -39,7 +39,6 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..config import (DEFAULT_MAX_MESSAGE_GROUP_SIZE_BYTES, DEFAULT_MAX_MESSAGE_ID_SIZE_BYTES,
                       DEFAULT_MAX_MESSAGE_SIZE_BYTES, DEFAULT_MAX_USER_PROPERTY_SIZE_BYTES,
