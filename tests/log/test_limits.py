@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkmq import Message, Store
 from sparkmq.errors import InvalidNameError, MessageLimitError
 from sparkmq.log import format as fmt
+from sparkmq.log import limits
 
 KIB, MIB = 1 << 10, 1 << 20
 TOO_FAR_MS = 2**62 * 1000            # 2^62 s: past int64 ms (Message objects only)
@@ -190,3 +193,35 @@ def test_file_names_and_tokens_are_matched_whole():
     assert fmt.parse_segment_file("00000000000000000000.arrow\n") is None
     with pytest.raises(ValueError):
         fmt.staged_segment_file("job\n", "task")
+
+
+_TEXT = st.text(alphabet=st.sampled_from(list("ab |\t\n\x85\u3000é ")), max_size=6) \
+    | st.just("UNIQ_KEY")
+
+
+@settings(max_examples=300, deadline=None)
+@given(tag=st.none() | _TEXT, keys=st.lists(_TEXT, max_size=3),
+       props=st.dictionaries(_TEXT, _TEXT, max_size=4), group=st.none() | _TEXT,
+       message_id=st.none() | _TEXT, body_bytes=st.integers(0, 80),
+       born=st.none() | st.integers(-5, 10) | st.just(limits.MAX_TIMESTAMP_MS + 1),
+       mtype=st.integers(-1, 4))
+def test_the_fast_path_never_passes_a_message_the_rules_refuse(tag, keys, props, group,
+                                                               message_id, body_bytes, born,
+                                                               mtype):
+    """message_violation's C-level fast path (_surely_within) says "fine" only when
+    every rule, applied one by one, finds nothing (small limits, so they are hit)."""
+    small = limits.MessageLimits(max_message_size_bytes=100, max_user_property_size_bytes=12,
+                                 user_property_max_num=3, max_message_group_size_bytes=4,
+                                 max_message_id_size_bytes=4)
+    args = (small, "T", body_bytes, tag, keys, props, group, message_id, None, None, born, None,
+            mtype, limits.RESERVED_PROPERTY_KEYS)
+    if limits._surely_within(*args):
+        refused = (limits._property_violation(small, props, tag, keys,
+                                              limits.RESERVED_PROPERTY_KEYS)
+                   or limits._text_violation("ILLEGAL_MESSAGE_TAG", "tag", tag, extra="|")
+                   or limits._keys_violation(keys) or limits._group_violation(small, group)
+                   or limits._id_violation(small, message_id)
+                   or limits._time_violation(born, None) or limits._type_violation(mtype))
+        assert refused is None
+        assert limits.message_size_bytes("T", body_bytes, tag, keys, props, group,
+                                         message_id) <= small.max_message_size_bytes
