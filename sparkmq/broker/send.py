@@ -163,6 +163,26 @@ class SendRows:
         out.index = list(range(len(out.messages)))
         return out
 
+    def limit_refusals(self, limits: MessageLimits, skip: set[int]) -> dict[int, pb.Status]:
+        """Row position -> the status refusing it for an input limit (``log/limits.py``),
+        decided from the columns (built here once, as the append needs them anyway)
+        for every row not in ``skip``."""
+        c = self.columns()
+        out: dict[int, pb.Status] = {}
+        rows = zip(c["topic"], c["body"], c["tags"], c["keys"], c["properties"],
+                   c["message_group"], c["unique_key"], c["born_host"], c["born_timestamp"])
+        for r, (topic, body, tag, keys, props, group, mid, host, born) in enumerate(rows):
+            if r in skip:
+                continue
+            bad = message_violation(limits, topic=topic, body_bytes=len(body), tag=tag,
+                                    keys=keys or (), properties=dict(props) if props else None,
+                                    message_group=group, message_id=mid, born_host=host,
+                                    born_timestamp_ms=born,
+                                    reserved_keys=RESERVED_PROPERTY_KEYS)
+            if bad is not None:
+                out[r] = status(Code.Value(bad.status), bad.message)
+        return out
+
     def subset(self, positions: list[int]) -> "SendRows":
         out = SendRows()
         for p in positions:
@@ -281,6 +301,7 @@ class SendService:
         rows = SendRows()
         topics: dict[str, pb.Status | None] = {}
         refusal, transactional = self.refusal, pb.TRANSACTION
+        alone: set[int] = set()      # rows whose limits were checked message by message
         for i, m in enumerate(messages):
             st = refusal(m, topics, limits)
             parked = None
@@ -296,12 +317,25 @@ class SendService:
                         parked = self.park(m)
                     except DelayRefused as e:
                         st = status(Code.ILLEGAL_DELIVERY_TIME, e.message)
+                if st is None and (parked is not None
+                                   or m.system_properties.HasField("delivery_timestamp")):
+                    st = limits_refusal(m, limits)   # as sent, before the broker's properties
+                    if st is None:
+                        alone.add(len(rows))         # the position rows.add gives it
             if st is not None:
-                results[i] = st
-                self.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
+                self._refused(results, i, st)
             else:
                 rows.add(i, m, parked)
-        return rows
+        bad = rows.limit_refusals(limits, skip=alone)
+        if not bad:
+            return rows
+        for p, st in bad.items():
+            self._refused(results, rows.index[p], st)
+        return rows.subset([p for p in range(len(rows)) if p not in bad])
+
+    def _refused(self, results: list, i: int, st: pb.Status) -> None:
+        results[i] = st
+        self.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
 
     def plain_rows(self, messages) -> "SendRows | None":
         """The rows of a request whose messages are all plain (NORMAL, no message group,
@@ -340,8 +374,10 @@ class SendService:
         return SendRows.plain(messages, sps, props, bodies, first)
 
     def refusal(self, m: pb.Message, topics: dict, limits: MessageLimits) -> pb.Status | None:
-        """The status refusing ``m`` before it reaches the store, or None if it may go;
-        ``topics`` caches the verdict per topic. Each message is decided alone, before
+        """The status refusing ``m`` before it reaches the store for its topic, body and
+        type, or None; ``topics`` caches the verdict per topic. The input limits are
+        ``accept``'s (per message for a parked or timed one, else from the request's
+        columns: ``SendRows.limit_refusals``). Each message is decided alone, before
         any merge with other requests: a bad one never fails the others."""
         topic = m.topic.name
         refused = topics.get(topic, False)
@@ -349,8 +385,7 @@ class SendService:
             refused = topics[topic] = self.topic_refusal(topic)
         if refused is not None:
             return refused
-        refused = body_refusal(len(m.body), limits.max_message_size_bytes) \
-            or _type_refusal(m) or limits_refusal(m, limits)
+        refused = body_refusal(len(m.body), limits.max_message_size_bytes) or _type_refusal(m)
         if refused is not None:
             return refused
         sp = m.system_properties

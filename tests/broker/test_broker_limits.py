@@ -6,6 +6,7 @@ refuses it before the merge or the store fails on it after."""
 from __future__ import annotations
 
 import threading
+import time
 
 import grpc
 import pytest
@@ -182,7 +183,7 @@ def test_a_store_failure_of_one_merged_request_fails_that_request_only(stub, cli
     builder and fails there (an unexpected OverflowError): the merged append is retried
     request by request, so only the bad request fails."""
     from sparkmq.broker import send
-    monkeypatch.setattr(send, "limits_refusal", lambda m, limits: None)
+    monkeypatch.setattr(send, "message_violation", lambda *a, **kw: None)
     b, s = stub
     receipts, answers = _send_concurrently(b, s, clients, [raw(b"bad", born_timestamp=FAR_S)],
                                            good_count=12)
@@ -229,3 +230,23 @@ def test_the_limits_are_set_in_the_broker_config_with_the_proxys_names(make_brok
     assert [e.status.code for e in resp.entries] == [
         Code.MESSAGE_PROPERTIES_TOO_LARGE, Code.OK, Code.ILLEGAL_MESSAGE_GROUP, Code.OK,
         Code.MESSAGE_PROPERTIES_TOO_LARGE]
+
+
+@pytest.mark.integration
+def test_a_request_mixing_parked_refused_and_plain_messages_refuses_exactly_the_bad(stub):
+    """Parked (delayed, transactional) messages are checked one by one, the others from
+    the request's columns: positions stay right when both kinds are refused."""
+    b, s = stub
+    far = raw(b"late", mtype=pb.DELAY, props={"UNIQ_KEY": "x"})
+    far.system_properties.delivery_timestamp.FromMilliseconds(1_700_000_000_000 + 3_600_000)
+    later = raw(b"later", mtype=pb.DELAY)
+    later.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000)
+                                                               + 3_600_000)
+    resp = s.SendMessage(spb.SendMessageRequest(messages=[
+        far, raw(b"bad", tag="a|b"), raw(b"ok-1"), later, raw(b"bad", keys=[" "]),
+        raw(b"ok-2", tag="TagA"), raw(b"bad", born_timestamp=FAR_S), raw(b"ok-3")]),
+        timeout=10)
+    assert [e.status.code for e in resp.entries] == [
+        Code.ILLEGAL_MESSAGE_PROPERTY_KEY, Code.ILLEGAL_MESSAGE_TAG, Code.OK, Code.OK,
+        Code.ILLEGAL_MESSAGE_KEY, Code.OK, Code.BAD_REQUEST, Code.OK]
+    assert _stored_bodies(b) == [b"ok-1", b"ok-2", b"ok-3"]
