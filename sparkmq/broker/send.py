@@ -3,7 +3,9 @@
 - The per-message refusal checks (``SendService.refusal``): topic name valid and
   the topic present here (``topic_refusal``; created when autoCreateTopicEnable),
   body 1..maxMessageSize bytes (``body_refusal``), message type consistent with
-  its group, tag and delivery time; the parking decisions: a transactional
+  its group, tag and delivery time; the input limits of ``log/limits.py`` with the
+  proxy's codes (``limits_refusal`` for one message, ``SendRows.limit_refusals`` from a
+  request's columns), all before any merge; the parking decisions: a transactional
   message becomes a half message (``TransactionService.prepare_row``), a delayed
   one is parked in the schedule topic (``park``). A refused message gets its own
   protocol status (``protocol.status``); the others are sent.
@@ -27,8 +29,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from ..errors import InvalidNameError, PermissionDeniedError, SparkMQError
 from ..log import format as fmt
 from ..log.batch import build_segment_batch
-from ..log.limits import (MAX_TIMESTAMP_MS, RESERVED_PROPERTY_KEYS, MessageLimits,
-                          message_violation)
+from ..log.limits import (MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS, RESERVED_PROPERTY_KEYS,
+                          MessageLimits, message_violation)
 from ..log.message import encode_message_id, store_tag
 from ..log.names import validate_topic
 from ..log.status import PutMessageStatus
@@ -235,21 +237,23 @@ def limits_refusal(m: pb.Message, limits: MessageLimits) -> pb.Status | None:
     return None if bad is None else status(Code.Value(bad.status), bad.message)
 
 
-def _plain_within_limits(topic: str, sps: list, props: list, max_body_bytes: int,
+def _plain_within_limits(c: dict, topic: str, max_body_bytes: int,
                          limits: MessageLimits) -> bool:
-    """True when no plain message of a request can break a limit: no properties or
-    keys, alphanumeric short ids, born times in range and bodies far enough under
-    maxMessageSize (a cheap screen; False means "decide message by message")."""
-    if any(props) or any([sp.keys for sp in sps]):
+    """True when no row of a plain request (columns ``c``) can break a limit: no
+    properties or keys, short alphanumeric ids, born times in range, bodies far enough
+    under maxMessageSize; a few C-level list operations. False: decide row by row."""
+    if any(c["keys"]) or any(c["properties"]):
         return False
-    ids = "".join([sp.message_id for sp in sps])
-    if ids and (not ids.isalnum() or not ids.isascii()
-                or max([len(sp.message_id) for sp in sps]) > limits.max_message_id_size_bytes):
+    ids = list(filter(None, c["unique_key"]))
+    if ids:
+        joined = "".join(ids)
+        if not (joined.isascii() and joined.isalnum()) \
+                or max(map(len, ids)) > limits.max_message_id_size_bytes:
+            return False
+    borns = list(filter(None, c["born_timestamp"]))
+    if borns and (min(borns) < MIN_TIMESTAMP_MS or max(borns) > MAX_TIMESTAMP_MS):
         return False
-    seconds = [sp.born_timestamp.seconds for sp in sps]
-    if min(seconds) < 0 or max(seconds) >= MAX_TIMESTAMP_MS // 1000:
-        return False
-    hosts = max([len(sp.born_host) for sp in sps])
+    hosts = max(map(len, filter(None, c["born_host"])), default=0)
     return (max_body_bytes + 4 * (len(topic) + hosts) + limits.max_message_id_size_bytes
             <= limits.max_message_size_bytes)
 
@@ -367,11 +371,11 @@ class SendService:
                 or body_refusal(max(sizes), limit) is not None \
                 or self.topic_refusal(first) is not None:
             return None
-        if not _plain_within_limits(first, sps, props, max(sizes), limits):
-            for m in messages:             # decide message by message; any refused: accept
-                if limits_refusal(m, limits) is not None:
-                    return None
-        return SendRows.plain(messages, sps, props, bodies, first)
+        rows = SendRows.plain(messages, sps, props, bodies, first)
+        if not _plain_within_limits(rows.columns(), first, max(sizes), limits) \
+                and rows.limit_refusals(limits, skip=set()):
+            return None          # some row is refused: ``accept`` answers it alone
+        return rows
 
     def refusal(self, m: pb.Message, topics: dict, limits: MessageLimits) -> pb.Status | None:
         """The status refusing ``m`` before it reaches the store for its topic, body and
