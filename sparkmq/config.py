@@ -21,6 +21,11 @@ MIB = 1 << 20
 # defaults that other modules use too (the Spark writer, the direct committer, the broker)
 DEFAULT_MAX_MESSAGE_SIZE_BYTES = 4 * MIB        # maxMessageSize
 DEFAULT_COMMIT_RETRIES = 50                    # put-if-absent conflicts before giving up
+# the RocketMQ 5 proxy's input limits (ProxyConfig), enforced by sparkmq.log.limits
+DEFAULT_MAX_USER_PROPERTY_SIZE_BYTES = 16 << 10   # maxUserPropertySize
+DEFAULT_USER_PROPERTY_MAX_NUM = 128               # userPropertyMaxNum
+DEFAULT_MAX_MESSAGE_GROUP_SIZE_BYTES = 64         # maxMessageGroupSize
+DEFAULT_MAX_MESSAGE_ID_SIZE_BYTES = 128           # maxMessageIdSize (sparkmq's own)
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,11 @@ class StoreConfig:
     delete_when: str = "04"                       # deleteWhen (hours, ';' separated)
     disk_max_used_space_ratio: int = 75           # diskMaxUsedSpaceRatio (percent)
     retention_check_interval_ms: int = 10_000     # how often the retention service looks
-    max_message_size_bytes: int = DEFAULT_MAX_MESSAGE_SIZE_BYTES   # maxMessageSize
+    max_message_size_bytes: int = DEFAULT_MAX_MESSAGE_SIZE_BYTES   # maxMessageSize (whole message)
+    max_user_property_size_bytes: int = DEFAULT_MAX_USER_PROPERTY_SIZE_BYTES  # maxUserPropertySize
+    user_property_max_num: int = DEFAULT_USER_PROPERTY_MAX_NUM     # userPropertyMaxNum
+    max_message_group_size_bytes: int = DEFAULT_MAX_MESSAGE_GROUP_SIZE_BYTES  # maxMessageGroupSize
+    max_message_id_size_bytes: int = DEFAULT_MAX_MESSAGE_ID_SIZE_BYTES  # maxMessageIdSize
     default_topic_queue_nums: int = 4             # defaultTopicQueueNums
     auto_create_topic: bool = False               # autoCreateTopicEnable
     compact_after_files: int = 8                  # small side-table files before compaction
@@ -62,6 +71,10 @@ class StoreConfig:
         "deleteWhen": "delete_when",
         "diskMaxUsedSpaceRatio": "disk_max_used_space_ratio",
         "maxMessageSize": "max_message_size_bytes",
+        "maxUserPropertySize": "max_user_property_size_bytes",
+        "userPropertyMaxNum": "user_property_max_num",
+        "maxMessageGroupSize": "max_message_group_size_bytes",
+        "maxMessageIdSize": "max_message_id_size_bytes",
         "defaultTopicQueueNums": "default_topic_queue_nums",
         "autoCreateTopicEnable": "auto_create_topic",
         "storeHost": "store_host",
@@ -79,6 +92,8 @@ class StoreConfig:
                 f"mappedFileSizeCommitLog must be at least 4096 bytes, got {self.segment_size_bytes}")
         for name in ("flush_interval_ms", "publish_interval_ms", "checkpoint_interval_versions",
                      "max_message_size_bytes", "default_topic_queue_nums", "compact_after_files",
+                     "max_user_property_size_bytes", "user_property_max_num",
+                     "max_message_group_size_bytes", "max_message_id_size_bytes",
                      "compact_max_rows",
                      "commit_retries", "sync_flush_timeout_ms"):
             if getattr(self, name) <= 0:

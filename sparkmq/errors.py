@@ -67,6 +67,21 @@ class InvalidMessageError(UserError):
     code = "SPARKMQ_INVALID_MESSAGE"
 
 
+class MessageLimitError(InvalidMessageError):
+    """A message or request breaks an input limit (size, properties, tag, key, group,
+    id, time, type); ``status`` names the RocketMQ proxy's status code for it."""
+
+    code = "SPARKMQ_MESSAGE_LIMIT"
+
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.args = (f"[{self.code}] {status}: {message}",)    # the text names the status
+
+    def __reduce__(self):
+        return type(self), (self.status, self.message)
+
+
 class TopicNotFoundError(UserError):
     """The topic does not exist in the store's committed metadata."""
 

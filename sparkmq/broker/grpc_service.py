@@ -51,7 +51,8 @@ from ..log.names import validate_group, validate_topic
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
 from .protocol import (OK, ClientIdRequired, Code, duration, error_status, message_queue,
-                       message_to_pb, ms_of_duration, send_response, status, timestamp)
+                       message_to_pb, ms_of_duration, ms_of_timestamp, send_response, status,
+                       timestamp)
 from .schedule import SCHEDULE_TOPIC, RecallStatus, make_recall_handle, parse_recall_handle
 from .send import SendRows
 from .transaction import UnknownTransaction
@@ -447,7 +448,8 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
     def QueryOffset(self, request, context):
         topic, qid = self._local_queue(request.message_queue)
         policy = request.query_offset_policy
-        at_ms = None if policy in (pb.BEGINNING, pb.END) else request.timestamp.ToMilliseconds()
+        # any int: the store refuses a time outside 1970..9999 (BAD_REQUEST)
+        at_ms = None if policy in (pb.BEGINNING, pb.END) else ms_of_timestamp(request.timestamp)
         return spb.QueryOffsetResponse(status=OK, offset=self.broker.receiver.query_offset(
             topic, qid, at_ms=at_ms, end=policy == pb.END))
 

@@ -436,7 +436,8 @@ class PopService:
                                    properties=props, born_timestamp=msg.born_timestamp,
                                    born_host=msg.born_host, reconsume_times=attempts,
                                    message_group=msg.message_group,
-                                   unique_key=msg.unique_key or msg.message_id)])
+                                   unique_key=msg.unique_key or msg.message_id)],
+                          limits_checked=True)    # accepted at send; the DLQ adds properties
         self.dlq_count += 1
         log.info("group %s: message %s of %s/%d after %d deliveries -> %s", group,
                  msg.unique_key or msg.message_id, msg.topic, msg.queue_id, attempts, topic)

@@ -20,8 +20,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import (ClientIdRequiredError, DataLossError, IllegalOffsetError, InvalidMessageError,
-                      InvalidNameError, PermissionDeniedError, QueueNotFoundError, SparkMQError,
-                      TopicNotFoundError)
+                      InvalidNameError, MessageLimitError, PermissionDeniedError,
+                      QueueNotFoundError, SparkMQError, TopicNotFoundError)
 from ..log.status import PutMessageStatus
 from .pop import InvalidHandle
 
@@ -51,6 +51,8 @@ def error_status(e: Exception) -> pb.Status:
         return status(code, e.message)
     if isinstance(e, PermissionDeniedError):
         return status(Code.FORBIDDEN, e.message)
+    if isinstance(e, MessageLimitError):     # its status is the proxy's code name
+        return status(Code.Value(e.status), e.message)
     if isinstance(e, InvalidMessageError):
         code = Code.MESSAGE_BODY_TOO_LARGE if "large" in e.message or "exceeds" in e.message \
             else Code.BAD_REQUEST

@@ -371,7 +371,7 @@ class ScheduleService(ServiceThread):
         table = self._real_table(due)
         try:
             if table is not None and table.num_rows:
-                self.store.append_batch(table)
+                self.store.append_batch(table, limits_checked=True)   # accepted at send
         except BaseException:
             with self._lock:
                 for item in due:

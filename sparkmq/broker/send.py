@@ -3,7 +3,9 @@
 - The per-message refusal checks (``SendService.refusal``): topic name valid and
   the topic present here (``topic_refusal``; created when autoCreateTopicEnable),
   body 1..maxMessageSize bytes (``body_refusal``), message type consistent with
-  its group, tag and delivery time; the parking decisions: a transactional
+  its group, tag and delivery time; the input limits of ``log/limits.py`` with the
+  proxy's codes (``limits_refusal`` for one message, ``SendRows.limit_refusals`` from a
+  request's columns), all before any merge; the parking decisions: a transactional
   message becomes a half message (``TransactionService.prepare_row``), a delayed
   one is parked in the schedule topic (``park``). A refused message gets its own
   protocol status (``protocol.status``); the others are sent.
@@ -19,6 +21,7 @@ round-robin counters are under a lock, the store is thread-safe.
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
@@ -26,6 +29,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from ..errors import InvalidNameError, PermissionDeniedError, SparkMQError
 from ..log import format as fmt
 from ..log.batch import build_segment_batch
+from ..log.limits import (MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS, RESERVED_PROPERTY_KEYS,
+                          MessageLimits, message_violation)
 from ..log.message import encode_message_id, store_tag
 from ..log.names import validate_topic
 from ..log.status import PutMessageStatus
@@ -33,11 +38,19 @@ from .protocol import Code, ms_of_timestamp, status
 from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
 from .sendmerge import SendMerger
 
+log = logging.getLogger(__name__)
 _SEGMENT_COLUMNS = ("topic", "queue_id", "body", "tags", "keys", "properties", "born_timestamp",
                     "born_host", "delivery_timestamp", "message_group", "transaction_id",
                     "message_type", "unique_key")
 NORMAL_TYPE, FIFO_TYPE = fmt.MESSAGE_TYPE_NORMAL, fmt.MESSAGE_TYPE_FIFO
 DELAY_TYPE, TRANSACTION_TYPE = fmt.MESSAGE_TYPE_DELAY, fmt.MESSAGE_TYPE_TRANSACTION
+
+
+def _logged(e: Exception) -> Exception:
+    """``e``, logged with its traceback when it is not one of sparkmq's own errors."""
+    if not isinstance(e, SparkMQError):
+        log.error("a send failed unexpectedly", exc_info=e)
+    return e
 
 
 class SendRows:
@@ -152,6 +165,26 @@ class SendRows:
         out.index = list(range(len(out.messages)))
         return out
 
+    def limit_refusals(self, limits: MessageLimits, skip: set[int]) -> dict[int, pb.Status]:
+        """Row position -> the status refusing it for an input limit (``log/limits.py``),
+        decided from the columns (built here once, as the append needs them anyway)
+        for every row not in ``skip``."""
+        c = self.columns()
+        out: dict[int, pb.Status] = {}
+        rows = zip(c["topic"], c["body"], c["tags"], c["keys"], c["properties"],
+                   c["message_group"], c["unique_key"], c["born_host"], c["born_timestamp"])
+        for r, (topic, body, tag, keys, props, group, mid, host, born) in enumerate(rows):
+            if r in skip:
+                continue
+            bad = message_violation(limits, topic=topic, body_bytes=len(body), tag=tag,
+                                    keys=keys or (), properties=dict(props) if props else None,
+                                    message_group=group, message_id=mid, born_host=host,
+                                    born_timestamp_ms=born,
+                                    reserved_keys=RESERVED_PROPERTY_KEYS)
+            if bad is not None:
+                out[r] = status(Code.Value(bad.status), bad.message)
+        return out
+
     def subset(self, positions: list[int]) -> "SendRows":
         out = SendRows()
         for p in positions:
@@ -168,6 +201,61 @@ def body_refusal(size_bytes: int, limit_bytes: int) -> pb.Status | None:
         return status(Code.MESSAGE_BODY_TOO_LARGE,
                       f"message body is {size_bytes} bytes; maxMessageSize is {limit_bytes}")
     return None
+
+
+_KNOWN_TYPES = frozenset({pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY,
+                          pb.TRANSACTION})
+
+
+def _type_refusal(m: pb.Message) -> pb.Status | None:
+    """BAD_REQUEST for a message type the protocol does not define (99, -5); UNSUPPORTED
+    for one it defines that sparkmq does not serve (LITE, PRIORITY)."""
+    mtype = m.system_properties.message_type
+    if mtype in _KNOWN_TYPES:
+        return None
+    if mtype in pb.MessageType.values():
+        return status(Code.UNSUPPORTED,
+                      f"message type {pb.MessageType.Name(mtype)} is not supported")
+    return status(Code.BAD_REQUEST, f"message type {mtype} is not a RocketMQ message type "
+                  "(NORMAL, FIFO, DELAY, TRANSACTION)")
+
+
+def limits_refusal(m: pb.Message, limits: MessageLimits) -> pb.Status | None:
+    """The status refusing ``m`` for an input limit (``sparkmq.log.limits``: sizes,
+    properties, tag, keys, group, id, timestamps), with the proxy's code; else None."""
+    sp = m.system_properties
+    props = m.user_properties
+    bad = message_violation(     # Python lists and dicts: ~2x cheaper to read than pb's
+        limits, topic=m.topic.name, body_bytes=len(m.body),
+        tag=sp.tag if sp.HasField("tag") else None, keys=list(sp.keys) if sp.keys else (),
+        properties=dict(props) if props else None, message_group=sp.message_group or None,
+        message_id=sp.message_id or None, born_host=sp.born_host or None,
+        born_timestamp_ms=ms_of_timestamp(sp.born_timestamp) or None,
+        delivery_timestamp_ms=(ms_of_timestamp(sp.delivery_timestamp)
+                               if sp.HasField("delivery_timestamp") else None),
+        reserved_keys=RESERVED_PROPERTY_KEYS)
+    return None if bad is None else status(Code.Value(bad.status), bad.message)
+
+
+def _plain_within_limits(c: dict, topic: str, max_body_bytes: int,
+                         limits: MessageLimits) -> bool:
+    """True when no row of a plain request (columns ``c``) can break a limit: no
+    properties or keys, short alphanumeric ids, born times in range, bodies far enough
+    under maxMessageSize; a few C-level list operations. False: decide row by row."""
+    if any(c["keys"]) or any(c["properties"]):
+        return False
+    ids = list(filter(None, c["unique_key"]))
+    if ids:
+        joined = "".join(ids)
+        if not (joined.isascii() and joined.isalnum()) \
+                or max(map(len, ids)) > limits.max_message_id_size_bytes:
+            return False
+    borns = list(filter(None, c["born_timestamp"]))
+    if borns and (min(borns) < MIN_TIMESTAMP_MS or max(borns) > MAX_TIMESTAMP_MS):
+        return False
+    hosts = max(map(len, filter(None, c["born_host"])), default=0)
+    return (max_body_bytes + 4 * (len(topic) + hosts) + limits.max_message_id_size_bytes
+            <= limits.max_message_size_bytes)
 
 
 class SendService:
@@ -213,12 +301,13 @@ class SendService:
         parked); a refused message's status goes to ``results[i]`` (and the
         ``sparkmq_send_errors_total`` counter). ``client_id()`` names the producer of
         a transactional message (asked only when there is one)."""
-        limit = self.store.config.max_message_size_bytes
+        limits = MessageLimits.of(self.store.config)
         rows = SendRows()
         topics: dict[str, pb.Status | None] = {}
         refusal, transactional = self.refusal, pb.TRANSACTION
+        alone: set[int] = set()      # rows whose limits were checked message by message
         for i, m in enumerate(messages):
-            st = refusal(m, topics, limit)
+            st = refusal(m, topics, limits)
             parked = None
             if st is None:
                 mtype = m.system_properties.message_type
@@ -232,12 +321,25 @@ class SendService:
                         parked = self.park(m)
                     except DelayRefused as e:
                         st = status(Code.ILLEGAL_DELIVERY_TIME, e.message)
+                if st is None and (parked is not None
+                                   or m.system_properties.HasField("delivery_timestamp")):
+                    st = limits_refusal(m, limits)   # as sent, before the broker's properties
+                    if st is None:
+                        alone.add(len(rows))         # the position rows.add gives it
             if st is not None:
-                results[i] = st
-                self.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
+                self._refused(results, i, st)
             else:
                 rows.add(i, m, parked)
-        return rows
+        bad = rows.limit_refusals(limits, skip=alone)
+        if not bad:
+            return rows
+        for p, st in bad.items():
+            self._refused(results, rows.index[p], st)
+        return rows.subset([p for p in range(len(rows)) if p not in bad])
+
+    def _refused(self, results: list, i: int, st: pb.Status) -> None:
+        results[i] = st
+        self.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
 
     def plain_rows(self, messages) -> "SendRows | None":
         """The rows of a request whose messages are all plain (NORMAL, no message group,
@@ -263,23 +365,31 @@ class SendService:
             return None
         bodies = [m.body for m in messages]
         sizes = list(map(len, bodies))
-        limit = self.store.config.max_message_size_bytes
+        limits = MessageLimits.of(self.store.config)
+        limit = limits.max_message_size_bytes
         if body_refusal(min(sizes), limit) is not None \
                 or body_refusal(max(sizes), limit) is not None \
                 or self.topic_refusal(first) is not None:
             return None
-        return SendRows.plain(messages, sps, props, bodies, first)
+        rows = SendRows.plain(messages, sps, props, bodies, first)
+        if not _plain_within_limits(rows.columns(), first, max(sizes), limits) \
+                and rows.limit_refusals(limits, skip=set()):
+            return None          # some row is refused: ``accept`` answers it alone
+        return rows
 
-    def refusal(self, m: pb.Message, topics: dict, limit: int) -> pb.Status | None:
-        """The status refusing ``m`` before it reaches the store, or None if it may go;
-        ``topics`` caches the verdict per topic, ``limit`` is maxMessageSize."""
+    def refusal(self, m: pb.Message, topics: dict, limits: MessageLimits) -> pb.Status | None:
+        """The status refusing ``m`` before it reaches the store for its topic, body and
+        type, or None; ``topics`` caches the verdict per topic. The input limits are
+        ``accept``'s (per message for a parked or timed one, else from the request's
+        columns: ``SendRows.limit_refusals``). Each message is decided alone, before
+        any merge with other requests: a bad one never fails the others."""
         topic = m.topic.name
         refused = topics.get(topic, False)
         if refused is False:
             refused = topics[topic] = self.topic_refusal(topic)
         if refused is not None:
             return refused
-        refused = body_refusal(len(m.body), limit)
+        refused = body_refusal(len(m.body), limits.max_message_size_bytes) or _type_refusal(m)
         if refused is not None:
             return refused
         sp = m.system_properties
@@ -299,18 +409,12 @@ class SendService:
                 and PROP_DELAY_LEVEL not in m.user_properties:
             return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                           "a DELAY message needs a delivery timestamp (or a DELAY level property)")
-        elif mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION,
-                           pb.MESSAGE_TYPE_UNSPECIFIED):
-            return status(Code.UNSUPPORTED,
-                          f"message type {pb.MessageType.Name(mtype)} is not supported")
         elif (mtype == pb.FIFO) != bool(sp.message_group):
             return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                           "a FIFO message needs a message group, and only FIFO messages may have one")
         if sp.HasField("delivery_timestamp") and mtype != pb.DELAY:
             return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE,
                           "only DELAY messages may carry a delivery timestamp")
-        if sp.HasField("tag") and (not sp.tag.strip() or "|" in sp.tag):
-            return status(Code.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag!r} is blank or contains '|'")
         if sp.body_encoding == pb.GZIP:
             return status(Code.UNSUPPORTED, "gzip-encoded bodies are not supported")
         return None
@@ -348,19 +452,22 @@ class SendService:
         return self.merger.submit(rows)
 
     def _send_rows_alone(self, rows) -> list:
-        """``send_rows`` for one SendRows as one record batch. If the batch is refused as
-        a whole, rows are appended one by one to isolate the bad one."""
+        """``send_rows`` for one SendRows as one record batch. If the batch is refused or
+        fails as a whole, rows are appended one by one to isolate the bad one."""
         try:
             return self._append_rows(rows)
-        except SparkMQError as e:
+        # refused as a whole (a SparkMQError, or an unexpected error of one row's
+        # values): row by row below, so only the bad row fails
+        except Exception as e:
             if len(rows) == 1:
-                return [e]
+                return [_logged(e)]
         out: list = []
         for p in range(len(rows)):
             try:
                 out += self._append_rows(rows.subset([p]))
-            except SparkMQError as e:
-                out.append(e)
+            # this row's own error, answered in its entry only (INTERNAL_ERROR if unexpected)
+            except Exception as e:
+                out.append(_logged(e))
         return out
 
     def _append_rows(self, rows) -> list:
@@ -377,7 +484,8 @@ class SendService:
         # placeholder the store stamps under its append lock.
         batch = build_segment_batch({name: c[name] for name in _SEGMENT_COLUMNS}, n,
                                     store_host=self.store.config.store_host, now_ms=now)
-        r = self.store.append_batch(batch)
+        # every row was held to log/limits by ``refusal``/``plain_rows`` before merging
+        r = self.store.append_batch(batch, limits_checked=True)
         put_status = r.status
         ha = self.ha_service
         if self.role == "SYNC_MASTER" and ha is not None and put_status is PutMessageStatus.PUT_OK:

@@ -7,11 +7,12 @@ them, which appends everything queued (up to ``max_rows``) as ONE record batch, 
 one flush wait under SYNC_FLUSH. A lone request is appended at once (no waiting for
 company), so sequential senders pay only a lock.
 
-Each request gets exactly the per-row results of its own rows, in order. A merged
-batch the store refuses as a whole (a ``SparkMQError``) is retried request by request
-with ``append``, which isolates bad rows, so one bad request does not slow the others
-down to row-by-row appends; an unexpected exception is raised in every request of the
-batch.
+Each request gets exactly the per-row results of its own rows, in order. Requests
+are validated message by message before they get here (``SendService.refusal``), so
+a merged batch is rarely refused; if it is, or fails with any exception, it is
+retried request by request with ``append``, which isolates bad rows: one bad request
+never fails the others, and does not slow them down to row-by-row appends. An
+exception of one request's own append is raised in that request only.
 
 Thread-safety: ``submit`` may be called from any number of threads. Every wait is
 bounded: a follower whose rows have not been taken after ``wait_s`` appends them
@@ -22,8 +23,6 @@ from __future__ import annotations
 
 import threading
 from typing import Callable
-
-from ..errors import SparkMQError
 
 DEFAULT_MAX_ROWS = 4096
 DEFAULT_WAIT_S = 1.0
@@ -111,29 +110,40 @@ class SendMerger:
                     self._leading = False
 
     def _run(self, batch: list[_Ticket]) -> None:
-        try:
-            results, error = self._append_batch(batch), None
-        except BaseException as e:           # raised again in every request of the batch
-            results, error = None, e
+        outcomes = self._append_batch(batch)
         self.batches += 1
         self.requests += len(batch)
-        start = 0
-        for t in batch:
-            n = len(t.rows)
-            if error is None:
-                t.results = results[start:start + n]
+        for t, outcome in zip(batch, outcomes):
+            if isinstance(outcome, BaseException):
+                t.error = outcome
             else:
-                t.error = error
-            start += n
+                t.results = outcome
             t.done.set()
 
     def _append_batch(self, batch: list[_Ticket]) -> list:
-        if len(batch) == 1:
-            return self._append(batch[0].rows)
+        """Per ticket: its rows' results, or the exception its request alone failed with."""
+        if len(batch) > 1:
+            try:
+                results = self._append_whole(self._concat([t.rows for t in batch]))
+            # a merged batch refused or failed as a whole, by a SparkMQError or by an
+            # unexpected error of one request's rows: request by request below, so a bad
+            # request fails alone and never the others
+            except Exception:
+                pass
+            else:
+                out, start = [], 0
+                for t in batch:
+                    out.append(results[start:start + len(t.rows)])
+                    start += len(t.rows)
+                return out
+        return [self._append_alone(t.rows) for t in batch]
+
+    def _append_alone(self, rows) -> list | BaseException:
         try:
-            return self._append_whole(self._concat([t.rows for t in batch]))
-        except SparkMQError:                 # refused as a whole: request by request
-            return [r for t in batch for r in self._append(t.rows)]
+            return self._append(rows)
+        # an unexpected error is this request's own (raised again in its thread only)
+        except Exception as e:
+            return e
 
     @staticmethod
     def _result(ticket: _Ticket) -> list:

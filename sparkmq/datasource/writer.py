@@ -81,6 +81,7 @@ from ..log.committer import abort_job, committer_for
 from ..log.fs import StoreFS
 from ..log.actions import TopicConfig
 from ..log.batch import QueueChooser, check_bodies, writable_topic_conf
+from ..log.limits import MessageLimits, check_batch
 from ..log import segment as seg
 from ..log.txlog import TransactionLog
 
@@ -164,6 +165,19 @@ def _storage_options(options) -> dict | None:
     return out or None
 
 
+def _limits(options, max_message_size_bytes: int) -> MessageLimits:
+    """The input limits every row is held to (``log/limits.py``): the store's defaults,
+    or the options of the same names (maxUserPropertySize, userPropertyMaxNum,
+    maxMessageGroupSize, maxMessageIdSize)."""
+    d = MessageLimits()
+    return MessageLimits(
+        max_message_size_bytes,
+        _int_option(options, "maxUserPropertySize", d.max_user_property_size_bytes),
+        _int_option(options, "userPropertyMaxNum", d.user_property_max_num),
+        _int_option(options, "maxMessageGroupSize", d.max_message_group_size_bytes),
+        _int_option(options, "maxMessageIdSize", d.max_message_id_size_bytes))
+
+
 def _int_option(options, name: str, default: int) -> int:
     raw = options.get(name.lower())
     if raw is None:
@@ -197,6 +211,7 @@ class _SegmentWriterBase:
                                              DEFAULT_MAX_SEGMENT_BYTES)
         self.max_message_size = _int_option(options, "maxMessageSize",
                                             DEFAULT_MAX_MESSAGE_SIZE_BYTES)
+        self.limits = _limits(options, self.max_message_size)
         validate_schema(schema, topic_option=self.topic_option)
         self.columns = [f.name for f in schema.fields]
         state = TransactionLog(StoreFS(self.url, self.storage_options)).snapshot()
@@ -457,8 +472,10 @@ class _BatchConverter:
                                        pa.scalar(fmt.MESSAGE_TYPE_NORMAL, pa.int8())),
             "unique_key": pa.nulls(n, pa.string()),
         }
-        return pa.RecordBatch.from_arrays([out[f.name] for f in fmt.SEGMENT_SCHEMA],
-                                          schema=fmt.SEGMENT_SCHEMA)
+        segment_batch = pa.RecordBatch.from_arrays([out[f.name] for f in fmt.SEGMENT_SCHEMA],
+                                                   schema=fmt.SEGMENT_SCHEMA)
+        check_batch(segment_batch, self.w.limits)     # as Store.append_batch does
+        return segment_batch
 
     def _topics(self, col: dict, n: int) -> pa.Array:
         if self.w.topic_option:

@@ -22,6 +22,7 @@ from ..errors import InvalidMessageError, StoreClosedError
 from . import format as fmt
 from .batch import BatchBuilder, split_by_size, stamp_store_time
 from .dispatch import RowInfo
+from .limits import MessageLimits
 from .message import Message, store_tag
 from .status import AppendResult, BatchAppendResult, PutMessageStatus
 
@@ -37,12 +38,15 @@ class Appender:
         self.store = store
         c = store.config
         self.batches = BatchBuilder(store.writable_topic,
-                                    max_message_size_bytes=c.max_message_size_bytes,
+                                    limits=MessageLimits.of(c),
                                     store_host=c.store_host, clock_ms=store.clock_ms)
         self._last_store_ts = 0
 
-    def append(self, messages: Iterable[Message] | Message) -> list[AppendResult]:
-        """Append messages; one result per message, in order.
+    def append(self, messages: Iterable[Message] | Message, *,
+               limits_checked: bool = False) -> list[AppendResult]:
+        """Append messages; one result per message, in order. Each message is held to
+        the input limits (``log/limits.py``) unless ``limits_checked`` (the broker
+        storing again what it accepted, e.g. into a DLQ, with properties of its own).
 
         All messages of one call are one record batch (split only past 256 MiB
         of bodies). Returns when the batch is written (ASYNC_FLUSH) or fsynced
@@ -61,13 +65,13 @@ class Appender:
                     f"append takes sparkmq.Message objects, got {type(m).__name__}")
         results: list[AppendResult] = []
         for group in split_by_size(msgs):
-            results.extend(self._append_group(group))
+            results.extend(self._append_group(group, not limits_checked))
         return results
 
-    def _append_group(self, msgs: list[Message]) -> list[AppendResult]:
+    def _append_group(self, msgs: list[Message], check_limits: bool) -> list[AppendResult]:
         qids = self.batches.queue_ids_for(msgs)
         with self.store.append_lock:
-            batch = self.batches.from_messages(msgs, qids, self._store_ts())
+            batch = self.batches.from_messages(msgs, qids, self._store_ts(), check_limits)
             batch_offset, qos, updates = self._append_locked(batch)
         status = self._await_flush(batch_offset)
         self.store.dispatcher.after_visible(updates)
@@ -76,21 +80,26 @@ class Appender:
         return [AppendResult(status, f"{prefix}{i:08X}", m.topic, q, qo, batch_offset + i)
                 for i, (m, q, qo) in enumerate(zip(msgs, qids, qos.tolist()))]
 
-    def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
+    def append_batch(self, data: pa.RecordBatch | pa.Table, *,
+                     limits_checked: bool = False) -> BatchAppendResult:
         """Columnar append: rows with at least ``topic`` and ``body`` (other
         segment columns optional; a row's ``queue_id`` is kept, range-checked,
         and where the column is missing or null it is ``crc32(message_group) %
         queues`` for a row with a message group, else chosen round robin).
         Everything is one record batch; per-row offsets come back as arrays. The fast path for bulk producers and benchmarks: a
         ``RecordBatch`` whose schema already equals ``SEGMENT_SCHEMA`` (field
-        metadata aside) is validated without casting or copying any column."""
+        metadata aside) is validated without casting or copying any column.
+        Every row is held to the input limits (``log/limits.py``: MessageLimitError);
+        ``limits_checked``: the caller has held every row to them already (the broker,
+        message by message before merging, or storing again what it accepted), so they
+        are not checked twice."""
         self.store.require_writable()
         info = None
         if isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
-            batch, info = self.batches.check_segment_batch(data)
+            batch, info = self.batches.check_segment_batch(data, limits_checked=limits_checked)
         else:
             table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-            batch = self.batches.normalize(table)
+            batch = self.batches.normalize(table, limits_checked=limits_checked)
         n = batch.num_rows
         with self.store.append_lock:
             batch, ts_ms = stamp_store_time(batch, self._store_ts())

@@ -33,6 +33,7 @@ from . import format as fmt
 from .actions import PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401  (re-exported)
 from .actions import TopicConfig
 from .dispatch import RowInfo, binary_lengths
+from .limits import MessageLimits, check_batch, check_message
 from .message import Message, group_hashes
 
 MAX_BATCH_BODY_BYTES = 256 << 20
@@ -176,25 +177,18 @@ def split_by_size(msgs: list[Message]) -> list[list[Message]]:
 
 def messages_to_batch(messages: Iterable[Message], *, queue_ids: Sequence[int],
                       store_timestamp_ms: int, store_host: str,
-                      max_message_size_bytes: int) -> pa.RecordBatch:
-    """Build a segment batch from messages whose queues are already chosen."""
+                      max_message_size_bytes: int | None = None,
+                      limits: MessageLimits | None = None,
+                      check_limits: bool = True) -> pa.RecordBatch:
+    """Build a segment batch from messages whose queues are already chosen; with
+    ``check_limits`` each message is held to ``limits`` (default: MessageLimits with
+    ``max_message_size_bytes``) first (:func:`~sparkmq.log.limits.check_message`)."""
     msgs = list(messages)
     now = store_timestamp_ms
-    bodies = []
-    for m in msgs:
-        body = m.body
-        if isinstance(body, str):
-            body = body.encode()
-        if not isinstance(body, (bytes, bytearray, memoryview)):
-            raise InvalidMessageError(
-                f"message body must be bytes or str, got {type(m.body).__name__}")
-        if len(body) > max_message_size_bytes:
-            raise InvalidMessageError(
-                f"message body of {len(body)} bytes exceeds maxMessageSize "
-                f"({max_message_size_bytes} bytes)")
-        bodies.append(bytes(body))
-        if isinstance(m.keys, str):
-            raise InvalidMessageError("message keys must be a list of strings, not one string")
+    if limits is None:
+        limits = MessageLimits() if max_message_size_bytes is None else \
+            MessageLimits(max_message_size_bytes=max_message_size_bytes)
+    bodies = [_checked_body(m, limits if check_limits else None) for m in msgs]
     n = len(msgs)
 
     def optional(values: list, typ: pa.DataType) -> pa.Array:
@@ -228,6 +222,31 @@ def messages_to_batch(messages: Iterable[Message], *, queue_ids: Sequence[int],
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
         raise InvalidMessageError(f"message field has the wrong type: {exc}") from exc
     return pa.RecordBatch.from_arrays(arrays, schema=fmt.SEGMENT_SCHEMA)
+
+
+def _checked_body(m: Message, limits: MessageLimits | None) -> bytes:
+    """``m``'s body as bytes, once ``m`` passed the ``limits`` (InvalidMessageError;
+    None: the caller checked them)."""
+    body = m.body
+    if isinstance(body, str):
+        body = body.encode()
+    if not isinstance(body, (bytes, bytearray, memoryview)):
+        raise InvalidMessageError(
+            f"message body must be bytes or str, got {type(m.body).__name__}")
+    if isinstance(m.keys, str):
+        raise InvalidMessageError("message keys must be a list of strings, not one string")
+    if limits is None:
+        return bytes(body)
+    try:
+        check_message(limits, topic=m.topic, body_bytes=len(body), tag=m.tags,
+                      keys=list(m.keys or ()), properties=dict(m.properties or {}),
+                      message_group=m.message_group, message_id=m.unique_key,
+                      born_host=m.born_host, transaction_id=m.transaction_id,
+                      born_timestamp_ms=m.born_timestamp,
+                      delivery_timestamp_ms=m.delivery_timestamp, message_type=m.message_type)
+    except (TypeError, AttributeError) as exc:   # a field of the wrong type
+        raise InvalidMessageError(f"message field has the wrong type: {exc}") from None
+    return bytes(body)
 
 
 # ---------------------------------------------------------------------- columns
@@ -330,11 +349,12 @@ class BatchBuilder:
     ``born_timestamp`` defaults. Used under the store's append lock or by one
     thread (the chooser's round robin is not locked)."""
 
-    def __init__(self, topic_conf: Callable[[str], dict], *, max_message_size_bytes: int,
+    def __init__(self, topic_conf: Callable[[str], dict], *, limits: MessageLimits,
                  store_host: str, clock_ms: Callable[[], int],
                  chooser: QueueChooser | None = None):
         self.topic_conf = topic_conf
-        self.max_message_size_bytes = max_message_size_bytes
+        self.limits = limits
+        self.max_message_size_bytes = limits.max_message_size_bytes
         self.store_host = store_host
         self.clock_ms = clock_ms
         self.chooser = chooser or QueueChooser()
@@ -351,14 +371,15 @@ class BatchBuilder:
         return qids
 
     def from_messages(self, msgs: list[Message], queue_ids: Sequence[int],
-                      store_ts_ms: int) -> pa.RecordBatch:
+                      store_ts_ms: int, check_limits: bool = True) -> pa.RecordBatch:
         return messages_to_batch(msgs, queue_ids=queue_ids, store_timestamp_ms=store_ts_ms,
-                                 store_host=self.store_host,
-                                 max_message_size_bytes=self.max_message_size_bytes)
+                                 store_host=self.store_host, limits=self.limits,
+                                 check_limits=check_limits)
 
-    def check_segment_batch(self, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, RowInfo]:
+    def check_segment_batch(self, batch: pa.RecordBatch, *,
+                            limits_checked: bool = False) -> tuple[pa.RecordBatch, RowInfo]:
         """Validate a batch already in SEGMENT_SCHEMA (no cast, no copy): the same
-        checks as :meth:`normalize`. Returns the batch (with queue ids chosen if the
+        checks as :meth:`normalize` (the input limits unless ``limits_checked``). Returns the batch (with queue ids chosen if the
         column had nulls) and what dispatch can reuse."""
         n = batch.num_rows
         if n == 0:
@@ -371,6 +392,8 @@ class BatchBuilder:
         body = batch.column(2)
         sizes = binary_lengths(body) if not body.null_count else None
         check_bodies(body, self.max_message_size_bytes, sizes)
+        if not limits_checked:
+            check_batch(batch, self.limits)
         if n == 1:
             names, idx = [topics[0].as_py()], None
         else:
@@ -396,7 +419,7 @@ class BatchBuilder:
             batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
         return batch, RowInfo(names, idx, qids, sizes)
 
-    def normalize(self, table: pa.Table) -> pa.RecordBatch:
+    def normalize(self, table: pa.Table, *, limits_checked: bool = False) -> pa.RecordBatch:
         """A batch in SEGMENT_SCHEMA from a table with at least ``topic`` and ``body``
         (other columns cast; missing ones get their defaults; queue ids chosen)."""
         names = table.schema.names
@@ -430,7 +453,10 @@ class BatchBuilder:
                 raise InvalidMessageError(
                     f"column {f.name!r} has type {table.column(f.name).type}, expected "
                     f"{f.type}: {exc}") from None
-        return build_segment_batch(cols, n, store_host=self.store_host, now_ms=self.clock_ms())
+        batch = build_segment_batch(cols, n, store_host=self.store_host, now_ms=self.clock_ms())
+        if not limits_checked:
+            check_batch(batch, self.limits)
+        return batch
 
     @staticmethod
     def _checked_queue_ids(qids: pa.Array, topics: pa.Array, confs: dict) -> pa.Array:

@@ -128,12 +128,12 @@ def last_checkpoint_file() -> str:
 
 
 def parse_commit_file(name: str) -> int | None:
-    m = _COMMIT_RE.match(name.rsplit("/", 1)[-1])
+    m = _COMMIT_RE.fullmatch(name.rsplit("/", 1)[-1])
     return int(m.group(1)) if m else None
 
 
 def parse_checkpoint_file(name: str) -> int | None:
-    m = _CHECKPOINT_RE.match(name.rsplit("/", 1)[-1])
+    m = _CHECKPOINT_RE.fullmatch(name.rsplit("/", 1)[-1])
     return int(m.group(1)) if m else None
 
 
@@ -143,7 +143,7 @@ def segment_file(base_offset: int) -> str:
 
 
 def parse_segment_file(name: str) -> int | None:
-    m = _SEGMENT_RE.match(name.rsplit("/", 1)[-1])
+    m = _SEGMENT_RE.fullmatch(name.rsplit("/", 1)[-1])
     return int(m.group(1)) if m else None
 
 
@@ -183,7 +183,7 @@ _TOKEN_RE = re.compile(r"^[A-Za-z0-9_.]{1,64}$")
 
 
 def _check_token(token: str) -> None:
-    if not _TOKEN_RE.match(token):
+    if not _TOKEN_RE.fullmatch(token):
         raise ValueError(f"file name token must match {_TOKEN_RE.pattern}, got {token!r}")
 
 

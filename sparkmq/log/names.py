@@ -10,7 +10,8 @@ import re
 
 from ..errors import InvalidNameError
 
-_NAME_RE = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_NAME_CHAR = "[%|a-zA-Z0-9_-]"
+_NAME_RE = re.compile(f"{_NAME_CHAR}+")     # used with fullmatch: no trailing "\n" slips by
 TOPIC_MAX_LENGTH = 127
 GROUP_MAX_LENGTH = 255
 
@@ -49,8 +50,8 @@ def _validate(name: object, what: str, max_len: int) -> None:
     if len(name) > max_len:
         raise InvalidNameError(
             f"{what} name is {len(name)} characters; at most {max_len} are allowed")
-    if not _NAME_RE.match(name):
-        bad = sorted({c for c in name if not re.match(r"[%|a-zA-Z0-9_-]", c)})
+    if not _NAME_RE.fullmatch(name):
+        bad = sorted({c for c in name if not re.fullmatch(_NAME_CHAR, c)})
         raise InvalidNameError(
             f"{what} name {name!r} contains {''.join(bad)!r}; only letters, digits, "
             "'%', '|', '_' and '-' are allowed")

@@ -31,6 +31,7 @@ from .actions import AddFile, TopicConfig
 from .consumequeue import read_side_by_time, read_side_entries
 from .fs import StoreFS
 from .index import read_index
+from .limits import timestamp_violation
 from .message import StoredMessage, decode_message_id, store_tag
 from .txlog import LogState, TransactionLog
 
@@ -363,7 +364,11 @@ class MessageReader:
         return self._messages_at(topic, hits, max_results)
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        """First queue offset stored at or after ``timestamp_ms`` (max offset if none)."""
+        """First queue offset stored at or after ``timestamp_ms`` (max offset if none);
+        a time outside 1970..9999 is refused (MessageLimitError, BAD_REQUEST)."""
+        bad = timestamp_violation(timestamp_ms, "query timestamp")
+        if bad is not None:
+            raise bad
         tid = self._check_queue(topic, queue_id)
         hits = self._time_entries(tid, queue_id, timestamp_ms, 1 << 62)
         if hits.num_rows == 0:

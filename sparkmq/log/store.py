@@ -321,13 +321,15 @@ class Store(MessageReader):
         return self._topic_conf(topic).id
 
     # ------------------------------------------------------------------ append
-    def append(self, messages: Iterable[Message] | Message) -> list[AppendResult]:
+    def append(self, messages: Iterable[Message] | Message, *,
+               limits_checked: bool = False) -> list[AppendResult]:
         """Append messages; one result per message, in order (see :meth:`Appender.append`)."""
-        return self.appender.append(messages)
+        return self.appender.append(messages, limits_checked=limits_checked)
 
-    def append_batch(self, data: pa.RecordBatch | pa.Table) -> BatchAppendResult:
+    def append_batch(self, data: pa.RecordBatch | pa.Table, *,
+                     limits_checked: bool = False) -> BatchAppendResult:
         """Columnar append, one record batch (see :meth:`Appender.append_batch`)."""
-        return self.appender.append_batch(data)
+        return self.appender.append_batch(data, limits_checked=limits_checked)
 
     def writable_topic(self, topic: str) -> TopicConfig:
         conf = self.state.topics.get(topic)

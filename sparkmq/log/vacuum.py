@@ -113,7 +113,7 @@ def plan_vacuum(sfs: StoreFS, state: LogState, *, retention_ms: int, now_ms: int
     for folder in _DATA_DIRS:
         for name in sfs.list_names(folder):
             rel = f"{folder}/{name}"
-            if rel in live or rel in protect or not _STORE_NAME.match(name):
+            if rel in live or rel in protect or not _STORE_NAME.fullmatch(name):
                 continue
             base = fmt.parse_segment_file(name) if folder == fmt.COMMITLOG_DIR else None
             if base is not None and base >= end:

@@ -222,11 +222,11 @@ def test_requests_waiting_at_one_moment_are_appended_as_one_batch(broker):
     release = threading.Event()
     append_batch = broker.store.append_batch
 
-    def held_append(table):
+    def held_append(table, **kw):
         appended.append(table.num_rows)
         if len(appended) == 1:
             release.wait(10)
-        return append_batch(table)
+        return append_batch(table, **kw)
     broker.store.append_batch = held_append
     servicer = MessagingServicer(broker)
     requests = {name: spb.SendMessageRequest(messages=[

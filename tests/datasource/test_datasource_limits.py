@@ -1,0 +1,32 @@
+"""The Spark writer holds every row to the input limits (sparkmq/log/limits.py), as
+Store.append_batch does: a row past one fails the job with the limit's status, and
+nothing becomes visible. Real local SparkSession."""
+from __future__ import annotations
+
+import pytest
+
+from sparkmq import Store
+from sparkmq.log import format as fmt
+from sparkmq.log.fs import StoreFS
+from sparkmq.log.txlog import TransactionLog
+
+pytestmark = pytest.mark.spark
+
+
+def test_a_row_past_a_limit_fails_the_write_and_nothing_is_visible(spark, tmp_path):
+    url = str(tmp_path / "store")
+    with Store.open(url, mode="w", start_services=False) as s:
+        s.create_topic("T", write_queue_nums=2, read_queue_nums=2)
+    before = TransactionLog(StoreFS(url)).latest_version()
+    df = spark.range(20).selectExpr(
+        "cast(id as string) as body",
+        "case when id = 13 then 'a|b' else 'TagA' end as tags")
+    with pytest.raises(Exception, match="ILLEGAL_MESSAGE_TAG"):
+        df.write.format("sparkmq").mode("append").option("topic", "T").save(url)
+    big = spark.range(3).selectExpr("cast(id as string) as body",
+                                    "map('p', repeat('v', 100)) as properties")
+    with pytest.raises(Exception, match="MESSAGE_PROPERTIES_TOO_LARGE"):
+        big.write.format("sparkmq").mode("append").option("topic", "T") \
+            .option("maxUserPropertySize", "50").save(url)
+    assert TransactionLog(StoreFS(url)).latest_version() == before
+    assert StoreFS(url).list_names(fmt.COMMITLOG_DIR) == []
