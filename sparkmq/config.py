@@ -40,7 +40,9 @@ class StoreConfig:
     checkpoint_interval_versions: int = 10        # checkpointInterval
     file_reserved_time_hours: float = 72.0        # fileReservedTime
     delete_when: str = "04"                       # deleteWhen (hours, ';' separated)
-    disk_max_used_space_ratio: int = 75           # diskMaxUsedSpaceRatio (percent)
+    disk_max_used_space_ratio: int = 75           # diskMaxUsedSpaceRatio: expired files go at once
+    disk_space_clean_forcibly_ratio: int = 85     # diskSpaceCleanForciblyRatio: oldest go, expired or not
+    disk_space_warning_level_ratio: int = 90      # diskSpaceWarningLevelRatio: writes refused
     retention_check_interval_ms: int = 10_000     # how often the retention service looks
     max_message_size_bytes: int = DEFAULT_MAX_MESSAGE_SIZE_BYTES   # maxMessageSize (whole message)
     max_user_property_size_bytes: int = DEFAULT_MAX_USER_PROPERTY_SIZE_BYTES  # maxUserPropertySize
@@ -70,6 +72,8 @@ class StoreConfig:
         "fileReservedTime": "file_reserved_time_hours",
         "deleteWhen": "delete_when",
         "diskMaxUsedSpaceRatio": "disk_max_used_space_ratio",
+        "diskSpaceCleanForciblyRatio": "disk_space_clean_forcibly_ratio",
+        "diskSpaceWarningLevelRatio": "disk_space_warning_level_ratio",
         "maxMessageSize": "max_message_size_bytes",
         "maxUserPropertySize": "max_user_property_size_bytes",
         "userPropertyMaxNum": "user_property_max_num",
@@ -104,9 +108,17 @@ class StoreConfig:
         if self.log_retention_ms <= 0:
             raise InvalidConfigError(
                 f"logRetentionMs must be positive, got {self.log_retention_ms}")
-        if not 10 <= self.disk_max_used_space_ratio <= 95:
+        ratios = {"diskMaxUsedSpaceRatio": self.disk_max_used_space_ratio,
+                  "diskSpaceCleanForciblyRatio": self.disk_space_clean_forcibly_ratio,
+                  "diskSpaceWarningLevelRatio": self.disk_space_warning_level_ratio}
+        for name, value in ratios.items():
+            if not 10 <= value <= 99:
+                raise InvalidConfigError(f"{name} must be within 10..99 (percent), got {value}")
+        if not (self.disk_max_used_space_ratio <= self.disk_space_clean_forcibly_ratio
+                <= self.disk_space_warning_level_ratio):
             raise InvalidConfigError(
-                f"diskMaxUsedSpaceRatio must be within 10..95, got {self.disk_max_used_space_ratio}")
+                f"disk ratios must rise: diskMaxUsedSpaceRatio <= diskSpaceCleanForciblyRatio <= "
+                f"diskSpaceWarningLevelRatio, got {', '.join(f'{k}={v}' for k, v in ratios.items())}")
         self.delete_hours()  # validates
 
     def delete_hours(self) -> set[int]:

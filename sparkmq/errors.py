@@ -243,6 +243,15 @@ class UncleanWriterError(StoreError):
     code = "SPARKMQ_UNCLEAN_WRITER"
 
 
+class DiskFullError(StoreError):
+    """Writes are refused: the disk holding the store is fuller than
+    ``diskSpaceWarningLevelRatio`` (RocketMQ's disk-full state). Reads, offsets and
+    retention go on; writes are accepted again once usage drops below it (retention
+    removes old segments past ``diskSpaceCleanForciblyRatio``)."""
+
+    code = "SPARKMQ_DISK_FULL"
+
+
 class StoreIOError(StoreError):
     """The store's file system failed an operation (disk full, I/O error, no permission).
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..config import SYNC_FLUSH
-from ..errors import InvalidMessageError, StoreClosedError
+from ..errors import DiskFullError, InvalidMessageError, StoreClosedError
 from . import format as fmt
 from .batch import BatchBuilder, split_by_size, stamp_store_time
 from .dispatch import RowInfo
@@ -53,7 +53,7 @@ class Appender:
         (SYNC_FLUSH; status FLUSH_DISK_TIMEOUT if the fsync took longer than
         ``sync_flush_timeout_ms`` — the messages are still stored).
         """
-        self.store.require_writable()
+        self.require_space()
         if isinstance(messages, Message):
             messages = [messages]
         msgs = list(messages)
@@ -80,6 +80,19 @@ class Appender:
         return [AppendResult(status, f"{prefix}{i:08X}", m.topic, q, qo, batch_offset + i)
                 for i, (m, q, qo) in enumerate(zip(msgs, qids, qos.tolist()))]
 
+    def require_space(self) -> None:
+        """Refuse an append (``DiskFullError``) while the disk is over
+        ``diskSpaceWarningLevelRatio`` (RocketMQ's disk-full state), besides the
+        store's own writability checks."""
+        self.store.require_writable()
+        pct = self.store.disk_full_percent
+        if pct is not None:
+            raise DiskFullError(
+                f"store {self.store.url}: the disk is {pct:.1f}% full, over "
+                f"diskSpaceWarningLevelRatio ({self.store.config.disk_space_warning_level_ratio}%):"
+                " appends are refused until space is freed (retention removes the oldest "
+                "segments past diskSpaceCleanForciblyRatio; or grow the disk); reads go on")
+
     def append_batch(self, data: pa.RecordBatch | pa.Table, *,
                      limits_checked: bool = False) -> BatchAppendResult:
         """Columnar append: rows with at least ``topic`` and ``body`` (other
@@ -93,7 +106,7 @@ class Appender:
         ``limits_checked``: the caller has held every row to them already (the broker,
         message by message before merging, or storing again what it accepted), so they
         are not checked twice."""
-        self.store.require_writable()
+        self.require_space()
         info = None
         if isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
             batch, info = self.batches.check_segment_batch(data, limits_checked=limits_checked)

@@ -329,14 +329,18 @@ class StoreFS:
 
     @_io_boundary("measure the disk of")
     def disk_usage_ratio(self) -> float | None:
-        """Used/total of the disk holding the store (local only), else None."""
+        """How full the disk holding the store is (local only, else None), as RocketMQ
+        measures it (``UtilAll.getDiskPartitionSpaceUsedPercent``) and ``df`` shows it:
+        used / (used + available to this user), so blocks reserved for root or held
+        by other tenants of the file system do not count as used."""
         if not self.is_local:
             return None
         st = os.statvfs(self.root if os.path.exists(self.root) else "/")
-        total = st.f_blocks * st.f_frsize
-        if total == 0:
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        entire = used + st.f_bavail * st.f_frsize
+        if entire <= 0:
             return None
-        return 1.0 - (st.f_bavail * st.f_frsize) / total
+        return used / entire
 
     def close(self) -> None:
         with self._maps_lock:

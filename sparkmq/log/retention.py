@@ -14,8 +14,16 @@ topic alone. Retention therefore works in two layers (docs/FORMAT.md section 13)
    every live topic has passed it: each queue's first retained message (at its
    floor, where topics on the broker default use ``fileReservedTime``) lies in
    a later segment. One long-lived topic thus keeps a shared segment on disk,
-   and the segment goes when the last topic lets it go. A disk fuller than
-   ``diskMaxUsedSpaceRatio`` removes the oldest segment regardless.
+   and the segment goes when the last topic lets it go.
+
+RocketMQ's three disk thresholds, with RocketMQ's meaning (usage measured as
+``df`` shows it, :meth:`StoreFS.disk_usage_ratio`): over
+``diskMaxUsedSpaceRatio`` (75 %) a pass runs at once instead of waiting for a
+``deleteWhen`` hour, but still removes only what has expired; over
+``diskSpaceCleanForciblyRatio`` (85 %) it also removes the oldest segment when
+nothing has expired, logging a WARNING for every consumer group that loses
+messages it has not consumed; over ``diskSpaceWarningLevelRatio`` (90 %) the
+store refuses appends (``DiskFullError``) until usage drops below it again.
 
 :func:`plan_retention` computes what a pass would do at a given time, without
 changing anything; ``Store.run_retention`` applies the plan and logs its
@@ -460,12 +468,18 @@ def run_retention(store: "Store", *, force_hour: bool = False) -> list[str]:
     (WARNING) before the commit. Returns the removed segment paths."""
     if not store.writable or store.closed:
         return []
+    note_disk_usage(store)
     store.delete_removed_files()
     if not retention_due(store, store.clock_ms(), force_hour)[0]:
         return []          # outside deleteWhen hours nothing is planned (no reads)
     plan = store.retention_plan(force_hour=force_hour)
     if not plan.due or not plan.changes:
         return []
+    if plan.disk_full and plan.remove_segments:
+        log.warning("retention: the disk of %s is over diskSpaceCleanForciblyRatio (%d%%): "
+                    "removing the oldest segment(s) %s whether expired or not",
+                    store.url, store.config.disk_space_clean_forcibly_ratio,
+                    plan.remove_segments)
     for w in plan.warnings:
         log.warning("retention: %s", w.text())
     return store.remove_segments(plan.remove_segments, queue_floors=plan.floors(),
@@ -483,11 +497,37 @@ def retention_plan(store: "Store", *, force_hour: bool = False, now_ms: int | No
 
 
 def retention_due(store: "Store", now_ms: int, force_hour: bool) -> tuple[bool, bool]:
-    """(a pass acts now, the disk is over diskMaxUsedSpaceRatio)."""
+    """(a pass acts now, the oldest segment goes even if unexpired): a ``deleteWhen``
+    hour, ``force_hour`` or a disk over ``diskMaxUsedSpaceRatio`` make a pass act;
+    a disk over ``diskSpaceCleanForciblyRatio`` makes it remove unexpired data."""
     hour = _dt.datetime.fromtimestamp(now_ms / 1000).hour
+    pct = _disk_used_percent(store)
+    c = store.config
+    early = pct is not None and pct > c.disk_max_used_space_ratio
+    forcibly = pct is not None and pct > c.disk_space_clean_forcibly_ratio
+    return force_hour or early or hour in c.delete_hours(), forcibly
+
+
+def note_disk_usage(store: "Store") -> None:
+    """Refuse appends while the disk is over ``diskSpaceWarningLevelRatio``
+    (``store.disk_full_percent`` set: the Appender raises ``DiskFullError``);
+    accept them again once it is below. Logged when the state changes."""
+    pct = _disk_used_percent(store)
+    limit = store.config.disk_space_warning_level_ratio
+    full = pct is not None and pct > limit
+    if full and store.disk_full_percent is None:
+        log.error("store %s: the disk is %.1f%% full, over diskSpaceWarningLevelRatio (%d%%): "
+                  "appends are refused until retention or an operator frees space",
+                  store.url, pct, limit)
+    elif not full and store.disk_full_percent is not None:
+        log.warning("store %s: the disk is below diskSpaceWarningLevelRatio (%d%%) again: "
+                    "appends are accepted", store.url, limit)
+    store.disk_full_percent = pct if full else None
+
+
+def _disk_used_percent(store: "Store") -> float | None:
     ratio = store.sfs.disk_usage_ratio()
-    disk_full = ratio is not None and ratio * 100 > store.config.disk_max_used_space_ratio
-    return force_hour or disk_full or hour in store.config.delete_hours(), disk_full
+    return None if ratio is None else ratio * 100
 
 
 def remove_segments(store: "Store", paths: Sequence[str], *,

@@ -233,3 +233,75 @@ def test_full_disk_removes_the_oldest_segment_even_if_held(store, clock, monkeyp
     assert store.run_retention() == segs[:1]                  # outside deleteWhen hours too
     lo = store.min_offset("long", 0)
     assert lo > 0 and bodies(store, "long", 0, lo)[0].startswith(b"long-%05d" % lo)
+
+
+# ---------------------------------------------------------------- RocketMQ's disk thresholds
+def _disk_at(monkeypatch, store, percent):
+    # the disk filling up is the one thing a test cannot make for real here
+    monkeypatch.setattr(store.sfs, "disk_usage_ratio", lambda: percent / 100)
+
+
+def test_over_the_max_used_ratio_only_expired_data_goes_and_at_once(store, clock, monkeypatch):
+    store.create_topic("young", read_queue_nums=1, write_queue_nums=1)
+    _interleave(store, clock, 40, ["young"])       # 40 minutes of data, fileReservedTime 48 h
+    store.flush()
+    _disk_at(monkeypatch, store, 80)              # over 75, under 85
+    plan = store.retention_plan()
+    assert plan.due and not plan.disk_full        # acts outside deleteWhen hours...
+    assert store.run_retention() == []            # ...but young data stays
+    assert store.min_offset("young", 0) == 0
+    clock.now_ms += 49 * HOUR_MS                  # now expired: removed at once, at 02:xx
+    assert store.run_retention() != []
+    assert store.min_offset("young", 0) > 0
+
+
+def test_over_the_forcibly_ratio_young_data_goes_naming_the_groups(store, clock, monkeypatch,
+                                                                  caplog):
+    store.create_topic("young", read_queue_nums=1, write_queue_nums=1)
+    _interleave(store, clock, 40, ["young"])
+    store.flush()
+    store.commit_consumer_offsets("GID_slow", {("young", 0): 1})
+    _disk_at(monkeypatch, store, 86)
+    with caplog.at_level(logging.WARNING, logger="sparkmq.retention"):
+        removed = store.run_retention()
+    assert removed
+    text = caplog.text
+    assert "diskSpaceCleanForciblyRatio" in text and "GID_slow" in text
+
+
+def test_over_the_warning_level_appends_are_refused_until_space_is_back(store, clock,
+                                                                       monkeypatch):
+    from sparkmq.errors import DiskFullError
+    store.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    _put(store, "t", 3)
+    _disk_at(monkeypatch, store, 91)
+    store.run_retention()                         # the retention service's regular pass
+    with pytest.raises(DiskFullError, match="diskSpaceWarningLevelRatio"):
+        store.append([Message("t", b"x")])
+    with pytest.raises(DiskFullError):
+        store.append_batch(__import__("pyarrow").table({"topic": ["t"], "body": [b"y"]}))
+    assert len(store.read("t", 0, 0, 10)) == 3     # reads go on, nothing lost
+    _disk_at(monkeypatch, store, 50)
+    store.run_retention()
+    assert store.append([Message("t", b"z")])[0].queue_offset == 3
+
+
+def test_disk_usage_is_measured_as_df_and_rocketmq_do(store, monkeypatch):
+    import os
+    import types
+    if not store.sfs.is_local:
+        pytest.skip("disk usage is measured for local stores only")
+    # 1000 blocks: 250 used, 750 free of which only 250 available to users (the rest
+    # reserved or held elsewhere): df and RocketMQ say 50 %, not 75 %
+    fake = types.SimpleNamespace(f_blocks=1000, f_bfree=750, f_bavail=250, f_frsize=4096)
+    monkeypatch.setattr(os, "statvfs", lambda path: fake)
+    assert store.sfs.disk_usage_ratio() == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("props", [{"diskSpaceCleanForciblyRatio": 70},
+                                   {"diskSpaceWarningLevelRatio": 80},
+                                   {"diskMaxUsedSpaceRatio": 5}])
+def test_disk_ratios_are_validated(store_url, props):
+    from sparkmq.errors import InvalidConfigError
+    with pytest.raises(InvalidConfigError, match="Ratio"):
+        Store.open(store_url, start_services=False, **props)
