@@ -16,8 +16,8 @@ topic alone. Retention therefore works in two layers (docs/FORMAT.md section 13)
    a later segment. One long-lived topic thus keeps a shared segment on disk,
    and the segment goes when the last topic lets it go.
 
-RocketMQ's three disk thresholds, with RocketMQ's meaning (usage measured as
-``df`` shows it, :meth:`StoreFS.disk_usage_ratio`): over
+RocketMQ's three disk thresholds (log/disk.py), with RocketMQ's meaning (usage
+measured as ``df`` shows it, :meth:`StoreFS.disk_usage_ratio`): over
 ``diskMaxUsedSpaceRatio`` (75 %) a pass runs at once instead of waiting for a
 ``deleteWhen`` hour, but still removes only what has expired; over
 ``diskSpaceCleanForciblyRatio`` (85 %) it also removes the oldest segment when
@@ -46,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import UserError
+from .disk import note_disk_usage, retention_due
 from . import segment as seg
 from .actions import Action, QueueFloor, QueueStats, RemoveFile, Retention, TopicConfig
 
@@ -494,40 +495,6 @@ def retention_plan(store: "Store", *, force_hour: bool = False, now_ms: int | No
     now = store.clock_ms() if now_ms is None else now_ms
     due, disk_full = retention_due(store, now, force_hour)
     return plan_retention(store, now, due=due, disk_full=disk_full, detail=detail)
-
-
-def retention_due(store: "Store", now_ms: int, force_hour: bool) -> tuple[bool, bool]:
-    """(a pass acts now, the oldest segment goes even if unexpired): a ``deleteWhen``
-    hour, ``force_hour`` or a disk over ``diskMaxUsedSpaceRatio`` make a pass act;
-    a disk over ``diskSpaceCleanForciblyRatio`` makes it remove unexpired data."""
-    hour = _dt.datetime.fromtimestamp(now_ms / 1000).hour
-    pct = _disk_used_percent(store)
-    c = store.config
-    early = pct is not None and pct > c.disk_max_used_space_ratio
-    forcibly = pct is not None and pct > c.disk_space_clean_forcibly_ratio
-    return force_hour or early or hour in c.delete_hours(), forcibly
-
-
-def note_disk_usage(store: "Store") -> None:
-    """Refuse appends while the disk is over ``diskSpaceWarningLevelRatio``
-    (``store.disk_full_percent`` set: the Appender raises ``DiskFullError``);
-    accept them again once it is below. Logged when the state changes."""
-    pct = _disk_used_percent(store)
-    limit = store.config.disk_space_warning_level_ratio
-    full = pct is not None and pct > limit
-    if full and store.disk_full_percent is None:
-        log.error("store %s: the disk is %.1f%% full, over diskSpaceWarningLevelRatio (%d%%): "
-                  "appends are refused until retention or an operator frees space",
-                  store.url, pct, limit)
-    elif not full and store.disk_full_percent is not None:
-        log.warning("store %s: the disk is below diskSpaceWarningLevelRatio (%d%%) again: "
-                    "appends are accepted", store.url, limit)
-    store.disk_full_percent = pct if full else None
-
-
-def _disk_used_percent(store: "Store") -> float | None:
-    ratio = store.sfs.disk_usage_ratio()
-    return None if ratio is None else ratio * 100
 
 
 def remove_segments(store: "Store", paths: Sequence[str], *,

@@ -111,7 +111,7 @@ class Store(MessageReader):
         self.recovered_from_crash = False
         self.replica = False       # a replica's copy (sparkmq.ha): see open()
         #: disk usage (percent) while over diskSpaceWarningLevelRatio, else None: appends
-        #: are refused meanwhile (set by each retention pass, retention.note_disk_usage)
+        #: are refused meanwhile (set by each retention pass, disk.note_disk_usage)
         self.disk_full_percent: float | None = None
         self.retention_cache = RetentionCache()
 
