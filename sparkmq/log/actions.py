@@ -457,18 +457,23 @@ class Txn(_Action):
 @dataclass(frozen=True)
 class Lease(_Action):
     """The single writer lease; ``endpoint`` is a broker's admin URL where other
-    processes hand their commits."""
+    processes hand their commits. ``owner`` is ``host:pid:token`` (the token, random
+    per open, is the holder's identity); ``scope`` names where that pid means the
+    holder's process (host, boot, PID namespace): only a process of the same scope
+    may judge the holder gone by its pid. Absent in leases written by format-1 writers."""
 
     KIND = "lease"
     FIELDS = {"acquired_time": "acquiredTime", "endpoint": "endpoint", "epoch": "epoch",
-              "expires_time": "expiresTime", "owner": "owner", "released": "released"}
-    OPTIONAL = frozenset({"acquired_time", "endpoint", "expires_time"})
+              "expires_time": "expiresTime", "owner": "owner", "released": "released",
+              "scope": "scope"}
+    OPTIONAL = frozenset({"acquired_time", "endpoint", "expires_time", "scope"})
     owner: str
     epoch: int
     acquired_time: int | None = None
     expires_time: int | None = None
     released: bool = False
     endpoint: str | None = None
+    scope: str | None = None
     extra: Mapping = field(default_factory=lambda: _EMPTY, compare=False)
 
 

@@ -61,24 +61,62 @@ def parse_owner(owner: str) -> tuple[str, str, str]:
     return host, pid_s, token
 
 
+def process_scope() -> str:
+    """Where a pid names this process: ``host/boot id/PID namespace``. Two containers
+    sharing a hostname have different PID namespaces; a reboot changes the boot id."""
+    global _SCOPE
+    if _SCOPE is None:
+        _SCOPE = "/".join((socket.gethostname(), _read_first("/proc/sys/kernel/random/boot_id"),
+                           _readlink("/proc/self/ns/pid")))
+    return _SCOPE
+
+
+_SCOPE: str | None = None
+
+
+def _read_first(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return "?"
+
+
+def _same_process_scope(lease: Lease) -> bool:
+    """True if the lease's pid can be checked from here: same host, boot and PID
+    namespace (a lease without a scope, from a format-1 writer: same hostname)."""
+    if lease.scope is not None:
+        return lease.scope == process_scope() and "?" not in lease.scope
+    return parse_owner(lease.owner)[0] == socket.gethostname()
+
+
 def local_token(lease: Lease) -> str | None:
     """The owner token when the lease is held by this very process, else None."""
-    host, pid_s, token = parse_owner(lease.owner)
-    return token if host == socket.gethostname() and pid_s == str(os.getpid()) else None
+    _, pid_s, token = parse_owner(lease.owner)
+    return token if _same_process_scope(lease) and pid_s == str(os.getpid()) else None
 
 
 def lease_status(lease: Lease | None, now_ms: int) -> str:
     """``free`` (none, or released), ``live`` (held), or ``crashed`` (its holder is gone).
 
-    A lease is live while it is unexpired and, when its owner runs on this host,
-    the owner process (and in this process, the owning Store) still exists.
+    A lease is live while it is unexpired and, when its owner runs in this process
+    scope (host, boot, PID namespace: :func:`process_scope`), the owner process (and
+    in this process, the owning Store) still exists. A holder in another scope is
+    judged by expiry alone: its pid means nothing here.
     """
     if not lease or lease.released:
         return LEASE_FREE
     if now_ms > int(lease.expires_time or 0):
         return LEASE_CRASHED
-    host, pid_s, token = parse_owner(lease.owner)
-    if host == socket.gethostname() and pid_s.isdigit():
+    _, pid_s, token = parse_owner(lease.owner)
+    if _same_process_scope(lease) and pid_s.isdigit():
         pid = int(pid_s)
         if pid == os.getpid():
             return LEASE_LIVE if token in _LIVE else LEASE_CRASHED
@@ -129,12 +167,14 @@ class WriterLease:
         crashed = bool(lease) and not lease.released
         now = self.clock_ms()
         return [Lease(owner=self.owner, epoch=self.epoch, acquired_time=now,
-                      expires_time=now + self.timeout_ms, released=False)], crashed
+                      expires_time=now + self.timeout_ms, released=False,
+                      scope=process_scope())], crashed
 
     def check(self, state: LogState) -> None:
         """Raise FencedError (and stay fenced) unless ``state``'s lease is still ours."""
         lease = state.lease
-        if lease is None or lease.owner != self.owner or int(lease.epoch) != self.epoch:
+        if lease is None or parse_owner(lease.owner)[2] != self.token or \
+                int(lease.epoch) != self.epoch:
             self.fenced = True
             raise FencedError(
                 f"store {self.url}: writer lease now belongs to {lease and lease.owner} epoch "
@@ -147,7 +187,7 @@ class WriterLease:
         """The action re-taking the lease with ``new_epoch`` (a replica's promotion)."""
         return [replace(state.lease or Lease(owner=self.owner, epoch=new_epoch),
                         owner=self.owner, epoch=new_epoch, released=False,
-                        expires_time=self.clock_ms() + self.timeout_ms)]
+                        expires_time=self.clock_ms() + self.timeout_ms, scope=process_scope())]
 
     def renewal_due(self, state: LogState) -> bool:
         expires_ms = (state.lease.expires_time if state.lease else None) or 0
@@ -160,7 +200,7 @@ class WriterLease:
         return Lease(owner=self.owner, epoch=self.epoch,
                      acquired_time=now if acquired is None else acquired,
                      expires_time=now + self.timeout_ms, released=False,
-                     endpoint=self.endpoint or None)
+                     endpoint=self.endpoint or None, scope=process_scope())
 
     def advertising(self, state: LogState, endpoint: str) -> list[Lease]:
         self.endpoint = endpoint
