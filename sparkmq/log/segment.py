@@ -20,6 +20,7 @@ appends); readers are stateless functions over immutable buffers.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import struct
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from ..errors import CorruptStoreError
 from . import checksum
 from . import format as fmt
 from .fs import StoreFS, start_writeback
+
+log = logging.getLogger("sparkmq.store")
 
 CONTINUATION = 0xFFFFFFFF
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -303,6 +306,7 @@ class SegmentWriter:
         self.base_offset = base_offset
         self._fd: int | None = None
         self._splice_fd: int | None = None
+        self._torn = False      # a failed append left bytes past ``size``: cut before the next
         self._buffer: bytearray | None = None
         if sfs.is_local:
             try:
@@ -334,21 +338,43 @@ class SegmentWriter:
         self.size = os.fstat(self._fd).st_size
 
     def append(self, data: pa.Buffer | bytes) -> int:
-        """Append one message; returns its byte position in the file."""
+        """Append one batch; returns its byte position in the file.
+
+        All or nothing: a failed write (ENOSPC, EIO) cuts the file back to ``size``
+        (the end of the last whole batch) before the ``StoreIOError`` is raised, so a
+        later append lands where ``size`` says. If even the cut fails, every later
+        append first retries it and refuses until it succeeds."""
         pos = self.size
         if self._fd is not None:
+            self._cut_torn_tail()
             view = memoryview(data)
             written = 0
             try:
                 while written < len(view):
                     written += os.write(self._fd, view[written:])
-            except OSError as exc:   # a short write leaves a torn tail: recovery cuts it
+            except OSError as exc:
+                if written:
+                    self._torn = True
+                    self._cut_torn_tail(raise_on_failure=False)
                 raise self.sfs.io_error("append to", self.rel_path, exc) from exc
         else:
             self._buffer.extend(memoryview(data))
         self.size += len(data)
         self.dirty = True
         return pos
+
+    def _cut_torn_tail(self, *, raise_on_failure: bool = True) -> None:
+        """Truncate the file back to ``size`` after a partial write (``_torn``)."""
+        if not self._torn:
+            return
+        try:
+            os.ftruncate(self._fd, self.size)
+            self._torn = False
+            log.warning("segment %s: cut a partial write back to %d bytes", self.rel_path,
+                        self.size)
+        except OSError as exc:
+            if raise_on_failure:
+                raise self.sfs.io_error("cut a partial write of", self.rel_path, exc) from exc
 
     def append_from_pipe(self, pipe_fd: int, count: int) -> None:
         """Move ``count`` bytes waiting in pipe ``pipe_fd`` to the end of the file inside

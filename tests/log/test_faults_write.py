@@ -1,0 +1,114 @@
+"""Write faults (issue 12 items 3 and 7): a file layer that fails the Nth write of a
+small workload with ENOSPC or EIO — after writing part of the bytes, as a full disk
+does — and the store afterwards: the failed append is refused, the segment is as
+before it, later appends are acked, and after a restart every acked message reads
+back with its body (checked in a separate process: 0 lost, 0 wrong, 0 crashed)."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+
+from sparkmq import Message, Store
+from sparkmq.errors import StoreIOError
+from sparkmq.log import segment as seg
+
+WORKLOAD = 12          # appends of one message each
+
+READ_BACK = """
+import json, sys
+from sparkmq import Store
+out = {}
+with Store.open(sys.argv[1], mode="r", create=False) as s:
+    for m in s.read("T", 0, 0, 1000):
+        out[m.queue_offset] = m.body.decode()
+print(json.dumps(out))
+"""
+
+
+class FailingOS(types.SimpleNamespace):
+    """``os`` for the segment module, whose ``fail_at``-th ``write`` writes half of its
+    bytes and the next ``write`` raises ``code`` (a disk filling up mid-batch)."""
+
+    def __init__(self, fail_at: int, code: int):
+        super().__init__(**{n: getattr(os, n) for n in dir(os) if not n.startswith("__")})
+        self.calls, self.fail_at, self.code, self.torn = 0, fail_at, code, False
+        self.write = self._write
+
+    def _write(self, fd, data):
+        self.calls += 1
+        if self.torn:
+            self.torn = False
+            raise OSError(self.code, os.strerror(self.code))
+        if self.calls == self.fail_at and len(data) > 1:
+            self.torn = True
+            return os.write(fd, bytes(data[:len(data) // 2]))
+        return os.write(fd, data)
+
+
+def _run(url: str, fail_at: int, code: int, monkeypatch) -> tuple[dict[int, str], int]:
+    """The workload with the fault; returns (acked offset -> body, refused appends)."""
+    acked, refused = {}, 0
+    with Store.open(url, start_services=False) as store:
+        store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        faulty = FailingOS(fail_at, code)
+        monkeypatch.setattr(seg, "os", faulty)
+        for i in range(WORKLOAD):
+            body = f"message-{i:03d}-" + "x" * (50 + 7 * i)
+            try:
+                r = store.append([Message("T", body.encode(), queue_id=0)])[0]
+            except StoreIOError as e:
+                assert e.errno == code and "commitlog" in str(e)
+                refused += 1
+                continue
+            acked[r.queue_offset] = body
+        monkeypatch.undo()
+        store.flush()
+    return acked, refused
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
+def test_a_failed_write_at_every_position_loses_and_corrupts_nothing(tmp_path, monkeypatch,
+                                                                      code, capsys):
+    cases = lost = wrong = crashed = refused_total = 0
+    for n in range(1, WORKLOAD + 1):
+        url = str(tmp_path / f"s{n}")
+        acked, refused = _run(url, n, code, monkeypatch)
+        cases += 1
+        refused_total += refused
+        assert refused == 1 and len(acked) == WORKLOAD - 1
+        assert sorted(acked) == list(range(WORKLOAD - 1))     # offsets stay dense
+        got = subprocess.run([sys.executable, "-c", READ_BACK, url], capture_output=True,
+                             text=True, timeout=120)
+        if got.returncode != 0:
+            crashed += 1
+            continue
+        back = {int(k): v for k, v in json.loads(got.stdout).items()}
+        lost += sum(1 for off in acked if off not in back)
+        wrong += sum(1 for off, body in acked.items() if back.get(off) not in (None, body))
+    with capsys.disabled():
+        print(f"\nwrite faults ({errno.errorcode[code]}): {cases} cases, {refused_total} appends "
+              f"refused, {lost} acked lost, {wrong} wrong bodies, {crashed} crashed readers")
+    assert (lost, wrong, crashed) == (0, 0, 0)
+
+
+def test_the_segment_is_cut_back_to_the_last_whole_batch(tmp_path, monkeypatch):
+    url = str(tmp_path / "s")
+    with Store.open(url, start_services=False) as store:
+        store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        store.append([Message("T", b"first", queue_id=0)])
+        path = store.sfs.local_path(store.commitlog.active.rel_path)
+        before = os.path.getsize(path)
+        monkeypatch.setattr(seg, "os", FailingOS(1, errno.ENOSPC))
+        with pytest.raises(StoreIOError, match="ENOSPC"):
+            store.append([Message("T", b"second" * 100, queue_id=0)])
+        monkeypatch.undo()
+        assert os.path.getsize(path) == before == store.commitlog.active.size
+        assert store.append([Message("T", b"third", queue_id=0)])[0].queue_offset == 1
+    with Store.open(url, start_services=False, create=False) as again:
+        assert [m.body for m in again.read("T", 0, 0, 10)] == [b"first", b"third"]
