@@ -112,3 +112,54 @@ def test_the_segment_is_cut_back_to_the_last_whole_batch(tmp_path, monkeypatch):
         assert store.append([Message("T", b"third", queue_id=0)])[0].queue_offset == 1
     with Store.open(url, start_services=False, create=False) as again:
         assert [m.body for m in again.read("T", 0, 0, 10)] == [b"first", b"third"]
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 4 MiB tmpfs (needs root and a kernel that lets this process mount)."""
+    where = tmp_path / "fs"
+    where.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root; the injected-fault cases cover the rest")
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"this machine does not allow mounting a tmpfs: {done.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def test_a_real_full_tmpfs_refuses_appends_then_takes_them_after_space_is_freed(small_tmpfs,
+                                                                               capsys):
+    url = str(small_tmpfs / "store")
+    filler = small_tmpfs / "filler"
+    acked, refused = {}, 0
+    with Store.open(url, start_services=False) as store:
+        store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        free = os.statvfs(small_tmpfs).f_bavail * os.statvfs(small_tmpfs).f_frsize
+        filler.write_bytes(b"\0" * (free - 256 * 1024))        # leave 256 KiB
+        i = 0
+        while refused < 3:                                        # until the disk is full
+            body = f"m{i:05d}-".encode() + b"y" * 3000
+            i += 1
+            try:
+                acked[store.append([Message("T", body, queue_id=0)])[0].queue_offset] = body
+            except StoreIOError as e:
+                assert e.errno == errno.ENOSPC
+                refused += 1
+        filler.unlink()                                           # space is back
+        for j in range(20):
+            body = f"after-{j:03d}-".encode() + b"z" * 3000
+            acked[store.append([Message("T", body, queue_id=0)])[0].queue_offset] = body
+    got = subprocess.run([sys.executable, "-c", READ_BACK, url], capture_output=True, text=True,
+                         timeout=120)
+    assert got.returncode == 0, got.stderr
+    back = {int(k): v.encode() for k, v in json.loads(got.stdout).items()}
+    lost = sum(1 for off in acked if off not in back)
+    wrong = sum(1 for off, body in acked.items() if back.get(off) not in (None, body))
+    with capsys.disabled():
+        print(f"\nreal tmpfs: {len(acked)} acked, {refused} refused with ENOSPC, {lost} lost, "
+              f"{wrong} wrong bodies")
+    assert (lost, wrong) == (0, 0) and sorted(back) == sorted(acked)
