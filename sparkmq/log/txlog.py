@@ -26,7 +26,9 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import crc32c
 from typing import Callable
 
 from ..errors import (CommitConflictError, CorruptStoreError, InvalidConfigError,
@@ -239,6 +241,11 @@ class LogState:
         return out
 
 
+def checkpoint_checksum(body: bytes) -> str:
+    """``crc32c:<8 hex>`` of a checkpoint's lines before its final commitInfo."""
+    return f"crc32c:{crc32c.crc32c(body):08x}"
+
+
 def check_writer_version(state: LogState, url: str) -> None:
     """Refuse to write a store whose ``protocol.minWriterVersion`` is above the
     writer version this code implements (FORMAT.md section 1): raises
@@ -341,11 +348,17 @@ class TransactionLog:
         ``commitInfo`` CHECKPOINT line (a checkpoint cut at a line boundary)."""
         rel = fmt.checkpoint_file(version)
         try:
-            actions = parse_actions(self.sfs.read_bytes(rel), rel)
+            data = self.sfs.read_bytes(rel)
+            actions = parse_actions(data, rel)
             last = actions[-1] if actions else None
             if not isinstance(last, CommitInfo) or last.operation != "CHECKPOINT":
                 raise CorruptStoreError(f"{rel} does not end with its CHECKPOINT commitInfo "
                                         "(truncated)")
+            want = (last.operation_parameters or {}).get("checksum")
+            body = data[:data.rstrip(b"\n").rfind(b"\n") + 1]
+            if want is not None and want != checkpoint_checksum(body):
+                raise CorruptStoreError(f"{rel}: checksum mismatch (the file was changed "
+                                        "after it was written)")
             state = LogState()
             for a in actions:
                 state.apply(a)
@@ -574,7 +587,12 @@ class TransactionLog:
         return deleted
 
     def write_checkpoint(self, state: LogState) -> None:
-        data = encode_actions(state.live_actions())
+        """Write checkpoint ``state.version``: the live actions, then a CHECKPOINT commitInfo
+        with the CRC32C of the lines before it (a damaged checkpoint that parses is found)."""
+        *actions, info = state.live_actions()
+        body = encode_actions(actions)
+        info = replace(info, operation_parameters={"checksum": checkpoint_checksum(body)})
+        data = body + encode_actions([info])
         self.sfs.put_if_absent(fmt.checkpoint_file(state.version), data)
         last = self._last_checkpoint()
         if last is None or last < state.version:

@@ -99,3 +99,15 @@ def test_an_intact_store_opens_and_reads(closed_store):
     url, _ = closed_store
     with Store.open(url, create=False, start_services=False) as s:
         assert sum(len(s.read("T", q, 0, 100)) for q in (0, 1)) == 20
+
+
+def test_a_checkpoint_changed_where_it_still_parses_is_found_by_its_checksum(txlog, caplog):
+    expected = txlog.snapshot()
+    rel = fmt.checkpoint_file(10)
+    data = txlog.sfs.read_bytes(rel)
+    assert b'"checksum":"crc32c:' in data
+    txlog.sfs.replace(rel, data.replace(b'"name":"t7"', b'"name":"t8"', 1))   # still JSON
+    with caplog.at_level(logging.WARNING, logger="sparkmq.txlog"):
+        fresh = TransactionLog(txlog.sfs).snapshot()
+    assert fresh.live_actions() == expected.live_actions()
+    assert any("checksum mismatch" in r.getMessage() for r in caplog.records)
