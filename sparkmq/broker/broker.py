@@ -52,6 +52,7 @@ from .admin_http import AdminServer, BrokerAdmin, admin_ssl_context
 from .config import BrokerConfig
 from .longpoll import ArrivalNotifier
 from .metrics import Metrics
+from .handles import HandleSigner, handle_secret_path
 from .pop import PopService
 from .receive import ClientRegistry, ReceiveService
 from .role import AutoFailoverService, HARole
@@ -147,7 +148,8 @@ class Broker:
             raise
         if self.store.recovered_from_crash:
             log.warning("store %s: recovered after a crash (abort marker found)", cfg.store_path)
-        self.pop = PopService(self.store, broker_name=cfg.broker_name,
+        self.handles = HandleSigner.from_file(handle_secret_path(cfg.admin_token_path))
+        self.pop = PopService(self.store, broker_name=cfg.broker_name, handles=self.handles,
                               max_delivery_attempts=cfg.max_delivery_attempts,
                               consume_from_where=cfg.consume_from_where, clock_ms=self.clock_ms,
                               on_topic_created=self.topic_created)

@@ -46,7 +46,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
-from ..errors import SparkMQError, UserError
+from ..errors import InvalidReceiptHandleError, SparkMQError, UserError
 from ..log.names import validate_group, validate_topic
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
@@ -159,7 +159,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
     # ------------------------------------------------------------ route
     @guarded(spb.QueryRouteResponse)
     def QueryRoute(self, request, context):
-        topic = validate_topic(request.topic.name, system=True)
+        topic = validate_topic(request.topic.name)
         queues = self.broker.route(topic)
         if not queues:
             return spb.QueryRouteResponse(status=status(
@@ -171,7 +171,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
 
     @guarded(spb.QueryAssignmentResponse)
     def QueryAssignment(self, request, context):
-        topic = validate_topic(request.topic.name, system=True)
+        topic = validate_topic(request.topic.name)
         validate_group(request.group.name)
         queues = self.broker.route(topic)
         if not queues:
@@ -306,9 +306,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         queues_col = rows.columns()["queue_id"]
         for k, (i, r) in enumerate(zip(rows.index, stored)):
             if topics_col[k] == SCHEDULE_TOPIC and not isinstance(r, Exception):
-                recalls[i] = make_recall_handle(
+                recalls[i] = self.broker.handles.sign(make_recall_handle(
                     request.messages[i].topic.name, self.broker.config.broker_name,
-                    queues_col[k], r[2], r[1])
+                    queues_col[k], r[2], r[1]))
         out = send_response(results)
         for i, handle in recalls.items():
             out.entries[i].recall_handle = handle
@@ -345,7 +345,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
 
     def _receive(self, request, context):
         group = validate_group(request.group.name)
-        topic = validate_topic(request.message_queue.topic.name, system=True)
+        topic = validate_topic(request.message_queue.topic.name)
         try:
             tag_filter = self._filter(request.filter_expression)
         except _FilterRefused as e:
@@ -428,7 +428,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
 
     # ------------------------------------------------------------ offsets
     def _local_queue(self, mq) -> tuple[str, int]:
-        return self.broker.receiver.local_queue(validate_topic(mq.topic.name, system=True), mq.id)
+        return self.broker.receiver.local_queue(validate_topic(mq.topic.name), mq.id)
 
     @guarded(spb.GetOffsetResponse)
     def GetOffset(self, request, context):
@@ -506,7 +506,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                 Code.UNSUPPORTED, "delayed messages are recalled on the master only"))
         try:
             topic, broker_name, qid, offset, message_id = parse_recall_handle(
-                request.recall_handle)
+                self.broker.handles.open(request.recall_handle, "recall handle"))
+        except InvalidReceiptHandleError as e:
+            return spb.RecallMessageResponse(status=error_status(e))
         except UserError as e:
             return spb.RecallMessageResponse(status=status(Code.BAD_REQUEST, e.message))
         if request.topic.name and request.topic.name != topic:

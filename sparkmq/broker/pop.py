@@ -43,6 +43,7 @@ from ..errors import (DataLossError, FilterExpressionError, InvalidReceiptHandle
                       TopicNotFoundError)
 from ..log.message import Message, StoredMessage
 from ..log.names import DLQ_PREFIX
+from .handles import HandleSigner
 
 log = logging.getLogger("sparkmq.broker.pop")
 
@@ -168,9 +169,11 @@ class PopService:
     def __init__(self, store, *, broker_name: str, max_delivery_attempts: int = 17,
                  consume_from_where: str = CONSUME_FROM_FIRST,
                  clock_ms: Callable[[], int] | None = None,
-                 on_topic_created: Callable[[str], None] | None = None):
+                 on_topic_created: Callable[[str], None] | None = None,
+                 handles: HandleSigner | None = None):
         self.store = store
         self.broker_name = broker_name
+        self.handles = handles or HandleSigner()     # receipt handles are signed
         self.max_delivery_attempts = max_delivery_attempts
         self.consume_from_where = consume_from_where
         self.clock_ms = clock_ms or store.clock_ms
@@ -255,7 +258,8 @@ class PopService:
         return lease
 
     def _handle(self, lease: Lease, topic: str, qid: int) -> str:
-        return encode_handle(lease.seq, qid, lease.offset, topic, self.broker_name)
+        return self.handles.sign(encode_handle(lease.seq, qid, lease.offset, topic,
+                                               self.broker_name))
 
     def _read_one(self, topic: str, qid: int, offset: int) -> StoredMessage | None:
         try:
@@ -380,7 +384,7 @@ class PopService:
     # ---------------------------------------------------------------- ack & co
     def _lease_of(self, g: GroupState, handle: str, topic: str | None
                   ) -> tuple[QueueProgress, Lease, str, int]:
-        seq, qid, offset, h_topic, broker = decode_handle(handle)
+        seq, qid, offset, h_topic, broker = decode_handle(self.handles.open(handle))
         if broker != self.broker_name:
             raise InvalidHandle(f"receipt handle belongs to broker {broker!r}, "
                                 f"not {self.broker_name!r}")

@@ -85,7 +85,7 @@ def test_recall_through_the_broker_with_sparkmq_producer(tmp_path):
                 p.recall_message(r1)                                   # already recalled
             with pytest.raises(UserError, match="no recall handle"):
                 p.recall_message(now)
-            with pytest.raises(ClientError, match="BAD_REQUEST"):
+            with pytest.raises(ClientError, match="INVALID_RECEIPT_HANDLE"):
                 p.recall_message("D", "garbage")
             from rocketmq.grpc_protocol.definition_pb2 import Code
             wrong = p.conns.call(b.endpoint, "RecallMessage",
