@@ -243,6 +243,13 @@ class UncleanWriterError(StoreError):
     code = "SPARKMQ_UNCLEAN_WRITER"
 
 
+class AuthenticationError(UserError):
+    """The request carries no valid credential (``authenticationEnabled=true``): give
+    the client its access key and secret key."""
+
+    code = "SPARKMQ_UNAUTHENTICATED"
+
+
 class DiskFullError(StoreError):
     """Writes are refused: the disk holding the store is fuller than
     ``diskSpaceWarningLevelRatio`` (RocketMQ's disk-full state). Reads, offsets and

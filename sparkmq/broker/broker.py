@@ -52,6 +52,7 @@ from .admin_http import AdminServer, BrokerAdmin, admin_ssl_context
 from .config import BrokerConfig
 from .longpoll import ArrivalNotifier
 from .metrics import Metrics
+from .authn import Authenticator
 from .handles import HandleSigner, handle_secret_path
 from .pop import PopService
 from .receive import ClientRegistry, ReceiveService
@@ -116,6 +117,9 @@ class Broker:
         self.listen_port = config.listen_port
         self.admin_port = config.admin_port
         self.admin_token: str | None = None        # set at start (_start_admin)
+        #: checks every RPC's credentials (authenticationEnabled; authn.py)
+        self.authenticator = Authenticator.from_config(config.authentication_enabled,
+                                                       config.init_authentication_user)
         self.admin_token_file: str | None = None
         self.started_ms = 0
         self.delay_policy = config.delay_policy

@@ -37,6 +37,8 @@ class BrokerConfig:
     admin_listen_address: str = "127.0.0.1"       # adminListenAddress (loopback unless set)
     admin_token_file: str = ""                    # adminTokenFile (default: admin.token
                                                   #   in the store folder; admin_auth.py)
+    authentication_enabled: bool = False          # authenticationEnabled (gRPC credentials)
+    init_authentication_user: str = ""            # initAuthenticationUser ({"username","password"})
     admin_metrics_auth: bool = False              # adminMetricsAuthEnable (/metrics needs
                                                   #   the token too)
     admin_tls_cert_file: str = ""                 # adminTlsCertFile (PEM; with the key:
@@ -76,6 +78,8 @@ class BrokerConfig:
         "adminPort": "admin_port", "adminListenAddress": "admin_listen_address",
         "adminTokenFile": "admin_token_file", "clusterSecret": "cluster_secret",
         "clusterSecretFile": "cluster_secret_file", "adminMetricsAuthEnable": "admin_metrics_auth",
+        "authenticationEnabled": "authentication_enabled",
+        "initAuthenticationUser": "init_authentication_user",
         "adminTlsCertFile": "admin_tls_cert_file", "adminTlsKeyFile": "admin_tls_key_file",
         "registerBrokerIntervalMs": "register_interval_ms",
         "flushConsumerOffsetInterval": "offset_persist_interval_ms",
@@ -93,7 +97,8 @@ class BrokerConfig:
         "haMasterAddress": "ha_master_address", "enableAutoFailover": "enable_auto_failover",
         "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
-    _BOOLS = ("enable_property_filter", "enable_auto_failover", "admin_metrics_auth")
+    _BOOLS = ("enable_property_filter", "enable_auto_failover", "admin_metrics_auth",
+              "authentication_enabled")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",

@@ -46,7 +46,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
-from ..errors import InvalidReceiptHandleError, SparkMQError, UserError
+from ..errors import AuthenticationError, InvalidReceiptHandleError, SparkMQError, UserError
 from ..log.names import validate_group, validate_topic
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
@@ -124,6 +124,7 @@ def guarded(response_type):
             if isinstance(request, Malformed):
                 return response_type(status=_bad_request(request))
             try:
+                self.broker.authenticator.check(context.invocation_metadata())
                 return fn(self, request, context)
             # a daemon never dies of one bad request: anything unexpected becomes
             # INTERNAL_ERROR with its text (see _failure_status)
@@ -143,6 +144,7 @@ def guarded_stream(response_type):
                 yield response_type(status=_bad_request(request))
                 return
             try:
+                self.broker.authenticator.check(context.invocation_metadata())
                 yield from fn(self, request, context)
             except Exception as e:  # as in guarded: the broker keeps serving
                 yield response_type(status=_failure_status(self, fn.__name__, e))
@@ -204,6 +206,10 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         """The settings handshake (each client Settings answered with the broker's), and the
         broker's commands to the client (transaction check-backs) on the same stream. A
         reader thread consumes the client's side; this generator writes the outbound queue."""
+        try:
+            self.broker.authenticator.check(context.invocation_metadata())
+        except AuthenticationError as e:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, e.message)
         cid = _client_id(context)
         out = self.broker.streams.open(cid)
         done = object()

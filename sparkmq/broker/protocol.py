@@ -19,7 +19,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from ..errors import (ClientIdRequiredError, DataLossError, IllegalOffsetError, InvalidMessageError,
+from ..errors import (AuthenticationError, ClientIdRequiredError, DataLossError, IllegalOffsetError, InvalidMessageError,
                       InvalidNameError, MessageLimitError, PermissionDeniedError,
                       QueueNotFoundError, SparkMQError, TopicNotFoundError)
 from ..log.status import PutMessageStatus
@@ -46,6 +46,8 @@ def error_status(e: Exception) -> pb.Status:
     """The protocol status answering exception ``e`` (INTERNAL_ERROR for the unexpected)."""
     if isinstance(e, TopicNotFoundError):
         return status(Code.TOPIC_NOT_FOUND, e.message)
+    if isinstance(e, AuthenticationError):
+        return status(Code.UNAUTHORIZED, e.message)
     if isinstance(e, InvalidNameError):
         code = Code.ILLEGAL_CONSUMER_GROUP if "group" in e.message else Code.ILLEGAL_TOPIC
         return status(code, e.message)
