@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Sequence
 
-from . import admin_verify
+from . import admin_acl, admin_verify
 from .errors import SparkMQError
 
 __all__ = ["main"]
@@ -556,6 +556,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="allow a retention below 1 h (no Spark job may be writing)")
     c.set_defaults(fn=store_vacuum)
     admin_verify.add_parser(sub)
+    admin_acl.add_parsers(sub)
 
     cl = sub.add_parser("cluster").add_subparsers(dest="cmd", required=True)
     cl.add_parser("list").set_defaults(fn=cluster_list)

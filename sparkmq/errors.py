@@ -250,6 +250,14 @@ class AuthenticationError(UserError):
     code = "SPARKMQ_UNAUTHENTICATED"
 
 
+class AuthorizationError(UserError):
+    """The authenticated user may not do this (``authorizationEnabled=true``): no ACL
+    entry of the user allows the action on the resource, or one denies it (the
+    proxy's FORBIDDEN). Grant it with ``sparkmq admin acl create``."""
+
+    code = "SPARKMQ_FORBIDDEN"
+
+
 class DiskFullError(StoreError):
     """Writes are refused: the disk holding the store is fuller than
     ``diskSpaceWarningLevelRatio`` (RocketMQ's disk-full state). Reads, offsets and

@@ -90,6 +90,12 @@ class BrokerAdmin:
             consume_enable=bool(request.get("consumeEnable", True)),
             consume_broadcast_enable=bool(request.get("consumeBroadcastEnable", True))).body()
 
+    def auth(self, request: dict):
+        """``POST /admin/auth``: create, update, delete, get or list ACL 2.0 users and
+        ACLs (``sparkmq.auth.meta.execute``; ``sparkmq admin user|acl --broker``)."""
+        from ..auth.meta import execute
+        return execute(self.store, request)
+
     def retention_report(self) -> dict:
         """``GET /admin/retention``: what the store's next retention pass removes, per
         topic, and the consumer groups that still need it (log/retention.py)."""
@@ -281,7 +287,7 @@ def _admin_handler(broker, server: AdminServer):
             if self._refused("POST", path):
                 return
             actions = {ADOPT_PATH: admin.adopt, "/admin/topics": admin.create_topic,
-                       "/admin/groups": admin.update_group,
+                       "/admin/groups": admin.update_group, "/admin/auth": admin.auth,
                        "/admin/promote": broker.ha.promote}
             if path not in actions:
                 return self._json(404, {"code": "NOT_FOUND", "message": f"unknown path {path}"})

@@ -8,7 +8,9 @@ With ``authenticationEnabled=true`` the broker checks it on every RPC of every
 wire path through :meth:`Authenticator.check` (the one implementation), before
 the request is looked at; a missing or wrong credential is ``AuthenticationError``
 (the proxy's UNAUTHORIZED). Users: ``initAuthenticationUser`` (RocketMQ 5.3's
-name: ``{"username": .., "password": ..}``, the password being the secret key).
+name: ``{"username": .., "password": ..}``, the password being the secret key; a
+super user) and the ACL 2.0 users committed to the store (``sparkmq admin user``,
+read on every request; a disabled one is refused).
 
 Thread-safe (immutable after construction).
 """
@@ -18,7 +20,7 @@ import hashlib
 import hmac
 import json
 import re
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from ..errors import AuthenticationError, InvalidConfigError
 
@@ -33,17 +35,26 @@ def signature(secret_key: str, date_time: str) -> str:
 
 
 class Authenticator:
-    """Checks the credentials of RPCs; ``users`` is None when authentication is off."""
+    """Checks the credentials of RPCs; ``users`` (name -> secret key, from the
+    configuration) is None when authentication is off; ``stored()`` gives the
+    store's users (name -> ``User`` action)."""
 
-    def __init__(self, users: Mapping[str, str] | None = None):
+    def __init__(self, users: Mapping[str, str] | None = None,
+                 stored: Callable[[], Mapping] = dict):
         self.users = dict(users) if users is not None else None
+        self.stored = stored
+
+    def super_users(self) -> frozenset[str]:
+        """The configured users (``initAuthenticationUser``): allowed everything."""
+        return frozenset(self.users or ())
 
     @property
     def enabled(self) -> bool:
         return self.users is not None
 
     @classmethod
-    def from_config(cls, enabled: bool, init_user: str) -> "Authenticator":
+    def from_config(cls, enabled: bool, init_user: str,
+                    stored: Callable[[], Mapping] = dict) -> "Authenticator":
         if not enabled:
             return cls(None)
         try:
@@ -57,7 +68,7 @@ class Authenticator:
                 "authenticationEnabled=true needs initAuthenticationUser="
                 "{\"username\": \"...\", \"password\": \"<8+ characters>\"} (RocketMQ 5's "
                 f"initial user; clients use them as access key and secret key): {exc}") from None
-        return cls({name: password})
+        return cls({name: password}, stored)
 
     def check(self, metadata: Iterable[tuple[str, str]]) -> str | None:
         """The authenticated user's name (None when authentication is off);
@@ -80,6 +91,12 @@ class Authenticator:
                 "this broker requires credentials and the request has an empty access key: "
                 "configure the client's session credentials (access key and secret key)")
         password = self.users.get(name)
+        if password is None:
+            user = self.stored().get(name)
+            if user is not None and user.user_status == "disable":
+                raise AuthenticationError(f"user {name!r} is disabled; enable it with "
+                                          "`sparkmq admin user update --user-status enable`")
+            password = user.password if user is not None else None
         expected = signature(password if password is not None else "", when)
         if password is None or not hmac.compare_digest(sig.lower(), expected):
             raise AuthenticationError(f"wrong access key or secret key for {name!r}")

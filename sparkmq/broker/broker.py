@@ -53,6 +53,7 @@ from .config import BrokerConfig
 from .longpoll import ArrivalNotifier
 from .metrics import Metrics
 from .authn import Authenticator
+from .authz import Authorizer
 from .handles import HandleSigner, handle_secret_path
 from .pop import PopService
 from .receive import ClientRegistry, ReceiveService
@@ -118,8 +119,12 @@ class Broker:
         self.admin_port = config.admin_port
         self.admin_token: str | None = None        # set at start (_start_admin)
         #: checks every RPC's credentials (authenticationEnabled; authn.py)
-        self.authenticator = Authenticator.from_config(config.authentication_enabled,
-                                                       config.init_authentication_user)
+        self.authenticator = Authenticator.from_config(
+            config.authentication_enabled, config.init_authentication_user,
+            lambda: self.store.state.users)
+        #: decides every authenticated RPC by the user's ACL (authorizationEnabled; authz.py)
+        self.authorizer = Authorizer.from_config(config, self.authenticator,
+                                                 lambda: self.store.state)
         self.admin_token_file: str | None = None
         self.started_ms = 0
         self.delay_policy = config.delay_policy
@@ -185,8 +190,14 @@ class Broker:
                      ("grpc.so_reuseport", 0)])
         from .grpc_service import MessagingServicer, add_to_server
         add_to_server(MessagingServicer(self), server)
+        address = f"{self.config.host}:{self.config.listen_port}"
         try:
-            port = server.add_insecure_port(f"{self.config.host}:{self.config.listen_port}")
+            if self.config.tls_server_mode == "enforcing":
+                from ..tls import grpc_server_credentials
+                port = server.add_secure_port(address, grpc_server_credentials(
+                    self.config.tls_server_cert_path, self.config.tls_server_key_path))
+            else:
+                port = server.add_insecure_port(address)
         except RuntimeError as e:   # grpc reports a taken port this way
             raise BindError(f"cannot bind gRPC port {self.config.host}:{self.config.listen_port}: "
                             f"{e}; set listenPort to a free port or stop the process "

@@ -39,6 +39,10 @@ class BrokerConfig:
                                                   #   in the store folder; admin_auth.py)
     authentication_enabled: bool = False          # authenticationEnabled (gRPC credentials)
     init_authentication_user: str = ""            # initAuthenticationUser ({"username","password"})
+    authorization_enabled: bool = False           # authorizationEnabled (ACL 2.0; sparkmq/auth)
+    tls_server_mode: str = "disabled"             # tlsServerMode: disabled | enforcing (gRPC)
+    tls_server_cert_path: str = ""                # tlsServerCertPath (PEM certificate chain)
+    tls_server_key_path: str = ""                 # tlsServerKeyPath  (PEM private key)
     admin_metrics_auth: bool = False              # adminMetricsAuthEnable (/metrics needs
                                                   #   the token too)
     admin_tls_cert_file: str = ""                 # adminTlsCertFile (PEM; with the key:
@@ -80,6 +84,8 @@ class BrokerConfig:
         "clusterSecretFile": "cluster_secret_file", "adminMetricsAuthEnable": "admin_metrics_auth",
         "authenticationEnabled": "authentication_enabled",
         "initAuthenticationUser": "init_authentication_user",
+        "authorizationEnabled": "authorization_enabled", "tlsServerMode": "tls_server_mode",
+        "tlsServerCertPath": "tls_server_cert_path", "tlsServerKeyPath": "tls_server_key_path",
         "adminTlsCertFile": "admin_tls_cert_file", "adminTlsKeyFile": "admin_tls_key_file",
         "registerBrokerIntervalMs": "register_interval_ms",
         "flushConsumerOffsetInterval": "offset_persist_interval_ms",
@@ -98,7 +104,7 @@ class BrokerConfig:
         "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
     _BOOLS = ("enable_property_filter", "enable_auto_failover", "admin_metrics_auth",
-              "authentication_enabled")
+              "authentication_enabled", "authorization_enabled")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",
@@ -155,6 +161,16 @@ class BrokerConfig:
         if bool(self.admin_tls_cert_file) != bool(self.admin_tls_key_file):
             raise InvalidConfigError("set both adminTlsCertFile and adminTlsKeyFile (PEM files; "
                                      "`sparkmq tls selfsigned` makes a pair), or neither")
+        if self.tls_server_mode not in ("disabled", "enforcing"):
+            raise InvalidConfigError(
+                f"tlsServerMode must be disabled or enforcing, got {self.tls_server_mode!r} "
+                "(RocketMQ's permissive mode, TLS and plaintext on one port, is not offered: "
+                "Python gRPC serves one or the other per port)")
+        if self.tls_server_mode == "enforcing" and not (self.tls_server_cert_path
+                                                        and self.tls_server_key_path):
+            raise InvalidConfigError("tlsServerMode=enforcing needs tlsServerCertPath and "
+                                     "tlsServerKeyPath (PEM files; `sparkmq tls selfsigned` "
+                                     "makes a pair for development)")
         StoreConfig.from_options(self.store_config_options())  # validates store options
 
     @classmethod

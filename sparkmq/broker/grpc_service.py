@@ -46,8 +46,10 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
-from ..errors import AuthenticationError, InvalidReceiptHandleError, SparkMQError, UserError
+from ..errors import (AuthenticationError, AuthorizationError, InvalidReceiptHandleError,
+                      SparkMQError, UserError)
 from ..log.names import validate_group, validate_topic
+from .authz import peer_ip, rpc_resources, settings_resources
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
 from .protocol import (OK, ClientIdRequired, Code, duration, error_status, message_queue,
@@ -116,6 +118,16 @@ def _failure_status(servicer: "MessagingServicer", method: str, e: Exception) ->
     return st
 
 
+def _authorized(broker, method: str, request, context) -> str | None:
+    """The user of an RPC, after authentication (AuthenticationError) and authorization
+    of what ``request`` touches (AuthorizationError): one implementation for every
+    handler (authn.py, authz.py)."""
+    user = broker.authenticator.check(context.invocation_metadata())
+    if broker.authorizer.enabled:
+        broker.authorizer.check(user, rpc_resources(method, request), peer_ip(context.peer()))
+    return user
+
+
 def guarded(response_type):
     """Turn an exception of a unary handler into ``response_type(status=...)``."""
     def wrap(fn):
@@ -124,7 +136,7 @@ def guarded(response_type):
             if isinstance(request, Malformed):
                 return response_type(status=_bad_request(request))
             try:
-                self.broker.authenticator.check(context.invocation_metadata())
+                _authorized(self.broker, fn.__name__, request, context)
                 return fn(self, request, context)
             # a daemon never dies of one bad request: anything unexpected becomes
             # INTERNAL_ERROR with its text (see _failure_status)
@@ -144,7 +156,7 @@ def guarded_stream(response_type):
                 yield response_type(status=_bad_request(request))
                 return
             try:
-                self.broker.authenticator.check(context.invocation_metadata())
+                _authorized(self.broker, fn.__name__, request, context)
                 yield from fn(self, request, context)
             except Exception as e:  # as in guarded: the broker keeps serving
                 yield response_type(status=_failure_status(self, fn.__name__, e))
@@ -207,9 +219,10 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         broker's commands to the client (transaction check-backs) on the same stream. A
         reader thread consumes the client's side; this generator writes the outbound queue."""
         try:
-            self.broker.authenticator.check(context.invocation_metadata())
+            user = self.broker.authenticator.check(context.invocation_metadata())
         except AuthenticationError as e:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, e.message)
+        source_ip = peer_ip(context.peer())
         cid = _client_id(context)
         out = self.broker.streams.open(cid)
         done = object()
@@ -220,6 +233,10 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                     if isinstance(cmd, Malformed):
                         out.put(spb.TelemetryCommand(status=_bad_request(cmd)))
                     elif cmd.HasField("settings"):
+                        refused = self._settings_refusal(user, cmd.settings, source_ip)
+                        if refused is not None:
+                            out.put(spb.TelemetryCommand(status=refused))
+                            continue
                         if cmd.settings.HasField("publishing"):
                             self.broker.streams.set_topics(
                                 cid, [t.name for t in cmd.settings.publishing.topics])
@@ -244,6 +261,14 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                 yield item
         finally:
             self.broker.streams.close(cid, out)
+
+    def _settings_refusal(self, user, settings: pb.Settings, source_ip) -> pb.Status | None:
+        """FORBIDDEN when the user may not use what ``settings`` declares (authz.py)."""
+        try:
+            self.broker.authorizer.check(user, settings_resources(settings), source_ip)
+        except AuthorizationError as e:
+            return error_status(e)
+        return None
 
     def _settings_reply(self, cid: str, s: pb.Settings) -> spb.TelemetryCommand:
         cfg = self.broker.config

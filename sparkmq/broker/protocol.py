@@ -19,7 +19,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from ..errors import (AuthenticationError, ClientIdRequiredError, DataLossError, IllegalOffsetError, InvalidMessageError,
+from ..errors import (AuthenticationError, AuthorizationError, ClientIdRequiredError, DataLossError, IllegalOffsetError, InvalidMessageError,
                       InvalidNameError, MessageLimitError, PermissionDeniedError,
                       QueueNotFoundError, SparkMQError, TopicNotFoundError)
 from ..log.status import PutMessageStatus
@@ -51,7 +51,7 @@ def error_status(e: Exception) -> pb.Status:
     if isinstance(e, InvalidNameError):
         code = Code.ILLEGAL_CONSUMER_GROUP if "group" in e.message else Code.ILLEGAL_TOPIC
         return status(code, e.message)
-    if isinstance(e, PermissionDeniedError):
+    if isinstance(e, (PermissionDeniedError, AuthorizationError)):
         return status(Code.FORBIDDEN, e.message)
     if isinstance(e, MessageLimitError):     # its status is the proxy's code name
         return status(Code.Value(e.status), e.message)

@@ -29,6 +29,7 @@ import logging
 import os
 import struct
 import threading
+from dataclasses import replace
 from typing import Callable
 
 import pyarrow as pa
@@ -40,6 +41,7 @@ from . import segment as seg
 from . import sidefile
 from .actions import (Action, AddFile, ConsumerOffset, GroupConfig, RemoveFile, Retention,
                       TopicConfig)
+from .auth_actions import Acl, User
 from .commitlog import SegmentRef
 from .store import Store
 from .topics import group_delete_actions
@@ -364,6 +366,7 @@ class ReplicaLog:
         st = self.store
         topics, offsets, groups, retention = parse_meta(meta)
         state = st.state
+        auth = mirrored_auth_actions(state, meta)
         actions: list[Action] = [t for t in topics if state.topics_by_id.get(t.id) != t]
         actions += [o for o in offsets if state.consumer_offsets.get(o.key) != o.offset]
         if groups is not None:        # absent from masters older than this field
@@ -373,6 +376,7 @@ class ReplicaLog:
                         if state.subscription_groups.get(name) != conf]
             for name in state.subscription_groups.keys() - wanted.keys():
                 actions += group_delete_actions(state, name, keep=master_keys)
+        actions += auth
         empty = not st.commitlog.segments()
         if retention is not None and empty and state.retention != retention:
             # the copy starts at the master's retention floor: continue its queue offsets
@@ -528,7 +532,27 @@ def meta_frame(state: LogState) -> dict:
                                 in sorted(state.consumer_offsets.items())],
             "retention": state.retention.body() if state.retention else None,
             "subscriptionGroups": [state.subscription_groups[g].body()
-                                   for g in sorted(state.subscription_groups)]}
+                                   for g in sorted(state.subscription_groups)],
+            "users": [state.users[u].body() for u in sorted(state.users)],
+            "acls": [state.acls[a].body() for a in sorted(state.acls)]}
+
+
+def mirrored_auth_actions(state: LogState, meta: dict) -> list[Action]:
+    """The user and ACL actions that make ``state`` hold exactly the master's (those it
+    lacks or has changed, deletions of those the master no longer has); none when the
+    frame comes from a master older than these fields. HAProtocolError if malformed."""
+    out: list[Action] = []
+    for key, cls, live, name_of in (("users", User, state.users, lambda a: a.username),
+                                    ("acls", Acl, state.acls, lambda a: a.subject)):
+        bodies = meta.get(key)
+        if bodies is None:
+            continue
+        if not isinstance(bodies, list):
+            raise HAProtocolError(f"bad {key} in meta frame: {bodies!r}"[:300])
+        wanted = {name_of(a): a for a in (_parsed(cls, b, key[:-1]) for b in bodies)}
+        out += [a for name, a in wanted.items() if live.get(name) != a]
+        out += [replace(live[name], deleted=True) for name in live.keys() - wanted.keys()]
+    return out
 
 
 def parse_meta(meta: dict) -> tuple[list[TopicConfig], list[ConsumerOffset],

@@ -39,9 +39,18 @@ from .actions import (decode_actions, encode_actions, parse_actions,  # noqa: F4
                       Action, AddFile, CommitInfo, ConsumerOffset, GroupConfig, Lease,
                       MetaData, Protocol, RemoveFile, Retention, TopicConfig, Txn,
                       parse_action)
+from .auth_actions import Acl, User
 from .fs import StoreFS
 
 log = logging.getLogger("sparkmq.txlog")
+
+
+def _put(live: dict, key: str, action) -> None:
+    """The newest action of ``key`` replaces the previous one; a deleted one removes it."""
+    if action.deleted:
+        live.pop(key, None)
+    else:
+        live[key] = action
 
 
 @dataclass
@@ -65,6 +74,8 @@ class LogState:
     # path -> remove of files removed and not added again (their deletion is due
     # deletion_timestamp + deletedFileRetentionMs later; checkpoints keep them a while)
     tombstones: dict[str, RemoveFile] = field(default_factory=dict)
+    users: dict[str, User] = field(default_factory=dict)    # ACL 2.0 users, live, by name
+    acls: dict[str, Acl] = field(default_factory=dict)      # live, by subject (User:<name>)
     # derived views (queue offset ranges, address end), computed once per state
     _views: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -111,6 +122,10 @@ class LogState:
                 self.protocol = action
             case MetaData():
                 self.metadata = action
+            case User():
+                _put(self.users, action.username, action)
+            case Acl():
+                _put(self.acls, action.subject, action)
             case _:
                 log.debug("ignoring unknown action %s", getattr(action, "kind", action))
 
@@ -146,7 +161,7 @@ class LogState:
             index_files=dict(self.index_files), txns=dict(self.txns), lease=self.lease,
             consumer_offsets=dict(self.consumer_offsets), retention=self.retention,
             subscription_groups=dict(self.subscription_groups),
-            tombstones=dict(self.tombstones))
+            tombstones=dict(self.tombstones), users=dict(self.users), acls=dict(self.acls))
 
     def _view(self, name: str, build: Callable[[], object]):
         v = self._views.get(name)
@@ -237,6 +252,7 @@ class LogState:
         if self.retention:
             out.append(self.retention)
         out += (self.subscription_groups[name] for name in sorted(self.subscription_groups))
+        out += [self.users[n] for n in sorted(self.users)] + [self.acls[n] for n in sorted(self.acls)]
         out.append(CommitInfo(timestamp=self.timestamp_ms, operation="CHECKPOINT"))
         return out
 
