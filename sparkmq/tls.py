@@ -117,3 +117,20 @@ def grpc_server_credentials(cert_path: str, key_path: str):
         raise InvalidConfigError(f"the TLS certificate {cert_path} and key {key_path} do not "
                                  f"load as a pair: {e}") from None
     return grpc.ssl_server_credentials([(pem["key"], pem["certificate"])])
+
+
+def server_ssl_context(cert_path: str, key_path: str, settings: str):
+    """A TLS 1.2+ server context of a PEM certificate chain and its key;
+    InvalidConfigError naming ``settings`` (the configuration keys) when they do not
+    load."""
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(cert_path, key_path)
+    except (OSError, ssl.SSLError) as e:
+        raise InvalidConfigError(
+            f"{settings} ({cert_path}, {key_path}) cannot be loaded: {e}; give a PEM "
+            "certificate and its key (`sparkmq tls selfsigned --out DIR` makes a development "
+            "pair)") from None
+    return ctx

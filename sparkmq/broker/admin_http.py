@@ -184,17 +184,9 @@ def admin_ssl_context(config):
     """The server TLS context of adminTlsCertFile/adminTlsKeyFile, or None (plain HTTP)."""
     if not config.admin_tls_cert_file:
         return None
-    import ssl
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        ctx.load_cert_chain(config.admin_tls_cert_file, config.admin_tls_key_file)
-    except (OSError, ssl.SSLError) as e:
-        raise InvalidConfigError(
-            f"adminTlsCertFile/adminTlsKeyFile ({config.admin_tls_cert_file}, "
-            f"{config.admin_tls_key_file}) cannot be loaded: {e}; give a PEM certificate and "
-            "its key (`sparkmq tls selfsigned --out DIR` makes a development pair)") from None
-    return ctx
+    from ..tls import server_ssl_context
+    return server_ssl_context(config.admin_tls_cert_file, config.admin_tls_key_file,
+                              "adminTlsCertFile/adminTlsKeyFile")
 
 
 class AdminServer:

@@ -69,6 +69,10 @@ class BrokerConfig:
                                                   #   file, made at the first start if absent)
     ha_master_address: str = ""                   # haMasterAddress (replica: master's HA host:port;
                                                   #   empty = the master's haEndpoint from the NameServers)
+    ha_tls_enable: bool = False                   # haTlsEnable (TLS on the HA link; ha/tlslink.py)
+    ha_tls_cert_path: str = ""                    # haTlsCertPath \ the master's certificate
+    ha_tls_key_path: str = ""                     # haTlsKeyPath  / and key (PEM)
+    ha_tls_ca_path: str = ""                      # haTlsCaPath (replica: trusts; default system roots)
     enable_auto_failover: bool = False            # enableAutoFailover (replica promotes itself)
     auto_failover_silence_ms: int = 120_000       # autoFailoverSilenceMs (master unheard by every
                                                   #   NameServer this long, HA link down: promote)
@@ -100,11 +104,13 @@ class BrokerConfig:
         "transactionCheckMax": "transaction_check_max",
         "haListenPort": "ha_listen_port", "haSecret": "ha_secret",
         "haSecretFile": "ha_secret_file",
-        "haMasterAddress": "ha_master_address", "enableAutoFailover": "enable_auto_failover",
+        "haMasterAddress": "ha_master_address", "haTlsEnable": "ha_tls_enable",
+        "haTlsCertPath": "ha_tls_cert_path", "haTlsKeyPath": "ha_tls_key_path",
+        "haTlsCaPath": "ha_tls_ca_path", "enableAutoFailover": "enable_auto_failover",
         "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
     _BOOLS = ("enable_property_filter", "enable_auto_failover", "admin_metrics_auth",
-              "authentication_enabled", "authorization_enabled")
+              "authentication_enabled", "authorization_enabled", "ha_tls_enable")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",
@@ -143,6 +149,11 @@ class BrokerConfig:
             raise InvalidConfigError("haListenPort is set but haSecret is empty; replication "
                                      "traffic must be authenticated: set haSecret or "
                                      "haSecretFile")
+        if self.ha_tls_enable and self.broker_role != "SLAVE" and not (
+                self.ha_tls_cert_path and self.ha_tls_key_path):
+            raise InvalidConfigError("haTlsEnable=true on a master needs haTlsCertPath and "
+                                     "haTlsKeyPath (PEM; `sparkmq tls selfsigned` makes a "
+                                     "development pair)")
         if self.ha_secret:
             from ..ha.protocol import check_secret as check_ha_secret
             check_ha_secret(self.ha_secret)

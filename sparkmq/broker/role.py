@@ -77,7 +77,8 @@ class HARole:
             self.replica_log = ReplicaLog(store)
             self.ha_client = HAClient(self.replica_log, broker_name=cfg.broker_name,
                                       broker_id=self.broker_id, secret=cfg.resolved_ha_secret(),
-                                      master_address=self._master_ha_address).start()
+                                      master_address=self._master_ha_address,
+                                      ssl_context=_ha_client_tls(cfg)).start()
             return
         epoch_history.append(store.sfs, store.epoch, store.store_id,
                              store.commitlog.written_offset)
@@ -89,7 +90,8 @@ class HARole:
         cfg = self.broker.config
         self.ha_service = HAService(self.broker.store, broker_name=cfg.broker_name,
                                     secret=cfg.resolved_ha_secret(), host=cfg.host,
-                                    port=cfg.ha_listen_port).start()
+                                    port=cfg.ha_listen_port,
+                                    ssl_context=_ha_server_tls(cfg)).start()
 
     def stop(self) -> None:
         if self.ha_client is not None:
@@ -211,3 +213,19 @@ class HARole:
         if ha["role"] == "replica":
             return [({"replica": str(self.broker_id)}, ha["lagBytes"])]
         return [({"replica": str(r["brokerId"])}, r["lagBytes"]) for r in ha["replicas"]]
+
+
+def _ha_server_tls(cfg):
+    """The HA service's TLS context (haTlsEnable), or None."""
+    if not cfg.ha_tls_enable:
+        return None
+    from ..ha.tlslink import server_context
+    return server_context(cfg.ha_tls_cert_path, cfg.ha_tls_key_path)
+
+
+def _ha_client_tls(cfg):
+    """A replica's TLS context for its master (haTlsEnable), or None."""
+    if not cfg.ha_tls_enable:
+        return None
+    from ..ha.tlslink import client_context
+    return client_context(cfg.ha_tls_ca_path or None)

@@ -38,6 +38,7 @@ from ..log.replication import meta_frame
 from ..log.status import PutMessageStatus
 from ..log.store import Store
 from . import epochs as epoch_history
+from .tlslink import TLSLink
 from .protocol import (CHUNK_BYTES, check_proof, new_nonce, proof, recv_frame, send_frame,
                        send_frame_from_file)
 
@@ -65,6 +66,9 @@ class ReplicaConnection:
     # -- lifecycle ---------------------------------------------------------
     def run(self) -> None:
         try:
+            if self.service.ssl_context is not None:
+                self.sock = TLSLink(self.sock, self.service.ssl_context, server_side=True,
+                                    handshake_timeout_s=HANDSHAKE_TIMEOUT_S)
             start = self._handshake()
         except (HAProtocolError, StoreIOError, OSError, ConnectionError, ValueError) as e:
             log.warning("HA: refused replica connection from %s: %s", self.addr, e)
@@ -265,7 +269,7 @@ class HAService:
     """The master's replication endpoint; see the module docstring."""
 
     def __init__(self, store: Store, *, broker_name: str, secret: str,
-                 host: str = "127.0.0.1", port: int = 0):
+                 host: str = "127.0.0.1", port: int = 0, ssl_context=None):
         if not secret:
             from ..errors import InvalidConfigError
             raise InvalidConfigError("replication needs haSecret (a shared secret in the "
@@ -275,6 +279,7 @@ class HAService:
         self.secret = secret
         self.host = host
         self.port = port
+        self.ssl_context = ssl_context     # TLS on the link (haTlsEnable; tlslink.py)
         self.stopped = threading.Event()
         self._cond = threading.Condition()     # streamers wait here for new bytes
         self._ack_cond = threading.Condition()  # SYNC_MASTER senders wait here for acks

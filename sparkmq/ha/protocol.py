@@ -28,6 +28,8 @@ with role ``replica`` (R proves to M over M's nonce) and ``master`` (M proves
 to R over R's nonce). The secret never crosses the wire; a stranger without it
 is refused (and logged) before any byte of the CommitLog is sent.
 
+With ``haTlsEnable`` the same conversation runs inside TLS (``tlslink.py``).
+
 ``check_secret`` refuses, at broker start, an ``haSecret`` shorter than 16 bytes
 or a shipped placeholder (``change-me...``).
 """
@@ -77,9 +79,17 @@ def send_frame(sock: socket.socket, header: dict, payload: bytes | memoryview = 
 def send_frame_from_file(sock: socket.socket, header: dict, fd: int, offset: int,
                          count: int) -> None:
     """Send a frame whose payload is ``count`` bytes of file ``fd`` at ``offset``, with
-    ``os.sendfile`` (page cache to socket, no copy through Python)."""
+    ``os.sendfile`` (page cache to socket, no copy through Python); over a TLS link
+    (not a plain socket) read and sent through it."""
     h = json.dumps(header, separators=(",", ":")).encode()
     sock.sendall(PREFIX.pack(len(h), count) + h)
+    if not isinstance(sock, socket.socket):      # a TLS link: encrypt in this process
+        for at in range(offset, offset + count, 1 << 20):
+            data = os.pread(fd, min(1 << 20, offset + count - at), at)
+            if not data:
+                raise ConnectionError(f"file ended {offset + count - at} bytes early")
+            sock.sendall(data)
+        return
     out = sock.fileno()
     sent = 0
     while sent < count:

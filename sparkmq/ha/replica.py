@@ -45,6 +45,7 @@ from ..log import segment as seg
 from ..log.replication import ReplicaLog  # noqa: F401  (the store side; re-exported)
 from ..log.store import Store
 from . import epochs as epoch_history
+from .tlslink import TLSLink
 from .protocol import (check_proof, new_nonce, parse_address, proof, recv_frame, recv_header,
                        send_frame)
 
@@ -87,7 +88,7 @@ class HAClient(ServiceThread):
     name = "ha-client"
 
     def __init__(self, replica_log: ReplicaLog, *, broker_name: str, broker_id: int,
-                 secret: str, master_address: Callable[[], str | None]):
+                 secret: str, master_address: Callable[[], str | None], ssl_context=None):
         if not secret:
             raise InvalidConfigError("a replica needs haSecret (the master's shared secret)")
         self.rlog = replica_log
@@ -95,6 +96,7 @@ class HAClient(ServiceThread):
         self.broker_id = broker_id
         self.secret = secret
         self.master_address = master_address
+        self.ssl_context = ssl_context     # TLS to the master (haTlsEnable; tlslink.py)
         self.connected = False
         self.master_epoch = 0
         self.master_offset = 0          # the master's written offset, as last heard
@@ -163,6 +165,10 @@ class HAClient(ServiceThread):
         sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
         self._sock = sock
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.ssl_context is not None:
+            sock = self._sock = TLSLink(sock, self.ssl_context, server_side=False,
+                                        server_hostname=host,
+                                        handshake_timeout_s=CONNECT_TIMEOUT_S)
         sock.settimeout(MASTER_SILENCE_S)
         challenge, _ = recv_frame(sock)
         if challenge.get("type") != "challenge":
@@ -256,7 +262,7 @@ class _SocketSource:
         self.pipe: tuple[int, int] | None = None
         self.pipe_bytes = 0
         self.buf = memoryview(bytearray(RECV_BUFFER_BYTES))
-        if hasattr(os, "splice"):
+        if hasattr(os, "splice") and not isinstance(sock, TLSLink):   # TLS: decrypt here
             r, w = os.pipe()
             self.pipe = (r, w)
             try:
