@@ -10,7 +10,9 @@ In order (the first that fails answers):
 2. **Credential** -> 401 with ``WWW-Authenticate: Bearer``. Every route but ``/health``
    (liveness) and ``/metrics`` (Prometheus scrapes without credentials by default; with
    ``adminMetricsAuthEnable=true`` it needs the token too) needs
-   ``Authorization: Bearer <admin token>`` (``sparkmq.admin_auth``).
+   ``Authorization: Bearer <admin token>`` (``sparkmq.admin_auth``) or, with
+   ``authenticationEnabled``, the RocketMQ 5 signature of an ACL super user
+   (``authorization: MQv2-HMAC-SHA1 ...`` + ``x-mq-date-time`` within 15 minutes).
 3. **Body type** -> 415. A POST must say ``Content-Type: application/json`` (a browser
    cannot send that cross-origin without a CORS preflight, which this endpoint never
    grants).
@@ -50,8 +52,10 @@ def own_origins(scheme: str, listen_host: str, advertised_host: str, port: int) 
 class AdminGuard:
     """The checks of the module docstring for one endpoint (``token``: the admin token)."""
 
-    def __init__(self, token: str, origins: frozenset, *, metrics_need_token: bool = False):
+    def __init__(self, token: str, origins: frozenset, *, metrics_need_token: bool = False,
+                 super_user=None):
         self._token = token
+        self._super_user = super_user     # headers -> name of a signed super user, or None
         self.origins = origins
         self.open_paths = OPEN_PATHS if metrics_need_token else OPEN_PATHS | {"/metrics"}
 
@@ -63,8 +67,7 @@ class AdminGuard:
                            "the admin endpoint serves tools, not web pages")
         if (headers.get("Sec-Fetch-Site") or "").lower() == "cross-site":
             return Refusal(403, "FORBIDDEN", "cross-site request refused")
-        if path not in self.open_paths and not bearer_matches(headers.get("Authorization"),
-                                                              self._token):
+        if path not in self.open_paths and not self._credential_ok(headers):
             return Refusal(401, "UNAUTHORIZED", MISSING_TOKEN_HINT,
                            (("WWW-Authenticate", 'Bearer realm="sparkmq-admin"'),))
         if method == "POST":
@@ -74,3 +77,10 @@ class AdminGuard:
                                f"POST bodies must be Content-Type: application/json, got "
                                f"{ctype or 'none'!r}")
         return None
+
+    def _credential_ok(self, headers: Mapping[str, str]) -> bool:
+        if bearer_matches(headers.get("Authorization"), self._token):
+            return True
+        signed = (headers.get("Authorization") or "").startswith("MQv2-HMAC-SHA1")
+        return bool(signed and self._super_user is not None and self._super_user(
+            [(k, headers.get(k) or "") for k in ("authorization", "x-mq-date-time")]))

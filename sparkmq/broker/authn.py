@@ -101,3 +101,26 @@ class Authenticator:
         if password is None or not hmac.compare_digest(sig.lower(), expected):
             raise AuthenticationError(f"wrong access key or secret key for {name!r}")
         return name
+
+    def super_user(self, metadata: Iterable[tuple[str, str]], *, max_skew_s: int = 900) -> str | None:
+        """The name of a super user (``initAuthenticationUser`` or a stored ``Super``
+        user) whose signed credential ``metadata`` carries, dated within ``max_skew_s``
+        of now (the admin endpoint's alternative to its token); None otherwise."""
+        import datetime as dt
+        if self.users is None:
+            return None
+        md = dict((k.lower(), v) for k, v in metadata or ())
+        try:
+            when = dt.datetime.strptime(md.get("x-mq-date-time", ""), "%Y%m%dT%H%M%SZ")
+            name = self.check(md.items())
+        except (ValueError, AuthenticationError):
+            return None
+        # the official clients write local time with a 'Z': accept UTC or local time
+        utc_now = dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+        if min(abs((now - when).total_seconds()) for now in (utc_now, dt.datetime.now())) \
+                > max_skew_s:
+            return None
+        stored = self.stored().get(name)
+        if name in self.users or (stored is not None and stored.user_type == "Super"):
+            return name
+        return None

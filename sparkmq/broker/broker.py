@@ -223,7 +223,8 @@ class Broker:
         server.set_guard(AdminGuard(
             self.admin_token, own_origins(cfg.admin_scheme, cfg.admin_listen_address, cfg.host,
                                           self.admin_port),
-            metrics_need_token=cfg.admin_metrics_auth))
+            metrics_need_token=cfg.admin_metrics_auth,
+            super_user=self.authenticator.super_user))
         self._admin_server = server.start()
 
     @property

@@ -180,3 +180,30 @@ def test_admin_listings_never_show_passwords(broker):
 def test_authorization_needs_authentication(tmp_path):
     with pytest.raises(InvalidConfigError, match="needs authenticationEnabled"):
         Broker(broker_config(tmp_path, authorizationEnabled="true")).start()
+
+
+def _admin_status(broker, headers) -> int:
+    import urllib.error
+    import urllib.request
+    req = urllib.request.Request(broker.admin_url + "/status", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+@pytest.mark.parametrize("user, secret, expected", [
+    ("root", None, 200),                 # the configured super user
+    ("carol", None, 200),                # a stored Super user
+    ("alice", None, 401),                # a normal user is not an admin
+    ("root", "wrong-secret-1", 401),
+])
+def test_an_acl_super_user_may_use_the_admin_endpoint_instead_of_the_token(
+        broker, user, secret, expected):
+    if user == "carol" and "carol" not in broker.store.state.users:
+        _admin(broker, "user", "create", "--username", "carol", "--password",
+               "carol-secret-key", "--user-type", "Super")
+    keys = {**KEYS, "carol": "carol-secret-key"}
+    md = dict(_metadata(user, secret if secret is not None else keys[user])[1:])
+    assert _admin_status(broker, md) == expected
