@@ -250,6 +250,14 @@ class AuthenticationError(UserError):
     code = "SPARKMQ_UNAUTHENTICATED"
 
 
+class ReplicaNotAvailableError(RetriableError):
+    """A SYNC_MASTER has no replica attached to acknowledge a send: the send is refused
+    before anything is stored (RocketMQ 5's in-sync-replica check; the proxy's
+    HA_NOT_AVAILABLE). Retry, or on another broker group."""
+
+    code = "SPARKMQ_HA_NOT_AVAILABLE"
+
+
 class AuthorizationError(UserError):
     """The authenticated user may not do this (``authorizationEnabled=true``): no ACL
     entry of the user allows the action on the resource, or one denies it (the

@@ -21,7 +21,8 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import (AuthenticationError, AuthorizationError, ClientIdRequiredError, DataLossError, IllegalOffsetError, InvalidMessageError,
                       InvalidNameError, MessageLimitError, PermissionDeniedError,
-                      QueueNotFoundError, SparkMQError, TopicNotFoundError)
+                      QueueNotFoundError, ReplicaNotAvailableError, SparkMQError,
+                      TopicNotFoundError)
 from ..log.status import PutMessageStatus
 from .pop import InvalidHandle
 
@@ -51,6 +52,8 @@ def error_status(e: Exception) -> pb.Status:
     if isinstance(e, InvalidNameError):
         code = Code.ILLEGAL_CONSUMER_GROUP if "group" in e.message else Code.ILLEGAL_TOPIC
         return status(code, e.message)
+    if isinstance(e, ReplicaNotAvailableError):
+        return status(Code.HA_NOT_AVAILABLE, e.message)
     if isinstance(e, (PermissionDeniedError, AuthorizationError)):
         return status(Code.FORBIDDEN, e.message)
     if isinstance(e, MessageLimitError):     # its status is the proxy's code name
@@ -185,8 +188,10 @@ def send_response(results: list) -> spb.SendMessageResponse:
                         "replica acked it within syncFlushTimeout (SYNC_MASTER)")
             codes.add(st.code)
         elif put_status is PutMessageStatus.SLAVE_NOT_AVAILABLE:
-            st = status(Code.HA_NOT_AVAILABLE, "stored on the master, but no replica is "
-                        "attached (SYNC_MASTER)")
+            # stored here, not replicated: as a replica ack timeout (HA_NOT_AVAILABLE
+            # means nothing was stored: see ReplicaNotAvailableError)
+            st = status(Code.SLAVE_PERSISTENCE_TIMEOUT, "stored on the master, but its "
+                        "replica left before acknowledging it (SYNC_MASTER)")
             codes.add(st.code)
         else:
             st = status(Code.INTERNAL_ERROR, f"store answered {put_status.value}")

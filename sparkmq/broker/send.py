@@ -26,7 +26,7 @@ from typing import Callable
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
-from ..errors import InvalidNameError, PermissionDeniedError, SparkMQError
+from ..errors import InvalidNameError, PermissionDeniedError, ReplicaNotAvailableError, SparkMQError
 from ..log import format as fmt
 from ..log.batch import build_segment_batch
 from ..log.limits import (MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS, RESERVED_PROPERTY_KEYS,
@@ -474,6 +474,13 @@ class SendService:
         refusal = self.write_refusal()
         if refusal is not None:
             raise PermissionDeniedError(refusal)
+        ha = self.ha_service
+        if self.role == "SYNC_MASTER" and ha is not None and not ha.has_replica():
+            # RocketMQ 5 checks its in-sync replicas before putting: a send no replica
+            # can acknowledge is refused, not stored and answered as a failure
+            raise ReplicaNotAvailableError(
+                "no replica is attached to acknowledge the send (SYNC_MASTER); nothing was "
+                "stored: retry, or send to another broker group")
         c = rows.columns()
         n = len(rows)
         topics, unique_keys, txids = c["topic"], c["unique_key"], c["transaction_id"]
@@ -487,7 +494,6 @@ class SendService:
         # every row was held to log/limits by ``refusal``/``plain_rows`` before merging
         r = self.store.append_batch(batch, limits_checked=True)
         put_status = r.status
-        ha = self.ha_service
         if self.role == "SYNC_MASTER" and ha is not None and put_status is PutMessageStatus.PUT_OK:
             put_status = ha.wait_replicated(r.batch_offset + 1,
                                             self.store.config.sync_flush_timeout_ms)

@@ -30,7 +30,8 @@ from ..errors import (BrokerUnavailableError, ClientError, InvalidConfigError, R
                       SparkMQError, TopicNotFoundError, UserError)
 
 Code = pb.Code
-DEFAULT_REQUEST_TIMEOUT_S = 5.0
+DEFAULT_REQUEST_TIMEOUT_S = 10.0   # above the broker's syncFlushTimeout (5 s): a slow
+                                   # fsync or replica ack is answered, not retried as a duplicate
 DEFAULT_ROUTE_TTL_S = 30.0
 
 

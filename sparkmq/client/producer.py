@@ -50,7 +50,8 @@ log = logging.getLogger("sparkmq.client.producer")
 
 # Statuses after which another broker may well succeed (nothing was stored).
 RETRIABLE_CODES = {Code.INTERNAL_ERROR, Code.TOO_MANY_REQUESTS, Code.INTERNAL_SERVER_ERROR,
-                   Code.PROXY_TIMEOUT, Code.TOPIC_NOT_FOUND, Code.FORBIDDEN}
+                   Code.PROXY_TIMEOUT, Code.TOPIC_NOT_FOUND, Code.FORBIDDEN,
+                   Code.HA_NOT_AVAILABLE}
 # Entry statuses of a stored message (the enum lookups are slow: resolve them once).
 STORED_CODES = frozenset((Code.OK, Code.MASTER_PERSISTENCE_TIMEOUT))
 STORED_OR_MULTIPLE_CODES = STORED_CODES | {Code.MULTIPLE_RESULTS}

@@ -412,6 +412,11 @@ class HAService:
         self._meta_cache = (state.version, meta)
         return meta
 
+    def has_replica(self) -> bool:
+        """A replica is attached (one that could acknowledge a SYNC_MASTER send)."""
+        with self._ack_cond:
+            return any(not c.closed.is_set() for c in self._conns)
+
     def replicas(self) -> list[dict]:
         with self._ack_cond:
             return [c.info() for c in self._conns if not c.closed.is_set()]
