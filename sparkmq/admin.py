@@ -25,7 +25,7 @@ import urllib.error
 import urllib.request
 from typing import Any, Sequence
 
-from . import admin_acl, admin_verify
+from . import admin_acl, admin_controller, admin_verify
 from .errors import SparkMQError
 
 __all__ = ["main"]
@@ -557,6 +557,7 @@ def _parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=store_vacuum)
     admin_verify.add_parser(sub)
     admin_acl.add_parsers(sub)
+    admin_controller.add_parsers(sub, p)
 
     cl = sub.add_parser("cluster").add_subparsers(dest="cmd", required=True)
     cl.add_parser("list").set_defaults(fn=cluster_list)

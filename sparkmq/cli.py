@@ -132,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("namesrv", help="run a NameServer (sparkmq namesrv --help)")
     sub.add_parser("broker", help="run a broker daemon (sparkmq broker --help)")
     sub.add_parser("replica", help="run a replica of a broker (sparkmq replica --help)")
+    sub.add_parser("controller", help="run a controller node (sparkmq controller --help)")
     sub.add_parser("admin", help="mqadmin-style commands (sparkmq admin --help)")
     sub.add_parser("tls", help="development TLS material (sparkmq tls selfsigned --help)")
 
@@ -191,13 +192,15 @@ def _main(argv: list[str] | None) -> int:
     if argv and argv[0] == "replica":
         from .broker import main as broker_main
         return broker_main(argv[1:], replica=True) or 0
-    if argv and argv[0] in ("broker", "namesrv", "admin", "tls"):
+    if argv and argv[0] in ("broker", "namesrv", "admin", "tls", "controller"):
         if argv[0] == "broker":
             from .broker import main as daemon_main
         elif argv[0] == "admin":
             from .admin import main as daemon_main
         elif argv[0] == "tls":
             from .tls import main as daemon_main
+        elif argv[0] == "controller":
+            from .controller import main as daemon_main
         else:
             from .namesrv import main as daemon_main
         return daemon_main(argv[1:]) or 0

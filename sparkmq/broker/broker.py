@@ -57,6 +57,7 @@ from .authz import Authorizer
 from .handles import HandleSigner, handle_secret_path
 from .pop import PopService
 from .receive import ClientRegistry, ReceiveService
+from .controlled import ControlledRole, ControllerHeartbeatService
 from .role import AutoFailoverService, HARole
 from .schedule import ScheduleService
 from .send import SendService
@@ -132,6 +133,8 @@ class Broker:
         self.streams = ProducerStreams()
         self.transactions: TransactionService | None = None
         self.ha = HARole(self)
+        #: controller mode: role, lease and SyncStateSet from the controllers (controlled.py)
+        self.controlled = ControlledRole(self) if config.enable_controller_mode else None
         self.sender = SendService(self)
         self.receiver = ReceiveService(self)
         self.admin = BrokerAdmin(self)
@@ -193,7 +196,7 @@ class Broker:
         address = f"{self.config.host}:{self.config.listen_port}"
         try:
             if self.config.tls_server_mode == "enforcing":
-                from ..tls import grpc_server_credentials
+                from .grpc_tls import grpc_server_credentials
                 port = server.add_secure_port(address, grpc_server_credentials(
                     self.config.tls_server_cert_path, self.config.tls_server_key_path))
             else:
@@ -243,6 +246,10 @@ class Broker:
             self.start_master_services()
         if self.is_replica and self.config.enable_auto_failover and self.namesrv is not None:
             self._services.append(AutoFailoverService(self.ha))
+        if self.controlled is not None:
+            self.controlled.tick()           # a master acknowledges only once renewed
+            self._services.append(ControllerHeartbeatService(
+                self.controlled, self.config.broker_heartbeat_interval_ms))
         for s in self._services:
             s.start()
 

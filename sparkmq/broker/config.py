@@ -73,6 +73,12 @@ class BrokerConfig:
     ha_tls_cert_path: str = ""                    # haTlsCertPath \ the master's certificate
     ha_tls_key_path: str = ""                     # haTlsKeyPath  / and key (PEM)
     ha_tls_ca_path: str = ""                      # haTlsCaPath (replica: trusts; default system roots)
+    enable_controller_mode: bool = False          # enableControllerMode (roles by the controllers)
+    controller_addr: str = ""                     # controllerAddr (host:port;host:port;...)
+    broker_heartbeat_interval_ms: int = 1_000     # brokerHeartbeatInterval (to the controllers)
+    ha_max_time_slave_not_catchup_ms: int = 15_000  # haMaxTimeSlaveNotCatchup (then it leaves
+                                                  #   the SyncStateSet)
+    controller_master_role: str = "SYNC_MASTER"   # controllerMasterRole (role of an elected node)
     enable_auto_failover: bool = False            # enableAutoFailover (replica promotes itself)
     auto_failover_silence_ms: int = 120_000       # autoFailoverSilenceMs (master unheard by every
                                                   #   NameServer this long, HA link down: promote)
@@ -106,16 +112,22 @@ class BrokerConfig:
         "haSecretFile": "ha_secret_file",
         "haMasterAddress": "ha_master_address", "haTlsEnable": "ha_tls_enable",
         "haTlsCertPath": "ha_tls_cert_path", "haTlsKeyPath": "ha_tls_key_path",
-        "haTlsCaPath": "ha_tls_ca_path", "enableAutoFailover": "enable_auto_failover",
+        "haTlsCaPath": "ha_tls_ca_path", "enableControllerMode": "enable_controller_mode",
+        "controllerAddr": "controller_addr",
+        "brokerHeartbeatInterval": "broker_heartbeat_interval_ms",
+        "haMaxTimeSlaveNotCatchup": "ha_max_time_slave_not_catchup_ms",
+        "controllerMasterRole": "controller_master_role", "enableAutoFailover": "enable_auto_failover",
         "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
     _BOOLS = ("enable_property_filter", "enable_auto_failover", "admin_metrics_auth",
-              "authentication_enabled", "authorization_enabled", "ha_tls_enable")
+              "authentication_enabled", "authorization_enabled", "ha_tls_enable",
+              "enable_controller_mode")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",
              "transaction_timeout_ms", "transaction_check_interval_ms", "transaction_check_max",
-             "ha_listen_port", "auto_failover_silence_ms")
+             "ha_listen_port", "auto_failover_silence_ms", "broker_heartbeat_interval_ms",
+             "ha_max_time_slave_not_catchup_ms")
 
     def __post_init__(self):
         if self.broker_role not in ROLES:
@@ -142,9 +154,10 @@ class BrokerConfig:
             if not self.has_ha_secret:
                 raise InvalidConfigError("a replica needs haSecret (or haSecretFile), the "
                                          "secret its master's is set to")
-            if not self.ha_master_address and not self.namesrv_addr:
+            if not (self.ha_master_address or self.namesrv_addr or self.enable_controller_mode):
                 raise InvalidConfigError("a replica needs haMasterAddress (host:port of the "
-                                         "master's haListenPort) or namesrvAddr to find it")
+                                         "master's haListenPort), or namesrvAddr or "
+                                         "enableControllerMode to find it")
         elif self.ha_listen_port and not self.has_ha_secret:
             raise InvalidConfigError("haListenPort is set but haSecret is empty; replication "
                                      "traffic must be authenticated: set haSecret or "
@@ -172,6 +185,17 @@ class BrokerConfig:
         if bool(self.admin_tls_cert_file) != bool(self.admin_tls_key_file):
             raise InvalidConfigError("set both adminTlsCertFile and adminTlsKeyFile (PEM files; "
                                      "`sparkmq tls selfsigned` makes a pair), or neither")
+        if self.enable_controller_mode:
+            if not self.controller_addr:
+                raise InvalidConfigError("enableControllerMode=true needs controllerAddr "
+                                         "(host:port;host:port;host:port of the controllers)")
+            if self.enable_auto_failover:
+                raise InvalidConfigError("enableAutoFailover is the classic mode's failover; "
+                                         "with enableControllerMode the controllers elect: "
+                                         "turn enableAutoFailover off")
+            if self.controller_master_role not in ("SYNC_MASTER", "ASYNC_MASTER"):
+                raise InvalidConfigError("controllerMasterRole must be SYNC_MASTER or "
+                                         "ASYNC_MASTER")
         if self.tls_server_mode not in ("disabled", "enforcing"):
             raise InvalidConfigError(
                 f"tlsServerMode must be disabled or enforcing, got {self.tls_server_mode!r} "

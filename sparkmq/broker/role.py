@@ -101,6 +101,8 @@ class HARole:
 
     def _master_ha_address(self) -> str | None:
         cfg, namesrv = self.broker.config, self.broker.namesrv
+        if self.broker.controlled is not None:      # controller mode: the elected master
+            return self.broker.controlled.master_ha_address()
         if cfg.ha_master_address:
             return cfg.ha_master_address
         for b in (namesrv.brokers() or []) if namesrv is not None else []:
@@ -115,6 +117,8 @@ class HARole:
             return (f"broker {self.name} is a replica (brokerRole=SLAVE); send to its master")
         if self.fenced_reason is not None:
             return self.fenced_reason
+        if self.broker.controlled is not None:
+            return self.broker.controlled.write_refusal()
         return None
 
     def fence(self, reason: str) -> None:

@@ -475,7 +475,9 @@ class SendService:
         if refusal is not None:
             raise PermissionDeniedError(refusal)
         ha = self.ha_service
-        if self.role == "SYNC_MASTER" and ha is not None and not ha.has_replica():
+        controlled = self.broker.controlled
+        if self.role == "SYNC_MASTER" and ha is not None and controlled is None and \
+                not ha.has_replica():
             # RocketMQ 5 checks its in-sync replicas before putting: a send no replica
             # can acknowledge is refused, not stored and answered as a failure
             raise ReplicaNotAvailableError(
@@ -494,7 +496,17 @@ class SendService:
         # every row was held to log/limits by ``refusal``/``plain_rows`` before merging
         r = self.store.append_batch(batch, limits_checked=True)
         put_status = r.status
-        if self.role == "SYNC_MASTER" and ha is not None and put_status is PutMessageStatus.PUT_OK:
+        if controlled is not None and put_status is PutMessageStatus.PUT_OK:
+            # controller mode: every other SyncStateSet member acks, and the lease
+            # still holds when it is acknowledged (controlled.py)
+            if self.role == "SYNC_MASTER" and ha is not None:
+                put_status = ha.wait_replicated_by(r.batch_offset + 1,
+                                                   controlled.sync_replica_ids(),
+                                                   self.store.config.sync_flush_timeout_ms)
+            if not controlled.lease_valid():
+                put_status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        elif self.role == "SYNC_MASTER" and ha is not None and \
+                put_status is PutMessageStatus.PUT_OK:
             put_status = ha.wait_replicated(r.batch_offset + 1,
                                             self.store.config.sync_flush_timeout_ms)
             if put_status is not PutMessageStatus.PUT_OK:

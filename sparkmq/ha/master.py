@@ -412,6 +412,28 @@ class HAService:
         self._meta_cache = (state.version, meta)
         return meta
 
+    def acked_by_replica(self) -> dict[int, int]:
+        """Attached replica id -> the offset it acked."""
+        with self._ack_cond:
+            return {c.broker_id: c.acked_offset for c in self._conns if not c.closed.is_set()}
+
+    def wait_replicated_by(self, offset: int, replica_ids: list[int],
+                           timeout_ms: int) -> PutMessageStatus:
+        """Block until every replica in ``replica_ids`` acked ``offset`` (controller
+        mode: every other SyncStateSet member); PUT_OK at once when there is none."""
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        wanted = set(replica_ids)
+        with self._ack_cond:
+            while True:
+                acked = {c.broker_id: c.acked_offset for c in self._conns
+                         if not c.closed.is_set()}
+                if all(acked.get(i, -1) >= offset for i in wanted):
+                    return PutMessageStatus.PUT_OK
+                left = deadline - time.monotonic()
+                if left <= 0 or self.stopped.is_set():
+                    return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+                self._ack_cond.wait(left)
+
     def has_replica(self) -> bool:
         """A replica is attached (one that could acknowledge a SYNC_MASTER send)."""
         with self._ack_cond:

@@ -68,6 +68,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sparkmq namesrv: cannot listen on {args.host}:{port}: {e}", file=sys.stderr)
         return 1
     print(f"sparkmq NameServer listening on {srv.address}", flush=True)
+    controller = None
+    if str(props.get("enableControllerInNamesrv", "")).lower() == "true":
+        from ..controller import from_properties    # RocketMQ 5: the controller inside
+        controller = from_properties(props, host=args.host).start()
+        print(f"sparkmq controller listening on {controller.address}", flush=True)
     done.wait()
+    if controller is not None:
+        controller.stop()
     srv.stop()
     return 0

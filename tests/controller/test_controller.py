@@ -1,0 +1,138 @@
+"""Controller mode (issue 19): three controller nodes on a real Raft log (pysyncobj) own
+each broker group's master, epoch and SyncStateSet; a master acknowledges only under
+a lease the majority renews; a new master is elected only from the SyncStateSet and
+only once the old lease has surely run out."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from helpers.brokers import broker_config
+from helpers.net import free_port
+from helpers.waiting import wait_until
+from sparkmq.broker import Broker
+from sparkmq.client import Message, Producer
+from sparkmq.controller.client import ControllerClient
+from sparkmq.controller.server import Controller
+from sparkmq.errors import BrokerUnavailableError, ClientError
+
+pytestmark = pytest.mark.integration
+
+SECRET = "controller-test-secret-0123456789"
+LEASE_MS, GRACE_MS = 2_000, 1_000
+
+
+@pytest.fixture
+def controllers(tmp_path):
+    raft = [free_port() for _ in range(3)]
+    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(raft))
+    nodes = [Controller(self_id=f"n{i}", peers=peers, store_path=str(tmp_path / f"c{i}"),
+                        cluster_secret=SECRET, lease_ms=LEASE_MS, grace_ms=GRACE_MS).start()
+             for i in range(3)]
+    yield nodes
+    for c in nodes:
+        c.stop()
+
+
+def _addr(nodes) -> str:
+    return ";".join(c.address for c in nodes)
+
+
+@pytest.fixture
+def group(tmp_path, controllers):
+    started = []
+
+    def start(node_id: int, **props):
+        role = "SYNC_MASTER" if node_id == 0 else "SLAVE"
+        b = Broker(broker_config(
+            tmp_path, name="broker-a", brokerId=node_id, brokerRole=role,
+            storePathRootDir=str(tmp_path / f"b{node_id}"), haListenPort=free_port(),
+            haSecret=SECRET, clusterSecret=SECRET, enableControllerMode="true",
+            controllerAddr=_addr(controllers), brokerHeartbeatInterval=300,
+            haMaxTimeSlaveNotCatchup=2000, syncFlushTimeout=3000, **props)).start()
+        started.append(b)
+        return b
+    yield start
+    for b in reversed(started):
+        b.stop()
+
+
+def _view(controllers) -> dict:
+    return ControllerClient(_addr(controllers), cluster_secret=SECRET).sync_state_set(
+        "broker-a") or {}
+
+
+def test_the_first_master_registers_and_replicas_join_the_sync_state_set(controllers, group):
+    master = group(0)
+    master.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    wait_until(lambda: _view(controllers).get("masterId") == 0, "master 0 at the controllers")
+    r1, r2 = group(1), group(2)
+    wait_until(lambda: _view(controllers).get("syncStateSet") == [0, 1, 2],
+               "both replicas in the SyncStateSet", timeout_s=30)
+    with Producer(master.endpoint, max_retries=0) as p:
+        for i in range(10):              # acknowledged only once both replicas have it
+            p.send(Message("T", f"m{i}".encode()))
+    end = master.store.commitlog.written_offset
+    assert r1.replica_log.offset >= end and r2.replica_log.offset >= end
+
+
+def test_a_dead_master_is_replaced_by_the_sync_state_set_member_with_most_data(
+        controllers, group):
+    master = group(0)
+    master.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    r1 = group(1)
+    wait_until(lambda: _view(controllers).get("syncStateSet") == [0, 1], "r1 in sync",
+               timeout_s=30)
+    with Producer(master.endpoint, max_retries=0) as p:
+        for i in range(20):
+            p.send(Message("T", f"acked-{i}".encode()))
+    stopped_at = time.monotonic()
+    master.stop()                                 # heartbeats and HA link gone
+    wait_until(lambda: _view(controllers).get("masterId") == 1, "node 1 elected",
+               timeout_s=30)
+    # never before the old lease (+ grace) ran out
+    assert time.monotonic() - stopped_at >= (LEASE_MS + GRACE_MS) / 1000 - 0.5
+    wait_until(lambda: r1.ha.is_master and r1.controlled.lease_valid(), "r1 promoted")
+    bodies = [m.body for m in r1.store.read("T", 0, 0, 100)]
+    assert [f"acked-{i}".encode() for i in range(20)] == bodies[:20]   # every acked one
+    with Producer(r1.endpoint, max_retries=0) as p:
+        p.send(Message("T", b"on-the-new-master"))
+
+
+def test_a_master_cut_from_the_controllers_stops_acknowledging(controllers, group):
+    master = group(0)
+    master.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    wait_until(lambda: master.controlled.lease_valid(), "the first lease")
+    with Producer(master.endpoint, max_retries=0) as p:
+        p.send(Message("T", b"under-the-lease"))
+        for c in controllers:
+            c.stop()
+        wait_until(lambda: not master.controlled.lease_valid(), "the lease to run out",
+                   timeout_s=LEASE_MS / 1000 + 5)
+        before = master.store.commitlog.written_offset
+        with pytest.raises((ClientError, BrokerUnavailableError), match="lease"):
+            p.send(Message("T", b"refused"))
+    assert master.store.commitlog.written_offset == before           # nothing stored
+
+
+def test_admin_controller_commands(controllers, group, capsys, monkeypatch):
+    import json
+    from sparkmq.admin import main as admin_main
+    monkeypatch.setenv("SPARKMQ_CLUSTER_SECRET", SECRET)
+    master = group(0)
+    group(1)
+    wait_until(lambda: _view(controllers).get("syncStateSet") == [0, 1], "r1 in sync",
+               timeout_s=30)
+    addr = _addr(controllers)
+    assert admin_main(["--json", "controller", "--controller", addr, "metadata"]) == 0
+    meta = json.loads(capsys.readouterr().out)["groups"]["broker-a"]
+    assert meta["masterId"] == 0 and sorted(meta["nodes"]) == ["0", "1"]
+    assert admin_main(["--json", "controller", "--controller", addr, "sync-state-set",
+                       "--broker-name", "broker-a"]) == 0
+    assert json.loads(capsys.readouterr().out)["syncStateSet"] == [0, 1]
+    # an operator may not elect a node outside the SyncStateSet
+    assert admin_main(["controller", "--controller", addr, "elect-master",
+                       "--broker-name", "broker-a", "--node-id", "7"]) == 1
+    assert "not in the SyncStateSet" in capsys.readouterr().err
+    assert master.ha.is_master
