@@ -136,3 +136,49 @@ def test_admin_controller_commands(controllers, group, capsys, monkeypatch):
                        "--broker-name", "broker-a", "--node-id", "7"]) == 1
     assert "not in the SyncStateSet" in capsys.readouterr().err
     assert master.ha.is_master
+
+
+def test_controllers_inside_three_nameservers_elect_a_leader_and_register_a_master(
+        tmp_path, procs):
+    """enableControllerInNamesrv=true (RocketMQ 5): each NameServer process runs a
+    controller node too; a broker in controller mode gets its lease from them."""
+    from helpers.daemons import spawn
+    raft = [free_port() for _ in range(3)]
+    api = [free_port() for _ in range(3)]
+    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(raft))
+    for i in range(3):
+        conf = tmp_path / f"namesrv{i}.properties"
+        conf.write_text("\n".join([
+            f"listenPort={free_port()}", "enableControllerInNamesrv=true",
+            f"controllerDLegerPeers={peers}", f"controllerDLegerSelfId=n{i}",
+            f"controllerListenPort={api[i]}", f"controllerStorePath={tmp_path}/c{i}",
+            f"clusterSecret={SECRET}", ""]))
+        spawn(["sparkmq.cli", "namesrv", "-c", str(conf)],
+              f"http://127.0.0.1:{api[i]}/controller/status", procs)
+    addr = ";".join(f"127.0.0.1:{p}" for p in api)
+    b = Broker(broker_config(tmp_path, brokerId=0, brokerRole="SYNC_MASTER",
+                             enableControllerMode="true", controllerAddr=addr,
+                             clusterSecret=SECRET, brokerHeartbeatInterval=300)).start()
+    try:
+        wait_until(lambda: b.controlled.lease_valid(), "a lease from the NameServers'"
+                   " controllers", timeout_s=30)
+        view = ControllerClient(addr, cluster_secret=SECRET).sync_state_set("broker-a")
+        assert view["masterId"] == 0 and view["syncStateSet"] == [0]
+    finally:
+        b.stop()
+
+
+def test_unsigned_or_wrongly_signed_controller_writes_are_refused(controllers):
+    import json
+    import urllib.error
+    import urllib.request
+    body = json.dumps({"brokerName": "evil", "nodeId": 0, "claimsMaster": True}).encode()
+    req = urllib.request.Request(f"http://{controllers[0].address}/controller/heartbeat",
+                                 data=body, headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=5)
+    assert e.value.code == 401
+    wrong = ControllerClient(_addr(controllers), cluster_secret="another-secret-0123456789")
+    assert wrong.heartbeat("evil", 0, "", "", 0, claims_master=True) is None
+    right = ControllerClient(_addr(controllers), cluster_secret=SECRET)
+    assert right.sync_state_set("evil").get("masterId") is None     # nothing registered
