@@ -82,6 +82,7 @@ def clients():
             c.shutdown()
         except Exception:
             pass
+        _stop_client_metrics(c)
 
 
 @pytest.fixture
@@ -148,3 +149,16 @@ def pytest_collection_modifyitems(items):
                 wrong.append(f"{item.nodeid} uses {fixture} but is not marked {tier}")
     if wrong:
         raise pytest.UsageError("tier markers missing:\n" + "\n".join(wrong))
+
+
+def _stop_client_metrics(client) -> None:
+    """Shut an official client's meter provider down while its broker still runs: the
+    client's own shutdown leaves it running, and at exit it would export to a broker
+    that is gone (seconds of retries per client)."""
+    metrics = getattr(client, "client_metrics", None)
+    stop = getattr(metrics, "_ClientMetrics__meter_provider_shutdown", None)
+    if stop is not None:
+        try:
+            stop()
+        except Exception:
+            pass

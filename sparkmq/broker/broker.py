@@ -193,6 +193,8 @@ class Broker:
                      ("grpc.so_reuseport", 0)])
         from .grpc_service import MessagingServicer, add_to_server
         add_to_server(MessagingServicer(self), server)
+        from . import otlp
+        otlp.add_to_server(self, server)
         address = f"{self.config.host}:{self.config.listen_port}"
         try:
             if self.config.tls_server_mode == "enforcing":

@@ -13,10 +13,11 @@ names the group's master, master epoch and SyncStateSet:
 * **Role.** Named master while a replica: it promotes itself. Named replica (or
   another node is master) while master: it fences itself (refuses writes; restart
   it to rejoin as a replica). A replica follows the HA address of the named master.
-* **SyncStateSet** (on the master). A replica joins once its acked offset reached
-  the master's written offset; a member unattached or behind for
-  ``haMaxTimeSlaveNotCatchup`` leaves. Both go through the controllers
-  (``alterSyncStateSet``), so a master cut from them cannot drop a member.
+* **SyncStateSet** (on the master). A replica joins once it acked everything the
+  current members acknowledged (RocketMQ's confirm offset); while the change is
+  being committed, acks wait for it too. A member that still lacks what was written
+  ``haMaxTimeSlaveNotCatchup`` ago (or is not attached) leaves. Both go through the
+  controllers (``alterSyncStateSet``), so a master cut from them cannot drop a member.
   A SYNC_MASTER send is acknowledged only once *every* other member acked it
   (RocketMQ's ``allAckInSyncStateSet``): whoever is elected next — only from the
   set — holds every acknowledged message.
@@ -47,7 +48,8 @@ class ControlledRole:
                                        timeout_s=max(0.5, cfg.broker_heartbeat_interval_ms / 1000))
         self.view: dict | None = None
         self.lease_until = 0.0               # time.monotonic() until which it may ack
-        self._behind_since: dict[int, float] = {}
+        self._written: list[tuple[float, int]] = []   # (monotonic s, written offset) samples
+        self._joining: set[int] = set()              # acks wait for these too, meanwhile
 
     # ------------------------------------------------------------ reads
     def lease_valid(self) -> bool:
@@ -63,7 +65,8 @@ class ControlledRole:
     def sync_replica_ids(self) -> list[int]:
         """The other SyncStateSet members every SYNC_MASTER ack waits for."""
         view = self.view or {}
-        return [i for i in view.get("syncStateSet") or () if i != self.node_id]
+        members = set(view.get("syncStateSet") or ()) | self._joining
+        return sorted(i for i in members if i != self.node_id)
 
     def master_ha_address(self) -> str | None:
         view = self.view or {}
@@ -98,27 +101,43 @@ class ControlledRole:
                      f"{view.get('masterId')} master of {cfg.broker_name} (epoch "
                      f"{view.get('masterEpoch')}); restart this broker to rejoin as a replica")
 
+    def _caught_up(self, service, others: set[int], members: set[int]) -> set[int]:
+        """Attached non-members holding everything acknowledged so far. Acks start
+        waiting for them (``_joining``) before the final check, so a send acknowledged
+        meanwhile is counted in the confirm offset they are checked against."""
+        written = self.broker.store.commitlog.written_offset
+        acked = service.acked_by_replica()
+        confirm = _confirm_offset(acked, others, written)
+        self._joining = {r for r, off in acked.items() if r not in members and off >= confirm}
+        if not self._joining:
+            return set()
+        acked = service.acked_by_replica()      # after: nothing is acked without them
+        confirm = _confirm_offset(acked, others, self.broker.store.commitlog.written_offset)
+        return {r for r in self._joining if acked.get(r, -1) >= confirm}
+
     def _keep_sync_state_set(self, view: dict) -> None:
         service = self.broker.ha.ha_service
         if service is None:
             return
         members = set(view.get("syncStateSet") or ())
-        written = self.broker.store.commitlog.written_offset
-        acked = service.acked_by_replica()
         now = time.monotonic()
-        wanted = set(members)
-        for rid, off in acked.items():
-            if rid not in members and off >= written:
-                wanted.add(rid)                     # caught up: joins
+        written = self.broker.store.commitlog.written_offset
         limit_s = self.broker.config.ha_max_time_slave_not_catchup_ms / 1000.0
-        for rid in members - {self.node_id}:
-            if acked.get(rid, -1) >= written:
-                self._behind_since.pop(rid, None)
-                continue
-            since = self._behind_since.setdefault(rid, now)
-            if now - since >= limit_s:
-                wanted.discard(rid)                 # unattached or behind too long: leaves
-        if wanted != members:
+        self._written = [x for x in self._written if now - x[0] <= 2 * limit_s]
+        self._written.append((now, written))
+        others = members - {self.node_id}
+        joiners = self._caught_up(service, others, members)
+        acked = service.acked_by_replica()
+        due = [off for t, off in self._written if now - t >= limit_s]
+        stale = due[-1] if due else None        # written haMaxTimeSlaveNotCatchup ago
+        wanted = set(members) | joiners
+        if stale is not None:
+            wanted -= {rid for rid in others if acked.get(rid, -1) < stale}
+        if wanted == members:
+            self._joining = set()
+            return
+        self._joining = joiners
+        try:
             out = self.client.alter_sync_state_set(
                 view["brokerName"], self.node_id, int(view["masterEpoch"]),
                 int(view["syncStateSetEpoch"]), sorted(wanted))
@@ -127,6 +146,14 @@ class ControlledRole:
                          out.get("syncStateSet"))
                 self.view = {**view, **{k: out[k] for k in ("syncStateSet",
                                                               "syncStateSetEpoch")}}
+        finally:
+            self._joining = set()
+
+
+def _confirm_offset(acked: dict[int, int], others: set[int], written: int) -> int:
+    """Everything acknowledged so far: what every other member acked (alone, the master
+    acknowledges on its own write: everything written)."""
+    return min((acked.get(i, -1) for i in others), default=written)
 
 
 class ControllerHeartbeatService(ServiceThread):

@@ -270,10 +270,29 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             return error_status(e)
         return None
 
+    def _metric_settings(self, metric: pb.Metric, client_type) -> None:
+        """Name this broker as the collector of a push consumer's metrics, as the proxy
+        does in its ``proxy`` collector mode (otlp.py): the official Python
+        PushConsumer needs a meter to register its gauges. Other clients get metrics
+        off (the official clients never stop their meter after shutdown, and export at
+        exit). Under TLS none: the official clients export over plaintext only."""
+        cfg = self.broker.config
+        metric.Clear()
+        metric.on = cfg.tls_server_mode == "disabled" and client_type == pb.PUSH_CONSUMER
+        if metric.on:
+            import ipaddress
+            try:
+                scheme = pb.IPv6 if ipaddress.ip_address(cfg.host).version == 6 else pb.IPv4
+            except ValueError:
+                scheme = pb.DOMAIN_NAME
+            metric.endpoints.scheme = scheme
+            metric.endpoints.addresses.add(host=cfg.host, port=self.broker.listen_port)
+
     def _settings_reply(self, cid: str, s: pb.Settings) -> spb.TelemetryCommand:
         cfg = self.broker.config
         out = pb.Settings()
         out.CopyFrom(s)
+        self._metric_settings(out.metric, s.client_type)
         if s.HasField("publishing"):
             out.publishing.max_body_size = self.broker.store.config.max_message_size_bytes
             out.publishing.validate_message_type = True
@@ -442,9 +461,11 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
     def ChangeInvisibleDuration(self, request, context):
         group = validate_group(request.group.name)
         ms = ms_of_duration(request.invisible_duration)
-        if not 0 < ms <= MAX_INVISIBLE_MS:
+        # the proxy's validateInvisibleTime(t): 0 (visible again at once) up to the max;
+        # the Node.js PushConsumer sends 0 for a failed message
+        if not 0 <= ms <= MAX_INVISIBLE_MS:
             return spb.ChangeInvisibleDurationResponse(status=status(
-                Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be 1 ms..12 h, got {ms} ms"))
+                Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be 0 ms..12 h, got {ms} ms"))
         handle = self.broker.receiver.change_invisible(_consumer(context, group),
                                                        request.receipt_handle, ms,
                                                        request.topic.name or None)

@@ -12,7 +12,7 @@ Stateless and thread-safe.
 """
 from __future__ import annotations
 
-import zlib
+import hashlib
 
 from google.protobuf.duration_pb2 import Duration
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -109,8 +109,10 @@ def message_to_pb(sm, delivery=None) -> pb.Message:
         sp.tag = sm.tags
     sp.keys.extend(sm.keys or [])
     sp.message_id = sm.unique_key or sm.message_id
-    sp.body_digest.type = pb.CRC32
-    sp.body_digest.checksum = format(zlib.crc32(sm.body) & 0xFFFFFFFF, "08X")
+    # as the Apache proxy's GrpcConverter: MD5 of the body, uppercase hex (the official
+    # clients check it; the Node.js client mis-reads a CRC32 one as corrupted)
+    sp.body_digest.type = pb.MD5
+    sp.body_digest.checksum = hashlib.md5(sm.body).hexdigest().upper()
     sp.body_encoding = pb.IDENTITY
     sp.message_type = pb.FIFO if sm.message_group else pb.NORMAL
     sp.born_timestamp.CopyFrom(timestamp(sm.born_timestamp))

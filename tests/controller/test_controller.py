@@ -162,8 +162,11 @@ def test_controllers_inside_three_nameservers_elect_a_leader_and_register_a_mast
     try:
         wait_until(lambda: b.controlled.lease_valid(), "a lease from the NameServers'"
                    " controllers", timeout_s=30)
-        view = ControllerClient(addr, cluster_secret=SECRET).sync_state_set("broker-a")
-        assert view["masterId"] == 0 and view["syncStateSet"] == [0]
+        client = ControllerClient(addr, cluster_secret=SECRET)
+        # reads are served by whichever controller answers: it may apply a moment later
+        wait_until(lambda: (client.sync_state_set("broker-a") or {}).get("syncStateSet")
+                   == [0], "the committed master on the controller that answers reads")
+        assert client.sync_state_set("broker-a")["masterId"] == 0
     finally:
         b.stop()
 

@@ -1,0 +1,105 @@
+"""What the Apache RocketMQ proxy does, done the same way (issue 14 items 1, 2): the body
+digest of a delivered message is MD5 in uppercase hex (GrpcConverter), and
+ChangeInvisibleDuration accepts 0 (validateInvisibleTime with a minimum of 0): the
+message is visible again at once."""
+from __future__ import annotations
+
+import hashlib
+
+import grpc
+import pytest
+from google.protobuf.duration_pb2 import Duration
+from rocketmq import FilterExpression, Producer, SimpleConsumer
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+from rocketmq.grpc_protocol.definition_pb2 import Code
+
+from helpers.brokers import client_conf, msg
+
+pytestmark = pytest.mark.integration
+
+META = [("x-mq-client-id", "proxy-semantics")]
+
+
+def _receive(stub, topic, group, invisible_s=30):
+    req = spb.ReceiveMessageRequest(
+        group=pb.Resource(name=group), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name=topic), id=-1), batch_size=1,
+        invisible_duration=Duration(seconds=invisible_s),
+        long_polling_timeout=Duration(seconds=2))
+    return [r.message for r in stub.ReceiveMessage(req, timeout=20, metadata=META)
+            if r.HasField("message")]
+
+
+def test_delivered_messages_carry_the_proxys_md5_digest(make_broker, clients):
+    b = make_broker()
+    bodies = [b"hello", b"", bytes(range(256)) * 40]
+    producer = clients(Producer(client_conf(b), ("D",)))
+    for body in bodies:
+        producer.send(msg("D", body or b"x"))
+    with grpc.insecure_channel(b.endpoint) as channel:
+        stub = MessagingServiceStub(channel)
+        got = []
+        while len(got) < len(bodies):
+            got += _receive(stub, "D", "G")
+    for m in got:
+        d = m.system_properties.body_digest
+        assert d.type == pb.MD5
+        assert d.checksum == hashlib.md5(m.body).hexdigest().upper()
+    # the official client verifies it and does not mark the messages corrupted
+    consumer = clients(SimpleConsumer(client_conf(b), "G2", {"D": FilterExpression()},
+                                      await_duration=2))
+    seen = []
+    for _ in range(10):
+        seen += consumer.receive(16, 30)
+        if len(seen) >= len(bodies):
+            break
+    assert len(seen) == len(bodies) and not any(m.corrupted for m in seen)
+
+
+def test_change_invisible_duration_zero_makes_the_message_visible_at_once(make_broker):
+    b = make_broker()
+    b.store.create_topic("Z", read_queue_nums=1, write_queue_nums=1)
+    with grpc.insecure_channel(b.endpoint) as channel:
+        stub = MessagingServiceStub(channel)
+        stub.SendMessage(spb.SendMessageRequest(messages=[pb.Message(
+            topic=pb.Resource(name="Z"), body=b"retry-me", system_properties=pb.SystemProperties(
+                message_id="0A0000000000000000000000ZZ", body_encoding=pb.IDENTITY,
+                message_type=pb.NORMAL))]), timeout=10, metadata=META)
+        [first] = _receive(stub, "Z", "G", invisible_s=600)
+        out = stub.ChangeInvisibleDuration(spb.ChangeInvisibleDurationRequest(
+            group=pb.Resource(name="G"), topic=pb.Resource(name="Z"),
+            receipt_handle=first.system_properties.receipt_handle,
+            message_id=first.system_properties.message_id,
+            invisible_duration=Duration(seconds=0)), timeout=10, metadata=META)
+        assert out.status.code == Code.OK
+        [again] = _receive(stub, "Z", "G")       # not 600 s later: now
+        assert again.body == b"retry-me"
+        assert again.system_properties.delivery_attempt == 2
+
+
+def test_the_official_push_consumer_logs_no_metrics_error_and_its_exports_arrive(
+        make_broker, clients, caplog):
+    """The broker names itself as the clients' metrics collector (otlp.py); before, the
+    official PushConsumer logged "'NoneType' object has no attribute 'get_meter'"."""
+    import logging
+    import threading
+    from rocketmq import ConsumeResult, MessageListener, PushConsumer
+    from helpers.waiting import wait_until
+    caplog.set_level(logging.INFO)
+    b = make_broker()
+    producer = clients(Producer(client_conf(b), ("PM",)))
+    for i in range(5):
+        producer.send(msg("PM", f"m{i}".encode()))
+    seen, lock = set(), threading.Lock()
+
+    class Listener(MessageListener):
+        def consume(self, message):
+            with lock:
+                seen.add(message.body)
+            return ConsumeResult.SUCCESS
+    clients(PushConsumer(client_conf(b), "PMG", Listener(), {"PM": FilterExpression()}))
+    wait_until(lambda: len(seen) == 5, "the push consumer to consume all five")
+    assert "get_meter" not in caplog.text
+    assert "start metric provider success" in caplog.text
