@@ -295,17 +295,26 @@ def group_delete(args) -> None:
 
 def group_progress(args) -> None:
     """Lag per (topic, queue) of a group: broker consumers and Spark queries alike (both
-    record offsets in the store's log)."""
-    with _store(args) as s:
+    record offsets in the store's log). ``--store`` reads the store; ``--broker`` asks
+    the broker; ``--namesrv`` asks every master of the cluster (rows name the broker)."""
+    from urllib.parse import quote
+    from .log.progress import group_lag
+    path = f"/admin/groups/progress?group={quote(args.group)}"
+    if args.broker:
+        rows = _http(args, path)["queues"]
+    elif args.namesrv and not args.store:
         rows = []
-        for (topic, q), off in sorted(s.consumer_offsets(args.group).items()):
-            if topic not in s.topics():
+        for b in _namesrv(args).brokers() or []:
+            if b.get("brokerId") != 0 or not b.get("adminEndpoint"):
                 continue
-            hi = s.max_offset(topic, q)
-            rows.append({"topic": topic, "queueId": q, "consumerOffset": off,
-                         "maxOffset": hi, "lag": max(0, hi - off)})
+            url = f"{args.scheme}://{b['adminEndpoint']}"
+            one = _http(argparse.Namespace(**{**vars(args), "broker": url}), path)
+            rows += [{"brokerName": b.get("brokerName"), **r} for r in one["queues"]]
+    else:
+        with _store(args) as s:
+            rows = group_lag(s, args.group)
     if not rows:
-        raise SparkMQError(f"group {args.group!r} has no recorded offsets in this store")
+        raise SparkMQError(f"group {args.group!r} has no recorded offsets")
     if args.json:
         return _emit(args, {"group": args.group, "totalLag": sum(r["lag"] for r in rows),
                             "queues": rows})
@@ -475,6 +484,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-ca", help="CA/certificate file to trust for an https:// --broker "
                                     "(default: SPARKMQ_ADMIN_CA)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--scheme", default="http", choices=["http", "https"],
+                   help="scheme of the brokers' admin ports found through --namesrv")
     sub = p.add_subparsers(dest="area", required=True)
 
     t = sub.add_parser("topic").add_subparsers(dest="cmd", required=True)

@@ -44,7 +44,8 @@ class BrokerAdmin:
     def create_topic(self, request: dict) -> dict:
         """``POST /admin/topics`` ``{"name": .., "queueNums": N, "perm": 6, "retentionMs":
         .., "retentionBytes": ..}`` (mqadmin updateTopic): create the topic here (or set
-        its queue counts) and re-register. With ``"update": true`` only the fields given
+        its queue counts) and re-register (``"existOk": true``: an existing topic is left
+        as it is). With ``"update": true`` only the fields given
         change (``readQueueNums``, ``writeQueueNums``, ``perm``, retention)."""
         name = request.get("name")
         retention = {k: (None if request.get(f) is None else int(request[f]))
@@ -61,7 +62,10 @@ class BrokerAdmin:
             return {"topic": name, **conf.body()}
         n = int(request.get("queueNums") or self.store.config.default_topic_queue_nums)
         perm = int(request.get("perm") or PERM_RW)
-        if self.broker.topic_conf(name) is not None:
+        existing = self.broker.topic_conf(name)
+        if existing is not None and request.get("existOk"):   # create-if-missing only
+            return {"topic": name, **existing.body()}
+        if existing is not None:
             conf = self.store.update_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm,
                                            **retention)
         else:
@@ -262,6 +266,14 @@ def _admin_handler(broker, server: AdminServer):
                 if path == "/status":
                     return self._reply(200, json.dumps(admin.status(), indent=1),
                                        "application/json")
+                if path == "/admin/groups/progress":
+                    from urllib.parse import parse_qs, urlparse
+                    from ..log.progress import group_lag
+                    group = (parse_qs(urlparse(self.path).query).get("group") or [""])[0]
+                    if not group:
+                        return self._reply(400, "give the group: ?group=NAME\n", "text/plain")
+                    return self._reply(200, json.dumps({"group": group, "queues": group_lag(
+                        broker.store, group)}), "application/json")
                 if path == "/admin/retention":
                     return self._reply(200, json.dumps(admin.retention_report()),
                                        "application/json")

@@ -33,7 +33,16 @@ option                     default  meaning
 ``consumerGroup``          —        S: record the query's progress as this group's consumer
                                     offsets in the store (lag visible to admin tools)
 ``storageOptions``         —        JSON dict passed to fsspec
+``minOffsetsPerTrigger``   —        S: wait for N messages (Kafka), at most ``maxTriggerDelay``
+``maxTriggerDelay``        15m      S: with minOffsetsPerTrigger (``15m``, ``30s``, ``500ms``)
+``startingOffsetsByTimestamp`` —    JSON {"T":{"0":ms}}: per queue, first offset at/after
+``endingOffsetsByTimestamp``   —    B: the same for the end
+``startingOffsetsByTimestampStrategy`` error: a queue with nothing that new fails; latest
 =========================  =======  ==========================================================
+
+Kafka's ``subscribe``, ``subscribePattern``, ``assign`` and ``maxOffsetsPerTrigger`` are
+accepted as ``topics``, ``topicPattern``, ``topics`` + ``queues`` and
+``maxMessagesPerTrigger``. Any other option is an error naming the closest known one.
 
 The Python data source API has no column pruning: a read materializes every
 column (cheap: slices of memory-mapped Arrow batches).
@@ -78,6 +87,11 @@ class ReadOptions:
     max_bytes_per_trigger: int | None = None
     consumer_group: str | None = None
     storage_options: dict | None = None
+    min_messages_per_trigger: int | None = None    # Kafka's minOffsetsPerTrigger
+    max_trigger_delay_ms: int | None = None        # with it: trigger anyway after this long
+    starting_by_timestamp: dict | None = None      # {topic: {queue: epoch ms}}
+    ending_by_timestamp: dict | None = None
+    by_timestamp_strategy: str = "error"           # no offset at/after the time: error|latest
 
 
 def _get(options, name: str):
@@ -133,8 +147,60 @@ def _timestamp_ms(options, name: str) -> int | None:
     return int(parsed.timestamp() * 1000)
 
 
+#: every read option, as documented (Spark hands them lower-cased); Kafka's names are
+#: aliases where the meaning is the same
+READ_NAMES = {n.lower(): n for n in (
+    "path", "topic", "topics", "topicPattern", "queues", "startingOffsets", "endingOffsets",
+    "startingTimestamp", "endingTimestamp", "versionAsOf", "timestampAsOf", "minPartitions",
+    "failOnDataLoss", "maxMessagesPerTrigger", "maxBytesPerTrigger", "consumerGroup",
+    "storageOptions", "subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger", "maxTriggerDelay", "startingOffsetsByTimestamp",
+    "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy")}
+#: Kafka source name -> sparkmq name (same meaning)
+KAFKA_ALIASES = {"subscribe": "topics", "subscribePattern": "topicPattern",
+                 "maxOffsetsPerTrigger": "maxMessagesPerTrigger"}
+
+
+def _kafka_options(options) -> dict:
+    """``options`` with Kafka's names turned into sparkmq's (both given: UserError)."""
+    out = {str(k): v for k, v in dict(options).items()}
+    for key in out:
+        if key.lower() not in READ_NAMES:
+            raise unknown_option_error(key, READ_NAMES, "read")
+    for kafka, ours in KAFKA_ALIASES.items():
+        value = _get(out, kafka)
+        if value is None:
+            continue
+        if _get(out, ours) is not None:
+            raise UserError(f"give only one of {kafka} (Kafka's name) and {ours}")
+        out[ours] = value
+    assign = _get(out, "assign")
+    if assign is not None:        # Kafka: {"topic": [partitions]}
+        if _get(out, "queues") is not None or _get(out, "topics") is not None:
+            raise UserError("give assign alone (it names the topics and their queues)")
+        try:
+            parsed = json.loads(assign)
+            out["topics"] = ",".join(parsed)
+            out["queues"] = json.dumps({t: [int(q) for q in qs] for t, qs in parsed.items()})
+        except (ValueError, TypeError, AttributeError) as e:
+            raise UserError(f'option assign must be JSON like {{"topic": [0, 1]}}: {e}') from None
+    return out
+
+
+def _offsets_by_timestamp(options, name: str) -> dict[str, dict[str, int]] | None:
+    raw = _get(options, name)
+    if raw is None:
+        return None
+    parsed = parse_offset_json(str(raw), name)
+    if any(ts < 0 for qs in parsed.values() for ts in qs.values()):
+        raise UserError(f"option {name}: timestamps are epoch milliseconds >= 0")
+    return parsed
+
+
 def parse_options(options) -> ReadOptions:
-    """Validate and parse the options of a read. Raises UserError naming the bad option."""
+    """Validate and parse the options of a read. Raises UserError naming the bad option
+    (an unknown one with the closest known name)."""
+    options = _kafka_options(options)
     url = _get(options, "path")
     if not url:
         raise UserError("no store given: use .load(url) or .option('path', url)")
@@ -154,6 +220,9 @@ def parse_options(options) -> ReadOptions:
     if _get(options, "versionAsOf") is not None and _get(options, "timestampAsOf") is not None:
         raise UserError("give only one of versionAsOf and timestampAsOf")
     storage = _get(options, "storageOptions")
+    strategy = str(_get(options, "startingOffsetsByTimestampStrategy") or "error").lower()
+    if strategy not in ("error", "latest"):
+        raise UserError("option startingOffsetsByTimestampStrategy must be error or latest")
     return ReadOptions(
         url=str(url), topics=topics, topic_pattern=pattern, queues=_get(options, "queues"),
         starting_offsets=_get(options, "startingOffsets"),
@@ -167,7 +236,34 @@ def parse_options(options) -> ReadOptions:
         max_messages_per_trigger=_int(options, "maxMessagesPerTrigger", minimum=1),
         max_bytes_per_trigger=_int(options, "maxBytesPerTrigger", minimum=1),
         consumer_group=_get(options, "consumerGroup") or None,
-        storage_options=json.loads(storage) if storage else None)
+        storage_options=json.loads(storage) if storage else None,
+        min_messages_per_trigger=_int(options, "minOffsetsPerTrigger", minimum=1),
+        max_trigger_delay_ms=_duration_ms(options, "maxTriggerDelay"),
+        starting_by_timestamp=_offsets_by_timestamp(options, "startingOffsetsByTimestamp"),
+        ending_by_timestamp=_offsets_by_timestamp(options, "endingOffsetsByTimestamp"),
+        by_timestamp_strategy=strategy)
+
+
+def _duration_ms(options, name: str) -> int | None:
+    """A duration option: milliseconds, or Spark's forms (``15m``, ``30s``, ``500ms``)."""
+    raw = _get(options, name)
+    if raw is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*(ms|s|m|h|d)?\s*", str(raw))
+    if m is None:
+        raise UserError(f"option {name} must be a duration like 15m, 30s or 500ms; got {raw!r}")
+    factor = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+    return int(m.group(1)) * factor[m.group(2)]
+
+
+def unknown_option_error(key: str, known: dict[str, str], what: str) -> UserError:
+    """The error for option ``key`` unknown to a ``what`` (read/write); ``known`` maps
+    lower-case names to their spelling."""
+    import difflib
+    close = difflib.get_close_matches(key.lower(), list(known), n=1, cutoff=0.6)
+    hint = f"; did you mean {known[close[0]]!r}?" if close else ""
+    return UserError(f"unknown {what} option {key!r}{hint} (sparkmq {what} options: "
+                     f"{', '.join(sorted(known.values(), key=str.lower))})")
 
 
 # -- topics and queues ------------------------------------------------------
@@ -231,12 +327,30 @@ def parse_offset_json(text: str, name: str) -> dict[str, dict[str, int]]:
 
 def resolve_offsets(snap: Snapshot, pairs: list[TopicQueue], spec: str | None,
                     timestamp_ms: int | None, default: str, name: str,
+                    by_timestamp: dict | None = None, strategy: str = "latest",
                     ) -> dict[TopicQueue, int]:
     """Concrete queue offsets for ``pairs`` from an offsets option or a timestamp.
 
-    A timestamp wins over ``spec`` (first offset stored at or after it). JSON
-    entries missing for a pair fall back to ``default`` ("earliest"/"latest").
+    A timestamp wins over ``spec`` (first offset stored at or after it); per-queue
+    timestamps (Kafka's ``...OffsetsByTimestamp``) win over both for the queues they
+    name (``strategy`` error: a queue with nothing stored at or after its time is an
+    error; latest: it starts at its end). JSON entries missing for a pair fall back
+    to ``default`` ("earliest"/"latest").
     """
+    if by_timestamp:
+        rest = [p for p in pairs if str(p[1]) not in by_timestamp.get(p[0], {})]
+        out = resolve_offsets(snap, rest, spec, timestamp_ms, default, name) if rest else {}
+        for t, q in pairs:
+            ts = by_timestamp.get(t, {}).get(str(q))
+            if ts is None:
+                continue
+            off = snap.offset_for_time(t, q, ts)
+            if strategy == "error" and off >= snap.max_offset(t, q):
+                raise UserError(f"option {name}ByTimestamp: queue {t}/{q} has no message "
+                                f"stored at or after {ts}; set "
+                                "startingOffsetsByTimestampStrategy=latest to start at its end")
+            out[(t, q)] = off
+        return out
     if timestamp_ms is not None:
         return {(t, q): snap.offset_for_time(t, q, timestamp_ms) for t, q in pairs}
     text = (spec or default).strip()

@@ -418,9 +418,10 @@ class SparkMQBatchReader(DataSourceReader):
         pairs = [(t, q) for t, q in select_queues(snap, topics, opts)
                  if pushed.queues is None or q in pushed.queues]
         starts = resolve_offsets(snap, pairs, opts.starting_offsets, opts.starting_timestamp_ms,
-                                 "earliest", "startingOffsets")
+                                 "earliest", "startingOffsets", opts.starting_by_timestamp,
+                                 opts.by_timestamp_strategy)
         ends = resolve_offsets(snap, pairs, opts.ending_offsets, opts.ending_timestamp_ms,
-                               "latest", "endingOffsets")
+                               "latest", "endingOffsets", opts.ending_by_timestamp)
         rf = pushed.row_filter
         key_hits = self._key_hits(snap, topics) if rf.keys_equal is not None else None
         out = []

@@ -11,11 +11,13 @@ executors, as a batch read's does (``reader.read_range``).
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 from pyspark.sql.datasource import DataSourceStreamReader
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes,
-                                              ReadMaxRows, SupportsTriggerAvailableNow)
+                                              ReadMaxRows, ReadMinRows,
+                                              SupportsTriggerAvailableNow)
 from pyspark.sql.types import StructType
 
 from ..errors import UserError
@@ -113,7 +115,9 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         snap = self._latest()
         pairs = self._pairs(snap)
         starts = resolve_offsets(snap, pairs, self.opts.starting_offsets,
-                                 self.opts.starting_timestamp_ms, "latest", "startingOffsets")
+                                 self.opts.starting_timestamp_ms, "latest", "startingOffsets",
+                                 self.opts.starting_by_timestamp,
+                                 self.opts.by_timestamp_strategy)
         return to_offset_json(starts)
 
     def _available(self, snap: Snapshot, start: dict[TopicQueue, int]) -> dict[TopicQueue, int]:
@@ -139,6 +143,8 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target = {p: snap.max_offset(*p) for p in self._pairs(snap)}
 
     def getDefaultReadLimit(self) -> ReadLimit:
+        if self.opts.min_messages_per_trigger is not None:
+            return ReadMinRows(self.opts.min_messages_per_trigger)
         if self.opts.max_messages_per_trigger is not None:
             return ReadMaxRows(self.opts.max_messages_per_trigger)
         if self.opts.max_bytes_per_trigger is not None:
@@ -152,12 +158,35 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         avail = self._available(snap, begin)
         if limit is None or isinstance(limit, ReadAllAvailable):
             return to_offset_json(avail)
+        if isinstance(limit, ReadMinRows):
+            if not self._min_rows_due(begin, avail, limit.min_rows):
+                return to_offset_json(begin)           # wait for more (Kafka semantics)
+            self._last_trigger_s = time.monotonic()
+            limit = (ReadMaxRows(self.opts.max_messages_per_trigger)
+                     if self.opts.max_messages_per_trigger is not None else None)
+            if limit is None:
+                return to_offset_json(avail)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
         # both options set: the default limit carries rows; bytes come from the options
         if max_rows is not None and self.opts.max_bytes_per_trigger is not None:
             max_bytes = self.opts.max_bytes_per_trigger
         return to_offset_json(admit(snap, begin, avail, max_rows, max_bytes))
+
+    def _min_rows_due(self, begin: dict, avail: dict, min_rows: int) -> bool:
+        """minOffsetsPerTrigger: enough messages, or maxTriggerDelay (Kafka's default
+        15 min) passed since the last batch, or an AvailableNow run (never waits)."""
+        if self.target is not None:
+            return True
+        waiting = sum(max(0, o - begin.get(p, o)) for p, o in avail.items())
+        if waiting >= min_rows:
+            return True
+        delay_ms = self.opts.max_trigger_delay_ms
+        delay_s = (15 * 60_000 if delay_ms is None else delay_ms) / 1000.0
+        last = getattr(self, "_last_trigger_s", None)
+        if last is None:
+            self._last_trigger_s = last = time.monotonic()
+        return waiting > 0 and time.monotonic() - last >= delay_s
 
     def reportLatestOffset(self):
         snap = self._latest()

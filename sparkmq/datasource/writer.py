@@ -51,7 +51,15 @@ store must have different writer ids.
 
 Options: ``topic``, ``writerId``, ``maxSegmentBytes`` (default 64 MiB),
 ``maxMessageSize`` (default 4 MiB), ``storageOptions`` (a JSON object of fsspec
-storage options, as for reads) or ``storage.<name>`` options one by one.
+storage options, as for reads) or ``storage.<name>`` options one by one,
+``autoCreateTopic`` (default true) and ``queues`` (queues of a created topic,
+default ``defaultTopicQueueNums``, 4). Any other option is refused, naming the
+closest known one.
+
+The first write to a URL with no store creates the store (with the ``topic``
+option's topic in the same commit), as Delta creates a table on its first write;
+a missing topic is created on first use (a Kafka broker's auto-create), whether
+named by the option or by the ``topic`` column, unless ``autoCreateTopic=false``.
 """
 from __future__ import annotations
 
@@ -74,9 +82,10 @@ from pyspark.sql.types import (ArrayType, BinaryType, ByteType, IntegerType, Lon
                                MapType, ShortType, StringType, StructType, TimestampNTZType,
                                TimestampType)
 
-from ..config import DEFAULT_MAX_MESSAGE_SIZE_BYTES
+from ..config import DEFAULT_MAX_MESSAGE_SIZE_BYTES, StoreConfig
 from ..errors import InvalidConfigError, InvalidMessageError, UserError
 from ..log import format as fmt
+from ..log.autocreate import create_store, ensure_topic
 from ..log.committer import abort_job, committer_for
 from ..log.fs import StoreFS
 from ..log.actions import TopicConfig
@@ -88,6 +97,7 @@ from ..log.txlog import TransactionLog
 log = logging.getLogger("sparkmq.datasource.writer")
 
 DEFAULT_MAX_SEGMENT_BYTES = 64 << 20
+DEFAULT_TOPIC_QUEUE_NUMS = StoreConfig.default_topic_queue_nums   # defaultTopicQueueNums
 #: a staged file's bytes are handed to the disk (writeback started, not awaited) every
 #: this many bytes, so the fsync that seals it finds little left to write
 WRITEBACK_CHUNK_BYTES = 8 << 20
@@ -178,6 +188,35 @@ def _limits(options, max_message_size_bytes: int) -> MessageLimits:
         _int_option(options, "maxMessageIdSize", d.max_message_id_size_bytes))
 
 
+#: every option a write takes (lower case, as Spark hands them), besides ``storage.*``
+WRITE_OPTIONS = ("path", "topic", "writerid", "maxsegmentbytes", "maxmessagesize",
+                 "storageoptions", "maxuserpropertysize", "userpropertymaxnum",
+                 "maxmessagegroupsize", "maxmessageidsize", "autocreatetopic", "queues",
+                 "checkpointlocation")
+_WRITE_NAMES = {n.lower(): n for n in (
+    "path", "topic", "writerId", "maxSegmentBytes", "maxMessageSize", "storageOptions",
+    "maxUserPropertySize", "userPropertyMaxNum", "maxMessageGroupSize", "maxMessageIdSize",
+    "autoCreateTopic", "queues", "checkpointLocation")}
+
+
+def check_write_options(options: dict) -> None:
+    """UserError for an option a write does not know, naming the closest known one."""
+    from .options import unknown_option_error
+    for key in options:
+        if key not in WRITE_OPTIONS and not key.startswith("storage."):
+            raise unknown_option_error(key, _WRITE_NAMES, "write")
+
+
+def _bool_option(options, name: str, default: bool) -> bool:
+    raw = options.get(name.lower())
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text not in ("true", "false"):
+        raise UserError(f"option {name} must be true or false, got {raw!r}")
+    return text == "true"
+
+
 def _int_option(options, name: str, default: int) -> int:
     raw = options.get(name.lower())
     if raw is None:
@@ -198,6 +237,7 @@ class _SegmentWriterBase:
 
     def __init__(self, options, schema: StructType, overwrite: bool):
         options = lower_options(options)
+        check_write_options(options)
         self.url = options.get("path")
         if not self.url:
             raise InvalidConfigError("sparkmq needs the store URL: .save(url) / "
@@ -214,6 +254,12 @@ class _SegmentWriterBase:
         self.limits = _limits(options, self.max_message_size)
         validate_schema(schema, topic_option=self.topic_option)
         self.columns = [f.name for f in schema.fields]
+        self.auto_create = _bool_option(options, "autoCreateTopic", True)
+        self.new_topic_queues = _int_option(options, "queues", DEFAULT_TOPIC_QUEUE_NUMS)
+        # the first write makes the store (with the option's topic: one commit)
+        create_store(self.url, self.storage_options,
+                     {self.topic_option: self.new_topic_queues}
+                     if self.topic_option and self.auto_create else {})
         state = TransactionLog(StoreFS(self.url, self.storage_options)).snapshot()
         self.topics = dict(state.topics)     # (typed configs pickle to the tasks)
         if self.topic_option:
@@ -222,7 +268,13 @@ class _SegmentWriterBase:
 
     # -- executors ---------------------------------------------------------
     def topic_conf(self, name: str) -> TopicConfig:
-        return writable_topic_conf(self.topics, name, store=self.url)
+        """The writable config of ``name``; a missing topic is created (with option
+        ``queues`` queues) unless ``autoCreateTopic=false``."""
+        if name not in self.topics and self.auto_create:
+            self.topics[name] = ensure_topic(self.url, self.storage_options, name,
+                                             self.new_topic_queues)
+        return writable_topic_conf(self.topics, name, store=self.url,
+                                   then="first, or leave autoCreateTopic on")
 
     def _write_task(self, iterator: Iterator[pa.RecordBatch]) -> SparkMQCommitMessage:
         from pyspark import TaskContext

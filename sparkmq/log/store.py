@@ -44,7 +44,6 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import threading
-import uuid
 from typing import Callable, Iterable, Sequence
 
 import pyarrow as pa
@@ -63,7 +62,7 @@ from . import topics as _topics
 from . import vacuum as _vacuum
 from .integrity import check_files
 from .batch import MAX_BATCH_BODY_BYTES, PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401
-from .actions import Action, GroupConfig, MetaData, Protocol, TopicConfig
+from .actions import Action, GroupConfig, TopicConfig
 from .commitlog import CommitLog, SegmentRef
 from .consumequeue import live_entries, live_time_entries
 from .dispatch import Dispatcher
@@ -214,12 +213,9 @@ class Store(MessageReader):
         return store
 
     def _create(self) -> None:
-        meta = MetaData(store_id=uuid.uuid4().hex, created_time=self.clock_ms(),
-                        format_version=fmt.FORMAT_VERSION,
-                        configuration={"brokerName": self.config.broker_name})
+        from .autocreate import identity_actions
         try:
-            self.txlog.create([Protocol(min_reader_version=fmt.MIN_READER_VERSION,
-                                        min_writer_version=fmt.MIN_WRITER_VERSION), meta])
+            self.txlog.create(identity_actions(self.clock_ms(), self.config.broker_name))
         except Exception:   # a concurrent opener created the store first: that is success;
             if not self.txlog.exists():   # anything else re-raises
                 raise

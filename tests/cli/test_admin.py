@@ -72,6 +72,15 @@ def test_admin_on_a_live_two_broker_cluster(cluster, clients, capsys):
     assert prog["totalLag"] == len(held) - 1
     assert {(q["queueId"], q["lag"]) for q in prog["queues"]} == {
         (0, a.store.max_offset("Orders", 0) - 1), (1, a.store.max_offset("Orders", 1))}
+    # the same through the broker, and through the NameServer (every master; issue 15)
+    via_broker = run_json(capsys, "--broker", f"http://127.0.0.1:{a.admin_port}", "group",
+                          "progress", "G1")
+    assert via_broker["queues"] == prog["queues"]
+    b.store.commit_consumer_offsets("G1", {("Orders", 0): 0})
+    via_ns = run_json(capsys, "--namesrv", ns.address, "group", "progress", "G1")
+    assert {(q["brokerName"], q["queueId"]) for q in via_ns["queues"]} == {
+        ("broker-a", 0), ("broker-a", 1), ("broker-b", 0)}
+    assert via_ns["totalLag"] == prog["totalLag"] + b.store.max_offset("Orders", 0)
     assert [(g["group"], g["hasOffsets"], g["configured"])
             for g in run_json(capsys, "--store", store_a, "group", "list")] == [("G1", True, False)]
     one = held[-1]

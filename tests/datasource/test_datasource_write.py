@@ -123,7 +123,8 @@ def test_missing_body_is_a_clear_error_and_nothing_is_written(spark, tmp_path):
             .write.format("sparkmq").mode("append").option("topic", "T").save(url)
     with pytest.raises(Exception, match="topic 'Nope' does not exist"):
         spark.range(5).selectExpr("cast(id as string) as body").write.format("sparkmq") \
-            .mode("append").option("topic", "Nope").save(url)
+            .mode("append").option("topic", "Nope").option("autoCreateTopic", "false") \
+            .save(url)
     assert TransactionLog(StoreFS(url)).latest_version() == before
     assert StoreFS(url).list_names(fmt.COMMITLOG_DIR) == []
 
