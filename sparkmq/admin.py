@@ -26,6 +26,7 @@ import urllib.request
 from typing import Any, Sequence
 
 from . import admin_acl, admin_controller, admin_verify
+from .log.topics import message_type_attributes, topic_message_type
 from .errors import SparkMQError
 
 __all__ = ["main"]
@@ -120,6 +121,7 @@ def topic_list(args) -> None:
     with _store(args) as s:
         rows = [{"topic": name, "readQueues": c.read_queue_nums,
                  "writeQueues": c.write_queue_nums, "perm": c.perm,
+                 "messageType": topic_message_type(c),
                  "messages": sum(s.max_offset(name, q) - s.min_offset(name, q)
                                  for q in range(c.read_queue_nums))}
                 for name, c in sorted(s.topics().items())]
@@ -161,13 +163,14 @@ def topic_create(args) -> None:
     ret = _retention_args(args)
     if args.broker:
         body = {"name": args.topic, **({"queueNums": args.queues} if args.queues else {}),
+                **({"messageType": args.message_type} if args.message_type else {}),
                 **({"retentionMs": ret["retention_ms"]} if "retention_ms" in ret else {}),
                 **({"retentionBytes": ret["retention_bytes"]} if "retention_bytes" in ret
                    else {})}
         return _emit(args, _http(args, "/admin/topics", body))
     with _store(args, write=True) as s:
         c = s.create_topic(args.topic, read_queue_nums=args.queues, write_queue_nums=args.queues,
-                           **ret)
+                           attributes=message_type_attributes(args.message_type), **ret)
     _emit(args, {"topic": args.topic, **c.body()})
 
 
@@ -503,6 +506,10 @@ def _parser() -> argparse.ArgumentParser:
     c = t.add_parser("create")
     c.add_argument("topic")
     c.add_argument("--queues", type=int, default=None)
+    c.add_argument("--message-type", type=str.upper, default=None,
+                   choices=["NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED"],
+                   help="the message type the topic accepts (RocketMQ 5's message.type; "
+                        "default: every type)")
     _add_retention_options(c)
     c.set_defaults(fn=topic_create)
     c = t.add_parser("update")

@@ -69,11 +69,15 @@ class BrokerAdmin:
             conf = self.store.update_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm,
                                            **retention)
         else:
-            conf = self.store.create_topic(name, read_queue_nums=n, write_queue_nums=n, perm=perm,
-                                           **{k: v for k, v in retention.items() if v})
+            from ..log.topics import message_type_attributes
+            conf = self.store.create_topic(
+                name, read_queue_nums=n, write_queue_nums=n, perm=perm,
+                attributes=message_type_attributes(request.get("messageType")),
+                **{k: v for k, v in retention.items() if v})
         self.broker.topic_created(name)
         body = conf.body()
-        return {"topic": name, **{k: body[k] for k in (
+        from ..log.topics import topic_message_type
+        return {"topic": name, "messageType": topic_message_type(conf), **{k: body[k] for k in (
             "readQueueNums", "writeQueueNums", "perm", "retentionMs", "retentionBytes")
             if k in body}}
 

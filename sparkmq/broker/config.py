@@ -73,6 +73,7 @@ class BrokerConfig:
     ha_tls_cert_path: str = ""                    # haTlsCertPath \ the master's certificate
     ha_tls_key_path: str = ""                     # haTlsKeyPath  / and key (PEM)
     ha_tls_ca_path: str = ""                      # haTlsCaPath (replica: trusts; default system roots)
+    enable_topic_message_type_check: bool = True  # enableTopicMessageTypeCheck (proxy's name)
     enable_controller_mode: bool = False          # enableControllerMode (roles by the controllers)
     controller_addr: str = ""                     # controllerAddr (host:port;host:port;...)
     broker_heartbeat_interval_ms: int = 1_000     # brokerHeartbeatInterval (to the controllers)
@@ -116,12 +117,13 @@ class BrokerConfig:
         "controllerAddr": "controller_addr",
         "brokerHeartbeatInterval": "broker_heartbeat_interval_ms",
         "haMaxTimeSlaveNotCatchup": "ha_max_time_slave_not_catchup_ms",
-        "controllerMasterRole": "controller_master_role", "enableAutoFailover": "enable_auto_failover",
+        "controllerMasterRole": "controller_master_role",
+        "enableTopicMessageTypeCheck": "enable_topic_message_type_check", "enableAutoFailover": "enable_auto_failover",
         "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
     _BOOLS = ("enable_property_filter", "enable_auto_failover", "admin_metrics_auth",
               "authentication_enabled", "authorization_enabled", "ha_tls_enable",
-              "enable_controller_mode")
+              "enable_controller_mode", "enable_topic_message_type_check")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",

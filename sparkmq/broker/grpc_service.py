@@ -49,6 +49,7 @@ from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 from ..errors import (AuthenticationError, AuthorizationError, InvalidReceiptHandleError,
                       SparkMQError, UserError)
 from ..log.names import validate_group, validate_topic
+from ..log.topics import topic_message_type
 from .authz import peer_ip, rpc_resources, settings_resources
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
@@ -180,8 +181,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                 Code.TOPIC_NOT_FOUND, f"topic {topic!r} does not exist on any broker of the "
                 "cluster; create it first (autoCreateTopicEnable is off)"))
         ns = request.topic.resource_namespace
-        return spb.QueryRouteResponse(status=OK,
-                                      message_queues=[message_queue(topic, q, ns) for q in queues])
+        mtype = topic_message_type(self.broker.topic_conf(topic))
+        return spb.QueryRouteResponse(status=OK, message_queues=[
+            message_queue(topic, q, ns, mtype) for q in queues])
 
     @guarded(spb.QueryAssignmentResponse)
     def QueryAssignment(self, request, context):

@@ -140,9 +140,11 @@ def endpoints(endpoint: str) -> pb.Endpoints:
     return pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host=host, port=int(port))])
 
 
-def message_queue(topic: str, q: dict, ns: str = "") -> pb.MessageQueue:
+def message_queue(topic: str, q: dict, ns: str = "",
+                  message_type: str = "MIXED") -> pb.MessageQueue:
     """A route entry (``Broker.local_queues`` / NameServer route: brokerName, brokerId,
-    endpoint, queueId, perm, readable, writable) as a protobuf MessageQueue."""
+    endpoint, queueId, perm, readable, writable) as a protobuf MessageQueue, accepting
+    the topic's ``message_type`` (MIXED: every type)."""
     perm = PERM.get(q["perm"] & 6, pb.READ_WRITE)
     if not q.get("writable", True) and perm == pb.READ_WRITE:
         perm = pb.READ
@@ -153,7 +155,8 @@ def message_queue(topic: str, q: dict, ns: str = "") -> pb.MessageQueue:
         permission=perm,
         broker=pb.Broker(name=q["brokerName"], id=q["brokerId"],
                          endpoints=endpoints(q["endpoint"])),
-        accept_message_types=ALL_TYPES)
+        accept_message_types=ALL_TYPES if message_type == "MIXED"
+        else [pb.MessageType.Value(message_type)])
 
 
 def send_response(results: list) -> spb.SendMessageResponse:

@@ -29,6 +29,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from ..errors import InvalidNameError, PermissionDeniedError, ReplicaNotAvailableError, SparkMQError
 from ..log import format as fmt
 from ..log.batch import build_segment_batch
+from ..log.topics import topic_message_type, type_conflict
 from ..log.limits import (MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS, RESERVED_PROPERTY_KEYS,
                           MessageLimits, message_violation)
 from ..log.message import encode_message_id, store_tag
@@ -369,7 +370,9 @@ class SendService:
         limit = limits.max_message_size_bytes
         if body_refusal(min(sizes), limit) is not None \
                 or body_refusal(max(sizes), limit) is not None \
-                or self.topic_refusal(first) is not None:
+                or self.topic_refusal(first) is not None \
+                or (self.broker.config.enable_topic_message_type_check and type_conflict(
+                    topic_message_type(self.broker.topic_conf(first)), "NORMAL")):
             return None
         rows = SendRows.plain(messages, sps, props, bodies, first)
         if not _plain_within_limits(rows.columns(), first, max(sizes), limits) \
@@ -393,6 +396,10 @@ class SendService:
         if refused is not None:
             return refused
         sp = m.system_properties
+        if self.broker.config.enable_topic_message_type_check:
+            why = type_conflict(self._expected_type(topic, topics), _actual_type(m))
+            if why is not None:
+                return status(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, why)
         mtype = sp.message_type
         if mtype == pb.NORMAL and not sp.message_group and not sp.HasField("tag") \
                 and not sp.HasField("delivery_timestamp") and sp.body_encoding != pb.GZIP:
@@ -418,6 +425,13 @@ class SendService:
         if sp.body_encoding == pb.GZIP:
             return status(Code.UNSUPPORTED, "gzip-encoded bodies are not supported")
         return None
+
+    def _expected_type(self, topic: str, cache: dict) -> str:
+        """The message type ``topic`` accepts (cached per request in ``cache``)."""
+        key = ("type", topic)
+        if key not in cache:
+            cache[key] = topic_message_type(self.broker.topic_conf(topic))
+        return cache[key]
 
     def topic_refusal(self, topic: str) -> pb.Status | None:
         """The status refusing a send to ``topic``: an illegal name (ILLEGAL_TOPIC), or a
@@ -535,3 +549,16 @@ class SendService:
         tag = store_tag(self.store.store_id)
         return [(put_status, unique_keys[j] or encode_message_id(tag, r.batch_offset, j), qos[j],
                  txids[j]) for j in range(n)]
+
+
+def _actual_type(m: pb.Message) -> str:
+    """A message's type as the proxy reads it from its properties (TopicMessageType.
+    parseFromMessageProperty): transaction, else delay, else FIFO (a message group),
+    else normal."""
+    sp = m.system_properties
+    if sp.message_type == pb.TRANSACTION:
+        return "TRANSACTION"
+    if sp.message_type == pb.DELAY or sp.HasField("delivery_timestamp") \
+            or (m.user_properties and PROP_DELAY_LEVEL in m.user_properties):
+        return "DELAY"
+    return "FIFO" if sp.message_group else "NORMAL"

@@ -217,3 +217,38 @@ def group_delete_actions(state: LogState, group: str, *, remove_offsets: bool = 
                     for (g, tid, qid, cid) in state.consumer_offsets
                     if g == group and (g, tid, qid, cid) not in keep]
     return actions
+
+
+# ---------------------------------------------------------------- message types
+#: RocketMQ 5's topic attribute naming the message type a topic accepts
+MESSAGE_TYPE_ATTRIBUTE = "message.type"
+MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION", "MIXED")
+
+
+def message_type_attributes(message_type: str | None) -> dict:
+    """The topic attributes for ``message_type`` (None: none, the topic accepts every
+    type); UserError for an unknown type."""
+    if message_type is None:
+        return {}
+    value = str(message_type).strip().upper()
+    if value not in MESSAGE_TYPES:
+        raise UserError(f"message type must be one of {', '.join(MESSAGE_TYPES)}; "
+                        f"got {message_type!r}")
+    return {MESSAGE_TYPE_ATTRIBUTE: value}
+
+
+def topic_message_type(conf) -> str:
+    """The message type ``conf`` accepts: its ``message.type`` attribute, MIXED when it
+    has none (topics made before the attribute, or without a type, take every type)."""
+    attrs = getattr(conf, "attributes", None) or {}
+    return str(attrs.get(MESSAGE_TYPE_ATTRIBUTE) or "MIXED").upper()
+
+
+def type_conflict(expected: str, actual: str) -> str | None:
+    """Why a message of type ``actual`` may not go to a topic of type ``expected`` (the
+    proxy's DefaultTopicMessageTypeValidator), or None."""
+    if expected == "MIXED" or expected == actual:
+        return None
+    return (f"TopicMessageType validate failed, the expected type is {expected}, but actual "
+            f"type is {actual}; send {expected} messages to this topic, or create it with "
+            "--message-type MIXED")
