@@ -5,8 +5,6 @@ damaged, 0 when the store is whole."""
 from __future__ import annotations
 
 import json
-import sys
-import time
 
 from .errors import CorruptStoreError, SparkMQError
 
@@ -14,26 +12,12 @@ LOG_EVERY_S = 5.0
 
 
 def _progress(total_bytes: int):
-    """A ``progress(done_bytes)`` callback and a function that ends it."""
-    if sys.stderr.isatty():
-        from tqdm import tqdm
-        bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="verify segments",
-                   file=sys.stderr)
-        last = [0]
-
-        def update(done: int) -> None:
-            bar.update(done - last[0])
-            last[0] = done
-        return update, bar.close
-    start = [time.monotonic(), time.monotonic()]
-
-    def log_line(done: int) -> None:
-        now = time.monotonic()
-        if now - start[1] >= LOG_EVERY_S or done == total_bytes:
-            start[1] = now
-            print(f"verify: {done}/{total_bytes} segment bytes checked "
-                  f"({now - start[0]:.0f} s)", file=sys.stderr, flush=True)
-    return log_line, lambda: None
+    """A ``progress(done_bytes)`` callback and a function that ends it (sparkmq.progress:
+    a bar on a terminal, log lines otherwise)."""
+    from .progress import Progress
+    p = Progress(total_bytes, "verify: segment bytes checked", unit="B", every_s=LOG_EVERY_S,
+                 print_lines=True)
+    return p.set, p.close
 
 
 def summary(report) -> str:

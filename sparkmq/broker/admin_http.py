@@ -177,7 +177,9 @@ class BrokerAdmin:
         counters = {"sparkmq_dlq_messages_total": (
             "Messages moved to a dead-letter topic (max attempts or forwarded).",
             [({}, b.pop.dlq_count)])}
-        return b.metrics.render(gauges, counters)
+        from .rocketmq_metrics import families          # RocketMQ 5's names too
+        rmq_counters, rmq_gauges = families(b)
+        return b.metrics.render({**gauges, **rmq_gauges}, {**counters, **rmq_counters})
 
 
 class _AdminHTTPServer(ThreadingHTTPServer):

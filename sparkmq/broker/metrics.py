@@ -43,6 +43,11 @@ class Metrics:
             return sum(v for (n, lab), v in self._values.items()
                        if n == name and want <= set(lab))
 
+    def series(self, name: str) -> list[tuple[dict, float]]:
+        """Every (labels, value) of counter ``name``."""
+        with self._lock:
+            return [(dict(lab), v) for (n, lab), v in self._values.items() if n == name]
+
     def render(self, gauges: dict[str, tuple[str, list[tuple[dict, float]]]],
                counters: dict[str, tuple[str, list[tuple[dict, float]]]] | None = None) -> str:
         """Prometheus text format: own counters, ``counters`` kept elsewhere, then

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from ..progress import Progress
 from . import format as fmt
 from . import segment as seg
 from .commitlog import SegmentRef
@@ -69,6 +70,7 @@ def recover(store: "Store") -> None:
         store.commitlog.add_segment(ref)
         tail.append(ref)
     redispatched = 0
+    progress = Progress(sum(sfs.size(r.path) for r in tail), f"recover {store.url}", unit="B")
     for i, ref in enumerate(tail):
         buf = sfs.read_buffer(ref.path)
         start = max(seg.HEADER_SIZE, ref.size)
@@ -93,6 +95,8 @@ def recover(store: "Store") -> None:
         ref.size = valid_end
         ref.sealed = result.sealed
         store.commitlog.load(store.commitlog.segments())
+        progress.advance(valid_end)
+    progress.close()
     # continue appending to the last unsealed segment, if it is the newest
     segs = store.commitlog.segments()
     if segs and not segs[-1].sealed and fmt.parse_segment_file(segs[-1].path) is not None:

@@ -25,6 +25,8 @@ make. Neither function changes anything; the caller deletes.
 """
 from __future__ import annotations
 
+from ..progress import Progress
+
 import logging
 import re
 from dataclasses import dataclass, field
@@ -197,8 +199,10 @@ def vacuum(store: "Store", *, retention_ms: int | None = None, dry_run: bool = F
             result.keep_only({f for f in result.files if f not in live})
         result.dry_run = dry_run
         if not dry_run:
-            for rel in result.files:
-                store.sfs.delete(rel)
+            with Progress(len(result.files), f"vacuum {store.url}", unit="files") as p:
+                for rel in result.files:
+                    store.sfs.delete(rel)
+                    p.advance()
             log.info("vacuum of %s deleted %d files (%d bytes) older than %d ms",
                      store.url, len(result.files), result.total_bytes, retention_ms)
     return result

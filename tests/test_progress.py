@@ -1,0 +1,51 @@
+"""Progress of long work (issue 17 item 3): a tqdm bar on a terminal, log lines
+otherwise; recovery at start and vacuum report through it."""
+from __future__ import annotations
+
+import io
+import logging
+
+from sparkmq import Store
+from sparkmq.progress import Progress
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_gets_a_bar_and_a_log_gets_lines(caplog):
+    tty = _Tty()
+    with Progress(100, "work", stream=tty) as p:
+        p.advance(40)
+        p.advance(60)
+    assert "work:" in tty.getvalue() and "it/s" in tty.getvalue()       # tqdm's bar
+    caplog.set_level(logging.INFO, logger="sparkmq.progress")
+    with Progress(10, "quiet work", stream=io.StringIO(), every_s=0) as p:
+        for _ in range(10):
+            p.advance()
+    lines = [r.getMessage() for r in caplog.records if r.name == "sparkmq.progress"]
+    assert lines and lines[-1].startswith("quiet work: 10/10 it (100 %)")
+
+
+def test_recovery_at_open_reports_progress(tmp_path, caplog, monkeypatch):
+    import sparkmq.progress as progress
+    monkeypatch.setattr(progress, "LOG_EVERY_S", 0.0)
+    import subprocess
+    import sys
+    import textwrap
+    url = str(tmp_path / "s")
+    crash = textwrap.dedent(f"""
+        import os
+        from sparkmq import Message, Store
+        s = Store.open({url!r}, mode="w", start_services=False)
+        s.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        s.append([Message("T", b"x" * 100) for _ in range(50)])
+        os._exit(0)            # a crash: the tail is not published
+    """)
+    subprocess.run([sys.executable, "-c", crash], check=True, timeout=120)
+    caplog.set_level(logging.INFO, logger="sparkmq.progress")
+    with Store.open(url, mode="w", start_services=False) as again:
+        assert again.max_offset("T", 0) == 50
+    lines = [r.getMessage() for r in caplog.records if r.name == "sparkmq.progress"]
+    assert any(line.startswith(f"recover {url}") for line in lines)
