@@ -250,6 +250,15 @@ class AuthenticationError(UserError):
     code = "SPARKMQ_UNAUTHENTICATED"
 
 
+class TooManyRequestsError(RetriableError):
+    """The broker holds as many long polls as it may (``maxLongPollingRequests``): this
+    one is answered at once instead of taking a worker the sends need (the proxy's
+    TOO_MANY_REQUESTS). Retry after a pause, or raise the capacity with
+    ``grpcThreadPoolNums``."""
+
+    code = "SPARKMQ_TOO_MANY_REQUESTS"
+
+
 class ReplicaNotAvailableError(RetriableError):
     """A SYNC_MASTER has no replica attached to acknowledge a send: the send is refused
     before anything is stored (RocketMQ 5's in-sync-replica check; the proxy's

@@ -105,7 +105,7 @@ class Broker:
         self.state = BrokerState.STOPPED
         self.store: Store | None = None
         self.pop: PopService | None = None
-        self.notifier = ArrivalNotifier()
+        self.notifier = ArrivalNotifier(config.long_polling_capacity)
         self.metrics = Metrics()
         self.clients = ClientRegistry(self.clock_ms)
         self.namesrv = NameServerClient(

@@ -56,6 +56,8 @@ class BrokerConfig:
     max_long_polling_ms: int = 30_000             # maxLongPollingTimeMs
     consume_from_where: str = "CONSUME_FROM_FIRST_OFFSET"  # consumeFromWhere (new groups)
     grpc_workers: int = 128                       # grpcThreadPoolNums
+    max_long_polling_requests: int = 0            # maxLongPollingRequests (0: grpcThreadPoolNums
+                                                  #   - 16, so polls never take every worker)
     enable_property_filter: bool = False          # enablePropertyFilter (SQL92 filters)
     message_delay_level: str = ("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m "
                                 "1h 2h")              # messageDelayLevel
@@ -104,6 +106,7 @@ class BrokerConfig:
         "defaultInvisibleTimeMs": "default_invisible_ms",
         "maxLongPollingTimeMs": "max_long_polling_ms",
         "consumeFromWhere": "consume_from_where", "grpcThreadPoolNums": "grpc_workers",
+        "maxLongPollingRequests": "max_long_polling_requests",
         "enablePropertyFilter": "enable_property_filter",
         "messageDelayLevel": "message_delay_level", "timerMaxDelaySec": "timer_max_delay_s",
         "transactionTimeOut": "transaction_timeout_ms",
@@ -127,6 +130,7 @@ class BrokerConfig:
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",
+             "max_long_polling_requests",
              "transaction_timeout_ms", "transaction_check_interval_ms", "transaction_check_max",
              "ha_listen_port", "auto_failover_silence_ms", "broker_heartbeat_interval_ms",
              "ha_max_time_slave_not_catchup_ms")
@@ -275,6 +279,14 @@ class BrokerConfig:
         return self.admin_token_file or default_token_file(
             self.store_path, cluster=self.cluster_name, broker_name=self.broker_name,
             broker_id=self.broker_id)
+
+    @property
+    def long_polling_capacity(self) -> int:
+        """Long polls held at once: ``maxLongPollingRequests``, else all but 16 of the gRPC
+        workers (the rest always serve sends, acks and routes)."""
+        if self.max_long_polling_requests > 0:
+            return self.max_long_polling_requests
+        return max(1, self.grpc_workers - 16)
 
     def store_config_options(self) -> dict[str, Any]:
         opts = dict(self.store_options)

@@ -20,7 +20,11 @@ import time
 
 
 class ArrivalNotifier:
-    def __init__(self):
+    """``capacity``: waits held at once (each holds a gRPC worker thread); one more
+    raises ``TooManyRequestsError`` at once, so sends and acks always find a worker."""
+
+    def __init__(self, capacity: int = 1 << 30):
+        self.capacity = capacity
         self._cond = threading.Condition()
         self._local = threading.local()
         self._versions: dict[str, int] = {}
@@ -70,6 +74,11 @@ class ArrivalNotifier:
         """Wait until ``topic`` changed since ``seen`` (True) or the timeout (False)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cond:
+            if self.waiting >= self.capacity:
+                from ..errors import TooManyRequestsError
+                raise TooManyRequestsError(
+                    f"the broker holds {self.waiting} long polls, its capacity "
+                    "(maxLongPollingRequests); retry after a pause")
             self.waiting += 1
             try:
                 while not self._closed:
