@@ -541,7 +541,8 @@ def test_admin_topic_api_and_bad_admin_requests(make_broker):
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
     assert post("/admin/topics", b'{"name": "New", "queueNums": 3}') == (
-        200, {"topic": "New", "readQueueNums": 3, "writeQueueNums": 3, "perm": 6})
+        200, {"topic": "New", "messageType": "MIXED", "readQueueNums": 3, "writeQueueNums": 3,
+              "perm": 6})
     assert post("/admin/topics", b'{"name": "bad name!"}')[0] == 400
     assert post("/admin/topics", b'{"name": "X", "queueNums": "many"}')[0] == 400
     assert post("/admin/topics", b"{not json")[0] == 400
