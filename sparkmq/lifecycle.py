@@ -84,3 +84,34 @@ class CallbackService(ServiceThread):
 
     def run_once(self) -> None:
         self._fn()
+
+
+class HttpServerThread:
+    """A ``ThreadingHTTPServer`` on ``host:port`` (0: a free port, read ``port`` after
+    ``start``) serving ``handler`` on a daemon thread named ``name``; ``stop`` shuts it
+    down and closes the socket (idempotent)."""
+
+    def __init__(self, host: str, port: int, handler, name: str):
+        self.host, self.port, self.name = host, port, name
+        self._handler = handler
+        self._httpd = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "HttpServerThread":
+        from http.server import ThreadingHTTPServer
+        self._httpd = ThreadingHTTPServer((self.host, self.port), self._handler)
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name=self.name,
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None

@@ -8,14 +8,11 @@ Thread-safe (the preferred index is a plain int).
 """
 from __future__ import annotations
 
-import json
 import logging
-import urllib.error
-import urllib.request
 from urllib.parse import quote
 
-from ..namesrv.client import parse_addresses
-from ..namesrv.signing import resolve_secret, sign
+from ..namesrv.client import json_call, parse_addresses
+from ..namesrv.signing import resolve_secret
 
 log = logging.getLogger("sparkmq.controller.client")
 
@@ -30,22 +27,9 @@ class ControllerClient:
         self._preferred = 0
 
     def _call(self, addr: str, path: str, body: dict | None) -> tuple[int, dict]:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"}
-        if data is not None:
-            if self._secret is None:
-                self._secret = resolve_secret(*self._secret_source)
-            headers.update(sign(self._secret, "POST", path, data))
-        req = urllib.request.Request(f"http://{addr}{path}", data=data, headers=headers,
-                                     method="POST" if data is not None else "GET")
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.status, json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as e:
-            try:
-                return e.code, json.loads(e.read() or b"{}")
-            except ValueError:
-                return e.code, {}
+        if body is not None and self._secret is None:
+            self._secret = resolve_secret(*self._secret_source)
+        return json_call(addr, path, body, self._secret, self.timeout_s)
 
     def request(self, path: str, body: dict | None = None) -> tuple[int, dict] | None:
         """The first answer other than 503 (not committed) from the controllers, or

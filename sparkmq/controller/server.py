@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import InvalidConfigError
-from ..lifecycle import ServiceThread
+from ..lifecycle import HttpServerThread, ServiceThread
 from ..namesrv.signing import RequestVerifier, resolve_secret
 from .state import ControllerState
 
@@ -115,28 +114,25 @@ class Controller:
                                                       if n != self_id],
                                      secret=secret, journal_path=journal)
         self._election = ElectionService(self)
-        self._httpd: ThreadingHTTPServer | None = None
+        self._http: HttpServerThread | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     def start(self) -> "Controller":
-        self._httpd = ThreadingHTTPServer((self.host, self.port), _handler(self))
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        threading.Thread(target=self._httpd.serve_forever, name="sparkmq-controller-http",
-                         daemon=True).start()
+        self._http = HttpServerThread(self.host, self.port, _handler(self),
+                                      "sparkmq-controller-http").start()
+        self.port = self._http.port
         self._election.start()
         log.info("controller %s serving on http://%s", self.state.selfNode, self.address)
         return self
 
     def stop(self) -> None:
         self._election.stop()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
         self.state.destroy()
 
     # ------------------------------------------------------------ requests

@@ -118,7 +118,7 @@ def _int(options, name: str, *, minimum: int | None = None) -> int | None:
     return value
 
 
-def _bool(options, name: str, default: bool) -> bool:
+def bool_option(options, name: str, default: bool) -> bool:
     raw = _get(options, name)
     if raw is None:
         return default
@@ -232,7 +232,7 @@ def parse_options(options) -> ReadOptions:
         version_as_of=_int(options, "versionAsOf", minimum=0),
         timestamp_as_of_ms=_timestamp_ms(options, "timestampAsOf"),
         min_partitions=_int(options, "minPartitions", minimum=1),
-        fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+        fail_on_data_loss=bool_option(options, "failOnDataLoss", True),
         max_messages_per_trigger=_int(options, "maxMessagesPerTrigger", minimum=1),
         max_bytes_per_trigger=_int(options, "maxBytesPerTrigger", minimum=1),
         consumer_group=_get(options, "consumerGroup") or None,

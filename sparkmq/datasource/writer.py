@@ -86,6 +86,7 @@ from ..config import DEFAULT_MAX_MESSAGE_SIZE_BYTES, StoreConfig
 from ..errors import InvalidConfigError, InvalidMessageError, UserError
 from ..log import format as fmt
 from ..log.autocreate import create_store, ensure_topic
+from .options import bool_option
 from ..log.committer import abort_job, committer_for
 from ..log.fs import StoreFS
 from ..log.actions import TopicConfig
@@ -207,16 +208,6 @@ def check_write_options(options: dict) -> None:
             raise unknown_option_error(key, _WRITE_NAMES, "write")
 
 
-def _bool_option(options, name: str, default: bool) -> bool:
-    raw = options.get(name.lower())
-    if raw is None:
-        return default
-    text = str(raw).strip().lower()
-    if text not in ("true", "false"):
-        raise UserError(f"option {name} must be true or false, got {raw!r}")
-    return text == "true"
-
-
 def _int_option(options, name: str, default: int) -> int:
     raw = options.get(name.lower())
     if raw is None:
@@ -254,7 +245,7 @@ class _SegmentWriterBase:
         self.limits = _limits(options, self.max_message_size)
         validate_schema(schema, topic_option=self.topic_option)
         self.columns = [f.name for f in schema.fields]
-        self.auto_create = _bool_option(options, "autoCreateTopic", True)
+        self.auto_create = bool_option(options, "autoCreateTopic", True)
         self.new_topic_queues = _int_option(options, "queues", DEFAULT_TOPIC_QUEUE_NUMS)
         # the first write makes the store (with the option's topic: one commit)
         create_store(self.url, self.storage_options,

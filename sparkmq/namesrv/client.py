@@ -28,6 +28,27 @@ def parse_addresses(addrs: str | list[str] | None) -> list[str]:
     return [a.strip().removeprefix("http://") for a in addrs if a and a.strip()]
 
 
+def json_call(addr: str, path: str, body: dict | None, secret: str | None,
+              timeout_s: float) -> tuple[int, dict]:
+    """GET (``body`` None) or POST a JSON ``body`` signed with ``secret`` to
+    ``http://addr/path``; (status, JSON answer). OSError when unreachable. Shared by the
+    NameServer and controller clients."""
+    data = json.dumps(body).encode() if body is not None else None
+    headers = {"Content-Type": "application/json"}
+    if data is not None:
+        headers.update(sign(secret, "POST", path, data))
+    req = urllib.request.Request(f"http://{addr}{path}", data=data, headers=headers,
+                                 method="POST" if data is not None else "GET")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"{}")
+        except ValueError:
+            return e.code, {}
+
+
 class NameServerClient:
     """``cluster_secret``/``cluster_secret_file``: what signs registrations
     (``signing.resolve_secret``, looked up at the first registration; route queries
@@ -42,23 +63,9 @@ class NameServerClient:
         self._secret: str | None = None
 
     def _call(self, addr: str, path: str, body: dict | None = None) -> tuple[int, dict]:
-        data = json.dumps(body).encode() if body is not None else None
-        headers = {"Content-Type": "application/json"}
-        if data is not None:
-            if self._secret is None:
-                self._secret = resolve_secret(*self._secret_source)
-            headers.update(sign(self._secret, "POST", path, data))
-        req = urllib.request.Request(f"http://{addr}{path}", data=data,
-                                     method="POST" if data is not None else "GET",
-                                     headers=headers)
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return resp.status, json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as e:
-            try:
-                return e.code, json.loads(e.read() or b"{}")
-            except ValueError:
-                return e.code, {}
+        if body is not None and self._secret is None:
+            self._secret = resolve_secret(*self._secret_source)
+        return json_call(addr, path, body, self._secret, self.timeout_s)
 
     def register(self, registration: dict) -> dict[str, bool]:
         """Register with every NameServer; returns address -> success. A NameServer

@@ -25,12 +25,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
-from ..lifecycle import ServiceThread
+from ..lifecycle import HttpServerThread, ServiceThread
 from .registry import BROKER_EXPIRY_MS, BrokerRegistration, RouteRegistry
 from .signing import RequestVerifier, resolve_secret
 
@@ -70,34 +69,26 @@ class NameServer:
         self.host = host
         self.port = port
         self._scan = ScanBrokerService(self.registry, scan_interval_ms)
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._http: HttpServerThread | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     def start(self) -> "NameServer":
-        handler = _make_handler(self.registry, self.verifier)
-        self._httpd = ThreadingHTTPServer((self.host, self.port), handler)
-        self._httpd.daemon_threads = True
-        self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
-                                        name="sparkmq-namesrv-http", daemon=True)
-        self._thread.start()
+        self._http = HttpServerThread(self.host, self.port,
+                                      _make_handler(self.registry, self.verifier),
+                                      "sparkmq-namesrv-http").start()
+        self.port = self._http.port
         self._scan.start()
         log.info("NameServer listening on http://%s", self.address)
         return self
 
     def stop(self) -> None:
         self._scan.stop()
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(5)
-            self._thread = None
+        if self._http is not None:
+            self._http.stop()
+            self._http = None
         log.info("NameServer %s stopped", self.address)
 
     def __enter__(self) -> "NameServer":
