@@ -8,12 +8,12 @@ from ._lazy import lazy_names
 
 __version__ = "0.1.0"
 __all__ = ["Store", "Message", "StoredMessage", "Snapshot", "AppendResult", "PutMessageStatus",
-           "StoreConfig", "SYNC_FLUSH", "ASYNC_FLUSH", "SparkMQError", "__version__"]
+           "StoreConfig", "SYNC_FLUSH", "ASYNC_FLUSH", "SparkMQError", "dataset", "__version__"]
 
 _LAZY = {"StoreConfig": ".config", "SYNC_FLUSH": ".config", "ASYNC_FLUSH": ".config",
          "SparkMQError": ".errors", "Store": ".log", "Message": ".log",
          "StoredMessage": ".log", "Snapshot": ".log", "AppendResult": ".log",
-         "PutMessageStatus": ".log"}
+         "PutMessageStatus": ".log", "dataset": ".table"}
 
 
 __getattr__, __dir__ = lazy_names(__name__, globals(), _LAZY, __all__)
