@@ -28,9 +28,11 @@ class SparkMQDataSource(DataSource):
         return SPARK_SCHEMA
 
     def reader(self, schema: StructType):
+        _refuse_memory(self.options)
         return SparkMQBatchReader(self.options, schema)
 
     def streamReader(self, schema: StructType):
+        _refuse_memory(self.options)
         return SparkMQStreamReader(self.options, schema)
 
     def writer(self, schema: StructType, overwrite: bool):
@@ -40,3 +42,13 @@ class SparkMQDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool):
         from .writer import SparkMQStreamWriter
         return SparkMQStreamWriter(dict(self.options), schema, overwrite)
+
+
+def _refuse_memory(options) -> None:
+    """A memory:// store lives in one process; Spark reads on others (its executors)."""
+    url = str(dict(options).get("path") or "")
+    if url.startswith("memory://"):
+        from ..errors import UserError
+        raise UserError(f"{url}: a memory:// store lives in one process, and Spark reads and "
+                        "writes from other processes (its executors); use a local path or an "
+                        "object store URL")

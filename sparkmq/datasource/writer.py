@@ -200,6 +200,14 @@ _WRITE_NAMES = {n.lower(): n for n in (
     "autoCreateTopic", "queues", "checkpointLocation")}
 
 
+def _refuse_memory_url(url: str) -> None:
+    """memory:// lives in one process; Spark's executors are others."""
+    if str(url).startswith("memory://"):
+        raise UserError(f"{url}: a memory:// store lives in one process, and Spark reads and "
+                        "writes from other processes (its executors); use a local path or an "
+                        "object store URL")
+
+
 def check_write_options(options: dict) -> None:
     """UserError for an option a write does not know, naming the closest known one."""
     from .options import unknown_option_error
@@ -233,6 +241,7 @@ class _SegmentWriterBase:
         if not self.url:
             raise InvalidConfigError("sparkmq needs the store URL: .save(url) / "
                                      ".option('path', url)")
+        _refuse_memory_url(self.url)
         if overwrite:
             raise UserError("sparkmq stores are append-only: use mode('append'), not "
                             "'overwrite' (delete a topic to drop its messages)")

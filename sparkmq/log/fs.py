@@ -132,11 +132,21 @@ class StoreFS:
         return self.full(rel)
 
     # -- reading ---------------------------------------------------------
+    def _fresh(self, path: str) -> str:
+        """``path``, after dropping what fsspec cached of it and its folder: a store's
+        files change under a long-lived process (other writers, other processes), and
+        a cached listing (s3fs, gcsfs, adlfs keep one per instance, shared process-wide)
+        would hide new log versions."""
+        if not self.is_memory:
+            self.fs.invalidate_cache(path)
+            self.fs.invalidate_cache(path.rsplit("/", 1)[0])
+        return path
+
     @_io_boundary("check")
     def exists(self, rel: str) -> bool:
         if self.is_local:
             return os.path.exists(self.full(rel))
-        return self.fs.exists(self.full(rel))
+        return self.fs.exists(self._fresh(self.full(rel)))
 
     @_io_boundary("read")
     def read_bytes(self, rel: str) -> bytes:
@@ -157,7 +167,7 @@ class StoreFS:
     def size(self, rel: str) -> int:
         if self.is_local:
             return os.path.getsize(self.full(rel))
-        return int(self.fs.size(self.full(rel)))
+        return int(self.fs.size(self._fresh(self.full(rel))))
 
     @_io_boundary("stat")
     def modified_ms(self, rel: str) -> int:
@@ -178,7 +188,7 @@ class StoreFS:
             except FileNotFoundError:
                 return []
         try:
-            entries = self.fs.ls(path, detail=False)
+            entries = self.fs.ls(self._fresh(path), detail=False)
         except FileNotFoundError:
             return []
         return sorted(e.rstrip("/").rsplit("/", 1)[-1] for e in entries)
@@ -195,7 +205,7 @@ class StoreFS:
             except FileNotFoundError:
                 return {}
         try:
-            entries = self.fs.ls(path, detail=True)
+            entries = self.fs.ls(self._fresh(path), detail=True)
         except FileNotFoundError:
             return {}
         return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)

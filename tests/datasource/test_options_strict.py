@@ -122,6 +122,11 @@ def test_the_first_write_creates_the_store_and_missing_topics(spark, tmp_path):
     with pytest.raises(Exception, match="unknown read option"):
         spark.read.format("sparkmq").option("subscrib", "Fresh").load(url).count()
     assert spark.read.format("sparkmq").option("subscribe", "Fresh").load(url).count() == 2
+    for act in (lambda: spark.read.format("sparkmq").load("memory://m").count(),
+                lambda: df.write.mode("append").format("sparkmq").option("topic", "T")
+                .save("memory://m")):
+        with pytest.raises(Exception, match="memory:// store lives in one process"):
+            act()
 
 
 def test_memory_urls_are_refused_for_spark_writes_with_why():
