@@ -448,12 +448,15 @@ class TransactionLog:
         return state
 
     def _latest_from(self, base: LogState | None) -> int:
-        """The newest version, probed forward from ``base`` (versions are contiguous):
-        one existence check per new version instead of listing ``_log/``, which
-        grows by a file per commit. Lists when there is no base or its file is gone."""
-        if base is None or base.version < 0 or not self.sfs.exists(fmt.commit_file(base.version)):
+        """The newest version, probed forward (versions are contiguous) from ``base`` or,
+        without one, from the ``_last_checkpoint`` pointer: one existence check per
+        version past it instead of listing ``_log/``, which grows by a file per commit
+        (Delta's way). Lists only when neither start exists."""
+        start = base.version if base is not None and base.version >= 0 \
+            else self._last_checkpoint()
+        if start is None or not self.sfs.exists(fmt.commit_file(start)):
             return self.latest_version()
-        latest = base.version
+        latest = start
         while self.sfs.exists(fmt.commit_file(latest + 1)):
             latest += 1
         return latest
