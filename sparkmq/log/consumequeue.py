@@ -386,10 +386,14 @@ def read_side_by_time(sfs: StoreFS, adds: list[dict], tid: int, qid: int | None,
 
 
 def _queue_stats(add: AddFile, tid: int, qid: int) -> QueueStats | None:
-    for q in add.queues or ():
-        if q.topic_id == tid and q.queue_id == qid:
-            return q
-    return None
+    """The stats of (tid, qid) in a ConsumeQueue file's add, through an index built once
+    per add (a scan of its queue list per lookup made cold reads grow with the number
+    of queues in the file)."""
+    index = add.__dict__.get("_queue_index")
+    if index is None:
+        index = {(q.topic_id, q.queue_id): q for q in add.queues or ()}
+        object.__setattr__(add, "_queue_index", index)   # a cache, not a field
+    return index.get((tid, qid))
 
 
 def _read_filtered(sfs: StoreFS, rel: str, filters: list) -> pa.Table:

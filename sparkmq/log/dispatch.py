@@ -83,8 +83,14 @@ def queue_groups(tids: np.ndarray, info: RowInfo, n: int
         return [(int(tids[0]), int(qids[0]), None)], None
     tnp = topic_ids_per_row(tids, info, n)
     key = (tnp << 32) | qids.astype(np.int64)
-    return [(k >> 32, k & 0xFFFFFFFF, np.flatnonzero(key == k))
-            for k in np.unique(key).tolist()], tnp
+    # one stable sort, then runs of equal keys: O(rows log rows), whatever the number of
+    # queues (a scan of every row per queue was O(rows x queues)); rows keep batch order
+    order = np.argsort(key, kind="stable")
+    sk = key[order]
+    cuts = (np.flatnonzero(sk[1:] != sk[:-1]) + 1).tolist()
+    starts, ends = [0] + cuts, cuts + [len(sk)]
+    return [(int(sk[a]) >> 32, int(sk[a]) & 0xFFFFFFFF, order[a:b])
+            for a, b in zip(starts, ends)], tnp
 
 
 def topic_ids_per_row(tids: np.ndarray, info: RowInfo, n: int) -> np.ndarray:
