@@ -112,6 +112,8 @@ class Broker:
             config.namesrv_addr, cluster_secret=config.cluster_secret or None,
             cluster_secret_file=config.cluster_secret_file or None) if config.namesrv_addr else None
         self._grpc: grpc.Server | None = None
+        self.flight = None                        # the Arrow Flight service (flight.py)
+        self.flight_port: int | None = None
         self._admin_server: AdminServer | None = None
         self._services: list[ServiceThread] = []
         self._register_service: RegisterBrokerService | None = None
@@ -168,6 +170,7 @@ class Broker:
         self.store.add_listener(self.notifier.on_arrival)
         try:
             self._start_grpc()
+            self._start_flight()
             self._start_admin()
             self.store.advertise_endpoint(self.admin_url)
             self.ha.start()
@@ -213,6 +216,19 @@ class Broker:
         self.listen_port = port
         server.start()
         self._grpc = server
+
+    def _start_flight(self) -> None:
+        """The Arrow Flight service (``flightEnable``, ``flightPort``; flight.py)."""
+        if not self.config.flight_enable:
+            return
+        from .flight import FlightService
+        try:
+            self.flight = FlightService(self, self.config.host, self.config.flight_port).start()
+        except Exception as e:   # pyarrow reports a taken port as an ArrowException
+            raise BindError(f"cannot serve Arrow Flight on {self.config.host}:"
+                            f"{self.config.flight_port}: {e}; set flightPort to a free port "
+                            "or flightEnable=false") from None
+        self.flight_port = self.flight.port
 
     def _start_admin(self) -> None:
         """Bind the admin endpoint on adminListenAddress with its token (made and
@@ -296,6 +312,9 @@ class Broker:
         self._set_state(BrokerState.STOPPED)
 
     def _stop_servers(self) -> None:
+        if self.flight is not None:
+            self.flight.stop()
+            self.flight = None
         if self._grpc is not None:
             self._grpc.stop(grace=1.0).wait(5)
             self._grpc = None

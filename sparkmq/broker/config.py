@@ -75,6 +75,8 @@ class BrokerConfig:
     ha_tls_cert_path: str = ""                    # haTlsCertPath \ the master's certificate
     ha_tls_key_path: str = ""                     # haTlsKeyPath  / and key (PEM)
     ha_tls_ca_path: str = ""                      # haTlsCaPath (replica: trusts; default system roots)
+    flight_enable: bool = False                   # flightEnable (Arrow Flight beside gRPC)
+    flight_port: int = 8083                       # flightPort
     enable_topic_message_type_check: bool = True  # enableTopicMessageTypeCheck (proxy's name)
     enable_controller_mode: bool = False          # enableControllerMode (roles by the controllers)
     controller_addr: str = ""                     # controllerAddr (host:port;host:port;...)
@@ -121,19 +123,20 @@ class BrokerConfig:
         "brokerHeartbeatInterval": "broker_heartbeat_interval_ms",
         "haMaxTimeSlaveNotCatchup": "ha_max_time_slave_not_catchup_ms",
         "controllerMasterRole": "controller_master_role",
-        "enableTopicMessageTypeCheck": "enable_topic_message_type_check", "enableAutoFailover": "enable_auto_failover",
+        "enableTopicMessageTypeCheck": "enable_topic_message_type_check",
+        "flightEnable": "flight_enable", "flightPort": "flight_port", "enableAutoFailover": "enable_auto_failover",
         "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
     _BOOLS = ("enable_property_filter", "enable_auto_failover", "admin_metrics_auth",
               "authentication_enabled", "authorization_enabled", "ha_tls_enable",
-              "enable_controller_mode", "enable_topic_message_type_check")
+              "enable_controller_mode", "enable_topic_message_type_check", "flight_enable")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",
              "max_long_polling_requests",
              "transaction_timeout_ms", "transaction_check_interval_ms", "transaction_check_max",
              "ha_listen_port", "auto_failover_silence_ms", "broker_heartbeat_interval_ms",
-             "ha_max_time_slave_not_catchup_ms")
+             "ha_max_time_slave_not_catchup_ms", "flight_port")
 
     def __post_init__(self):
         if self.broker_role not in ROLES:

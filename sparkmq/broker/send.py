@@ -484,19 +484,44 @@ class SendService:
                 out.append(_logged(e))
         return out
 
-    def _append_rows(self, rows) -> list:
+    def check_append(self) -> None:
+        """Refuse an append before anything is stored: a replica or fenced master, a
+        master out of lease (PermissionDeniedError), a SYNC_MASTER no replica can
+        acknowledge (ReplicaNotAvailableError; RocketMQ 5 checks its in-sync replicas
+        before putting). Every wire path calls this before it appends."""
         refusal = self.write_refusal()
         if refusal is not None:
             raise PermissionDeniedError(refusal)
         ha = self.ha_service
-        controlled = self.broker.controlled
-        if self.role == "SYNC_MASTER" and ha is not None and controlled is None and \
-                not ha.has_replica():
-            # RocketMQ 5 checks its in-sync replicas before putting: a send no replica
-            # can acknowledge is refused, not stored and answered as a failure
+        if self.role == "SYNC_MASTER" and ha is not None and self.broker.controlled is None \
+                and not ha.has_replica():
             raise ReplicaNotAvailableError(
                 "no replica is attached to acknowledge the send (SYNC_MASTER); nothing was "
                 "stored: retry, or send to another broker group")
+
+    def replicated(self, r) -> PutMessageStatus:
+        """The status of append ``r`` once the broker's role is satisfied: SYNC_MASTER
+        waits for its replica (controller mode: every other SyncStateSet member, and
+        the lease must still hold). Every wire path calls this after it appends."""
+        put_status, ha = r.status, self.ha_service
+        controlled = self.broker.controlled
+        if controlled is not None and put_status is PutMessageStatus.PUT_OK:
+            if self.role == "SYNC_MASTER" and ha is not None:
+                put_status = ha.wait_replicated_by(r.batch_offset + 1,
+                                                   controlled.sync_replica_ids(),
+                                                   self.store.config.sync_flush_timeout_ms)
+            if not controlled.lease_valid():
+                put_status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        elif self.role == "SYNC_MASTER" and ha is not None and \
+                put_status is PutMessageStatus.PUT_OK:
+            put_status = ha.wait_replicated(r.batch_offset + 1,
+                                            self.store.config.sync_flush_timeout_ms)
+        if put_status is not r.status:
+            self.metrics.inc("sparkmq_ha_sync_failures_total", status=put_status.value)
+        return put_status
+
+    def _append_rows(self, rows) -> list:
+        self.check_append()
         c = rows.columns()
         n = len(rows)
         topics, unique_keys, txids = c["topic"], c["unique_key"], c["transaction_id"]
@@ -509,22 +534,7 @@ class SendService:
                                     store_host=self.store.config.store_host, now_ms=now)
         # every row was held to log/limits by ``refusal``/``plain_rows`` before merging
         r = self.store.append_batch(batch, limits_checked=True)
-        put_status = r.status
-        if controlled is not None and put_status is PutMessageStatus.PUT_OK:
-            # controller mode: every other SyncStateSet member acks, and the lease
-            # still holds when it is acknowledged (controlled.py)
-            if self.role == "SYNC_MASTER" and ha is not None:
-                put_status = ha.wait_replicated_by(r.batch_offset + 1,
-                                                   controlled.sync_replica_ids(),
-                                                   self.store.config.sync_flush_timeout_ms)
-            if not controlled.lease_valid():
-                put_status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT
-        elif self.role == "SYNC_MASTER" and ha is not None and \
-                put_status is PutMessageStatus.PUT_OK:
-            put_status = ha.wait_replicated(r.batch_offset + 1,
-                                            self.store.config.sync_flush_timeout_ms)
-            if put_status is not PutMessageStatus.PUT_OK:
-                self.metrics.inc("sparkmq_ha_sync_failures_total", status=put_status.value)
+        put_status = self.replicated(r)
         per_topic: dict[str, list[int]] = {}
         if topics.count(topics[0]) == n:          # one topic: no per-row loop
             per_topic[topics[0]] = [n, sum(map(len, c["body"]))]

@@ -1,0 +1,237 @@
+"""The Arrow Flight service of the broker (``flightPort``; docs/PROTOCOL.md): record batches
+go into the store and come out of it without being taken apart message by message.
+
+* **DoPut** (descriptor path ``["send"]``): each record batch the client writes holds
+  messages (columns: ``topic`` and ``body`` required; ``tags``, ``keys``,
+  ``properties``, ``message_group``, ``unique_key``, ``born_timestamp``, ``queue_id``
+  optional). Each is stored as ONE append with the same durability as a RocketMQ send
+  (SYNC_FLUSH fsynced, SYNC_MASTER replicated) and acknowledged by one metadata message:
+  an Arrow IPC stream of ``(queue_id int32, queue_offset int64, message_id string)``
+  per row. Delay and transaction messages are refused with a message naming the
+  RocketMQ path.
+* **DoGet** (ticket: JSON ``{"topic", "queue", "offset", "max", "pollMs"}``): the
+  messages of one queue from ``offset`` (at most ``max``), as stored, zero copy; with
+  none yet, it waits up to ``pollMs`` for arrivals (long polling, the same capacity as
+  the gRPC path).
+* **DoAction** ``commitOffset`` (body JSON ``{"group", "topic", "queue", "offset"}``):
+  records a consumer group's offset as the RocketMQ path does.
+
+Checks are the RocketMQ path's, one implementation each: credentials and ACLs
+(``authn``/``authz``: Pub on each topic sent to, Sub on a topic read and on a group
+committed), the topic's message type, the input limits (``Store.append_batch``),
+writability and replication (``SendService.check_append`` / ``replicated``).
+Errors map to Flight's: UNAUTHENTICATED, UNAUTHORIZED, invalid argument, unavailable.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.flight as fl
+
+from ..errors import (AuthenticationError, AuthorizationError, RetriableError, SparkMQError,
+                      UserError)
+from ..log.topics import topic_message_type, type_conflict
+from .authz import peer_ip
+
+log = logging.getLogger("sparkmq.broker.flight")
+
+SEND_COLUMNS = {"topic", "body", "tags", "keys", "properties", "message_group", "unique_key",
+                "born_timestamp", "queue_id"}
+ACK_SCHEMA = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64()),
+                        ("message_id", pa.string())])
+MAX_GET = 10_000
+
+
+class _Auth(fl.ServerMiddleware):
+    def __init__(self, user):
+        self.user = user
+
+
+class _AuthFactory(fl.ServerMiddlewareFactory):
+    """Checks the RocketMQ 5 signature headers of every call (authn.py)."""
+
+    def __init__(self, broker):
+        super().__init__()
+        self.broker = broker
+
+    def start_call(self, info, headers):
+        md = [(k, v[0] if isinstance(v, list) else v) for k, v in headers.items()]
+        try:
+            return _Auth(self.broker.authenticator.check(md))
+        except AuthenticationError as e:
+            raise fl.FlightUnauthenticatedError(e.message)
+
+
+def _flight_error(e: Exception) -> Exception:
+    if isinstance(e, AuthorizationError):
+        return fl.FlightUnauthorizedError(e.message)
+    if isinstance(e, AuthenticationError):
+        return fl.FlightUnauthenticatedError(e.message)
+    if isinstance(e, RetriableError):
+        return fl.FlightUnavailableError(e.message)
+    if isinstance(e, SparkMQError):
+        return pa.ArrowInvalid(f"{e.code}: {e.message}")
+    return fl.FlightInternalError(f"{type(e).__name__}: {e}")
+
+
+class FlightService(fl.FlightServerBase):
+    """See the module docstring; ``broker`` is the Broker."""
+
+    def __init__(self, broker, host: str, port: int):
+        super().__init__(f"grpc+tcp://{host}:{port}",
+                         middleware={"auth": _AuthFactory(broker)})
+        self.broker = broker
+        self._serving: threading.Thread | None = None
+
+    # ------------------------------------------------------------ helpers
+    def _user(self, context):
+        mw = context.get_middleware("auth")
+        return mw.user if mw is not None else None
+
+    def _authorize(self, context, resources) -> None:
+        authz = self.broker.authorizer
+        if authz.enabled:
+            authz.check(self._user(context), resources, peer_ip(context.peer()))
+
+    # ------------------------------------------------------------ produce
+    def do_put(self, context, descriptor, reader, writer):
+        if list(descriptor.path or []) != [b"send"]:
+            raise pa.ArrowInvalid("DoPut takes the descriptor path ['send'] (docs/PROTOCOL.md)")
+        for chunk in reader:
+            try:
+                ack = self._send(context, chunk.data)
+            except Exception as e:   # one batch's failure ends this stream only
+                if not isinstance(e, SparkMQError):
+                    log.exception("Flight send failed")
+                raise _flight_error(e) from None
+            writer.write(ack)
+
+    def _send(self, context, batch: pa.RecordBatch) -> pa.Buffer:
+        unknown = set(batch.schema.names) - SEND_COLUMNS
+        if unknown & {"delivery_timestamp", "transaction_id"}:
+            raise UserError("delay and transaction messages go through the RocketMQ gRPC "
+                            "path (delivery time, recall, check-back); send them there")
+        if unknown or not {"topic", "body"} <= set(batch.schema.names):
+            raise UserError(f"a Flight send batch has columns topic, body (required) and "
+                            f"{', '.join(sorted(SEND_COLUMNS - {'topic', 'body'}))}; got "
+                            f"{batch.schema.names}")
+        topics = [t for t in pc.unique(batch.column("topic")).to_pylist()]
+        if None in topics:
+            raise UserError("every row needs a topic")
+        self._authorize(context, [("Topic", t, ("Pub",)) for t in topics])
+        sender, broker = self.broker.sender, self.broker
+        for t in topics:
+            refused = sender.topic_refusal(t)
+            if refused is not None:
+                raise UserError(refused.message)
+            if broker.config.enable_topic_message_type_check:
+                self._check_types(batch, t)
+        sender.check_append()
+        r = broker.store.append_batch(pa.Table.from_batches([batch]))
+        status = sender.replicated(r)
+        if status.value != "PUT_OK":
+            raise RetriableError(f"stored but not acknowledged: {status.value} (the same "
+                                 "status a RocketMQ send would get)")
+        for t in topics:
+            rows = batch.filter(pc.equal(batch.column("topic"), t))
+            broker.metrics.inc("sparkmq_messages_sent_total", rows.num_rows, topic=t)
+            broker.metrics.inc("sparkmq_bytes_sent_total",
+                               pc.sum(pc.binary_length(rows.column("body"))).as_py() or 0,
+                               topic=t)
+        broker.notifier.wake(topics)
+        from ..log.message import encode_message_id, store_tag
+        tag = store_tag(broker.store.store_id)
+        ids = [encode_message_id(tag, r.batch_offset, j) for j in range(r.num_rows)]
+        if "unique_key" in batch.schema.names:
+            ids = [k or i for k, i in zip(batch.column("unique_key").to_pylist(), ids)]
+        ack = pa.RecordBatch.from_arrays(
+            [pa.array(r.queue_ids, pa.int32()), pa.array(r.queue_offsets, pa.int64()),
+             pa.array(ids, pa.string())], schema=ACK_SCHEMA)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, ACK_SCHEMA) as w:
+            w.write_batch(ack)
+        return sink.getvalue()
+
+    def _check_types(self, batch: pa.RecordBatch, topic: str) -> None:
+        """Rows with a message group are FIFO, the others NORMAL (the proxy's reading);
+        each type present must be one the topic accepts."""
+        expected = topic_message_type(self.broker.topic_conf(topic))
+        rows = batch.filter(pc.equal(batch.column("topic"), topic))
+        groups = rows.column("message_group").null_count \
+            if "message_group" in rows.schema.names else rows.num_rows
+        present = ({"NORMAL"} if groups else set()) | \
+            ({"FIFO"} if groups < rows.num_rows else set())
+        for actual in sorted(present):
+            why = type_conflict(expected, actual)
+            if why is not None:
+                raise UserError(why)
+
+    # ------------------------------------------------------------ consume
+    def do_get(self, context, ticket):
+        try:
+            req = json.loads(ticket.ticket)
+            topic, queue, offset = str(req["topic"]), int(req["queue"]), int(req["offset"])
+            limit = min(max(1, int(req.get("max") or 1000)), MAX_GET)
+            poll_ms = min(max(0, int(req.get("pollMs") or 0)),
+                          self.broker.config.max_long_polling_ms)
+        except (ValueError, KeyError, TypeError) as e:
+            raise pa.ArrowInvalid(f"a DoGet ticket is JSON {{topic, queue, offset, max, "
+                                  f"pollMs}}: {e}") from None
+        try:
+            self._authorize(context, [("Topic", topic, ("Sub",))])
+            table = self._read(topic, queue, offset, limit, poll_ms)
+        except Exception as e:
+            raise _flight_error(e) from None
+        return fl.RecordBatchStream(table)
+
+    def _read(self, topic: str, queue: int, offset: int, limit: int, poll_ms: int) -> pa.Table:
+        import time
+        store, notifier = self.broker.store, self.broker.notifier
+        if self.broker.topic_conf(topic) is None:
+            from ..errors import TopicNotFoundError
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        deadline = time.monotonic() + poll_ms / 1000.0
+        while True:
+            seen = notifier.version(topic)
+            hi = store.max_offset(topic, queue)
+            if hi > offset:
+                return store.read_table(topic, queue, offset, min(hi, offset + limit))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return store.read_table(topic, queue, offset, offset)
+            notifier.wait(topic, seen, left)
+
+    # ------------------------------------------------------------ offsets
+    def do_action(self, context, action):
+        if action.type != "commitOffset":
+            raise pa.ArrowInvalid(f"unknown action {action.type!r}; actions: commitOffset")
+        try:
+            req = json.loads(action.body.to_pybytes())
+            group, topic = str(req["group"]), str(req["topic"])
+            queue, offset = int(req["queue"]), int(req["offset"])
+            self._authorize(context, [("Group", group, ("Sub",)), ("Topic", topic, ("Sub",))])
+            self.broker.store.commit_consumer_offsets(group, {(topic, queue): offset})
+        except (ValueError, KeyError, TypeError) as e:
+            raise pa.ArrowInvalid(f"commitOffset takes JSON {{group, topic, queue, offset}}: "
+                                  f"{e}") from None
+        except Exception as e:
+            raise _flight_error(e) from None
+        return iter([fl.Result(b'{"ok": true}')])
+
+    def list_actions(self, context):
+        return [("commitOffset", "record a consumer group's next offset of one queue")]
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> "FlightService":
+        self._serving = threading.Thread(target=self.serve, name="sparkmq-flight", daemon=True)
+        self._serving.start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        if self._serving is not None:
+            self._serving.join(10)

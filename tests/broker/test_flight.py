@@ -1,0 +1,154 @@
+"""The Arrow Flight service (issue 16 items 1-3, first part), driven with plain
+``pyarrow.flight`` as a Java, Go or Rust Flight client would use it (docs/PROTOCOL.md):
+record batches in, one ack per batch with queue ids, offsets and message ids; batches
+out by (topic, queue, offset) with long polling; offsets committed; the RocketMQ path's
+checks (credentials, ACLs, message types, limits) through the same code; what a Flight
+producer sent, the official RocketMQ client consumes."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+from rocketmq import FilterExpression, SimpleConsumer
+
+from helpers.brokers import client_conf
+from helpers.net import free_port
+from sparkmq.broker.authn import signature
+from sparkmq.log.topics import message_type_attributes
+
+pytestmark = pytest.mark.integration
+
+SEND = fl.FlightDescriptor.for_path("send")
+
+
+def _client(b, headers=()):
+    c = fl.FlightClient(f"grpc+tcp://127.0.0.1:{b.flight_port}")
+    return c, fl.FlightCallOptions(headers=list(headers), timeout=30)
+
+
+def _send(client, opts, batch: pa.RecordBatch) -> pa.Table:
+    writer, reader = client.do_put(SEND, batch.schema, options=opts)
+    writer.write_batch(batch)
+    ack = reader.read()
+    writer.done_writing()
+    writer.close()
+    return pa.ipc.open_stream(ack).read_all()
+
+
+def _get(client, opts, **ticket) -> pa.Table:
+    return client.do_get(fl.Ticket(json.dumps(ticket).encode()), options=opts).read_all()
+
+
+def _batch(topic: str, bodies: list[bytes], **cols) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"topic": [topic] * len(bodies), "body": bodies, **cols})
+
+
+@pytest.fixture
+def broker(make_broker):
+    b = make_broker(flightEnable="true", flightPort=free_port(), autoCreateTopicEnable="false")
+    b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    return b
+
+
+def test_send_ack_get_commit_and_the_official_client_consumes_it(broker):
+    client, opts = _client(broker)
+    ack = _send(client, opts, _batch("T", [b"a", b"b", b"c"], keys=[["k1"], None, ["k3"]]))
+    assert ack.column("queue_offset").to_pylist() == [0, 1, 2]
+    assert ack.column("queue_id").to_pylist() == [0, 0, 0]
+    ids = ack.column("message_id").to_pylist()
+    got = _get(client, opts, topic="T", queue=0, offset=1, max=10)
+    assert got.column("body").to_pylist() == [b"b", b"c"]
+    assert got.column("message_id").to_pylist() == ids[1:]
+    list(client.do_action(fl.Action("commitOffset", json.dumps(
+        {"group": "G", "topic": "T", "queue": 0, "offset": 3}).encode()), options=opts))
+    assert broker.store.consumer_offsets("G") == {("T", 0): 3}
+    consumer = SimpleConsumer(client_conf(broker), "Official", {"T": FilterExpression()},
+                              await_duration=2)
+    consumer.startup()
+    try:
+        seen = []
+        for _ in range(10):
+            seen += consumer.receive(16, 30)
+            if len(seen) >= 3:
+                break
+        assert sorted(m.body for m in seen) == [b"a", b"b", b"c"]
+        assert {m.message_id for m in seen} == set(ids)
+    finally:
+        consumer.shutdown()
+
+
+def test_a_get_long_polls_until_a_send_arrives(broker):
+    client, opts = _client(broker)
+    out = {}
+
+    def poll():
+        out["t"] = _get(client, opts, topic="T", queue=0, offset=0, max=5, pollMs=20_000)
+    t = threading.Thread(target=poll)
+    t.start()
+    from helpers.waiting import wait_until
+    wait_until(lambda: broker.notifier.waiting == 1, "the poll to wait")
+    _send(client, opts, _batch("T", [b"late"]))
+    t.join(30)
+    assert out["t"].column("body").to_pylist() == [b"late"]
+
+
+@pytest.mark.parametrize("batch, words", [
+    (pa.RecordBatch.from_pydict({"body": [b"x"]}), "topic, body"),
+    (pa.RecordBatch.from_pydict({"topic": ["T"], "body": [b"x"], "colour": ["red"]}),
+     "a Flight send batch has columns"),
+    (pa.RecordBatch.from_pydict({"topic": ["T"], "body": [b"x"],
+                                 "delivery_timestamp": [1]}), "RocketMQ gRPC path"),
+    (_batch("Nope", [b"x"]), "does not exist"),
+    (_batch("T", [b"x"], properties=pa.array([[("k\n", "v")]],
+                                              pa.map_(pa.string(), pa.string()))),
+     "control character"),
+])
+def test_bad_batches_get_a_clear_error_and_store_nothing(broker, batch, words):
+    client, opts = _client(broker)
+    before = broker.store.commitlog.written_offset
+    with pytest.raises(Exception, match=words):
+        _send(client, opts, batch)
+    assert broker.store.commitlog.written_offset == before
+    _send(client, opts, _batch("T", [b"fine"]))     # the service goes on
+
+
+def test_the_topics_message_type_is_checked(broker):
+    broker.store.create_topic("F", read_queue_nums=1, write_queue_nums=1,
+                              attributes=message_type_attributes("FIFO"))
+    client, opts = _client(broker)
+    with pytest.raises(Exception, match="expected type is FIFO"):
+        _send(client, opts, _batch("F", [b"x"]))
+    ack = _send(client, opts, _batch("F", [b"x"], message_group=["g"]))
+    assert ack.num_rows == 1
+
+
+def test_credentials_and_acls_as_on_the_rocketmq_path(make_broker):
+    from sparkmq.auth import meta
+    b = make_broker(flightEnable="true", flightPort=free_port(), authenticationEnabled="true",
+                    authorizationEnabled="true",
+                    initAuthenticationUser='{"username": "root", "password": "root-secret"}')
+    b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    meta.create_user(b.store, "reader", "reader-secret")
+    meta.set_acl(b.store, "reader", [{"entries": [{"resource": "Topic:T",
+                                                    "actions": ["Sub"]}]}], create=True)
+
+    def signed(user, secret):
+        when = dt.datetime.now().strftime("%Y%m%dT%H%M%SZ")
+        return [(b"x-mq-date-time", when.encode()),
+                (b"authorization", (f"MQv2-HMAC-SHA1 Credential={user}, SignedHeaders="
+                                    f"x-mq-date-time, Signature={signature(secret, when)}")
+                 .encode())]
+    anonymous, a_opts = _client(b)
+    with pytest.raises(fl.FlightUnauthenticatedError):
+        _send(anonymous, a_opts, _batch("T", [b"x"]))
+    reader, r_opts = _client(b, signed("reader", "reader-secret"))
+    with pytest.raises(fl.FlightUnauthorizedError, match="may not Pub"):
+        _send(reader, r_opts, _batch("T", [b"x"]))
+    root, root_opts = _client(b, signed("root", "root-secret"))
+    _send(root, root_opts, _batch("T", [b"ok"]))
+    assert _get(reader, r_opts, topic="T", queue=0, offset=0).column("body").to_pylist() == \
+        [b"ok"]
