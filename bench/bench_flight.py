@@ -1,0 +1,168 @@
+"""sparkmq's Arrow Flight path against Redis Streams and against the Flight transport floor,
+in the same run (issue 16 item 6).
+
+Rows (1 KiB messages):
+- batched throughput: batches of ``--batch`` messages over one DoPut stream, each batch
+  acknowledged before the next (ratio to Redis's pipelined XADD of the same batches,
+  from bench_broker.py's Redis run);
+- sync send p50: a one-message batch written and its ack read (ratio to the floor: the
+  same round trip against a Flight server that acks without storing, in another process);
+- send -> long-poll consumer p50: a DoGet waiting with pollMs, then a one-message send
+  (ratio to the floor round trip).
+
+    .venv/bin/python bench/bench_flight.py [--quick]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_broker import (BODY, bench_redis, free_port, pct, process,  # noqa: E402
+                          wait_port)
+
+FLOOR = textwrap.dedent("""
+    import sys
+    import pyarrow as pa, pyarrow.flight as fl
+    ACK = pa.py_buffer(b"ok")
+    class Floor(fl.FlightServerBase):
+        def do_put(self, context, descriptor, reader, writer):
+            for _ in reader:
+                writer.write(ACK)
+    Floor(f"grpc+tcp://127.0.0.1:{sys.argv[1]}").serve()
+""")
+
+
+def _put_round_trips(port: int, m: int, batch) -> list[float]:
+    import pyarrow.flight as fl
+    client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), batch.schema)
+    out = []
+    for i in range(m + 50):
+        t = time.perf_counter()
+        writer.write_batch(batch)
+        reader.read()
+        if i >= 50:                           # the first 50: warm-up
+            out.append(time.perf_counter() - t)
+    writer.done_writing()
+    writer.close()
+    return out
+
+
+def bench_floor(m: int) -> dict:
+    import pyarrow as pa
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-c", FLOOR, str(port)])
+    try:
+        wait_port(port)
+        one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [BODY]})
+        return {"lat": _put_round_trips(port, m, one)}
+    finally:
+        p.kill()
+        p.wait()
+
+
+def bench_sparkmq_flight(tmp: str, n: int, batch_n: int, m: int) -> dict:
+    import pyarrow as pa
+    import pyarrow.flight as fl
+    port, admin, flight = free_port(), free_port(), free_port()
+    conf = os.path.join(tmp, "broker.properties")
+    with open(conf, "w") as f:
+        f.write(f"brokerName=bench\nbrokerId=0\nflushDiskType=ASYNC_FLUSH\n"
+                f"flushIntervalCommitLog=500\nstorePathRootDir={tmp}/sparkmq\n"
+                f"namesrvAddr=\nbrokerIP1=127.0.0.1\nlistenPort={port}\nadminPort={admin}\n"
+                f"autoCreateTopicEnable=true\ndefaultTopicQueueNums=4\n"
+                f"flightEnable=true\nflightPort={flight}\n")
+    with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port):
+        wait_port(flight)
+        client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{flight}")
+        big = pa.RecordBatch.from_pydict({"topic": ["tput"] * batch_n, "body": [BODY] * batch_n})
+        one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [BODY]})
+        e2e_one = pa.RecordBatch.from_pydict({"topic": ["e2e"], "body": [BODY],
+                                              "queue_id": pa.array([0], pa.int32())})
+        _put_round_trips(flight, 1, big)                   # creates the topics
+        _put_round_trips(flight, 1, e2e_one)
+        writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), big.schema)
+        t0 = time.perf_counter()
+        for _ in range(n // batch_n):
+            writer.write_batch(big)
+            reader.read()
+        tput = (n // batch_n) * batch_n / (time.perf_counter() - t0)
+        writer.done_writing()
+        writer.close()
+        lat = _put_round_trips(flight, m, one)
+        e2e = _e2e(client, flight, e2e_one, m)
+    return {"tput": tput, "lat": lat, "e2e": e2e}
+
+
+def _e2e(client, port: int, one, m: int) -> list[float]:
+    import pyarrow.flight as fl
+    import pyarrow as pa
+    got: dict = {}
+    out = []
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), one.schema)
+    for _ in range(m):
+        writer.write_batch(one)               # the offset the next message will get
+        a = pa.ipc.open_stream(reader.read()).read_all()
+        offset = a.column("queue_offset")[0].as_py() + 1
+        ticket = fl.Ticket(json.dumps({"topic": "e2e", "queue": 0, "offset": offset,
+                                       "max": 1, "pollMs": 5000}).encode())
+        done = threading.Event()
+
+        def poll():
+            got["t"] = None
+            rows = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}").do_get(ticket).read_all()
+            got["t"] = time.perf_counter() if rows.num_rows else None
+            done.set()
+        th = threading.Thread(target=poll)
+        th.start()
+        time.sleep(0.02)                      # the poll is waiting
+        t0 = time.perf_counter()
+        writer.write_batch(one)
+        reader.read()
+        done.wait(10)
+        th.join(10)
+        if got.get("t"):
+            out.append(got["t"] - t0)
+    writer.done_writing()
+    writer.close()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--batch", type=int, default=100)
+    args = ap.parse_args(argv)
+    n, m = (20_000, 200) if args.quick else (100_000, 1_000)
+    with tempfile.TemporaryDirectory(prefix="bench-flight-") as tmp:
+        ours = bench_sparkmq_flight(tmp, n, args.batch, m)
+    with tempfile.TemporaryDirectory(prefix="bench-redis-") as tmp:
+        red = bench_redis(tmp, n, args.batch, 50)
+    floor = bench_floor(m)
+    fp50 = pct(floor["lat"], 0.5)                     # ms
+    print(f"# 1 KiB messages, batches of {args.batch}, {os.cpu_count()} cores")
+    print(f"{'metric':<34}{'sparkmq flight':>16}{'reference':>16}{'ratio':>8}")
+    if red:
+        print(f"{'batched throughput (msg/s)':<34}{ours['tput']:>16.0f}"
+              f"{red['tput']:>16.0f}{ours['tput'] / red['tput']:>8.2f}  (vs Redis pipelined)")
+    lat = pct(ours["lat"], 0.5)
+    print(f"{'sync send p50 (ms)':<34}{lat:>16.3f}{fp50:>16.3f}{lat / fp50:>8.2f}"
+          "  (vs empty Flight round trip)")
+    if ours["e2e"]:
+        e2e = pct(ours["e2e"], 0.5)
+        print(f"{'send -> long-poll p50 (ms)':<34}{e2e:>16.3f}{fp50:>16.3f}"
+              f"{e2e / fp50:>8.2f}  (vs empty Flight round trip)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
