@@ -44,6 +44,9 @@ from .fs import StoreFS
 
 log = logging.getLogger("sparkmq.txlog")
 
+#: a checkpoint's entries per commit since the previous one, at most (checkpoint_every)
+CHECKPOINT_ENTRIES_PER_COMMIT = 50
+
 
 def _put(live: dict, key: str, action) -> None:
     """The newest action of ``key`` replaces the previous one; a deleted one removes it."""
@@ -549,7 +552,7 @@ class TransactionLog:
     def _maybe_checkpoint(self, state: LogState) -> None:
         """At every checkpoint interval: drop old tombstones from ``state`` (just
         built by commit, not yet returned), write the checkpoint, clean up the log."""
-        if state.version == 0 or state.version % self.checkpoint_interval_versions:
+        if state.version == 0 or state.version % self.checkpoint_every(state):
             return
         if self.deleted_file_retention_ms is not None:
             state.prune_tombstones(state.timestamp_ms - self.deleted_file_retention_ms
@@ -604,6 +607,20 @@ class TransactionLog:
             log.info("log cleanup of %s: deleted %d files below version %d", self.sfs.url,
                      len(deleted), keep_from)
         return deleted
+
+    def checkpoint_every(self, state: LogState) -> int:
+        """Versions between checkpoints: ``checkpointInterval``, doubled until a checkpoint
+        costs at most CHECKPOINT_ENTRIES_PER_COMMIT entries per commit in between — a
+        checkpoint re-encodes the whole state, so a fixed interval made the cost per
+        commit grow with the state (quadratic over a store's life). A power-of-two
+        multiple of the interval: every committer decides alike for the same state."""
+        every = self.checkpoint_interval_versions
+        size = (len(state.topics_by_id) + len(state.segments) + len(state.consumequeue_files)
+                + len(state.index_files) + len(state.consumer_offsets)
+                + len(state.subscription_groups) + len(state.tombstones) + len(state.txns))
+        while every * CHECKPOINT_ENTRIES_PER_COMMIT < size:
+            every *= 2
+        return every
 
     def write_checkpoint(self, state: LogState) -> None:
         """Write checkpoint ``state.version``: the live actions, then a CHECKPOINT commitInfo

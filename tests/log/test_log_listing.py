@@ -52,3 +52,27 @@ def test_without_the_pointer_a_load_still_finds_the_newest_version(tmp_path):
     newest = Snapshot.load(url).version
     os.remove(os.path.join(url, "_log", "_last_checkpoint"))
     assert Snapshot.load(url).version == newest
+
+
+def test_checkpoints_cost_a_bounded_number_of_entries_per_commit(tmp_path, monkeypatch):
+    """Issue 18 item 2: a checkpoint re-encodes the whole state, so its interval grows
+    with the state: the entries encoded per commit stay bounded as topics grow."""
+    from sparkmq.log import txlog
+    encoded = {"entries": 0, "checkpoints": 0}
+    real = txlog.TransactionLog.write_checkpoint
+
+    def counted(self, state):
+        encoded["entries"] += len(state.live_actions())
+        encoded["checkpoints"] += 1
+        return real(self, state)
+    monkeypatch.setattr(txlog.TransactionLog, "write_checkpoint", counted)
+    with Store.open(str(tmp_path / "s"), mode="w", start_services=False) as s:
+        v0 = s.state.version
+        for i in range(1500):
+            s.create_topic(f"T{i}", read_queue_nums=1, write_queue_nums=1)
+        per_commit = encoded["entries"] / (s.state.version - v0)
+    # a fixed interval of 10 re-encodes every topic each 10 commits: ~75 entries per
+    # commit on average here, growing with the topics; the interval that grows with the
+    # state keeps it at CHECKPOINT_ENTRIES_PER_COMMIT at most
+    assert per_commit <= txlog.CHECKPOINT_ENTRIES_PER_COMMIT
+    assert encoded["checkpoints"] >= 5
