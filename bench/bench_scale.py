@@ -1,0 +1,97 @@
+"""How costs grow with a deployment (issue 18 item 7): each cost at x4 steps and its growth
+factor per x4 (linear growth is 4.0; flat is 1.0).
+
+- ``Snapshot.load`` of the newest version at growing log lengths (versions);
+- ``Store.open``, ``Snapshot.load``, creating a topic, and a cold read of one queue at
+  growing topic counts (8 queues each, one message per queue).
+
+    .venv/bin/python bench/bench_scale.py            # quick: about two minutes
+    .venv/bin/python bench/bench_scale.py --full     # the issue's sizes (long)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sparkmq import Message, Snapshot, Store  # noqa: E402
+
+
+def best(fn, runs: int = 5) -> float:
+    out = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return min(out)
+
+
+def versions_case(tmp: str, steps: list[int]) -> list[tuple[int, float]]:
+    url = os.path.join(tmp, "versions")
+    rows = []
+    with Store.open(url, mode="w", start_services=False) as s:
+        s.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        for target in steps:
+            while s.state.version < target:      # one small commit per version
+                s.commit_consumer_offsets("G", {("T", 0): s.state.version % 7})
+            rows.append((target, best(lambda: Snapshot.load(url))))
+    return rows
+
+
+def topics_case(tmp: str, steps: list[int]) -> list[tuple[int, dict]]:
+    url = os.path.join(tmp, "topics")
+    rows = []
+    made = 0
+    s = Store.open(url, mode="w", start_services=False)
+    try:
+        for target in steps:
+            t = time.perf_counter()
+            while made < target:
+                s.create_topic(f"T{made}", read_queue_nums=8, write_queue_nums=8)
+                made += 1
+            create_ms = (time.perf_counter() - t) / (target - (rows[-1][0] if rows else 0)) * 1000
+            s.append([Message(f"T{made - 1}", b"x") for _ in range(8)])
+            s.publish(force=True)
+            s.close()
+            open_s = best(lambda: Store.open(url, mode="r").close(), 3)
+            load_s = best(lambda: Snapshot.load(url), 3)
+            cold_s = best(lambda: Snapshot.load(url).read_table(f"T{made - 1}", 0, 0), 3)
+            rows.append((target, {"create_ms": create_ms, "open": open_s, "load": load_s,
+                                  "cold_read": cold_s}))
+            s = Store.open(url, mode="w", start_services=False)
+    finally:
+        s.close()
+    return rows
+
+
+def growth(values: list[float]) -> str:
+    return " ".join(f"{b / a:5.2f}" if a > 0 else "  -  " for a, b in zip(values, values[1:]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--full", action="store_true")
+    args = ap.parse_args(argv)
+    version_steps = [1_000, 4_000, 16_000, 64_000] if args.full else [250, 1_000, 4_000]
+    topic_steps = [100, 400, 1_600, 6_400] if args.full else [50, 200, 800]
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
+        v = versions_case(tmp, version_steps)
+        t = topics_case(tmp, topic_steps)
+    print("# growth factor per x4 step: 4.0 = linear, 1.0 = flat")
+    print(f"{'Snapshot.load vs versions':<34}" + "".join(f"{n:>10}" for n, _ in v))
+    print(f"{'  seconds':<34}" + "".join(f"{x:>10.4f}" for _, x in v)
+          + f"   growth {growth([x for _, x in v])}")
+    print(f"{'costs vs topics (x8 queues)':<34}" + "".join(f"{n:>10}" for n, _ in t))
+    for key, unit in (("open", "s"), ("load", "s"), ("create_ms", "ms"), ("cold_read", "s")):
+        vals = [r[key] for _, r in t]
+        print(f"{'  ' + key + ' (' + unit + ')':<34}" + "".join(f"{x:>10.4f}" for x in vals)
+              + f"   growth {growth(vals)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
