@@ -256,7 +256,8 @@ def _group_row(group: str, conf, has_offsets: bool) -> dict:
     return {"group": group, "configured": conf is not None, "hasOffsets": has_offsets,
             "retryMaxTimes": conf.retry_max_times if conf else None,
             "consumeEnable": conf.receives_allowed if conf else True,
-            "consumeBroadcastEnable": conf.broadcast_allowed if conf else True}
+            "consumeBroadcastEnable": conf.broadcast_allowed if conf else True,
+            "consumeMessageOrderly": conf.orderly if conf else False}
 
 
 def group_list(args) -> None:
@@ -274,12 +275,14 @@ def group_create(args) -> None:
     """Create or replace a subscription group config (mqadmin updateSubGroup)."""
     body = {"name": args.group, "consumeEnable": not args.disable,
             "consumeBroadcastEnable": not args.no_broadcast,
+            "consumeMessageOrderly": args.orderly,
             **({"retryMaxTimes": args.retry_max_times} if args.retry_max_times is not None
                else {})}
     if args.broker:
         return _emit(args, _http(args, "/admin/groups", body))
     with _store(args, write=True) as s:
         c = s.create_group(args.group, retry_max_times=args.retry_max_times,
+                           consume_message_orderly=args.orderly,
                            consume_enable=not args.disable,
                            consume_broadcast_enable=not args.no_broadcast)
     _emit(args, c.body())
@@ -524,6 +527,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_parser("list").set_defaults(fn=group_list)
     c = g.add_parser("create", help="create or replace a subscription group config")
     c.add_argument("group")
+    c.add_argument("--orderly", action="store_true",
+                   help="a FIFO consumer group (consumeMessageOrderly): clients consume each "
+                        "message group in order")
     c.add_argument("--retry-max-times", type=int,
                    help="redeliveries before the DLQ (default: the broker's maxReconsumeTimes)")
     c.add_argument("--no-broadcast", action="store_true",

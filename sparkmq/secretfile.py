@@ -43,6 +43,8 @@ def load_or_create(path: str, nbytes: int = SECRET_BYTES) -> tuple[str, bool]:
         pass
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     secret = secrets.token_urlsafe(nbytes)
+    while secret.startswith("-"):          # "--token -abc" would read as an option
+        secret = secrets.token_urlsafe(nbytes)
     tmp = f"{path}.tmp-{secrets.token_hex(8)}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
     try:

@@ -96,7 +96,8 @@ class BrokerAdmin:
         return self.store.create_group(
             name, retry_max_times=None if retry is None else int(retry),
             consume_enable=bool(request.get("consumeEnable", True)),
-            consume_broadcast_enable=bool(request.get("consumeBroadcastEnable", True))).body()
+            consume_broadcast_enable=bool(request.get("consumeBroadcastEnable", True)),
+            consume_message_orderly=bool(request.get("consumeMessageOrderly", False))).body()
 
     def auth(self, request: dict):
         """``POST /admin/auth``: create, update, delete, get or list ACL 2.0 users and

@@ -307,7 +307,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             lp = ms_of_duration(s.subscription.long_polling_timeout) or 20_000
             out.subscription.long_polling_timeout.CopyFrom(
                 duration(min(lp, cfg.max_long_polling_ms)))
-            out.subscription.fifo = False
+            conf = self.broker.store.state.subscription_groups.get(group)
+            # a FIFO consumer group (consumeMessageOrderly), as the proxy tells its clients
+            out.subscription.fifo = bool(conf is not None and conf.orderly)
             out.subscription.receive_batch_size = 32
             attempts = self.broker.pop.max_attempts(group)
             out.backoff_policy.CopyFrom(pb.RetryPolicy(

@@ -109,18 +109,25 @@ class GroupConfig(JsonView, _Action):
 
     KIND = "subscriptionGroup"
     FIELDS = {"consume_broadcast_enable": "consumeBroadcastEnable",
-              "consume_enable": "consumeEnable", "created_time": "createdTime",
+              "consume_enable": "consumeEnable",
+              "consume_message_orderly": "consumeMessageOrderly", "created_time": "createdTime",
               "deleted": "deleted", "group_name": "groupName",
               "retry_max_times": "retryMaxTimes"}
     OPTIONAL = frozenset({"consume_broadcast_enable", "consume_enable", "created_time",
-                          "retry_max_times"})
+                          "retry_max_times", "consume_message_orderly"})
     group_name: str
     consume_enable: bool | None = None
     consume_broadcast_enable: bool | None = None
     created_time: int | None = None
     deleted: bool = False
     retry_max_times: int | None = None
+    consume_message_orderly: bool | None = None
     extra: Mapping = field(default_factory=lambda: _EMPTY, compare=False)
+
+    @property
+    def orderly(self) -> bool:
+        """``consumeMessageOrderly`` (RocketMQ's FIFO consumer group), false when absent."""
+        return bool(self.consume_message_orderly)
 
     @property
     def receives_allowed(self) -> bool:

@@ -134,13 +134,14 @@ def consumer_offset_actions(state: LogState, group: str, offsets: dict[tuple[str
 
 def create_group(store: "Store", group: str, *, retry_max_times: int | None = None,
                  consume_broadcast_enable: bool = True, consume_enable: bool = True,
-                 ) -> GroupConfig:
+                 consume_message_orderly: bool = False) -> GroupConfig:
     """Create or replace a consumer group's subscription group config (mqadmin
     updateSubGroup), committed at once as a ``subscriptionGroup`` action.
     ``retry_max_times`` (None: the broker's ``maxReconsumeTimes``) bounds
     redeliveries before the dead-letter queue; ``consume_enable=False`` makes the
     broker refuse receives of the group, ``consume_broadcast_enable=False`` its
-    broadcasting consumers (RocketMQ's defaults: both allowed)."""
+    broadcasting consumers (RocketMQ's defaults: both allowed);
+    ``consume_message_orderly`` makes it a FIFO group (clients told ``fifo=true``)."""
     store.require_writable()
     validate_group(group)
     if retry_max_times is not None and (isinstance(retry_max_times, bool) or not
@@ -151,7 +152,8 @@ def create_group(store: "Store", group: str, *, retry_max_times: int | None = No
     conf = GroupConfig(group_name=group, consume_enable=bool(consume_enable),
                        consume_broadcast_enable=bool(consume_broadcast_enable),
                        created_time=store.clock_ms(), deleted=False,
-                       retry_max_times=retry_max_times)
+                       retry_max_times=retry_max_times,
+                       consume_message_orderly=True if consume_message_orderly else None)
     committed = [conf]
 
     def build(state: LogState):

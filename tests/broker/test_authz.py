@@ -35,7 +35,7 @@ def _admin(broker, *argv) -> object:
     import io
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        rc = admin_main(["--broker", broker.admin_url, "--token", broker.admin_token, "--json",
+        rc = admin_main(["--broker", broker.admin_url, f"--token={broker.admin_token}", "--json",
                          *argv])
     assert rc == 0, out.getvalue()
     return json.loads(out.getvalue())

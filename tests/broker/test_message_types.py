@@ -87,7 +87,7 @@ def test_the_check_can_be_turned_off_as_on_the_proxy(typed):
 
 def test_admin_creates_typed_topics_and_lists_their_type(make_broker, capsys):
     b = make_broker()
-    base = ["--broker", b.admin_url, "--token", b.admin_token, "--json"]
+    base = ["--broker", b.admin_url, f"--token={b.admin_token}", "--json"]
     assert admin_main([*base, "topic", "create", "Orders", "--queues", "2",
                        "--message-type", "fifo"]) == 0
     assert json.loads(capsys.readouterr().out)["messageType"] == "FIFO"

@@ -103,3 +103,46 @@ def test_the_official_push_consumer_logs_no_metrics_error_and_its_exports_arrive
     wait_until(lambda: len(seen) == 5, "the push consumer to consume all five")
     assert "get_meter" not in caplog.text
     assert "start metric provider success" in caplog.text
+
+
+def test_a_fifo_consumer_group_is_told_fifo_and_consumes_each_group_in_order(
+        make_broker, clients):
+    """Issue 14 item 3: ``sparkmq admin group create --orderly`` (consumeMessageOrderly)
+    makes the settings say fifo=true, as the proxy does; the official PushConsumer then
+    consumes each message group in order."""
+    import threading
+    from rocketmq import ConsumeResult, MessageListener, PushConsumer
+    from helpers.waiting import wait_until
+    from sparkmq.admin import main as admin_main
+    b = make_broker()
+    b.store.create_topic("O", read_queue_nums=2, write_queue_nums=2)
+    assert admin_main(["--broker", b.admin_url, f"--token={b.admin_token}", "group", "create",
+                       "Ordered", "--orderly"]) == 0
+    producer = clients(Producer(client_conf(b), ("O",)))
+    for i in range(6):
+        for g in ("g1", "g2"):
+            m = msg("O", f"{g}:{i}".encode())
+            m.message_group = g
+            producer.send(m)
+    seen: dict[str, list[str]] = {"Ordered": [], "Plain": []}
+    lock = threading.Lock()
+
+    class Listener(MessageListener):
+        def __init__(self, group):
+            self.group = group
+
+        def consume(self, message):
+            with lock:
+                seen[self.group].append(message.body.decode())
+            return ConsumeResult.SUCCESS
+    ordered = clients(PushConsumer(client_conf(b), "Ordered", Listener("Ordered"),
+                                   {"O": FilterExpression()}))
+    plain = clients(PushConsumer(client_conf(b), "Plain", Listener("Plain"),
+                                 {"O": FilterExpression()}))
+    wait_until(lambda: all(len(v) == 12 for v in seen.values()),
+               "both groups to consume all 12 messages")
+    assert ordered.fifo is True and plain.fifo is False
+    with lock:
+        for g in ("g1", "g2"):               # the FIFO group saw each message group in order
+            order = [int(x.split(":")[1]) for x in seen["Ordered"] if x.startswith(g)]
+            assert order == list(range(6))
