@@ -38,6 +38,7 @@ option                     default  meaning
 ``startingOffsetsByTimestamp`` —    JSON {"T":{"0":ms}}: per queue, first offset at/after
 ``endingOffsetsByTimestamp``   —    B: the same for the end
 ``startingOffsetsByTimestampStrategy`` error: a queue with nothing that new fails; latest
+``key``                    —        B: only messages with this key (through the Index)
 =========================  =======  ==========================================================
 
 Kafka's ``subscribe``, ``subscribePattern``, ``assign`` and ``maxOffsetsPerTrigger`` are
@@ -92,6 +93,7 @@ class ReadOptions:
     starting_by_timestamp: dict | None = None      # {topic: {queue: epoch ms}}
     ending_by_timestamp: dict | None = None
     by_timestamp_strategy: str = "error"           # no offset at/after the time: error|latest
+    key: str | None = None                         # B: only messages with this key (Index)
 
 
 def _get(options, name: str):
@@ -155,7 +157,7 @@ READ_NAMES = {n.lower(): n for n in (
     "failOnDataLoss", "maxMessagesPerTrigger", "maxBytesPerTrigger", "consumerGroup",
     "storageOptions", "subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger",
     "minOffsetsPerTrigger", "maxTriggerDelay", "startingOffsetsByTimestamp",
-    "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy")}
+    "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "key")}
 #: Kafka source name -> sparkmq name (same meaning)
 KAFKA_ALIASES = {"subscribe": "topics", "subscribePattern": "topicPattern",
                  "maxOffsetsPerTrigger": "maxMessagesPerTrigger"}
@@ -241,7 +243,7 @@ def parse_options(options) -> ReadOptions:
         max_trigger_delay_ms=_duration_ms(options, "maxTriggerDelay"),
         starting_by_timestamp=_offsets_by_timestamp(options, "startingOffsetsByTimestamp"),
         ending_by_timestamp=_offsets_by_timestamp(options, "endingOffsetsByTimestamp"),
-        by_timestamp_strategy=strategy)
+        by_timestamp_strategy=strategy, key=_get(options, "key") or None)
 
 
 def _duration_ms(options, name: str) -> int | None:

@@ -150,10 +150,11 @@ class RangeFilter:
     ts_min_strict: bool = False
     ts_max_strict: bool = False
     keys_equal: tuple | None = None       # keys = array(...)
+    key_any: str | None = None            # option key: the keys hold this one
 
     def active(self) -> bool:
         return any(v is not None for v in (self.tags_in, self.ts_min_ms, self.ts_max_ms,
-                                           self.keys_equal))
+                                           self.keys_equal, self.key_any))
 
 
 @dataclass
@@ -258,6 +259,9 @@ def _filter_rows(batch: pa.Table, flt: RangeFilter) -> pa.Table:
     if flt.keys_equal is not None:   # few rows (Index hits): Python is fine here
         want = list(flt.keys_equal)
         mask = both(pa.array([k == want for k in batch.column("keys").to_pylist()], pa.bool_()))
+    if flt.key_any is not None:
+        mask = both(pa.array([bool(k) and flt.key_any in k
+                              for k in batch.column("keys").to_pylist()], pa.bool_()))
     return batch if mask is None else batch.filter(mask)
 
 
@@ -423,7 +427,10 @@ class SparkMQBatchReader(DataSourceReader):
         ends = resolve_offsets(snap, pairs, opts.ending_offsets, opts.ending_timestamp_ms,
                                "latest", "endingOffsets", opts.ending_by_timestamp)
         rf = pushed.row_filter
-        key_hits = self._key_hits(snap, topics) if rf.keys_equal is not None else None
+        if opts.key is not None:        # option key: the Index finds the messages
+            rf = replace(rf, key_any=opts.key)
+        key = rf.keys_equal[0] if rf.keys_equal else opts.key
+        key_hits = self._key_hits(snap, topics, key) if key is not None else None
         out = []
         for t, q in pairs:
             lo = max(starts[(t, q)], pushed.offset_lo)
@@ -446,9 +453,9 @@ class SparkMQBatchReader(DataSourceReader):
                 out.append(r)
         return split_ranges(out, opts.min_partitions)
 
-    def _key_hits(self, snap: Snapshot, topics: list[str]) -> dict[TopicQueue, list[int]]:
-        """Queue offsets carrying the first wanted key, per queue (via the Index)."""
-        key = self.pushed.row_filter.keys_equal[0]
+    def _key_hits(self, snap: Snapshot, topics: list[str],
+                  key: str) -> dict[TopicQueue, list[int]]:
+        """Queue offsets of the messages carrying ``key``, per queue (via the Index)."""
         hits: dict[TopicQueue, set] = {}
         for t in topics:
             table = snap.index_hits(snap.topic_id(t), key)

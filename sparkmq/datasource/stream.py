@@ -102,6 +102,8 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                             "always follows the newest version")
         if self.opts.ending_offsets or self.opts.ending_timestamp_ms is not None:
             raise UserError("endingOffsets / endingTimestamp are for batch reads only")
+        if self.opts.key is not None or self.opts.ending_by_timestamp is not None:
+            raise UserError("key / endingOffsetsByTimestamp are for batch reads only")
         self.target: dict[TopicQueue, int] | None = None
         self._recorded: dict[TopicQueue, int] | None = None
 

@@ -148,3 +148,16 @@ def test_the_store_and_the_option_topic_are_created_in_one_commit(tmp_path):
     with pytest.raises(TopicNotFoundError):
         from sparkmq.log.batch import writable_topic_conf
         writable_topic_conf(Snapshot.load(url).topics(), "U")
+
+
+@pytest.mark.spark
+def test_the_key_option_reads_the_messages_with_that_key_through_the_index(spark, tmp_path):
+    url = str(tmp_path / "keys")
+    with Store.open(url, mode="w", start_services=False) as s:
+        s.create_topic("K", read_queue_nums=2, write_queue_nums=2)
+        s.append([Message("K", f"m{i}".encode(), keys=[f"order-{i % 10}", "all"])
+                  for i in range(100)])
+    rows = spark.read.format("sparkmq").option("key", "order-3").load(url) \
+        .select("body").collect()
+    assert sorted(r.body for r in rows) == sorted(f"m{i}".encode() for i in range(3, 100, 10))
+    assert spark.read.format("sparkmq").option("key", "nope").load(url).count() == 0
