@@ -26,6 +26,7 @@ import urllib.request
 from typing import Any, Sequence
 
 from . import admin_acl, admin_controller, admin_verify
+from .admin_broker import broker_ha, broker_promote, broker_status, cluster_list
 from .log.topics import message_type_attributes, topic_message_type
 from .errors import SparkMQError
 
@@ -394,61 +395,6 @@ def message_print(args) -> None:
 
 
 # ---------------------------------------------------------------- cluster / broker
-def cluster_list(args) -> None:
-    brokers = _namesrv(args).brokers()
-    if brokers is None:
-        raise SparkMQError(f"no NameServer of {args.namesrv} answered")
-    rows = [{"cluster": b.get("cluster"), "brokerName": b.get("brokerName"),
-             "brokerId": b.get("brokerId"), "role": b.get("role"), "endpoint": b.get("endpoint"),
-             "topics": len(b.get("topics") or {})} for b in brokers]
-    _emit(args, rows)
-
-
-def broker_status(args) -> None:
-    if not args.broker:
-        raise SparkMQError("broker status needs --broker http://host:adminPort")
-    _emit(args, _http(args, "/status"))
-
-
-def broker_ha(args) -> None:
-    """Replication progress: a master's replicas (acked offset, lag) or a replica's link."""
-    if not args.broker:
-        raise SparkMQError("broker ha needs --broker http://host:adminPort")
-    ha = _http(args, "/status").get("ha") or {}
-    if args.json:
-        _emit(args, ha)
-        return
-    if ha.get("role") == "replica":
-        _emit(args, [{k: ha.get(k) for k in ("role", "connected", "offset", "masterOffset",
-                                               "lagBytes", "masterEpoch", "lastError")}])
-    else:
-        print(f"master epoch {ha.get('epoch')}  offset {ha.get('offset')}")
-        rows = ha.get("replicas") or []
-        print(_table(rows, ["brokerId", "address", "ackedOffset", "lagBytes"])
-              if rows else "no replica attached")
-
-
-def broker_promote(args) -> None:
-    """``sparkmq admin --broker URL promote``: make a running replica the master.
-    ``--store PATH``: promote a stopped replica's store (then start it with
-    ``sparkmq broker`` as brokerId 0)."""
-    if args.broker:
-        _emit(args, _http(args, "/admin/promote", {"role": args.role}))
-        return
-    if not args.store:
-        raise SparkMQError("promote needs --broker http://host:adminPort of a running replica, "
-                           "or --store PATH of a stopped one")
-    from .ha.replica import promote
-    from .log.store import Store
-    store = Store.open(args.store, create=False, start_services=False)
-    try:
-        epoch = promote(store, None, 0)
-        out = {"store": args.store, "epoch": epoch, "offset": store.commitlog.written_offset}
-    finally:
-        store.close()
-    _emit(args, out)
-
-
 def store_vacuum(args) -> None:
     """Delete unreferenced files older than the retention (``Store.vacuum``). Uses the
     store's newest version read-only, so it also runs next to a live broker."""

@@ -22,16 +22,13 @@ FORBIDDEN; fsync over syncFlushTimeout -> MASTER_PERSISTENCE_TIMEOUT (no
 replica ack in SYNC_MASTER -> SLAVE_PERSISTENCE_TIMEOUT / HA_NOT_AVAILABLE);
 nothing to receive after the long poll -> MESSAGE_NOT_FOUND.
 
-Broadcasting: the protocol has no field for it, so a client asks for it with
-the request metadata ``x-sparkmq-consume-mode: BROADCASTING`` (next to the
-standard ``x-mq-client-id``) on ReceiveMessage, AckMessage,
-ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, GetOffset and
-UpdateOffset: that consumer instance then gets every message of the group's
-topics, with offsets of its own (persisted per client id). Without the header
-(the official clients) consumption is clustering.
+Broadcasting: the protocol has no field for it; the request metadata
+``x-sparkmq-consume-mode: BROADCASTING`` on ReceiveMessage, AckMessage,
+ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, GetOffset and UpdateOffset
+gives that consumer instance every message, with offsets of its own (per client
+id). Without it (the official clients) consumption is clustering.
 
-Threading: the gRPC server runs each call on a worker thread; long polls and
-telemetry streams hold one thread each for their duration.
+Threading: each call runs on a worker thread; long polls and telemetry streams hold one.
 """
 from __future__ import annotations
 
@@ -51,6 +48,7 @@ from ..errors import (AuthenticationError, AuthorizationError, InvalidReceiptHan
 from ..log.names import validate_group, validate_topic
 from ..log.topics import topic_message_type
 from .authz import peer_ip, rpc_resources, settings_resources
+from .otlp import metric_settings
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
 from .protocol import (OK, ClientIdRequired, Code, duration, error_status, message_queue,
@@ -272,29 +270,11 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             return error_status(e)
         return None
 
-    def _metric_settings(self, metric: pb.Metric, client_type) -> None:
-        """Name this broker as the collector of a push consumer's metrics, as the proxy
-        does in its ``proxy`` collector mode (otlp.py): the official Python
-        PushConsumer needs a meter to register its gauges. Other clients get metrics
-        off (the official clients never stop their meter after shutdown, and export at
-        exit). Under TLS none: the official clients export over plaintext only."""
-        cfg = self.broker.config
-        metric.Clear()
-        metric.on = cfg.tls_server_mode == "disabled" and client_type == pb.PUSH_CONSUMER
-        if metric.on:
-            import ipaddress
-            try:
-                scheme = pb.IPv6 if ipaddress.ip_address(cfg.host).version == 6 else pb.IPv4
-            except ValueError:
-                scheme = pb.DOMAIN_NAME
-            metric.endpoints.scheme = scheme
-            metric.endpoints.addresses.add(host=cfg.host, port=self.broker.listen_port)
-
     def _settings_reply(self, cid: str, s: pb.Settings) -> spb.TelemetryCommand:
         cfg = self.broker.config
         out = pb.Settings()
         out.CopyFrom(s)
-        self._metric_settings(out.metric, s.client_type)
+        metric_settings(self.broker, out.metric, s.client_type)
         if s.HasField("publishing"):
             out.publishing.max_body_size = self.broker.store.config.max_message_size_bytes
             out.publishing.validate_message_type = True

@@ -31,3 +31,23 @@ def add_to_server(broker, server) -> None:
         export, request_deserializer=None, response_serializer=lambda b: b)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
         SERVICE, {"Export": handler}),))
+
+
+def metric_settings(broker, metric, client_type) -> None:
+    """Fill the ``Metric`` of a Settings reply: this broker collects a push consumer's
+    metrics (the official Python PushConsumer needs a meter to register its gauges).
+    Other clients get metrics off (the official clients never stop their meter after
+    shutdown, and export at exit). Under TLS none: the official clients export over
+    plaintext only."""
+    import ipaddress
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    cfg = broker.config
+    metric.Clear()
+    metric.on = cfg.tls_server_mode == "disabled" and client_type == pb.PUSH_CONSUMER
+    if metric.on:
+        try:
+            scheme = pb.IPv6 if ipaddress.ip_address(cfg.host).version == 6 else pb.IPv4
+        except ValueError:
+            scheme = pb.DOMAIN_NAME
+        metric.endpoints.scheme = scheme
+        metric.endpoints.addresses.add(host=cfg.host, port=broker.listen_port)
