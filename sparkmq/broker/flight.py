@@ -184,7 +184,7 @@ class FlightService(fl.FlightServerBase):
         try:
             self._authorize(context, [("Topic", topic, ("Sub",))])
             table = self._read(topic, queue, offset, limit, poll_ms)
-        except Exception as e:
+        except Exception as e:   # every failure goes back as a Flight error; the service goes on
             raise _flight_error(e) from None
         return fl.RecordBatchStream(table)
 
@@ -218,7 +218,7 @@ class FlightService(fl.FlightServerBase):
         except (ValueError, KeyError, TypeError) as e:
             raise pa.ArrowInvalid(f"commitOffset takes JSON {{group, topic, queue, offset}}: "
                                   f"{e}") from None
-        except Exception as e:
+        except Exception as e:   # every failure goes back as a Flight error; the service goes on
             raise _flight_error(e) from None
         return iter([fl.Result(b'{"ok": true}')])
 
