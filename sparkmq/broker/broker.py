@@ -36,10 +36,7 @@ import enum
 import logging
 import threading
 import time
-from concurrent import futures
 from typing import Callable
-
-import grpc
 
 from ..errors import BindError, SparkMQError
 from ..lifecycle import ServiceThread
@@ -111,7 +108,7 @@ class Broker:
         self.namesrv = NameServerClient(
             config.namesrv_addr, cluster_secret=config.cluster_secret or None,
             cluster_secret_file=config.cluster_secret_file or None) if config.namesrv_addr else None
-        self._grpc: grpc.Server | None = None
+        self._grpc = None                         # the GrpcServer (grpc_server.py)
         self.flight = None                        # the Arrow Flight service (flight.py)
         self.flight_port: int | None = None
         self._admin_server: AdminServer | None = None
@@ -187,35 +184,29 @@ class Broker:
         return self
 
     def _start_grpc(self) -> None:
+        """The RocketMQ 5 gRPC service (and the OTLP metrics collector) on an asyncio
+        gRPC server (grpc_server.py: long polls suspended, other RPCs on the workers)."""
         limit = max(64 << 20, 2 * self.store.config.max_message_size_bytes)
-        server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=self.config.grpc_workers,
-                                       thread_name_prefix="sparkmq-grpc"),
-            options=[("grpc.max_receive_message_length", limit),
-                     ("grpc.max_send_message_length", limit),
-                     ("grpc.so_reuseport", 0)])
+        from .grpc_server import GrpcServer
         from .grpc_service import MessagingServicer, add_to_server
-        add_to_server(MessagingServicer(self), server)
         from . import otlp
-        otlp.add_to_server(self, server)
-        address = f"{self.config.host}:{self.config.listen_port}"
-        try:
-            if self.config.tls_server_mode == "enforcing":
-                from .grpc_tls import grpc_server_credentials
-                port = server.add_secure_port(address, grpc_server_credentials(
-                    self.config.tls_server_cert_path, self.config.tls_server_key_path))
-            else:
-                port = server.add_insecure_port(address)
-        except RuntimeError as e:   # grpc reports a taken port this way
-            raise BindError(f"cannot bind gRPC port {self.config.host}:{self.config.listen_port}: "
-                            f"{e}; set listenPort to a free port or stop the process "
-                            "holding it") from None
-        if port == 0:
-            raise BindError(f"cannot bind gRPC port {self.config.host}:{self.config.listen_port}; "
-                            "set listenPort to a free port or stop the process holding it")
-        self.listen_port = port
-        server.start()
-        self._grpc = server
+        servicer = MessagingServicer(self)
+
+        def register(server) -> None:
+            add_to_server(servicer, server)
+            otlp.add_to_server(self, server)
+        credentials = None
+        if self.config.tls_server_mode == "enforcing":
+            from .grpc_tls import grpc_server_credentials
+            credentials = grpc_server_credentials(self.config.tls_server_cert_path,
+                                                  self.config.tls_server_key_path)
+        self._grpc = GrpcServer(
+            self.config.host, self.config.listen_port, workers=self.config.grpc_workers,
+            options=[("grpc.max_receive_message_length", limit),
+                     ("grpc.max_send_message_length", limit), ("grpc.so_reuseport", 0)],
+            register=register, credentials=credentials)
+        servicer.offload = self._grpc.offload
+        self.listen_port = self._grpc.port
 
     def _start_flight(self) -> None:
         """The Arrow Flight service (``flightEnable``, ``flightPort``; flight.py)."""
@@ -316,7 +307,7 @@ class Broker:
             self.flight.stop()
             self.flight = None
         if self._grpc is not None:
-            self._grpc.stop(grace=1.0).wait(5)
+            self._grpc.stop(grace=1.0)
             self._grpc = None
         if self._admin_server is not None:
             self._admin_server.stop()

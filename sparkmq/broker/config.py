@@ -56,8 +56,8 @@ class BrokerConfig:
     max_long_polling_ms: int = 30_000             # maxLongPollingTimeMs
     consume_from_where: str = "CONSUME_FROM_FIRST_OFFSET"  # consumeFromWhere (new groups)
     grpc_workers: int = 128                       # grpcThreadPoolNums
-    max_long_polling_requests: int = 0            # maxLongPollingRequests (0: grpcThreadPoolNums
-                                                  #   - 16, so polls never take every worker)
+    max_long_polling_requests: int = 10_000       # maxLongPollingRequests (suspended polls
+                                                  #   held at once; each costs memory, no thread)
     enable_property_filter: bool = False          # enablePropertyFilter (SQL92 filters)
     message_delay_level: str = ("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m "
                                 "1h 2h")              # messageDelayLevel
@@ -285,11 +285,12 @@ class BrokerConfig:
 
     @property
     def long_polling_capacity(self) -> int:
-        """Long polls held at once: ``maxLongPollingRequests``, else all but 16 of the gRPC
-        workers (the rest always serve sends, acks and routes)."""
+        """Long polls held at once (``maxLongPollingRequests``; 0 or less: no cap). A gRPC
+        poll is a suspended coroutine holding no worker (grpc_server.py); a thread-holding
+        poll (Arrow Flight) counts against the same cap."""
         if self.max_long_polling_requests > 0:
             return self.max_long_polling_requests
-        return max(1, self.grpc_workers - 16)
+        return 1 << 30
 
     def store_config_options(self) -> dict[str, Any]:
         opts = dict(self.store_options)

@@ -28,14 +28,14 @@ ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue, GetOffset and UpdateOf
 gives that consumer instance every message, with offsets of its own (per client
 id). Without it (the official clients) consumption is clustering.
 
-Threading: each call runs on a worker thread; long polls and telemetry streams hold one.
+Threading (grpc_server.py): ReceiveMessage, PullMessage and Telemetry are coroutines on
+the server's event loop (a long poll is suspended, holding no thread); every other
+method runs on a worker thread.
 """
 from __future__ import annotations
 
 import functools
 import logging
-import queue
-import threading
 import time
 
 import grpc
@@ -43,46 +43,25 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
-from ..errors import (AuthenticationError, AuthorizationError, InvalidReceiptHandleError,
-                      SparkMQError, UserError)
+from ..errors import InvalidReceiptHandleError, SparkMQError, UserError
 from ..log.names import validate_group, validate_topic
 from ..log.topics import topic_message_type
-from .authz import peer_ip, rpc_resources, settings_resources
-from .otlp import metric_settings
+from .authz import peer_ip, rpc_resources
 from .filter import SqlFilter
 from .pop import GroupKey, InvalidHandle, TagFilter
-from .protocol import (OK, ClientIdRequired, Code, duration, error_status, message_queue,
+from .protocol import (OK, ClientIdRequired, Code, error_status, message_queue,
                        message_to_pb, ms_of_duration, ms_of_timestamp, send_response, status,
                        timestamp)
 from .schedule import SCHEDULE_TOPIC, RecallStatus, make_recall_handle, parse_recall_handle
 from .send import SendRows
+from .telemetry import TelemetryMixin, client_id
 from .transaction import UnknownTransaction
+from .grpc_server import Malformed, lenient
 
 log = logging.getLogger("sparkmq.broker.grpc")
 
 MAX_BATCH_SIZE = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
-PUSH_BACKOFF_S = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
-
-
-class Malformed:
-    """Stands in for request bytes that do not decode; handlers answer BAD_REQUEST."""
-
-    def __init__(self, error: str):
-        self.error = error
-
-
-def _lenient(message_class):
-    def parse(data: bytes):
-        try:
-            return message_class.FromString(data)
-        # every bad input must become BAD_REQUEST, and what the protobuf runtime raises
-        # for it differs by implementation (upb, cpp, python: DecodeError, ValueError,
-        # RuntimeError...): catch all, the error text goes back to the client
-        except Exception as e:
-            return Malformed(f"{message_class.__name__} does not decode ({e}); "
-                             "the request is malformed or truncated")
-    return parse
 
 
 def add_to_server(servicer: "MessagingServicer", server) -> None:
@@ -98,7 +77,7 @@ def add_to_server(servicer: "MessagingServicer", server) -> None:
     for m in svc.methods:
         make = makers[(m.client_streaming, m.server_streaming)]
         handlers[m.name] = make(getattr(servicer, m.name),
-                                request_deserializer=_lenient(getattr(spb, m.input_type.name)),
+                                request_deserializer=lenient(getattr(spb, m.input_type.name)),
                                 response_serializer=getattr(spb, m.output_type.name).SerializeToString)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(svc.full_name, handlers),))
 
@@ -163,11 +142,39 @@ def guarded_stream(response_type):
     return wrap
 
 
-class MessagingServicer(sgrpc.MessagingServiceServicer):
-    """See the module docstring. ``broker`` is a :class:`sparkmq.broker.Broker`."""
+def guarded_async_stream(response_type):
+    """``guarded_stream`` for a coroutine handler (an async generator): long polls,
+    suspended on the broker's event loop (grpc_server.py). A cancelled call (the client
+    went away) is not caught: its task ends."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        async def inner(self, request, context):
+            if isinstance(request, Malformed):
+                yield response_type(status=_bad_request(request))
+                return
+            try:
+                _authorized(self.broker, fn.__name__, request, context)
+                async for response in fn(self, request, context):
+                    yield response
+            except Exception as e:  # as in guarded: the broker keeps serving
+                yield response_type(status=_failure_status(self, fn.__name__, e))
+        return inner
+    return wrap
+
+
+async def _inline(fn, *args):
+    """``offload`` when no server gives a worker pool: run ``fn`` here."""
+    return fn(*args)
+
+
+class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
+    """See the module docstring. ``broker`` is a :class:`sparkmq.broker.Broker`;
+    ``offload(fn, *args)`` runs blocking work of a coroutine handler on the server's
+    workers (set by the broker to ``GrpcServer.offload``)."""
 
     def __init__(self, broker):
         self.broker = broker
+        self.offload = _inline
 
     # ------------------------------------------------------------ route
     @guarded(spb.QueryRouteResponse)
@@ -206,100 +213,13 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         group = request.group.name if request.HasField("group") else None
         if group:
             validate_group(group)
-        self.broker.clients.heartbeat(_client_id(context), group, request.client_type)
+        self.broker.clients.heartbeat(client_id(context), group, request.client_type)
         return spb.HeartbeatResponse(status=OK)
 
     @guarded(spb.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request, context):
-        self.broker.clients.remove(_client_id(context))
+        self.broker.clients.remove(client_id(context))
         return spb.NotifyClientTerminationResponse(status=OK)
-
-    def Telemetry(self, request_iterator, context):
-        """The settings handshake (each client Settings answered with the broker's), and the
-        broker's commands to the client (transaction check-backs) on the same stream. A
-        reader thread consumes the client's side; this generator writes the outbound queue."""
-        try:
-            user = self.broker.authenticator.check(context.invocation_metadata())
-        except AuthenticationError as e:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, e.message)
-        source_ip = peer_ip(context.peer())
-        cid = _client_id(context)
-        out = self.broker.streams.open(cid)
-        done = object()
-
-        def read():
-            try:
-                for cmd in request_iterator:
-                    if isinstance(cmd, Malformed):
-                        out.put(spb.TelemetryCommand(status=_bad_request(cmd)))
-                    elif cmd.HasField("settings"):
-                        refused = self._settings_refusal(user, cmd.settings, source_ip)
-                        if refused is not None:
-                            out.put(spb.TelemetryCommand(status=refused))
-                            continue
-                        if cmd.settings.HasField("publishing"):
-                            self.broker.streams.set_topics(
-                                cid, [t.name for t in cmd.settings.publishing.topics])
-                        out.put(self._settings_reply(cid, cmd.settings))
-            except grpc.RpcError as e:      # the client went away mid-stream
-                log.debug("telemetry stream of %s ended: %s", cid, e)
-            except Exception:  # a bad settings reply ends this stream only; logged
-                log.exception("telemetry stream of %s failed", cid)
-            finally:
-                out.put(done)
-
-        # one reader per stream, living as long as the stream (not a periodic service)
-        threading.Thread(target=read, name="sparkmq-telemetry-read", daemon=True).start()
-        try:
-            while context.is_active() and self.broker.state.value not in ("stopping", "stopped"):
-                try:
-                    item = out.get(timeout=1.0)
-                except queue.Empty:
-                    continue
-                if item is done:
-                    break
-                yield item
-        finally:
-            self.broker.streams.close(cid, out)
-
-    def _settings_refusal(self, user, settings: pb.Settings, source_ip) -> pb.Status | None:
-        """FORBIDDEN when the user may not use what ``settings`` declares (authz.py)."""
-        try:
-            self.broker.authorizer.check(user, settings_resources(settings), source_ip)
-        except AuthorizationError as e:
-            return error_status(e)
-        return None
-
-    def _settings_reply(self, cid: str, s: pb.Settings) -> spb.TelemetryCommand:
-        cfg = self.broker.config
-        out = pb.Settings()
-        out.CopyFrom(s)
-        metric_settings(self.broker, out.metric, s.client_type)
-        if s.HasField("publishing"):
-            out.publishing.max_body_size = self.broker.store.config.max_message_size_bytes
-            out.publishing.validate_message_type = True
-            out.backoff_policy.CopyFrom(pb.RetryPolicy(
-                max_attempts=3, exponential_backoff=pb.ExponentialBackoff(
-                    initial=duration(10), max=duration(1000), multiplier=2.0)))
-        elif s.HasField("subscription"):
-            group = s.subscription.group.name
-            self.broker.clients.heartbeat(cid, group, s.client_type)
-            lp = ms_of_duration(s.subscription.long_polling_timeout) or 20_000
-            out.subscription.long_polling_timeout.CopyFrom(
-                duration(min(lp, cfg.max_long_polling_ms)))
-            conf = self.broker.store.state.subscription_groups.get(group)
-            # a FIFO consumer group (consumeMessageOrderly), as the proxy tells its clients
-            out.subscription.fifo = bool(conf is not None and conf.orderly)
-            out.subscription.receive_batch_size = 32
-            attempts = self.broker.pop.max_attempts(group)
-            out.backoff_policy.CopyFrom(pb.RetryPolicy(
-                max_attempts=attempts, customized_backoff=pb.CustomizedBackoff(
-                    next=[duration(x * 1000) for x in PUSH_BACKOFF_S])))
-            refused = self._subscription_refusal(s.subscription)
-            if refused is not None:
-                log.info("client %s: %s", cid, refused.message)
-                return spb.TelemetryCommand(status=refused, settings=out)
-        return spb.TelemetryCommand(status=OK, settings=out)
 
     # ------------------------------------------------------------ send
     @guarded(spb.SendMessageResponse)
@@ -312,7 +232,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         sender = self.broker.sender
         rows = sender.plain_rows(request.messages)
         if rows is None:
-            rows = sender.accept(request.messages, results, lambda: _client_id(context))
+            rows = sender.accept(request.messages, results, lambda: client_id(context))
             if not rows.index:
                 return send_response(results)
         return self._store_rows(request, rows, results, context)
@@ -349,7 +269,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         return out
 
     # ------------------------------------------------------------ receive
-    @guarded_stream(spb.ReceiveMessageResponse)
+    @guarded_async_stream(spb.ReceiveMessageResponse)
     def ReceiveMessage(self, request, context):
         return self._receive(request, context)
 
@@ -377,7 +297,7 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
                                              f"{e.status.message}")
         return None
 
-    def _receive(self, request, context):
+    async def _receive(self, request, context):
         group = validate_group(request.group.name)
         topic = validate_topic(request.message_queue.topic.name)
         try:
@@ -398,11 +318,9 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             return
         poll_ms = self._poll_ms(request, context)
         consumer = _consumer(context, group)
-        deliveries = self.broker.receiver.receive(consumer, topic, batch_size=batch,
-                                                  invisible_ms=invisible_ms,
-                                                  tag_filter=tag_filter, poll_ms=poll_ms,
-                                                  is_active=context.is_active,
-                                                  on_cancel=context.add_callback)
+        deliveries = await self.broker.receiver.receive_async(
+            consumer, topic, batch_size=batch, invisible_ms=invisible_ms,
+            tag_filter=tag_filter, poll_ms=poll_ms, offload=self.offload)
         if not deliveries:
             yield spb.ReceiveMessageResponse(status=status(
                 Code.MESSAGE_NOT_FOUND, "no new message within the long-polling time"))
@@ -489,11 +407,11 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
         return spb.QueryOffsetResponse(status=OK, offset=self.broker.receiver.query_offset(
             topic, qid, at_ms=at_ms, end=policy == pb.END))
 
-    @guarded_stream(spb.PullMessageResponse)
+    @guarded_async_stream(spb.PullMessageResponse)
     def PullMessage(self, request, context):
         return self._pull(request, context)
 
-    def _pull(self, request, context):
+    async def _pull(self, request, context):
         validate_group(request.group.name)
         topic, qid = self._local_queue(request.message_queue)
         try:
@@ -503,8 +421,8 @@ class MessagingServicer(sgrpc.MessagingServiceServicer):
             return
         batch = min(max(1, request.batch_size or 32), MAX_BATCH_SIZE)
         poll_ms = min(ms_of_duration(request.long_polling_timeout), self.broker.config.max_long_polling_ms)
-        msgs, next_offset = self.broker.receiver.pull(topic, qid, request.offset, batch,
-                                                      tag_filter, poll_ms)
+        msgs, next_offset = await self.broker.receiver.pull_async(
+            topic, qid, request.offset, batch, tag_filter, poll_ms, self.offload)
         if not msgs:
             yield spb.PullMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
             yield spb.PullMessageResponse(next_offset=next_offset)
@@ -591,10 +509,3 @@ def _consumer(context, group: str):
     if not cid:
         raise ClientIdRequired("broadcasting consumption needs the x-mq-client-id header")
     return GroupKey(group, cid)
-
-
-def _client_id(context) -> str:
-    for k, v in context.invocation_metadata() or ():
-        if k == "x-mq-client-id":
-            return v
-    return context.peer()

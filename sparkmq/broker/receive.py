@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Awaitable, Callable
 
 from ..errors import PermissionDeniedError, QueueNotFoundError, SparkMQError, TopicNotFoundError
 from ..log.message import StoredMessage
@@ -95,12 +95,8 @@ class ReceiveService:
         return self.broker.is_running
 
     # ------------------------------------------------------------ receive
-    def receive(self, group: str, topic: str, *, batch_size: int, invisible_ms: int,
-                tag_filter: TagFilter, poll_ms: int, is_active: Callable[[], bool] = lambda: True,
-                on_cancel: Callable | None = None) -> list:
-        """Pop up to ``batch_size`` deliveries; if none, hold up to ``poll_ms`` and
-        answer as soon as a message arrives (woken by the store), a lease expires,
-        the client goes away or the broker stops."""
+    def _admit(self, group, topic: str) -> None:
+        """Refuse a receive the topic or group does not allow (checked once per poll)."""
         if self.broker.topic_conf(topic) is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist on broker "
                                      f"{self.broker.config.broker_name}")
@@ -115,36 +111,58 @@ class ReceiveService:
             raise PermissionDeniedError(f"consumer group {conf.group_name!r} does not allow "
                                         "broadcasting consumption (consumeBroadcastEnable=false)")
         self.metrics.inc("sparkmq_receive_requests_total")
-        finished = threading.Event()
-        if on_cancel is not None:      # a client gone mid-poll wakes its own wait, once
-            on_cancel(lambda: None if finished.is_set() else self.notifier.poke())
-        try:
-            return self._receive_loop(group, topic, batch_size, invisible_ms, tag_filter,
-                                      poll_ms, is_active)
-        finally:
-            finished.set()
 
-    def _receive_loop(self, group, topic: str, batch_size: int, invisible_ms: int,
-                      tag_filter: TagFilter, poll_ms: int, is_active: Callable[[], bool]) -> list:
+    def _try_pop(self, group, topic: str, batch_size: int, invisible_ms: int,
+                 tag_filter: TagFilter) -> tuple[tuple[int, int], list, float | None]:
+        """One look: (arrival version seen before it, deliveries, seconds to the next
+        lease expiry or None). The version is read first so that an arrival between
+        the look and the wait is never lost."""
+        seen = self.notifier.version(topic)
+        out = self.pop.pop(group, topic, batch_size=batch_size, invisible_ms=invisible_ms,
+                           tag_filter=tag_filter)
+        if out:
+            label = getattr(group, "group", group)
+            self.metrics.inc("sparkmq_messages_received_total", len(out), topic=topic,
+                             group=label)
+            self.metrics.inc("sparkmq_bytes_received_total",
+                             sum(len(d.message.body) for d in out), topic=topic, group=label)
+            return seen, out, None
+        expiry = self.pop.next_expiry_ms(group, topic)
+        wait = None if expiry is None else max(MIN_WAIT_S,
+                                                (expiry - self.broker.clock_ms()) / 1000.0)
+        return seen, out, wait
+
+    def receive(self, group: str, topic: str, *, batch_size: int, invisible_ms: int,
+                tag_filter: TagFilter, poll_ms: int) -> list:
+        """Pop up to ``batch_size`` deliveries; if none, hold this thread up to ``poll_ms``
+        and answer as soon as a message arrives (woken by the store), a lease expires or
+        the broker stops. The gRPC server uses :meth:`receive_async`."""
+        self._admit(group, topic)
         deadline = time.monotonic() + poll_ms / 1000.0
         while True:
-            seen = self.notifier.version(topic)
-            out = self.pop.pop(group, topic, batch_size=batch_size, invisible_ms=invisible_ms,
-                               tag_filter=tag_filter)
-            if out:
-                label = getattr(group, "group", group)
-                self.metrics.inc("sparkmq_messages_received_total", len(out), topic=topic,
-                                 group=label)
-                self.metrics.inc("sparkmq_bytes_received_total",
-                                 sum(len(d.message.body) for d in out), topic=topic, group=label)
-                return out
+            seen, out, expiry_s = self._try_pop(group, topic, batch_size, invisible_ms,
+                                                tag_filter)
             left = deadline - time.monotonic()
-            if left <= 0 or not is_active() or not self._running():
-                return []
-            expiry = self.pop.next_expiry_ms(group, topic)
-            if expiry is not None:
-                left = min(left, max(MIN_WAIT_S, (expiry - self.broker.clock_ms()) / 1000.0))
-            self.notifier.wait(topic, seen, left)
+            if out or left <= 0 or not self._running():
+                return out
+            self.notifier.wait(topic, seen, left if expiry_s is None else min(left, expiry_s))
+
+    async def receive_async(self, group, topic: str, *, batch_size: int, invisible_ms: int,
+                            tag_filter: TagFilter, poll_ms: int,
+                            offload: Callable[..., Awaitable]) -> list:
+        """:meth:`receive` as a suspended request (RocketMQ's PullRequestHoldService): the
+        looks run on a worker through ``offload(fn, *args)``; between them the poll holds
+        a future on the notifier, not a thread. A client gone away cancels the task."""
+        self._admit(group, topic)
+        deadline = time.monotonic() + poll_ms / 1000.0
+        while True:
+            seen, out, expiry_s = await offload(self._try_pop, group, topic, batch_size,
+                                                invisible_ms, tag_filter)
+            left = deadline - time.monotonic()
+            if out or left <= 0 or not self._running():
+                return out
+            await self.notifier.wait_async(topic, seen,
+                                           left if expiry_s is None else min(left, expiry_s))
 
     def ack(self, group: str, handle: str, topic: str | None) -> None:
         """Acknowledge the delivery ``handle`` (AckMessage; InvalidHandle if stale);
@@ -153,24 +171,44 @@ class ReceiveService:
             self.notifier.poke()          # a held FIFO message may be deliverable now
         self.metrics.inc("sparkmq_acks_total", group=getattr(group, "group", group))
 
+    def _try_read(self, topic: str, qid: int, offset: int, batch: int):
+        """One look of a pull: (arrival version seen before it, messages)."""
+        seen = self.notifier.version(topic)
+        return seen, self.store.read(topic, qid, offset, batch)
+
+    @staticmethod
+    def _pulled(msgs, tag_filter: TagFilter) -> tuple[list[StoredMessage], int]:
+        return [m for m in msgs if tag_filter.accepts(m)], msgs[-1].queue_offset + 1
+
     def pull(self, topic: str, qid: int, offset: int, batch: int, tag_filter: TagFilter,
              poll_ms: int) -> tuple[list[StoredMessage], int]:
         """Messages of one queue from ``offset`` (PullMessage); waits up to ``poll_ms``
         for the first one. Returns (matching messages, next offset)."""
         deadline = time.monotonic() + poll_ms / 1000.0
-        lo = self.store.min_offset(topic, qid)
-        offset = max(offset, lo)
+        offset = max(offset, self.store.min_offset(topic, qid))
         while True:
-            seen = self.notifier.version(topic)
-            msgs = self.store.read(topic, qid, offset, batch)
+            seen, msgs = self._try_read(topic, qid, offset, batch)
             if msgs:
-                nxt = msgs[-1].queue_offset + 1
-                return [m for m in msgs if tag_filter.accepts(m)], nxt
+                return self._pulled(msgs, tag_filter)
             left = deadline - time.monotonic()
             if left <= 0 or not self._running():
                 return [], offset
             self.notifier.wait(topic, seen, left)
 
+    async def pull_async(self, topic: str, qid: int, offset: int, batch: int,
+                         tag_filter: TagFilter, poll_ms: int,
+                         offload: Callable[..., Awaitable]) -> tuple[list[StoredMessage], int]:
+        """:meth:`pull` as a suspended request (see :meth:`receive_async`)."""
+        deadline = time.monotonic() + poll_ms / 1000.0
+        offset = max(offset, self.store.min_offset(topic, qid))
+        while True:
+            seen, msgs = await offload(self._try_read, topic, qid, offset, batch)
+            if msgs:
+                return self._pulled(msgs, tag_filter)
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._running():
+                return [], offset
+            await self.notifier.wait_async(topic, seen, left)
 
     def change_invisible(self, group, handle: str, invisible_ms: int, topic: str | None) -> str:
         """A new receipt handle for ``handle``'s message, invisible for ``invisible_ms``

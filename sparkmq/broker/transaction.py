@@ -61,8 +61,10 @@ class ProducerStreams:
         self._lock = threading.Lock()
         self._streams: dict[str, tuple[queue.Queue, set[str]]] = {}
 
-    def open(self, client_id: str) -> queue.Queue:
-        q: queue.Queue = queue.Queue()
+    def open(self, client_id: str, q=None):
+        """Register ``client_id``'s stream; ``q`` (anything with ``put``, e.g. the stream's
+        ``telemetry.Outbox``; default a new ``queue.Queue``) receives its commands."""
+        q = queue.Queue() if q is None else q
         with self._lock:
             self._streams[client_id] = (q, set())
         return q

@@ -1,7 +1,7 @@
-"""Long polls never take the workers sends need (issue 18 item 1, the part that fits the
-threaded gRPC server): past ``maxLongPollingRequests`` (default: all but 16 of
-``grpcThreadPoolNums``) a poll with nothing to deliver is answered TOO_MANY_REQUESTS at
-once instead of waiting, so a fleet of polling consumers cannot stall producers."""
+"""Long polls are suspended requests, not threads (issue 18 item 1): far more polls than
+gRPC workers are held at once while sends go through; each held poll is answered when
+a message arrives; a client that goes away frees its poll; Telemetry streams hold no
+worker either; past ``maxLongPollingRequests`` a poll is answered TOO_MANY_REQUESTS."""
 from __future__ import annotations
 
 import threading
@@ -18,45 +18,98 @@ from helpers.waiting import wait_until
 
 pytestmark = pytest.mark.integration
 
-POLLS, WORKERS = 30, 20           # more polls than workers: without the cap, sends starve
-CAPACITY = WORKERS - 16
+WORKERS = 8
 
 
-def test_polls_past_the_capacity_are_answered_and_sends_go_through(make_broker):
+def _poll(stub, i: int, topic: str = "P", seconds: int = 25):
+    """Start one ReceiveMessage long poll (the call runs until it is answered)."""
+    req = spb.ReceiveMessageRequest(
+        group=pb.Resource(name="G"), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name=topic), id=-1), batch_size=1,
+        invisible_duration=Duration(seconds=30), long_polling_timeout=Duration(seconds=seconds))
+    return stub.ReceiveMessage(req, timeout=seconds + 15,
+                               metadata=[("x-mq-client-id", f"c{i}")])
+
+
+def _send(stub, topic: str, i: int) -> int:
+    reply = stub.SendMessage(spb.SendMessageRequest(messages=[pb.Message(
+        topic=pb.Resource(name=topic), body=f"m{i}".encode(),
+        system_properties=pb.SystemProperties(
+            message_id=f"0B{i:030d}", body_encoding=pb.IDENTITY,
+            message_type=pb.NORMAL))]), timeout=5, metadata=[("x-mq-client-id", "p")])
+    return reply.entries[0].status.code
+
+
+def _codes(call) -> list[int]:
+    return [r.status.code for r in call if r.HasField("status")]
+
+
+def test_many_more_polls_than_workers_are_held_and_sends_go_through(make_broker):
+    polls = 25 * WORKERS
     b = make_broker(grpcThreadPoolNums=WORKERS)
     b.store.create_topic("P", read_queue_nums=1, write_queue_nums=1)
     channel = grpc.insecure_channel(b.endpoint)
     stub = MessagingServiceStub(channel)
-    answers: list[list[int]] = []
-    lock = threading.Lock()
-
-    def poll(i: int) -> None:
-        req = spb.ReceiveMessageRequest(
-            group=pb.Resource(name="G"), message_queue=pb.MessageQueue(
-                topic=pb.Resource(name="P"), id=-1), batch_size=1,
-            invisible_duration=Duration(seconds=30), long_polling_timeout=Duration(seconds=20))
-        codes = [r.status.code for r in stub.ReceiveMessage(
-            req, timeout=40, metadata=[("x-mq-client-id", f"c{i}")]) if r.HasField("status")]
-        with lock:
-            answers.append(codes)
-    threads = [threading.Thread(target=poll, args=(i,)) for i in range(POLLS)]
+    threads_before = threading.active_count()
     try:
-        for t in threads:
-            t.start()
-        wait_until(lambda: b.notifier.waiting == CAPACITY and len(answers) == POLLS - CAPACITY,
-                   "the capacity held and the rest answered")
-        assert all(codes == [Code.TOO_MANY_REQUESTS] for codes in answers)
-        for i in range(CAPACITY):            # sends find a worker: each is answered OK
-            reply = stub.SendMessage(spb.SendMessageRequest(messages=[pb.Message(
-                topic=pb.Resource(name="P"), body=f"m{i}".encode(),
-                system_properties=pb.SystemProperties(
-                    message_id=f"0B{i:030d}", body_encoding=pb.IDENTITY,
-                    message_type=pb.NORMAL))]), timeout=5, metadata=[("x-mq-client-id", "p")])
-            assert reply.entries[0].status.code == Code.OK
-        for t in threads:
-            t.join(60)
-        held = answers[POLLS - CAPACITY:]
-        assert len(answers) == POLLS                       # no poll dropped
-        assert sorted(c[-1] for c in held) == [Code.OK] * CAPACITY   # each got a message
+        calls = [_poll(stub, i) for i in range(polls)]
+        wait_until(lambda: b.notifier.waiting == polls, f"{polls} polls held at once")
+        # a held poll holds no thread: the process has about as many as before
+        assert threading.active_count() - threads_before <= WORKERS + 4
+        for i in range(WORKERS * 2):            # sends find a worker: each is answered OK
+            assert _send(stub, "P", i) == Code.OK
+        for i in range(WORKERS * 2, polls):
+            assert _send(stub, "P", i) == Code.OK
+        answers = [_codes(c) for c in calls]
+        assert answers == [[Code.OK]] * polls          # every poll got its message
+        assert b.notifier.waiting == 0
+    finally:
+        channel.close()
+
+
+def test_a_client_gone_away_frees_its_poll_and_telemetry_holds_no_worker(make_broker):
+    b = make_broker(grpcThreadPoolNums=WORKERS)
+    b.store.create_topic("P", read_queue_nums=1, write_queue_nums=1)
+    channel = grpc.insecure_channel(b.endpoint)
+    stub = MessagingServiceStub(channel)
+    release = threading.Event()
+    try:
+        calls = [_poll(stub, i) for i in range(3 * WORKERS)]
+        streams = [stub.Telemetry(_silent(release), timeout=60,
+                                  metadata=[("x-mq-client-id", f"t{i}")])
+                   for i in range(3 * WORKERS)]
+        wait_until(lambda: b.notifier.waiting == 3 * WORKERS, "the polls held")
+        assert _send(stub, "Q", 0) == Code.OK       # a worker answers (Q auto-created)
+        for c in calls:
+            c.cancel()
+        wait_until(lambda: b.notifier.waiting == 0, "cancelled polls removed")
+        assert _send(stub, "P", 1) == Code.OK
+        for s in streams:
+            s.cancel()
+    finally:
+        release.set()
+        channel.close()
+
+
+def _silent(release: threading.Event):
+    """A client side of a Telemetry stream that sends nothing until ``release``."""
+    release.wait()
+    yield from ()
+
+
+def test_polls_past_the_cap_are_answered_too_many_requests(make_broker):
+    cap, polls = 4, 10
+    b = make_broker(maxLongPollingRequests=cap)
+    b.store.create_topic("P", read_queue_nums=1, write_queue_nums=1)
+    channel = grpc.insecure_channel(b.endpoint)
+    stub = MessagingServiceStub(channel)
+    try:
+        calls = [_poll(stub, i) for i in range(polls)]
+        wait_until(lambda: b.notifier.waiting == cap, "the cap held")
+        for i in range(cap):
+            assert _send(stub, "P", i) == Code.OK
+        answers = sorted(_codes(c)[-1] for c in calls)
+        assert answers.count(Code.TOO_MANY_REQUESTS) == polls - cap
+        assert answers.count(Code.OK) == cap
     finally:
         channel.close()
