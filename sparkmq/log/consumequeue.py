@@ -36,6 +36,12 @@ from .fs import StoreFS
 ENTRY_COLUMNS = ["queue_offset", "batch_offset", "row", "size", "tags_code", "store_timestamp"]
 
 
+#: what one chunk costs in memory beyond its entries (object, four arrays, list slots;
+#: measured with tracemalloc by tests/log/test_memory_budget.py), and each entry
+CHUNK_OVERHEAD_BYTES = 800
+ENTRY_BYTES = 24
+
+
 @dataclass
 class Chunk:
     start: int                 # queue offset of the first entry
@@ -48,6 +54,11 @@ class Chunk:
     @property
     def end(self) -> int:
         return self.start + len(self.rows)
+
+    @property
+    def cost(self) -> int:
+        """Bytes this chunk holds in memory (estimated; see CHUNK_OVERHEAD_BYTES)."""
+        return CHUNK_OVERHEAD_BYTES + ENTRY_BYTES * len(self.rows)
 
 
 def empty_entries() -> pa.Table:
@@ -83,15 +94,23 @@ def chunks_to_table(chunks: list[Chunk], lo: int, hi: int) -> pa.Table:
 
 
 class MemoryConsumeQueue:
-    """The hot tail of every queue, plus the entries not yet persisted."""
+    """The hot tail of every queue, plus the entries not yet persisted. Persisted chunks
+    are evicted, a queue's oldest first, while more than ``max_entries`` entries or ``max_bytes``
+    bytes (``memoryConsumeQueueBytes``: small sends make many small chunks, each costing
+    far more than its entries) are held; a queue keeps its newest chunk."""
 
-    def __init__(self, max_entries: int):
+    def __init__(self, max_entries: int, max_bytes: int = 1 << 62):
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self._queues: dict[tuple[int, int], list[Chunk]] = {}
         self._starts: dict[tuple[int, int], list[int]] = {}
         self._unpersisted: list[tuple[int, int, Chunk]] = []   # (tid, qid, chunk) in append order
         self._entries = 0
+        self.bytes = 0
         self._lock = threading.Lock()
+
+    def _over(self) -> bool:
+        return self._entries > self.max_entries or self.bytes > self.max_bytes
 
     def add(self, tid: int, qid: int, chunk: Chunk) -> None:
         with self._lock:
@@ -100,6 +119,7 @@ class MemoryConsumeQueue:
             self._starts.setdefault(key, []).append(chunk.start)
             self._unpersisted.append((tid, qid, chunk))
             self._entries += len(chunk.rows)
+            self.bytes += chunk.cost
 
     def covers(self, tid: int, qid: int, offset: int) -> bool:
         with self._lock:
@@ -147,24 +167,29 @@ class MemoryConsumeQueue:
             return len(self._unpersisted)
 
     def evict(self) -> None:
-        """Drop the oldest persisted chunks while more than ``max_entries`` are held."""
+        """Drop the oldest persisted chunks while over ``max_entries`` or ``max_bytes``."""
         with self._lock:
-            if self._entries <= self.max_entries:
+            if not self._over():
                 return
             pending = {id(c) for _, _, c in self._unpersisted}
             for key in list(self._queues):
                 chunks = self._queues[key]
-                starts = self._starts[key]
-                while len(chunks) > 1 and self._entries > self.max_entries \
-                        and id(chunks[0]) not in pending:
-                    self._entries -= len(chunks[0].rows)
-                    chunks.pop(0)
-                    starts.pop(0)
+                n = 0
+                while n < len(chunks) - 1 and self._over() and id(chunks[n]) not in pending:
+                    self._entries -= len(chunks[n].rows)
+                    self.bytes -= chunks[n].cost
+                    n += 1
+                if n:
+                    del chunks[:n]
+                    del self._starts[key][:n]
+                if not self._over():
+                    return
 
     def drop_queue(self, tid: int) -> None:
         with self._lock:
             for key in [k for k in self._queues if k[0] == tid]:
                 self._entries -= sum(len(c.rows) for c in self._queues[key])
+                self.bytes -= sum(c.cost for c in self._queues[key])
                 del self._queues[key]
                 del self._starts[key]
 
@@ -174,6 +199,7 @@ class MemoryConsumeQueue:
             self._starts.clear()
             self._unpersisted.clear()
             self._entries = 0
+            self.bytes = 0
 
 
 def chunks_to_side_table(taken: list[tuple[int, int, Chunk]]) -> pa.Table:

@@ -145,11 +145,13 @@ class Dispatcher:
     See the module docstring for thread-safety.
     """
 
-    def __init__(self, topics: Callable[[], dict], memory_entries: int):
+    def __init__(self, topics: Callable[[], dict], memory_entries: int, *,
+                 cq_bytes: int = 64 << 20, index_bytes: int = 32 << 20):
         self._topics = topics
         self._memory_entries = memory_entries
-        self.cq = MemoryConsumeQueue(memory_entries)
-        self.index = MemoryIndex()
+        self._budgets = (cq_bytes, index_bytes)
+        self.cq = MemoryConsumeQueue(memory_entries, cq_bytes)
+        self.index = MemoryIndex(max_bytes=index_bytes)
         self.next_offsets: dict[tuple[int, int], int] = {}
         self.visible_next: dict[tuple[int, int], int] = {}
         self.dispatched_offset = 0
@@ -169,8 +171,8 @@ class Dispatcher:
     def clear(self, state: LogState, dispatched_offset: int) -> None:
         """Forget every in-memory entry (they are all published) and restart the
         offsets from ``state`` (a truncation)."""
-        self.cq = MemoryConsumeQueue(self._memory_entries)
-        self.index = MemoryIndex()
+        self.cq = MemoryConsumeQueue(self._memory_entries, self._budgets[0])
+        self.index = MemoryIndex(max_bytes=self._budgets[1])
         self.reset_offsets(state)
         self.dispatched_offset = dispatched_offset
 

@@ -50,42 +50,82 @@ def index_entries(batch: pa.RecordBatch, topic_ids: np.ndarray, queue_offsets: n
     }, schema=fmt.INDEX_SCHEMA)
 
 
-class MemoryIndex:
-    """Key entries not yet persisted, and the recently persisted ones."""
+def table_cost(table: pa.Table) -> int:
+    """Bytes a small in-memory table holds: its buffers plus the objects around each
+    column (about 1 KiB a column and 1 KiB a table, measured: a one-row table of three
+    columns costs ~6.5 KiB of RSS)."""
+    return table.nbytes + 1024 * (1 + 2 * table.num_columns)
 
-    def __init__(self, max_rows: int = 1_000_000):
+
+class MemoryIndex:
+    """Key entries not yet persisted, and the recently persisted ones. The tables one
+    publish persisted are kept as the one sorted table it wrote (small appends make many
+    tiny tables, each costing kilobytes); the oldest persisted tables are dropped while
+    more than ``max_rows`` rows or ``max_bytes`` bytes (``memoryIndexBytes``) are held."""
+
+    def __init__(self, max_rows: int = 1_000_000, max_bytes: int = 1 << 62):
         self.max_rows = max_rows
+        self.max_bytes = max_bytes
         self._tables: list[tuple[int, pa.Table, bool]] = []   # (batch_offset, table, persisted)
         self._rows = 0
+        self.bytes = 0
+        self._taken: list[pa.Table] = []          # the originals of the last take
         self._lock = threading.Lock()
 
     def add(self, batch_offset: int, table: pa.Table) -> None:
         with self._lock:
             self._tables.append((batch_offset, table, False))
             self._rows += table.num_rows
+            self.bytes += table_cost(table)
 
     def take_unpersisted(self, upto_physical: int) -> pa.Table:
+        """The unpersisted entries of batches before ``upto_physical``, as one table sorted
+        by (topic, key); they count as persisted from now on (``restore_unpersisted`` on a
+        failed publish, ``settle`` after a committed one)."""
         with self._lock:
             out = []
             for i, (bo, t, done) in enumerate(self._tables):
                 if not done and bo < upto_physical:
                     out.append(t)
                     self._tables[i] = (bo, t, True)
-            while self._rows > self.max_rows and self._tables and self._tables[0][2]:
-                self._rows -= self._tables.pop(0)[1].num_rows
+            self._taken = out
         if not out:
             return fmt.INDEX_SCHEMA.empty_table()
-        table = pa.concat_tables(out).sort_by([("topic_id", "ascending"), ("key", "ascending")])
-        self._last_taken = out
-        return table
+        return pa.concat_tables(out).sort_by([("topic_id", "ascending"), ("key", "ascending")])
 
     def restore_unpersisted(self, table: pa.Table) -> None:
         """Mark the tables of a failed publish as unpersisted again."""
         if table.num_rows == 0:
             return
         with self._lock:
-            ids = {id(t) for t in getattr(self, "_last_taken", ())}
+            ids = {id(t) for t in self._taken}
             self._tables = [(bo, t, False if id(t) in ids else d) for bo, t, d in self._tables]
+            self._taken = []
+
+    def settle(self, table: pa.Table) -> None:
+        """After a committed publish: the taken tables become ``table`` (what it wrote,
+        combined into one chunk), then the oldest persisted go while over the limits."""
+        with self._lock:
+            ids = {id(t) for t in self._taken}
+            self._taken = []
+            if ids and table.num_rows:
+                kept, first = [], None
+                for entry in self._tables:
+                    if id(entry[1]) in ids:
+                        first = entry[0] if first is None else first
+                        self.bytes -= table_cost(entry[1])
+                        continue
+                    kept.append(entry)
+                combined = table.combine_chunks()
+                kept.insert(0, (first, combined, True))
+                kept.sort(key=lambda e: (not e[2], e[0]))   # persisted first, in log order
+                self._tables = kept
+                self.bytes += table_cost(combined)
+            while (self._rows > self.max_rows or self.bytes > self.max_bytes) \
+                    and self._tables and self._tables[0][2]:
+                _, t, _ = self._tables.pop(0)
+                self._rows -= t.num_rows
+                self.bytes -= table_cost(t)
 
     def lookup(self, tid: int, key: str, *, persisted: bool | None = None) -> pa.Table:
         """Entries for (tid, key); ``persisted`` False returns only unpersisted ones."""

@@ -88,6 +88,7 @@ def publish(store: "Store", *, force: bool = False, extra_actions: Sequence[dict
             store.sfs.delete_many(written)
             raise
         store.cq.evict()
+        store.index.settle(itable)
     if any(len(small_files(files, store.config.compact_max_rows)) >
            store.config.compact_after_files
            for files in (store.state.consumequeue_files, store.state.index_files)):

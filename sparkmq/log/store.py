@@ -98,7 +98,9 @@ class Store(MessageReader):
         self.state: LogState = LogState()
         self.commitlog = CommitLog(sfs, segment_size_bytes=config.segment_size_bytes)
         self.dispatcher = Dispatcher(lambda: self.state.topics,
-                                     config.memory_consume_queue_entries)
+                                     config.memory_consume_queue_entries,
+                                     cq_bytes=config.memory_consume_queue_bytes,
+                                     index_bytes=config.memory_index_bytes)
         self._append_lock = threading.RLock()
         self._commit_lock = threading.RLock()
         self.appender = Appender(self)
