@@ -6,14 +6,19 @@ Each test runs one scenario of ``node/scenario.js`` in a ``node`` subprocess (fi
 broker's store. One broker serves the module (unique topics and groups per test); the
 cluster test starts its own two. Skipped only when ``node`` is not on PATH.
 
-Known client quirks these scenarios work around (see the report in the commit):
+Known client quirks (1.0.8) these scenarios meet or work around:
 - a PushConsumer does not implement the server's CustomizedBackoff retry policy (the one
   sparkmq and, by default, the Apache proxy send), so a FAILURE is nacked with invisible
   duration 0 (immediate redelivery) and a FIFO group's failed message goes straight to
-  the DLQ instead of being retried in place;
+  the DLQ instead of being retried in place (so no FIFO failure case here);
 - PushConsumer ignores its ``longPollingTimeout`` option and ``shutdown()`` waits for the
   in-flight long poll: the module broker caps long polling at 3 s (maxLongPollingTimeMs);
-- ``Transaction.commit`` calls ``logger.debug`` unguarded (the script's logger has one).
+- ``SimpleConsumer.receive(n, 0)`` sends invisible duration 0 as is (refused);
+- ``Transaction.commit`` calls ``logger.debug`` unguarded (the script's logger has one);
+- the consume services log to ``~/logs/rocketmq`` whatever logger is given (HOME is a
+  temporary directory);
+- a CRC32 body digest is checked against the decimal CRC, not the Java client's hex
+  (sparkmq sends MD5, as the proxy does, which the client checks correctly).
 """
 from __future__ import annotations
 
