@@ -261,7 +261,7 @@ def _admin_handler(broker, server: AdminServer):
             self.close_connection = True
             if is_console(path):     # an HTML page (with the login form for a 401)
                 from ..console import refusal_page
-                self._console_reply(refusal_page(refusal, path))
+                self._console_reply(refusal_page(refusal, self.path))
                 return True
             self._reply(refusal.status, json.dumps({"code": refusal.code,
                                                     "message": refusal.message}),

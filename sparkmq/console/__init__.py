@@ -89,11 +89,12 @@ def error_page(status: int, message: str, title: str = "Error") -> Page:
     return Page(status, h.page(title, "", error=message, who="admin"))
 
 
-def refusal_page(refusal, path: str) -> Page:
-    """The guard's refusal as a page; a 401 shows the login form (back to ``path``)."""
+def refusal_page(refusal, target: str) -> Page:
+    """The guard's refusal as a page; a 401 shows the login form (back to ``target``,
+    the path with its query)."""
     if refusal.status == 401:
         from .pages import login_form
-        return Page(401, h.page("Log in", login_form(path), error="This console needs the "
+        return Page(401, h.page("Log in", login_form(target), error="This console needs the "
                                 "broker's admin token."), headers=h.SECURITY_HEADERS
                     + tuple(refusal.headers) + (("Connection", "close"),))
     return Page(refusal.status, h.page("Refused", "", error=refusal.message),

@@ -20,7 +20,7 @@ SECURITY_HEADERS = (
      "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
     ("X-Frame-Options", "DENY"),
     ("X-Content-Type-Options", "nosniff"),
-    ("Referrer-Policy", "no-referrer"),
+    ("Referrer-Policy", "same-origin"),    # not no-referrer: Chromium then sends Origin: null
     ("Cache-Control", "no-store"),
 )
 
