@@ -41,10 +41,8 @@ def _cookie_header(req, value: str, *, max_age: int | None = None) -> tuple[str,
 def login(req):
     """Check the token (constant time) and set the session cookie; back to ``next``."""
     from . import Page, redirect
-    from .pages import login_form
-    next_path = req.arg("next", "/console")
-    if not next_path.startswith("/console") or next_path.startswith("//"):
-        next_path = "/console"
+    from .pages import login_form, safe_next
+    next_path = safe_next(req.form.get("next", "/console"))
     if not req.guard.token_matches(req.form.get("token", "")):
         log.warning("console login refused: wrong token")
         return Page(401, h.page("Log in", login_form(next_path), error="Wrong admin token."))

@@ -59,10 +59,18 @@ def retention_text(value, unit: str) -> str:
 
 
 # ---------------------------------------------------------------- login
+def safe_next(target: str) -> str:
+    """``target`` if it is a console page to return to after logging in (a path of this
+    endpoint, no control characters: it becomes a Location header), else ``/console``."""
+    bad = (not (target == "/console" or target.startswith(("/console/", "/console?")))
+           or target.startswith("/console/log")
+           or any(ord(c) < 0x21 or ord(c) == 0x7F for c in target))
+    return "/console" if bad else target
+
+
 def login_form(next_path: str = "/console") -> h.Markup:
     """The login form (posted to ``/console/login``; back to ``next_path`` after)."""
-    if not next_path.startswith("/console") or next_path.startswith("/console/log"):
-        next_path = "/console"
+    next_path = safe_next(next_path)
     return h.form("/console/login", h.join([
         h.field_input("Admin token", "token", type_="password", autocomplete="off",
                       required=True, autofocus=True),

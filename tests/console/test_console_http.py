@@ -54,10 +54,13 @@ def test_login_sets_an_httponly_samesite_strict_cookie_that_is_not_the_token(con
                                  form={"token": console.token + "x"},
                                  headers={"Origin": console.base})
     assert status == 401 and "Set-Cookie" not in headers and "Wrong admin token" in body
-    status, headers, _ = call(console.base, "POST", "/console/login",
-                              form={"token": console.token, "next": "//evil.example/"},
-                              headers={"Origin": console.base})
-    assert status == 303 and headers["Location"] == "/console"
+    for bad_next in ["//evil.example/", "http://evil.example/console",
+                     "/console\r\nSet-Cookie: x=1", "/consolex"]:
+        status, headers, _ = call(console.base, "POST", "/console/login",
+                                  form={"token": console.token, "next": bad_next},
+                                  headers={"Origin": console.base})
+        assert status == 303 and headers["Location"] == "/console", bad_next
+        assert headers.get_all("Set-Cookie") == [headers["Set-Cookie"]]
 
 
 def test_console_posts_need_this_endpoints_origin_and_a_form(console):
