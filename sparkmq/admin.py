@@ -341,32 +341,13 @@ def group_reset_offset(args) -> None:
 
 # ---------------------------------------------------------------- messages
 def message_by_id(args) -> None:
+    from .log.find import find_message
     with _store(args) as s:
-        try:
-            m = s.lookup(args.id)
-        except SparkMQError:          # not a store-issued id: a client-generated unique key
-            m = None
-        if m is None:
-            m = _by_unique_key(s, args.id)
+        m = find_message(s, args.id)
     if m is None:
         raise SparkMQError(f"no message with id {args.id} (removed by retention, or not "
                            "from this store)")
     _emit(args, _msg_row(m))
-
-
-def _by_unique_key(s, unique_key: str):
-    """The message whose client-side id is ``unique_key`` (a column scan: not indexed)."""
-    import pyarrow.compute as pc
-    for topic, conf in s.topics().items():
-        for q in range(conf.read_queue_nums):
-            lo = s.min_offset(topic, q)
-            for batch in s.iter_batches(topic, q, lo, columns=["queue_offset", "unique_key"],
-                                        on_removed="skip"):
-                hit = batch.filter(pc.equal(batch.column("unique_key"), unique_key))
-                if hit.num_rows:
-                    off = hit.column("queue_offset")[0].as_py()
-                    return s.read(topic, q, off, 1)[0]
-    return None
 
 
 def message_by_key(args) -> None:

@@ -17,16 +17,30 @@ In order (the first that fails answers):
    cannot send that cross-origin without a CORS preflight, which this endpoint never
    grants).
 
+The web console (``/console...``, ``sparkmq.console``) is served to browsers, so its
+requests differ in three ways: its session cookie (``console_cookie()``, HttpOnly,
+SameSite=Strict, set by ``POST /console/login`` for the right token) is a credential
+there and nowhere else; ``/console/login`` itself needs none; its POSTs are HTML forms
+(``application/x-www-form-urlencoded``) and, unless they carry the token in
+``Authorization``, must carry this endpoint's own ``Origin`` (403 without: CSRF).
+The cookie's value is an HMAC of the token, not the token.
+
 Thread-safe (immutable after construction).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Mapping
 
 from ..admin_auth import MISSING_TOKEN_HINT, bearer_matches
 
 OPEN_PATHS = frozenset({"/health"})
+CONSOLE_PREFIX = "/console"
+CONSOLE_LOGIN = "/console/login"
+CONSOLE_COOKIE = "sparkmq_console_"   # + a tag of the token: brokers on one host differ
+FORM_TYPE = "application/x-www-form-urlencoded"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
@@ -38,6 +52,11 @@ class Refusal:
     code: str
     message: str
     headers: tuple[tuple[str, str], ...] = ()
+
+
+def is_console(path: str) -> bool:
+    """Whether ``path`` is one of the web console's (``/console`` and below)."""
+    return path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/")
 
 
 def own_origins(scheme: str, listen_host: str, advertised_host: str, port: int) -> frozenset:
@@ -67,16 +86,50 @@ class AdminGuard:
                            "the admin endpoint serves tools, not web pages")
         if (headers.get("Sec-Fetch-Site") or "").lower() == "cross-site":
             return Refusal(403, "FORBIDDEN", "cross-site request refused")
-        if path not in self.open_paths and not self._credential_ok(headers):
+        console = is_console(path)
+        bearer = self._credential_ok(headers)
+        if path not in self.open_paths and not bearer and not (
+                console and (path == CONSOLE_LOGIN or self._console_cookie_ok(headers))):
             return Refusal(401, "UNAUTHORIZED", MISSING_TOKEN_HINT,
                            (("WWW-Authenticate", 'Bearer realm="sparkmq-admin"'),))
-        if method == "POST":
+        if method == "POST" and console:
+            ctype = (headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+            if ctype != FORM_TYPE:
+                return Refusal(415, "UNSUPPORTED_MEDIA_TYPE", f"console POSTs are HTML forms "
+                               f"({FORM_TYPE}), got {ctype or 'none'!r}")
+            if origin is None and not bearer:
+                return Refusal(403, "FORBIDDEN", "a console form must come from a page of this "
+                               "endpoint (no Origin header); reload the page and submit again")
+        elif method == "POST":
             ctype = (headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
             if ctype != "application/json":
                 return Refusal(415, "UNSUPPORTED_MEDIA_TYPE",
                                f"POST bodies must be Content-Type: application/json, got "
                                f"{ctype or 'none'!r}")
         return None
+
+    def token_matches(self, presented: str) -> bool:
+        """Whether ``presented`` is the admin token (constant time; the console login)."""
+        return hmac.compare_digest(presented.strip().encode(), self._token.encode())
+
+    def console_cookie(self) -> tuple[str, str]:
+        """The console's session cookie ``(name, value)``: HMACs of the token, so the
+        cookie is worth nothing outside the console and changes with the token. Cookies
+        ignore ports, so the name is tagged too: brokers of one host with different
+        tokens keep apart."""
+        def mac(label: bytes) -> str:
+            return hmac.new(self._token.encode(), label, hashlib.sha256).hexdigest()
+        return (CONSOLE_COOKIE + mac(b"sparkmq-console-name")[:12],
+                mac(b"sparkmq-console-session-v1"))
+
+    def _console_cookie_ok(self, headers: Mapping[str, str]) -> bool:
+        name, value = self.console_cookie()
+        for part in (headers.get("Cookie") or "").split(";"):   # other apps' cookies too
+            key, eq, presented = part.strip().partition("=")
+            if eq and key == name and hmac.compare_digest(presented.strip().encode(),
+                                                          value.encode()):
+                return True
+        return False
 
     def _credential_ok(self, headers: Mapping[str, str]) -> bool:
         if bearer_matches(headers.get("Authorization"), self._token):

@@ -6,7 +6,8 @@ Routes: ``GET /health`` (200 while running, else 503), ``GET /status`` (JSON),
 retention pass removes), ``POST /admin/topics`` (create/update a topic, mqadmin
 updateTopic), ``POST /admin/groups`` (create/replace/delete a subscription group),
 ``POST /admin/promote`` (make a replica the master), ``POST`` ``ADOPT_PATH`` (the
-Spark committer hand-off; the store's lease advertises this endpoint).
+Spark committer hand-off; the store's lease advertises this endpoint); ``/console``
+and below: the web console's pages and forms (``sparkmq.console``).
 
 ``BrokerAdmin`` is what the routes do (also called in-process, e.g. by tests);
 ``AdminServer`` serves them. Every request passes ``admin_guard.AdminGuard`` first
@@ -27,6 +28,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ..errors import InvalidConfigError, SparkMQError, TopicNotFoundError, UserError
 from ..log.batch import PERM_RW
 from ..log.committer import ADOPT_PATH
+from .admin_guard import is_console
 
 log = logging.getLogger("sparkmq.broker")
 
@@ -257,6 +259,10 @@ def _admin_handler(broker, server: AdminServer):
             if refusal is None:
                 return False
             self.close_connection = True
+            if is_console(path):     # an HTML page (with the login form for a 401)
+                from ..console import refusal_page
+                self._console_reply(refusal_page(refusal, self.path))
+                return True
             self._reply(refusal.status, json.dumps({"code": refusal.code,
                                                     "message": refusal.message}),
                         "application/json", refusal.headers + (("Connection", "close"),))
@@ -266,6 +272,8 @@ def _admin_handler(broker, server: AdminServer):
             path = self.path.split("?", 1)[0]
             if self._refused("GET", path):
                 return
+            if is_console(path):
+                return self._console("GET")
             try:
                 if path == "/health":
                     up = broker.is_running
@@ -297,6 +305,8 @@ def _admin_handler(broker, server: AdminServer):
             path = self.path.split("?", 1)[0]
             if self._refused("POST", path):
                 return
+            if is_console(path):
+                return self._console("POST")
             actions = {ADOPT_PATH: admin.adopt, "/admin/topics": admin.create_topic,
                        "/admin/groups": admin.update_group, "/admin/auth": admin.auth,
                        "/admin/promote": broker.ha.promote}
@@ -325,5 +335,21 @@ def _admin_handler(broker, server: AdminServer):
 
         def _json(self, code: int, payload: dict) -> None:
             self._reply(code, json.dumps(payload), "application/json")
+
+        def _console(self, method: str) -> None:
+            """A page or form of the web console (``sparkmq.console.handle``)."""
+            from ..console import MAX_FORM_BYTES, handle, too_large
+            try:
+                n = int(self.headers.get("Content-Length") or 0) if method == "POST" else 0
+            except ValueError:
+                n = -1
+            if not 0 <= n <= MAX_FORM_BYTES:
+                self.close_connection = True
+                return self._console_reply(too_large())
+            self._console_reply(handle(broker, server.guard, method, self.path, self.headers,
+                                       self.rfile.read(n) if n else b""))
+
+        def _console_reply(self, page) -> None:
+            self._reply(page.status, page.body, page.ctype, page.headers)
 
     return Handler
