@@ -56,7 +56,6 @@ class StoreConfig:
     side_table_row_group_rows: int = 65_536       # Parquet row group size of side tables
     memory_consume_queue_entries: int = 1_000_000 # in-memory ConsumeQueue entries kept hot
     memory_consume_queue_bytes: int = 64 << 20    # memoryConsumeQueueBytes: and their bytes
-    memory_index_bytes: int = 32 << 20            # memoryIndexBytes: recent Index entries kept
     lease_timeout_ms: int = 30_000                # writer lease expiry without renewal
     deleted_file_retention_ms: int = 60_000       # deletedFileRetentionMs: removed file -> deleted
     log_retention_ms: int = 30 * 24 * 3_600_000   # logRetentionMs: old _log/ versions -> cleaned
@@ -88,7 +87,6 @@ class StoreConfig:
         "deletedFileRetentionMs": "deleted_file_retention_ms",
         "logRetentionMs": "log_retention_ms",
         "memoryConsumeQueueBytes": "memory_consume_queue_bytes",
-        "memoryIndexBytes": "memory_index_bytes",
     }
 
     def __post_init__(self):
@@ -102,7 +100,7 @@ class StoreConfig:
                      "max_message_size_bytes", "default_topic_queue_nums", "compact_after_files",
                      "max_user_property_size_bytes", "user_property_max_num",
                      "max_message_group_size_bytes", "max_message_id_size_bytes",
-                     "compact_max_rows", "memory_consume_queue_bytes", "memory_index_bytes",
+                     "compact_max_rows", "memory_consume_queue_bytes",
                      "commit_retries", "sync_flush_timeout_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidConfigError(f"{name} must be positive, got {getattr(self, name)}")

@@ -146,12 +146,12 @@ class Dispatcher:
     """
 
     def __init__(self, topics: Callable[[], dict], memory_entries: int, *,
-                 cq_bytes: int = 64 << 20, index_bytes: int = 32 << 20):
+                 cq_bytes: int = 64 << 20):
         self._topics = topics
         self._memory_entries = memory_entries
-        self._budgets = (cq_bytes, index_bytes)
+        self._cq_bytes = cq_bytes
         self.cq = MemoryConsumeQueue(memory_entries, cq_bytes)
-        self.index = MemoryIndex(max_bytes=index_bytes)
+        self.index = MemoryIndex()
         self.next_offsets: dict[tuple[int, int], int] = {}
         self.visible_next: dict[tuple[int, int], int] = {}
         self.dispatched_offset = 0
@@ -171,8 +171,8 @@ class Dispatcher:
     def clear(self, state: LogState, dispatched_offset: int) -> None:
         """Forget every in-memory entry (they are all published) and restart the
         offsets from ``state`` (a truncation)."""
-        self.cq = MemoryConsumeQueue(self._memory_entries, self._budgets[0])
-        self.index = MemoryIndex(max_bytes=self._budgets[1])
+        self.cq = MemoryConsumeQueue(self._memory_entries, self._cq_bytes)
+        self.index = MemoryIndex()
         self.reset_offsets(state)
         self.dispatched_offset = dispatched_offset
 

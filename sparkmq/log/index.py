@@ -50,88 +50,53 @@ def index_entries(batch: pa.RecordBatch, topic_ids: np.ndarray, queue_offsets: n
     }, schema=fmt.INDEX_SCHEMA)
 
 
-def table_cost(table: pa.Table) -> int:
-    """Bytes a small in-memory table holds: its buffers plus the objects around each
-    column (about 1 KiB a column and 1 KiB a table, measured: a one-row table of three
-    columns costs ~6.5 KiB of RSS)."""
-    return table.nbytes + 1024 * (1 + 2 * table.num_columns)
-
-
 class MemoryIndex:
-    """Key entries not yet persisted, and the recently persisted ones. The tables one
-    publish persisted are kept as the one sorted table it wrote (small appends make many
-    tiny tables, each costing kilobytes); the oldest persisted tables are dropped while
-    more than ``max_rows`` rows or ``max_bytes`` bytes (``memoryIndexBytes``) are held."""
+    """Index entries a reader cannot find in the side files yet: those of batches not
+    yet published, and those of the publish under way (until its commit, ``settle``).
+    Once committed they are read from their Parquet file only, so memory holds at most
+    a publish interval's worth of keys."""
 
-    def __init__(self, max_rows: int = 1_000_000, max_bytes: int = 1 << 62):
-        self.max_rows = max_rows
-        self.max_bytes = max_bytes
-        self._tables: list[tuple[int, pa.Table, bool]] = []   # (batch_offset, table, persisted)
-        self._rows = 0
-        self.bytes = 0
-        self._taken: list[pa.Table] = []          # the originals of the last take
+    def __init__(self):
+        self._tables: list[tuple[int, pa.Table, bool]] = []   # (batch_offset, table, taken)
         self._lock = threading.Lock()
 
     def add(self, batch_offset: int, table: pa.Table) -> None:
         with self._lock:
             self._tables.append((batch_offset, table, False))
-            self._rows += table.num_rows
-            self.bytes += table_cost(table)
 
     def take_unpersisted(self, upto_physical: int) -> pa.Table:
-        """The unpersisted entries of batches before ``upto_physical``, as one table sorted
-        by (topic, key); they count as persisted from now on (``restore_unpersisted`` on a
-        failed publish, ``settle`` after a committed one)."""
+        """The entries of batches before ``upto_physical`` not yet taken, as one table
+        sorted by (topic, key), for the publish to write. They stay visible to lookups
+        until ``settle`` (committed) or ``restore_unpersisted`` (failed)."""
         with self._lock:
             out = []
-            for i, (bo, t, done) in enumerate(self._tables):
-                if not done and bo < upto_physical:
+            for i, (bo, t, taken) in enumerate(self._tables):
+                if not taken and bo < upto_physical:
                     out.append(t)
                     self._tables[i] = (bo, t, True)
-            self._taken = out
         if not out:
             return fmt.INDEX_SCHEMA.empty_table()
         return pa.concat_tables(out).sort_by([("topic_id", "ascending"), ("key", "ascending")])
 
     def restore_unpersisted(self, table: pa.Table) -> None:
-        """Mark the tables of a failed publish as unpersisted again."""
-        if table.num_rows == 0:
-            return
+        """After a failed publish: the taken entries are to be taken again."""
         with self._lock:
-            ids = {id(t) for t in self._taken}
-            self._tables = [(bo, t, False if id(t) in ids else d) for bo, t, d in self._tables]
-            self._taken = []
+            self._tables = [(bo, t, False) for bo, t, _ in self._tables]
 
     def settle(self, table: pa.Table) -> None:
-        """After a committed publish: the taken tables become ``table`` (what it wrote,
-        combined into one chunk), then the oldest persisted go while over the limits."""
+        """After a committed publish: the taken entries are in the log's side files now."""
         with self._lock:
-            ids = {id(t) for t in self._taken}
-            self._taken = []
-            if ids and table.num_rows:
-                kept, first = [], None
-                for entry in self._tables:
-                    if id(entry[1]) in ids:
-                        first = entry[0] if first is None else first
-                        self.bytes -= table_cost(entry[1])
-                        continue
-                    kept.append(entry)
-                combined = table.combine_chunks()
-                kept.insert(0, (first, combined, True))
-                kept.sort(key=lambda e: (not e[2], e[0]))   # persisted first, in log order
-                self._tables = kept
-                self.bytes += table_cost(combined)
-            while (self._rows > self.max_rows or self.bytes > self.max_bytes) \
-                    and self._tables and self._tables[0][2]:
-                _, t, _ = self._tables.pop(0)
-                self._rows -= t.num_rows
-                self.bytes -= table_cost(t)
+            self._tables = [e for e in self._tables if not e[2]]
 
-    def lookup(self, tid: int, key: str, *, persisted: bool | None = None) -> pa.Table:
-        """Entries for (tid, key); ``persisted`` False returns only unpersisted ones."""
+    @property
+    def rows(self) -> int:
         with self._lock:
-            tables = [t for _, t, done in self._tables
-                      if persisted is None or done == persisted]
+            return sum(t.num_rows for _, t, _ in self._tables)
+
+    def lookup(self, tid: int, key: str) -> pa.Table:
+        """Entries for (tid, key) held here."""
+        with self._lock:
+            tables = [t for _, t, _ in self._tables]
         hits = []
         for t in tables:
             mask = pc.and_(pc.equal(t.column("topic_id"), tid), pc.equal(t.column("key"), key))
@@ -144,7 +109,6 @@ class MemoryIndex:
     def clear(self) -> None:
         with self._lock:
             self._tables.clear()
-            self._rows = 0
 
 
 def index_add(rel: str, table: pa.Table, size: int) -> AddFile:
@@ -173,9 +137,19 @@ def read_index(sfs: StoreFS, adds: list[dict], tid: int, key: str) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-def live_index_hits(sfs: StoreFS, state, index: MemoryIndex, tid: int, key: str) -> pa.Table:
-    """Index rows of ``key`` in topic ``tid`` as a writer sees them: the persisted side
-    files of ``state`` and the unpersisted rows of ``index``."""
-    persisted = read_index(sfs, list(state.index_files.values()), tid, key)
-    recent = index.lookup(tid, key, persisted=False)
-    return pa.concat_tables([persisted, recent], promote_options="permissive")
+def live_index_hits(sfs: StoreFS, current_state, index: MemoryIndex, tid: int,
+                    key: str) -> pa.Table:
+    """Index rows of ``key`` in topic ``tid`` as a writer sees them: the rows ``index``
+    holds, then the side files of the state ``current_state()`` gives. In this order a
+    publish committing in between is seen at least once (deduplicated below)."""
+    recent = index.lookup(tid, key)
+    persisted = read_index(sfs, list(current_state().index_files.values()), tid, key)
+    hits = pa.concat_tables([persisted, recent], promote_options="permissive")
+    if persisted.num_rows and recent.num_rows:   # a publish committed between the two reads
+        seen, keep = set(), []
+        for i, k in enumerate(zip(hits.column("queue_id").to_pylist(),
+                                  hits.column("queue_offset").to_pylist())):
+            keep.append(k not in seen)
+            seen.add(k)
+        hits = hits.filter(pa.array(keep))
+    return hits

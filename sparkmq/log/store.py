@@ -99,8 +99,7 @@ class Store(MessageReader):
         self.commitlog = CommitLog(sfs, segment_size_bytes=config.segment_size_bytes)
         self.dispatcher = Dispatcher(lambda: self.state.topics,
                                      config.memory_consume_queue_entries,
-                                     cq_bytes=config.memory_consume_queue_bytes,
-                                     index_bytes=config.memory_index_bytes)
+                                     cq_bytes=config.memory_consume_queue_bytes)
         self._append_lock = threading.RLock()
         self._commit_lock = threading.RLock()
         self.appender = Appender(self)
@@ -385,7 +384,7 @@ class Store(MessageReader):
         return self.commitlog.read_batch(batch_offset)
 
     def _index_hits(self, tid: int, key: str) -> pa.Table:
-        return live_index_hits(self.sfs, self.state, self.index, tid, key)
+        return live_index_hits(self.sfs, lambda: self.state, self.index, tid, key)
 
     def _time_entries(self, tid, qid, start_ms, end_ms) -> pa.Table:
         keys = [k for k in self.dispatcher.queue_keys()
