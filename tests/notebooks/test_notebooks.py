@@ -72,6 +72,7 @@ def test_quickstart(tmp_path, monkeypatch, kernel):
     assert produced >= 1000
     assert "events produced 4800" in out
     assert "final lag {'spark-dashboard': 0, 'audit': 0}" in out   # both groups caught up
+    assert "audit consumer read 4800 messages" in out
 
 
 def test_kafka_port(tmp_path, monkeypatch, kernel):
