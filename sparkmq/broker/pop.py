@@ -14,10 +14,13 @@ RocketMQ 5's pop consumption, kept in memory over the store:
   topic, one queue) and counts as done;
 * receipt handles name (lease serial, queue, offset, topic, broker); a handle
   whose lease was superseded (redelivered, acked) is refused;
-* FIFO: a message with a message group is delivered only when no earlier
-  message of its group (in its queue) is in flight; a message read while its
-  group is busy is *held* and delivered, in offset order, once the earlier one
-  is acked, sent to the DLQ or forwarded. One message per group is in flight.
+* FIFO, for a consumer group whose subscription group config says
+  ``consumeMessageOrderly`` (as the proxy pops with ``fifo`` only for such groups;
+  other groups consume a FIFO topic's messages concurrently): a message with a
+  message group is delivered only when no earlier message of its group (in its
+  queue) is in flight; a message read while its group is busy is *held* and
+  delivered, in offset order, once the earlier one is acked, sent to the DLQ or
+  forwarded. One message per group is in flight.
 
 Invariant: every offset in ``[floor, next_offset)`` is in flight, held or done.
 Offsets persist as floors (``Store.commit_consumer_offsets``), so after a
@@ -192,6 +195,11 @@ class PopService:
             return int(conf.retry_max_times) + 1
         return self.max_delivery_attempts
 
+    def orderly(self, group: str) -> bool:
+        """Whether ``group`` consumes message groups in order (``consumeMessageOrderly``)."""
+        conf = self.store.state.subscription_groups.get(group)
+        return bool(conf is not None and conf.orderly)
+
     # ---------------------------------------------------------------- state
     def group(self, group: "str | GroupKey") -> GroupState:
         key = _key(group)
@@ -247,7 +255,7 @@ class PopService:
             out = self._pop_expired(g, topic, qids, batch_size, invisible_ms)
             if len(out) < batch_size:
                 out += self._pop_fresh(g, topic, qids, batch_size - len(out), invisible_ms,
-                                       tag_filter)
+                                       tag_filter, self.orderly(g.name))
             return out
 
     def _lease(self, qp: QueueProgress, offset: int, attempt: int, invisible_ms: int,
@@ -314,7 +322,7 @@ class PopService:
         return out
 
     def _pop_fresh(self, g: GroupState, topic: str, qids: list[int], limit: int,
-                   invisible_ms: int, tag_filter: TagFilter) -> list[Delivery]:
+                   invisible_ms: int, tag_filter: TagFilter, orderly: bool) -> list[Delivery]:
         out: list[Delivery] = []
         if not qids:
             return out
@@ -327,15 +335,16 @@ class PopService:
             if qp.held:
                 out += self._pop_held(qp, topic, qid, limit - len(out), invisible_ms)
             out += self._scan_queue(qp, topic, qid, limit - len(out), invisible_ms, tag_filter,
-                                    budget)
+                                    budget, orderly)
             if len(out) >= limit:
                 break
         return out
 
     def _scan_queue(self, qp: QueueProgress, topic: str, qid: int, limit: int,
-                    invisible_ms: int, tag_filter: TagFilter, budget: list[int]
-                    ) -> list[Delivery]:
-        """Fresh messages of one queue from ``next_offset`` on (filtered, FIFO-aware)."""
+                    invisible_ms: int, tag_filter: TagFilter, budget: list[int],
+                    orderly: bool) -> list[Delivery]:
+        """Fresh messages of one queue from ``next_offset`` on (filtered; message groups
+        in order if ``orderly``)."""
         out: list[Delivery] = []
         hi = self.store.max_offset(topic, qid)
         busy = qp.busy_groups()
@@ -353,12 +362,13 @@ class PopService:
                 qp.next_offset = m.queue_offset + 1
                 if not tag_filter.accepts(m):
                     qp.finish(m.queue_offset)
-                elif m.message_group and m.message_group in busy:
+                elif orderly and m.message_group and m.message_group in busy:
                     qp.held[m.queue_offset] = m.message_group
                 else:
-                    if m.message_group:
-                        busy.add(m.message_group)
-                    lease = self._lease(qp, m.queue_offset, 1, invisible_ms, m.message_group)
+                    group = m.message_group if orderly else None
+                    if group:
+                        busy.add(group)
+                    lease = self._lease(qp, m.queue_offset, 1, invisible_ms, group)
                     out.append(Delivery(m, 1, self._handle(lease, topic, qid), invisible_ms))
                 if len(out) >= limit or budget[0] <= 0:
                     break

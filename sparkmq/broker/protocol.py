@@ -24,7 +24,10 @@ from ..errors import (AuthenticationError, AuthorizationError, ClientIdRequiredE
                       QueueNotFoundError, ReplicaNotAvailableError, SparkMQError,
                       TopicNotFoundError)
 from ..log.status import PutMessageStatus
-from .pop import InvalidHandle
+from ..log.limits import RESERVED_PROPERTY_KEYS
+from .pop import (ORIGIN_MESSAGE_ID, ORIGIN_OFFSET, ORIGIN_QUEUE, ORIGIN_TOPIC,
+                  InvalidHandle)
+from .schedule import PROP_DELAY_LEVEL, PROP_SOURCE
 
 Code = pb.Code
 
@@ -99,12 +102,25 @@ def duration(ms: int) -> Duration:
 
 
 # ---------------------------------------------------------------- messages
+#: Stored properties that are not the user's: RocketMQ's own keys (the proxy's
+#: GrpcConverter drops MessageConst.STRING_HASH_SET from the user properties it sends)
+#: and the broker's bookkeeping (dead-letter origin, sent as ``dead_letter_queue``; the
+#: parked copy a delayed message came from; its delay level).
+INTERNAL_PROPERTY_KEYS = RESERVED_PROPERTY_KEYS | {
+    ORIGIN_TOPIC, ORIGIN_MESSAGE_ID, ORIGIN_QUEUE, ORIGIN_OFFSET, PROP_SOURCE, PROP_DELAY_LEVEL}
+
+
 def message_to_pb(sm, delivery=None) -> pb.Message:
     """A stored message (``StoredMessage``) as a protobuf Message; with ``delivery`` (a
     pop ``Delivery``) it carries its receipt handle, attempt and invisible time."""
     msg = pb.Message(topic=pb.Resource(name=sm.topic), body=sm.body)
-    msg.user_properties.update(sm.properties or {})
+    props = sm.properties or {}
+    msg.user_properties.update({k: v for k, v in props.items()
+                                if k not in INTERNAL_PROPERTY_KEYS})
     sp = msg.system_properties
+    if ORIGIN_TOPIC in props and ORIGIN_MESSAGE_ID in props:   # as the proxy: a dead letter
+        sp.dead_letter_queue.topic = props[ORIGIN_TOPIC]
+        sp.dead_letter_queue.message_id = props[ORIGIN_MESSAGE_ID]
     if sm.tags:
         sp.tag = sm.tags
     sp.keys.extend(sm.keys or [])

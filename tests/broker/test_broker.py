@@ -388,6 +388,7 @@ def test_official_push_consumer_consumes_and_a_failed_message_comes_back(make_br
 
 def test_fifo_message_groups_keep_their_order_under_concurrent_consumers(make_broker, clients):
     b = make_broker()
+    b.store.create_group("FifoG", consume_message_orderly=True)   # an orderly group
     producer = clients(Producer(client_conf(b), ("Fifo",)))
     groups, per_group = ["g1", "g2", "g3"], 8
     for i in range(per_group):
@@ -425,6 +426,25 @@ def test_fifo_message_groups_keep_their_order_under_concurrent_consumers(make_br
     assert early == []
     for g in groups:
         assert [i for gg, i in consumed if gg == g] == list(range(per_group))
+
+
+def test_a_group_that_is_not_orderly_consumes_a_message_group_concurrently(make_broker, clients):
+    """As the proxy pops with fifo only for consumeMessageOrderly groups: another group
+    gets several messages of one message group at once."""
+    b = make_broker()
+    producer = clients(Producer(client_conf(b), ("Fifo2",)))
+    for i in range(4):
+        m = msg("Fifo2", f"g1:{i}".encode())
+        m.message_group = "g1"
+        producer.send(m)
+    consumer = clients(SimpleConsumer(client_conf(b), "PlainG", {"Fifo2": FilterExpression()},
+                                      await_duration=1))
+    got = []
+    for _ in range(10):
+        got += [m.body for m in consumer.receive(8, 30)]     # nothing acked
+        if len(got) == 4:
+            break
+    assert sorted(got) == [f"g1:{i}".encode() for i in range(4)]
 
 
 # ---------------------------------------------------------------- Spark committer hand-off

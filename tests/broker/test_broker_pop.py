@@ -190,6 +190,7 @@ def test_fifo_a_message_group_is_delivered_in_order_one_at_a_time(local_store_ur
     store = Store.open(local_store_url, mode="w", clock_ms=clock)
     try:
         store.create_topic("F", read_queue_nums=1, write_queue_nums=1)
+        store.create_group("G", consume_message_orderly=True)
         order = [("g1", 0), ("g2", 0), ("g1", 1), ("g1", 2), ("g2", 1), ("g3", 0)]
         store.append([Message(topic="F", body=f"{g}-{i}".encode(), message_group=g)
                       for g, i in order])

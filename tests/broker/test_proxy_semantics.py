@@ -146,3 +146,24 @@ def test_a_fifo_consumer_group_is_told_fifo_and_consumes_each_group_in_order(
         for g in ("g1", "g2"):               # the FIFO group saw each message group in order
             order = [int(x.split(":")[1]) for x in seen["Ordered"] if x.startswith(g)]
             assert order == list(range(6))
+
+
+def test_internal_properties_are_not_sent_as_user_properties():
+    """As the proxy's GrpcConverter: RocketMQ's own keys and the broker's bookkeeping stay
+    out of user_properties; a dead letter's origin goes in dead_letter_queue."""
+    from sparkmq.broker.protocol import message_to_pb
+    from sparkmq.log.message import StoredMessage
+    props = {"app": "1", "DLQ_ORIGIN_TOPIC": "Orders", "DLQ_ORIGIN_MESSAGE_ID": "ID1",
+             "DLQ_ORIGIN_QUEUE": "2", "DLQ_ORIGIN_QUEUE_OFFSET": "7",
+             "SCHEDULE_SOURCE": "18:0", "DELAY": "3", "UNIQ_KEY": "u"}
+    sm = StoredMessage(topic="%DLQ%G", queue_id=0, queue_offset=0, physical_offset=0,
+                       message_id="M", body=b"x", tags=None, keys=[], properties=props,
+                       born_timestamp=1, store_timestamp=2, born_host=None, store_host=None,
+                       reconsume_times=0, delivery_timestamp=None, message_group=None,
+                       transaction_id=None, message_type=0, unique_key="ID2")
+    m = message_to_pb(sm)
+    assert dict(m.user_properties) == {"app": "1"}
+    dlq = m.system_properties.dead_letter_queue
+    assert (dlq.topic, dlq.message_id) == ("Orders", "ID1")
+    plain = message_to_pb(StoredMessage(**{**sm.__dict__, "properties": {"app": "1"}}))
+    assert not plain.system_properties.HasField("dead_letter_queue")
