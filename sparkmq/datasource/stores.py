@@ -25,6 +25,8 @@ Everything here runs on the driver (the planner or streaming source worker):
 from __future__ import annotations
 
 import json
+import logging
+import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, replace
@@ -33,6 +35,8 @@ from typing import Callable
 from ..errors import UserError
 from ..log.reader import Snapshot
 from .options import ReadOptions, parse_offset_json
+
+log = logging.getLogger("sparkmq.datasource")
 
 #: bound on each call to a broker's admin endpoint while resolving ``namesrv``
 ADMIN_TIMEOUT_S = 10.0
@@ -151,13 +155,30 @@ def check_one_store_offset(offset: dict | None) -> dict:
 
 
 # -- NameServer ----------------------------------------------------------------------
+def _namesrv_brokers(namesrv: str) -> list[dict] | None:
+    """``GET /brokers`` of the first NameServer of ``host:port[;host:port]`` that answers
+    (None if none does). The NameServer's HTTP/JSON API is called here, not through
+    ``sparkmq.namesrv.NameServerClient``: the layering contract keeps the data source
+    off the namesrv package (pyproject ``datasource-uses-the-log``)."""
+    for addr in namesrv.replace(",", ";").split(";"):
+        addr = addr.strip().removeprefix("http://")
+        if not addr:
+            continue
+        try:
+            with urllib.request.urlopen(f"http://{addr}/brokers",
+                                        timeout=ADMIN_TIMEOUT_S) as resp:
+                return list(json.loads(resp.read() or b"{}").get("brokers") or [])
+        except (OSError, ValueError):     # this NameServer is down or garbled: ask the next
+            continue
+    return None
+
+
 def namesrv_store_urls(namesrv: str, token_file: str | None = None) -> tuple[str, ...]:
     """The store URL of every broker group's master the NameServer ``namesrv`` knows
     (as ``sparkmq admin group progress --namesrv`` finds the brokers), from the
     ``store`` of each master's admin ``/status``."""
     from ..admin_auth import MISSING_TOKEN_HINT, auth_headers, find_token
-    from ..namesrv import NameServerClient
-    brokers = NameServerClient(namesrv).brokers()
+    brokers = _namesrv_brokers(namesrv)
     if brokers is None:
         raise UserError(f"option namesrv: no NameServer of {namesrv} answered")
     masters = sorted((b for b in brokers if b.get("brokerId") == 0), key=lambda b: b["brokerName"])
@@ -183,5 +204,11 @@ def namesrv_store_urls(namesrv: str, token_file: str | None = None) -> tuple[str
                             f"store at {url}: {e}") from None
         if not status.get("store"):
             raise UserError(f"option namesrv: broker {b['brokerName']} did not say its store")
-        urls.append(str(status["store"]))
+        store = str(status["store"])
+        if "://" not in store and not os.path.isabs(store):
+            log.warning("broker %s reports its store as %r, relative to the broker's working "
+                        "directory; it is read relative to this one (give an absolute "
+                        "storePathRootDir, or the stores option, if they differ)",
+                        b["brokerName"], store)
+        urls.append(store)
     return tuple(urls)
