@@ -6,6 +6,7 @@ reader needs. Then::
 
     spark.read.format("sparkmq").option("topic", "T").load(url)
     spark.readStream.format("sparkmq").option("topic", "T").load(url)
+    spark.read.format("sparkmq").load([url_a, url_b])     # one query across brokers
     df.write.format("sparkmq").option("topic", "T").save(url)
 """
 from __future__ import annotations

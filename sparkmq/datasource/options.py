@@ -11,6 +11,13 @@ Options (names are case-insensitive; B = batch, S = streaming):
 option                     default  meaning
 =========================  =======  ==========================================================
 ``path`` (or load(url))    —        the store's URL (any fsspec URL)
+``paths`` (load([a, b]))   —        several stores, one per broker (``stores.py``): rows
+                                    carry ``broker_name``; offsets are keyed by broker
+``stores``                 —        the same as a comma list of URLs
+``namesrv``                —        ``host:port[;host:port]``: every broker group's master
+                                    store, found through the NameServer (``stores.py``)
+``adminTokenFile``         —        with namesrv: the brokers' admin token file (default
+                                    SPARKMQ_ADMIN_TOKEN)
 ``topic`` / ``topics``     all      one topic / a comma list (B, S); must exist
 ``topicPattern``           —        regex over topic names (full match); S picks up new
                                     topics at their earliest offset, like Kafka
@@ -52,6 +59,9 @@ Offset JSON (``startingOffsets`` / ``endingOffsets``) is
 ``{"topic": {"queue_id": offset}}`` where ``-2`` means earliest and ``-1``
 latest, exactly as in the Kafka source. Streaming offsets have the same shape
 with non-negative offsets only: the next queue offset to read per queue.
+A read of several stores (``paths``, ``stores``, ``namesrv``) keys its streaming
+offsets by broker name first, ``{"broker-a": {"topic": {"0": 5}}}``, and its
+offset options may too (``stores.split_offsets``).
 """
 from __future__ import annotations
 
@@ -94,6 +104,11 @@ class ReadOptions:
     ending_by_timestamp: dict | None = None
     by_timestamp_strategy: str = "error"           # no offset at/after the time: error|latest
     key: str | None = None                         # B: only messages with this key (Index)
+    urls: tuple[str, ...] = ()                     # paths / stores: several stores
+    namesrv: str | None = None                     # or: the stores a NameServer knows
+    admin_token_file: str | None = None            # with namesrv: to ask brokers /status
+    by_broker: bool = False                        # several stores: offsets keyed by broker
+    topics_anywhere: bool = False                  # a named topic may miss in this store
 
 
 def _get(options, name: str):
@@ -157,7 +172,8 @@ READ_NAMES = {n.lower(): n for n in (
     "failOnDataLoss", "maxMessagesPerTrigger", "maxBytesPerTrigger", "consumerGroup",
     "storageOptions", "subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger",
     "minOffsetsPerTrigger", "maxTriggerDelay", "startingOffsetsByTimestamp",
-    "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "key")}
+    "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "key", "paths",
+    "stores", "namesrv", "adminTokenFile")}
 #: Kafka source name -> sparkmq name (same meaning)
 KAFKA_ALIASES = {"subscribe": "topics", "subscribePattern": "topicPattern",
                  "maxOffsetsPerTrigger": "maxMessagesPerTrigger"}
@@ -203,9 +219,7 @@ def parse_options(options) -> ReadOptions:
     """Validate and parse the options of a read. Raises UserError naming the bad option
     (an unknown one with the closest known name)."""
     options = _kafka_options(options)
-    url = _get(options, "path")
-    if not url:
-        raise UserError("no store given: use .load(url) or .option('path', url)")
+    url, urls, namesrv = _store_sources(options)
     topic_opts = [n for n in ("topic", "topics", "topicPattern") if _get(options, n)]
     if len(topic_opts) > 1:
         raise UserError(f"give only one of topic, topics, topicPattern (got {topic_opts})")
@@ -221,6 +235,9 @@ def parse_options(options) -> ReadOptions:
             raise UserError(f"option topicPattern is not a valid regex: {exc}") from None
     if _get(options, "versionAsOf") is not None and _get(options, "timestampAsOf") is not None:
         raise UserError("give only one of versionAsOf and timestampAsOf")
+    if (urls or namesrv) and _get(options, "versionAsOf") is not None:
+        raise UserError("versionAsOf numbers the versions of one store; a read of several "
+                        "stores takes timestampAsOf (each store's version at that time)")
     storage = _get(options, "storageOptions")
     strategy = str(_get(options, "startingOffsetsByTimestampStrategy") or "error").lower()
     if strategy not in ("error", "latest"):
@@ -243,7 +260,42 @@ def parse_options(options) -> ReadOptions:
         max_trigger_delay_ms=_duration_ms(options, "maxTriggerDelay"),
         starting_by_timestamp=_offsets_by_timestamp(options, "startingOffsetsByTimestamp"),
         ending_by_timestamp=_offsets_by_timestamp(options, "endingOffsetsByTimestamp"),
-        by_timestamp_strategy=strategy, key=_get(options, "key") or None)
+        by_timestamp_strategy=strategy, key=_get(options, "key") or None,
+        urls=urls, namesrv=namesrv, admin_token_file=_get(options, "adminTokenFile") or None,
+        by_broker=bool(urls or namesrv))
+
+
+def _store_sources(options) -> tuple[str, tuple[str, ...], str | None]:
+    """(url, urls, namesrv): one store (``path``) or several (``paths`` as Spark passes
+    ``load([a, b])``, ``stores``, ``namesrv``); exactly one of the forms."""
+    given = [n for n in ("path", "paths", "stores", "namesrv") if _get(options, n)]
+    if not given:
+        raise UserError("no store given: use .load(url), .load([url, url]), "
+                        ".option('stores', 'url,url') or .option('namesrv', 'host:port')")
+    if len(given) > 1:
+        raise UserError(f"give the stores one way only: got {', '.join(given)} (path / "
+                        "load(url) is one store; paths / load([..]), stores and namesrv "
+                        "are several)")
+    if given[0] == "path":
+        return str(_get(options, "path")), (), None
+    if given[0] == "namesrv":
+        return "", (), str(_get(options, "namesrv")).strip()
+    raw = str(_get(options, given[0]))
+    if given[0] == "paths":
+        try:
+            urls = json.loads(raw)
+        except ValueError:
+            urls = raw.split(",")
+        if isinstance(urls, str):
+            urls = [urls]
+    else:
+        urls = raw.split(",")
+    urls = tuple(str(u).strip() for u in urls if str(u).strip())
+    if not urls:
+        raise UserError(f"option {given[0]} names no store")
+    if len(set(urls)) != len(urls):
+        raise UserError(f"option {given[0]} names a store twice: {list(urls)}")
+    return urls[0], urls, None
 
 
 def _duration_ms(options, name: str) -> int | None:
@@ -274,6 +326,8 @@ def select_topics(snap: Snapshot, opts: ReadOptions) -> list[str]:
     names = snap.topic_names()
     if opts.topics:
         missing = [t for t in opts.topics if t not in names]
+        if opts.topics_anywhere:     # one store of several: stores.py checked they exist
+            return [t for t in opts.topics if t in names]
         if missing:
             raise UserError(f"topics {missing} do not exist in version {snap.version} of "
                             f"{opts.url}; topics: {names or 'none'}")

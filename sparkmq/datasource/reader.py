@@ -15,8 +15,11 @@ Where things run:
 * Streaming reads (``stream.py``: ``SparkMQStreamReader``) plan each micro-batch
   with the same ranges and read them with the same :func:`read_range`.
 
-Pushed filters (batch only) are applied exactly: topic / queue_id / queue_offset
-prune the plan; store_timestamp lower bounds prune via the ConsumeQueue time
+A read of several stores (``stores.py``: one per broker) plans each store's
+pinned version the same way; rows carry the store's ``broker_name``.
+
+Pushed filters (batch only) are applied exactly: topic / queue_id / queue_offset /
+broker_name prune the plan; store_timestamp lower bounds prune via the ConsumeQueue time
 column and are re-checked per row; ``keys = array(...)`` uses the Index; tags
 are filtered per batch. Anything else goes back to Spark.
 """
@@ -312,6 +315,7 @@ class PushedPlan:
 
     topics: set | None = None
     queues: set | None = None
+    brokers: set | None = None       # broker_name: which stores of a read
     offset_lo: int = 0               # queue_offset >= (inclusive)
     offset_hi: int | None = None     # queue_offset < (exclusive)
     row_filter: RangeFilter = field(default_factory=RangeFilter)
@@ -327,9 +331,9 @@ class PushedPlan:
         if len(f.attribute) != 1:
             return False
         col = f.attribute[0]
-        if isinstance(f, EqualTo) and col in ("topic", "queue_id", "tags"):
+        if isinstance(f, EqualTo) and col in ("topic", "queue_id", "tags", "broker_name"):
             return self._push_in(col, [f.value])
-        if isinstance(f, In) and col in ("topic", "queue_id", "tags"):
+        if isinstance(f, In) and col in ("topic", "queue_id", "tags", "broker_name"):
             return self._push_in(col, list(f.value))
         if isinstance(f, EqualTo) and col == "keys" and isinstance(f.value, (list, tuple)):
             if not f.value or not all(isinstance(k, str) for k in f.value):
@@ -358,6 +362,8 @@ class PushedPlan:
     def _push_in(self, col: str, values: list) -> bool:
         if col == "topic" and all(isinstance(v, str) for v in values):
             self.intersect("topics", values)
+        elif col == "broker_name" and all(isinstance(v, str) for v in values):
+            self.intersect("brokers", values)
         elif col == "queue_id" and all(isinstance(v, int) for v in values):
             self.intersect("queues", values)
         elif col == "tags" and all(isinstance(v, str) for v in values):
@@ -392,31 +398,44 @@ class PushedPlan:
 
 # -- batch reader -------------------------------------------------------------------
 class SparkMQBatchReader(DataSourceReader):
-    """``spark.read.format("sparkmq")``: one committed version, planned on the driver."""
+    """``spark.read.format("sparkmq")``: one committed version of each store (one, or
+    one per broker: ``stores.py``), planned on the driver."""
 
     def __init__(self, options, schema: StructType | None = None):
+        from .stores import plan_stores
         self.opts: ReadOptions = parse_options(options)
         self.schema = output_schema(schema)
         self.pushed = PushedPlan()
-        snap = open_snapshot(self.opts.url, self.opts.version_as_of,
-                             timestamp_ms=self.opts.timestamp_as_of_ms,
-                             storage_options=self.opts.storage_options)
-        self.version = snap.version
+        stores = plan_stores(self.opts, self._open_pinned, broker_name)
+        #: (store, pinned version) per broker, sorted by broker name
+        self.stores = [(r, snap.version) for r, snap in stores]
+        self.version = self.stores[0][1]
+
+    @staticmethod
+    def _open_pinned(opts: ReadOptions) -> Snapshot:
+        return open_snapshot(opts.url, opts.version_as_of, timestamp_ms=opts.timestamp_as_of_ms,
+                             storage_options=opts.storage_options)
 
     def pushFilters(self, filters):
         for f in filters:
             if not self.pushed.push(f):
                 yield f
 
-    def _snapshot(self) -> Snapshot:
-        return open_snapshot(self.opts.url, self.version,
-                             storage_options=self.opts.storage_options)
-
     def planned_ranges(self) -> list[QueueRange]:
         """Queue ranges of this read, after options and pushed filters (driver)."""
-        snap, opts, pushed = self._snapshot(), self.opts, self.pushed
-        if pushed.empty:
+        if self.pushed.empty:
             return []
+        out = []
+        for store, version in self.stores:
+            if self.pushed.brokers is None or store.broker in self.pushed.brokers:
+                snap = open_snapshot(store.opts.url, version,
+                                     storage_options=store.opts.storage_options)
+                out += self._store_ranges(snap, store.opts)
+        return split_ranges(out, self.opts.min_partitions)
+
+    def _store_ranges(self, snap: Snapshot, opts: ReadOptions) -> list[QueueRange]:
+        """The ranges of one store's snapshot (before minPartitions splits them)."""
+        pushed = self.pushed
         topics = [t for t in select_topics(snap, opts)
                   if pushed.topics is None or t in pushed.topics]
         pairs = [(t, q) for t, q in select_queues(snap, topics, opts)
@@ -444,14 +463,14 @@ class SparkMQBatchReader(DataSourceReader):
                 offsets = tuple(o for o in key_hits.get((t, q), ()) if lo <= o < hi)
                 if not offsets:
                     continue
-            r = check_data_loss(snap, QueueRange(opts.url, self.version, t, q, lo, hi,
+            r = check_data_loss(snap, QueueRange(opts.url, snap.version, t, q, lo, hi,
                                                  opts.fail_on_data_loss, rf, offsets,
                                                  opts.storage_options, self.schema))
             if r is not None:
                 if r.offsets is not None:
                     r.offsets = tuple(o for o in r.offsets if o >= r.start)
                 out.append(r)
-        return split_ranges(out, opts.min_partitions)
+        return out
 
     def _key_hits(self, snap: Snapshot, topics: list[str],
                   key: str) -> dict[TopicQueue, list[int]]:
@@ -466,7 +485,8 @@ class SparkMQBatchReader(DataSourceReader):
 
     def partitions(self):
         ranges = self.planned_ranges()
-        return ranges or [QueueRange(self.opts.url, self.version, "", 0, 0, 0)]
+        store, version = self.stores[0]
+        return ranges or [QueueRange(store.opts.url, version, "", 0, 0, 0)]
 
     def read(self, partition: QueueRange):
         if partition.end <= partition.start and partition.offsets is None:

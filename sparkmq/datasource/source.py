@@ -18,7 +18,9 @@ from .stream import SparkMQStreamReader
 
 
 class SparkMQDataSource(DataSource):
-    """Short name ``sparkmq``; path = the store's URL (``.load(url)`` or option ``path``)."""
+    """Short name ``sparkmq``; path = the store's URL (``.load(url)`` or option ``path``);
+    a read takes several stores too (``.load([a, b])``, ``stores``, ``namesrv``:
+    :mod:`sparkmq.datasource.stores`); a write goes to one."""
 
     @classmethod
     def name(cls) -> str:
@@ -46,8 +48,11 @@ class SparkMQDataSource(DataSource):
 
 def _refuse_memory(options) -> None:
     """A memory:// store lives in one process; Spark reads on others (its executors)."""
-    url = str(dict(options).get("path") or "")
-    if url.startswith("memory://"):
+    options = {str(k).lower(): v for k, v in dict(options).items()}
+    text = " ".join(str(options.get(k) or "") for k in ("path", "paths", "stores"))
+    url = next((u.strip('[]", ') for u in text.replace(",", " ").split()
+                if u.strip('[]", ').startswith("memory://")), "")
+    if url:
         from ..errors import UserError
         raise UserError(f"{url}: a memory:// store lives in one process, and Spark reads and "
                         "writes from other processes (its executors); use a local path or an "

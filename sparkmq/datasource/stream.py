@@ -6,7 +6,9 @@ worker for the whole query: ``latestOffset`` applies admission control
 ``partitions`` plans one committed snapshot version per micro-batch (the same
 planning as a batch read, ``reader.split_ranges``), and ``commit`` records the
 ``consumerGroup`` offsets in the store's log. ``read(partition)`` runs on
-executors, as a batch read's does (``reader.read_range``).
+executors, as a batch read's does (``reader.read_range``). A read of several
+stores (``stores.py``) does all of this over every store's queues at once; its
+offsets are keyed by broker name.
 """
 from __future__ import annotations
 
@@ -24,30 +26,39 @@ from ..errors import UserError
 from ..log.reader import Snapshot
 from .options import (ReadOptions, TopicQueue, from_offset_json, parse_options,
                       resolve_offsets, select_queues, select_topics, to_offset_json)
-from .reader import (QueueRange, check_data_loss, open_snapshot, output_schema, read_range,
-                     split_ranges)
+from .reader import (QueueRange, broker_name, check_data_loss, open_snapshot, output_schema,
+                     read_range, split_ranges)
 
 log = logging.getLogger("sparkmq.datasource")
 
 
 # -- admission control -----------------------------------------------------------------
-def admit(snap: Snapshot, start: dict[TopicQueue, int], avail: dict[TopicQueue, int],
-          max_rows: int | None, max_bytes: int | None) -> dict[TopicQueue, int]:
+#: a queue of one store of a read: (broker name, topic, queue id)
+BrokerQueue = tuple[str, str, int]
+
+
+def admit(snaps: Snapshot | dict[str, Snapshot], start: dict[tuple, int],
+          avail: dict[tuple, int], max_rows: int | None,
+          max_bytes: int | None) -> dict[tuple, int]:
     """End offsets taking at most ``max_rows`` messages and ``max_bytes`` body bytes.
 
-    Messages are admitted round robin over the queues (message i of every queue
-    before message i+1 of any), so a trigger is shared fairly. The byte limit
-    always admits at least one message, else a message bigger than the limit
+    Keys are :data:`TopicQueue` with one ``Snapshot``, or :data:`BrokerQueue` with
+    ``snaps`` a dict of snapshots by broker name.
+
+    Messages are admitted round robin over the queues of every store (message i of
+    every queue before message i+1 of any), so a trigger is shared fairly. The byte
+    limit always admits at least one message, else a message bigger than the limit
     would stall the query. Both limits hold exactly otherwise.
     """
     pairs = [p for p in sorted(avail) if avail[p] > start.get(p, avail[p])]
     if not pairs or (max_rows is None and max_bytes is None):
         return dict(avail)
     sizes = []
-    for t, q in pairs:
-        lo, hi = start[(t, q)], avail[(t, q)]
+    for p in pairs:
+        lo, hi = start[p], avail[p]
         if max_rows is not None:
             hi = min(hi, lo + max_rows)
+        snap, (t, q) = (snaps[p[0]], p[1:]) if isinstance(snaps, dict) else (snaps, p)
         sizes.append(_entry_sizes(snap, t, q, lo, hi, max_bytes)
                      if max_bytes is not None else np.ones(hi - lo, np.int64))
     qidx = np.concatenate([np.full(len(s), i, np.int64) for i, s in enumerate(sizes)])
@@ -86,15 +97,18 @@ def _entry_sizes(snap: Snapshot, topic: str, qid: int, lo: int, hi: int,
 
 # -- streaming reader ----------------------------------------------------------------------
 class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """``spark.readStream.format("sparkmq")``. Offsets: {"topic": {"queue": next_offset}}.
+    """``spark.readStream.format("sparkmq")``. Offsets: {"topic": {"queue": next_offset}},
+    or for a read of several stores {"broker": {"topic": {"queue": next_offset}}}.
 
     One instance lives in the driver's streaming source worker for the query
     (not thread-safe; Spark calls it from one thread). Each micro-batch is
-    planned from one committed snapshot: the newest at ``partitions`` time,
-    which holds every offset below the batch's end (versions only grow).
+    planned from one committed snapshot per store: the newest at ``partitions``
+    time, which holds every offset below the batch's end (versions only grow).
+    Internally every queue is a :data:`BrokerQueue`; only the JSON differs.
     """
 
     def __init__(self, options, schema: StructType | None = None):
+        from .stores import plan_stores
         self.opts: ReadOptions = parse_options(options)
         self.schema = output_schema(schema)
         if self.opts.version_as_of is not None or self.opts.timestamp_as_of_ms is not None:
@@ -104,29 +118,63 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise UserError("endingOffsets / endingTimestamp are for batch reads only")
         if self.opts.key is not None or self.opts.ending_by_timestamp is not None:
             raise UserError("key / endingOffsetsByTimestamp are for batch reads only")
-        self.target: dict[TopicQueue, int] | None = None
-        self._recorded: dict[TopicQueue, int] | None = None
+        #: broker name -> that store's options (fixed for the query's life)
+        self.stores: dict[str, ReadOptions] = {
+            r.broker: r.opts for r, _ in plan_stores(self.opts, self._open_newest, broker_name)}
+        self.target: dict[BrokerQueue, int] | None = None
+        self._recorded: dict[str, dict[TopicQueue, int]] = {}
 
-    def _latest(self) -> Snapshot:
-        return open_snapshot(self.opts.url, storage_options=self.opts.storage_options)
+    @staticmethod
+    def _open_newest(opts: ReadOptions) -> Snapshot:
+        return open_snapshot(opts.url, storage_options=opts.storage_options)
 
-    def _pairs(self, snap: Snapshot) -> list[TopicQueue]:
-        return select_queues(snap, select_topics(snap, self.opts), self.opts)
+    def _latest(self) -> dict[str, Snapshot]:
+        return {b: self._open_newest(o) for b, o in self.stores.items()}
+
+    def _pairs(self, snaps: dict[str, Snapshot]) -> list[BrokerQueue]:
+        out = []
+        for b, snap in snaps.items():
+            opts = self.stores[b]
+            out += [(b, t, q) for t, q in select_queues(snap, select_topics(snap, opts), opts)]
+        return out
+
+    # -- offsets JSON: one store keeps its format; several are keyed by broker ------
+    def _to_json(self, offsets: dict[BrokerQueue, int]) -> dict:
+        per = {b: {} for b in self.stores}
+        for (b, t, q), o in offsets.items():
+            per[b][(t, q)] = o
+        if not self.opts.by_broker:
+            return to_offset_json(next(iter(per.values())))
+        return {b: to_offset_json(o) for b, o in sorted(per.items())}
+
+    def _from_json(self, offset) -> dict[BrokerQueue, int]:
+        from .stores import check_one_store_offset, offsets_by_broker
+        if not self.opts.by_broker:
+            (b,) = self.stores
+            return {(b, t, q): o for (t, q), o in
+                    from_offset_json(check_one_store_offset(offset)).items()}
+        per = offsets_by_broker(offset, sorted(self.stores))
+        return {(b, t, q): o for b, one in per.items()
+                for (t, q), o in from_offset_json(one).items()}
 
     def initialOffset(self):
-        snap = self._latest()
-        pairs = self._pairs(snap)
-        starts = resolve_offsets(snap, pairs, self.opts.starting_offsets,
-                                 self.opts.starting_timestamp_ms, "latest", "startingOffsets",
-                                 self.opts.starting_by_timestamp,
-                                 self.opts.by_timestamp_strategy)
-        return to_offset_json(starts)
+        snaps = self._latest()
+        starts: dict[BrokerQueue, int] = {}
+        for b, snap in snaps.items():
+            opts = self.stores[b]
+            pairs = [(t, q) for bb, t, q in self._pairs({b: snap})]
+            one = resolve_offsets(snap, pairs, opts.starting_offsets, opts.starting_timestamp_ms,
+                                  "latest", "startingOffsets", opts.starting_by_timestamp,
+                                  opts.by_timestamp_strategy)
+            starts.update({(b, t, q): o for (t, q), o in one.items()})
+        return self._to_json(starts)
 
-    def _available(self, snap: Snapshot, start: dict[TopicQueue, int]) -> dict[TopicQueue, int]:
+    def _available(self, snaps: dict[str, Snapshot],
+                   start: dict[BrokerQueue, int]) -> dict[BrokerQueue, int]:
         """Max offsets now; queues new since ``start`` begin at their earliest (like Kafka)."""
         avail = {}
-        for p in self._pairs(snap):
-            avail[p] = max(snap.max_offset(*p), start.get(p, 0))
+        for p in self._pairs(snaps):
+            avail[p] = max(snaps[p[0]].max_offset(*p[1:]), start.get(p, 0))
         for p, o in start.items():   # a topic that vanished keeps its position
             avail.setdefault(p, o)
         if self.target is not None:
@@ -134,15 +182,15 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                      for p, o in avail.items()}
         return avail
 
-    def _start(self, snap: Snapshot, start: dict) -> dict[TopicQueue, int]:
-        s = from_offset_json(start)
-        for p in self._pairs(snap):
-            s.setdefault(p, snap.min_offset(*p))
+    def _start(self, snaps: dict[str, Snapshot], start) -> dict[BrokerQueue, int]:
+        s = self._from_json(start)
+        for p in self._pairs(snaps):
+            s.setdefault(p, snaps[p[0]].min_offset(*p[1:]))
         return s
 
     def prepareForTriggerAvailableNow(self):
-        snap = self._latest()
-        self.target = {p: snap.max_offset(*p) for p in self._pairs(snap)}
+        snaps = self._latest()
+        self.target = {p: snaps[p[0]].max_offset(*p[1:]) for p in self._pairs(snaps)}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.opts.min_messages_per_trigger is not None:
@@ -154,26 +202,30 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def latestOffset(self, start=None, limit=None):
-        snap = self._latest()
-        self._record_group(from_offset_json(start or {}))
-        begin = self._start(snap, start or {})
-        avail = self._available(snap, begin)
+        snaps = self._latest()
+        self._record_group(self._from_json(start or self._empty()))
+        begin = self._start(snaps, start or self._empty())
+        avail = self._available(snaps, begin)
         if limit is None or isinstance(limit, ReadAllAvailable):
-            return to_offset_json(avail)
+            return self._to_json(avail)
         if isinstance(limit, ReadMinRows):
             if not self._min_rows_due(begin, avail, limit.min_rows):
-                return to_offset_json(begin)           # wait for more (Kafka semantics)
+                return self._to_json(begin)           # wait for more (Kafka semantics)
             self._last_trigger_s = time.monotonic()
             limit = (ReadMaxRows(self.opts.max_messages_per_trigger)
                      if self.opts.max_messages_per_trigger is not None else None)
             if limit is None:
-                return to_offset_json(avail)
+                return self._to_json(avail)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else None
         # both options set: the default limit carries rows; bytes come from the options
         if max_rows is not None and self.opts.max_bytes_per_trigger is not None:
             max_bytes = self.opts.max_bytes_per_trigger
-        return to_offset_json(admit(snap, begin, avail, max_rows, max_bytes))
+        return self._to_json(admit(snaps, begin, avail, max_rows, max_bytes))
+
+    def _empty(self) -> dict:
+        """No position yet (``start`` None): nothing per broker."""
+        return {b: {} for b in self.stores} if self.opts.by_broker else {}
 
     def _min_rows_due(self, begin: dict, avail: dict, min_rows: int) -> bool:
         """minOffsetsPerTrigger: enough messages, or maxTriggerDelay (Kafka's default
@@ -191,20 +243,20 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return waiting > 0 and time.monotonic() - last >= delay_s
 
     def reportLatestOffset(self):
-        snap = self._latest()
-        return to_offset_json({p: snap.max_offset(*p) for p in self._pairs(snap)})
+        snaps = self._latest()
+        return self._to_json({p: snaps[p[0]].max_offset(*p[1:]) for p in self._pairs(snaps)})
 
     def partitions(self, start, end):
-        snap = self._latest()
-        begin = self._start(snap, start or {})
+        snaps = self._latest()
+        begin = self._start(snaps, start or self._empty())
         ranges = []
-        for (t, q), hi in sorted(from_offset_json(end).items()):
-            lo = begin.get((t, q), 0)
+        for (b, t, q), hi in sorted(self._from_json(end).items()):
+            lo, snap, opts = begin.get((b, t, q), 0), snaps[b], self.stores[b]
             if hi <= lo or t not in snap.state.topics:
                 continue
-            r = check_data_loss(snap, QueueRange(self.opts.url, snap.version, t, q, lo, hi,
-                                                 self.opts.fail_on_data_loss,
-                                                 storage_options=self.opts.storage_options,
+            r = check_data_loss(snap, QueueRange(opts.url, snap.version, t, q, lo, hi,
+                                                 opts.fail_on_data_loss,
+                                                 storage_options=opts.storage_options,
                                                  schema=self.schema))
             if r is not None:
                 ranges.append(r)
@@ -214,10 +266,11 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_range(partition)
 
     def commit(self, end):
-        self._record_group(from_offset_json(end))
+        self._record_group(self._from_json(end))
 
-    def _record_group(self, offsets: dict[TopicQueue, int]) -> None:
-        """Record ``offsets`` as the consumerGroup's offsets (when set and changed).
+    def _record_group(self, offsets: dict[BrokerQueue, int]) -> None:
+        """Record ``offsets`` as the consumerGroup's offsets, in each store its own
+        (when set and changed).
 
         Spark calls ``commit(end of batch N-1)`` only when it plans batch N, so
         the last batch of a run would never be recorded; ``latestOffset``'s
@@ -225,11 +278,17 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         written, so it is recorded too. One log version per change, none when idle.
         """
         group = self.opts.consumer_group
-        if not group or not offsets or offsets == self._recorded:
+        if not group or not offsets:
             return
-        commit_consumer_offsets(self.opts.url, group, offsets,
-                                storage_options=self.opts.storage_options)
-        self._recorded = dict(offsets)
+        per: dict[str, dict[TopicQueue, int]] = {}
+        for (b, t, q), o in offsets.items():
+            per.setdefault(b, {})[(t, q)] = o
+        for b, one in sorted(per.items()):
+            if one and one != self._recorded.get(b):
+                opts = self.stores[b]
+                commit_consumer_offsets(opts.url, group, one,
+                                        storage_options=opts.storage_options)
+                self._recorded[b] = dict(one)
 
     def stop(self):
         pass

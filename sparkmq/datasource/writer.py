@@ -211,6 +211,11 @@ def _refuse_memory_url(url: str) -> None:
 def check_write_options(options: dict) -> None:
     """UserError for an option a write does not know, naming the closest known one."""
     from .options import unknown_option_error
+    several = [k for k in ("paths", "stores", "namesrv") if k in options]
+    if several:
+        raise UserError(f"a write goes to one store (got {', '.join(several)}): use "
+                        ".save(url); to spread a topic over brokers, write to each "
+                        "broker's store (or send through the brokers)")
     for key in options:
         if key not in WRITE_OPTIONS and not key.startswith("storage."):
             raise unknown_option_error(key, _WRITE_NAMES, "write")
