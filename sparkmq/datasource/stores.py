@@ -155,30 +155,13 @@ def check_one_store_offset(offset: dict | None) -> dict:
 
 
 # -- NameServer ----------------------------------------------------------------------
-def _namesrv_brokers(namesrv: str) -> list[dict] | None:
-    """``GET /brokers`` of the first NameServer of ``host:port[;host:port]`` that answers
-    (None if none does). The NameServer's HTTP/JSON API is called here, not through
-    ``sparkmq.namesrv.NameServerClient``: the layering contract keeps the data source
-    off the namesrv package (pyproject ``datasource-uses-the-log``)."""
-    for addr in namesrv.replace(",", ";").split(";"):
-        addr = addr.strip().removeprefix("http://")
-        if not addr:
-            continue
-        try:
-            with urllib.request.urlopen(f"http://{addr}/brokers",
-                                        timeout=ADMIN_TIMEOUT_S) as resp:
-                return list(json.loads(resp.read() or b"{}").get("brokers") or [])
-        except (OSError, ValueError):     # this NameServer is down or garbled: ask the next
-            continue
-    return None
-
-
 def namesrv_store_urls(namesrv: str, token_file: str | None = None) -> tuple[str, ...]:
     """The store URL of every broker group's master the NameServer ``namesrv`` knows
     (as ``sparkmq admin group progress --namesrv`` finds the brokers), from the
     ``store`` of each master's admin ``/status``."""
     from ..admin_auth import MISSING_TOKEN_HINT, auth_headers, find_token
-    brokers = _namesrv_brokers(namesrv)
+    from ..namesrv.client import NameServerClient
+    brokers = NameServerClient(namesrv).brokers()
     if brokers is None:
         raise UserError(f"option namesrv: no NameServer of {namesrv} answered")
     masters = sorted((b for b in brokers if b.get("brokerId") == 0), key=lambda b: b["brokerName"])
