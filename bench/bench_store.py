@@ -231,6 +231,40 @@ def checksum_cost(rows: list, msgs: int, path: str) -> None:
                          min(times[(kind, True)]), min(times[(kind, False)])))
 
 
+def fixed_cost(root: str, calls: int = 3000) -> str:
+    """The fixed CPU cost of one ``append_batch`` (issue 16 item 4; target <= 150 us): a
+    one-row batch already in SEGMENT_SCHEMA appended ``calls`` times (ASYNC_FLUSH),
+    ``time.process_time`` per call, against the floor of any append of it in the same
+    run: the same batch written as an Arrow IPC stream message to a file (pyarrow's
+    serialization plus one ``write``)."""
+    d = tempfile.mkdtemp(dir=root)
+    store = open_store(os.path.join(d, "store"), "ASYNC_FLUSH")
+    one = make_batch(1, seed=11)
+    try:
+        for _ in range(300):
+            store.append_batch(one)
+        t0 = time.process_time()
+        for _ in range(calls):
+            store.append_batch(one)
+        ours = (time.process_time() - t0) / calls
+    finally:
+        store.close()
+    with open(os.path.join(d, "floor.arrow"), "wb") as f:
+        sink = pa.PythonFile(f, mode="w")
+        writer = pa.ipc.new_stream(sink, one.schema)
+        for _ in range(300):
+            writer.write_batch(one)
+        t0 = time.process_time()
+        for _ in range(calls):
+            writer.write_batch(one)
+            f.flush()
+        floor = (time.process_time() - t0) / calls
+        writer.close()
+    shutil.rmtree(d, ignore_errors=True)
+    return (f"one-row append_batch: {ours * 1e6:.0f} us CPU per call (target <= 150); "
+            f"IPC write floor {floor * 1e6:.0f} us; ratio {ours / floor:.1f}x")
+
+
 def best_of(fn, repeat: int = 3) -> float:
     return min(fn() for _ in range(repeat))
 
@@ -334,6 +368,8 @@ def main() -> None:
         print(f"sparkmq store benchmark ({'quick' if args.quick else 'full'}); "
               f"pyarrow {pa.__version__}; {os.cpu_count()} cores; data in {root}")
         print_table(rows)
+        if "append" in args.only:
+            print(fixed_cost(root))
         if not args.skip_memory and "memory" in args.only:
             if args.quick:
                 print(bench_memory(root, QUICK_MEMORY_BYTES, 128 * MIB))
