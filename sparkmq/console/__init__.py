@@ -3,11 +3,13 @@ operator used to rocketmq-dashboard. Open ``http(s)://<host>:<adminPort>/console
 
 Pages (GET, :mod:`.pages`): ``/console`` the broker (cluster, name, role, state,
 epoch, HA link and replica lag), ``/console/topics`` and ``/console/topic?name=``
-(queues, min/max offset per queue, message type, permissions, retention, the
-create-topic form), ``/console/groups`` and ``/console/group?name=`` (lag per queue
-from ``log.progress.group_lag``), ``/console/dlq?group=`` (the group's ``%DLQ%``
+(queues, min/max offset per queue, message type, permissions, retention, messages
+in/out per second, the create-topic form), ``/console/groups`` and
+``/console/group?name=`` (lag per queue from ``log.progress.group_lag``, and over the
+last 10 minutes as an SVG sparkline), ``/console/dlq?group=`` (the group's ``%DLQ%``
 topic), ``/console/messages`` (search by message id, by key, by store time range)
-and ``/console/message?id=``.
+and ``/console/message?id=``. Rates and lag over time come from the samples of
+:mod:`.samples` (a ring in memory per broker).
 
 Writes (POST, :mod:`.actions`): ``/console/login`` and ``/console/logout`` (the
 session cookie), ``/console/topics`` (create a topic), ``/console/dlq/resend`` (send
@@ -22,8 +24,9 @@ form and must come with this endpoint's own ``Origin`` (CSRF). The pages carry n
 script and a Content-Security-Policy that allows none; every value shown is escaped
 (:mod:`.html`).
 
-Thread-safety: each request is handled on its own thread with no shared state here;
-what the pages read (store, broker services) is thread-safe.
+Thread-safety: each request is handled on its own thread; the only shared state is
+the sample rings of :mod:`.samples` (locked); what the pages read (store, broker
+services) is thread-safe.
 """
 from __future__ import annotations
 
