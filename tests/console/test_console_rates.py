@@ -3,8 +3,6 @@ on the topics page, lag sparklines on the group pages. Two looks with sends betw
 no timing is asserted."""
 from __future__ import annotations
 
-from html.parser import HTMLParser
-
 import pytest
 from rocketmq import FilterExpression, Producer, SimpleConsumer
 
@@ -14,56 +12,6 @@ from helpers.console import call
 pytestmark = [pytest.mark.integration]
 
 
-class _Cells(HTMLParser):
-    """The rows of the table with ``id``: the text of each cell, and whether it holds
-    an ``<svg>``."""
-
-    def __init__(self, table_id: str):
-        super().__init__()
-        self.table_id, self.inside, self.depth = table_id, False, 0
-        self.rows: list[list[str]] = []
-        self.svgs: list[list[bool]] = []
-        self._cell: list[str] | None = None
-
-    def handle_starttag(self, tag, attrs):
-        if tag == "table" and dict(attrs).get("id") == self.table_id:
-            self.inside = True
-        if not self.inside:
-            return
-        if tag == "tr":
-            self.rows.append([])
-            self.svgs.append([])
-        elif tag == "td":
-            self._cell = []
-            self.svgs[-1].append(False)
-        elif tag == "svg" and self._cell is not None:
-            self.svgs[-1][-1] = True
-
-    def handle_endtag(self, tag):
-        if not self.inside:
-            return
-        if tag == "td" and self._cell is not None:
-            self.rows[-1].append("".join(self._cell).strip())
-            self._cell = None
-        elif tag == "table":
-            self.inside = False
-
-    def handle_data(self, data):
-        if self._cell is not None:
-            self._cell.append(data)
-
-
-def table(body: str, table_id: str) -> tuple[list[str], dict[str, list[str]], dict]:
-    """(header, rows by first cell, svg flags by first cell) of table ``table_id``."""
-    p = _Cells(table_id)
-    p.feed(body)
-    header = body.split(f'id="{table_id}"', 1)[1].split("</thead>", 1)[0]
-    names = [c.split("</th>", 1)[0] for c in header.split("<th>")[1:]]
-    rows = {r[0]: r for r in p.rows if r}
-    svgs = {r[0]: s for r, s in zip(p.rows, p.svgs) if r}
-    return names, rows, svgs
-
-
 def look(console, path: str) -> str:
     status, _, body = call(console.base, "GET", path,
                            headers={"Authorization": f"Bearer {console.token}"})
@@ -71,7 +19,8 @@ def look(console, path: str) -> str:
     return body
 
 
-def test_after_sends_the_topics_page_shows_a_nonzero_in_rate(console, clients):
+def test_after_sends_the_topics_page_shows_a_nonzero_in_rate(console, clients, html_table):
+    table = html_table
     console.broker.admin.create_topic({"name": "Rated", "queueNums": 2})
     console.broker.admin.create_topic({"name": "Idle", "queueNums": 1})
     header, rows, _ = table(look(console, "/console/topics"), "topics")   # first sample
@@ -92,7 +41,8 @@ def test_after_sends_the_topics_page_shows_a_nonzero_in_rate(console, clients):
     assert float(rows["Idle"][col_in]) == 0
 
 
-def test_the_group_pages_draw_lag_over_time_as_svg(console):
+def test_the_group_pages_draw_lag_over_time_as_svg(console, html_table):
+    table = html_table
     b = console.broker
     b.admin.create_topic({"name": "Lagging", "queueNums": 1})
     from sparkmq.log.message import Message
