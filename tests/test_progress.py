@@ -77,3 +77,20 @@ def test_a_retention_run_reports_progress_in_log_lines(tmp_path, caplog, monkeyp
     assert mine, lines
     done, total = mine[-1][len(f"retention {url}: files: "):].split(" ", 1)[0].split("/")
     assert done == total and int(total) >= 2 * len(removed)
+
+
+def test_track_draws_a_bar_on_a_terminal_and_prints_lines_elsewhere(monkeypatch):
+    """What the bench scripts wrap their loops in: a bar on a terminal, else a line on
+    stderr now and then (none for a loop quicker than the interval)."""
+    import sparkmq.progress as progress
+    tty, plain = _Tty(), io.StringIO()
+    monkeypatch.setattr(progress.sys, "stderr", tty)
+    assert list(progress.track(range(5), "sends")) == [0, 1, 2, 3, 4]
+    assert "sends:" in tty.getvalue() and "it/s" in tty.getvalue()
+    monkeypatch.setattr(progress.sys, "stderr", plain)
+    assert sum(progress.track(iter(range(4)), "reads", total=4, every_s=0)) == 6
+    assert plain.getvalue().splitlines()[-1].startswith("reads: 4/4 it (100 %)")
+    quiet = io.StringIO()
+    monkeypatch.setattr(progress.sys, "stderr", quiet)
+    list(progress.track(range(3), "quick", every_s=60))
+    assert quiet.getvalue() == ""
