@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from sparkmq.progress import track
 
 BODY = os.urandom(1024)
 
@@ -139,13 +140,13 @@ def bench_sparkmq(tmp: str, n: int, batch: int, m: int) -> dict:
             for x in c.receive(8, wait_s=2):
                 c.ack(x)
             t0 = time.perf_counter()
-            for _ in range(n // batch):
+            for _ in track(range(n // batch), "throughput sends", unit="batches"):
                 p.send_batch([Message("tput", BODY) for _ in range(batch)])
             tput = (n // batch) * batch / (time.perf_counter() - t0)
             tput_k = in_flight(lambda: p.send_batch([Message("tput", BODY) for _ in range(batch)]),
                                n // batch) * batch
             lat = []
-            for _ in range(m):
+            for _ in track(range(m), "latency sends"):
                 t = time.perf_counter()
                 p.send(Message("lat", BODY))
                 lat.append(time.perf_counter() - t)
@@ -206,7 +207,7 @@ def ping_pong(consumer_loop, send, m: int) -> list[float]:
     time.sleep(0.3)                          # let the consumer enter its long poll
     out = []
     try:
-        for _ in range(m):
+        for _ in track(range(m), "latency sends"):
             t0 = time.perf_counter()
             send()
             out.append(got.get(timeout=10) - t0)
@@ -237,12 +238,12 @@ def bench_redis(tmp: str, n: int, batch: int, m: int) -> dict | None:
         for t in ("tput", "lat"):
             warm_up(lambda: pipelined(t), lambda: r.xadd(t, {"b": BODY}))
         t0 = time.perf_counter()
-        for _ in range(n // batch):
+        for _ in track(range(n // batch), "throughput sends", unit="batches"):
             pipelined("tput")
         tput = (n // batch) * batch / (time.perf_counter() - t0)
         tput_k = in_flight(lambda: pipelined("tput"), n // batch) * batch   # own pipeline each
         lat = []
-        for _ in range(m):
+        for _ in track(range(m), "latency sends"):
             t = time.perf_counter()
             r.xadd("lat", {"b": BODY})
             lat.append(time.perf_counter() - t)
@@ -286,7 +287,7 @@ async def _nats(port: int, n: int, batch: int, m: int) -> dict:
             for _ in range(WARM_UP_SENDS):
                 await js.publish(s, BODY)
         t0 = time.perf_counter()
-        for _ in range(n // batch):
+        for _ in track(range(n // batch), "throughput sends", unit="batches"):
             futs = [await js.publish_async("tput", BODY) for _ in range(batch)]
             await asyncio.gather(*futs)
         tput = (n // batch) * batch / (time.perf_counter() - t0)
@@ -297,7 +298,7 @@ async def _nats(port: int, n: int, batch: int, m: int) -> dict:
             await asyncio.gather(*futs)
         tput_k = (n // burst) * burst / (time.perf_counter() - t0)
         lat = []
-        for _ in range(m):
+        for _ in track(range(m), "latency sends"):
             t = time.perf_counter()
             await js.publish("lat", BODY)
             lat.append(time.perf_counter() - t)
@@ -317,7 +318,7 @@ async def _nats(port: int, n: int, batch: int, m: int) -> dict:
         task = asyncio.create_task(recv())
         await asyncio.sleep(0.3)
         e2e = []
-        for _ in range(m):
+        for _ in track(range(m), "latency sends"):
             t0 = time.perf_counter()
             await js.publish("e2e", BODY)
             e2e.append(await asyncio.wait_for(got.get(), 10) - t0)
@@ -381,7 +382,7 @@ def bench_grpc_floor(tmp: str, n: int, batch: int, m: int) -> dict:
                               response_deserializer=ident)
         warm_up(lambda: call(b""), lambda: call(b""))
         lat = []
-        for _ in range(m):
+        for _ in track(range(m), "latency sends"):
             t = time.perf_counter()
             call(b"")
             lat.append(time.perf_counter() - t)
@@ -458,7 +459,7 @@ def send_floor(n: int, batch: int, workers: int = 128, server_options=(),
         for _ in range(1 + WARM_UP_SENDS // 10):
             send(data, timeout=30, metadata=meta)
         t0 = time.perf_counter()
-        for _ in range(n // batch):
+        for _ in track(range(n // batch), "throughput sends", unit="batches"):
             r = send(data, timeout=30, metadata=meta)
             if len(r.entries) != batch:
                 raise RuntimeError(f"floor server answered {len(r.entries)} entries")
@@ -579,7 +580,7 @@ def main(argv=None) -> int:
     fns = {"sparkmq": bench_sparkmq, "redis": bench_redis, "nats": bench_nats,
            "grpc floor": bench_grpc_floor}
     runs = []
-    for run in range(args.repeat):
+    for run in track(range(args.repeat), "runs"):
         results: dict[str, dict | None] = {}
         for name, fn in fns.items():
             with tempfile.TemporaryDirectory(prefix=f"bench-{name.replace(' ', '-')}-") as tmp:

@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from conftest import free_port  # noqa: E402
 
 from sparkmq.broker import Broker, BrokerConfig  # noqa: E402
+from sparkmq.progress import track  # noqa: E402
 
 BATCH = 100
 BODY = b"x" * 1024
@@ -51,7 +52,7 @@ def message(topic: str, due_ms: int | None = None) -> pb.Message:
 def send_all(stub, msgs: list[pb.Message]) -> float:
     """Send in batches; returns messages per second."""
     t0 = time.perf_counter()
-    for i in range(0, len(msgs), BATCH):
+    for i in track(range(0, len(msgs), BATCH), "sends", unit="batches"):
         resp = stub.SendMessage(spb.SendMessageRequest(messages=msgs[i:i + BATCH]), timeout=60)
         if resp.status.code != pb.Code.OK:
             raise RuntimeError(f"send failed: {resp.status}")

@@ -28,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_broker import (BODY, bench_redis, free_port, pct, process,  # noqa: E402
                           wait_port)
+from sparkmq.progress import track  # noqa: E402
 
 FLOOR = textwrap.dedent("""
     import sys
@@ -92,7 +93,7 @@ def bench_sparkmq_flight(tmp: str, n: int, batch_n: int, m: int) -> dict:
         _put_round_trips(flight, 1, e2e_one)
         writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), big.schema)
         t0 = time.perf_counter()
-        for _ in range(n // batch_n):
+        for _ in track(range(n // batch_n), "throughput puts", unit="batches"):
             writer.write_batch(big)
             reader.read()
         tput = (n // batch_n) * batch_n / (time.perf_counter() - t0)
@@ -109,7 +110,7 @@ def _e2e(client, port: int, one, m: int) -> list[float]:
     got: dict = {}
     out = []
     writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), one.schema)
-    for _ in range(m):
+    for _ in track(range(m), "round trips"):
         writer.write_batch(one)               # the offset the next message will get
         a = pa.ipc.open_stream(reader.read()).read_all()
         offset = a.column("queue_offset")[0].as_py() + 1

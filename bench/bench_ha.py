@@ -50,6 +50,7 @@ import pyarrow as pa
 
 from sparkmq.ha.master import HAService
 from sparkmq.log.store import Store
+from sparkmq.progress import track
 
 SECRET = "bench-secret-0123456789"
 TOPIC = "bench"
@@ -200,7 +201,7 @@ def fill_master(root: str, mib: int) -> tuple[Store, str]:
     store = Store.open(url, mappedFileSizeCommitLog=32 * MIB)
     store.create_topic(TOPIC, read_queue_nums=4, write_queue_nums=4)
     table = make_batch(1000)
-    for _ in range(mib * MIB // (1000 * BODY_BYTES)):
+    for _ in track(range(mib * MIB // (1000 * BODY_BYTES)), "appends", unit="batches"):
         store.append_batch(table)
     store.flush()
     return store, url
@@ -347,7 +348,7 @@ def main() -> int:
             modes = ("none", "async", "sync", "async-null", "sync-null")
             rates: dict[str, list[float]] = {m: [] for m in modes}
             ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
-            for _ in range(args.repeat):
+            for _ in track(range(args.repeat), "runs"):
                 run = {m: send_run(root, m, messages=messages, batch=args.batch,
                                    threads=args.threads, replica_root=dest)
                        for m in modes}

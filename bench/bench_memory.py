@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_broker import free_port, process  # noqa: E402
 from bench_polls import rss_kib  # noqa: E402
+from sparkmq.progress import track  # noqa: E402
 
 TOPICS = 1000
 BODY = b"x" * 1024
@@ -73,7 +74,7 @@ def main() -> int:
           f"{seconds:.0f} s per broker")
     print(f"{'case':<28} {'messages':>9} {'RSS warm MiB':>13} {'RSS end MiB':>12} "
           f"{'growth':>7} {'MiB/100k msgs':>14}")
-    for label, extra in cases:
+    for label, extra in track(cases, "cases"):
         with tempfile.TemporaryDirectory() as tmp:
             samples = run(tmp, seconds, extra)
         warm = next(s for s in samples if s[0] >= seconds / 3)

@@ -22,6 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_broker import free_port, process  # noqa: E402
+from sparkmq.progress import track  # noqa: E402
 
 WORKERS = 32
 SENDS = 300
@@ -88,14 +89,14 @@ def main() -> int:
                     list(c)
                 for _ in range(50):
                     p.send(Message("lat", b"x" * 1024))
-                for n in steps:
+                for n in track(steps, "held polls steps"):
                     calls = open_polls(stub, n, 50)
                     deadline = time.monotonic() + 30
                     while held(admin, token) < n and time.monotonic() < deadline:
                         time.sleep(0.05)
                     holding = held(admin, token)
                     lat = []
-                    for _ in range(SENDS):
+                    for _ in track(range(SENDS), "sends"):
                         t = time.perf_counter()
                         p.send(Message("lat", b"x" * 1024))
                         lat.append(time.perf_counter() - t)

@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from sparkmq import Store
 from sparkmq.log import segment as seg
+from sparkmq.progress import track
 
 HOUR_MS = 3_600_000
 
@@ -46,7 +47,7 @@ def build(url: str, clock: Clock, topics: int, queues: int, messages: int) -> St
         s.create_topic(f"T{t}", read_queue_nums=queues, write_queue_nums=queues)
     per_batch = 100
     body = b"x" * 200
-    for i in range(messages // per_batch):
+    for i in track(range(messages // per_batch), "appends", unit="batches"):
         t = i % topics
         s.append_batch(pa.table({"topic": [f"T{t}"] * per_batch,
                                  "queue_id": pa.array([j % queues for j in range(per_batch)],
@@ -73,7 +74,7 @@ def old_rule(s: Store) -> int:
 
 def timed(fn, repeat: int = 3) -> float:
     best = float("inf")
-    for _ in range(repeat):
+    for _ in track(range(repeat), "runs"):
         t0 = time.perf_counter()
         fn()
         best = min(best, time.perf_counter() - t0)

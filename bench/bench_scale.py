@@ -19,11 +19,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sparkmq import Message, Snapshot, Store  # noqa: E402
+from sparkmq.progress import track  # noqa: E402
 
 
 def best(fn, runs: int = 5) -> float:
     out = []
-    for _ in range(runs):
+    for _ in track(range(runs), "runs"):
         t = time.perf_counter()
         fn()
         out.append(time.perf_counter() - t)
@@ -35,7 +36,7 @@ def versions_case(tmp: str, steps: list[int]) -> list[tuple[int, float]]:
     rows = []
     with Store.open(url, mode="w", start_services=False) as s:
         s.create_topic("T", read_queue_nums=1, write_queue_nums=1)
-        for target in steps:
+        for target in track(steps, "steps"):
             while s.state.version < target:      # one small commit per version
                 s.commit_consumer_offsets("G", {("T", 0): s.state.version % 7})
             rows.append((target, best(lambda: Snapshot.load(url))))
@@ -48,7 +49,7 @@ def topics_case(tmp: str, steps: list[int]) -> list[tuple[int, dict]]:
     made = 0
     s = Store.open(url, mode="w", start_services=False)
     try:
-        for target in steps:
+        for target in track(steps, "steps"):
             t = time.perf_counter()
             while made < target:
                 s.create_topic(f"T{made}", read_queue_nums=8, write_queue_nums=8)

@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
+from sparkmq.progress import track
 
 DEFAULT_ROWS = 1_000_000
 QUICK_ROWS = 100_000
@@ -81,7 +82,7 @@ def bench_write(spark, df, rows: int, root: str, repeat: int = 1) -> dict:
     from sparkmq import Store
     store = os.path.join(root, "store")
     with Store.open(store, mode="w", start_services=False) as s:
-        for i in range(repeat):
+        for i in track(range(repeat), "runs"):
             s.create_topic("bench" if i == 0 else f"bench{i}", write_queue_nums=4,
                            read_queue_nums=4)
         s.create_topic("warmup", write_queue_nums=1, read_queue_nums=1)
@@ -90,7 +91,7 @@ def bench_write(spark, df, rows: int, root: str, repeat: int = 1) -> dict:
     warm.write.format("sparkmq").mode("append").option("topic", "warmup").save(store)
     warm.write.mode("overwrite").parquet(os.path.join(root, "warmup"))
     t_mq, t_pq = [], []
-    for i in range(repeat):
+    for i in track(range(repeat), "runs"):
         t_mq.append(timed(lambda: df.write.format("sparkmq").mode("append")
                           .option("topic", "bench" if i == 0 else f"bench{i}").save(store)))
         t_pq.append(timed(lambda: df.write.mode("overwrite").parquet(pq_dir)))

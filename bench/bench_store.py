@@ -50,6 +50,7 @@ from sparkmq.log import checksum
 from sparkmq.log import format as fmt
 from sparkmq.log.message import Message
 from sparkmq.log.store import Store
+from sparkmq.progress import track
 
 BODY_BYTES = 1024
 TOPIC = "bench"
@@ -163,7 +164,7 @@ def bench_read(root: str, n: int, rows: list) -> None:
     path = os.path.join(d, "store")
     store = open_store(path, "ASYNC_FLUSH")
     template = make_batch(1000, seed=7)
-    for _ in range(n // 1000):
+    for _ in track(range(n // 1000), "appends", unit="batches"):
         store.append_batch(template)
     store.close()
     msgs = (n // 1000) * 1000
@@ -276,7 +277,7 @@ def memory_child(path: str, total_bytes: int, segment_bytes: int) -> None:
     template = make_batch(1000, seed=3)
     n_batches = total_bytes // (1000 * BODY_BYTES)
     t0 = time.perf_counter()
-    for _ in range(n_batches):
+    for _ in track(range(n_batches), "appends", unit="batches"):
         store.append_batch(template)
     store.flush()
     elapsed = time.perf_counter() - t0

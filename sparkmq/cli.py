@@ -9,6 +9,8 @@ Subcommands that inspect a store (read-only; safe while a writer runs):
 * ``sparkmq demo``                    the main job on an embedded default
 * ``sparkmq tls selfsigned --out DIR`` a self-signed key and certificate for development
 
+The web console of a whole cluster: ``sparkmq console --namesrv host:9876 [--port P]``.
+
 Daemons: ``sparkmq namesrv -p 9876``, ``sparkmq broker -c conf/broker-a.properties`` and
 ``sparkmq replica -c conf/broker-a-s.properties``
 (their own option parsers; ``--help`` lists them).
@@ -135,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("controller", help="run a controller node (sparkmq controller --help)")
     sub.add_parser("admin", help="mqadmin-style commands (sparkmq admin --help)")
     sub.add_parser("tls", help="development TLS material (sparkmq tls selfsigned --help)")
+    sub.add_parser("console", help="web console of a cluster: sparkmq console --namesrv ADDR")
 
     s = sub.add_parser("topics", help="list topics and queues with their offsets")
     s.add_argument("store")
@@ -192,6 +195,9 @@ def _main(argv: list[str] | None) -> int:
     if argv and argv[0] == "replica":
         from .broker import main as broker_main
         return broker_main(argv[1:], replica=True) or 0
+    if argv and argv[0] == "console":
+        from .console.cluster import main as console_main
+        return console_main(argv[1:]) or 0
     if argv and argv[0] in ("broker", "namesrv", "admin", "tls", "controller"):
         if argv[0] == "broker":
             from .broker import main as daemon_main

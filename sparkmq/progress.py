@@ -25,11 +25,14 @@ class Progress:
     between a bar (a terminal) and log lines."""
 
     def __init__(self, total: int, desc: str, *, unit: str = "it", stream=None,
-                 every_s: float | None = None, print_lines: bool = False):
+                 every_s: float | None = None, print_lines: bool = False,
+                 end_line: bool | None = None):
         """``print_lines``: write the lines to ``stream`` (a command's stderr) instead of
-        logging them (a daemon), and always end with one."""
+        logging them (a daemon), and always end with one (``end_line`` False: only when
+        the work took at least ``every_s``, as logged lines do)."""
         self.total, self.desc, self.unit = int(total), desc, unit
         self.print_lines = print_lines
+        self.end_line = print_lines if end_line is None else end_line
         self.done = 0
         self.every_s = LOG_EVERY_S if every_s is None else every_s
         self._start = self._last = time.monotonic()
@@ -65,7 +68,7 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        elif self.print_lines or time.monotonic() - self._start >= self.every_s:
+        elif self.end_line or time.monotonic() - self._start >= self.every_s:
             self._line(time.monotonic())           # long work ends with a last line
 
     def __enter__(self) -> "Progress":
@@ -73,3 +76,17 @@ class Progress:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def track(iterable, desc: str, *, total: int | None = None, unit: str = "it",
+          every_s: float | None = None):
+    """Yield from ``iterable`` with a :class:`Progress` over it (``total``: its length
+    when it has none): a bar on a terminal, else a line on stderr every ``every_s``
+    (bench scripts: their results go to stdout, untouched)."""
+    if total is None:
+        total = len(iterable)
+    with Progress(total, desc, unit=unit, every_s=every_s, print_lines=True,
+                  end_line=False) as p:
+        for item in iterable:
+            yield item
+            p.advance()

@@ -3,11 +3,14 @@ operator used to rocketmq-dashboard. Open ``http(s)://<host>:<adminPort>/console
 
 Pages (GET, :mod:`.pages`): ``/console`` the broker (cluster, name, role, state,
 epoch, HA link and replica lag), ``/console/topics`` and ``/console/topic?name=``
-(queues, min/max offset per queue, message type, permissions, retention, the
-create-topic form), ``/console/groups`` and ``/console/group?name=`` (lag per queue
-from ``log.progress.group_lag``), ``/console/dlq?group=`` (the group's ``%DLQ%``
+(queues, min/max offset per queue, message type, permissions, retention, messages
+in/out per second, the create-topic form), ``/console/groups`` and
+``/console/group?name=`` (lag per queue from ``log.progress.group_lag``, and over the
+last 10 minutes as an SVG sparkline), ``/console/dlq?group=`` (the group's ``%DLQ%``
 topic), ``/console/messages`` (search by message id, by key, by store time range)
-and ``/console/message?id=``.
+and ``/console/message?id=``; ``/console/api/summary`` is all of it as JSON for
+the cluster console (:mod:`.api`, :mod:`.cluster`). Rates and lag over time come from the samples of
+:mod:`.samples` (a ring in memory per broker).
 
 Writes (POST, :mod:`.actions`): ``/console/login`` and ``/console/logout`` (the
 session cookie), ``/console/topics`` (create a topic), ``/console/dlq/resend`` (send
@@ -22,8 +25,9 @@ form and must come with this endpoint's own ``Origin`` (CSRF). The pages carry n
 script and a Content-Security-Policy that allows none; every value shown is escaped
 (:mod:`.html`).
 
-Thread-safety: each request is handled on its own thread with no shared state here;
-what the pages read (store, broker services) is thread-safe.
+Thread-safety: each request is handled on its own thread; the only shared state is
+the sample rings of :mod:`.samples` (locked); what the pages read (store, broker
+services) is thread-safe.
 """
 from __future__ import annotations
 
@@ -89,15 +93,17 @@ def error_page(status: int, message: str, title: str = "Error") -> Page:
     return Page(status, h.page(title, "", error=message, who="admin"))
 
 
-def refusal_page(refusal, target: str) -> Page:
+def refusal_page(refusal, target: str, nav_links=h.NAV) -> Page:
     """The guard's refusal as a page; a 401 shows the login form (back to ``target``,
     the path with its query)."""
     if refusal.status == 401:
         from .pages import login_form
         return Page(401, h.page("Log in", login_form(target), error="This console needs the "
-                                "broker's admin token."), headers=h.SECURITY_HEADERS
-                    + tuple(refusal.headers) + (("Connection", "close"),))
-    return Page(refusal.status, h.page("Refused", "", error=refusal.message),
+                                "broker's admin token.", nav_links=nav_links),
+                    headers=h.SECURITY_HEADERS + tuple(refusal.headers)
+                    + (("Connection", "close"),))
+    return Page(refusal.status, h.page("Refused", "", error=refusal.message,
+                                       nav_links=nav_links),
                 headers=h.SECURITY_HEADERS + (("Connection", "close"),))
 
 
@@ -111,7 +117,7 @@ def handle(broker, guard, method: str, target: str, headers: Mapping[str, str],
            body: bytes) -> Page:
     """Answer one console request that the guard let through (``target``: the path
     with its query string; ``body``: a POST's form, url-encoded)."""
-    from . import actions, pages
+    from . import actions, api, pages
     url = urlsplit(target)
     path = url.path.rstrip("/") or "/"
     try:
@@ -119,7 +125,7 @@ def handle(broker, guard, method: str, target: str, headers: Mapping[str, str],
     except UnicodeDecodeError:
         return error_page(400, "the form is not UTF-8")
     req = Request(broker, guard, method, path, _fields(url.query), form, headers)
-    routes = pages.ROUTES if method == "GET" else actions.ROUTES
+    routes = {**pages.ROUTES, **api.ROUTES} if method == "GET" else actions.ROUTES
     route = routes.get(path)
     if route is None:
         return error_page(404 if method == "GET" else 405, f"no console page {path}",

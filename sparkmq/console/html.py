@@ -117,10 +117,11 @@ def form(action: str, content, *, method: str = "post", button: str = "Submit",
 
 
 def page(title: str, content, *, active: str = "", who: str | None = None,
-         notice: str | None = None, error: str | None = None) -> str:
-    """The whole document: header with the navigation, then ``content``."""
+         notice: str | None = None, error: str | None = None, nav_links=NAV) -> str:
+    """The whole document: header with the navigation (``nav_links``: (text, href)
+    pairs), then ``content``."""
     nav = join(tag("a", text, href=href, class_="on" if href == active else None)
-               for text, href in NAV)
+               for text, href in nav_links)
     logout = "" if who is None else form("/console/logout", "", button="Log out",
                                          class_="inline")
     head = tag("header", join([tag("strong", "SparkMQ Console"), nav,
@@ -130,6 +131,33 @@ def page(title: str, content, *, active: str = "", who: str | None = None,
     return ("<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{esc(title)} - SparkMQ Console</title><style>{STYLE}</style></head>"
             f"<body>{head}<main><h1>{esc(title)}</h1>{flash}{esc(content)}</main></body></html>")
+
+
+def sparkline(values: Sequence[float], *, width: int = 120, height: int = 24,
+              label: str = "") -> Markup:
+    """``values`` (oldest first) as an inline SVG line, no script; its ``<title>``
+    says the last, least and greatest value. Empty for fewer than one value."""
+    if not values:
+        return Markup("")
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1
+    step = (width - 2) / max(1, len(values) - 1)
+    points = " ".join(f"{1 + i * step:.1f},{height - 2 - (v - lo) * (height - 4) / span:.1f}"
+                      for i, v in enumerate(values))
+    if len(values) == 1:
+        points += f" {width - 1:.1f},{points.split(',')[1]}"
+    title = f"{label}{' ' if label else ''}last {values[-1]:g}, min {lo:g}, max {hi:g} " \
+            f"({len(values)} samples)"
+    return Markup(f'<svg class="spark" width="{width}" height="{height}" '
+                  f'viewBox="0 0 {width} {height}" role="img" aria-label="{esc(title)}">'
+                  f"<title>{esc(title)}</title>"
+                  f'<polyline fill="none" stroke="#1f3a5f" stroke-width="1.5" '
+                  f'points="{points}"/></svg>')
+
+
+def rate_text(per_s: float | None) -> str:
+    """Messages per second as shown: blank when unknown, else two decimals."""
+    return "" if per_s is None else f"{per_s:.2f}"
 
 
 def when(ms: int | None) -> str:

@@ -125,21 +125,32 @@ def topics(req):
     """Every topic: kind, message type, permission, queues, messages, retention; and
     the create-topic form."""
     from ..log.topics import topic_message_type
+    from .samples import ring_for
     store = req.broker.store
+    ring = ring_for(req.broker)
+    now = ring.now()
+    rates = ring.rates(now) if now is not None else {}
     rows = []
     for name, conf in sorted(store.topics().items()):
         ranges = store.queue_ranges(name)
+        rate_in, rate_out = rates.get(name, (0.0, 0.0)) if rates else (None, None)
         rows.append([h.link(name, topic_url(name)), topic_kind(name), topic_message_type(conf),
                      perm_text(conf.perm), conf.read_queue_nums, conf.write_queue_nums,
                      sum(hi - lo for lo, hi in ranges.values()),
+                     h.rate_text(rate_in), h.rate_text(rate_out),
+                     h.sparkline(ring.in_rate_series(name, now), label="msg/s in"),
                      retention_text(conf.retention_ms, "ms"),
                      retention_text(conf.retention_bytes, "bytes")])
     table = h.table(["Topic", "Kind", "Message type", "Perm", "Read queues", "Write queues",
-                     "Messages", "Retention time", "Retention size"], rows,
-                    numeric=(4, 5, 6), id_="topics")
+                     "Messages", "In msg/s", "Out msg/s", "In, last 10 min", "Retention time",
+                     "Retention size"], rows, numeric=(4, 5, 6, 7, 8), id_="topics")
+    note = h.tag("p", "Rates: messages stored by sends (in) and delivered to consumers (out) "
+                      "per second over the last minute, from this console's samples (every "
+                      f"{ring.interval_s:g} s; blank until a second sample). Spark reads of "
+                      "the table are not deliveries.")
     notice = "Topic created." if req.arg("notice") == "created" else None
-    return _page(req, "Topics", h.join([table, create_topic_form()]), active="/console/topics",
-                 notice=notice)
+    return _page(req, "Topics", h.join([table, note, create_topic_form()]),
+                 active="/console/topics", notice=notice)
 
 
 def create_topic_form(name: str = "", queues: str = "", message_type: str = "NORMAL",
@@ -198,8 +209,11 @@ def group_names(broker) -> list[str]:
 def groups(req):
     """Every consumer group: config, online clients, total lag, dead letters."""
     from ..log.progress import group_lag
+    from .samples import ring_for
     b = req.broker
     store = b.store
+    ring = ring_for(b)
+    now = ring.now()
     confs, online = store.subscription_groups(), b.clients.groups()
     topics_now = store.topics()
     rows = []
@@ -213,9 +227,11 @@ def groups(req):
                      "yes" if conf and conf.orderly else "no",
                      conf.retry_max_times if conf and conf.retry_max_times is not None
                      else "broker default", online.get(g, 0),
-                     sum(r["lag"] for r in lag), h.link(dead, dlq_url(g)) if dead else 0])
+                     sum(r["lag"] for r in lag),
+                     h.sparkline(ring.lag_series(g, now=now), label="lag"),
+                     h.link(dead, dlq_url(g)) if dead else 0])
     table = h.table(["Group", "Configured", "Orderly", "Max retries", "Clients online", "Lag",
-                     "Dead letters"], rows, numeric=(4, 5, 6), id_="groups")
+                     "Lag, last 10 min", "Dead letters"], rows, numeric=(4, 5, 7), id_="groups")
     return _page(req, "Consumer groups", table, active="/console/groups")
 
 
@@ -225,17 +241,25 @@ def group(req):
     name = req.arg("name")
     if not name:
         raise UserError("give the group: ?name=GROUP")
+    from .samples import ring_for
     b = req.broker
+    ring = ring_for(b)
+    now = ring.now()
     rows = group_lag(b.store, name)
-    table = h.table(["Topic", "Queue", "Consumer offset", "Max offset", "Lag"],
+    table = h.table(["Topic", "Queue", "Consumer offset", "Max offset", "Lag",
+                     "Lag, last 10 min"],
                     [[h.link(r["topic"], topic_url(r["topic"])), r["queueId"],
-                      r["consumerOffset"], r["maxOffset"], r["lag"]] for r in rows],
+                      r["consumerOffset"], r["maxOffset"], r["lag"],
+                      h.sparkline(ring.lag_series(name, (r["topic"], r["queueId"]), now),
+                                  label="lag")] for r in rows],
                     numeric=(1, 2, 3, 4), id_="lag", empty="no committed offsets")
     conf = b.store.subscription_groups().get(name)
     facts = h.table(["Group", "Value"], [
         ("Name", name), ("Configured", "yes" if conf else "no"),
         ("Clients online", b.clients.groups().get(name, 0)),
-        ("Total lag", sum(r["lag"] for r in rows))], id_="group")
+        ("Total lag", sum(r["lag"] for r in rows)),
+        ("Total lag, last 10 min", h.sparkline(ring.lag_series(name, now=now), width=240,
+                                               height=40, label="total lag"))], id_="group")
     return _page(req, f"Consumer group {name}", h.join([
         facts, h.tag("h2", "Lag per queue"), table,
         h.tag("p", "Offsets as last persisted (flushConsumerOffsetInterval)."),

@@ -46,6 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import UserError
+from ..progress import Progress
 from .disk import note_disk_usage, retention_due
 from . import segment as seg
 from .actions import Action, QueueFloor, QueueStats, RemoveFile, Retention, TopicConfig
@@ -523,24 +524,36 @@ def remove_segments(store: "Store", paths: Sequence[str], *,
         if not paths and all(v <= prev.get(k, 0) for k, v in qmin.items()):
             return []
         now = store.clock_ms()
-        actions: list[Action] = [RemoveFile(path=p, deletion_timestamp=now, data_change=True)
-                                 for p in paths]
-        for add in store.state.consumequeue_files.values():
-            if all(int(_or(q.max_batch_offset, 1 << 62)) < floor or
-                   int(q.max_offset) <= qmin.get((q.topic_id, q.queue_id), 0)
-                   for q in add.queues or ()):
-                actions.append(RemoveFile(path=add.path, deletion_timestamp=now,
-                                          data_change=False))
-        for add in store.state.index_files.values():
-            # (files written before maxBatchOffset was logged stay: compaction drops
-            # their entries below the floor when it merges them)
-            if add.max_batch_offset is not None and int(add.max_batch_offset) < floor:
-                actions.append(RemoveFile(path=add.path, deletion_timestamp=now,
-                                          data_change=False))
-        actions.append(Retention(min_physical_offset=floor, queues=tuple(queues), time=now))
-        store.commit_actions(lambda s: actions, "RETENTION", {"segments": len(paths)})
-        store.commitlog.drop_segments(set(paths))
-        log.info("retention removed %d segments below physical offset %d", len(paths), floor)
+        cq_files = list(store.state.consumequeue_files.values())
+        index_files = list(store.state.index_files.values())
+        # a pass over many files says where it is (a bar on a terminal, else log lines)
+        with Progress(2 * len(paths) + len(cq_files) + len(index_files),
+                      f"retention {store.url}: files", unit="files") as progress:
+            actions: list[Action] = [RemoveFile(path=p, deletion_timestamp=now,
+                                                data_change=True) for p in paths]
+            progress.advance(len(paths))
+            for add in cq_files:
+                if all(int(_or(q.max_batch_offset, 1 << 62)) < floor or
+                       int(q.max_offset) <= qmin.get((q.topic_id, q.queue_id), 0)
+                       for q in add.queues or ()):
+                    actions.append(RemoveFile(path=add.path, deletion_timestamp=now,
+                                              data_change=False))
+                progress.advance()
+            for add in index_files:
+                # (files written before maxBatchOffset was logged stay: compaction drops
+                # their entries below the floor when it merges them)
+                if add.max_batch_offset is not None and int(add.max_batch_offset) < floor:
+                    actions.append(RemoveFile(path=add.path, deletion_timestamp=now,
+                                              data_change=False))
+                progress.advance()
+            actions.append(Retention(min_physical_offset=floor, queues=tuple(queues),
+                                     time=now))
+            store.commit_actions(lambda s: actions, "RETENTION", {"segments": len(paths)})
+            for path in paths:            # one at a time: the progress moves per segment
+                store.commitlog.drop_segments({path})
+                progress.advance()
+        log.info("retention removed %d segments and %d other files below physical offset %d",
+                 len(paths), len(actions) - 1 - len(paths), floor)
         return list(paths)
 
 

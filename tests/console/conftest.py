@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from html.parser import HTMLParser
 
 import pytest
 
@@ -77,3 +78,71 @@ class Console:
 @pytest.fixture
 def console(make_broker):
     return Console(make_broker())
+
+
+class _Cells(HTMLParser):
+    """The rows of the table with ``id``: the text of each cell, and whether it holds
+    an ``<svg>``."""
+
+    def __init__(self, table_id: str):
+        super().__init__()
+        self.table_id, self.inside, self.depth = table_id, False, 0
+        self.rows: list[list[str]] = []
+        self.svgs: list[list[bool]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table" and dict(attrs).get("id") == self.table_id:
+            self.inside = True
+        if not self.inside:
+            return
+        if tag == "tr":
+            self.rows.append([])
+            self.svgs.append([])
+        elif tag == "td":
+            self._cell = []
+            self.svgs[-1].append(False)
+        elif tag == "svg" and self._cell is not None:
+            self.svgs[-1][-1] = True
+
+    def handle_endtag(self, tag):
+        if not self.inside:
+            return
+        if tag == "td" and self._cell is not None:
+            self.rows[-1].append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "table":
+            self.inside = False
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def table(body: str, table_id: str) -> tuple[list[str], dict[str, list[str]], dict]:
+    """(header, rows by first cell, svg flags by first cell) of table ``table_id``."""
+    p = _Cells(table_id)
+    p.feed(body)
+    header = body.split(f'id="{table_id}"', 1)[1].split("</thead>", 1)[0]
+    names = [c.split("</th>", 1)[0] for c in header.split("<th>")[1:]]
+    rows = {r[0]: r for r in p.rows if r}
+    svgs = {r[0]: s for r, s in zip(p.rows, p.svgs) if r}
+    return names, rows, svgs
+
+
+@pytest.fixture
+def html_table():
+    """``table(body, id)``: (header, rows by first cell, svg flags by first cell) of the
+    HTML table with that id in a page's body."""
+    return table
+
+
+@pytest.fixture
+def html_rows():
+    """``rows(body, id)``: the cell texts of every body row of the HTML table with that
+    id."""
+    def rows(body: str, table_id: str) -> list[list[str]]:
+        p = _Cells(table_id)
+        p.feed(body)
+        return [r for r in p.rows if r]
+    return rows

@@ -89,10 +89,10 @@ def test_every_page_shows_the_brokers_real_data(page, loaded, tmp_path):
     go(page, "header >> text=Consumers")
     groups = {r[0]: r for r in cell_texts(page, "#groups")}
     lag = sum(hi for (_, q), (_, hi) in ranges.items()) - 1
-    assert groups["GroupA"][5] == str(lag) and groups["GroupA"][6] == "1"
+    assert groups["GroupA"][5] == str(lag) and groups["GroupA"][7] == "1"
     shot(page, tmp_path, "groups")
     go(page, "#groups >> text=GroupA")
-    assert [r[:2] + r[4:] for r in cell_texts(page, "#lag") if r[0] == "Orders"] == [
+    assert [r[:2] + r[4:5] for r in cell_texts(page, "#lag") if r[0] == "Orders"] == [
         ["Orders", "0", str(ranges[("Orders", 0)][1] - 1)],
         ["Orders", "1", str(ranges[("Orders", 1)][1])]]
     shot(page, tmp_path, "group")
