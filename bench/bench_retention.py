@@ -11,7 +11,7 @@ A store with many topics sharing small segments; every message is expired. Timed
 
 **Reference**: the pass before per-topic retention on the same store in the same run: one
 read of the last batch of every sealed segment (its newest ``store_timestamp``), plus, when
-segments go, its binary search of every queue's new floor (``Store._queue_floors``).
+segments go, its binary search of every queue's new floor (``retention.queue_floors_at``).
 
     .venv/bin/python bench/bench_retention.py [--quick] [--dir DIR]
 """
@@ -27,6 +27,7 @@ import pyarrow.compute as pc
 
 from sparkmq import Store
 from sparkmq.log import segment as seg
+from sparkmq.log.retention import queue_floors_at
 from sparkmq.progress import track
 
 HOUR_MS = 3_600_000
@@ -96,7 +97,7 @@ def main() -> None:
         clock.ms += 100 * HOUR_MS
         nseg = old_rule(s)
         last_end = [r for r in s.commitlog.segments() if r.sealed][-1].end_offset
-        ref = timed(lambda: (old_rule(s), s._queue_floors(last_end, {})))
+        ref = timed(lambda: (old_rule(s), queue_floors_at(s, last_end, {})))
         first = timed(lambda: s.retention_plan(force_hour=True), repeat=1)
         cached = timed(lambda: s.retention_plan(force_hour=True))
         own = max(1, topics // 10)
