@@ -82,7 +82,7 @@ def test_every_kind_of_message_is_stored_with_all_its_fields(broker):
     delayed.system_properties.delivery_timestamp.FromMilliseconds(due_ms)
     half = message(b"half", mtype=pb.TRANSACTION, message_id="ID-TX")
     empty = message(b"", message_id="ID-EMPTY")
-    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(
+    resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(
         messages=[plain, rich, fifo, delayed, half, empty]), Context())
 
     assert resp.status.code == Code.MULTIPLE_RESULTS
@@ -117,7 +117,7 @@ def test_a_batch_without_message_ids_gets_ids_from_the_store_and_spreads_over_qu
     for m in msgs:
         m.system_properties.ClearField("born_timestamp")
     before_ms = int(time.time() * 1000)
-    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(messages=msgs), Context())
+    resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(messages=msgs), Context())
     assert resp.status.code == Code.OK and len(resp.entries) == 4
     assert len({e.message_id for e in resp.entries}) == 4 and all(e.message_id for e in resp.entries)
     rows = stored(broker, "T")
@@ -128,7 +128,7 @@ def test_a_batch_without_message_ids_gets_ids_from_the_store_and_spreads_over_qu
 
 @pytest.mark.integration
 def test_refused_entries_alone_give_their_common_code_as_the_top_status(broker):
-    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(
+    resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(
         messages=[message(b""), message(b"")]), Context())
     assert resp.status.code == Code.MESSAGE_BODY_EMPTY
     assert [e.status.code for e in resp.entries] == [Code.MESSAGE_BODY_EMPTY] * 2
@@ -167,14 +167,14 @@ def test_a_plain_batch_keeps_each_born_time_keys_and_properties(broker):
     """The plain fast path converts a born time shared by the batch once; rows with
     their own born time, keys or properties keep theirs."""
     shared = [message(b"s%d" % i, message_id=f"ID-S{i}") for i in range(3)]
-    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(messages=shared),
+    resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(messages=shared),
                                                  Context())
     assert resp.status.code == Code.OK
     own = [message(b"o%d" % i, message_id=f"ID-O{i}") for i in range(3)]
     own[1].system_properties.born_timestamp.FromMilliseconds(1_700_000_000_999)
     own[2].system_properties.keys.extend(["k1"])
     own[2].user_properties.update({"p": "1"})
-    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(messages=own), Context())
+    resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(messages=own), Context())
     assert resp.status.code == Code.OK
     rows = {m.unique_key: m for m in stored(broker, "T")}
     assert [rows[f"ID-S{i}"].born_timestamp for i in range(3)] == [1_700_000_000_123] * 3
@@ -188,7 +188,7 @@ def test_a_plain_batch_keeps_each_born_time_keys_and_properties(broker):
 def test_long_polls_are_woken_when_the_send_rpc_is_over(broker):
     ctx = Context()
     seen = broker.notifier.version("T")
-    resp = MessagingServicer(broker).SendMessage(spb.SendMessageRequest(
+    resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(
         messages=[message(b"x")]), ctx)
     assert resp.status.code == Code.OK
     assert stored(broker, "T")[0].body == b"x"                  # readable at once
@@ -236,7 +236,7 @@ def test_requests_waiting_at_one_moment_are_appended_as_one_batch(broker):
     answers: dict[str, spb.SendMessageResponse] = {}
 
     def send(name):
-        answers[name] = servicer.SendMessage(requests[name], Context())
+        answers[name] = servicer.send_message(requests[name], Context())
     first = threading.Thread(target=send, args=("first",))
     first.start()
     wait_until(lambda: appended, "the first append")

@@ -266,6 +266,7 @@ def test_sql92_subscription(make_broker, closing):
 
 def test_orderly_push_consumer_keeps_group_order(make_broker, closing):
     b = make_broker()
+    b.store.create_group("GO", consume_message_orderly=True)   # FIFO needs an orderly group
     p = closing(Producer(b.endpoint))
     groups = [f"g{i}" for i in range(4)]
     n_per = 15
