@@ -258,7 +258,9 @@ def _group_row(group: str, conf, has_offsets: bool) -> dict:
             "retryMaxTimes": conf.retry_max_times if conf else None,
             "consumeEnable": conf.receives_allowed if conf else True,
             "consumeBroadcastEnable": conf.broadcast_allowed if conf else True,
-            "consumeMessageOrderly": conf.orderly if conf else False}
+            "consumeMessageOrderly": conf.orderly if conf else False,
+            "groupRetryPolicy": conf.group_retry_policy if conf and conf.group_retry_policy
+            else None}
 
 
 def group_list(args) -> None:
@@ -272,20 +274,32 @@ def group_list(args) -> None:
     _emit(args, rows)
 
 
+def _retry_policy(text: str) -> dict:
+    """argparse type of ``--retry-policy`` (log/retrypolicy.py)."""
+    import argparse
+    from .log.retrypolicy import parse_policy_arg
+    try:
+        return parse_policy_arg(text)
+    except SparkMQError as e:
+        raise argparse.ArgumentTypeError(e.message) from None
+
+
 def group_create(args) -> None:
     """Create or replace a subscription group config (mqadmin updateSubGroup)."""
     body = {"name": args.group, "consumeEnable": not args.disable,
             "consumeBroadcastEnable": not args.no_broadcast,
             "consumeMessageOrderly": args.orderly,
             **({"retryMaxTimes": args.retry_max_times} if args.retry_max_times is not None
-               else {})}
+               else {}),
+            **({"groupRetryPolicy": args.retry_policy} if args.retry_policy else {})}
     if args.broker:
         return _emit(args, _http(args, "/admin/groups", body))
     with _store(args, write=True) as s:
         c = s.create_group(args.group, retry_max_times=args.retry_max_times,
                            consume_message_orderly=args.orderly,
                            consume_enable=not args.disable,
-                           consume_broadcast_enable=not args.no_broadcast)
+                           consume_broadcast_enable=not args.no_broadcast,
+                           retry_policy=args.retry_policy)
     _emit(args, c.body())
 
 
@@ -459,6 +473,10 @@ def _parser() -> argparse.ArgumentParser:
                         "message group in order")
     c.add_argument("--retry-max-times", type=int,
                    help="redeliveries before the DLQ (default: the broker's maxReconsumeTimes)")
+    c.add_argument("--retry-policy", type=_retry_policy, metavar="POLICY",
+                   help="how long consumers wait before a failed message comes back: "
+                        "customized:1s,5s,30s,... or exponential:INITIAL,MAX,MULTIPLIER "
+                        "(e.g. exponential:5s,2h,2); default RocketMQ's 1s 5s 10s 30s 1m ... 2h")
     c.add_argument("--no-broadcast", action="store_true",
                    help="consumeBroadcastEnable=false: refuse broadcasting consumers")
     c.add_argument("--disable", action="store_true", help="consumeEnable=false: refuse receives")

@@ -85,7 +85,7 @@ class BrokerAdmin:
 
     def update_group(self, request: dict) -> dict:
         """``POST /admin/groups`` ``{"name": .., "retryMaxTimes": N, "consumeEnable": true,
-        "consumeBroadcastEnable": false}`` creates or replaces a subscription group
+        "consumeBroadcastEnable": false, "groupRetryPolicy": {...}}`` creates or replaces a subscription group
         config (mqadmin updateSubGroup); ``{"name": .., "delete": true}`` deletes it and
         its offsets (deleteSubGroup). Configs live in the store's log."""
         name = request.get("name")
@@ -99,7 +99,8 @@ class BrokerAdmin:
             name, retry_max_times=None if retry is None else int(retry),
             consume_enable=bool(request.get("consumeEnable", True)),
             consume_broadcast_enable=bool(request.get("consumeBroadcastEnable", True)),
-            consume_message_orderly=bool(request.get("consumeMessageOrderly", False))).body()
+            consume_message_orderly=bool(request.get("consumeMessageOrderly", False)),
+            retry_policy=request.get("groupRetryPolicy")).body()
 
     def auth(self, request: dict):
         """``POST /admin/auth``: create, update, delete, get or list ACL 2.0 users and

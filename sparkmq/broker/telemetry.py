@@ -17,15 +17,25 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import AuthenticationError, AuthorizationError
+from ..log.retrypolicy import EXPONENTIAL, default_policy
 from .authz import peer_ip, settings_resources
 from .otlp import metric_settings
 from .protocol import OK, Code, duration, error_status, ms_of_duration, status
 
 log = logging.getLogger("sparkmq.broker.grpc")
 
-#: the push consumers' redelivery backoff (seconds), as the proxy's customized policy
-PUSH_BACKOFF_S = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800,
-                  3600, 7200]
+
+
+def retry_policy_pb(max_attempts: int, policy: dict) -> pb.RetryPolicy:
+    """A group's retry policy (log/retrypolicy.py) as the settings' ``backoff_policy``, as
+    the proxy's GrpcClientSettingsManager builds it."""
+    if policy["type"] == EXPONENTIAL:
+        e = policy["exponentialRetryPolicy"]
+        return pb.RetryPolicy(max_attempts=max_attempts, exponential_backoff=pb.ExponentialBackoff(
+            initial=duration(e["initial"]), max=duration(e["max"]),
+            multiplier=float(e["multiplier"])))
+    return pb.RetryPolicy(max_attempts=max_attempts, customized_backoff=pb.CustomizedBackoff(
+        next=[duration(ms) for ms in policy["customizedRetryPolicy"]["next"]]))
 
 
 def client_id(context) -> str:
@@ -132,10 +142,9 @@ class TelemetryMixin:
             # a FIFO consumer group (consumeMessageOrderly), as the proxy tells its clients
             out.subscription.fifo = bool(conf is not None and conf.orderly)
             out.subscription.receive_batch_size = 32
-            attempts = self.broker.pop.max_attempts(group)
-            out.backoff_policy.CopyFrom(pb.RetryPolicy(
-                max_attempts=attempts, customized_backoff=pb.CustomizedBackoff(
-                    next=[duration(x * 1000) for x in PUSH_BACKOFF_S])))
+            out.backoff_policy.CopyFrom(retry_policy_pb(
+                self.broker.pop.max_attempts(group),
+                conf.retry_policy if conf is not None else default_policy()))
             refused = self._subscription_refusal(s.subscription)
             if refused is not None:
                 log.info("client %s: %s", cid, refused.message)

@@ -112,9 +112,9 @@ class GroupConfig(JsonView, _Action):
               "consume_enable": "consumeEnable",
               "consume_message_orderly": "consumeMessageOrderly", "created_time": "createdTime",
               "deleted": "deleted", "group_name": "groupName",
-              "retry_max_times": "retryMaxTimes"}
+              "retry_max_times": "retryMaxTimes", "group_retry_policy": "groupRetryPolicy"}
     OPTIONAL = frozenset({"consume_broadcast_enable", "consume_enable", "created_time",
-                          "retry_max_times", "consume_message_orderly"})
+                          "retry_max_times", "consume_message_orderly", "group_retry_policy"})
     group_name: str
     consume_enable: bool | None = None
     consume_broadcast_enable: bool | None = None
@@ -122,7 +122,16 @@ class GroupConfig(JsonView, _Action):
     deleted: bool = False
     retry_max_times: int | None = None
     consume_message_orderly: bool | None = None
+    group_retry_policy: Mapping | None = None      # log/retrypolicy.py; None: the default
     extra: Mapping = field(default_factory=lambda: _EMPTY, compare=False)
+
+    @property
+    def retry_policy(self) -> dict:
+        """The group's retry policy (``groupRetryPolicy``), RocketMQ's default when unset."""
+        from .retrypolicy import default_policy, validate_policy
+        if self.group_retry_policy is None:
+            return default_policy()
+        return validate_policy(self.group_retry_policy)
 
     @property
     def orderly(self) -> bool:

@@ -470,12 +470,14 @@ class Store(MessageReader):
 
     def create_group(self, group: str, *, retry_max_times: int | None = None,
                      consume_broadcast_enable: bool = True, consume_enable: bool = True,
-                     consume_message_orderly: bool = False) -> GroupConfig:
+                     consume_message_orderly: bool = False,
+                     retry_policy: dict | None = None) -> GroupConfig:
         """Create or replace a subscription group config; see :func:`topics.create_group`."""
         return _topics.create_group(self, group, retry_max_times=retry_max_times,
                                     consume_broadcast_enable=consume_broadcast_enable,
                                     consume_enable=consume_enable,
-                                    consume_message_orderly=consume_message_orderly)
+                                    consume_message_orderly=consume_message_orderly,
+                                    retry_policy=retry_policy)
 
     def delete_group(self, group: str, *, remove_offsets: bool = True) -> None:
         """Delete a group's config and (``remove_offsets``) its offsets, in one commit."""

@@ -13,12 +13,13 @@ are dropped under the append lock.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 from ..errors import GroupNotFoundError, TopicExistsError, TopicNotFoundError, UserError
 from .actions import (MAX_QUEUE_NUMS, MIN_QUEUE_NUMS, PERM_RW, PERMS, ConsumerOffset,
                       GroupConfig, TopicConfig)
 from .names import validate_group, validate_topic
+from .retrypolicy import validate_policy
 from .txlog import LogState
 
 if TYPE_CHECKING:
@@ -134,14 +135,17 @@ def consumer_offset_actions(state: LogState, group: str, offsets: dict[tuple[str
 
 def create_group(store: "Store", group: str, *, retry_max_times: int | None = None,
                  consume_broadcast_enable: bool = True, consume_enable: bool = True,
-                 consume_message_orderly: bool = False) -> GroupConfig:
+                 consume_message_orderly: bool = False,
+                 retry_policy: Mapping | None = None) -> GroupConfig:
     """Create or replace a consumer group's subscription group config (mqadmin
     updateSubGroup), committed at once as a ``subscriptionGroup`` action.
     ``retry_max_times`` (None: the broker's ``maxReconsumeTimes``) bounds
     redeliveries before the dead-letter queue; ``consume_enable=False`` makes the
     broker refuse receives of the group, ``consume_broadcast_enable=False`` its
     broadcasting consumers (RocketMQ's defaults: both allowed);
-    ``consume_message_orderly`` makes it a FIFO group (clients told ``fifo=true``)."""
+    ``consume_message_orderly`` makes it a FIFO group (clients told ``fifo=true``);
+    ``retry_policy`` (log/retrypolicy.py; None: RocketMQ's default customized steps) is
+    sent to its consumers."""
     store.require_writable()
     validate_group(group)
     if retry_max_times is not None and (isinstance(retry_max_times, bool) or not
@@ -153,7 +157,9 @@ def create_group(store: "Store", group: str, *, retry_max_times: int | None = No
                        consume_broadcast_enable=bool(consume_broadcast_enable),
                        created_time=store.clock_ms(), deleted=False,
                        retry_max_times=retry_max_times,
-                       consume_message_orderly=True if consume_message_orderly else None)
+                       consume_message_orderly=True if consume_message_orderly else None,
+                       group_retry_policy=(None if retry_policy is None
+                                           else validate_policy(retry_policy)))
     committed = [conf]
 
     def build(state: LogState):

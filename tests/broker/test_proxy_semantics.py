@@ -167,3 +167,53 @@ def test_internal_properties_are_not_sent_as_user_properties():
     assert (dlq.topic, dlq.message_id) == ("Orders", "ID1")
     plain = message_to_pb(StoredMessage(**{**sm.__dict__, "properties": {"app": "1"}}))
     assert not plain.system_properties.HasField("dead_letter_queue")
+
+
+def _settings_reply(b, group: str):
+    """The Settings the broker answers a SIMPLE_CONSUMER of ``group`` on Telemetry."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as spb
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+    settings = pb.Settings(client_type=pb.SIMPLE_CONSUMER, subscription=pb.Subscription(
+        group=pb.Resource(name=group)))
+    with grpc.insecure_channel(b.endpoint) as ch:
+        call = MessagingServiceStub(ch).Telemetry(iter([spb.TelemetryCommand(
+            settings=settings)]), timeout=10, metadata=[("x-mq-client-id", "settings-probe")])
+        reply = next(iter(call))
+        call.cancel()
+    return reply.settings
+
+
+def test_a_groups_retry_policy_is_sent_to_its_consumers(make_broker):
+    """Issue 14 item 3: ``groupRetryPolicy`` of the subscription group config, set with
+    ``sparkmq admin group create --retry-policy``, goes to consumers as the settings'
+    backoff_policy (as the proxy's GrpcClientSettingsManager); unset, RocketMQ's
+    customized 1s 5s 10s 30s 1m ... 2h."""
+    from sparkmq.admin import main as admin_main
+    from sparkmq.log.retrypolicy import DEFAULT_NEXT_MS
+    b = make_broker()
+    default = _settings_reply(b, "Plain").backoff_policy
+    assert [d.seconds * 1000 + d.nanos // 10**6 for d in default.customized_backoff.next] \
+        == list(DEFAULT_NEXT_MS)
+    assert admin_main(["--broker", b.admin_url, f"--token={b.admin_token}", "group", "create",
+                       "Exp", "--retry-policy", "exponential:2s,1m,3",
+                       "--retry-max-times", "4"]) == 0
+    exp = _settings_reply(b, "Exp").backoff_policy
+    assert exp.max_attempts == 5 and exp.WhichOneof("strategy") == "exponential_backoff"
+    assert (exp.exponential_backoff.initial.seconds, exp.exponential_backoff.max.seconds,
+            exp.exponential_backoff.multiplier) == (2, 60, 3.0)
+    assert admin_main(["--broker", b.admin_url, f"--token={b.admin_token}", "group", "create",
+                       "Cus", "--retry-policy", "customized:1s,500ms"]) == 0
+    cus = _settings_reply(b, "Cus").backoff_policy
+    assert [d.seconds * 1000 + d.nanos // 10**6 for d in cus.customized_backoff.next] \
+        == [1000, 500]
+    assert b.store.subscription_groups()["Cus"].group_retry_policy["type"] == "CUSTOMIZED"
+    for bad in ("linear:1s", "exponential:2s,1s,2", "customized:"):
+        try:                                        # argparse refuses it: exit code 2
+            code = admin_main(["--broker", b.admin_url, f"--token={b.admin_token}", "group",
+                               "create", "Bad", "--retry-policy", bad])
+        except SystemExit as e:
+            code = e.code
+        assert code == 2, bad
+    assert "Bad" not in b.store.subscription_groups()
