@@ -35,10 +35,12 @@ def closing():
             pass
 
 
-def receive_all(consumer: SimpleConsumer, n: int, timeout_s: float = 20.0, ack=True) -> list:
+def receive_all(consumer: SimpleConsumer, n: int, timeout_s: float = 20.0, ack=True,
+                invisible_s: float = 30) -> list:
     got, deadline = [], time.monotonic() + timeout_s
     while len(got) < n and time.monotonic() < deadline:
-        for m in consumer.receive(max_messages=32, invisible_duration_s=30, wait_s=1.0):
+        for m in consumer.receive(max_messages=32, invisible_duration_s=invisible_s,
+                                  wait_s=1.0):
             got.append(m)
             if ack:
                 consumer.ack(m)
@@ -77,6 +79,24 @@ def test_tag_filter_and_unacked_redelivery(make_broker, closing):
     assert [x.body for x in again] == [m.body]
     assert again[0].delivery_attempt == first[0].delivery_attempt + 1
     c.ack(again[0])
+
+
+def test_a_message_never_acked_goes_to_the_dlq_after_its_attempts(make_broker, closing):
+    b = make_broker()
+    b.store.create_group("GD", retry_max_times=1)          # two deliveries, then the DLQ
+    p = closing(Producer(b.endpoint))
+    p.send(Message("TD", b"poison"))
+    c = closing(SimpleConsumer(b.endpoint, "GD", {"TD": "*"}))
+    attempts = []
+    for _ in range(2):
+        [m] = receive_all(c, 1, ack=False, invisible_s=0.2)
+        attempts.append(m.delivery_attempt)
+    assert attempts == [1, 2]
+    from helpers.waiting import wait_until
+    wait_until(lambda: (c.receive(max_messages=1, invisible_duration_s=0.2, wait_s=0.3) or True)
+               and b.store.max_offset("%DLQ%GD", 0) == 1, "the message in %DLQ%GD")
+    [dead] = b.store.read("%DLQ%GD", 0, 0, 1)
+    assert dead.body == b"poison" and dead.properties["DLQ_ORIGIN_TOPIC"] == "TD"
 
 
 def test_async_callback_oneway_and_batch(make_broker, closing):
