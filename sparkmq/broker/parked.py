@@ -1,12 +1,14 @@
-"""Parked delayed messages as rows of the store: the schedule topic's names, and the reads and
-writes the schedule service makes of them (its queues' due times, the real-topic rows a
-delivery appends, the copies already delivered, the stored recalls).
+"""Parked delayed messages as rows of the store: the schedule topic's names, the recall
+handles naming a parked message, and the reads and writes the schedule service makes of
+them (its queues' due times, the real-topic rows a delivery appends, the copies already
+delivered, the stored recalls).
 
 Every function is a stateless read or build over a ``Store``; thread-safe as the store is.
 """
 
 from __future__ import annotations
 
+import base64
 import logging
 
 import numpy as np
@@ -14,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..log import format as fmt
+from ..errors import UserError
 from ..log.batch import build_segment_batch
 
 log = logging.getLogger(__name__)
@@ -24,10 +27,36 @@ RECALL_TOPIC = "rmq_sys_SCHEDULE_RECALL"
 PROP_REAL_TOPIC = "REAL_TOPIC"
 PROP_DELAY_LEVEL = "DELAY"                  # RocketMQ MessageConst.PROPERTY_DELAY_TIME_LEVEL
 PROP_SOURCE = "SCHEDULE_SOURCE"
+RECALL_HANDLE_VERSION = "v1"
 PARKED_COLUMNS = ["queue_offset", "body", "tags", "keys", "properties", "born_timestamp",
                   "born_host", "delivery_timestamp", "unique_key"]
 #: rows read per step when scanning a queue (bounds the memory of one step)
 SCAN_CHUNK = 4096
+
+
+def make_recall_handle(topic: str, broker_name: str, qid: int, offset: int,
+                       message_id: str) -> str:
+    """An opaque handle naming a parked message: ``v1 topic broker queue offset id``,
+    base64url (RocketMQ's handles are base64 text of the same kind)."""
+    text = f"{RECALL_HANDLE_VERSION} {topic} {broker_name} {qid} {offset} {message_id}"
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def parse_recall_handle(handle: str) -> tuple[str, str, int, int, str]:
+    """(topic, broker name, schedule queue, offset, message id); raises UserError."""
+    try:
+        parts = base64.urlsafe_b64decode(handle.encode()).decode().split(" ")
+        if len(parts) != 6 or parts[0] != RECALL_HANDLE_VERSION:
+            raise ValueError(parts[:1])
+        return parts[1], parts[2], int(parts[3]), int(parts[4]), parts[5]
+    except (ValueError, UnicodeError) as e:
+        raise UserError(f"recall handle {handle[:40]!r} is malformed ({e}); use the "
+                        "recall_handle returned by the send of a delayed message") from None
+
+
+class RecallStatus:
+    RECALLED = "RECALLED"
+    NOT_FOUND = "NOT_FOUND"          # delivered already, recalled already, or never parked
 
 
 def read_dues(store, qid: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
@@ -66,11 +95,11 @@ def stored_recalls(store) -> dict[int, set[int]]:
     return out
 
 
-def delivered_sources(store, since_ms: int, floors: dict[int, int]) -> set[tuple[int, int]]:
-    """The (schedule queue, offset) of parked messages whose copy a real topic holds, stored
-    at or after ``since_ms``, limited to queues in ``floors`` at offsets from their floor.
-    Reads the ``properties`` of every topic's messages since ``since_ms``, in steps."""
-    found: set[tuple[int, int]] = set()
+def delivered_sources(store, since_ms: int, floors: dict[int, int]) -> dict[tuple[int, int], int]:
+    """(schedule queue, offset) -> due ms of parked messages whose copy a real topic holds,
+    stored at or after ``since_ms``, limited to queues in ``floors`` at offsets from their
+    floor. Reads two columns of every topic's messages since ``since_ms``, in steps."""
+    found: dict[tuple[int, int], int] = {}
     for topic, conf in store.topics().items():
         if topic in (SCHEDULE_TOPIC, RECALL_TOPIC):
             continue
@@ -79,16 +108,19 @@ def delivered_sources(store, since_ms: int, floors: dict[int, int]) -> set[tuple
             hi = store.max_offset(topic, q)
             while lo < hi:
                 t = store.read_table(topic, q, lo, min(hi, lo + SCAN_CHUNK),
-                                     columns=["properties"], on_removed="skip")
+                                     columns=["properties", "delivery_timestamp"],
+                                     on_removed="skip")
                 lo += SCAN_CHUNK
                 if t.num_rows == 0:
                     continue
                 src = pc.map_lookup(t.column("properties"), pa.scalar(PROP_SOURCE), "first")
-                for text in src.drop_null().to_pylist():
+                t = t.filter(pc.is_valid(src))
+                dues = t.column("delivery_timestamp").cast(pa.int64()).fill_null(0)
+                for text, due in zip(src.drop_null().to_pylist(), dues.to_pylist()):
                     a, b = text.split(":")
                     qid, off = int(a), int(b)
                     if qid in floors and off >= floors[qid]:
-                        found.add((qid, off))
+                        found[(qid, off)] = due
     return found
 
 

@@ -45,7 +45,6 @@ Contract:
 
 from __future__ import annotations
 
-import base64
 import heapq
 import logging
 import math
@@ -59,12 +58,12 @@ from ..lifecycle import ServiceThread
 from ..log.message import Message
 from .parked import (PROP_DELAY_LEVEL, PROP_REAL_TOPIC, PROP_SOURCE,  # noqa: F401 (re-exported)
                      RECALL_TOPIC, SCHEDULE_GROUP, SCHEDULE_TOPIC, delivered_sources,
-                     read_dues, real_table, store_time_at, stored_recalls)
+                     RecallStatus, make_recall_handle, parse_recall_handle, read_dues,
+                     real_table, store_time_at, stored_recalls)
 from .timerwheel import TimerWheel, default_timer_dir
 
 log = logging.getLogger(__name__)
 
-RECALL_HANDLE_VERSION = "v1"
 DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 DEFAULT_MAX_DELAY_MS = 3 * 24 * 3600 * 1000
 DELIVER_BATCH = 256
@@ -140,31 +139,6 @@ def parked_row(policy: DelayPolicy, now_ms: int, topic: str, properties: dict[st
     return SCHEDULE_TOPIC, qid, due, props
 
 
-def make_recall_handle(topic: str, broker_name: str, qid: int, offset: int,
-                       message_id: str) -> str:
-    """An opaque handle naming a parked message: ``v1 topic broker queue offset id``,
-    base64url (RocketMQ's handles are base64 text of the same kind)."""
-    text = f"{RECALL_HANDLE_VERSION} {topic} {broker_name} {qid} {offset} {message_id}"
-    return base64.urlsafe_b64encode(text.encode()).decode()
-
-
-def parse_recall_handle(handle: str) -> tuple[str, str, int, int, str]:
-    """(topic, broker name, schedule queue, offset, message id); raises UserError."""
-    try:
-        parts = base64.urlsafe_b64decode(handle.encode()).decode().split(" ")
-        if len(parts) != 6 or parts[0] != RECALL_HANDLE_VERSION:
-            raise ValueError(parts[:1])
-        return parts[1], parts[2], int(parts[3]), int(parts[4]), parts[5]
-    except (ValueError, UnicodeError) as e:
-        raise UserError(f"recall handle {handle[:40]!r} is malformed ({e}); use the "
-                        "recall_handle returned by the send of a delayed message") from None
-
-
-class RecallStatus:
-    RECALLED = "RECALLED"
-    NOT_FOUND = "NOT_FOUND"          # delivered already, recalled already, or never parked
-
-
 #: Delivery passes are at least this far apart (ms): due messages are batched per tick.
 DEFAULT_TICK_MS = 50
 #: a timer slot is read into memory this long before its second begins (ms)
@@ -174,8 +148,8 @@ LOOKAHEAD_MS = 1000
 WHEEL_MARGIN_S = 3600
 #: timer slots are not read ahead while this many loaded entries wait for delivery
 SOON_MAX = 65_536
-#: a delivered copy is stored at least this long after its due time minus this (clock skew)
-DEDUPE_SLACK_MS = 60_000
+#: a delivered copy is stored no earlier than its delivery decision minus this (clock skew)
+DEDUPE_SLACK_MS = 5000
 
 
 class ScheduleService(ServiceThread):
@@ -211,7 +185,7 @@ class ScheduleService(ServiceThread):
         self._head: dict[int, tuple[int, int]] = {}     # level queue -> (cursor, its due ms)
         self._committed: dict[int, int] = {}
         self._recalled: dict[int, set[int]] = {}        # queue -> recalled, not passed yet
-        self._seen: set[tuple[int, int]] = set()        # delivered before a crash
+        self._seen: dict[tuple[int, int], int] = {}     # delivered before a crash -> due
         self.wheel: TimerWheel | None = None
         self._loaded_to = 0                             # timer seconds below it are loaded
         self._soon: list[tuple[int, int]] = []          # (due ms, offset), loaded timer rows
@@ -318,8 +292,18 @@ class ScheduleService(ServiceThread):
         self._loaded_to = w.wheel_second
         self._load_slot(w.wheel_second)        # from here on _loaded_to > wheel_second
         self._index_tail()
+        self._forget_seen()
 
-    def _delivered_before(self, now: int, timer_floor: int, *, since_floor: bool) -> set:
+    def _forget_seen(self) -> None:
+        """Forget copies found delivered that no queue will reach again: behind a level
+        cursor; in the timestamp queue, of a second already read (all indexed)."""
+        tq = self.timer_queue
+        indexed = self.wheel.indexed_up_to >= self.store.max_offset(SCHEDULE_TOPIC, tq)
+        for (q, off), due in list(self._seen.items()):
+            if (off < self._cursor[q]) if q != tq else (indexed and due // 1000 < self._loaded_to):
+                del self._seen[(q, off)]
+
+    def _delivered_before(self, now: int, timer_floor: int, *, since_floor: bool) -> dict:
         """Copies of parked messages a real topic holds that progress does not yet show:
         they were delivered after the last persist (a crash). Due ones only can be."""
         floors, since = {}, None
@@ -337,7 +321,7 @@ class ScheduleService(ServiceThread):
             floors[tq] = timer_floor
             since = min(t0, since if since is not None else t0)
         if since is None:
-            return set()
+            return {}
         return delivered_sources(self.store, since - DEDUPE_SLACK_MS, floors)
 
     def recall(self, qid: int, offset: int) -> str:
@@ -417,7 +401,7 @@ class ScheduleService(ServiceThread):
             if off in recalled:
                 recalled.discard(off)
             elif (qid, off) in self._seen:
-                self._seen.discard((qid, off))
+                del self._seen[(qid, off)]
             else:
                 items.append((due, qid, off))
         return cur
@@ -458,8 +442,7 @@ class ScheduleService(ServiceThread):
 
     def _enqueue(self, due: int, off: int) -> None:
         """Hold a timer row in memory until due (unless delivered before a crash)."""
-        if (self.timer_queue, off) in self._seen:
-            self._seen.discard((self.timer_queue, off))
+        if self._seen.pop((self.timer_queue, off), None) is not None:
             return
         self._push_soon(due, off)
 
@@ -589,6 +572,8 @@ class ScheduleService(ServiceThread):
                 rec = self._recalled.get(qid)
                 if rec and qid != self.timer_queue:
                     rec.difference_update([o for o in rec if o < cur])
+            if self._seen:
+                self._forget_seen()
         changed = {(SCHEDULE_TOPIC, q): f for q, f in floors.items() if f != self._committed.get(q)}
         self._last_persist_ms = self.clock_ms()
         if changed:
