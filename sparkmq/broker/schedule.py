@@ -284,9 +284,11 @@ class ScheduleService(ServiceThread):
             indexed_up_to=floor, wheel_second=now // 1000,
             max_indexed=self.store.max_offset(SCHEDULE_TOPIC, tq))
         if reason is not None:
-            log.warning("schedule service: %s; building the timer wheel in %s from offset %d "
-                        "of the timestamp queue (reads every message parked there)",
-                        reason, folder, floor)
+            level = logging.WARNING if floor < self.store.max_offset(SCHEDULE_TOPIC, tq) \
+                else logging.INFO                           # nothing to read: a new store
+            log.log(level, "schedule service: %s; building the timer wheel in %s from offset "
+                    "%d of the timestamp queue (reads every message parked there)",
+                    reason, folder, floor)
         w = self.wheel
         self._seen = self._delivered_before(now, floor, since_floor=reason is not None)
         self._loaded_to = w.wheel_second
@@ -346,8 +348,9 @@ class ScheduleService(ServiceThread):
     def _recall_target(self, qid: int, offset: int) -> int | None:
         """None if ``qid:offset`` is not waiting; else the timer second whose slot counts
         it, or -1 (a level queue, or not in a slot)."""
-        if not 0 <= qid < self.policy.queue_count or offset in self._recalled.get(qid, ()):
-            return None
+        if not 0 <= qid < self.policy.queue_count or offset in self._recalled.get(qid, ()) \
+                or (qid, offset) in self._seen or self.wheel is None:
+            return None                     # (delivered before a crash; stopped)
         if not (self.store.min_offset(SCHEDULE_TOPIC, qid) <= offset
                 < self.store.max_offset(SCHEDULE_TOPIC, qid)):
             return None
