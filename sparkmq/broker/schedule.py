@@ -243,7 +243,9 @@ class ScheduleService(ServiceThread):
             if w is None:
                 return n
             tail = self.store.max_offset(SCHEDULE_TOPIC, self.timer_queue) - w.indexed_up_to
-            return (n + max(0, tail) + len(self._soon_due)
+            seen = sum(1 for (q, _), due in self._seen.items()       # counted in a slot
+                       if q == self.timer_queue and due // 1000 >= self._loaded_to)
+            return (n + max(0, tail) + len(self._soon_due) - seen
                     + w.count_between(self._loaded_to, w.wheel_second + w.slot_count))
 
     def next_due_ms(self) -> int | None:
@@ -396,17 +398,13 @@ class ScheduleService(ServiceThread):
             return cur
         hi = self.store.max_offset(SCHEDULE_TOPIC, qid)
         offs, dues = read_dues(self.store, qid, cur, min(hi, cur + limit))
-        recalled = self._recalled.get(qid, set())
+        recalled = self._recalled.get(qid, ())
         for off, due in zip(offs.tolist(), dues.tolist()):
             if due > now:
                 break
             cur = off + 1
-            if off in recalled:
-                recalled.discard(off)
-            elif (qid, off) in self._seen:
-                del self._seen[(qid, off)]
-            else:
-                items.append((due, qid, off))
+            if off not in recalled and (qid, off) not in self._seen:   # both kept till
+                items.append((due, qid, off))        # persist: the cursor moves after this
         return cur
 
     # ------------------------------------------------------------ the timer wheel
