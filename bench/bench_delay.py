@@ -8,16 +8,23 @@
 3. Wait until all N are delivered; lateness = store time of the delivered copy - due time;
    measure the idle send throughput again. Ratios are against the mean of the two idle runs
    (the store grows during the run, and this shared machine drifts).
+4. Parked count (issue 18 item 6): park P messages due in 10..70 minutes (half delivery
+   timestamps, half delay level 17 = 1 h; 64-byte bodies) over gRPC, stop the broker, then
+   restart it in a fresh process and report its start time and RSS (VmRSS after start and a
+   few seconds running), against a broker over a store with 0 parked in the same run.
 
-    .venv/bin/python bench/bench_delay.py            # 100,000 over 60 s
-    .venv/bin/python bench/bench_delay.py --quick    # 10,000 over 10 s
+    .venv/bin/python bench/bench_delay.py            # 100,000 over 60 s; 2,000,000 parked
+    .venv/bin/python bench/bench_delay.py --quick    # 10,000 over 10 s; 200,000 parked
+    .venv/bin/python bench/bench_delay.py --parked-only --parked 2000000
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,7 +36,7 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
-from conftest import free_port  # noqa: E402
+from helpers.net import free_port  # noqa: E402
 
 from sparkmq.broker import Broker, BrokerConfig  # noqa: E402
 from sparkmq.progress import track  # noqa: E402
@@ -59,12 +66,115 @@ def send_all(stub, msgs: list[pb.Message]) -> float:
     return len(msgs) / (time.perf_counter() - t0)
 
 
+def broker_config(root: str) -> BrokerConfig:
+    return BrokerConfig.from_properties({
+        "storePathRootDir": os.path.join(root, "store"), "listenPort": str(free_port()),
+        "adminPort": str(free_port()), "flushDiskType": "ASYNC_FLUSH",
+        "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4"})
+
+
+def park_over_grpc(root: str, n: int) -> float:
+    """Park ``n`` messages (module docstring, step 4) into a new store under ``root``;
+    returns messages per second. Batches are built as they are sent (no list of ``n``)."""
+    broker = Broker(broker_config(root)).start()
+    try:
+        broker.store.create_topic("Parked")
+        broker.store.create_topic("Other")
+        stub = MessagingServiceStub(grpc.insecure_channel(broker.endpoint))
+        rng = np.random.default_rng(11)
+        t0 = time.perf_counter()
+        now_ms = int(time.time() * 1000)
+        for i in range(0, n, 500):
+            batch = []
+            for j in range(i, min(n, i + 500)):
+                m = pb.Message(topic=pb.Resource(name="Parked"), body=b"p" * 64)
+                if j % 2:
+                    m.system_properties.message_type = pb.NORMAL
+                    m.user_properties["DELAY"] = "17"
+                else:
+                    m.system_properties.message_type = pb.DELAY
+                    m.system_properties.delivery_timestamp.FromMilliseconds(
+                        now_ms + int(rng.uniform(600_000, 4_200_000)))
+                batch.append(m)
+            resp = stub.SendMessage(spb.SendMessageRequest(messages=batch), timeout=60)
+            if resp.status.code != pb.Code.OK:
+                raise RuntimeError(f"send failed: {resp.status}")
+        rate = n / max(1e-9, time.perf_counter() - t0)
+        if n:
+            deadline = time.time() + 600
+            while broker.schedule.pending_count() < n and time.time() < deadline:
+                time.sleep(0.2)
+    finally:
+        broker.stop()
+    return rate
+
+
+_RESTART = """
+import json, sys, time
+sys.path.insert(0, sys.argv[2])
+from helpers.net import free_port
+from sparkmq.broker import Broker, BrokerConfig
+def rss_mib():
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+before = rss_mib()
+cfg = BrokerConfig.from_properties({
+    "storePathRootDir": sys.argv[1], "listenPort": str(free_port()),
+    "adminPort": str(free_port()), "flushDiskType": "ASYNC_FLUSH"})
+t0 = time.perf_counter()
+b = Broker(cfg).start()
+start_s = time.perf_counter() - t0
+after_start = rss_mib()
+time.sleep(3)
+print(json.dumps({"start_s": start_s, "rss_before": before, "rss_started": after_start,
+                  "rss_running": rss_mib(), "pending": b.schedule.pending_count()}))
+b.stop()
+"""
+
+
+def restart_in_child(root: str) -> dict:
+    """Start a broker over ``root``'s store in a fresh process: start time, RSS."""
+    tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
+    out = subprocess.run([sys.executable, "-c", _RESTART, os.path.join(root, "store"), tests],
+                         check=True, capture_output=True, text=True, timeout=900)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def parked_count_row(parked: int) -> None:
+    """Step 4: RSS and start time of a broker with ``parked`` messages vs 0."""
+    rows = {}
+    for n in (0, parked):
+        root = tempfile.mkdtemp(prefix=f"bench-parked-{n}-")
+        try:
+            rate = park_over_grpc(root, n)
+            rows[n] = restart_in_child(root)
+            rows[n]["rate"] = rate
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+    z, p = rows[0], rows[parked]
+    print(f"parked count: 0 parked: start {z['start_s']:.2f} s, RSS {z['rss_started']:.0f} MiB "
+          f"started / {z['rss_running']:.0f} MiB running; {parked:,} parked (sent at "
+          f"{p['rate']:,.0f} msg/s, {p['pending']:,} pending after restart): start "
+          f"{p['start_s']:.2f} s, RSS {p['rss_started']:.0f} / {p['rss_running']:.0f} MiB; "
+          f"added by parking: {p['rss_running'] - z['rss_running']:+.0f} MiB RSS, "
+          f"{p['start_s'] - z['start_s']:+.2f} s start")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--count", type=int)
     ap.add_argument("--spread-s", type=float)
+    ap.add_argument("--parked", type=int, help="parked count of step 4 (0.2M quick, 2M full)")
+    ap.add_argument("--parked-only", action="store_true", help="run step 4 only")
     args = ap.parse_args(argv)
+    parked = args.parked if args.parked is not None else (
+        200_000 if args.quick else 2_000_000)
+    if args.parked_only:
+        parked_count_row(parked)
+        return 0
     n = args.count or (10_000 if args.quick else 100_000)
     spread_s = args.spread_s or (10.0 if args.quick else 60.0)
     # parking all of them, and the "parked, none due" measurement, end before the first is due
@@ -120,6 +230,7 @@ def main(argv=None) -> int:
           f"{after:,.0f} after (mean {idle:,.0f}); {n} parked, none due yet {parked:,.0f} "
           f"msg/s (ratio {parked / idle:.2f}); while delivering {during:,.0f} msg/s; ratio "
           f"{during / idle:.2f}")
+    parked_count_row(parked)
     return 0 if late.size == n and (late >= 0).all() else 1
 
 
