@@ -16,7 +16,9 @@ column              Spark type                      meaning
 ``born_timestamp``  timestamp or long (ms)          when the producer made it (default: now)
 ==================  ==============================  ===========================================
 
-Like Spark's Kafka sink, option ``topic`` overrides a ``topic`` column. Rows
+Like Spark's Kafka sink, option ``topic`` overrides a ``topic`` column. A DataFrame
+with Kafka's sink columns (``value``, ``key``, ``topic``, ``partition``, ``headers``)
+is written as that sink would (``kafka.py``: ``kafka.to_sparkmq``). Rows
 without ``queue_id`` or ``message_group`` are spread over the topic's write
 queues round robin by contiguous block (each Arrow batch is cut into one block
 per queue; the first queue rotates per batch, starting at the task's partition
@@ -86,6 +88,7 @@ from ..config import DEFAULT_MAX_MESSAGE_SIZE_BYTES, StoreConfig
 from ..errors import InvalidConfigError, InvalidMessageError, UserError
 from ..log import format as fmt
 from ..log.autocreate import create_store, ensure_topic
+from . import kafka
 from .options import bool_option
 from .write_options import (_int_option, _limits, _refuse_memory_url, _storage_options,
                             check_write_options, lower_options)
@@ -147,7 +150,8 @@ def validate_schema(schema: StructType, *, topic_option: str | None) -> None:
             problems.append(f"column {f.name!r} has type {f.dataType.simpleString()}, "
                             f"expected {want}")
     if "body" not in names:
-        problems.append("the required column 'body' (binary or string) is missing")
+        problems.append("the required column 'body' (binary or string) is missing (or, "
+                        "for Kafka's sink columns, 'value')")
     if "topic" not in names and not topic_option:
         problems.append("no 'topic' column and no topic option: say where rows go with "
                         ".option('topic', ...) or a 'topic' column")
@@ -180,7 +184,9 @@ class _SegmentWriterBase:
         self.max_message_size = _int_option(options, "maxMessageSize",
                                             DEFAULT_MAX_MESSAGE_SIZE_BYTES)
         self.limits = _limits(options, self.max_message_size)
-        validate_schema(schema, topic_option=self.topic_option)
+        self.kafka_columns = kafka.is_kafka_write(schema)     # Kafka's sink columns
+        (kafka.validate_write if self.kafka_columns else validate_schema)(
+            schema, topic_option=self.topic_option)
         self.columns = [f.name for f in schema.fields]
         self.auto_create = bool_option(options, "autoCreateTopic", True)
         self.new_topic_queues = _int_option(options, "queues", DEFAULT_TOPIC_QUEUE_NUMS)
@@ -427,12 +433,15 @@ class _BatchConverter:
 
     def convert(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         n = batch.num_rows
+        shard = None                  # Kafka's key: the queue of a row with no partition
+        if self.w.kafka_columns:
+            batch, shard = kafka.to_sparkmq(batch)
         names = batch.schema.names
         col = {name: batch.column(i) for i, name in enumerate(names)}
         now_ms = int(time.time() * 1000)
         topics = self._topics(col, n)
         body = self._body(col["body"])
-        qids = self._queues(topics, col.get("queue_id"), col.get("message_group"), n)
+        qids = self._queues(topics, col.get("queue_id"), col.get("message_group", shard), n)
         group = _cast(col, "message_group", pa.string(), n)
         out = {
             "topic": topics, "queue_id": qids, "body": body,
