@@ -46,6 +46,8 @@ option                     default  meaning
 ``endingOffsetsByTimestamp``   —    B: the same for the end
 ``startingOffsetsByTimestampStrategy`` error: a queue with nothing that new fails; latest
 ``key``                    —        B: only messages with this key (through the Index)
+``columns``                sparkmq  ``kafka``: the columns of Spark's Kafka source (``kafka.py``)
+``includeHeaders``         false    with columns=kafka: add Kafka's ``headers`` column
 =========================  =======  ==========================================================
 
 Kafka's ``subscribe``, ``subscribePattern``, ``assign`` and ``maxOffsetsPerTrigger`` are
@@ -109,6 +111,8 @@ class ReadOptions:
     admin_token_file: str | None = None            # with namesrv: to ask brokers /status
     by_broker: bool = False                        # several stores: offsets keyed by broker
     topics_anywhere: bool = False                  # a named topic may miss in this store
+    kafka: bool = False                            # columns=kafka: Kafka's columns (kafka.py)
+    include_headers: bool = False                  # with them: Kafka's headers column
 
 
 def _get(options, name: str):
@@ -173,7 +177,7 @@ READ_NAMES = {n.lower(): n for n in (
     "storageOptions", "subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger",
     "minOffsetsPerTrigger", "maxTriggerDelay", "startingOffsetsByTimestamp",
     "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "key", "paths",
-    "stores", "namesrv", "adminTokenFile")}
+    "stores", "namesrv", "adminTokenFile", "columns", "includeHeaders")}
 #: Kafka source name -> sparkmq name (same meaning)
 KAFKA_ALIASES = {"subscribe": "topics", "subscribePattern": "topicPattern",
                  "maxOffsetsPerTrigger": "maxMessagesPerTrigger"}
@@ -262,7 +266,21 @@ def parse_options(options) -> ReadOptions:
         ending_by_timestamp=_offsets_by_timestamp(options, "endingOffsetsByTimestamp"),
         by_timestamp_strategy=strategy, key=_get(options, "key") or None,
         urls=urls, namesrv=namesrv, admin_token_file=_get(options, "adminTokenFile") or None,
-        by_broker=bool(urls or namesrv))
+        by_broker=bool(urls or namesrv), kafka=columns_option(options)[0],
+        include_headers=columns_option(options)[1])
+
+
+def columns_option(options) -> tuple[bool, bool]:
+    """(Kafka's columns?, with headers?) from options ``columns`` and ``includeHeaders``."""
+    columns = str(_get(options, "columns") or "sparkmq").strip().lower()
+    if columns not in ("sparkmq", "kafka"):
+        raise UserError(f"option columns must be sparkmq (the default) or kafka (the "
+                        f"columns of Spark's Kafka source), got {_get(options, 'columns')!r}")
+    headers = bool_option(options, "includeHeaders", False)
+    if headers and columns != "kafka":
+        raise UserError("includeHeaders=true adds Kafka's headers column: it goes with "
+                        "columns=kafka (sparkmq's own columns carry properties, tags, keys)")
+    return columns == "kafka", headers
 
 
 def _store_sources(options) -> tuple[str, tuple[str, ...], str | None]:

@@ -44,6 +44,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, ByteType, IntegerType, Lon
 
 from ..errors import DataLossError, UserError
 from ..log.reader import Snapshot
+from . import kafka
 from .options import (ReadOptions, TopicQueue, parse_options, resolve_offsets, select_queues,
                       select_topics)
 
@@ -77,25 +78,32 @@ _STORE_COLUMNS = [f.name for f in SPARK_SCHEMA.fields if f.name != "broker_name"
 _SPARK_FIELDS = {f.name: f for f in SPARK_SCHEMA.fields}
 
 
-def output_schema(schema: StructType | None) -> pa.Schema | None:
+def output_schema(schema: StructType | None, opts: ReadOptions | None = None,
+                  ) -> pa.Schema | None:
     """The Arrow schema a read returns: None for all of :data:`SPARK_SCHEMA`, else
     that of a schema the user declared (``spark.read.schema(...)``), checked.
 
     A declared schema picks columns of SPARK_SCHEMA by name (any order, same
     types); only those are read and sent to Spark (the Python data source API
     has no column pruning, so declaring the columns is how a query avoids
-    materializing all twenty).
+    materializing all twenty). With ``columns=kafka`` (``opts.kafka``) the columns
+    are Kafka's (:mod:`sparkmq.datasource.kafka`) and the schema is always given.
     """
+    full, what = SPARK_SCHEMA, "sparkmq"
+    if opts is not None and opts.kafka:
+        full, what = kafka.kafka_schema(opts.include_headers), "Kafka (columns=kafka)"
+        schema = schema or full
     if schema is None:
         return None
+    fields = {f.name: f for f in full.fields}
     names = []
     for f in schema.fields:
-        known = _SPARK_FIELDS.get(f.name)
+        known = fields.get(f.name)
         if known is None:
-            raise UserError(f"column {f.name!r} of the declared schema is not a sparkmq "
-                            f"column; columns are: {', '.join(_SPARK_FIELDS)}")
+            raise UserError(f"column {f.name!r} of the declared schema is not a {what} "
+                            f"column; columns are: {', '.join(fields)}")
         if f.dataType != known.dataType:
-            raise UserError(f"column {f.name!r} is {known.dataType.simpleString()} in sparkmq, "
+            raise UserError(f"column {f.name!r} is {known.dataType.simpleString()} in {what}, "
                             f"not {f.dataType.simpleString()}; fix the declared schema")
         names.append(f.name)
     if len(set(names)) != len(names):
@@ -159,6 +167,14 @@ class RangeFilter:
         return any(v is not None for v in (self.tags_in, self.ts_min_ms, self.ts_max_ms,
                                            self.keys_equal, self.key_any))
 
+    def columns(self) -> list[str]:
+        """The stored columns these filters look at."""
+        return [c for c, on in (("tags", self.tags_in is not None),
+                                ("store_timestamp", self.ts_min_ms is not None or
+                                 self.ts_max_ms is not None),
+                                ("keys", self.keys_equal is not None or
+                                 self.key_any is not None)) if on]
+
 
 @dataclass
 class QueueRange(InputPartition):
@@ -176,6 +192,7 @@ class QueueRange(InputPartition):
     offsets: tuple | None = None
     storage_options: dict | None = None
     schema: pa.Schema | None = None       # declared output schema (None: ARROW_SCHEMA)
+    kafka: bool = False                   # schema holds Kafka's columns (kafka.py)
 
     def __post_init__(self):
         InputPartition.__init__(self, None)
@@ -272,15 +289,19 @@ def read_range(r: QueueRange):
     """Yield Spark-typed record batches of one partition (runs on executors).
 
     Converted a step (up to 65,536 messages) at a time: per-batch Python work
-    would cost more than the zero-copy reads themselves. Only the output
-    columns are read (pushed filters name output columns only).
+    would cost more than the zero-copy reads themselves. Only the columns the
+    output and the row filters need are read; with ``r.kafka`` the output is
+    Kafka's columns (``kafka.to_kafka``).
     """
     snap = open_snapshot(r.url, r.version, storage_options=r.storage_options)
     broker = broker_name(snap)
     schema = r.schema or ARROW_SCHEMA
-    wanted = [c for c in schema.names if c != "broker_name"]
+    wanted = kafka.source_columns(schema.names) if r.kafka else \
+        [c for c in schema.names if c != "broker_name"]
+    wanted += [c for c in r.row_filter.columns() if c not in wanted]   # e.g. option key
     if not wanted:   # only broker_name: read the cheapest stored column for the row count
         wanted = ["queue_id"]
+    convert = kafka.to_kafka if r.kafka else (lambda t, s: _to_spark(t, broker, s))
     spans = _runs(r.offsets) if r.offsets is not None else [(r.start, r.end)]
     on_removed = "error" if r.fail_on_data_loss else "skip"
     for lo, hi in spans:
@@ -290,7 +311,7 @@ def read_range(r: QueueRange):
                 if r.row_filter.active():
                     table = _filter_rows(table, r.row_filter)
                 if table.num_rows:
-                    yield from _to_spark(table, broker, schema).to_batches()
+                    yield from convert(table, schema).to_batches()
         except DataLossError:
             if r.fail_on_data_loss:
                 raise
@@ -404,7 +425,7 @@ class SparkMQBatchReader(DataSourceReader):
     def __init__(self, options, schema: StructType | None = None):
         from .stores import plan_stores
         self.opts: ReadOptions = parse_options(options)
-        self.schema = output_schema(schema)
+        self.schema = output_schema(schema, self.opts)
         self.pushed = PushedPlan()
         stores = plan_stores(self.opts, self._open_pinned, broker_name)
         #: (store, pinned version) per broker, sorted by broker name
@@ -418,7 +439,9 @@ class SparkMQBatchReader(DataSourceReader):
 
     def pushFilters(self, filters):
         for f in filters:
-            if not self.pushed.push(f):
+            # columns=kafka: topic / partition / offset are pushed as sparkmq's columns
+            g = kafka.pushed_filter(f) if self.opts.kafka else f
+            if g is None or not self.pushed.push(g):
                 yield f
 
     def planned_ranges(self) -> list[QueueRange]:
@@ -465,7 +488,8 @@ class SparkMQBatchReader(DataSourceReader):
                     continue
             r = check_data_loss(snap, QueueRange(opts.url, snap.version, t, q, lo, hi,
                                                  opts.fail_on_data_loss, rf, offsets,
-                                                 opts.storage_options, self.schema))
+                                                 opts.storage_options, self.schema,
+                                                 self.opts.kafka))
             if r is not None:
                 if r.offsets is not None:
                     r.offsets = tuple(o for o in r.offsets if o >= r.start)

@@ -2,8 +2,9 @@
 
 ``SparkMQDataSource`` is what Spark instantiates (on the driver's planner
 worker, then pickled with its options): ``schema()`` is fixed
-(:data:`sparkmq.datasource.reader.SPARK_SCHEMA`); a schema the user declares
-(``.schema("body binary, queue_offset long")``) must be a subset of it and
+(:data:`sparkmq.datasource.reader.SPARK_SCHEMA`, or with option ``columns=kafka``
+Spark's Kafka source schema, :mod:`sparkmq.datasource.kafka`); a schema the user
+declares (``.schema("body binary, queue_offset long")``) must be a subset of it and
 makes reads return (and read) only those columns. ``reader``/``streamReader``
 build the read side, ``writer``/``streamWriter`` the write side (imported
 lazily from :mod:`sparkmq.datasource.writer`).
@@ -13,6 +14,8 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource
 from pyspark.sql.types import StructType
 
+from .kafka import kafka_schema
+from .options import columns_option
 from .reader import SPARK_SCHEMA, SparkMQBatchReader
 from .stream import SparkMQStreamReader
 
@@ -27,7 +30,8 @@ class SparkMQDataSource(DataSource):
         return "sparkmq"
 
     def schema(self):
-        return SPARK_SCHEMA
+        kafka, headers = columns_option(self.options)     # columns=kafka: kafka.py
+        return kafka_schema(headers) if kafka else SPARK_SCHEMA
 
     def reader(self, schema: StructType):
         _refuse_memory(self.options)

@@ -110,7 +110,7 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options, schema: StructType | None = None):
         from .stores import plan_stores
         self.opts: ReadOptions = parse_options(options)
-        self.schema = output_schema(schema)
+        self.schema = output_schema(schema, self.opts)
         if self.opts.version_as_of is not None or self.opts.timestamp_as_of_ms is not None:
             raise UserError("versionAsOf / timestampAsOf are for batch reads; a stream "
                             "always follows the newest version")
@@ -257,7 +257,7 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             r = check_data_loss(snap, QueueRange(opts.url, snap.version, t, q, lo, hi,
                                                  opts.fail_on_data_loss,
                                                  storage_options=opts.storage_options,
-                                                 schema=self.schema))
+                                                 schema=self.schema, kafka=self.opts.kafka))
             if r is not None:
                 ranges.append(r)
         return split_ranges(ranges, self.opts.min_partitions)

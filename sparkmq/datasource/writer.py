@@ -16,7 +16,9 @@ column              Spark type                      meaning
 ``born_timestamp``  timestamp or long (ms)          when the producer made it (default: now)
 ==================  ==============================  ===========================================
 
-Like Spark's Kafka sink, option ``topic`` overrides a ``topic`` column. Rows
+Like Spark's Kafka sink, option ``topic`` overrides a ``topic`` column. A DataFrame
+with Kafka's sink columns (``value``, ``key``, ``topic``, ``partition``, ``headers``)
+is written as that sink would (``kafka.py``: ``kafka.to_sparkmq``). Rows
 without ``queue_id`` or ``message_group`` are spread over the topic's write
 queues round robin by contiguous block (each Arrow batch is cut into one block
 per queue; the first queue rotates per batch, starting at the task's partition
@@ -54,7 +56,7 @@ Options: ``topic``, ``writerId``, ``maxSegmentBytes`` (default 64 MiB),
 storage options, as for reads) or ``storage.<name>`` options one by one,
 ``autoCreateTopic`` (default true) and ``queues`` (queues of a created topic,
 default ``defaultTopicQueueNums``, 4). Any other option is refused, naming the
-closest known one.
+closest known one (their parsing: ``write_options.py``).
 
 The first write to a URL with no store creates the store (with the ``topic``
 option's topic in the same commit), as Delta creates a table on its first write;
@@ -86,12 +88,15 @@ from ..config import DEFAULT_MAX_MESSAGE_SIZE_BYTES, StoreConfig
 from ..errors import InvalidConfigError, InvalidMessageError, UserError
 from ..log import format as fmt
 from ..log.autocreate import create_store, ensure_topic
+from . import kafka
 from .options import bool_option
+from .write_options import (_int_option, _limits, _refuse_memory_url, _storage_options,
+                            check_write_options, lower_options)
 from ..log.committer import abort_job, committer_for
 from ..log.fs import StoreFS
 from ..log.actions import TopicConfig
 from ..log.batch import QueueChooser, check_bodies, writable_topic_conf
-from ..log.limits import MessageLimits, check_batch
+from ..log.limits import check_batch
 from ..log import segment as seg
 from ..log.txlog import TransactionLog
 
@@ -145,7 +150,8 @@ def validate_schema(schema: StructType, *, topic_option: str | None) -> None:
             problems.append(f"column {f.name!r} has type {f.dataType.simpleString()}, "
                             f"expected {want}")
     if "body" not in names:
-        problems.append("the required column 'body' (binary or string) is missing")
+        problems.append("the required column 'body' (binary or string) is missing (or, "
+                        "for Kafka's sink columns, 'value')")
     if "topic" not in names and not topic_option:
         problems.append("no 'topic' column and no topic option: say where rows go with "
                         ".option('topic', ...) or a 'topic' column")
@@ -153,85 +159,6 @@ def validate_schema(schema: StructType, *, topic_option: str | None) -> None:
         accepted = ", ".join(f"{k} ({v[1]})" for k, v in INPUT_COLUMNS.items())
         raise InvalidMessageError("cannot write this DataFrame to sparkmq: " +
                                   "; ".join(problems) + f". Accepted columns: {accepted}")
-
-
-def lower_options(options) -> dict[str, str]:
-    """Options with lower-case names: Spark's option names are case-insensitive, and
-    a plain ``dict(options)`` of its CaseInsensitiveDict already holds lower-case keys."""
-    return {str(k).lower(): v for k, v in dict(options).items()}
-
-
-def _storage_options(options) -> dict | None:
-    """fsspec storage options: option ``storageOptions`` (a JSON object, as for reads)
-    plus any ``storage.<name>`` options."""
-    out = {}
-    raw = options.get("storageoptions")
-    if raw:
-        try:
-            out.update(json.loads(raw))
-        except (ValueError, TypeError) as exc:
-            raise InvalidConfigError(f"option storageOptions must be a JSON object: {exc}") \
-                from None
-    out.update({k[len("storage."):]: v for k, v in options.items() if k.startswith("storage.")})
-    return out or None
-
-
-def _limits(options, max_message_size_bytes: int) -> MessageLimits:
-    """The input limits every row is held to (``log/limits.py``): the store's defaults,
-    or the options of the same names (maxUserPropertySize, userPropertyMaxNum,
-    maxMessageGroupSize, maxMessageIdSize)."""
-    d = MessageLimits()
-    return MessageLimits(
-        max_message_size_bytes,
-        _int_option(options, "maxUserPropertySize", d.max_user_property_size_bytes),
-        _int_option(options, "userPropertyMaxNum", d.user_property_max_num),
-        _int_option(options, "maxMessageGroupSize", d.max_message_group_size_bytes),
-        _int_option(options, "maxMessageIdSize", d.max_message_id_size_bytes))
-
-
-#: every option a write takes (lower case, as Spark hands them), besides ``storage.*``
-WRITE_OPTIONS = ("path", "topic", "writerid", "maxsegmentbytes", "maxmessagesize",
-                 "storageoptions", "maxuserpropertysize", "userpropertymaxnum",
-                 "maxmessagegroupsize", "maxmessageidsize", "autocreatetopic", "queues",
-                 "checkpointlocation")
-_WRITE_NAMES = {n.lower(): n for n in (
-    "path", "topic", "writerId", "maxSegmentBytes", "maxMessageSize", "storageOptions",
-    "maxUserPropertySize", "userPropertyMaxNum", "maxMessageGroupSize", "maxMessageIdSize",
-    "autoCreateTopic", "queues", "checkpointLocation")}
-
-
-def _refuse_memory_url(url: str) -> None:
-    """memory:// lives in one process; Spark's executors are others."""
-    if str(url).startswith("memory://"):
-        raise UserError(f"{url}: a memory:// store lives in one process, and Spark reads and "
-                        "writes from other processes (its executors); use a local path or an "
-                        "object store URL")
-
-
-def check_write_options(options: dict) -> None:
-    """UserError for an option a write does not know, naming the closest known one."""
-    from .options import unknown_option_error
-    several = [k for k in ("paths", "stores", "namesrv") if k in options]
-    if several:
-        raise UserError(f"a write goes to one store (got {', '.join(several)}): use "
-                        ".save(url); to spread a topic over brokers, write to each "
-                        "broker's store (or send through the brokers)")
-    for key in options:
-        if key not in WRITE_OPTIONS and not key.startswith("storage."):
-            raise unknown_option_error(key, _WRITE_NAMES, "write")
-
-
-def _int_option(options, name: str, default: int) -> int:
-    raw = options.get(name.lower())
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise InvalidConfigError(f"option {name} must be an integer, got {raw!r}") from None
-    if value <= 0:
-        raise InvalidConfigError(f"option {name} must be positive, got {value}")
-    return value
 
 
 class _SegmentWriterBase:
@@ -257,7 +184,9 @@ class _SegmentWriterBase:
         self.max_message_size = _int_option(options, "maxMessageSize",
                                             DEFAULT_MAX_MESSAGE_SIZE_BYTES)
         self.limits = _limits(options, self.max_message_size)
-        validate_schema(schema, topic_option=self.topic_option)
+        self.kafka_columns = kafka.is_kafka_write(schema)     # Kafka's sink columns
+        (kafka.validate_write if self.kafka_columns else validate_schema)(
+            schema, topic_option=self.topic_option)
         self.columns = [f.name for f in schema.fields]
         self.auto_create = bool_option(options, "autoCreateTopic", True)
         self.new_topic_queues = _int_option(options, "queues", DEFAULT_TOPIC_QUEUE_NUMS)
@@ -504,12 +433,15 @@ class _BatchConverter:
 
     def convert(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         n = batch.num_rows
+        shard = None                  # Kafka's key: the queue of a row with no partition
+        if self.w.kafka_columns:
+            batch, shard = kafka.to_sparkmq(batch)
         names = batch.schema.names
         col = {name: batch.column(i) for i, name in enumerate(names)}
         now_ms = int(time.time() * 1000)
         topics = self._topics(col, n)
         body = self._body(col["body"])
-        qids = self._queues(topics, col.get("queue_id"), col.get("message_group"), n)
+        qids = self._queues(topics, col.get("queue_id"), col.get("message_group", shard), n)
         group = _cast(col, "message_group", pa.string(), n)
         out = {
             "topic": topics, "queue_id": qids, "body": body,

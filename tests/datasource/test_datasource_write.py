@@ -116,7 +116,8 @@ def test_missing_body_is_a_clear_error_and_nothing_is_written(spark, tmp_path):
     make_store(url, [("T", 2)])
     before = TransactionLog(StoreFS(url)).latest_version()
     with pytest.raises(Exception, match="required column 'body'"):
-        spark.range(5).selectExpr("cast(id as string) as value").write.format("sparkmq") \
+        # (not "value": that is Kafka's sink column, written as the Kafka sink would)
+        spark.range(5).selectExpr("cast(id as string) as payload").write.format("sparkmq") \
             .mode("append").option("topic", "T").save(url)
     with pytest.raises(Exception, match="column 'keys' has type int"):
         spark.range(5).selectExpr("cast(id as string) as body", "1 as keys") \

@@ -79,6 +79,11 @@ def test_kafka_port(tmp_path, monkeypatch, kernel):
     monkeypatch.setenv("SPARKMQ_KAFKA_PORT_DIR", str(tmp_path))
     nb, out = _run("kafka_port.ipynb", tmp_path, kernel)
     _assert_plots_inline(nb, 1)
+    # option columns=kafka: the source's schema is Kafka's (no hand-written select)
+    assert ("root\n |-- key: binary (nullable = true)\n |-- value: binary (nullable = true)\n"
+            " |-- topic: string (nullable = true)\n |-- partition: integer (nullable = true)\n"
+            " |-- offset: long (nullable = true)\n |-- timestamp: timestamp (nullable = true)\n"
+            " |-- timestampType: integer (nullable = true)\n\n") in out
     assert "micro-batches 3 rows per batch [1000, 1000, 1000]" in out   # maxOffsetsPerTrigger
     assert "rows in the sink 3000" in out
     assert "messages read by Polars 3000" in out
