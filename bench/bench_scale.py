@@ -61,12 +61,32 @@ def topics_case(tmp: str, steps: list[int]) -> list[tuple[int, dict]]:
             open_s = best(lambda: Store.open(url, mode="r").close(), 3)
             load_s = best(lambda: Snapshot.load(url), 3)
             cold_s = best(lambda: Snapshot.load(url).read_table(f"T{made - 1}", 0, 0), 3)
+            start_s = best(lambda: broker_start(tmp, url), 1)
             rows.append((target, {"create_ms": create_ms, "open": open_s, "load": load_s,
-                                  "cold_read": cold_s}))
+                                  "cold_read": cold_s, "broker_start": start_s}))
             s = Store.open(url, mode="w", start_services=False)
     finally:
         s.close()
     return rows
+
+
+def broker_start(tmp: str, url: str) -> float:
+    """Seconds from ``Broker.start()`` to serving, on the store at ``url`` (then stopped)."""
+    from sparkmq.broker import Broker, BrokerConfig
+    import socket
+
+    def free() -> int:
+        with socket.socket() as so:
+            so.bind(("127.0.0.1", 0))
+            return so.getsockname()[1]
+    cfg = BrokerConfig.from_properties({
+        "brokerName": "scale", "storePathRootDir": url, "listenPort": str(free()),
+        "adminPort": str(free()), "adminTokenFile": os.path.join(tmp, "scale.token")})
+    t = time.perf_counter()
+    b = Broker(cfg).start()
+    took = time.perf_counter() - t
+    b.stop()
+    return took
 
 
 def growth(values: list[float]) -> str:
@@ -76,9 +96,11 @@ def growth(values: list[float]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--full", action="store_true")
+    ap.add_argument("--topics", type=int, nargs="+", default=None,
+                    help="topic counts to measure (x4 steps read best), e.g. 781 3125 12500 50000")
     args = ap.parse_args(argv)
     version_steps = [1_000, 4_000, 16_000, 64_000] if args.full else [250, 1_000, 4_000]
-    topic_steps = [100, 400, 1_600, 6_400] if args.full else [50, 200, 800]
+    topic_steps = args.topics or ([100, 400, 1_600, 6_400] if args.full else [50, 200, 800])
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         v = versions_case(tmp, version_steps)
         t = topics_case(tmp, topic_steps)
@@ -87,7 +109,8 @@ def main(argv=None) -> int:
     print(f"{'  seconds':<34}" + "".join(f"{x:>10.4f}" for _, x in v)
           + f"   growth {growth([x for _, x in v])}")
     print(f"{'costs vs topics (x8 queues)':<34}" + "".join(f"{n:>10}" for n, _ in t))
-    for key, unit in (("open", "s"), ("load", "s"), ("create_ms", "ms"), ("cold_read", "s")):
+    for key, unit in (("open", "s"), ("load", "s"), ("create_ms", "ms"), ("cold_read", "s"),
+                      ("broker_start", "s")):
         vals = [r[key] for _, r in t]
         print(f"{'  ' + key + ' (' + unit + ')':<34}" + "".join(f"{x:>10.4f}" for x in vals)
               + f"   growth {growth(vals)}")
