@@ -48,7 +48,6 @@ from __future__ import annotations
 import heapq
 import logging
 import math
-import re
 import threading
 import time
 from typing import Callable
@@ -56,6 +55,7 @@ from typing import Callable
 from ..errors import DelayRefused, SparkMQError, UserError
 from ..lifecycle import ServiceThread
 from ..log.message import Message
+from ..log.retrypolicy import parse_duration_ms
 from .parked import (PROP_DELAY_LEVEL, PROP_REAL_TOPIC, PROP_SOURCE,  # noqa: F401 (re-exported)
                      RECALL_TOPIC, SCHEDULE_GROUP, SCHEDULE_TOPIC, delivered_sources,
                      RecallStatus, make_recall_handle, parse_recall_handle, read_dues,
@@ -68,17 +68,16 @@ DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 
 DEFAULT_MAX_DELAY_MS = 3 * 24 * 3600 * 1000
 DELIVER_BATCH = 256
 PERSIST_SLACK_MS = 200
-_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def parse_delay_levels(text: str) -> list[int]:
     """``"1s 5s 1m 2h"`` -> milliseconds per level (level 1 first)."""
     out = []
     for item in text.split():
-        m = re.fullmatch(r"(\d+)(ms|s|m|h|d)", item.strip())
-        if m is None:
-            raise UserError(f"messageDelayLevel item {item!r} is not <number><ms|s|m|h|d>")
-        out.append(int(m.group(1)) * _UNIT_MS[m.group(2)])
+        try:
+            out.append(parse_duration_ms(item))
+        except UserError as e:
+            raise UserError(f"messageDelayLevel item: {e.message}") from None
     if not out:
         raise UserError("messageDelayLevel is empty")
     return out
