@@ -35,7 +35,7 @@ def parse_duration_ms(text: str) -> int:
     """``"5s"`` -> 5000: a whole number and a unit of ms, s, m, h or d."""
     m = re.fullmatch(r"(\d+)(ms|s|m|h|d)", text.strip())
     if m is None:
-        raise UserError(f"{text!r} is not a duration <number><ms|s|m|h|d>")
+        raise UserError(f"{text!r} is not <number><ms|s|m|h|d> (a duration)")
     return int(m.group(1)) * _UNIT_MS[m.group(2)]
 
 
