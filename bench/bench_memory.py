@@ -21,23 +21,18 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_broker import free_port, process  # noqa: E402
-from bench_polls import rss_kib  # noqa: E402
+from bench_broker import process  # noqa: E402
+from bench_polls import broker_conf, rss_kib  # noqa: E402
 from sparkmq.progress import track  # noqa: E402
 
 TOPICS = 1000
 BODY = b"x" * 1024
 
 
-def run(tmp: str, seconds: float, extra: str) -> list[tuple[float, int, int]]:
+def run(tmp: str, seconds: float, extra: dict) -> list[tuple[float, int, int]]:
     """(elapsed s, messages sent, broker RSS KiB) samples of one broker's run."""
     from sparkmq.client import Message, Producer
-    port, admin = free_port(), free_port()
-    conf = os.path.join(tmp, "broker.properties")
-    with open(conf, "w") as f:
-        f.write(f"brokerName=bench\nflushDiskType=ASYNC_FLUSH\nstorePathRootDir={tmp}/mq\n"
-                f"listenPort={port}\nadminPort={admin}\nautoCreateTopicEnable=true\n"
-                f"defaultTopicQueueNums=8\n{extra}")
+    conf, port, _ = broker_conf(tmp, defaultTopicQueueNums=8, **extra)
     samples = []
     with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port) as broker:
         p = Producer(f"127.0.0.1:{port}", request_timeout_s=30)
@@ -68,8 +63,8 @@ def main() -> int:
     ap.add_argument("--full", action="store_true", help="300 s per broker")
     args = ap.parse_args()
     seconds = 300.0 if args.full else 60.0
-    cases = [("byte budget (default)", ""),
-             ("budget lifted (reference)", "memoryConsumeQueueBytes=1099511627776\n")]
+    cases = [("byte budget (default)", {}),
+             ("budget lifted (reference)", {"memoryConsumeQueueBytes": 1 << 40})]
     print(f"# broker RSS, sequential sends of 10 x 1 KiB to {TOPICS} topics x 8 queues, "
           f"{seconds:.0f} s per broker")
     print(f"{'case':<28} {'messages':>9} {'RSS warm MiB':>13} {'RSS end MiB':>12} "
