@@ -96,13 +96,18 @@ def ensure_pip(module: str, *packages: str) -> bool:
 
 @contextlib.contextmanager
 def process(cmd: list[str], port: int, **kw):
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+    """Run ``cmd`` until the block ends, once ``port`` listens. Its stderr goes to a
+    temporary file (a pipe nobody reads fills up and blocks the process's logging)."""
+    err = tempfile.TemporaryFile()
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, **kw)
     try:
         try:
             wait_port(port)
         except RuntimeError:
             p.kill()
-            raise RuntimeError(f"{cmd[0]} did not start: {p.stderr.read().decode()[-500:]}")
+            p.wait(5)
+            err.seek(0)
+            raise RuntimeError(f"{cmd[0]} did not start: {err.read().decode()[-500:]}")
         yield p
     finally:
         p.terminate()
@@ -111,6 +116,7 @@ def process(cmd: list[str], port: int, **kw):
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait(5)
+        err.close()
 
 
 def pct(values: list[float], q: float) -> float:
