@@ -5,7 +5,9 @@ every few seconds. Two brokers in the same run: with the default byte budget
 entry cap, as before the budget existed).
 
 Printed: RSS after warm-up (a third of the run), at the end, and the growth between them
-(target: within 10 % with the budget).
+(target: within 10 % with the budget), and the same for the anonymous part (RssAnon: the
+heap, without file-backed pages such as the memory-mapped segments, which the kernel may
+drop at will).
 
     .venv/bin/python bench/bench_memory.py            # quick: 60 s per broker
     .venv/bin/python bench/bench_memory.py --full     # 300 s per broker
@@ -29,8 +31,9 @@ TOPICS = 1000
 BODY = b"x" * 1024
 
 
-def run(tmp: str, seconds: float, extra: dict) -> list[tuple[float, int, int]]:
-    """(elapsed s, messages sent, broker RSS KiB) samples of one broker's run."""
+def run(tmp: str, seconds: float, extra: dict) -> list[tuple[float, int, int, int]]:
+    """(elapsed s, messages sent, broker RSS KiB, its anonymous part KiB) samples of one
+    broker's run."""
     from sparkmq.client import Message, Producer
     conf, port, _ = broker_conf(tmp, defaultTopicQueueNums=8, **extra)
     samples = []
@@ -44,7 +47,8 @@ def run(tmp: str, seconds: float, extra: dict) -> list[tuple[float, int, int]]:
             while True:
                 now = time.monotonic()
                 if now >= next_sample:
-                    samples.append((now - t0, sent, rss_kib(broker.pid)))
+                    samples.append((now - t0, sent, rss_kib(broker.pid),
+                                    rss_kib(broker.pid, "RssAnon")))
                     next_sample += max(1.0, seconds / 30)
                 if now - t0 >= seconds:
                     break
@@ -68,7 +72,8 @@ def main() -> int:
     print(f"# broker RSS, sequential sends of 10 x 1 KiB to {TOPICS} topics x 8 queues, "
           f"{seconds:.0f} s per broker")
     print(f"{'case':<28} {'messages':>9} {'RSS warm MiB':>13} {'RSS end MiB':>12} "
-          f"{'growth':>7} {'MiB/100k msgs':>14}")
+          f"{'growth':>7} {'MiB/100k msgs':>14} {'anon warm':>10} {'anon end':>9} "
+          f"{'anon growth':>12}")
     for label, extra in track(cases, "cases"):
         with tempfile.TemporaryDirectory() as tmp:
             samples = run(tmp, seconds, extra)
@@ -76,7 +81,8 @@ def main() -> int:
         end = samples[-1]
         per = (end[2] - warm[2]) / 1024 / max(1, end[1] - warm[1]) * 100_000
         print(f"{label:<28} {end[1]:>9} {warm[2] / 1024:>13.1f} {end[2] / 1024:>12.1f} "
-              f"{end[2] / warm[2]:>7.2f} {per:>14.1f}")
+              f"{end[2] / warm[2]:>7.2f} {per:>14.1f} {warm[3] / 1024:>10.1f} "
+              f"{end[3] / 1024:>9.1f} {end[3] / warm[3]:>12.2f}")
     return 0
 
 

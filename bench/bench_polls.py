@@ -41,10 +41,12 @@ def broker_conf(tmp: str, **extra) -> tuple[str, int, int]:
     return conf, port, admin
 
 
-def rss_kib(pid: int) -> int:
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    """A process's resident memory in KiB (``field``: VmRSS, or RssAnon for the heap
+    without file-backed pages such as memory-mapped segments)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1])
     return 0
 
