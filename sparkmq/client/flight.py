@@ -62,7 +62,8 @@ def flight_carries(message: Message) -> bool:
 def send_batch(messages: Sequence[Message], ids: Sequence[str], born_ms: int,
                host: str) -> pa.RecordBatch:
     """The DoPut record batch of ``messages`` (one topic and message group, as a send
-    request has) with message ids ``ids``, in ``SEND_SCHEMA``."""
+    request has) with message ids ``ids``, in ``SEND_SCHEMA``. (Lists, not ``pa.repeat``:
+    repeating a string scalar costs ~75 us.)"""
     n = len(messages)
     first = messages[0]
     bodies = []
@@ -73,7 +74,7 @@ def send_batch(messages: Sequence[Message], ids: Sequence[str], born_ms: int,
         bodies.append(m.body)
     plain = not any(m.tag or m.keys or m.properties for m in messages)
     cols = [
-        pa.repeat(pa.scalar(first.topic, pa.string()), n),
+        pa.array([first.topic] * n, pa.string()),
         pa.array(bodies, pa.binary()),
         pa.nulls(n, pa.string()) if plain else pa.array([m.tag or None for m in messages],
                                                         pa.string()),
@@ -82,10 +83,10 @@ def send_batch(messages: Sequence[Message], ids: Sequence[str], born_ms: int,
         pa.nulls(n, SEND_SCHEMA.field("properties").type) if plain else pa.array(
             [list(m.properties.items()) or None for m in messages],
             SEND_SCHEMA.field("properties").type),
-        pa.repeat(pa.scalar(first.message_group, pa.string()), n),
+        pa.array([first.message_group] * n, pa.string()),
         pa.array(ids, pa.string()),
-        pa.repeat(pa.scalar(born_ms, TS), n),
-        pa.repeat(pa.scalar(host, pa.string()), n),
+        pa.array([born_ms] * n, TS),
+        pa.array([host] * n, pa.string()),
     ]
     return pa.RecordBatch.from_arrays(cols, schema=SEND_SCHEMA)
 
