@@ -8,7 +8,11 @@ Rows (1 KiB messages):
 - sync send p50: a one-message batch written and its ack read (ratio to the floor: the
   same round trip against a Flight server that acks without storing, in another process);
 - send -> long-poll consumer p50: a DoGet waiting with pollMs, then a one-message send
-  (ratio to the floor round trip).
+  (ratio to the floor round trip);
+- sparkmq's own clients against the same broker, over Flight (``transport="flight"``)
+  and over gRPC (``transport="grpc"``), ratio Flight / gRPC: ``Producer.send_batch``
+  throughput, ``Producer.send`` p50, and ``PullConsumer.pull`` throughput reading what
+  the batches stored (4 queues, 1,000 messages a pull).
 
     .venv/bin/python bench/bench_flight.py [--quick]
 """
@@ -101,7 +105,49 @@ def bench_sparkmq_flight(tmp: str, n: int, batch_n: int, m: int) -> dict:
         writer.close()
         lat = _put_round_trips(flight, m, one)
         e2e = _e2e(client, flight, e2e_one, m)
-    return {"tput": tput, "lat": lat, "e2e": e2e}
+        clients = {t: _bench_clients(f"127.0.0.1:{port}", t, n, batch_n, m)
+                   for t in ("flight", "grpc")}
+    return {"tput": tput, "lat": lat, "e2e": e2e, "clients": clients}
+
+
+def _bench_clients(endpoint: str, transport: str, n: int, batch_n: int, m: int) -> dict:
+    """sparkmq's Producer and PullConsumer over ``transport`` (topics of their own)."""
+    from sparkmq.client import Message, Producer, PullConsumer
+    topic = f"client-{transport}"
+    with Producer(endpoint, transport=transport) as p:
+        batch = [Message(topic, BODY) for _ in range(batch_n)]
+        for _ in range(20):                                   # warm-up (and the topic)
+            p.send_batch(batch)
+        t0 = time.perf_counter()
+        for _ in range(n // batch_n):
+            p.send_batch(batch)
+        tput = (n // batch_n) * batch_n / (time.perf_counter() - t0)
+        one = Message(f"{topic}-lat", BODY)
+        lat = []
+        for i in range(m + 50):
+            t = time.perf_counter()
+            p.send(one)
+            if i >= 50:
+                lat.append(time.perf_counter() - t)
+        assert set(p.sent_over) == {"flight", "grpc"} and p.sent_over[transport] > 0
+        other = "grpc" if transport == "flight" else "flight"
+        assert p.sent_over[other] == 0, p.sent_over
+    pc = PullConsumer(endpoint, "bench", transport=transport)
+    try:
+        read, t0 = 0, time.perf_counter()
+        for q in pc.queues(topic):
+            off = 0
+            while True:
+                msgs, nxt = pc.pull(q, off, max_messages=1000)
+                read += len(msgs)
+                if nxt == off:
+                    break
+                off = nxt
+        pull = read / (time.perf_counter() - t0)
+        assert pc.pulled_over[transport] == read
+    finally:
+        pc.close()
+    return {"tput": tput, "lat": lat, "pull": pull}
 
 
 def _e2e(client, port: int, one, m: int) -> list[float]:
@@ -162,6 +208,14 @@ def main(argv=None) -> int:
         e2e = pct(ours["e2e"], 0.5)
         print(f"{'send -> long-poll p50 (ms)':<34}{e2e:>16.3f}{fp50:>16.3f}"
               f"{e2e / fp50:>8.2f}  (vs empty Flight round trip)")
+    fc, gc = ours["clients"]["flight"], ours["clients"]["grpc"]
+    print(f"{'metric':<34}{'client flight':>16}{'client gRPC':>16}{'ratio':>8}")
+    print(f"{'Producer.send_batch (msg/s)':<34}{fc['tput']:>16.0f}{gc['tput']:>16.0f}"
+          f"{fc['tput'] / gc['tput']:>8.2f}")
+    fl50, gl50 = pct(fc["lat"], 0.5), pct(gc["lat"], 0.5)
+    print(f"{'Producer.send p50 (ms)':<34}{fl50:>16.3f}{gl50:>16.3f}{fl50 / gl50:>8.2f}")
+    print(f"{'PullConsumer.pull (msg/s)':<34}{fc['pull']:>16.0f}{gc['pull']:>16.0f}"
+          f"{fc['pull'] / gc['pull']:>8.2f}")
     return 0
 
 

@@ -215,6 +215,10 @@ class BrokerConfig:
             raise InvalidConfigError("tlsServerMode=enforcing needs tlsServerCertPath and "
                                      "tlsServerKeyPath (PEM files; `sparkmq tls selfsigned` "
                                      "makes a pair for development)")
+        if self.flight_enable and self.tls_server_mode == "enforcing":
+            raise InvalidConfigError("flightEnable=true with tlsServerMode=enforcing: the "
+                                     "Arrow Flight port has no TLS yet and would carry in "
+                                     "plaintext what gRPC encrypts; turn flightEnable off")
         StoreConfig.from_options(self.store_config_options())  # validates store options
 
     @classmethod

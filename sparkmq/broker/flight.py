@@ -3,8 +3,9 @@ go into the store and come out of it without being taken apart message by messag
 
 * **DoPut** (descriptor path ``["send"]``): each record batch the client writes holds
   messages (columns: ``topic`` and ``body`` required; ``tags``, ``keys``,
-  ``properties``, ``message_group``, ``unique_key``, ``born_timestamp``, ``queue_id``
-  optional). Each is stored as ONE append with the same durability as a RocketMQ send
+  ``properties``, ``message_group``, ``unique_key``, ``born_timestamp``, ``born_host``,
+  ``queue_id`` optional); a row with a message group is stored as FIFO, as the RocketMQ
+  path stores it. Each is stored as ONE append with the same durability as a RocketMQ send
   (SYNC_FLUSH fsynced, SYNC_MASTER replicated) and acknowledged by one metadata message:
   an Arrow IPC stream of ``(queue_id int32, queue_offset int64, message_id string)``
   per row. Delay and transaction messages are refused with a message naming the
@@ -12,9 +13,17 @@ go into the store and come out of it without being taken apart message by messag
 * **DoGet** (ticket: JSON ``{"topic", "queue", "offset", "max", "pollMs"}``): the
   messages of one queue from ``offset`` (at most ``max``), as stored, zero copy; with
   none yet, it waits up to ``pollMs`` for arrivals (long polling, the same capacity as
-  the gRPC path).
+  the gRPC path). ``"view": "consumer"`` gives the messages as the RocketMQ path delivers
+  them: ``message_id`` the producer's id (``unique_key``) where it set one, and no broker
+  bookkeeping among the ``properties`` (sparkmq's PullConsumer asks for it).
 * **DoAction** ``commitOffset`` (body JSON ``{"group", "topic", "queue", "offset"}``):
-  records a consumer group's offset as the RocketMQ path does.
+  records a consumer group's offset as the RocketMQ path's UpdateOffset does (GetOffset
+  answers it at once) and commits it to the store.
+
+Stopping: ``stop`` ends every DoPut stream after its current batch (a client reopens
+one, or falls back to gRPC); a stream idle in the client's hands holds the server's
+shutdown until the client closes it (sparkmq's Producer closes idle streams within
+``flight_idle_s``).
 
 Checks are the RocketMQ path's, one implementation each: credentials and ACLs
 (``authn``/``authz``: Pub on each topic sent to, Sub on a topic read and on a group
@@ -34,13 +43,15 @@ import pyarrow.flight as fl
 
 from ..errors import (AuthenticationError, AuthorizationError, RetriableError, SparkMQError,
                       UserError)
+from ..log.format import MESSAGE_TYPE_FIFO
 from ..log.topics import topic_message_type, type_conflict
 from .authz import peer_ip
+from .protocol import INTERNAL_PROPERTY_KEYS
 
 log = logging.getLogger("sparkmq.broker.flight")
 
 SEND_COLUMNS = {"topic", "body", "tags", "keys", "properties", "message_group", "unique_key",
-                "born_timestamp", "queue_id"}
+                "born_timestamp", "born_host", "queue_id"}
 ACK_SCHEMA = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64()),
                         ("message_id", pa.string())])
 MAX_GET = 10_000
@@ -71,8 +82,8 @@ def _flight_error(e: Exception) -> Exception:
         return fl.FlightUnauthorizedError(e.message)
     if isinstance(e, AuthenticationError):
         return fl.FlightUnauthenticatedError(e.message)
-    if isinstance(e, RetriableError):
-        return fl.FlightUnavailableError(e.message)
+    if isinstance(e, RetriableError):   # the code tells it from a transport failure
+        return fl.FlightUnavailableError(f"{e.code}: {e.message}")
     if isinstance(e, SparkMQError):
         return pa.ArrowInvalid(f"{e.code}: {e.message}")
     return fl.FlightInternalError(f"{type(e).__name__}: {e}")
@@ -86,6 +97,12 @@ class FlightService(fl.FlightServerBase):
                          middleware={"auth": _AuthFactory(broker)})
         self.broker = broker
         self._serving: threading.Thread | None = None
+        self._stopping = threading.Event()
+
+    @property
+    def endpoint(self) -> str:
+        """``host:port`` of this service, as QueryRoute advertises it (grpc_service.py)."""
+        return f"{self.broker.config.host}:{self.port}"
 
     # ------------------------------------------------------------ helpers
     def _user(self, context):
@@ -109,6 +126,8 @@ class FlightService(fl.FlightServerBase):
                     log.exception("Flight send failed")
                 raise _flight_error(e) from None
             writer.write(ack)
+            if self._stopping.is_set():     # end the stream: the broker is stopping
+                return
 
     def _send(self, context, batch: pa.RecordBatch) -> pa.Buffer:
         unknown = set(batch.schema.names) - SEND_COLUMNS
@@ -131,7 +150,12 @@ class FlightService(fl.FlightServerBase):
             if broker.config.enable_topic_message_type_check:
                 self._check_types(batch, t)
         sender.check_append()
-        r = broker.store.append_batch(pa.Table.from_batches([batch]))
+        table = pa.Table.from_batches([batch])
+        if "message_group" in table.schema.names:   # stored as the RocketMQ path stores it
+            fifo = pc.if_else(pc.is_valid(table.column("message_group")),
+                              MESSAGE_TYPE_FIFO, 0).cast(pa.int8())
+            table = table.append_column("message_type", fifo)
+        r = broker.store.append_batch(table)
         status = sender.replicated(r)
         if status.value != "PUT_OK":
             raise RetriableError(f"stored but not acknowledged: {status.value} (the same "
@@ -178,12 +202,15 @@ class FlightService(fl.FlightServerBase):
             limit = min(max(1, int(req.get("max") or 1000)), MAX_GET)
             poll_ms = min(max(0, int(req.get("pollMs") or 0)),
                           self.broker.config.max_long_polling_ms)
+            consumer_view = req.get("view") == "consumer"
         except (ValueError, KeyError, TypeError) as e:
             raise pa.ArrowInvalid(f"a DoGet ticket is JSON {{topic, queue, offset, max, "
                                   f"pollMs}}: {e}") from None
         try:
             self._authorize(context, [("Topic", topic, ("Sub",))])
             table = self._read(topic, queue, offset, limit, poll_ms)
+            if consumer_view:
+                table = consumer_view_of(table)
         except Exception as e:   # every failure goes back as a Flight error; the service goes on
             raise _flight_error(e) from None
         return fl.RecordBatchStream(table)
@@ -214,6 +241,7 @@ class FlightService(fl.FlightServerBase):
             group, topic = str(req["group"]), str(req["topic"])
             queue, offset = int(req["queue"]), int(req["offset"])
             self._authorize(context, [("Group", group, ("Sub",)), ("Topic", topic, ("Sub",))])
+            self.broker.receiver.reset_offset(group, topic, queue, offset)   # UpdateOffset's
             self.broker.store.commit_consumer_offsets(group, {(topic, queue): offset})
         except (ValueError, KeyError, TypeError) as e:
             raise pa.ArrowInvalid(f"commitOffset takes JSON {{group, topic, queue, offset}}: "
@@ -232,6 +260,27 @@ class FlightService(fl.FlightServerBase):
         return self
 
     def stop(self) -> None:
+        self._stopping.set()
         self.shutdown()
         if self._serving is not None:
             self._serving.join(10)
+
+
+def consumer_view_of(table: pa.Table) -> pa.Table:
+    """``table`` (a DoGet read) as the RocketMQ path delivers its messages: ``message_id``
+    is the producer's id where it set one (``unique_key``), and the broker's own keys
+    (``INTERNAL_PROPERTY_KEYS``) are not among the ``properties``. Zero copy where no
+    row carries such a key (the usual case)."""
+    ids = pc.coalesce(table.column("unique_key"), table.column("message_id"))
+    table = table.set_column(table.schema.get_field_index("message_id"),
+                             table.schema.field("message_id"), ids)
+    props = table.column("properties")
+    internal = pa.array(sorted(INTERNAL_PROPERTY_KEYS), pa.string())
+    if not any(pc.any(pc.is_in(chunk.keys, internal)).as_py() for chunk in props.chunks
+               if len(chunk.keys)):
+        return table
+    kept = [None if p is None else [(k, v) for k, v in p if k not in INTERNAL_PROPERTY_KEYS]
+            or None for p in props.to_pylist()]
+    return table.set_column(table.schema.get_field_index("properties"),
+                            table.schema.field("properties"),
+                            pa.array(kept, props.type))

@@ -62,6 +62,7 @@ from .grpc_server import Malformed, lenient
 log = logging.getLogger("sparkmq.broker.grpc")
 
 MAX_BATCH_SIZE = 1024
+FLIGHT_ENDPOINT_HEADER = "x-sparkmq-flight-endpoint"   # on QueryRoute: this broker's Flight
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 
 
@@ -191,6 +192,8 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
                 "cluster; create it first (autoCreateTopicEnable is off)"))
         ns = request.topic.resource_namespace
         mtype = topic_message_type(self.broker.topic_conf(topic))
+        if self.broker.flight is not None:   # sparkmq's clients send over Flight (flight.py)
+            context.send_initial_metadata(((FLIGHT_ENDPOINT_HEADER, self.broker.flight.endpoint),))
         return spb.QueryRouteResponse(status=OK, message_queues=[
             message_queue(topic, q, ns, mtype) for q in queues])
 

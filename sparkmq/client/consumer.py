@@ -31,6 +31,7 @@ from ..errors import SparkMQError, UserError
 from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
                    Connections, Queue, ReceivedMessage, RouteCache, check, duration,
                    parse_endpoints)
+from .flight import TRANSPORTS, FlightDown, FlightTransport, received_messages, tag_set
 
 log = logging.getLogger("sparkmq.client.consumer")
 BROADCAST_HEADER = "x-sparkmq-consume-mode"
@@ -66,7 +67,8 @@ class _GroupClient:
     """Shared plumbing of the consumers of one group."""
 
     def __init__(self, endpoints, group: str, subscriptions: Mapping[str, "str | tuple[str, str]"], *,
-                 request_timeout_s: float, mode: ConsumeMode):
+                 request_timeout_s: float, mode: ConsumeMode,
+                 credentials: tuple[str, str] | None = None):
         if not group:
             raise UserError("a consumer needs a consumer group name")
         if not subscriptions:
@@ -77,7 +79,7 @@ class _GroupClient:
         for e in self.subscriptions.values():
             _filter_of(e)
         extra = [(BROADCAST_HEADER, "BROADCASTING")] if mode is ConsumeMode.BROADCASTING else []
-        self.conns = Connections(request_timeout_s, extra)
+        self.conns = Connections(request_timeout_s, extra, credentials=credentials)
         self.routes = RouteCache(self.conns, self.endpoints)
         self._closed = False
 
@@ -381,15 +383,52 @@ class PushConsumer(_GroupClient):
 
 
 class PullConsumer:
-    """Read queues by offset (PullMessage); the caller keeps or commits offsets
-    (UpdateOffset / GetOffset keep them at the broker per group). Thread-safe."""
+    """Read queues by offset; the caller keeps or commits offsets (kept at the broker
+    per group). Thread-safe.
+
+    Transport (``transport=``, as the Producer's, client/flight.py): ``pull`` is a Flight
+    DoGet and ``commit_offset`` a DoAction ``commitOffset`` where the broker serves
+    Flight (the same messages, fields and offsets as RocketMQ's PullMessage and
+    UpdateOffset give), else gRPC; ``query_offset`` and ``committed_offset`` are always
+    gRPC (QueryOffset, GetOffset). ``pulled_over`` counts messages per transport."""
 
     def __init__(self, endpoints, group: str, *,
-                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S):
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+                 transport: str = "auto", credentials: tuple[str, str] | None = None,
+                 flight_down_s: float = 30.0):
+        if transport not in TRANSPORTS:
+            raise UserError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.endpoints = parse_endpoints(endpoints)
         self.group = group
-        self.conns = Connections(request_timeout_s)
+        self.transport = transport
+        self.conns = Connections(request_timeout_s, credentials=credentials)
         self.routes = RouteCache(self.conns, self.endpoints)
+        self.flight = FlightTransport(self.conns.signed_headers,
+                                      request_timeout_s=request_timeout_s,
+                                      down_s=flight_down_s)
+        self.pulled_over = {"flight": 0, "grpc": 0}
+        self._lock = threading.Lock()
+
+    def _flight_endpoint(self, queue: Queue) -> str | None:
+        """The Flight endpoint to use for ``queue``'s broker now, or None for gRPC."""
+        if self.transport == "grpc":
+            return None
+        fep = self.routes.flight_endpoint(queue.endpoint, queue.topic)
+        if self.transport == "flight":
+            if fep is None:
+                raise ClientError(f"{queue.broker_name} ({queue.endpoint}) serves no Arrow "
+                                  "Flight (transport='flight')", Code.UNSUPPORTED)
+            return fep
+        return fep if self.flight.usable(fep) else None
+
+    def _flight_failed(self, fep: str, e: FlightDown) -> None:
+        if self.transport == "flight":
+            raise BrokerUnavailableError(str(e)) from None
+        self.flight.mark_down(fep, e)
+
+    def _count(self, transport: str, n: int) -> None:
+        with self._lock:
+            self.pulled_over[transport] += n
 
     def queues(self, topic: str) -> list[Queue]:
         """The readable queues of ``topic`` across broker groups: the master's, or
@@ -404,6 +443,24 @@ class PullConsumer:
              tag_expression: str = "*") -> tuple[list[ReceivedMessage], int]:
         """Messages of ``queue`` from ``offset`` (waits up to ``wait_s`` for the first);
         returns (messages, next offset to pull from)."""
+        fep = self._flight_endpoint(queue)
+        if fep is not None:
+            tags = tag_set(tag_expression)
+            ticket = {"topic": queue.topic, "queue": queue.queue_id, "offset": offset,
+                      "max": max_messages, "pollMs": int(wait_s * 1000), "view": "consumer"}
+            what = f"pull {queue.topic}/{queue.queue_id} at {fep}"
+            try:
+                table = self.flight.get(fep, ticket, wait_s + self.conns.request_timeout_s,
+                                        what)
+            except FlightDown as e:
+                self._flight_failed(fep, e)
+            except ClientError as e:
+                if "SPARKMQ_DATA_LOSS" not in str(e):
+                    raise       # (offsets removed by retention: PullMessage starts at the first)
+            else:
+                self._count("flight", table.num_rows)
+                nxt = table.column("queue_offset")[-1].as_py() + 1 if table.num_rows else offset
+                return received_messages(table, queue.endpoint, tags), nxt
         req = spb.PullMessageRequest(
             group=pb.Resource(name=self.group), message_queue=queue.to_pb(), offset=offset,
             batch_size=max_messages,
@@ -424,6 +481,7 @@ class PullConsumer:
         except grpc.RpcError as e:
             raise BrokerUnavailableError(f"PullMessage at {queue.endpoint}: {e.code()} "
                                          f"{e.details()}") from None
+        self._count("grpc", len(out))
         return out, nxt
 
     def query_offset(self, queue: Queue, policy: str = "BEGINNING",
@@ -444,9 +502,20 @@ class PullConsumer:
         return r.offset
 
     def commit_offset(self, queue: Queue, offset: int) -> None:
+        """Record ``offset`` as the group's next offset of ``queue``."""
+        fep = self._flight_endpoint(queue)
+        if fep is not None:
+            try:
+                self.flight.action(fep, "commitOffset", {
+                    "group": self.group, "topic": queue.topic, "queue": queue.queue_id,
+                    "offset": offset}, f"commit {queue.topic}/{queue.queue_id} at {fep}")
+                return
+            except FlightDown as e:
+                self._flight_failed(fep, e)
         r = self.conns.call(queue.endpoint, "UpdateOffset", spb.UpdateOffsetRequest(
             group=pb.Resource(name=self.group), message_queue=queue.to_pb(), offset=offset))
         check(r.status, f"UpdateOffset {queue.topic}/{queue.queue_id}")
 
     def close(self) -> None:
+        self.flight.close()
         self.conns.close()

@@ -10,11 +10,18 @@ Contracts:
 - Routes are asked of every configured endpoint and merged by (broker name, queue
   id): with a NameServer behind the brokers one endpoint is enough, without one the
   client still sees every broker it was given. A route is cached ``route_ttl_s``.
+- A broker that serves Arrow Flight says where on its QueryRoute answers (initial
+  metadata ``x-sparkmq-flight-endpoint: host:port``); :meth:`RouteCache.flight_endpoint`
+  keeps what each gRPC endpoint said (client/flight.py sends and reads over it).
+- With ``credentials=(access_key, secret_key)`` every call carries the RocketMQ 5
+  signature headers the official clients send (``authorization``, ``x-mq-date-time``).
 - :class:`Connections` and :class:`RouteCache` are thread-safe.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import hmac
 import itertools
 import threading
 import time
@@ -33,6 +40,7 @@ Code = pb.Code
 DEFAULT_REQUEST_TIMEOUT_S = 10.0   # above the broker's syncFlushTimeout (5 s): a slow
                                    # fsync or replica ack is answered, not retried as a duplicate
 DEFAULT_ROUTE_TTL_S = 30.0
+FLIGHT_ENDPOINT_HEADER = "x-sparkmq-flight-endpoint"
 
 
 @dataclasses.dataclass
@@ -202,17 +210,43 @@ def check(st: pb.Status, what: str) -> None:
 
 class Connections:
     """One gRPC channel and stub per endpoint, plus the client id sent as
-    ``x-mq-client-id`` on every call. Thread-safe; ``close()`` closes the channels."""
+    ``x-mq-client-id`` on every call, signed with ``credentials`` (access key, secret
+    key) when given. Thread-safe; ``close()`` closes the channels."""
 
     def __init__(self, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                 extra_metadata: Sequence[tuple[str, str]] = ()):
+                 extra_metadata: Sequence[tuple[str, str]] = (),
+                 credentials: tuple[str, str] | None = None):
         self.request_timeout_s = request_timeout_s
         self.client_id = f"sparkmq-py@{uuid.uuid4().hex[:12]}"
-        self.metadata = (("x-mq-client-id", self.client_id), ("x-mq-language", "PYTHON"),
-                         ("x-mq-protocol", "v2"), *extra_metadata)
+        self._base = (("x-mq-client-id", self.client_id), ("x-mq-language", "PYTHON"),
+                      ("x-mq-protocol", "v2"), *extra_metadata)
+        if credentials is not None and (len(credentials) != 2 or not all(credentials)):
+            raise InvalidConfigError("credentials are (access key, secret key), both non-empty")
+        self.credentials = credentials
+        self._signed: tuple[str, tuple] = ("", ())       # (date-time, headers) of this second
         self._lock = threading.Lock()
         self._stubs: dict[str, tuple[grpc.Channel, MessagingServiceStub]] = {}
         self._encoded: dict[tuple[str, str], object] = {}   # (endpoint, method) -> callable
+
+    @property
+    def metadata(self) -> tuple:
+        """The metadata of a call made now (signed for this second with credentials)."""
+        return self._base + self.signed_headers() if self.credentials else self._base
+
+    def signed_headers(self) -> tuple:
+        """``(("x-mq-date-time", ...), ("authorization", ...))`` signed now, or () without
+        credentials: the RocketMQ 5 signature (HMAC-SHA1 of the date-time)."""
+        if not self.credentials:
+            return ()
+        when = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        signed = self._signed
+        if signed[0] != when:
+            ak, sk = self.credentials
+            sig = hmac.new(sk.encode(), when.encode(), hashlib.sha1).hexdigest()
+            signed = self._signed = (when, (("x-mq-date-time", when), (
+                "authorization", f"MQv2-HMAC-SHA1 Credential={ak}, "
+                                 f"SignedHeaders=x-mq-date-time, Signature={sig}")))
+        return signed[1]
 
     def stub(self, endpoint: str) -> MessagingServiceStub:
         with self._lock:
@@ -232,6 +266,18 @@ class Connections:
         except grpc.RpcError as e:
             raise BrokerUnavailableError(f"{method} to {endpoint} failed: {e.code()} "
                                          f"{e.details()}") from None
+
+    def call_with_metadata(self, endpoint: str, method: str, request,
+                           timeout_s: float | None = None) -> tuple[object, dict[str, str]]:
+        """``call``, also returning the answer's initial metadata (name -> value)."""
+        fn = getattr(self.stub(endpoint), method)
+        try:
+            response, call = fn.with_call(request, timeout=timeout_s or self.request_timeout_s,
+                                          metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise BrokerUnavailableError(f"{method} to {endpoint} failed: {e.code()} "
+                                         f"{e.details()}") from None
+        return response, dict(call.initial_metadata() or ())
 
     def call_encoded(self, endpoint: str, method: str, data: bytes, response_class,
                      timeout_s: float | None = None):
@@ -264,12 +310,40 @@ class Connections:
 
 
 class RouteCache:
-    """Topic -> queues, asked of every endpoint and merged; cached ``ttl_s``. Thread-safe."""
+    """Topic -> queues, asked of every endpoint and merged; cached ``ttl_s``; and per
+    gRPC endpoint the Flight endpoint its broker advertised (or None). Thread-safe."""
 
     def __init__(self, conns: Connections, endpoints: list[str], ttl_s: float = DEFAULT_ROUTE_TTL_S):
         self.conns, self.endpoints, self.ttl_s = conns, endpoints, ttl_s
         self._lock = threading.Lock()
         self._cache: dict[str, tuple[float, list[Queue]]] = {}
+        self._flight: dict[str, tuple[float, str | None]] = {}
+
+    def flight_endpoint(self, endpoint: str, topic: str) -> str | None:
+        """The Flight ``host:port`` the broker at gRPC ``endpoint`` advertised on its last
+        QueryRoute answer (asked now, for ``topic``, if not within ``ttl_s``); None when
+        it serves no Flight (or is an older broker, or did not answer)."""
+        with self._lock:
+            hit = self._flight.get(endpoint)
+        if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
+            return hit[1]
+        try:
+            self._ask(endpoint, topic)
+        except BrokerUnavailableError:
+            self._advertised(endpoint, {})
+        with self._lock:
+            return self._flight[endpoint][1]
+
+    def _advertised(self, endpoint: str, metadata: dict[str, str]) -> None:
+        with self._lock:
+            self._flight[endpoint] = (time.monotonic(), metadata.get(FLIGHT_ENDPOINT_HEADER))
+
+    def _ask(self, endpoint: str, topic: str):
+        """One QueryRoute at ``endpoint``, noting the Flight endpoint it advertises."""
+        r, md = self.conns.call_with_metadata(endpoint, "QueryRoute", spb.QueryRouteRequest(
+            topic=pb.Resource(name=topic), endpoints=_pb_endpoints(endpoint)))
+        self._advertised(endpoint, md)
+        return r
 
     def queues(self, topic: str, refresh: bool = False) -> list[Queue]:
         with self._lock:
@@ -286,8 +360,7 @@ class RouteCache:
         errors, not_found = [], None
         for ep in self.endpoints:
             try:
-                r = self.conns.call(ep, "QueryRoute", spb.QueryRouteRequest(
-                    topic=pb.Resource(name=topic), endpoints=_pb_endpoints(ep)))
+                r = self._ask(ep, topic)
             except BrokerUnavailableError as e:
                 errors.append(str(e))
                 continue

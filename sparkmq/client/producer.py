@@ -1,4 +1,12 @@
-"""Producer: sync, async, oneway and batch sends over RocketMQ 5.x ``SendMessage``.
+"""Producer: sync, async, oneway and batch sends, over Arrow Flight where the broker
+serves it and RocketMQ 5.x ``SendMessage`` otherwise.
+
+Transport (``transport=``, client/flight.py): ``"auto"`` (default) sends each request
+as one Flight DoPut batch to a broker that advertises Flight on its route answers, and
+over gRPC to one that does not, or whose Flight does not connect (marked down for
+``isolation_s``); ``"flight"`` never falls back; ``"grpc"`` never uses Flight. Delayed
+and transactional messages always go over gRPC. Receipts are the same either way
+(``transport`` says which carried it); ``sent_over`` counts messages per transport.
 
 Queue choice: the broker places a message in one of its queues (round robin, or by
 hash of the message group), so the client's choice is the *broker*: round robin over
@@ -43,6 +51,7 @@ from ..errors import UserError
 from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
                    Connections, Message, MessageIds, Queue, RouteCache, now_timestamp,
                    parse_endpoints)
+from .flight import TRANSPORTS, FlightDown, FlightTransport, flight_carries, send_batch
 from .transaction import (TelemetryStreams, TransactionResolution, as_resolution,
                           end_transaction)
 
@@ -60,7 +69,8 @@ STORED_OR_MULTIPLE_CODES = STORED_CODES | {Code.MULTIPLE_RESULTS}
 @dataclasses.dataclass(frozen=True)
 class SendReceipt:
     """Where a sent message was stored. ``queue_offset`` is its offset in its queue;
-    the queue id itself is chosen by the broker and not returned by SendMessage."""
+    the queue id is chosen by the broker: Flight acks name it, RocketMQ's SendMessage
+    does not (None then). ``endpoint`` is the broker's gRPC endpoint either way."""
 
     message_id: str
     queue_offset: int
@@ -68,6 +78,8 @@ class SendReceipt:
     endpoint: str
     status_code: int = Code.OK
     recall_handle: str = ""       # delayed messages: cancels it before delivery
+    queue_id: int | None = None
+    transport: str = "grpc"       # "flight" or "grpc": what carried it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,12 +99,21 @@ class Producer:
     def __init__(self, endpoints, *, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  max_retries: int = 2, isolation_s: float = 30.0, async_threads: int = 4,
                  max_pending_async: int = 10_000, topics: Sequence[str] = (),
-                 transaction_checker: Callable[..., object] | None = None):
+                 transaction_checker: Callable[..., object] | None = None,
+                 transport: str = "auto", credentials: tuple[str, str] | None = None,
+                 flight_idle_s: float = 1.0):
+        if transport not in TRANSPORTS:
+            raise UserError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.endpoints = parse_endpoints(endpoints)
         self.max_retries = max_retries
         self.isolation_s = isolation_s
-        self.conns = Connections(request_timeout_s)
+        self.transport = transport
+        self.conns = Connections(request_timeout_s, credentials=credentials)
         self.routes = RouteCache(self.conns, self.endpoints)
+        self.flight = FlightTransport(self.conns.signed_headers,
+                                      request_timeout_s=request_timeout_s,
+                                      down_s=isolation_s, idle_s=flight_idle_s)
+        self.sent_over = {"flight": 0, "grpc": 0}     # messages, per transport
         self._rr = itertools.count()
         self._isolated: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -223,6 +244,7 @@ class Producer:
         if self._telemetry is not None:
             self._telemetry.close()
         self._pool.shutdown(wait=True)
+        self.flight.close()
         self.conns.close()
 
     def __enter__(self) -> "Producer":
@@ -238,12 +260,35 @@ class Producer:
 
     def _send(self, messages: list[Message], topic: str, key: str | None) -> list[SendReceipt]:
         self._check_open()
-        request = self._request(messages)
+        if self.transport == "grpc" or not all(map(flight_carries, messages)):
+            request = self._request(messages)
+            ids = None
+        else:                  # the ids and born time of both transports' requests
+            request = None
+            ids = [self._ids.next() for _ in messages]
+            born = now_timestamp()
+        batch = None
         tried: list[str] = []
         errors: list[str] = []
         for attempt in range(self.max_retries + 1):
             queue = self._choose(topic, key, tried, refresh=attempt > 0)
             try:
+                if ids is not None:
+                    fep = self.routes.flight_endpoint(queue.endpoint, topic)
+                    if self.transport == "flight" and fep is None:
+                        raise ClientError(f"{queue.broker_name} ({queue.endpoint}) serves no "
+                                          "Arrow Flight (transport='flight')", Code.UNSUPPORTED)
+                    if self.flight.usable(fep) or self.transport == "flight":
+                        if batch is None:
+                            batch = send_batch(messages, ids, born.ToMilliseconds(), self._host)
+                        try:
+                            return self._send_flight(queue, fep, batch)
+                        except FlightDown as e:
+                            if self.transport == "flight":
+                                raise BrokerUnavailableError(str(e)) from None
+                            self.flight.mark_down(fep, e)
+                    if request is None:
+                        request = self._request(messages, _GivenIds(ids), born)
                 return self._send_to(queue, request)
             except (BrokerUnavailableError, ClientError) as e:
                 retriable = not isinstance(e, ClientError) or e.status_code in RETRIABLE_CODES
@@ -255,21 +300,42 @@ class Producer:
         raise BrokerUnavailableError(f"send to {topic!r} failed after {self.max_retries + 1} "
                                      f"attempts: {' | '.join(errors)}")
 
-    def _request(self, messages: list[Message]) -> "spb.SendMessageRequest | EncodedSendRequest":
+    def _send_flight(self, queue: Queue, endpoint: str, batch) -> list[SendReceipt]:
+        ack = self.flight.put(endpoint, batch, f"send to {queue.broker_name} ({endpoint})")
+        if ack.num_rows != batch.num_rows:
+            raise ClientError(f"send to {queue.broker_name} ({endpoint}): {ack.num_rows} acks "
+                              f"for {batch.num_rows} messages", Code.INTERNAL_ERROR)
+        out: list[SendReceipt] = []
+        append, new, ok = out.append, object.__new__, Code.OK
+        for qid, offset, mid in zip(ack.column("queue_id").to_pylist(),
+                                    ack.column("queue_offset").to_pylist(),
+                                    ack.column("message_id").to_pylist()):
+            x = new(SendReceipt)
+            vars(x).update(message_id=mid, queue_offset=offset, broker_name=queue.broker_name,
+                           endpoint=queue.endpoint, status_code=ok, recall_handle="",
+                           queue_id=qid, transport="flight")
+            append(x)
+        with self._lock:
+            self.sent_over["flight"] += len(out)
+        return out
+
+    def _request(self, messages: list[Message], ids: "MessageIds | _GivenIds | None" = None,
+                 born=None) -> "spb.SendMessageRequest | EncodedSendRequest":
         """The SendMessageRequest (one topic and message group, see ``_send``). A batch
         of plain messages (bytes bodies; no tag, keys, properties or delivery time) is
         encoded by hand around one serialized template (``EncodedSendRequest``); other
         requests are filled field by field (delayed ones: each has its own delivery
         time). Both parse to what ``Message.to_pb`` gives."""
-        born = now_timestamp()
+        born = born or now_timestamp()
+        ids = ids or self._ids
         topic, group = messages[0].topic, messages[0].message_group
         if len(messages) > 1 and all(
                 type(m.body) is bytes and not (m.tag or m.keys or m.properties)
                 and m.delivery_timestamp_ms is None and m.topic == topic
                 and m.message_group == group for m in messages):
-            return _encode_plain(messages, self._host, self._ids, born)
+            return _encode_plain(messages, self._host, ids, born)
         request = spb.SendMessageRequest()
-        add, host, ids = request.messages.add, self._host, self._ids
+        add, host = request.messages.add, self._host
         for m in messages:
             m.fill_pb(add(), host, ids.next(), born)
         return request
@@ -292,6 +358,8 @@ class Producer:
             st = bad[0].status if bad else r.status
             raise ClientError(f"SendMessage to {queue.broker_name} ({queue.endpoint}): "
                               f"{Code.Name(st.code)}: {st.message}", st.code)
+        with self._lock:
+            self.sent_over["grpc"] += count
         return _receipts(entries, queue.broker_name, queue.endpoint, all_ok)
 
     def _choose(self, topic: str, key: str | None, tried: list[str], refresh: bool) -> Queue:
@@ -318,6 +386,20 @@ class Producer:
         now = time.monotonic()
         with self._lock:
             return sorted(e for e, until in self._isolated.items() if until > now)
+
+
+class _GivenIds:
+    """``MessageIds``' interface over ids made already (a request rebuilt for gRPC
+    after Flight failed carries the ids the Flight batch had)."""
+
+    def __init__(self, ids: Sequence[str]):
+        self._it = iter(ids)
+
+    def next(self) -> str:
+        return next(self._it)
+
+    def next_ascii(self) -> bytes:
+        return next(self._it).encode("ascii")
 
 
 class EncodedSendRequest:
@@ -389,7 +471,7 @@ def _receipts(entries, broker_name: str, endpoint: str, all_ok: bool) -> list[Se
         x = new(SendReceipt)
         vars(x).update(message_id=e.message_id, queue_offset=e.offset, broker_name=broker_name,
                        endpoint=endpoint, status_code=ok if all_ok else e.status.code,
-                       recall_handle=e.recall_handle)
+                       recall_handle=e.recall_handle, queue_id=None, transport="grpc")
         append(x)
     return out
 

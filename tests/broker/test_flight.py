@@ -152,3 +152,29 @@ def test_credentials_and_acls_as_on_the_rocketmq_path(make_broker):
     _send(root, root_opts, _batch("T", [b"ok"]))
     assert _get(reader, r_opts, topic="T", queue=0, offset=0).column("body").to_pylist() == \
         [b"ok"]
+
+
+def test_flight_is_refused_beside_enforced_tls(tmp_path):
+    from helpers.brokers import broker_config
+    from sparkmq.errors import InvalidConfigError
+    with pytest.raises(InvalidConfigError, match="Flight port has no TLS"):
+        broker_config(tmp_path, flightEnable="true", tlsServerMode="enforcing",
+                      tlsServerCertPath=str(tmp_path / "c.pem"),
+                      tlsServerKeyPath=str(tmp_path / "k.pem"))
+
+
+def test_query_route_advertises_the_flight_endpoint_only_when_flight_is_on(broker,
+                                                                          make_broker):
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as spb
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+
+    def advertised(b):
+        with grpc.insecure_channel(b.endpoint) as ch:
+            _, call = MessagingServiceStub(ch).QueryRoute.with_call(
+                spb.QueryRouteRequest(topic=pb.Resource(name="T")), timeout=10,
+                metadata=[("x-mq-client-id", "t")])
+            return dict(call.initial_metadata()).get("x-sparkmq-flight-endpoint")
+    assert advertised(broker) == f"127.0.0.1:{broker.flight_port}"
+    assert advertised(make_broker("plain")) is None

@@ -44,6 +44,9 @@ class FixedRoutes:
     def queues(self, topic, refresh=False):
         return self._queues
 
+    def flight_endpoint(self, endpoint, topic):
+        return None             # brokers without Arrow Flight: requests go over gRPC
+
 
 def producer_with(queues) -> Producer:
     p = Producer("127.0.0.1:1")

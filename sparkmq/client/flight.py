@@ -1,0 +1,320 @@
+"""The Arrow Flight transport of sparkmq's Producer and PullConsumer (docs/PROTOCOL.md).
+
+A broker with ``flightEnable=true`` advertises its Flight endpoint on QueryRoute answers
+(``RouteCache.flight_endpoint``); for that broker the clients then
+- send batches as one DoPut record batch each, on a stream kept open and reused (a send
+  is one write and one ack read: ~0.4 ms less than opening a DoPut per send, see
+  bench/bench_flight.py), acknowledged with (queue id, queue offset, message id) per row;
+- pull a queue from an offset with DoGet (``"view": "consumer"``: the messages as the
+  RocketMQ path delivers them) and commit offsets with DoAction ``commitOffset``.
+
+Which transport (``transport=``): ``"auto"`` (default) uses Flight where the broker offers
+it and gRPC otherwise, and falls back to gRPC when Flight fails to connect, marking that
+Flight endpoint down for ``down_s``; ``"flight"`` is the same without the fallback (a
+connection failure is the broker's: BrokerUnavailableError); ``"grpc"`` never uses
+Flight. Whatever Flight refuses by design (delayed and transactional messages) goes over
+gRPC in every mode. Messages are the same once stored: the producer sends the columns
+the RocketMQ path stores (message id, born time and host, tag, keys, properties, group).
+
+Streams: at most one per sending thread and endpoint is in use at a time; a stream idle
+``idle_s`` is closed by a reaper thread (a broker being stopped waits for its open
+streams, so none is held longer than that), and one older than ``stream_lifetime_s``
+(the call's deadline: it bounds a send to a hung broker) is not reused.
+
+Thread-safe.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Callable, Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.flight as fl
+
+from .core import BrokerUnavailableError, ClientError, Code, Message, ReceivedMessage
+
+log = logging.getLogger("sparkmq.client.flight")
+
+TRANSPORTS = ("auto", "flight", "grpc")
+TS = pa.timestamp("ms", tz="UTC")
+#: The columns every batch a producer sends has (docs/PROTOCOL.md, DoPut): one schema for
+#: every send, so one stream serves them all.
+SEND_SCHEMA = pa.schema([
+    ("topic", pa.string()), ("body", pa.binary()), ("tags", pa.string()),
+    ("keys", pa.list_(pa.string())), ("properties", pa.map_(pa.string(), pa.string())),
+    ("message_group", pa.string()), ("unique_key", pa.string()), ("born_timestamp", TS),
+    ("born_host", pa.string())])
+SEND = fl.FlightDescriptor.for_path("send")
+
+
+class FlightDown(Exception):
+    """Flight could not be reached at an endpoint (nothing was stored by this call)."""
+
+
+def flight_carries(message: Message) -> bool:
+    """Whether Flight takes ``message``: not a delayed one (delivery time, recall)."""
+    return message.delivery_timestamp_ms is None
+
+
+def send_batch(messages: Sequence[Message], ids: Sequence[str], born_ms: int,
+               host: str) -> pa.RecordBatch:
+    """The DoPut record batch of ``messages`` (one topic and message group, as a send
+    request has) with message ids ``ids``, in ``SEND_SCHEMA``. (Lists, not ``pa.repeat``:
+    repeating a string scalar costs ~75 us.)"""
+    n = len(messages)
+    first = messages[0]
+    bodies = []
+    for m in messages:
+        if not isinstance(m.body, (bytes, bytearray)):
+            from ..errors import UserError
+            raise UserError(f"message body must be bytes, got {type(m.body).__name__}")
+        bodies.append(m.body)
+    plain = not any(m.tag or m.keys or m.properties for m in messages)
+    cols = [
+        pa.array([first.topic] * n, pa.string()),
+        pa.array(bodies, pa.binary()),
+        pa.nulls(n, pa.string()) if plain else pa.array([m.tag or None for m in messages],
+                                                        pa.string()),
+        pa.nulls(n, SEND_SCHEMA.field("keys").type) if plain else pa.array(
+            [list(m.keys) or None for m in messages], SEND_SCHEMA.field("keys").type),
+        pa.nulls(n, SEND_SCHEMA.field("properties").type) if plain else pa.array(
+            [list(m.properties.items()) or None for m in messages],
+            SEND_SCHEMA.field("properties").type),
+        pa.array([first.message_group] * n, pa.string()),
+        pa.array(ids, pa.string()),
+        pa.array([born_ms] * n, TS),
+        pa.array([host] * n, pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(cols, schema=SEND_SCHEMA)
+
+
+def parse_ack(buf) -> pa.Table:
+    """A DoPut ack (``app_metadata``): (queue_id, queue_offset, message_id) per row."""
+    return pa.ipc.open_stream(buf).read_all()
+
+
+def _error(e: Exception, what: str) -> Exception:
+    """A Flight failure as the clients' errors; FlightDown for a transport failure."""
+    text = str(e).split(". Detail:")[0].split("\n")[0]
+    if isinstance(e, fl.FlightUnauthenticatedError):
+        return ClientError(f"{what}: UNAUTHORIZED: {text}", Code.UNAUTHORIZED)
+    if isinstance(e, fl.FlightUnauthorizedError):
+        return ClientError(f"{what}: FORBIDDEN: {text}", Code.FORBIDDEN)
+    if isinstance(e, fl.FlightUnavailableError) and "SPARKMQ_" in text:   # the broker's
+        return BrokerUnavailableError(f"{what}: {text}")
+    if isinstance(e, (fl.FlightUnavailableError, fl.FlightTimedOutError,
+                      fl.FlightCancelledError, OSError)):
+        return FlightDown(f"{what}: {text}")
+    if isinstance(e, fl.FlightInternalError):
+        return ClientError(f"{what}: INTERNAL_ERROR: {text}", Code.INTERNAL_ERROR)
+    code = Code.TOPIC_NOT_FOUND if "TOPIC_NOT_FOUND" in text else Code.BAD_REQUEST
+    return ClientError(f"{what}: {Code.Name(code)}: {text}", code)
+
+
+class _Stream:
+    __slots__ = ("writer", "reader", "opened", "used")
+
+    def __init__(self, writer, reader):
+        self.writer, self.reader = writer, reader
+        self.opened = self.used = time.monotonic()
+
+    def close(self) -> None:
+        try:
+            self.writer.done_writing()
+            self.writer.close()
+        except (pa.ArrowException, OSError) as e:   # a broken stream: nothing to save
+            log.debug("closing a Flight stream: %s", e)
+
+
+class FlightTransport:
+    """Flight clients (one per endpoint, reused), DoPut streams and down marks of one
+    sparkmq client. ``headers()`` gives the call headers (signed credentials)."""
+
+    def __init__(self, headers: Callable[[], Iterable[tuple[str, str]]], *,
+                 request_timeout_s: float, down_s: float = 30.0, idle_s: float = 1.0,
+                 stream_lifetime_s: float = 60.0):
+        self.headers = headers
+        self.request_timeout_s = request_timeout_s
+        self.down_s, self.idle_s = down_s, idle_s
+        self.stream_lifetime_s = max(stream_lifetime_s, 2 * request_timeout_s)
+        self._lock = threading.Lock()
+        self._clients: dict[str, fl.FlightClient] = {}
+        self._idle: dict[str, list[_Stream]] = {}
+        self._down: dict[str, float] = {}
+        self._closed = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    # ------------------------------------------------------------ endpoints
+    def usable(self, endpoint: str | None) -> bool:
+        """Whether to try Flight at ``endpoint`` (advertised and not marked down)."""
+        if endpoint is None:
+            return False
+        with self._lock:
+            return self._down.get(endpoint, 0.0) <= time.monotonic()
+
+    def mark_down(self, endpoint: str, why: object) -> None:
+        with self._lock:
+            self._down[endpoint] = time.monotonic() + self.down_s
+            streams = self._idle.pop(endpoint, [])
+        for s in streams:
+            s.close()
+        log.info("Flight at %s unreachable (%s); using gRPC for %.0f s", endpoint, why,
+                 self.down_s)
+
+    def _client(self, endpoint: str) -> fl.FlightClient:
+        with self._lock:
+            c = self._clients.get(endpoint)
+            if c is None:
+                c = self._clients[endpoint] = fl.FlightClient(f"grpc+tcp://{endpoint}")
+            return c
+
+    def _options(self, timeout_s: float) -> fl.FlightCallOptions:
+        return fl.FlightCallOptions(
+            timeout=timeout_s, headers=[(k.encode(), v.encode()) for k, v in self.headers()])
+
+    # ------------------------------------------------------------ produce
+    def put(self, endpoint: str, batch: pa.RecordBatch, what: str) -> pa.Table:
+        """Send ``batch`` and return its ack; FlightDown if Flight is unreachable (then
+        nothing was stored), ClientError / BrokerUnavailableError as the broker answered."""
+        stream, reused = self._take(endpoint)
+        try:
+            return self._put_on(endpoint, stream, batch, what)
+        except FlightDown:
+            if not reused:
+                raise
+        # the broker ended an idle stream (it is stopping) or the connection was reset:
+        # the batch was not read; once more on a fresh stream
+        stream, _ = self._take(endpoint, fresh=True)
+        return self._put_on(endpoint, stream, batch, what)
+
+    def _put_on(self, endpoint: str, stream: _Stream, batch, what: str) -> pa.Table:
+        try:
+            stream.writer.write_batch(batch)
+            buf = stream.reader.read()
+        except (pa.ArrowException, OSError) as e:   # Flight errors are ArrowExceptions
+            stream.close()
+            raise _error(e, what) from None
+        if buf is None:                              # the stream ended before its ack
+            stream.close()
+            raise FlightDown(f"{what}: the broker ended the stream")
+        stream.used = time.monotonic()
+        with self._lock:
+            if not self._closed.is_set():
+                self._idle.setdefault(endpoint, []).append(stream)
+                stream = None
+        if stream is not None:
+            stream.close()
+        return parse_ack(buf)
+
+    def _take(self, endpoint: str, fresh: bool = False) -> tuple[_Stream, bool]:
+        too_old = time.monotonic() - (self.stream_lifetime_s - self.request_timeout_s)
+        stale: list[_Stream] = []
+        got = None
+        with self._lock:
+            idle = self._idle.get(endpoint, [])
+            while idle and not fresh:
+                s = idle.pop()
+                if s.opened > too_old:
+                    got = s
+                    break
+                stale.append(s)
+        for s in stale:
+            s.close()
+        if got is not None:
+            return got, True
+        try:
+            writer, reader = self._client(endpoint).do_put(
+                SEND, SEND_SCHEMA, options=self._options(self.stream_lifetime_s))
+        except (pa.ArrowException, OSError) as e:   # Flight errors are ArrowExceptions
+            raise _error(e, f"DoPut at {endpoint}") from None
+        self._start_reaper()
+        return _Stream(writer, reader), False
+
+    def _start_reaper(self) -> None:
+        with self._lock:
+            if self._reaper is not None or self._closed.is_set():
+                return
+            self._reaper = threading.Thread(target=self._reap_loop, daemon=True,
+                                            name="sparkmq-flight-reaper")
+        self._reaper.start()
+
+    def _reap_loop(self) -> None:
+        while not self._closed.wait(self.idle_s / 2):
+            cutoff = time.monotonic() - self.idle_s
+            old: list[_Stream] = []
+            with self._lock:
+                for ep, streams in self._idle.items():
+                    old += [s for s in streams if s.used < cutoff]
+                    streams[:] = [s for s in streams if s.used >= cutoff]
+            for s in old:
+                s.close()
+
+    # ------------------------------------------------------------ consume
+    def get(self, endpoint: str, ticket: dict, timeout_s: float, what: str) -> pa.Table:
+        try:
+            return self._client(endpoint).do_get(
+                fl.Ticket(json.dumps(ticket).encode()),
+                options=self._options(timeout_s)).read_all()
+        except (pa.ArrowException, OSError) as e:   # Flight errors are ArrowExceptions
+            raise _error(e, what) from None
+
+    def action(self, endpoint: str, name: str, body: dict, what: str) -> None:
+        try:
+            list(self._client(endpoint).do_action(
+                fl.Action(name, json.dumps(body).encode()),
+                options=self._options(self.request_timeout_s)))
+        except (pa.ArrowException, OSError) as e:   # Flight errors are ArrowExceptions
+            raise _error(e, what) from None
+
+    def close(self) -> None:
+        """Close the streams and clients. Idempotent."""
+        self._closed.set()
+        with self._lock:
+            streams = [s for ss in self._idle.values() for s in ss]
+            clients, self._idle, self._clients = list(self._clients.values()), {}, {}
+        for s in streams:
+            s.close()
+        for c in clients:
+            c.close()
+        if self._reaper is not None and self._reaper is not threading.current_thread():
+            self._reaper.join(5)
+
+
+def received_messages(table: pa.Table, endpoint: str,
+                      tags: frozenset[str] | None) -> list[ReceivedMessage]:
+    """The rows of a consumer-view DoGet as the PullConsumer's messages (the fields a
+    gRPC PullMessage gives), those whose tag is in ``tags`` (None: all)."""
+    if table.num_rows == 0:
+        return []
+    c = {name: table.column(name).to_pylist() for name in (
+        "topic", "body", "message_id", "tags", "keys", "properties", "message_group",
+        "queue_id", "queue_offset")}
+    born = table.column("born_timestamp").cast(pa.int64()).to_pylist()
+    out = []
+    for i in range(table.num_rows):
+        tag = c["tags"][i]
+        if tags is not None and tag not in tags:
+            continue
+        out.append(ReceivedMessage(
+            topic=c["topic"][i], body=c["body"][i], message_id=c["message_id"][i], tag=tag,
+            keys=tuple(c["keys"][i] or ()), properties=dict(c["properties"][i] or ()),
+            message_group=c["message_group"][i], queue_id=c["queue_id"][i],
+            queue_offset=c["queue_offset"][i], born_timestamp_ms=born[i],
+            delivery_attempt=0, receipt_handle="", endpoint=endpoint))
+    return out
+
+
+def tag_set(expression: str) -> frozenset[str] | None:
+    """A tag expression (``*``, ``A || B``) as the set of tags it matches (None: all),
+    as the broker reads it (broker/pop.py TagFilter)."""
+    expr = (expression or "").strip()
+    if not expr or expr == "*":
+        return None
+    tags = frozenset(t.strip() for t in expr.split("||"))
+    if "" in tags:
+        from ..errors import UserError
+        raise UserError(f"tag expression {expression!r} has an empty tag")
+    return tags

@@ -1,0 +1,205 @@
+"""sparkmq's Producer and PullConsumer over Arrow Flight (issue 16 item 3): found through
+the broker's QueryRoute answers, the same messages once stored (the official RocketMQ
+client consumes what they sent over Flight, they read what it sent), gRPC when the
+broker offers no Flight, when its Flight does not connect, for what Flight refuses (a
+delayed message) and on request; credentials over Flight as over gRPC."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from rocketmq import ClientConfiguration, Credentials, FilterExpression
+from rocketmq import Producer as OfficialProducer
+from rocketmq import SimpleConsumer as OfficialConsumer
+
+from helpers.brokers import client_conf
+from helpers.net import free_port
+from sparkmq.client import ClientError, Message, Producer, PullConsumer
+
+pytestmark = pytest.mark.integration
+
+ROOT = ("root", "root-secret")
+
+
+@pytest.fixture
+def closing():
+    """Register clients to shut down at teardown (before the brokers stop)."""
+    items = []
+    yield lambda c: items.append(c) or c
+    for c in reversed(items):
+        (getattr(c, "shutdown", None) or c.close)()
+
+
+def flight_broker(make_broker, **props):
+    return make_broker(**{"flightEnable": "true", "flightPort": free_port(),
+                          "defaultTopicQueueNums": 2, **props})
+
+
+def rich(topic: str, i: int, group: str | None = None) -> Message:
+    return Message(topic, f"m{i}".encode(), tag="TagA" if i % 2 else "TagB",
+                   keys=[f"k{i}", "shared"], properties={"i": str(i), "lang": "py"},
+                   message_group=group)
+
+
+def official_receive(b, topic: str, n: int, conf=None) -> list:
+    consumer = OfficialConsumer(conf or client_conf(b), "Official", {topic: FilterExpression()},
+                                await_duration=2)
+    consumer.startup()
+    try:
+        got, deadline = [], time.monotonic() + 30
+        while len(got) < n and time.monotonic() < deadline:
+            for m in consumer.receive(16, 30):
+                got.append(m)
+                consumer.ack(m)
+        return got
+    finally:
+        consumer.shutdown()
+
+
+def pull_all(pc: PullConsumer, topic: str, tags: str = "*") -> list:
+    out = []
+    for q in pc.queues(topic):
+        off = 0
+        while True:
+            msgs, nxt = pc.pull(q, off, max_messages=7, tag_expression=tags)
+            out += msgs
+            if nxt == off:
+                break
+            off = nxt
+    return out
+
+
+def test_a_flight_producer_is_consumed_by_the_official_client_with_every_field(
+        make_broker, closing):
+    b = flight_broker(make_broker)
+    p = closing(Producer(b.endpoint))
+    receipts = [p.send(rich("T", i)) for i in range(4)]
+    receipts += p.send_batch([rich("T", i, group="g1") for i in range(4, 10)])
+    receipts.append(p.send_async(rich("T", 10)).result(10))
+    assert {r.transport for r in receipts} == {"flight"}
+    assert p.sent_over == {"flight": 11, "grpc": 0}
+    assert all(r.queue_id in (0, 1) and r.queue_offset >= 0 and r.broker_name == "broker-a"
+               and r.endpoint == b.endpoint for r in receipts)
+    got = {m.body: m for m in official_receive(b, "T", 11)}
+    assert sorted(got) == sorted(f"m{i}".encode() for i in range(11))
+    for i, r in enumerate(receipts):
+        m, want = got[f"m{i}".encode()], rich("T", i, "g1" if 4 <= i < 10 else None)
+        assert m.message_id == r.message_id
+        assert (m.tag, set(m.keys), m.properties, m.message_group) == \
+            (want.tag, set(want.keys), want.properties, want.message_group)
+
+
+def test_the_stored_rows_of_both_transports_are_the_same(make_broker, closing):
+    b = flight_broker(make_broker, defaultTopicQueueNums=1)
+    over = {t: closing(Producer(b.endpoint, transport=t)) for t in ("flight", "grpc")}
+    for t, p in over.items():
+        r = p.send(Message("S", t.encode(), tag="A", keys=["k"], properties={"p": "1"},
+                           message_group="g"))
+        assert r.transport == t
+    rows = b.store.read_table("S", 0, 0, 2).to_pylist()
+    varying = {"body", "queue_offset", "physical_offset", "message_id", "unique_key",
+               "born_timestamp", "store_timestamp"}
+    flight, grpc = ({k: v for k, v in row.items() if k not in varying} for row in rows)
+    assert flight == grpc and flight["message_type"] == 1 and flight["born_host"]
+
+
+def test_the_pull_consumer_reads_an_official_producers_messages_alike_over_both(
+        make_broker, closing):
+    b = flight_broker(make_broker)
+    producer = OfficialProducer(client_conf(b), ("P",))
+    producer.startup()
+    try:
+        from helpers.brokers import msg
+        sent = []
+        for i in range(9):
+            m = msg("P", f"o{i}".encode(), tag="TagA" if i % 3 else "TagB", keys=f"k{i}")
+            m.add_property("i", str(i))
+            sent.append(producer.send(m))
+    finally:
+        producer.shutdown()
+    flight = closing(PullConsumer(b.endpoint, "GP"))
+    grpc = closing(PullConsumer(b.endpoint, "GP", transport="grpc"))
+    over_flight, over_grpc = pull_all(flight, "P"), pull_all(grpc, "P")
+    assert flight.pulled_over == {"flight": 9, "grpc": 0}
+    assert grpc.pulled_over == {"flight": 0, "grpc": 9}
+    assert over_flight == over_grpc                   # every field of every message
+    assert {m.message_id for m in over_flight} == {s.message_id for s in sent}
+    m = next(x for x in over_flight if x.body == b"o4")
+    assert (m.tag, m.keys, m.properties) == ("TagA", ("k4",), {"i": "4"})
+    assert pull_all(flight, "P", "TagB") == pull_all(grpc, "P", "TagB")
+    assert len(pull_all(flight, "P", "TagB")) == 3
+
+
+def test_offsets_committed_over_flight_are_what_getoffset_answers(make_broker, closing):
+    b = flight_broker(make_broker, defaultTopicQueueNums=1)
+    closing(Producer(b.endpoint)).send_batch([Message("O", b"x")] * 5)
+    pc = closing(PullConsumer(b.endpoint, "GO"))
+    (q,) = pc.queues("O")
+    msgs, nxt = pc.pull(q, 0, max_messages=3)
+    assert [m.queue_offset for m in msgs] == [0, 1, 2] and nxt == 3
+    pc.commit_offset(q, nxt)
+    assert pc.committed_offset(q) == 3                  # GetOffset, over gRPC
+    assert b.store.consumer_offsets("GO") == {("O", 0): 3}
+
+
+def test_auto_uses_grpc_where_the_broker_serves_no_flight(make_broker, closing):
+    b = make_broker()                                   # flightEnable off
+    p = closing(Producer(b.endpoint))
+    assert p.send(Message("N", b"x")).transport == "grpc"
+    assert p.sent_over == {"flight": 0, "grpc": 1}
+    pc = closing(PullConsumer(b.endpoint, "GN"))
+    assert len(pull_all(pc, "N")) == 1 and pc.pulled_over == {"flight": 0, "grpc": 1}
+    strict = closing(Producer(b.endpoint, transport="flight"))
+    with pytest.raises(ClientError, match="serves no Arrow Flight"):
+        strict.send(Message("N", b"y"))
+
+
+def test_auto_falls_back_to_grpc_when_flight_does_not_connect(make_broker, closing):
+    b = flight_broker(make_broker)
+    p = closing(Producer(b.endpoint, isolation_s=60))
+    assert p.send(Message("D", b"before")).transport == "flight"
+    b.flight.stop()                                     # gRPC goes on serving
+    after = p.send(Message("D", b"after"))
+    assert after.transport == "grpc" and p.sent_over == {"flight": 1, "grpc": 1}
+    assert p.isolated_endpoints() == []                 # the broker itself is fine
+    assert p.send(Message("D", b"again")).transport == "grpc"   # Flight marked down
+    pc = closing(PullConsumer(b.endpoint, "GD"))
+    assert sorted(m.body for m in pull_all(pc, "D")) == [b"after", b"again", b"before"]
+    assert pc.pulled_over["grpc"] == 3
+
+
+def test_a_delayed_message_goes_over_grpc_by_itself(make_broker, closing):
+    b = flight_broker(make_broker)
+    p = closing(Producer(b.endpoint, transport="flight"))
+    r = p.send(Message("L", b"later", delivery_timestamp_ms=int(time.time() * 1000) + 60_000))
+    assert r.transport == "grpc" and r.recall_handle
+    assert p.send(Message("L", b"now")).transport == "flight"
+    assert p.sent_over == {"flight": 1, "grpc": 1}
+
+
+def test_credentials_are_required_and_carried_over_flight(make_broker, closing):
+    b = flight_broker(make_broker, authenticationEnabled="true",
+                      initAuthenticationUser='{"username": "root", "password": "root-secret"}')
+    b.store.create_topic("A", read_queue_nums=1, write_queue_nums=1)
+    p = closing(Producer(b.endpoint, credentials=ROOT, transport="flight"))
+    assert p.send(Message("A", b"signed")).transport == "flight"
+    pc = closing(PullConsumer(b.endpoint, "GA", credentials=ROOT, transport="flight"))
+    assert [m.body for m in pull_all(pc, "A")] == [b"signed"]
+    conf = ClientConfiguration(b.endpoint, Credentials(*ROOT), request_timeout=5)
+    assert [m.body for m in official_receive(b, "A", 1, conf)] == [b"signed"]
+    # the route is asked with good credentials, the Flight call made with wrong ones
+    forged = closing(Producer(b.endpoint, credentials=ROOT, transport="flight"))
+    forged.flight.headers = Producer(b.endpoint, credentials=("root", "guess-123"),
+                                     transport="grpc").conns.signed_headers
+    with pytest.raises(ClientError, match="UNAUTHORIZED.*wrong access key"):
+        forged.send(Message("A", b"forged"))
+    assert b.store.max_offset("A", 0) == 1
+
+
+def test_a_broker_stops_promptly_with_a_flight_producer_connected(make_broker, closing):
+    b = flight_broker(make_broker)
+    p = closing(Producer(b.endpoint, flight_idle_s=0.5))
+    assert p.send(Message("Q", b"x")).transport == "flight"   # its stream stays open
+    t0 = time.monotonic()
+    b.stop()
+    assert time.monotonic() - t0 < 5
