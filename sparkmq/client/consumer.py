@@ -31,7 +31,7 @@ from ..errors import SparkMQError, UserError
 from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
                    Connections, Queue, ReceivedMessage, RouteCache, check, duration,
                    parse_endpoints)
-from .flight import TRANSPORTS, FlightDown, FlightTransport, received_messages, tag_set
+from .flight import TRANSPORTS, _FlightDown, FlightTransport, received_messages, tag_set
 
 log = logging.getLogger("sparkmq.client.consumer")
 BROADCAST_HEADER = "x-sparkmq-consume-mode"
@@ -421,7 +421,7 @@ class PullConsumer:
             return fep
         return fep if self.flight.usable(fep) else None
 
-    def _flight_failed(self, fep: str, e: FlightDown) -> None:
+    def _flight_failed(self, fep: str, e: _FlightDown) -> None:
         if self.transport == "flight":
             raise BrokerUnavailableError(str(e)) from None
         self.flight.mark_down(fep, e)
@@ -452,7 +452,7 @@ class PullConsumer:
             try:
                 table = self.flight.get(fep, ticket, wait_s + self.conns.request_timeout_s,
                                         what)
-            except FlightDown as e:
+            except _FlightDown as e:
                 self._flight_failed(fep, e)
             except ClientError as e:
                 if "SPARKMQ_DATA_LOSS" not in str(e):
@@ -510,7 +510,7 @@ class PullConsumer:
                     "group": self.group, "topic": queue.topic, "queue": queue.queue_id,
                     "offset": offset}, f"commit {queue.topic}/{queue.queue_id} at {fep}")
                 return
-            except FlightDown as e:
+            except _FlightDown as e:
                 self._flight_failed(fep, e)
         r = self.conns.call(queue.endpoint, "UpdateOffset", spb.UpdateOffsetRequest(
             group=pb.Resource(name=self.group), message_queue=queue.to_pb(), offset=offset))

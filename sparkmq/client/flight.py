@@ -50,8 +50,9 @@ SEND_SCHEMA = pa.schema([
 SEND = fl.FlightDescriptor.for_path("send")
 
 
-class FlightDown(Exception):
-    """Flight could not be reached at an endpoint (nothing was stored by this call)."""
+class _FlightDown(BrokerUnavailableError):
+    """Flight could not be reached at an endpoint (nothing was stored by this call); the
+    clients catch it and take the RocketMQ path (never seen by users)."""
 
 
 def flight_carries(message: Message) -> bool:
@@ -97,7 +98,7 @@ def parse_ack(buf) -> pa.Table:
 
 
 def _error(e: Exception, what: str) -> Exception:
-    """A Flight failure as the clients' errors; FlightDown for a transport failure."""
+    """A Flight failure as the clients' errors; _FlightDown for a transport failure."""
     text = str(e).split(". Detail:")[0].split("\n")[0]
     if isinstance(e, fl.FlightUnauthenticatedError):
         return ClientError(f"{what}: UNAUTHORIZED: {text}", Code.UNAUTHORIZED)
@@ -107,7 +108,7 @@ def _error(e: Exception, what: str) -> Exception:
         return BrokerUnavailableError(f"{what}: {text}")
     if isinstance(e, (fl.FlightUnavailableError, fl.FlightTimedOutError,
                       fl.FlightCancelledError, OSError)):
-        return FlightDown(f"{what}: {text}")
+        return _FlightDown(f"{what}: {text}")
     if isinstance(e, fl.FlightInternalError):
         return ClientError(f"{what}: INTERNAL_ERROR: {text}", Code.INTERNAL_ERROR)
     code = Code.TOPIC_NOT_FOUND if "TOPIC_NOT_FOUND" in text else Code.BAD_REQUEST
@@ -177,12 +178,12 @@ class FlightTransport:
 
     # ------------------------------------------------------------ produce
     def put(self, endpoint: str, batch: pa.RecordBatch, what: str) -> pa.Table:
-        """Send ``batch`` and return its ack; FlightDown if Flight is unreachable (then
+        """Send ``batch`` and return its ack; _FlightDown if Flight is unreachable (then
         nothing was stored), ClientError / BrokerUnavailableError as the broker answered."""
         stream, reused = self._take(endpoint)
         try:
             return self._put_on(endpoint, stream, batch, what)
-        except FlightDown:
+        except _FlightDown:
             if not reused:
                 raise
         # the broker ended an idle stream (it is stopping) or the connection was reset:
@@ -199,7 +200,7 @@ class FlightTransport:
             raise _error(e, what) from None
         if buf is None:                              # the stream ended before its ack
             stream.close()
-            raise FlightDown(f"{what}: the broker ended the stream")
+            raise _FlightDown(f"{what}: the broker ended the stream")
         stream.used = time.monotonic()
         with self._lock:
             if not self._closed.is_set():

@@ -51,7 +51,7 @@ from ..errors import UserError
 from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
                    Connections, Message, MessageIds, Queue, RouteCache, now_timestamp,
                    parse_endpoints)
-from .flight import TRANSPORTS, FlightDown, FlightTransport, flight_carries, send_batch
+from .flight import TRANSPORTS, _FlightDown, FlightTransport, flight_carries, send_batch
 from .transaction import (TelemetryStreams, TransactionResolution, as_resolution,
                           end_transaction)
 
@@ -283,7 +283,7 @@ class Producer:
                             batch = send_batch(messages, ids, born.ToMilliseconds(), self._host)
                         try:
                             return self._send_flight(queue, fep, batch)
-                        except FlightDown as e:
+                        except _FlightDown as e:
                             if self.transport == "flight":
                                 raise BrokerUnavailableError(str(e)) from None
                             self.flight.mark_down(fep, e)
