@@ -44,6 +44,7 @@ import pyarrow.flight as fl
 from ..errors import (AuthenticationError, AuthorizationError, RetriableError, SparkMQError,
                       UserError)
 from ..log.format import MESSAGE_TYPE_FIFO
+from ..log.batch import build_segment_batch
 from ..log.topics import topic_message_type, type_conflict
 from .authz import peer_ip
 from .protocol import INTERNAL_PROPERTY_KEYS
@@ -148,20 +149,16 @@ class FlightService(fl.FlightServerBase):
             if refused is not None:
                 raise UserError(refused.message)
             if broker.config.enable_topic_message_type_check:
-                self._check_types(batch, t)
+                self._check_types(batch if len(topics) == 1 else batch.filter(
+                    pc.equal(batch.column("topic"), t)), t)
         sender.check_append()
-        table = pa.Table.from_batches([batch])
-        if "message_group" in table.schema.names:   # stored as the RocketMQ path stores it
-            fifo = pc.if_else(pc.is_valid(table.column("message_group")),
-                              MESSAGE_TYPE_FIFO, 0).cast(pa.int8())
-            table = table.append_column("message_type", fifo)
-        r = broker.store.append_batch(table)
+        r = broker.store.append_batch(self._segment_batch(batch))
         status = sender.replicated(r)
         if status.value != "PUT_OK":
             raise RetriableError(f"stored but not acknowledged: {status.value} (the same "
                                  "status a RocketMQ send would get)")
         for t in topics:
-            rows = batch.filter(pc.equal(batch.column("topic"), t))
+            rows = batch if len(topics) == 1 else batch.filter(pc.equal(batch.column("topic"), t))
             broker.metrics.inc("sparkmq_messages_sent_total", rows.num_rows, topic=t)
             broker.metrics.inc("sparkmq_bytes_sent_total",
                                pc.sum(pc.binary_length(rows.column("body"))).as_py() or 0,
@@ -180,11 +177,27 @@ class FlightService(fl.FlightServerBase):
             w.write_batch(ack)
         return sink.getvalue()
 
-    def _check_types(self, batch: pa.RecordBatch, topic: str) -> None:
-        """Rows with a message group are FIFO, the others NORMAL (the proxy's reading);
-        each type present must be one the topic accepts."""
+    def _segment_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``batch`` in SEGMENT_SCHEMA, built by the log's one builder (the store's no-cast
+        path; queue ids chosen by the store): all-null columns are left to the schema's
+        defaults, and a row with a message group is FIFO, as the RocketMQ path stores it."""
+        n = batch.num_rows
+        cols = {name: batch.column(name) for name in batch.schema.names
+                if name in ("topic", "body") or batch.column(name).null_count < n}
+        if "message_group" in cols:
+            cols["message_type"] = pc.if_else(pc.is_valid(cols["message_group"]),
+                                              MESSAGE_TYPE_FIFO, 0).cast(pa.int8())
+        try:
+            return build_segment_batch(cols, n, store_host=self.broker.store.config.store_host,
+                                       now_ms=self.broker.clock_ms())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise UserError(f"a Flight send batch column has the wrong type: {e} "
+                            "(docs/PROTOCOL.md gives each column's type)") from None
+
+    def _check_types(self, rows: pa.RecordBatch, topic: str) -> None:
+        """Rows (of ``topic``) with a message group are FIFO, the others NORMAL (the
+        proxy's reading); each type present must be one the topic accepts."""
         expected = topic_message_type(self.broker.topic_conf(topic))
-        rows = batch.filter(pc.equal(batch.column("topic"), topic))
         groups = rows.column("message_group").null_count \
             if "message_group" in rows.schema.names else rows.num_rows
         present = ({"NORMAL"} if groups else set()) | \
