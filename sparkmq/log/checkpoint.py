@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 #: the parts of a checkpoint, in the order a manifest lists them
 PARTS = ("topic", "file", "txn", "offset", "group", "auth", "retention")
 #: entries per sidecar a writer aims at (a part's bucket count is chosen from it)
-ENTRIES_PER_PART = 1024
+ENTRIES_PER_PART = 256
 #: a manifest of version N names no sidecar written for a version <= N - this
 SIDECAR_MAX_AGE_VERSIONS = 20_000
 # sidecars read at once from an object store (a GET each)
