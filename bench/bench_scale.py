@@ -3,7 +3,10 @@ factor per x4 (linear growth is 4.0; flat is 1.0).
 
 - ``Snapshot.load`` of the newest version at growing log lengths (versions);
 - ``Store.open``, ``Snapshot.load``, creating a topic, and a cold read of one queue at
-  growing topic counts (8 queues each, one message per queue).
+  growing topic counts (8 queues each, one message per queue);
+- checkpoints in parts (issue 18 item 2): at 50,000 topics x 8 queues, after 1,000 commits
+  each changing one topic's consumer offsets, the time to write a checkpoint, the bytes it
+  writes against the state's size, and ``Snapshot.load`` (``--checkpoint-topics``).
 
     .venv/bin/python bench/bench_scale.py            # quick: about two minutes
     .venv/bin/python bench/bench_scale.py --full     # the issue's sizes (long)
@@ -89,6 +92,48 @@ def broker_start(tmp: str, url: str) -> float:
     return took
 
 
+def checkpoint_case(tmp: str, topics: int, commits: int = 1_000) -> dict:
+    """Checkpoint cost at ``topics`` x 8 queues: the topics in one commit, then
+    ``commits`` commits of one group's offsets of one topic (8 queues) each."""
+    from sparkmq.log import format as fmt
+    from sparkmq.log.actions import ConsumerOffset, Sidecar, TopicConfig, parse_actions
+    from sparkmq.log.fs import StoreFS
+    from sparkmq.log.txlog import TransactionLog
+    url = os.path.join(tmp, "checkpoints")
+    Store.open(url, mode="w", start_services=False).close()
+    tl = TransactionLog(StoreFS(url))
+    st = tl.commit(lambda s: [TopicConfig(id=i, name=f"T{i}", read_queue_nums=8, write_queue_nums=8)
+                         for i in range(topics)], operation="CREATE TOPIC")
+    writes: list[tuple[float, dict]] = []
+    real = TransactionLog.write_checkpoint
+
+    def timed(self, state):
+        t = time.perf_counter()
+        stats = real(self, state)
+        writes.append((time.perf_counter() - t, stats))
+        return stats
+    TransactionLog.write_checkpoint = timed
+    try:
+        for n in track(range(commits), "commits"):
+            tid = (n * 7919) % topics
+            st = tl.commit(lambda s, tid=tid, n=n: [
+                ConsumerOffset(group="G", topic_id=tid, queue_id=q, offset=n) for q in range(8)],
+                operation="COMMIT OFFSETS", state=st)
+    finally:
+        TransactionLog.write_checkpoint = real
+    last = tl._last_checkpoint()
+    rel = fmt.checkpoint_file(last)
+    state_bytes = StoreFS(url).size(rel) + sum(
+        a.size for a in parse_actions(StoreFS(url).read_bytes(rel), rel)
+        if isinstance(a, Sidecar))
+    steady = writes[1:] or writes           # the first one after the bulk commit writes all
+    return {"topics": topics, "commits": commits, "checkpoints": len(writes),
+            "write_s": sum(t for t, _ in steady) / len(steady),
+            "bytes": sum(st["bytes"] for _, st in steady) / len(steady),
+            "first_bytes": writes[0][1]["bytes"], "state_bytes": state_bytes,
+            "load_s": best(lambda: Snapshot.load(url), 3)}
+
+
 def growth(values: list[float]) -> str:
     return " ".join(f"{b / a:5.2f}" if a > 0 else "  -  " for a, b in zip(values, values[1:]))
 
@@ -98,12 +143,15 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true")
     ap.add_argument("--topics", type=int, nargs="+", default=None,
                     help="topic counts to measure (x4 steps read best), e.g. 781 3125 12500 50000")
+    ap.add_argument("--checkpoint-topics", type=int, default=50_000,
+                    help="topics (x8 queues) of the checkpoint row; 0 skips it")
     args = ap.parse_args(argv)
     version_steps = [1_000, 4_000, 16_000, 64_000] if args.full else [250, 1_000, 4_000]
     topic_steps = args.topics or ([100, 400, 1_600, 6_400] if args.full else [50, 200, 800])
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
         v = versions_case(tmp, version_steps)
         t = topics_case(tmp, topic_steps)
+        c = checkpoint_case(tmp, args.checkpoint_topics) if args.checkpoint_topics else None
     print("# growth factor per x4 step: 4.0 = linear, 1.0 = flat")
     print(f"{'Snapshot.load vs versions':<34}" + "".join(f"{n:>10}" for n, _ in v))
     print(f"{'  seconds':<34}" + "".join(f"{x:>10.4f}" for _, x in v)
@@ -114,6 +162,12 @@ def main(argv=None) -> int:
         vals = [r[key] for _, r in t]
         print(f"{'  ' + key + ' (' + unit + ')':<34}" + "".join(f"{x:>10.4f}" for x in vals)
               + f"   growth {growth(vals)}")
+    if c:
+        print(f"checkpoints at {c['topics']} topics x 8 queues after {c['commits']} commits: "
+              f"{c['checkpoints']} checkpoints (every 10 versions), "
+              f"write {c['write_s'] * 1000:.1f} ms and {c['bytes'] / 1024:.1f} KiB each "
+              f"(state {c['state_bytes'] / 1024:.0f} KiB; the first, after the bulk commit, "
+              f"{c['first_bytes'] / 1024:.0f} KiB); Snapshot.load {c['load_s']:.3f} s")
     return 0
 
 

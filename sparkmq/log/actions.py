@@ -328,6 +328,28 @@ class CommitInfo(_Action):
 
 
 @dataclass(frozen=True)
+class Sidecar(_Action):
+    """One line of a checkpoint manifest (reader version 3, FORMAT.md section 6): the
+    sidecar file at ``path`` holds part ``part``/``bucket`` (of ``buckets``) of the
+    state, ``actions`` JSON lines, ``size`` bytes whose CRC32C is ``checksum``;
+    ``version`` is the checkpoint it was written for (it may be reused by later ones)."""
+
+    KIND = "sidecar"
+    FIELDS = {"actions": "actions", "bucket": "bucket", "buckets": "buckets",
+              "checksum": "checksum", "part": "part", "path": "path", "size": "size",
+              "version": "version"}
+    path: str
+    part: str
+    bucket: int
+    buckets: int
+    version: int
+    actions: int
+    size: int
+    checksum: str
+    extra: Mapping = field(default_factory=lambda: _EMPTY, compare=False)
+
+
+@dataclass(frozen=True)
 class UnknownAction:
     """An action type this reader does not know: skipped by replay (section 11),
     kept as it was."""
@@ -347,10 +369,11 @@ from .auth_actions import Acl, User  # noqa: E402
 
 ACTION_TYPES: dict[str, type] = {t.KIND: t for t in (
     Protocol, MetaData, TopicConfig, GroupConfig, ConsumerOffset, AddFile, RemoveFile,
-    Retention, Txn, Lease, CommitInfo, User, Acl)}
+    Retention, Txn, Lease, CommitInfo, User, Acl, Sidecar)}
 
 Action = (Protocol | MetaData | TopicConfig | GroupConfig | ConsumerOffset | AddFile
-          | RemoveFile | Retention | Txn | Lease | CommitInfo | User | Acl | UnknownAction)
+          | RemoveFile | Retention | Txn | Lease | CommitInfo | User | Acl | Sidecar
+          | UnknownAction)
 
 
 def parse_action(obj: Mapping, where: str = "") -> Action:

@@ -8,6 +8,7 @@ Layout of a store rooted at ``<root>``::
 
     <root>/_log/00000000000000000000.json            commit files (JSON lines)
     <root>/_log/00000000000000000010.checkpoint.json checkpoints (JSON lines)
+    <root>/_log/_sidecars/<version>.<part>.<bucket>.<uuid>.json  parts of checkpoints
     <root>/_log/_last_checkpoint                     pointer to the newest checkpoint
     <root>/commitlog/00000000000000000000.arrow      broker-written segments (base offset)
     <root>/commitlog/w-<job>-<task>-<uuid>.arrow     segments written by Spark tasks
@@ -23,10 +24,15 @@ import uuid
 import pyarrow as pa
 
 FORMAT_VERSION = 2
-MIN_READER_VERSION = 1
+# reader version 3: checkpoints in parts (a manifest and its sidecars, FORMAT.md section 6);
+# a reader of version 2 would skip the manifest's sidecar actions and misread the state.
+# Stores written by this code say so (new ones from version 0, older ones from the first
+# commit this code makes: TransactionLog.commit upgrades the protocol)
+MIN_READER_VERSION = 3
 MIN_WRITER_VERSION = 2
 # the protocol versions this code implements: it reads stores whose minReaderVersion is
-# at most FORMAT_VERSION and writes stores whose minWriterVersion is at most WRITER_VERSION
+# at most READER_VERSION and writes stores whose minWriterVersion is at most WRITER_VERSION
+READER_VERSION = 3
 WRITER_VERSION = 2
 
 LOG_DIR = "_log"
@@ -35,10 +41,12 @@ CONSUMEQUEUE_DIR = "consumequeue"
 INDEX_DIR = "index"
 ABORT_FILE = "abort"
 LAST_CHECKPOINT_FILE = "_last_checkpoint"
+SIDECAR_DIR = f"{LOG_DIR}/_sidecars"
 
 OFFSET_DIGITS = 20
 _COMMIT_RE = re.compile(r"^(\d{20})\.json$")
 _CHECKPOINT_RE = re.compile(r"^(\d{20})\.checkpoint\.json$")
+_SIDECAR_RE = re.compile(r"^(\d{20})\.([a-z]{1,16})\.(\d{1,6})\.[0-9a-f]{32}\.json$")
 _SEGMENT_RE = re.compile(r"^(\d{20})\.arrow$")
 
 # message_type values (RocketMQ 5.x MessageType)
@@ -135,6 +143,24 @@ def parse_commit_file(name: str) -> int | None:
 def parse_checkpoint_file(name: str) -> int | None:
     m = _CHECKPOINT_RE.fullmatch(name.rsplit("/", 1)[-1])
     return int(m.group(1)) if m else None
+
+
+def sidecar_file(version: int, part: str, bucket: int) -> str:
+    """A new sidecar of checkpoint ``version``: one part (``part``, ``bucket``) of its
+    state. Random, so two writers of one version never collide."""
+    return f"{SIDECAR_DIR}/{version:0{OFFSET_DIGITS}d}.{part}.{bucket}.{uuid.uuid4().hex}.json"
+
+
+def parse_sidecar_file(name: str) -> int | None:
+    """The checkpoint version a sidecar was written for (None: not a sidecar name)."""
+    m = _SIDECAR_RE.fullmatch(name.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
+def is_sidecar_path(path: str) -> bool:
+    """True for a path a manifest may name: ``_log/_sidecars/<sidecar name>``."""
+    head, _, name = path.rpartition("/")
+    return head == SIDECAR_DIR and parse_sidecar_file(name) is not None
 
 
 def segment_file(base_offset: int) -> str:

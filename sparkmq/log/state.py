@@ -17,6 +17,7 @@ from .actions import (Action, AddFile, CommitInfo, ConsumerOffset, GroupConfig, 
                       MetaData, Protocol, RemoveFile, Retention, TopicConfig, Txn,
                       parse_action)
 from .auth_actions import Acl, User
+from .checkpoint import part_key
 
 log = logging.getLogger("sparkmq.txlog")
 
@@ -52,6 +53,11 @@ class LogState:
     tombstones: dict[str, RemoveFile] = field(default_factory=dict)
     users: dict[str, User] = field(default_factory=dict)    # ACL 2.0 users, live, by name
     acls: dict[str, Acl] = field(default_factory=dict)      # live, by subject (User:<name>)
+    # checkpoints in parts (checkpoint.py): the parts of the checkpoint this state was
+    # loaded from or last wrote (shared between states, never changed), and the
+    # (part, key) of every entry changed since; None: no such checkpoint, write all parts
+    parts: dict | None = field(default=None, repr=False, compare=False)
+    dirty: set | None = field(default=None, repr=False, compare=False)
     # derived views (queue offset ranges, address end), computed once per state
     _views: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -62,6 +68,10 @@ class LogState:
         if type(action) is dict:
             action = parse_action(action)
         self._views.clear()
+        if self.dirty is not None:
+            key = part_key(action)
+            if key is not None:
+                self.dirty.add(key)
         match action:
             case AddFile():
                 self._files(action.kind)[action.path] = action
@@ -91,10 +101,10 @@ class LogState:
                 else:
                     self.subscription_groups[action.group_name] = action
             case Protocol():
-                if action.min_reader_version > fmt.FORMAT_VERSION:
+                if action.min_reader_version > fmt.READER_VERSION:
                     raise UnsupportedFormatError(
                         f"store needs reader version {action.min_reader_version}; this "
-                        f"sparkmq reads format version {fmt.FORMAT_VERSION}. Upgrade sparkmq.")
+                        f"sparkmq reads up to version {fmt.READER_VERSION}. Upgrade sparkmq.")
                 self.protocol = action
             case MetaData():
                 self.metadata = action
@@ -137,7 +147,8 @@ class LogState:
             index_files=dict(self.index_files), txns=dict(self.txns), lease=self.lease,
             consumer_offsets=dict(self.consumer_offsets), retention=self.retention,
             subscription_groups=dict(self.subscription_groups),
-            tombstones=dict(self.tombstones), users=dict(self.users), acls=dict(self.acls))
+            tombstones=dict(self.tombstones), users=dict(self.users), acls=dict(self.acls),
+            parts=self.parts, dirty=None if self.dirty is None else self.dirty.copy())
 
     def _view(self, name: str, build: Callable[[], object]):
         v = self._views.get(name)
@@ -211,6 +222,8 @@ class LogState:
         for path in [p for p, rm in self.tombstones.items()
                      if int(rm.deletion_timestamp or 0) < older_than_ms]:
             del self.tombstones[path]
+            if self.dirty is not None:
+                self.dirty.add(part_key(RemoveFile(path=path)))
 
     def live_actions(self) -> list[Action]:
         """The actions that rebuild this state (the content of a checkpoint)."""

@@ -35,16 +35,13 @@ from ..errors import (CommitConflictError, CorruptStoreError, InvalidConfigError
                       StoreNotFoundError, UnsupportedFormatError, VersionNotFoundError)
 from ..errors import StoreIOError
 from . import format as fmt
+from . import checkpoint
 from .actions import (decode_actions, encode_actions, parse_actions,  # noqa: F401
-                      Action, CommitInfo, parse_action)
+                      Action, CommitInfo, Protocol, Sidecar, parse_action)
 from .fs import StoreFS
 from .state import LogState  # noqa: F401  (re-exported: the log's state type)
 
 log = logging.getLogger("sparkmq.txlog")
-
-#: a checkpoint's entries per commit since the previous one, at most (checkpoint_every)
-CHECKPOINT_ENTRIES_PER_COMMIT = 50
-
 
 def checkpoint_checksum(body: bytes) -> str:
     """``crc32c:<8 hex>`` of a checkpoint's lines before its final commitInfo."""
@@ -60,6 +57,18 @@ def check_writer_version(state: LogState, url: str) -> None:
         raise UnsupportedFormatError(
             f"store {url!r} needs writer version {need}; this sparkmq writes version "
             f"{fmt.WRITER_VERSION}. Open it read-only (mode='r') or upgrade sparkmq to write it.")
+
+
+def _protocol_upgrade(state: LogState) -> Protocol | None:
+    """The ``protocol`` this writer adds to its first commit on a store whose
+    ``minReaderVersion`` is below ``format.MIN_READER_VERSION`` (its checkpoints are
+    manifests, which older readers would misread: FORMAT.md section 1); else None."""
+    p = state.protocol
+    if p is not None and p.min_reader_version >= fmt.MIN_READER_VERSION:
+        return None
+    if p is None:
+        return Protocol(min_reader_version=fmt.MIN_READER_VERSION, min_writer_version=1)
+    return replace(p, min_reader_version=fmt.MIN_READER_VERSION)
 
 
 # how long past its deletion time a tombstone stays in checkpoints: a writer deletes a
@@ -85,8 +94,10 @@ class TransactionLog:
     def __init__(self, sfs: StoreFS, *, checkpoint_interval_versions: int = 10,
                  clock_ms: Callable[[], int] | None = None,
                  deleted_file_retention_ms: int | None = None,
-                 log_retention_ms: int | None = None):
+                 log_retention_ms: int | None = None,
+                 sidecar_max_age_versions: int = checkpoint.SIDECAR_MAX_AGE_VERSIONS):
         self.sfs = sfs
+        self.sidecar_max_age_versions = sidecar_max_age_versions
         self.checkpoint_interval_versions = checkpoint_interval_versions
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self.deleted_file_retention_ms = deleted_file_retention_ms
@@ -149,8 +160,9 @@ class TransactionLog:
 
     def _load_checkpoint(self, version: int) -> LogState | None:
         """The state in checkpoint ``version``; None when it is missing or damaged (a
-        WARNING names it): not JSON, a malformed action, or not ending with its
-        ``commitInfo`` CHECKPOINT line (a checkpoint cut at a line boundary)."""
+        WARNING names it): not JSON, a malformed action, not ending with its
+        ``commitInfo`` CHECKPOINT line (a checkpoint cut at a line boundary), a checksum
+        mismatch, or (a manifest) a sidecar missing or not matching its line."""
         rel = fmt.checkpoint_file(version)
         try:
             data = self.sfs.read_bytes(rel)
@@ -165,8 +177,14 @@ class TransactionLog:
                 raise CorruptStoreError(f"{rel}: checksum mismatch (the file was changed "
                                         "after it was written)")
             state = LogState()
-            for a in actions:
-                state.apply(a)
+            sidecars = [a for a in actions if isinstance(a, Sidecar)]
+            for a in actions[:-1]:
+                if not isinstance(a, Sidecar):
+                    state.apply(a)      # protocol first: an unknown reader version stops here
+            if sidecars or (last.operation_parameters or {}).get("parts") is not None:
+                checkpoint.load_parts(self.sfs, sidecars, state, rel)
+                state.dirty = set()
+            state.apply(last)
         except FileNotFoundError:
             return None
         except CorruptStoreError as exc:
@@ -311,6 +329,9 @@ class TransactionLog:
             if actions is None:
                 return state
             actions = [parse_action(a, operation) if type(a) is dict else a for a in actions]
+            upgrade = _protocol_upgrade(state)
+            if upgrade is not None:
+                actions = [upgrade, *actions]
             version = state.version + 1
             ts = self.try_commit(version, actions, previous_ts=state.timestamp_ms,
                                  operation=operation, parameters=parameters)
@@ -359,7 +380,9 @@ class TransactionLog:
         """Delete commit files and checkpoints older than ``log_retention_ms``, but
         only below the newest checkpoint that is itself older than that, so every
         version kept can be built from a kept checkpoint. Commit files go oldest
-        first (what remains is always contiguous). Returns the deleted names."""
+        first (what remains is always contiguous). Sidecars go when no kept checkpoint
+        can name them: written for a version ``sidecar_max_age_versions`` or more
+        below that checkpoint (checkpoint.py). Returns the deleted names."""
         if self.log_retention_ms is None:
             raise InvalidConfigError("cleanup_log needs log_retention_ms (logRetentionMs)")
         now = self.clock_ms() if now_ms is None else now_ms
@@ -389,34 +412,40 @@ class TransactionLog:
             if c < keep_from:
                 self.sfs.delete(fmt.checkpoint_file(c))
                 deleted.append(fmt.checkpoint_file(c))
+        # sidecars no kept checkpoint can name (written max-age versions before it)
+        for name in checkpoint.unreferenced(self.sfs.list_names(fmt.SIDECAR_DIR), keep_from,
+                                            self.sidecar_max_age_versions):
+            self.sfs.delete(f"{fmt.SIDECAR_DIR}/{name}")
+            deleted.append(f"{fmt.SIDECAR_DIR}/{name}")
         if deleted:
             log.info("log cleanup of %s: deleted %d files below version %d", self.sfs.url,
                      len(deleted), keep_from)
         return deleted
 
     def checkpoint_every(self, state: LogState) -> int:
-        """Versions between checkpoints: ``checkpointInterval``, doubled until a checkpoint
-        costs at most CHECKPOINT_ENTRIES_PER_COMMIT entries per commit in between — a
-        checkpoint re-encodes the whole state, so a fixed interval made the cost per
-        commit grow with the state (quadratic over a store's life). A power-of-two
-        multiple of the interval: every committer decides alike for the same state."""
-        every = self.checkpoint_interval_versions
-        size = (len(state.topics_by_id) + len(state.segments) + len(state.consumequeue_files)
-                + len(state.index_files) + len(state.consumer_offsets)
-                + len(state.subscription_groups) + len(state.tombstones) + len(state.txns))
-        while every * CHECKPOINT_ENTRIES_PER_COMMIT < size:
-            every *= 2
-        return every
+        """Versions between checkpoints: ``checkpointInterval``, whatever the state's size
+        (a checkpoint rewrites only the parts changed since the previous one)."""
+        return self.checkpoint_interval_versions
 
-    def write_checkpoint(self, state: LogState) -> None:
-        """Write checkpoint ``state.version``: the live actions, then a CHECKPOINT commitInfo
-        with the CRC32C of the lines before it (a damaged checkpoint that parses is found)."""
-        *actions, info = state.live_actions()
-        body = encode_actions(actions)
-        info = replace(info, operation_parameters={"checksum": checkpoint_checksum(body)})
+    def write_checkpoint(self, state: LogState) -> dict:
+        """Write checkpoint ``state.version`` (FORMAT.md section 6): the changed parts'
+        sidecars, then the manifest (protocol, metaData, lease, a ``sidecar`` line per
+        part, a CHECKPOINT commitInfo with the CRC32C of the lines before it); then point
+        ``_last_checkpoint`` at it. ``state`` (not yet returned to anyone) takes the new
+        parts as its base. Returns what was written ({"written", "bytes", "entries"})."""
+        lines, parts, stats = checkpoint.write_parts(self.sfs, state,
+                                                     self.sidecar_max_age_versions)
+        head = [a for a in (state.protocol, state.metadata, state.lease) if a]
+        body = encode_actions([*head, *lines])
+        info = CommitInfo(timestamp=state.timestamp_ms, operation="CHECKPOINT",
+                          operation_parameters={"checksum": checkpoint_checksum(body),
+                                                "parts": len(lines)})
         data = body + encode_actions([info])
         self.sfs.put_if_absent(fmt.checkpoint_file(state.version), data)
+        state.parts, state.dirty = parts, set()
+        stats["bytes"] += len(data)
         last = self._last_checkpoint()
         if last is None or last < state.version:
             self.sfs.replace(fmt.last_checkpoint_file(),
                              json.dumps({"version": state.version}).encode())
+        return stats

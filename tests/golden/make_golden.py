@@ -1,6 +1,7 @@
-"""Make the golden store of the current format version: tests/golden/v<FORMAT_VERSION>/.
+"""Make the golden store of the current protocol version: tests/golden/v<READER_VERSION>/
+(v1: format 1; v3: format 2 with reader version 3, checkpoints in parts).
 
-Usage: python tests/golden/make_golden.py [OUT_DIR]   (default: tests/golden/v<N>, replaced)
+Usage: python tests/golden/make_golden.py [OUT_DIR]   (default: tests/golden/v<READER_VERSION>, replaced)
 
 Writes ``store/`` (a small store exercising every part of the format) and
 ``expected.json`` (what the writer reported: every message's topic, queue, queue
@@ -137,13 +138,13 @@ def make(out: Path) -> dict:
         mark("offsets")
     finally:
         store.close()
-    return {"format_version": fmt.FORMAT_VERSION, "segment_bytes": SEGMENT_BYTES,
+    return {"format_version": fmt.FORMAT_VERSION, "reader_version": fmt.READER_VERSION, "segment_bytes": SEGMENT_BYTES,
             "messages": messages, "versions": versions,
             "consumer_offsets": {"G1": [["Orders", 0, 3], ["Orders", 1, 2], ["Events", 0, 1]]}}
 
 
 def main(argv: list[str]) -> int:
-    out = Path(argv[1]) if len(argv) > 1 else HERE / f"v{fmt.FORMAT_VERSION}"
+    out = Path(argv[1]) if len(argv) > 1 else HERE / f"v{fmt.READER_VERSION}"
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)

@@ -54,25 +54,28 @@ def test_without_the_pointer_a_load_still_finds_the_newest_version(tmp_path):
     assert Snapshot.load(url).version == newest
 
 
-def test_checkpoints_cost_a_bounded_number_of_entries_per_commit(tmp_path, monkeypatch):
-    """Issue 18 item 2: a checkpoint re-encodes the whole state, so its interval grows
-    with the state: the entries encoded per commit stay bounded as topics grow."""
-    from sparkmq.log import txlog
-    encoded = {"entries": 0, "checkpoints": 0}
+def test_checkpoints_stay_every_10_versions_and_write_only_changed_parts(tmp_path, monkeypatch):
+    """Issue 18 item 2: a checkpoint writes only the parts changed since the previous
+    one (checkpoint.py), so the interval stays checkpointInterval (10) however big the
+    state, and what one writes is bounded by the changes, not by the state."""
+    from sparkmq.log import checkpoint, txlog
+    monkeypatch.setattr(checkpoint, "ENTRIES_PER_PART", 64)
+    written = []
     real = txlog.TransactionLog.write_checkpoint
 
     def counted(self, state):
-        encoded["entries"] += len(state.live_actions())
-        encoded["checkpoints"] += 1
-        return real(self, state)
+        stats = real(self, state)
+        written.append((state.version, stats["entries"]))
+        return stats
     monkeypatch.setattr(txlog.TransactionLog, "write_checkpoint", counted)
     with Store.open(str(tmp_path / "s"), mode="w", start_services=False) as s:
         v0 = s.state.version
         for i in range(1500):
             s.create_topic(f"T{i}", read_queue_nums=1, write_queue_nums=1)
-        per_commit = encoded["entries"] / (s.state.version - v0)
-    # a fixed interval of 10 re-encodes every topic each 10 commits: ~75 entries per
-    # commit on average here, growing with the topics; the interval that grows with the
-    # state keeps it at CHECKPOINT_ENTRIES_PER_COMMIT at most
-    assert per_commit <= txlog.CHECKPOINT_ENTRIES_PER_COMMIT
-    assert encoded["checkpoints"] >= 5
+        commits = s.state.version - v0
+    assert [v for v, _ in written] == list(range(10, s.state.version + 1, 10))
+    assert len(written) >= commits // 10
+    # one topic per commit: at most 10 changed buckets (of at most 2 x 64 entries) per
+    # checkpoint, where re-encoding the state would write up to 1,500 topics each time
+    late = [n for v, n in written if v > 500]
+    assert max(late) <= 10 * 2 * 64 and sum(late) / len(late) < 1500 / 2

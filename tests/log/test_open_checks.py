@@ -35,7 +35,7 @@ def txlog(store_url):
 
 DAMAGE = {
     "cut mid-line": lambda data: data[:len(data) // 2],
-    "cut at a line boundary": lambda data: b"".join(data.splitlines(True)[:4]),
+    "cut at a line boundary": lambda data: b"".join(data.splitlines(True)[:-1]),
     "not text": lambda data: b"\xff\xfe" + data[2:],
     "empty": lambda data: b"",
 }
@@ -106,7 +106,8 @@ def test_a_checkpoint_changed_where_it_still_parses_is_found_by_its_checksum(txl
     rel = fmt.checkpoint_file(10)
     data = txlog.sfs.read_bytes(rel)
     assert b'"checksum":"crc32c:' in data
-    txlog.sfs.replace(rel, data.replace(b'"name":"t7"', b'"name":"t8"', 1))   # still JSON
+    assert b'"storeId":"s1"' in data                 # (the topics are in its sidecars)
+    txlog.sfs.replace(rel, data.replace(b'"storeId":"s1"', b'"storeId":"s2"', 1))  # still JSON
     with caplog.at_level(logging.WARNING, logger="sparkmq.txlog"):
         fresh = TransactionLog(txlog.sfs).snapshot()
     assert fresh.live_actions() == expected.live_actions()
