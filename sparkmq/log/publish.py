@@ -12,9 +12,10 @@ Publish on demand (freshness for stream readers): a Spark stream reader keeps a
 marker ``_readers/<reader id>.json`` (:func:`touch_reader_marker`, rewritten every
 ``READER_TOUCH_INTERVAL_MS``, expiring ``READER_MARKER_TTL_MS`` after it is
 written). The publish service's pass looks at ``_readers/`` at most every
-``READER_SCAN_INTERVAL_MS``; while a live marker is there it publishes every
-``publish_min_gap_ms`` (fsyncing first under ASYNC_FLUSH: only flushed bytes are
-ever published) instead of every ``publish_interval_ms``. A store with no stream
+``READER_SCAN_INTERVAL_MS``; while a live marker is there it publishes as messages
+arrive (woken by the store's arrival listener), passes at least
+``publish_min_gap_ms`` apart (fsyncing first under ASYNC_FLUSH: only flushed bytes
+are ever published), besides every ``publish_interval_ms``. A store with no stream
 reader (idle, batch-only) keeps the interval cadence and the same ``_log/`` growth.
 The markers are hints, never state: they are not in the transaction log, and a
 lost or stale one only changes how soon the next publish comes.
@@ -129,8 +130,9 @@ def publish(store: "Store", *, force: bool = False, extra_actions: Sequence[dict
 
 
 def follow_readers(store: "Store") -> None:
-    """Switch the publish service to ``publish_min_gap_ms`` while a stream reader's
-    marker is live, back to ``publish_interval_ms`` when none is (looking at most
+    """Switch the publish service to publishing at arrivals (``publish_min_gap_ms``
+    apart) while a stream reader's marker is live, back to ``publish_interval_ms``
+    only when none is (looking at most
     every ``READER_SCAN_INTERVAL_MS``). In the fast cadence under ASYNC_FLUSH, fsync
     what was written, so the publish that follows covers it (a publish never goes
     past the flushed offset: data handed to a stream must survive a crash)."""
@@ -146,8 +148,11 @@ def follow_readers(store: "Store") -> None:
                         exc_info=True)
             live = 0
         gap = store.config.publish_min_gap_ms
-        services.set_publish_gap(gap if live and gap < store.config.publish_interval_ms
-                                 else None)
+        fast = bool(live) and gap < store.config.publish_interval_ms
+        if fast and not services.arrival_listener_added:
+            store.add_listener(services.on_arrival)
+            services.arrival_listener_added = True
+        services.set_publish_gap(gap if fast else None)
     if services.publish_gap_ms is not None and services.group_commit is None:
         cl = store.commitlog
         if cl.written_offset > cl.flushed_offset:

@@ -10,8 +10,8 @@
 * ``publish`` (:class:`PublishService`) commits the store's progress to the
   transaction log every ``publish_interval_ms`` (and at once after a segment roll:
   ``wake_publisher``); while a stream reader is live (the publish pass finds its
-  ``_readers/`` marker, :mod:`.publish`) every ``publish_min_gap_ms`` instead
-  (``set_publish_gap``);
+  ``_readers/`` marker, :mod:`.publish`) also as messages arrive, passes at least
+  ``publish_min_gap_ms`` apart (``set_publish_gap``, ``on_arrival``);
 * ``retention`` runs a retention pass every ``retention_check_interval_ms``.
 
 Every wait is bounded; ``stop`` joins the thread.
@@ -93,29 +93,29 @@ class GroupCommitService:
 
 
 class PublishService(ServiceThread):
-    """The ``publish`` thread: one pass every ``interval_ms``, or every ``gap_ms``
-    while fast publishing is on (``set_gap``; a pass with nothing new commits
-    nothing, so the short cadence costs commits only when there is data).
-    Thread-safe: ``set_gap`` and ``wakeup`` may be called from any thread."""
+    """The ``publish`` thread: one pass every ``interval_ms``; while fast publishing
+    is on (``set_gap``), also a pass soon after messages arrive (``on_arrival``
+    wakes it), passes at least ``gap_ms`` apart. A pass with nothing new commits
+    nothing, so the fast cadence costs commits only when there is data: at most
+    one per ``gap_ms``. Thread-safe: ``set_gap``, ``on_arrival`` and ``wakeup`` may
+    be called from any thread."""
 
     name = "publish"
 
     def __init__(self, interval_ms: int, fn: Callable[[], object]):
         super().__init__(interval_ms)
         self._fn = fn
-        self.gap_ms: int | None = None     # None: the interval cadence
+        self.gap_ms: int | None = None     # None: the interval cadence only
 
     def set_gap(self, gap_ms: int | None) -> None:
-        """Publish every ``gap_ms`` (None: every ``interval_ms``); turning the short
-        cadence on wakes the thread, so the first fast pass does not wait out the
-        interval."""
-        was, self.gap_ms = self.gap_ms, gap_ms
-        if gap_ms is not None and (was is None or gap_ms < was):
-            self.wakeup()
+        """Publish at arrivals, ``gap_ms`` apart (None: every ``interval_ms`` only)."""
+        self.gap_ms = gap_ms
+        self.min_pass_interval_ms = gap_ms or 0
 
-    def wait_s(self) -> float:
-        gap = self.gap_ms
-        return (self.interval_ms if gap is None else min(gap, self.interval_ms)) / 1000.0
+    def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """A store arrival listener: messages became readable in this process."""
+        if self.gap_ms is not None:
+            self.wakeup()
 
     def run_once(self) -> None:
         self._fn()
@@ -130,6 +130,8 @@ class StoreServices:
     def __init__(self):
         #: monotonic time (s) of the publish pass's last look at ``_readers/`` (publish.py)
         self.readers_checked_s: float | None = None
+        #: whether ``on_arrival`` is one of the store's arrival listeners (publish.py)
+        self.arrival_listener_added = False
         self.group_commit: GroupCommitService | None = None
         self._publisher: PublishService | None = None
         self._threads: list[ServiceThread] = []
@@ -154,10 +156,17 @@ class StoreServices:
             self._publisher.wakeup()
 
     def set_publish_gap(self, gap_ms: int | None) -> None:
-        """Fast publishing every ``gap_ms`` (a stream reader is live), or None: back
-        to ``publish_interval_ms``. A no-op when the services are not running."""
+        """Fast publishing, at arrivals ``gap_ms`` apart (a stream reader is live), or
+        None: back to ``publish_interval_ms``. A no-op when the services are not
+        running."""
         if self._publisher is not None:
             self._publisher.set_gap(gap_ms)
+
+    def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """The store's arrival listener (``Store.add_listener``, publish.py adds it)."""
+        publisher = self._publisher
+        if publisher is not None:
+            publisher.on_arrival(topic, queue_id, max_offset)
 
     @property
     def publish_gap_ms(self) -> int | None:
