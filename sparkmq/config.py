@@ -37,6 +37,8 @@ class StoreConfig:
     flush_interval_ms: int = 500                  # flushIntervalCommitLog
     sync_flush_timeout_ms: int = 5_000            # syncFlushTimeout
     publish_interval_ms: int = 1_000              # how often progress is committed to _log
+    publish_min_gap_ms: int = 100                 # publishMinGapMs: publish cadence while a
+                                                  # stream reader is live (_readers/ marker)
     checkpoint_interval_versions: int = 10        # checkpointInterval
     file_reserved_time_hours: float = 72.0        # fileReservedTime
     delete_when: str = "04"                       # deleteWhen (hours, ';' separated)
@@ -69,6 +71,7 @@ class StoreConfig:
         "flushIntervalCommitLog": "flush_interval_ms",
         "syncFlushTimeout": "sync_flush_timeout_ms",
         "publishIntervalMs": "publish_interval_ms",
+        "publishMinGapMs": "publish_min_gap_ms",
         "checkpointInterval": "checkpoint_interval_versions",
         "fileReservedTime": "file_reserved_time_hours",
         "deleteWhen": "delete_when",
@@ -96,7 +99,8 @@ class StoreConfig:
         if self.segment_size_bytes < 4096:
             raise InvalidConfigError(
                 f"mappedFileSizeCommitLog must be at least 4096 bytes, got {self.segment_size_bytes}")
-        for name in ("flush_interval_ms", "publish_interval_ms", "checkpoint_interval_versions",
+        for name in ("flush_interval_ms", "publish_interval_ms", "publish_min_gap_ms",
+                     "checkpoint_interval_versions",
                      "max_message_size_bytes", "default_topic_queue_nums", "compact_after_files",
                      "max_user_property_size_bytes", "user_property_max_num",
                      "max_message_group_size_bytes", "max_message_id_size_bytes",

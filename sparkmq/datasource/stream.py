@@ -9,11 +9,18 @@ planning as a batch read, ``reader.split_ranges``), and ``commit`` records the
 executors, as a batch read's does (``reader.read_range``). A read of several
 stores (``stores.py``) does all of this over every store's queues at once; its
 offsets are keyed by broker name.
+
+Freshness: while the query runs, ``latestOffset`` keeps a marker in each store's
+``_readers/`` (:class:`ReaderInterest`, rewritten every few seconds, removed at
+``stop``); a broker that sees it publishes every ``publishMinGapMs`` instead of
+every ``publishIntervalMs`` (sparkmq/log/publish.py). Micro-batches still read
+committed versions only.
 """
 from __future__ import annotations
 
 import logging
 import time
+import uuid
 
 import numpy as np
 from pyspark.sql.datasource import DataSourceStreamReader
@@ -95,6 +102,50 @@ def _entry_sizes(snap: Snapshot, topic: str, qid: int, lo: int, hi: int,
     return np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
 
 
+# -- reader interest: ask the stores' brokers to publish sooner ------------------------------
+class ReaderInterest:
+    """This query's ``_readers/<id>.json`` marker in each store it reads (driver,
+    streaming source worker; one thread). ``touch`` rewrites the markers at most
+    every ``READER_TOUCH_INTERVAL_MS``; failures (a read-only store, say) are logged
+    and cost only freshness. ``stop`` removes them."""
+
+    def __init__(self, stores: dict[str, ReadOptions]):
+        self.reader_id = uuid.uuid4().hex
+        self._stores = stores
+        self._touched_s: float | None = None
+        self._warned = False
+
+    def _fs(self):
+        from ..log.fs import StoreFS
+        return [StoreFS(o.url, o.storage_options) for o in self._stores.values()]
+
+    def touch(self) -> None:
+        from ..log.publish import READER_TOUCH_INTERVAL_MS, touch_reader_marker
+        now_s = time.monotonic()
+        if self._touched_s is not None and \
+                now_s - self._touched_s < READER_TOUCH_INTERVAL_MS / 1000.0:
+            return
+        self._touched_s = now_s
+        for sfs in self._fs():
+            try:
+                touch_reader_marker(sfs, self.reader_id, int(time.time() * 1000))
+            except Exception:   # a hint only: without it the stream sees data at the interval
+                if not self._warned:
+                    log.warning("cannot write the reader marker in %s; the broker will "
+                                "publish at its interval", sfs.url, exc_info=True)
+                    self._warned = True
+
+    def stop(self) -> None:
+        from ..log.publish import remove_reader_marker
+        if self._touched_s is None:
+            return
+        for sfs in self._fs():
+            try:
+                remove_reader_marker(sfs, self.reader_id)
+            except Exception:   # best effort: the broker deletes markers long expired
+                log.debug("cannot remove the reader marker in %s", sfs.url, exc_info=True)
+
+
 # -- streaming reader ----------------------------------------------------------------------
 class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("sparkmq")``. Offsets: {"topic": {"queue": next_offset}},
@@ -122,6 +173,7 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.stores: dict[str, ReadOptions] = {
             r.broker: r.opts for r, _ in plan_stores(self.opts, self._open_newest, broker_name)}
         self.target: dict[BrokerQueue, int] | None = None
+        self.interest = ReaderInterest(self.stores)
         self._recorded: dict[str, dict[TopicQueue, int]] = {}
 
     @staticmethod
@@ -202,6 +254,8 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def latestOffset(self, start=None, limit=None):
+        if self.target is None:     # (an AvailableNow run reads what is there)
+            self.interest.touch()
         snaps = self._latest()
         self._record_group(self._from_json(start or self._empty()))
         begin = self._start(snaps, start or self._empty())
@@ -291,7 +345,7 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._recorded[b] = dict(one)
 
     def stop(self):
-        pass
+        self.interest.stop()
 
 
 def commit_consumer_offsets(url: str, group: str, offsets: dict[TopicQueue, int],

@@ -8,6 +8,18 @@ merges small side files of a kind (tiered: at most ``compact_max_rows`` rows
 per merge; files of half that are left alone) and drops entries below the
 retention floor.
 
+Publish on demand (freshness for stream readers): a Spark stream reader keeps a
+marker ``_readers/<reader id>.json`` (:func:`touch_reader_marker`, rewritten every
+``READER_TOUCH_INTERVAL_MS``, expiring ``READER_MARKER_TTL_MS`` after it is
+written). The publish service's pass looks at ``_readers/`` at most every
+``READER_SCAN_INTERVAL_MS``; while a live marker is there it publishes as messages
+arrive (woken by the store's arrival listener), passes at least
+``publish_min_gap_ms`` apart (fsyncing first under ASYNC_FLUSH: only flushed bytes
+are ever published), besides every ``publish_interval_ms``. A store with no stream
+reader (idle, batch-only) keeps the interval cadence and the same ``_log/`` growth.
+The markers are hints, never state: they are not in the transaction log, and a
+lost or stale one only changes how soon the next publish comes.
+
 On disk: writes ``consumequeue/*.parquet`` and ``index/*.parquet`` before the
 commit that adds them. After a crash: files written without their commit are
 orphans (vacuum deletes them); the unpublished CommitLog tail is recovered.
@@ -15,7 +27,9 @@ Thread-safety: both hold the store's commit lock.
 """
 from __future__ import annotations
 
+import json
 import logging
+import time
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -34,12 +48,28 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sparkmq.store")
 
+#: folder of stream readers' interest markers (not in the transaction log)
+READERS_DIR = "_readers"
+#: the publish pass lists ``_readers/`` at most this often
+READER_SCAN_INTERVAL_MS = 1_000
+#: a stream reader rewrites its marker at most this often ...
+READER_TOUCH_INTERVAL_MS = 5_000
+#: ... and a marker not rewritten for this long is dead
+READER_MARKER_TTL_MS = 30_000
+#: a dead marker (its reader stopped without removing it) is deleted this long after
+#: it expired, by the publish pass
+STALE_MARKER_GRACE_MS = 10 * 60_000
+#: markers read per look (bounds the pass when many readers come and go)
+MAX_MARKERS_READ = 64
+
 
 def publish(store: "Store", *, force: bool = False, extra_actions: Sequence[dict] = (),
             operation: str = "PUBLISH", parameters: dict | None = None) -> LogState:
     """Commit progress: flushed segment sizes, new side-table files, lease renewal."""
     if not store.writable or store.closed and not force:
         return store.state
+    if not force:   # the publish service's pass (every other caller forces)
+        follow_readers(store)
     with store.commit_lock:
         # flushed and dispatched: an append writes its bytes before it dispatches, and
         # the flush service may flush them in between
@@ -97,6 +127,74 @@ def publish(store: "Store", *, force: bool = False, extra_actions: Sequence[dict
         except Exception:   # best effort: the publish already committed; compaction must not fail it
             log.exception("compaction failed; will retry at the next publish")
     return state
+
+
+def follow_readers(store: "Store") -> None:
+    """Switch the publish service to publishing at arrivals (``publish_min_gap_ms``
+    apart) while a stream reader's marker is live, back to ``publish_interval_ms``
+    only when none is (looking at most
+    every ``READER_SCAN_INTERVAL_MS``). In the fast cadence under ASYNC_FLUSH, fsync
+    what was written, so the publish that follows covers it (a publish never goes
+    past the flushed offset: data handed to a stream must survive a crash)."""
+    services = store.services
+    now_s = time.monotonic()
+    last = services.readers_checked_s
+    if last is None or now_s - last >= READER_SCAN_INTERVAL_MS / 1000.0:
+        services.readers_checked_s = now_s
+        try:
+            live = live_readers(store.sfs, store.clock_ms(), clean=True)
+        except Exception:   # a hint only: an unreadable _readers/ must not stop publishing
+            log.warning("could not read %s/; publishing at the interval", READERS_DIR,
+                        exc_info=True)
+            live = 0
+        gap = store.config.publish_min_gap_ms
+        fast = bool(live) and gap < store.config.publish_interval_ms
+        if fast and not services.arrival_listener_added:
+            store.add_listener(services.on_arrival)
+            services.arrival_listener_added = True
+        services.set_publish_gap(gap if fast else None)
+    if services.publish_gap_ms is not None and services.group_commit is None:
+        cl = store.commitlog
+        if cl.written_offset > cl.flushed_offset:
+            cl.flush(sync=True)
+
+
+def reader_marker(reader_id: str) -> str:
+    """Path of a stream reader's interest marker."""
+    return f"{READERS_DIR}/{reader_id}.json"
+
+
+def touch_reader_marker(sfs, reader_id: str, now_ms: int,
+                        ttl_ms: int = READER_MARKER_TTL_MS) -> None:
+    """Write (atomically replace) a stream reader's marker, live for ``ttl_ms``."""
+    body = {"reader": reader_id, "writtenMs": int(now_ms), "expiresMs": int(now_ms + ttl_ms)}
+    sfs.replace(reader_marker(reader_id), json.dumps(body).encode())
+
+
+def remove_reader_marker(sfs, reader_id: str) -> None:
+    sfs.delete(reader_marker(reader_id))
+
+
+def live_readers(sfs, now_ms: int, *, clean: bool = False) -> int:
+    """How many stream readers' markers are live at ``now_ms`` (of the first
+    ``MAX_MARKERS_READ``). With ``clean``, markers dead for ``STALE_MARKER_GRACE_MS``
+    are deleted. Clocks: the expiry is the reader's clock, compared with the
+    writer's; a skew only moves when the fast cadence starts or ends."""
+    live = 0
+    names = [n for n in sfs.list_names(READERS_DIR) if n.endswith(".json")]
+    for name in names[:MAX_MARKERS_READ]:
+        rel = f"{READERS_DIR}/{name}"
+        try:
+            expires = int(json.loads(sfs.read_bytes(rel))["expiresMs"])
+        except FileNotFoundError:   # its reader stopped (and removed it) between list and read
+            continue
+        except (ValueError, KeyError, TypeError):   # not ours or torn: not a live reader
+            expires = 0
+        if expires > now_ms:
+            live += 1
+        elif clean and now_ms - expires > STALE_MARKER_GRACE_MS:
+            sfs.delete(rel)
+    return live
 
 
 def compact(store: "Store") -> None:

@@ -7,8 +7,11 @@
   under SYNC_FLUSH a :class:`GroupCommitService` (``sparkmq-group-commit``) fsyncs
   on demand instead: appenders call ``wait_for(offset)``, and one fsync covers
   every append written before it (RocketMQ's GroupCommitService);
-* ``publish`` commits the store's progress to the transaction log every
-  ``publish_interval_ms`` (and at once after a segment roll: ``wake_publisher``);
+* ``publish`` (:class:`PublishService`) commits the store's progress to the
+  transaction log every ``publish_interval_ms`` (and at once after a segment roll:
+  ``wake_publisher``); while a stream reader is live (the publish pass finds its
+  ``_readers/`` marker, :mod:`.publish`) also as messages arrive, passes at least
+  ``publish_min_gap_ms`` apart (``set_publish_gap``, ``on_arrival``);
 * ``retention`` runs a retention pass every ``retention_check_interval_ms``.
 
 Every wait is bounded; ``stop`` joins the thread.
@@ -89,6 +92,35 @@ class GroupCommitService:
             self._thread = None
 
 
+class PublishService(ServiceThread):
+    """The ``publish`` thread: one pass every ``interval_ms``; while fast publishing
+    is on (``set_gap``), also a pass soon after messages arrive (``on_arrival``
+    wakes it), passes at least ``gap_ms`` apart. A pass with nothing new commits
+    nothing, so the fast cadence costs commits only when there is data: at most
+    one per ``gap_ms``. Thread-safe: ``set_gap``, ``on_arrival`` and ``wakeup`` may
+    be called from any thread."""
+
+    name = "publish"
+
+    def __init__(self, interval_ms: int, fn: Callable[[], object]):
+        super().__init__(interval_ms)
+        self._fn = fn
+        self.gap_ms: int | None = None     # None: the interval cadence only
+
+    def set_gap(self, gap_ms: int | None) -> None:
+        """Publish at arrivals, ``gap_ms`` apart (None: every ``interval_ms`` only)."""
+        self.gap_ms = gap_ms
+        self.min_pass_interval_ms = gap_ms or 0
+
+    def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """A store arrival listener: messages became readable in this process."""
+        if self.gap_ms is not None:
+            self.wakeup()
+
+    def run_once(self) -> None:
+        self._fn()
+
+
 class StoreServices:
     """The background services of one writable store: ``flush`` (ASYNC_FLUSH) or
     ``group-commit`` (SYNC_FLUSH), ``publish`` and ``retention``, each a named
@@ -96,9 +128,13 @@ class StoreServices:
     thread); ``wake_publisher`` and ``group_commit`` may be used from any thread."""
 
     def __init__(self):
+        #: monotonic time (s) of the publish pass's last look at ``_readers/`` (publish.py)
+        self.readers_checked_s: float | None = None
+        #: whether ``on_arrival`` is one of the store's arrival listeners (publish.py)
+        self.arrival_listener_added = False
         self.group_commit: GroupCommitService | None = None
-        self._publisher: CallbackService | None = None
-        self._threads: list[CallbackService] = []
+        self._publisher: PublishService | None = None
+        self._threads: list[ServiceThread] = []
 
     def start(self, *, sync_flush: bool, flush: Callable[[], int], flush_interval_ms: int,
               publish: Callable[[], object], publish_interval_ms: int,
@@ -108,7 +144,7 @@ class StoreServices:
             self.group_commit.start()
         else:
             self._threads.append(CallbackService("flush", flush_interval_ms, flush))
-        self._publisher = CallbackService("publish", publish_interval_ms, publish)
+        self._publisher = PublishService(publish_interval_ms, publish)
         self._threads.append(self._publisher)
         self._threads.append(CallbackService("retention", retention_interval_ms, retention))
         for t in self._threads:
@@ -118,6 +154,24 @@ class StoreServices:
         """Publish now (a segment rolled), not only on the interval."""
         if self._publisher is not None:
             self._publisher.wakeup()
+
+    def set_publish_gap(self, gap_ms: int | None) -> None:
+        """Fast publishing, at arrivals ``gap_ms`` apart (a stream reader is live), or
+        None: back to ``publish_interval_ms``. A no-op when the services are not
+        running."""
+        if self._publisher is not None:
+            self._publisher.set_gap(gap_ms)
+
+    def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
+        """The store's arrival listener (``Store.add_listener``, publish.py adds it)."""
+        publisher = self._publisher
+        if publisher is not None:
+            publisher.on_arrival(topic, queue_id, max_offset)
+
+    @property
+    def publish_gap_ms(self) -> int | None:
+        """The fast cadence in force, or None (interval cadence, or not running)."""
+        return self._publisher.gap_ms if self._publisher is not None else None
 
     def stop(self) -> None:
         for t in self._threads:
