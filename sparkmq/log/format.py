@@ -42,6 +42,7 @@ INDEX_DIR = "index"
 ABORT_FILE = "abort"
 LAST_CHECKPOINT_FILE = "_last_checkpoint"
 SIDECAR_DIR = f"{LOG_DIR}/_sidecars"
+READERS_DIR = "_readers"            # live stream readers' markers (not part of the store)
 
 OFFSET_DIGITS = 20
 _COMMIT_RE = re.compile(r"^(\d{20})\.json$")

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("sparkmq.store")
 
 #: folder of stream readers' interest markers (not in the transaction log)
-READERS_DIR = "_readers"
+READERS_DIR = fmt.READERS_DIR
 #: the publish pass lists ``_readers/`` at most this often
 READER_SCAN_INTERVAL_MS = 1_000
 #: a stream reader rewrites its marker at most this often ...
