@@ -148,6 +148,15 @@ def test_delay_message_arrives_not_before_its_delivery_time(broker, run_node):
     assert row.store_timestamp >= r["due"]            # put in its topic when due, not before
 
 
+def test_a_delayed_message_is_recalled_with_its_receipts_handle(broker, run_node):
+    r = run_node("recall", broker.endpoint, topic="NRecall", group="NRecallG", delayMs=3000)
+    assert r["handle"] and r["recalledId"] == r["dropId"]
+    assert r["again"] and ("NOT_FOUND" in r["again"] or "not waiting" in r["again"])
+    assert [m["body"] for m in r["messages"]] == ["keep"] and r["extra"] == []
+    assert r["messages"][0]["messageId"] == r["keepId"]
+    assert [m.body for m in stored(broker, "NRecall")] == [b"keep"]   # never delivered
+
+
 # ---------------------------------------------------------------- transactions
 def test_transaction_commit_rollback_and_check_back(broker, run_node):
     r = run_node("transaction", broker.endpoint, topic="NTx", group="NTxG", checkWaitMs=30000)

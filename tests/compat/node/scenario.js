@@ -145,6 +145,29 @@ const scenarios = {
     return { due, sentAt, receipt: receipt(r), messages };
   },
 
+  // two delayed messages; the first is recalled with its receipt's handle, twice (the
+  // second recall must fail); then the kept one is received when due
+  async recall(a) {
+    const p = await producer(a);
+    const due = Date.now() + a.delayMs;
+    const drop = await p.send(outgoing(a.topic, { body: 'drop', deliveryTimestamp: due }));
+    const keep = await p.send(outgoing(a.topic, { body: 'keep', deliveryTimestamp: due }));
+    const recalled = await p.recallMessage(a.topic, drop.recallHandle);
+    let again = null;
+    try {
+      await p.recallMessage(a.topic, drop.recallHandle);
+    } catch (e) {
+      again = String(e && e.message || e);
+    }
+    await stop(p);
+    const c = await simpleConsumer(a, a.group, a.topic, null, 5000);
+    const messages = await receiveUntil(c, 1, { maxCalls: 6 });
+    const extra = (await c.receive(32, 30000)).map(view);
+    await stop(c);
+    return { dropId: drop.messageId, keepId: keep.messageId, handle: drop.recallHandle,
+      recalledId: recalled.messageId, again, messages, extra };
+  },
+
   // commit, rollback, and one left open for the broker's check-back (checker: COMMIT)
   async transaction(a) {
     const asked = [];
