@@ -187,6 +187,7 @@ class Broker:
         """The RocketMQ 5 gRPC service (and the OTLP metrics collector) on an asyncio
         gRPC server (grpc_server.py: long polls suspended, other RPCs on the workers)."""
         limit = max(64 << 20, 2 * self.store.config.max_message_size_bytes)
+        pending = max(1000, min(self.config.long_polling_capacity, 1 << 20) + 1000)
         from .grpc_server import GrpcServer
         from .grpc_service import MessagingServicer, add_to_server
         from . import otlp
@@ -203,7 +204,12 @@ class Broker:
         self._grpc = GrpcServer(
             self.config.host, self.config.listen_port, workers=self.config.grpc_workers,
             options=[("grpc.max_receive_message_length", limit),
-                     ("grpc.max_send_message_length", limit), ("grpc.so_reuseport", 0)],
+                     ("grpc.max_send_message_length", limit), ("grpc.so_reuseport", 0),
+                     # gRPC core cancels calls the server has not taken up yet past 1,000
+                     # (randomly, up to 3,000): a burst of long polls opening at once
+                     # would lose some; the cap that applies is maxLongPollingRequests
+                     ("grpc.server.max_pending_requests", pending),
+                     ("grpc.server.max_pending_requests_hard_limit", 2 * pending)],
             register=register, credentials=credentials)
         servicer.offload = self._grpc.offload
         self.listen_port = self._grpc.port

@@ -113,3 +113,44 @@ def test_polls_past_the_cap_are_answered_too_many_requests(make_broker):
         assert answers.count(Code.OK) == cap
     finally:
         channel.close()
+
+
+_BURST_CLIENT = r"""
+import sys, time, grpc
+from google.protobuf.duration_pb2 import Duration
+from rocketmq.grpc_protocol import definition_pb2 as pb, service_pb2 as spb
+from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+endpoint, n = sys.argv[1], int(sys.argv[2])
+stub = MessagingServiceStub(grpc.insecure_channel(endpoint))
+req = spb.ReceiveMessageRequest(
+    group=pb.Resource(name="G"), message_queue=pb.MessageQueue(topic=pb.Resource(name="P"), id=-1),
+    batch_size=1, invisible_duration=Duration(seconds=30), long_polling_timeout=Duration(seconds=20))
+calls = [stub.ReceiveMessage(req, timeout=60, metadata=[("x-mq-client-id", f"b{i}")]) for i in range(n)]
+print("opened", flush=True)
+sys.stdin.readline()                        # the test has counted what it holds
+print(sum(1 for c in calls if c.done() and c.code() == grpc.StatusCode.CANCELLED), flush=True)
+for c in calls:
+    c.cancel()
+"""
+
+
+def test_a_burst_of_polls_from_another_process_is_held_whole(make_broker):
+    """gRPC core cancels calls the server has not taken up yet past 1,000 pending: a burst
+    of polls opened at once by one client process lost some before the broker saw them.
+    The broker raises that limit (maxLongPollingRequests is the cap that applies)."""
+    import subprocess
+    import sys
+    n = 1500
+    b = make_broker()
+    b.store.create_topic("P", read_queue_nums=1, write_queue_nums=1)
+    proc = subprocess.Popen([sys.executable, "-c", _BURST_CLIENT, b.endpoint, str(n)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "opened"
+        wait_until(lambda: b.notifier.waiting == n, f"{n} polls held", timeout_s=60)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert int(proc.stdout.readline()) == 0           # none cancelled on the way
+    finally:
+        proc.kill()
+        proc.wait(10)
