@@ -34,24 +34,12 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_broker import free_port, wait_port  # noqa: E402
+
 PARTITIONS = 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_port(port: int, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), 0.5).close()
-            return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError(f"nothing listens on {port} after {timeout_s} s")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -178,7 +166,7 @@ def broker(tmp: str, flush: str, gap_ms: int | None):
     p = subprocess.Popen([sys.executable, "-m", "sparkmq.broker", "-c", conf],
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        wait_port(port)
+        wait_port(port, timeout_s=60.0)
     except RuntimeError:
         p.kill()
         raise RuntimeError(f"broker did not start: {p.stderr.read().decode()[-800:]}")

@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from helpers.waiting import wait_until
 from sparkmq import SYNC_FLUSH, Message, Snapshot, Store
 from sparkmq.log import publish as pub
 
@@ -29,12 +30,7 @@ def _writer(url) -> Store:
 
 
 def _wait(cond, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} within {WAIT_S} s")
+    wait_until(cond, what, timeout_s=WAIT_S, interval_s=0.05)
 
 
 def _count(spark, name) -> int:
@@ -81,10 +77,12 @@ def test_batch_read_sees_one_committed_version_while_publishing_fast(spark, loca
             i += 1
             time.sleep(0.002)
 
+    start = Snapshot.load(local_store_url).version
     sender = threading.Thread(target=send, daemon=True)
     sender.start()
     try:
-        time.sleep(0.5)
+        wait_until(lambda: Snapshot.load(local_store_url).version > start + 2,
+                   "fast publishes under way", timeout_s=WAIT_S)
         v0 = Snapshot.load(local_store_url).version
         rows = spark.read.format("sparkmq").load(local_store_url) \
             .groupBy("queue_id").count().collect()

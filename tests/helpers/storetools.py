@@ -5,7 +5,9 @@ tests exercise what users and other processes see.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 
 import pyarrow as pa
 
@@ -64,3 +66,26 @@ def inline_replica_log(replica, master, ref):
                      "consumerOffsets": []})
     rlog.begin_segment(ref.path, ref.base_offset)
     return rlog
+
+
+#: the fields a golden store's expected.json records of each message (tests/golden)
+GOLDEN_FIELDS = ("topic", "queue_id", "queue_offset", "message_id", "tags", "keys",
+                 "properties", "message_group", "message_type", "delivery_timestamp",
+                 "transaction_id", "store_timestamp")
+
+
+def files_of(root) -> dict[str, tuple[int, int]]:
+    """Every file below ``root`` (a pathlib.Path): relative path -> (size, mtime ns)."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@contextlib.contextmanager
+def read_only_copy(store_dir, tmp_path):
+    """A copy of the store at ``store_dir`` under ``tmp_path`` (its path as a string);
+    fails if anything the block did wrote to the copy."""
+    copy = tmp_path / "store"
+    shutil.copytree(store_dir, copy)
+    before = files_of(copy)
+    yield str(copy)
+    assert files_of(copy) == before, "a read-only open wrote to the store"

@@ -14,29 +14,21 @@ from pathlib import Path
 
 import pytest
 
+from helpers.storetools import GOLDEN_FIELDS, read_only_copy
 from sparkmq import Snapshot, Store
 from sparkmq.log import format as fmt
 from sparkmq.log.actions import Sidecar, parse_actions
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "v3"
 EXPECTED = json.loads((GOLDEN / "expected.json").read_text())
-FIELDS = ("topic", "queue_id", "queue_offset", "message_id", "tags", "keys", "properties",
-          "message_group", "message_type", "delivery_timestamp", "transaction_id",
-          "store_timestamp")
+FIELDS = GOLDEN_FIELDS
 
-
-def files_of(root: Path) -> dict[str, tuple[int, int]]:
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture
 def golden(tmp_path):
-    copy = tmp_path / "store"
-    shutil.copytree(GOLDEN / "store", copy)
-    before = files_of(copy)
-    yield str(copy)
-    assert files_of(copy) == before, "a read-only open wrote to the store"
+    with read_only_copy(GOLDEN / "store", tmp_path) as copy:
+        yield copy
 
 
 def _manifest(version: int) -> list:

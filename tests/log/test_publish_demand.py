@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from helpers.waiting import wait_until
 from sparkmq import ASYNC_FLUSH, SYNC_FLUSH, Message, Snapshot, Store
 from sparkmq.log import publish as pub
 from sparkmq.log.fs import StoreFS
@@ -44,13 +45,10 @@ def _published(url) -> tuple[int, int]:
 
 def _wait_published(url, offset: int) -> int:
     """The version in which ``offset`` messages became visible (bounded wait)."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        version, top = _published(url)
-        if top >= offset:
-            return version
-        time.sleep(0.01)
-    raise AssertionError(f"offset {offset} not published within {WAIT_S} s: {_published(url)}")
+    seen = []
+    wait_until(lambda: seen.append(_published(url)) or seen[-1][1] >= offset,
+               f"offset {offset} published", timeout_s=WAIT_S)
+    return seen[-1][0]
 
 
 @pytest.mark.parametrize("flush", [SYNC_FLUSH, ASYNC_FLUSH])
