@@ -55,6 +55,7 @@ from .protocol import (OK, ClientIdRequired, Code, error_status, message_queue,
                        timestamp)
 from .schedule import SCHEDULE_TOPIC, RecallStatus, make_recall_handle, parse_recall_handle
 from .send import SendRows
+from .receive import run_here
 from .telemetry import TelemetryMixin, client_id
 from .transaction import UnknownTransaction
 from .grpc_server import Malformed, lenient
@@ -167,11 +168,6 @@ def guarded_async_stream(response_type):
     return wrap
 
 
-async def _inline(fn, *args):
-    """``offload`` when no server gives a worker pool: run ``fn`` here."""
-    return fn(*args)
-
-
 class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
     """See the module docstring. ``broker`` is a :class:`sparkmq.broker.Broker`;
     ``offload(fn, *args)`` runs blocking work of a coroutine handler on the server's
@@ -179,7 +175,7 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
 
     def __init__(self, broker):
         self.broker = broker
-        self.offload = _inline
+        self.offload = run_here          # until a server gives its worker pool
 
     # ------------------------------------------------------------ route
     @guarded(spb.QueryRouteResponse)

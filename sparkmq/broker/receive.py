@@ -14,6 +14,7 @@ each other (``offsets_lock``).
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Awaitable, Callable
@@ -134,18 +135,11 @@ class ReceiveService:
 
     def receive(self, group: str, topic: str, *, batch_size: int, invisible_ms: int,
                 tag_filter: TagFilter, poll_ms: int) -> list:
-        """Pop up to ``batch_size`` deliveries; if none, hold this thread up to ``poll_ms``
-        and answer as soon as a message arrives (woken by the store), a lease expires or
-        the broker stops. The gRPC server uses :meth:`receive_async`."""
-        self._admit(group, topic)
-        deadline = time.monotonic() + poll_ms / 1000.0
-        while True:
-            seen, out, expiry_s = self._try_pop(group, topic, batch_size, invisible_ms,
-                                                tag_filter)
-            left = deadline - time.monotonic()
-            if out or left <= 0 or not self._running():
-                return out
-            self.notifier.wait(topic, seen, left if expiry_s is None else min(left, expiry_s))
+        """:meth:`receive_async` for a caller without an event loop (admin tools, tests):
+        runs it to the end here, the looks on this thread."""
+        return asyncio.run(self.receive_async(
+            group, topic, batch_size=batch_size, invisible_ms=invisible_ms,
+            tag_filter=tag_filter, poll_ms=poll_ms, offload=run_here))
 
     async def receive_async(self, group, topic: str, *, batch_size: int, invisible_ms: int,
                             tag_filter: TagFilter, poll_ms: int,
@@ -180,25 +174,12 @@ class ReceiveService:
     def _pulled(msgs, tag_filter: TagFilter) -> tuple[list[StoredMessage], int]:
         return [m for m in msgs if tag_filter.accepts(m)], msgs[-1].queue_offset + 1
 
-    def pull(self, topic: str, qid: int, offset: int, batch: int, tag_filter: TagFilter,
-             poll_ms: int) -> tuple[list[StoredMessage], int]:
-        """Messages of one queue from ``offset`` (PullMessage); waits up to ``poll_ms``
-        for the first one. Returns (matching messages, next offset)."""
-        deadline = time.monotonic() + poll_ms / 1000.0
-        offset = max(offset, self.store.min_offset(topic, qid))
-        while True:
-            seen, msgs = self._try_read(topic, qid, offset, batch)
-            if msgs:
-                return self._pulled(msgs, tag_filter)
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._running():
-                return [], offset
-            self.notifier.wait(topic, seen, left)
-
     async def pull_async(self, topic: str, qid: int, offset: int, batch: int,
                          tag_filter: TagFilter, poll_ms: int,
                          offload: Callable[..., Awaitable]) -> tuple[list[StoredMessage], int]:
-        """:meth:`pull` as a suspended request (see :meth:`receive_async`)."""
+        """Messages of one queue from ``offset`` (PullMessage), waiting up to ``poll_ms``
+        for the first one as a suspended request (see :meth:`receive_async`). Returns
+        (matching messages, next offset)."""
         deadline = time.monotonic() + poll_ms / 1000.0
         offset = max(offset, self.store.min_offset(topic, qid))
         while True:
@@ -295,3 +276,8 @@ class ReceiveService:
             persisted[(key, topic)] = persisted.get((key, topic), 0) + max(0, hi - off)
         lag.update(persisted)
         return lag
+
+
+async def run_here(fn, *args):
+    """``offload`` that runs ``fn`` on the calling thread (see ``ReceiveService.receive``)."""
+    return fn(*args)
