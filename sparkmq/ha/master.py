@@ -98,9 +98,14 @@ class ReplicaConnection:
         except OSError:
             pass
         self.sock.close()
-        for fd in self._fds.values():
+        # the streaming thread may drop an fd meanwhile (_drop_fd): each is popped, so
+        # exactly one of the two closes it (iterating the dict closed some twice: EBADF)
+        while self._fds:
+            try:
+                _, fd = self._fds.popitem()
+            except KeyError:       # the streaming thread took the last one
+                break
             os.close(fd)
-        self._fds.clear()
 
     # -- handshake ---------------------------------------------------------
     def _handshake(self) -> int:
