@@ -379,14 +379,14 @@ Action = (Protocol | MetaData | TopicConfig | GroupConfig | ConsumerOffset | Add
 def parse_action(obj: Mapping, where: str = "") -> Action:
     """The typed action of one decoded JSON line; ``CorruptStoreError`` naming
     ``where`` when it is not an object with exactly one key or lacks a field."""
-    if not isinstance(obj, Mapping) or len(obj) != 1:
+    if (type(obj) is not dict and not isinstance(obj, Mapping)) or len(obj) != 1:
         raise CorruptStoreError(f"{where}: an action is a JSON object with exactly one key, "
                                 f"got {obj!r:.200}")
     (kind, body), = obj.items()
     cls = ACTION_TYPES.get(kind)
     if cls is None:
         return UnknownAction(kind, body)
-    if not isinstance(body, Mapping):
+    if type(body) is not dict and not isinstance(body, Mapping):
         raise CorruptStoreError(f"{where}: {kind} action body is not an object: {body!r:.200}")
     try:
         return cls.from_body(body)
@@ -409,7 +409,19 @@ def _json_lines(data: bytes, where: str) -> Iterator[tuple[int, Any]]:
         text = data.decode()
     except UnicodeDecodeError as exc:
         raise CorruptStoreError(f"{where} is not UTF-8 text: {exc}") from None
-    for n, line in enumerate(text.splitlines(), 1):
+    lines = text.splitlines()
+    if len(lines) > 1 and all(line.startswith("{") for line in lines):
+        try:                    # one decode for the whole file (a checkpoint's sidecar)
+            objs = json.loads("[" + ",".join(lines) + "]")
+        except json.JSONDecodeError:
+            objs = None         # some line is not JSON: the loop below names it
+        if objs is not None and len(objs) == len(lines):    # else lines ran together
+            return enumerate(objs, 1)
+    return _each_line(lines, where)
+
+
+def _each_line(lines: list[str], where: str) -> Iterator[tuple[int, Any]]:
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:

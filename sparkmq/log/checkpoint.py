@@ -30,6 +30,8 @@ Thread-safety: the functions keep no state; a ``Parts`` value is never changed.
 """
 from __future__ import annotations
 
+import gc
+import threading
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -265,12 +267,46 @@ def check_lines(sidecars: Iterable[Sidecar], manifest: str) -> None:
         taken.add((sc.part, sc.bucket))
 
 
+class _NoCycleCollection:
+    """Python's cycle collector paused while a checkpoint's entries are built (as
+    a context manager; nested and concurrent uses keep it paused until the last
+    ends, and it is resumed only if it was on). Loading builds several objects per
+    entry, none of them in a cycle, and every collection triggered meanwhile walks
+    all of them again: at 50,000 topics that made a load grow faster than the
+    state (a load was ~30 % collection). Reference counting frees as usual."""
+
+    _lock = threading.Lock()
+    _depth = 0
+    _was_enabled = False
+
+    def __enter__(self):
+        with self._lock:
+            cls = type(self)
+            if cls._depth == 0:
+                cls._was_enabled = gc.isenabled()
+                gc.disable()
+            cls._depth += 1
+
+    def __exit__(self, *exc):
+        with self._lock:
+            cls = type(self)
+            cls._depth -= 1
+            if cls._depth == 0 and cls._was_enabled:
+                gc.enable()
+
+
 def load_parts(sfs: "StoreFS", sidecars: list[Sidecar], state: "LogState",
                manifest: str) -> None:
     """Apply every sidecar of a manifest to ``state`` (built without change tracking)
     and set ``state.parts``; ``CorruptStoreError`` naming the first sidecar that is
     missing, does not match its line, or holds an entry of another part or bucket."""
     check_lines(sidecars, manifest)
+    with _NoCycleCollection():
+        _load_parts(sfs, sidecars, state, manifest)
+
+
+def _load_parts(sfs: "StoreFS", sidecars: list[Sidecar], state: "LogState",
+                manifest: str) -> None:
     parts: dict[str, PartSet] = {}
     for sc, data in zip(sidecars, _read_all(sfs, [sc.path for sc in sidecars])):
         if data is None:

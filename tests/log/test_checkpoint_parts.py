@@ -4,13 +4,14 @@ the interval stays checkpointInterval, a damaged sidecar makes the load fall bac
 log cleanup deletes only sidecars no kept checkpoint can name. Counted, not timed."""
 from __future__ import annotations
 
+import json
 import logging
 import threading
 
 import pytest
 
 from helpers.clock import Clock
-from sparkmq.errors import UnsupportedFormatError
+from sparkmq.errors import CorruptStoreError, UnsupportedFormatError
 from sparkmq.log import checkpoint
 from sparkmq.log import format as fmt
 from sparkmq.log.actions import Sidecar, parse_actions
@@ -246,3 +247,50 @@ def test_a_reader_of_version_2_would_refuse_a_manifest(big, monkeypatch):
     monkeypatch.setattr(fmt, "READER_VERSION", 2)
     with pytest.raises(UnsupportedFormatError, match="reader version 3"):
         TransactionLog(StoreFS(big.sfs.url)).snapshot()
+
+
+def test_a_file_decoded_in_one_pass_still_names_a_bad_line_and_catches_run_together_lines():
+    """parse_actions decodes a many-line file (a sidecar) with one json.loads; a bad line
+    is still named, and two lines whose text runs together into one JSON value (a
+    single decode would accept it) are refused as the line-by-line reading does."""
+    good = [_topic(i) for i in range(3)]
+    data = "\n".join(json.dumps(a) for a in good).encode()
+    assert [a.name for a in parse_actions(data, "f")] == ["t0", "t1", "t2"]
+    bad = data + b'\n{"topic": {"name": oops}}'
+    with pytest.raises(CorruptStoreError, match="f line 4 is not JSON"):
+        parse_actions(bad, "f")
+    run_together = b'{"topic":{"name":"a","x":[{"c":1}\n{"b":2}]}}\n' + data
+    with pytest.raises(CorruptStoreError, match="f line 1 is not JSON"):
+        parse_actions(run_together, "f")
+
+
+def test_loading_a_checkpoint_pauses_the_cycle_collector_and_resumes_it(big, monkeypatch):
+    """Building a checkpoint's entries runs with gc off (checkpoint._NoCycleCollection)
+    and gc is on again afterwards, also when the load fails."""
+    import gc
+    seen = []
+    real = checkpoint.part_key
+
+    def spy(a):
+        seen.append(gc.isenabled())
+        return real(a)
+    monkeypatch.setattr(checkpoint, "part_key", spy)
+    assert gc.isenabled()
+    TransactionLog(StoreFS(big.sfs.url)).snapshot()
+    assert seen and not any(seen)
+    assert gc.isenabled()
+    with pytest.raises(OSError):                # nested, the inner one failing
+        with checkpoint._NoCycleCollection():
+            try:
+                with checkpoint._NoCycleCollection():
+                    raise OSError("x")
+            finally:
+                assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()                                # off before: left off
+    try:
+        with checkpoint._NoCycleCollection():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
