@@ -10,11 +10,20 @@ factor per x4 (linear growth is 4.0; flat is 1.0).
 
     .venv/bin/python bench/bench_scale.py            # quick: about two minutes
     .venv/bin/python bench/bench_scale.py --full     # the issue's sizes (long)
+    .venv/bin/python bench/bench_scale.py --issue    # --full, then every other cost of
+                                                     # issue 18 in the same run (~40 min)
+
+``--issue`` runs, after this script's own rows, the benches that measure the rest of
+issue 18 item 7 as subprocesses, one after the other, each printing its own table:
+``bench_polls.py`` (sync sends while 0, 100, 500 and 2,000 consumers long-poll),
+``bench_memory.py --full`` (broker RSS over 300 s of small sends to 1,000 topics) and
+``bench_delay.py --parked-only`` at 0.2M and 2M parked delayed messages.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,14 +44,26 @@ def best(fn, runs: int = 5) -> float:
 
 
 def versions_case(tmp: str, steps: list[int]) -> list[tuple[int, float]]:
+    """``Snapshot.load`` of the newest version of a log of each length in ``steps``:
+    one real commit (a consumer offset) per version, every commit file kept (the
+    default logRetentionMs keeps 30 days). The log is built with ``os.fsync`` turned
+    into a no-op (setup only: 1M fsynced commits take ~12 minutes here; the loads
+    measured read the same files either way)."""
     url = os.path.join(tmp, "versions")
     rows = []
+    real_fsync = os.fsync
     with Store.open(url, mode="w", start_services=False) as s:
         s.create_topic("T", read_queue_nums=1, write_queue_nums=1)
         for target in track(steps, "steps"):
-            while s.state.version < target:      # one small commit per version
-                s.commit_consumer_offsets("G", {("T", 0): s.state.version % 7})
-            rows.append((target, best(lambda: Snapshot.load(url))))
+            os.fsync = lambda fd: None
+            try:
+                for _ in track(range(target - s.state.version), "commits", every_s=10):
+                    # one small commit per version
+                    s.commit_consumer_offsets("G", {("T", 0): s.state.version % 7})
+            finally:
+                os.fsync = real_fsync
+            files = len(os.listdir(os.path.join(url, "_log")))
+            rows.append((target, best(lambda: Snapshot.load(url)), files))
     return rows
 
 
@@ -141,24 +162,36 @@ def growth(values: list[float]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--full", action="store_true")
+    ap.add_argument("--issue", action="store_true",
+                    help="--full, then bench_polls, bench_memory --full and bench_delay "
+                         "--parked-only at 0.2M and 2M (issue 18's every target, one run)")
     ap.add_argument("--topics", type=int, nargs="+", default=None,
-                    help="topic counts to measure (x4 steps read best), e.g. 781 3125 12500 50000")
+                    help="topic counts to measure (x4 steps read best), e.g. 781 3125 12500 50000; "
+                         "0 alone skips them")
+    ap.add_argument("--versions", type=int, nargs="+", default=None,
+                    help="log lengths of the Snapshot.load row (default 1k 16k 256k 1M with "
+                         "--full); 0 alone skips it")
     ap.add_argument("--checkpoint-topics", type=int, default=50_000,
                     help="topics (x8 queues) of the checkpoint row; 0 skips it")
     args = ap.parse_args(argv)
-    version_steps = [1_000, 4_000, 16_000, 64_000] if args.full else [250, 1_000, 4_000]
-    topic_steps = args.topics or ([100, 400, 1_600, 6_400] if args.full else [50, 200, 800])
+    args.full = args.full or args.issue
+    version_steps = args.versions or ([1_000, 16_000, 256_000, 1_000_000] if args.full
+                                      else [250, 1_000, 4_000])
+    topic_steps = args.topics or ([781, 3_125, 12_500, 50_000] if args.full else [50, 200, 800])
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-        v = versions_case(tmp, version_steps)
-        t = topics_case(tmp, topic_steps)
+        v = versions_case(tmp, version_steps) if version_steps != [0] else []
+        t = topics_case(tmp, topic_steps) if topic_steps != [0] else []
         c = checkpoint_case(tmp, args.checkpoint_topics) if args.checkpoint_topics else None
     print("# growth factor per x4 step: 4.0 = linear, 1.0 = flat")
-    print(f"{'Snapshot.load vs versions':<34}" + "".join(f"{n:>10}" for n, _ in v))
-    print(f"{'  seconds':<34}" + "".join(f"{x:>10.4f}" for _, x in v)
-          + f"   growth {growth([x for _, x in v])}")
-    print(f"{'costs vs topics (x8 queues)':<34}" + "".join(f"{n:>10}" for n, _ in t))
+    if v:
+        print(f"{'Snapshot.load vs versions':<34}" + "".join(f"{n:>10}" for n, _, _ in v))
+        print(f"{'  files in _log/':<34}" + "".join(f"{f:>10}" for _, _, f in v))
+        print(f"{'  seconds':<34}" + "".join(f"{x:>10.4f}" for _, x, _ in v)
+              + f"   growth per step {growth([x for _, x, _ in v])}")
+    if t:
+        print(f"{'costs vs topics (x8 queues)':<34}" + "".join(f"{n:>10}" for n, _ in t))
     for key, unit in (("open", "s"), ("load", "s"), ("create_ms", "ms"), ("cold_read", "s"),
-                      ("broker_start", "s")):
+                      ("broker_start", "s")) if t else ():
         vals = [r[key] for _, r in t]
         print(f"{'  ' + key + ' (' + unit + ')':<34}" + "".join(f"{x:>10.4f}" for x in vals)
               + f"   growth {growth(vals)}")
@@ -168,6 +201,17 @@ def main(argv=None) -> int:
               f"write {c['write_s'] * 1000:.1f} ms and {c['bytes'] / 1024:.1f} KiB each "
               f"(state {c['state_bytes'] / 1024:.0f} KiB; the first, after the bulk commit, "
               f"{c['first_bytes'] / 1024:.0f} KiB); Snapshot.load {c['load_s']:.3f} s")
+    sys.stdout.flush()
+    if args.issue:
+        here = os.path.dirname(os.path.abspath(__file__))
+        for script, *more in (["bench_polls.py"], ["bench_memory.py", "--full"],
+                              ["bench_delay.py", "--parked-only", "--parked", "200000"],
+                              ["bench_delay.py", "--parked-only", "--parked", "2000000"]):
+            print(f"\n# {script} {' '.join(more)}", flush=True)
+            rc = subprocess.call([sys.executable, os.path.join(here, script), *more])
+            if rc:
+                print(f"# {script} failed with exit status {rc}", flush=True)
+                return rc
     return 0
 
 
