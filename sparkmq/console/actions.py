@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import TopicNotFoundError, UserError
+from ..errors import SparkMQError, TopicNotFoundError, UserError
 from . import html as h
 from .pages import (ORIGIN_MESSAGE_ID, ORIGIN_TOPIC, create_topic_form, dlq_url,
                     message_url, topic_url)
@@ -112,6 +112,11 @@ def resend(req):
     if origin not in store.topics():
         raise TopicNotFoundError(f"the original topic {origin} no longer exists")
     props = {k: v for k, v in m.properties.items() if k not in DLQ_PROPERTIES}
+    sender = req.broker.sender      # the same writability and replication as a send
+    try:
+        sender.check_append()
+    except SparkMQError as e:
+        return _page(503, "Resend", "", error=str(e))
     [r] = store.append([Message(topic=origin, body=m.body, tags=m.tags, keys=m.keys,
                                 properties=props, born_timestamp=m.born_timestamp,
                                 born_host=m.born_host, message_group=m.message_group,
@@ -119,6 +124,10 @@ def resend(req):
                        limits_checked=True)     # accepted at its first send
     if not r.ok:
         return _page(409, "Resend", "", error=f"the store refused it: {r.status.name}")
+    status = sender.replicated(r)
+    if status is not r.status:      # stored, but not on the replica in time (SYNC_MASTER)
+        return _page(504, "Resend", "", error=f"stored as {r.message_id} but {status.name}: "
+                     "the replica did not acknowledge it in time")
     log.info("console: resent dead letter %s of %s to %s as %s", mid, group_name, origin,
              r.message_id)
     return _page(200, "Resent", h.join([

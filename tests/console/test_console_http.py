@@ -114,3 +114,24 @@ def test_what_the_pages_show_is_escaped(console):
     status, _, body = call(console.base, "GET", "/console/topic?name=%3Cscript%3E",
                            headers=bearer(console))
     assert status == 400 and "<script" not in body and "&lt;script&gt;" in body
+
+
+def test_resend_waits_as_a_send_does_and_a_sync_master_without_replica_stores_nothing(
+        make_broker):
+    """The console's resend goes through the send domain's checks: a SYNC_MASTER with
+    no replica attached refuses it (as it refuses a producer's send) and stores nothing."""
+    from helpers.net import free_port
+    from sparkmq.broker.pop import TagFilter, dlq_topic
+    b = make_broker(brokerRole="SYNC_MASTER", haListenPort=str(free_port()), haSecret="s" * 32)
+    b.admin.create_topic({"name": "Payments", "queueNums": 1})
+    b.store.append([Message(topic="Payments", body=b"poison", unique_key="P-1")])
+    [d] = b.pop.pop("G", "Payments", batch_size=1, invisible_ms=60_000,
+                    tag_filter=TagFilter("*"))
+    b.pop.forward_to_dlq("G", d.receipt_handle, "Payments")
+    [dead] = b.store.read(dlq_topic("G"), 0, 0, 1)
+    before = b.store.max_offset("Payments", 0)
+    status, _, body = call(f"http://127.0.0.1:{b.admin_port}", "POST", "/console/dlq/resend",
+                           form={"group": "G", "id": dead.message_id, "confirm": "yes"},
+                           headers={"Authorization": f"Bearer {b.admin_token}"})
+    assert status == 503 and "no replica is attached" in body
+    assert b.store.max_offset("Payments", 0) == before
