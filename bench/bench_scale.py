@@ -186,7 +186,7 @@ def main(argv=None) -> int:
     if v:
         print(f"{'Snapshot.load vs versions':<34}" + "".join(f"{n:>10}" for n, _, _ in v))
         print(f"{'  files in _log/':<34}" + "".join(f"{f:>10}" for _, _, f in v))
-        print(f"{'  seconds':<34}" + "".join(f"{x:>10.4f}" for _, x, _ in v)
+        print(f"{'  ms':<34}" + "".join(f"{x * 1000:>10.3f}" for _, x, _ in v)
               + f"   growth per step {growth([x for _, x, _ in v])}")
     if t:
         print(f"{'costs vs topics (x8 queues)':<34}" + "".join(f"{n:>10}" for n, _ in t))
