@@ -159,6 +159,35 @@ def growth(values: list[float]) -> str:
     return " ".join(f"{b / a:5.2f}" if a > 0 else "  -  " for a, b in zip(values, values[1:]))
 
 
+def print_versions(v) -> None:
+    if v:
+        print(f"{'Snapshot.load vs versions':<34}" + "".join(f"{n:>10}" for n, _, _ in v))
+        print(f"{'  files in _log/':<34}" + "".join(f"{f:>10}" for _, _, f in v))
+        print(f"{'  ms':<34}" + "".join(f"{x * 1000:>10.3f}" for _, x, _ in v)
+              + f"   growth per step {growth([x for _, x, _ in v])}", flush=True)
+
+
+def print_topics(t) -> None:
+    if t:
+        print(f"{'costs vs topics (x8 queues)':<34}" + "".join(f"{n:>10}" for n, _ in t))
+    for key, unit in (("open", "s"), ("load", "s"), ("create_ms", "ms"), ("cold_read", "s"),
+                      ("broker_start", "s")) if t else ():
+        vals = [r[key] for _, r in t]
+        print(f"{'  ' + key + ' (' + unit + ')':<34}" + "".join(f"{x:>10.4f}" for x in vals)
+              + f"   growth {growth(vals)}")
+    sys.stdout.flush()
+
+
+def print_checkpoints(c) -> None:
+    if c:
+        print(f"checkpoints at {c['topics']} topics x 8 queues after {c['commits']} commits: "
+              f"{c['checkpoints']} checkpoints (every 10 versions), "
+              f"write {c['write_s'] * 1000:.1f} ms and {c['bytes'] / 1024:.1f} KiB each "
+              f"(state {c['state_bytes'] / 1024:.0f} KiB; the first, after the bulk commit, "
+              f"{c['first_bytes'] / 1024:.0f} KiB); Snapshot.load {c['load_s']:.3f} s",
+              flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--full", action="store_true")
@@ -178,29 +207,14 @@ def main(argv=None) -> int:
     version_steps = args.versions or ([1_000, 16_000, 256_000, 1_000_000] if args.full
                                       else [250, 1_000, 4_000])
     topic_steps = args.topics or ([781, 3_125, 12_500, 50_000] if args.full else [50, 200, 800])
+    print("# growth factor per x4 step: 4.0 = linear, 1.0 = flat", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-        v = versions_case(tmp, version_steps) if version_steps != [0] else []
         t = topics_case(tmp, topic_steps) if topic_steps != [0] else []
+        print_topics(t)
         c = checkpoint_case(tmp, args.checkpoint_topics) if args.checkpoint_topics else None
-    print("# growth factor per x4 step: 4.0 = linear, 1.0 = flat")
-    if v:
-        print(f"{'Snapshot.load vs versions':<34}" + "".join(f"{n:>10}" for n, _, _ in v))
-        print(f"{'  files in _log/':<34}" + "".join(f"{f:>10}" for _, _, f in v))
-        print(f"{'  ms':<34}" + "".join(f"{x * 1000:>10.3f}" for _, x, _ in v)
-              + f"   growth per step {growth([x for _, x, _ in v])}")
-    if t:
-        print(f"{'costs vs topics (x8 queues)':<34}" + "".join(f"{n:>10}" for n, _ in t))
-    for key, unit in (("open", "s"), ("load", "s"), ("create_ms", "ms"), ("cold_read", "s"),
-                      ("broker_start", "s")) if t else ():
-        vals = [r[key] for _, r in t]
-        print(f"{'  ' + key + ' (' + unit + ')':<34}" + "".join(f"{x:>10.4f}" for x in vals)
-              + f"   growth {growth(vals)}")
-    if c:
-        print(f"checkpoints at {c['topics']} topics x 8 queues after {c['commits']} commits: "
-              f"{c['checkpoints']} checkpoints (every 10 versions), "
-              f"write {c['write_s'] * 1000:.1f} ms and {c['bytes'] / 1024:.1f} KiB each "
-              f"(state {c['state_bytes'] / 1024:.0f} KiB; the first, after the bulk commit, "
-              f"{c['first_bytes'] / 1024:.0f} KiB); Snapshot.load {c['load_s']:.3f} s")
+        print_checkpoints(c)
+        v = versions_case(tmp, version_steps) if version_steps != [0] else []
+        print_versions(v)       # before the (slow) removal of a million files
     sys.stdout.flush()
     if args.issue:
         here = os.path.dirname(os.path.abspath(__file__))
