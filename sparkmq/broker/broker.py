@@ -111,6 +111,7 @@ class Broker:
         self._grpc = None                         # the GrpcServer (grpc_server.py)
         self.flight = None                        # the Arrow Flight service (flight.py)
         self.flight_port: int | None = None
+        self._tls_pair: tuple[bytes, bytes] | None = None   # (cert, key) PEM; grpc_tls.py
         self._admin_server: AdminServer | None = None
         self._services: list[ServiceThread] = []
         self._register_service: RegisterBrokerService | None = None
@@ -166,6 +167,8 @@ class Broker:
                               on_topic_created=self.topic_created)
         self.store.add_listener(self.notifier.on_arrival)
         try:
+            from .grpc_tls import server_pair
+            self._tls_pair = server_pair(cfg)   # tlsServerMode: gRPC's and Flight's
             self._start_grpc()
             self._start_flight()
             self._start_admin()
@@ -197,10 +200,9 @@ class Broker:
             add_to_server(servicer, server)
             otlp.add_to_server(self, server)
         credentials = None
-        if self.config.tls_server_mode == "enforcing":
+        if self._tls_pair is not None:
             from .grpc_tls import grpc_server_credentials
-            credentials = grpc_server_credentials(self.config.tls_server_cert_path,
-                                                  self.config.tls_server_key_path)
+            credentials = grpc_server_credentials(self._tls_pair)
         self._grpc = GrpcServer(
             self.config.host, self.config.listen_port, workers=self.config.grpc_workers,
             options=[("grpc.max_receive_message_length", limit),
@@ -215,16 +217,19 @@ class Broker:
         self.listen_port = self._grpc.port
 
     def _start_flight(self) -> None:
-        """The Arrow Flight service (``flightEnable``, ``flightPort``; flight.py)."""
+        """The Arrow Flight service (``flightEnable``, ``flightPort``; flight.py), on
+        ``brokerIP1`` as gRPC, with gRPC's TLS (``tlsServerMode``) and its authenticator
+        and authorizer: whatever the RocketMQ port lets in, this port does, no more."""
         if not self.config.flight_enable:
             return
         from .flight import FlightService
+        port = self.config.flight_port_for(self.listen_port)
         try:
-            self.flight = FlightService(self, self.config.host, self.config.flight_port).start()
+            self.flight = FlightService(self, self.config.host, port,
+                                        tls_pair=self._tls_pair).start()
         except Exception as e:   # pyarrow reports a taken port as an ArrowException
-            raise BindError(f"cannot serve Arrow Flight on {self.config.host}:"
-                            f"{self.config.flight_port}: {e}; set flightPort to a free port "
-                            "or flightEnable=false") from None
+            raise BindError(f"cannot serve Arrow Flight on {self.config.host}:{port}: {e}; "
+                            "set flightPort to a free port or flightEnable=false") from None
         self.flight_port = self.flight.port
 
     def _start_admin(self) -> None:

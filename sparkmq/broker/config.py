@@ -40,7 +40,8 @@ class BrokerConfig:
     authentication_enabled: bool = False          # authenticationEnabled (gRPC credentials)
     init_authentication_user: str = ""            # initAuthenticationUser ({"username","password"})
     authorization_enabled: bool = False           # authorizationEnabled (ACL 2.0; sparkmq/auth)
-    tls_server_mode: str = "disabled"             # tlsServerMode: disabled | enforcing (gRPC)
+    tls_server_mode: str = "disabled"             # tlsServerMode: disabled | enforcing (gRPC
+                                                  #   and Arrow Flight alike)
     tls_server_cert_path: str = ""                # tlsServerCertPath (PEM certificate chain)
     tls_server_key_path: str = ""                 # tlsServerKeyPath  (PEM private key)
     admin_metrics_auth: bool = False              # adminMetricsAuthEnable (/metrics needs
@@ -215,10 +216,6 @@ class BrokerConfig:
             raise InvalidConfigError("tlsServerMode=enforcing needs tlsServerCertPath and "
                                      "tlsServerKeyPath (PEM files; `sparkmq tls selfsigned` "
                                      "makes a pair for development)")
-        if self.flight_enable and self.tls_server_mode == "enforcing":
-            raise InvalidConfigError("flightEnable=true with tlsServerMode=enforcing: the "
-                                     "Arrow Flight port has no TLS yet and would carry in "
-                                     "plaintext what gRPC encrypts; turn flightEnable off")
         StoreConfig.from_options(self.store_config_options())  # validates store options
 
     @classmethod
@@ -250,6 +247,11 @@ class BrokerConfig:
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.listen_port}"
+
+    def flight_port_for(self, listen_port: int) -> int:
+        """The Arrow Flight port of a broker whose gRPC port is ``listen_port``
+        (``flightPort``; 0: a free port)."""
+        return self.flight_port
 
     @property
     def has_ha_secret(self) -> bool:

@@ -30,6 +30,10 @@ Checks are the RocketMQ path's, one implementation each: credentials and ACLs
 committed), the topic's message type, the input limits (``Store.append_batch``),
 writability and replication (``SendService.check_append`` / ``replicated``).
 Errors map to Flight's: UNAUTHENTICATED, UNAUTHORIZED, invalid argument, unavailable.
+
+Transport: the listening address (``brokerIP1``) and TLS (``tlsServerMode=enforcing``:
+``grpc+tls`` with ``tlsServerCertPath``/``tlsServerKeyPath``, plaintext refused) are the
+gRPC port's, so this port is exactly as reachable and as protected as that one.
 """
 from __future__ import annotations
 
@@ -93,8 +97,11 @@ def _flight_error(e: Exception) -> Exception:
 class FlightService(fl.FlightServerBase):
     """See the module docstring; ``broker`` is the Broker."""
 
-    def __init__(self, broker, host: str, port: int):
-        super().__init__(f"grpc+tcp://{host}:{port}",
+    def __init__(self, broker, host: str, port: int, *,
+                 tls_pair: tuple[bytes, bytes] | None = None):
+        self.scheme = "grpc+tls" if tls_pair is not None else "grpc+tcp"
+        super().__init__(f"{self.scheme}://{host}:{port}",
+                         tls_certificates=[fl.CertKeyPair(*tls_pair)] if tls_pair else [],
                          middleware={"auth": _AuthFactory(broker)})
         self.broker = broker
         self._serving: threading.Thread | None = None
@@ -102,8 +109,9 @@ class FlightService(fl.FlightServerBase):
 
     @property
     def endpoint(self) -> str:
-        """``host:port`` of this service, as QueryRoute advertises it (grpc_service.py)."""
-        return f"{self.broker.config.host}:{self.port}"
+        """``grpc+tls://host:port`` (``tlsServerMode=enforcing``) or ``grpc+tcp://host:port``:
+        where a Flight client connects, as QueryRoute advertises it (grpc_service.py)."""
+        return f"{self.scheme}://{self.broker.config.host}:{self.port}"
 
     # ------------------------------------------------------------ helpers
     def _user(self, context):
