@@ -30,6 +30,9 @@ Checks are the RocketMQ path's, one implementation each: credentials and ACLs
 committed), the topic's message type, the input limits (``Store.append_batch``),
 writability and replication (``SendService.check_append`` / ``replicated``).
 Errors map to Flight's: UNAUTHENTICATED, UNAUTHORIZED, invalid argument, unavailable.
+A topic or group name is checked as the RocketMQ path checks it, so the broker's own
+topics (``RMQ_SYS_*``: half messages; ``SCHEDULE_TOPIC_XXXX``: parked delayed ones) are
+not read here either.
 
 Transport: the listening address (``brokerIP1``) and TLS (``tlsServerMode=enforcing``:
 ``grpc+tls`` with ``tlsServerCertPath``/``tlsServerKeyPath``, plaintext refused) are the
@@ -49,6 +52,7 @@ from ..errors import (AuthenticationError, AuthorizationError, RetriableError, S
                       UserError)
 from ..log.format import MESSAGE_TYPE_FIFO
 from ..log.batch import build_segment_batch
+from ..log.names import validate_group, validate_topic
 from ..log.topics import topic_message_type, type_conflict
 from .authz import peer_ip
 from .protocol import INTERNAL_PROPERTY_KEYS
@@ -228,6 +232,7 @@ class FlightService(fl.FlightServerBase):
             raise pa.ArrowInvalid(f"a DoGet ticket is JSON {{topic, queue, offset, max, "
                                   f"pollMs}}: {e}") from None
         try:
+            validate_topic(topic)        # RMQ_SYS_* and the like are the broker's own
             self._authorize(context, [("Topic", topic, ("Sub",))])
             table = self._read(topic, queue, offset, limit, poll_ms)
             if consumer_view:
@@ -261,6 +266,7 @@ class FlightService(fl.FlightServerBase):
             req = json.loads(action.body.to_pybytes())
             group, topic = str(req["group"]), str(req["topic"])
             queue, offset = int(req["queue"]), int(req["offset"])
+            validate_group(group), validate_topic(topic)
             self._authorize(context, [("Group", group, ("Sub",)), ("Topic", topic, ("Sub",))])
             self.broker.receiver.reset_offset(group, topic, queue, offset)   # UpdateOffset's
             self.broker.store.commit_consumer_offsets(group, {(topic, queue): offset})

@@ -276,6 +276,17 @@ def test_an_unauthenticated_flight_call_is_refused_where_grpc_refuses_it(tls_bro
     assert tls_broker.store.consumer_offsets("G") == {}
 
 
+def test_the_brokers_own_topics_are_not_read_over_flight(broker):
+    client, opts = _client(broker)
+    for topic in ("RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX"):
+        with pytest.raises(pa.ArrowInvalid, match="reserved for the broker"):
+            _get(client, opts, topic=topic, queue=0, offset=0)
+    with pytest.raises(pa.ArrowInvalid, match="reserved for the broker"):
+        list(client.do_action(fl.Action("commitOffset", json.dumps(
+            {"group": "G", "topic": "RMQ_SYS_TRANS_HALF_TOPIC", "queue": 0,
+             "offset": 1}).encode()), options=opts))
+
+
 def test_query_route_advertises_the_flight_endpoint_only_when_flight_is_on(broker,
                                                                           make_broker):
     import grpc
