@@ -26,8 +26,10 @@ shutdown until the client closes it (sparkmq's Producer closes idle streams with
 ``flight_idle_s``).
 
 Checks are the RocketMQ path's, one implementation each: credentials and ACLs
-(``authn``/``authz``: Pub on each topic sent to, Sub on a topic read and on a group
-committed), the topic's message type, the input limits (``Store.append_batch``),
+(``authn``/``authz``, whose ``send_resources``/``read_resources``/
+``offset_update_resources`` both paths ask: Pub on each topic sent to, Sub on a topic
+read, Sub or Update on the group and topic of a commit, as UpdateOffset), the topic's
+message type, the input limits (``Store.append_batch``),
 writability and replication (``SendService.check_append`` / ``replicated``).
 Errors map to Flight's: UNAUTHENTICATED, UNAUTHORIZED, invalid argument, unavailable.
 A topic or group name is checked as the RocketMQ path checks it, so the broker's own
@@ -54,7 +56,7 @@ from ..log.format import MESSAGE_TYPE_FIFO
 from ..log.batch import build_segment_batch
 from ..log.names import validate_group, validate_topic
 from ..log.topics import topic_message_type, type_conflict
-from .authz import peer_ip
+from .authz import offset_update_resources, peer_ip, read_resources, send_resources
 from .protocol import INTERNAL_PROPERTY_KEYS
 
 log = logging.getLogger("sparkmq.broker.flight")
@@ -123,6 +125,8 @@ class FlightService(fl.FlightServerBase):
         return mw.user if mw is not None else None
 
     def _authorize(self, context, resources) -> None:
+        """As ``grpc_service._authorized`` decides an RPC: the broker's one authorizer,
+        the user the middleware authenticated, the caller's IP (ACL source IPs)."""
         authz = self.broker.authorizer
         if authz.enabled:
             authz.check(self._user(context), resources, peer_ip(context.peer()))
@@ -154,7 +158,7 @@ class FlightService(fl.FlightServerBase):
         topics = [t for t in pc.unique(batch.column("topic")).to_pylist()]
         if None in topics:
             raise UserError("every row needs a topic")
-        self._authorize(context, [("Topic", t, ("Pub",)) for t in topics])
+        self._authorize(context, send_resources(topics))
         sender, broker = self.broker.sender, self.broker
         for t in topics:
             refused = sender.topic_refusal(t)
@@ -233,7 +237,7 @@ class FlightService(fl.FlightServerBase):
                                   f"pollMs}}: {e}") from None
         try:
             validate_topic(topic)        # RMQ_SYS_* and the like are the broker's own
-            self._authorize(context, [("Topic", topic, ("Sub",))])
+            self._authorize(context, read_resources(topic))
             table = self._read(topic, queue, offset, limit, poll_ms)
             if consumer_view:
                 table = consumer_view_of(table)
@@ -267,7 +271,7 @@ class FlightService(fl.FlightServerBase):
             group, topic = str(req["group"]), str(req["topic"])
             queue, offset = int(req["queue"]), int(req["offset"])
             validate_group(group), validate_topic(topic)
-            self._authorize(context, [("Group", group, ("Sub",)), ("Topic", topic, ("Sub",))])
+            self._authorize(context, offset_update_resources(group, topic))
             self.broker.receiver.reset_offset(group, topic, queue, offset)   # UpdateOffset's
             self.broker.store.commit_consumer_offsets(group, {(topic, queue): offset})
         except (ValueError, KeyError, TypeError) as e:

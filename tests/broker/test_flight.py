@@ -153,6 +153,20 @@ def test_credentials_and_acls_as_on_the_rocketmq_path(make_broker):
     assert _get(reader, r_opts, topic="T", queue=0, offset=0).column("body").to_pylist() == \
         [b"ok"]
 
+    def commit(client, opts, group):
+        list(client.do_action(fl.Action("commitOffset", json.dumps(
+            {"group": group, "topic": "T", "queue": 0, "offset": 1}).encode()), options=opts))
+    with pytest.raises(fl.FlightUnauthorizedError, match="Group:G"):
+        commit(reader, r_opts, "G")                 # no right on the group
+    # UpdateOffset's rule: Update (without Sub) on the group and topic moves an offset
+    meta.create_user(b.store, "mover", "mover-secret")
+    meta.set_acl(b.store, "mover", [{"entries": [
+        {"resource": "Topic:T", "actions": ["Update"]},
+        {"resource": "Group:G", "actions": ["Update"]}]}], create=True)
+    mover, m_opts = _client(b, signed("mover", "mover-secret"))
+    commit(mover, m_opts, "G")
+    assert b.store.consumer_offsets("G") == {("T", 0): 1}
+
 
 ROOT = '{"username": "root", "password": "root-secret"}'
 
