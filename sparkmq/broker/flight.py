@@ -110,7 +110,6 @@ class FlightService(fl.FlightServerBase):
                          tls_certificates=[fl.CertKeyPair(*tls_pair)] if tls_pair else [],
                          middleware={"auth": _AuthFactory(broker)})
         self.broker = broker
-        self._serving: threading.Thread | None = None
         self._stopping = threading.Event()
 
     @property
@@ -286,15 +285,19 @@ class FlightService(fl.FlightServerBase):
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "FlightService":
-        self._serving = threading.Thread(target=self.serve, name="sparkmq-flight", daemon=True)
-        self._serving.start()
+        """The server serves from construction (pyarrow binds and starts it in
+        ``__init__``). Never ``serve()``: it replaces the process's SIGINT/SIGTERM
+        handlers with its own, which stop only the Flight server and re-raise the signal
+        on the serving thread, so the daemon's main thread never learns of it and
+        ``sparkmq broker`` ignores a SIGTERM."""
         return self
 
     def stop(self) -> None:
+        """End DoPut streams after their current batch and shut the server down,
+        waiting for the calls in progress (a stream held idle by a client until the
+        client closes it)."""
         self._stopping.set()
         self.shutdown()
-        if self._serving is not None:
-            self._serving.join(10)
 
 
 def consumer_view_of(table: pa.Table) -> pa.Table:

@@ -316,3 +316,15 @@ def test_query_route_advertises_the_flight_endpoint_only_when_flight_is_on(broke
             return dict(call.initial_metadata()).get("x-sparkmq-flight-endpoint")
     assert advertised(broker) == f"grpc+tcp://127.0.0.1:{broker.flight_port}"
     assert advertised(make_broker("plain")) is None
+
+
+def test_a_broker_daemon_serving_flight_stops_on_sigterm(tmp_path, procs):
+    # pyarrow's serve() would take SIGTERM for the Flight server alone (flight.py, start)
+    from helpers.daemons import spawn, stop_process
+    admin = free_port()
+    conf = tmp_path / "broker.properties"
+    conf.write_text(f"flightEnable=true\nflightPort={free_port()}\n")
+    p = spawn(["sparkmq.broker", "-c", str(conf), "-p", str(free_port()), "--admin-port",
+               str(admin), "--store", str(tmp_path / "store")],
+              f"http://127.0.0.1:{admin}/health", procs)
+    assert stop_process(p) == 0
