@@ -182,8 +182,10 @@ class Broker:
         self._start_services()
         self.started_ms = self.clock_ms()
         self._set_state(BrokerState.RUNNING)
-        log.info("broker %s serving gRPC on %s:%d, admin on %s, store %s",
-                 cfg.broker_name, cfg.host, self.listen_port, self.admin_url, cfg.store_path)
+        log.info("broker %s serving gRPC on %s:%d, %sadmin on %s, store %s",
+                 cfg.broker_name, cfg.host, self.listen_port,
+                 f"Arrow Flight on {self.flight.endpoint}, " if self.flight else "",
+                 self.admin_url, cfg.store_path)
         return self
 
     def _start_grpc(self) -> None:
@@ -223,13 +225,20 @@ class Broker:
         if not self.config.flight_enable:
             return
         from .flight import FlightService
-        port = self.config.flight_port_for(self.listen_port)
-        try:
-            self.flight = FlightService(self, self.config.host, port,
-                                        tls_pair=self._tls_pair).start()
-        except Exception as e:   # pyarrow reports a taken port as an ArrowException
-            raise BindError(f"cannot serve Arrow Flight on {self.config.host}:{port}: {e}; "
-                            "set flightPort to a free port or flightEnable=false") from None
+        ports = self.config.flight_ports()
+        for i, port in enumerate(ports):
+            try:
+                self.flight = FlightService(self, self.config.host, port,
+                                            tls_pair=self._tls_pair).start()
+                break
+            except Exception as e:   # pyarrow reports a taken port as an ArrowException
+                if i + 1 == len(ports):
+                    raise BindError(f"cannot serve Arrow Flight on {self.config.host}:{port}: "
+                                    f"{e}; set flightPort to a free port or "
+                                    "flightEnable=false") from None
+                log.warning("Arrow Flight: port %d (listenPort + 2) is taken; serving on a "
+                            "free port, advertised on QueryRoute (set flightPort to fix it)",
+                            port)
         self.flight_port = self.flight.port
 
     def _start_admin(self) -> None:

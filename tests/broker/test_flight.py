@@ -315,7 +315,36 @@ def test_query_route_advertises_the_flight_endpoint_only_when_flight_is_on(broke
                 metadata=[("x-mq-client-id", "t")])
             return dict(call.initial_metadata()).get("x-sparkmq-flight-endpoint")
     assert advertised(broker) == f"grpc+tcp://127.0.0.1:{broker.flight_port}"
-    assert advertised(make_broker("plain")) is None
+    assert advertised(make_broker("plain", flightEnable="false")) is None
+
+
+def test_flight_is_on_by_default_beside_grpc_on_the_same_address(tmp_path, make_broker):
+    from sparkmq.broker import BrokerConfig
+    conf = BrokerConfig()
+    assert conf.flight_enable and conf.flight_ports() == [8083, 0]   # listenPort 8081 + 2
+    assert BrokerConfig(listen_port=0).flight_ports() == [0]
+    assert BrokerConfig(flight_port=9000).flight_ports() == [9000]
+    b = make_broker("default")                     # no Flight setting at all
+    assert b.flight is not None and b.flight.endpoint.startswith("grpc+tcp://127.0.0.1:")
+    client, opts = _client(b)
+    b.store.create_topic("D", read_queue_nums=1, write_queue_nums=1)
+    assert _send(client, opts, _batch("D", [b"x"])).num_rows == 1
+
+
+def test_a_taken_derived_port_falls_back_and_a_taken_explicit_one_fails(make_broker):
+    import socket
+    from sparkmq.errors import BindError
+    listen = free_port()
+    with socket.socket() as holder:     # something else holds listenPort + 2
+        try:
+            holder.bind(("127.0.0.1", listen + 2))
+            holder.listen()
+        except OSError:
+            pass                        # already held by another process: the same case
+        b = make_broker("derived", listenPort=listen)
+        assert b.flight is not None and b.flight_port != listen + 2
+        with pytest.raises(BindError, match="flightPort"):
+            make_broker("explicit", flightPort=listen + 2)
 
 
 def test_a_broker_daemon_serving_flight_stops_on_sigterm(tmp_path, procs):
