@@ -95,10 +95,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def server_pem_pair(cert_path: str, key_path: str, settings: str) -> tuple[bytes, bytes]:
+    """The PEM bytes ``(certificate chain, key)`` of a server's TLS pair, read once and
+    checked at start (a wrong file fails here, not at the first handshake): each file
+    readable and PEM, and the two loading as a pair (``server_ssl_context``). The one
+    loader of server certificates: gRPC and Arrow Flight take the bytes, the admin
+    endpoint and the HA link the context. InvalidConfigError naming ``settings``."""
+    pem = {}
+    for what, path in (("certificate", cert_path), ("key", key_path)):
+        try:
+            with open(path, "rb") as f:
+                pem[what] = f.read()
+        except OSError as e:
+            raise InvalidConfigError(f"{settings}: cannot read the TLS {what} {path}: "
+                                     f"{e.strerror}; `sparkmq tls selfsigned --out DIR` makes "
+                                     "a development pair") from None
+        if b"-----BEGIN" not in pem[what]:
+            raise InvalidConfigError(f"{settings}: the TLS {what} {path} is not PEM")
+    server_ssl_context(cert_path, key_path, settings)
+    return pem["certificate"], pem["key"]
+
+
 def server_ssl_context(cert_path: str, key_path: str, settings: str):
     """A TLS 1.2+ server context of a PEM certificate chain and its key;
     InvalidConfigError naming ``settings`` (the configuration keys) when they do not
-    load."""
+    load (unreadable, not PEM, or a key that is not the certificate's)."""
     import ssl
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -106,7 +127,7 @@ def server_ssl_context(cert_path: str, key_path: str, settings: str):
         ctx.load_cert_chain(cert_path, key_path)
     except (OSError, ssl.SSLError) as e:
         raise InvalidConfigError(
-            f"{settings} ({cert_path}, {key_path}) cannot be loaded: {e}; give a PEM "
-            "certificate and its key (`sparkmq tls selfsigned --out DIR` makes a development "
-            "pair)") from None
+            f"{settings} ({cert_path}, {key_path}) cannot be loaded (the certificate and "
+            f"key do not load as a pair): {e}; give a PEM certificate and its key "
+            "(`sparkmq tls selfsigned --out DIR` makes a development pair)") from None
     return ctx

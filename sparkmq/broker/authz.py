@@ -31,12 +31,29 @@ def _sub(group: str, topic: str, actions=SUB) -> list[tuple]:
     return [("Group", group, actions), ("Topic", topic, actions)]
 
 
+def send_resources(topics: Iterable[str]) -> list[tuple[str, str, tuple]]:
+    """A send to ``topics`` (RocketMQ SendMessage, Flight DoPut): Pub on each."""
+    return [("Topic", t, PUB) for t in sorted(set(topics))]
+
+
+def offset_update_resources(group: str, topic: str) -> list[tuple[str, str, tuple]]:
+    """Moving ``group``'s offset of ``topic`` (UpdateOffset, Flight commitOffset)."""
+    return _sub(group, topic, ("Sub", "Update"))
+
+
+def read_resources(topic: str) -> list[tuple[str, str, tuple]]:
+    """Reading ``topic`` by offset without a group (Flight DoGet): Sub on the topic."""
+    return [("Topic", topic, SUB)]
+
+
 def rpc_resources(method: str, request) -> list[tuple[str, str, tuple]]:
     """(resource type, name, actions: any one suffices) that ``method``'s ``request``
-    needs; empty for RPCs that touch no topic or group."""
+    needs; empty for RPCs that touch no topic or group. The Flight service asks the
+    functions above for its calls, so both wire paths decide a send, a read and an
+    offset move by one rule each."""
     match method:
         case "SendMessage":
-            return [("Topic", t, PUB) for t in sorted({m.topic.name for m in request.messages})]
+            return send_resources(m.topic.name for m in request.messages)
         case "EndTransaction" | "RecallMessage":
             return [("Topic", request.topic.name, PUB)]
         case "QueryRoute":
@@ -55,7 +72,7 @@ def rpc_resources(method: str, request) -> list[tuple[str, str, tuple]]:
         case "QueryOffset":
             return [("Topic", request.message_queue.topic.name, ("Sub", "Get"))]
         case "UpdateOffset":
-            return _sub(request.group.name, request.message_queue.topic.name, ("Sub", "Update"))
+            return offset_update_resources(request.group.name, request.message_queue.topic.name)
     return []
 
 

@@ -111,6 +111,7 @@ class Broker:
         self._grpc = None                         # the GrpcServer (grpc_server.py)
         self.flight = None                        # the Arrow Flight service (flight.py)
         self.flight_port: int | None = None
+        self._tls_pair: tuple[bytes, bytes] | None = None   # (cert, key) PEM; grpc_tls.py
         self._admin_server: AdminServer | None = None
         self._services: list[ServiceThread] = []
         self._register_service: RegisterBrokerService | None = None
@@ -166,6 +167,8 @@ class Broker:
                               on_topic_created=self.topic_created)
         self.store.add_listener(self.notifier.on_arrival)
         try:
+            from .grpc_tls import server_pair
+            self._tls_pair = server_pair(cfg)   # tlsServerMode: gRPC's and Flight's
             self._start_grpc()
             self._start_flight()
             self._start_admin()
@@ -179,8 +182,10 @@ class Broker:
         self._start_services()
         self.started_ms = self.clock_ms()
         self._set_state(BrokerState.RUNNING)
-        log.info("broker %s serving gRPC on %s:%d, admin on %s, store %s",
-                 cfg.broker_name, cfg.host, self.listen_port, self.admin_url, cfg.store_path)
+        log.info("broker %s serving gRPC on %s:%d, %sadmin on %s, store %s",
+                 cfg.broker_name, cfg.host, self.listen_port,
+                 f"Arrow Flight on {self.flight.endpoint}, " if self.flight else "",
+                 self.admin_url, cfg.store_path)
         return self
 
     def _start_grpc(self) -> None:
@@ -197,10 +202,9 @@ class Broker:
             add_to_server(servicer, server)
             otlp.add_to_server(self, server)
         credentials = None
-        if self.config.tls_server_mode == "enforcing":
+        if self._tls_pair is not None:
             from .grpc_tls import grpc_server_credentials
-            credentials = grpc_server_credentials(self.config.tls_server_cert_path,
-                                                  self.config.tls_server_key_path)
+            credentials = grpc_server_credentials(self._tls_pair)
         self._grpc = GrpcServer(
             self.config.host, self.config.listen_port, workers=self.config.grpc_workers,
             options=[("grpc.max_receive_message_length", limit),
@@ -215,16 +219,26 @@ class Broker:
         self.listen_port = self._grpc.port
 
     def _start_flight(self) -> None:
-        """The Arrow Flight service (``flightEnable``, ``flightPort``; flight.py)."""
+        """The Arrow Flight service (``flightEnable``, ``flightPort``; flight.py), on
+        ``brokerIP1`` as gRPC, with gRPC's TLS (``tlsServerMode``) and its authenticator
+        and authorizer: whatever the RocketMQ port lets in, this port does, no more."""
         if not self.config.flight_enable:
             return
         from .flight import FlightService
-        try:
-            self.flight = FlightService(self, self.config.host, self.config.flight_port).start()
-        except Exception as e:   # pyarrow reports a taken port as an ArrowException
-            raise BindError(f"cannot serve Arrow Flight on {self.config.host}:"
-                            f"{self.config.flight_port}: {e}; set flightPort to a free port "
-                            "or flightEnable=false") from None
+        ports = self.config.flight_ports()
+        for i, port in enumerate(ports):
+            try:
+                self.flight = FlightService(self, self.config.host, port,
+                                            tls_pair=self._tls_pair).start()
+                break
+            except Exception as e:   # pyarrow reports a taken port as an ArrowException
+                if i + 1 == len(ports):
+                    raise BindError(f"cannot serve Arrow Flight on {self.config.host}:{port}: "
+                                    f"{e}; set flightPort to a free port or "
+                                    "flightEnable=false") from None
+                log.warning("Arrow Flight: port %d (listenPort + 2) is taken; serving on a "
+                            "free port, advertised on QueryRoute (set flightPort to fix it)",
+                            port)
         self.flight_port = self.flight.port
 
     def _start_admin(self) -> None:

@@ -40,7 +40,8 @@ class BrokerConfig:
     authentication_enabled: bool = False          # authenticationEnabled (gRPC credentials)
     init_authentication_user: str = ""            # initAuthenticationUser ({"username","password"})
     authorization_enabled: bool = False           # authorizationEnabled (ACL 2.0; sparkmq/auth)
-    tls_server_mode: str = "disabled"             # tlsServerMode: disabled | enforcing (gRPC)
+    tls_server_mode: str = "disabled"             # tlsServerMode: disabled | enforcing (gRPC
+                                                  #   and Arrow Flight alike)
     tls_server_cert_path: str = ""                # tlsServerCertPath (PEM certificate chain)
     tls_server_key_path: str = ""                 # tlsServerKeyPath  (PEM private key)
     admin_metrics_auth: bool = False              # adminMetricsAuthEnable (/metrics needs
@@ -75,8 +76,11 @@ class BrokerConfig:
     ha_tls_cert_path: str = ""                    # haTlsCertPath \ the master's certificate
     ha_tls_key_path: str = ""                     # haTlsKeyPath  / and key (PEM)
     ha_tls_ca_path: str = ""                      # haTlsCaPath (replica: trusts; default system roots)
-    flight_enable: bool = False                   # flightEnable (Arrow Flight beside gRPC)
-    flight_port: int = 8083                       # flightPort
+    flight_enable: bool = True                    # flightEnable (Arrow Flight beside gRPC,
+                                                  #   on brokerIP1 with its TLS and checks)
+    flight_port: int | None = None                # flightPort (unset: listenPort + 2, e.g.
+                                                  #   8083, or a free port if that is taken;
+                                                  #   0: a free port)
     enable_topic_message_type_check: bool = True  # enableTopicMessageTypeCheck (proxy's name)
     enable_controller_mode: bool = False          # enableControllerMode (roles by the controllers)
     controller_addr: str = ""                     # controllerAddr (host:port;host:port;...)
@@ -185,6 +189,9 @@ class BrokerConfig:
                 parse_address(self.ha_master_address)
             except InvalidConfigError as e:
                 raise InvalidConfigError(f"haMasterAddress: {e.message}") from None
+        if self.flight_port is not None and not 0 <= self.flight_port <= 65535:
+            raise InvalidConfigError(f"flightPort must be 0..65535 (0: a free port), got "
+                                     f"{self.flight_port}; leave it unset for listenPort + 2")
         if not 0 <= self.ha_listen_port <= 65535 or self.auto_failover_silence_ms <= 0:
             raise InvalidConfigError("haListenPort must be 0..65535 and autoFailoverSilenceMs "
                                      "positive")
@@ -215,10 +222,6 @@ class BrokerConfig:
             raise InvalidConfigError("tlsServerMode=enforcing needs tlsServerCertPath and "
                                      "tlsServerKeyPath (PEM files; `sparkmq tls selfsigned` "
                                      "makes a pair for development)")
-        if self.flight_enable and self.tls_server_mode == "enforcing":
-            raise InvalidConfigError("flightEnable=true with tlsServerMode=enforcing: the "
-                                     "Arrow Flight port has no TLS yet and would carry in "
-                                     "plaintext what gRPC encrypts; turn flightEnable off")
         StoreConfig.from_options(self.store_config_options())  # validates store options
 
     @classmethod
@@ -250,6 +253,17 @@ class BrokerConfig:
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.listen_port}"
+
+    def flight_ports(self) -> list[int]:
+        """The Arrow Flight ports to try in order (0: one the OS picks): ``flightPort``
+        when set (it must bind); else ``listenPort + 2`` (8083 beside 8081, as RocketMQ
+        derives its ports from listenPort, so brokers sharing a host do not collide),
+        then a free port if something else holds that one (sparkmq's clients learn the
+        port from QueryRoute; set flightPort for clients that do not)."""
+        if self.flight_port is not None:
+            return [self.flight_port]
+        derived = self.listen_port + 2 if 0 < self.listen_port <= 65533 else 0
+        return [derived, 0] if derived else [0]
 
     @property
     def has_ha_secret(self) -> bool:

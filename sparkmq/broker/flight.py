@@ -26,10 +26,19 @@ shutdown until the client closes it (sparkmq's Producer closes idle streams with
 ``flight_idle_s``).
 
 Checks are the RocketMQ path's, one implementation each: credentials and ACLs
-(``authn``/``authz``: Pub on each topic sent to, Sub on a topic read and on a group
-committed), the topic's message type, the input limits (``Store.append_batch``),
+(``authn``/``authz``, whose ``send_resources``/``read_resources``/
+``offset_update_resources`` both paths ask: Pub on each topic sent to, Sub on a topic
+read, Sub or Update on the group and topic of a commit, as UpdateOffset), the topic's
+message type, the input limits (``Store.append_batch``),
 writability and replication (``SendService.check_append`` / ``replicated``).
 Errors map to Flight's: UNAUTHENTICATED, UNAUTHORIZED, invalid argument, unavailable.
+A topic or group name is checked as the RocketMQ path checks it, so the broker's own
+topics (``RMQ_SYS_*``: half messages; ``SCHEDULE_TOPIC_XXXX``: parked delayed ones) are
+not read here either.
+
+Transport: the listening address (``brokerIP1``) and TLS (``tlsServerMode=enforcing``:
+``grpc+tls`` with ``tlsServerCertPath``/``tlsServerKeyPath``, plaintext refused) are the
+gRPC port's, so this port is exactly as reachable and as protected as that one.
 """
 from __future__ import annotations
 
@@ -45,8 +54,9 @@ from ..errors import (AuthenticationError, AuthorizationError, RetriableError, S
                       UserError)
 from ..log.format import MESSAGE_TYPE_FIFO
 from ..log.batch import build_segment_batch
+from ..log.names import validate_group, validate_topic
 from ..log.topics import topic_message_type, type_conflict
-from .authz import peer_ip
+from .authz import offset_update_resources, peer_ip, read_resources, send_resources
 from .protocol import INTERNAL_PROPERTY_KEYS
 
 log = logging.getLogger("sparkmq.broker.flight")
@@ -93,17 +103,20 @@ def _flight_error(e: Exception) -> Exception:
 class FlightService(fl.FlightServerBase):
     """See the module docstring; ``broker`` is the Broker."""
 
-    def __init__(self, broker, host: str, port: int):
-        super().__init__(f"grpc+tcp://{host}:{port}",
+    def __init__(self, broker, host: str, port: int, *,
+                 tls_pair: tuple[bytes, bytes] | None = None):
+        self.scheme = "grpc+tls" if tls_pair is not None else "grpc+tcp"
+        super().__init__(f"{self.scheme}://{host}:{port}",
+                         tls_certificates=[fl.CertKeyPair(*tls_pair)] if tls_pair else [],
                          middleware={"auth": _AuthFactory(broker)})
         self.broker = broker
-        self._serving: threading.Thread | None = None
         self._stopping = threading.Event()
 
     @property
     def endpoint(self) -> str:
-        """``host:port`` of this service, as QueryRoute advertises it (grpc_service.py)."""
-        return f"{self.broker.config.host}:{self.port}"
+        """``grpc+tls://host:port`` (``tlsServerMode=enforcing``) or ``grpc+tcp://host:port``:
+        where a Flight client connects, as QueryRoute advertises it (grpc_service.py)."""
+        return f"{self.scheme}://{self.broker.config.host}:{self.port}"
 
     # ------------------------------------------------------------ helpers
     def _user(self, context):
@@ -111,6 +124,8 @@ class FlightService(fl.FlightServerBase):
         return mw.user if mw is not None else None
 
     def _authorize(self, context, resources) -> None:
+        """As ``grpc_service._authorized`` decides an RPC: the broker's one authorizer,
+        the user the middleware authenticated, the caller's IP (ACL source IPs)."""
         authz = self.broker.authorizer
         if authz.enabled:
             authz.check(self._user(context), resources, peer_ip(context.peer()))
@@ -142,7 +157,7 @@ class FlightService(fl.FlightServerBase):
         topics = [t for t in pc.unique(batch.column("topic")).to_pylist()]
         if None in topics:
             raise UserError("every row needs a topic")
-        self._authorize(context, [("Topic", t, ("Pub",)) for t in topics])
+        self._authorize(context, send_resources(topics))
         sender, broker = self.broker.sender, self.broker
         for t in topics:
             refused = sender.topic_refusal(t)
@@ -220,7 +235,8 @@ class FlightService(fl.FlightServerBase):
             raise pa.ArrowInvalid(f"a DoGet ticket is JSON {{topic, queue, offset, max, "
                                   f"pollMs}}: {e}") from None
         try:
-            self._authorize(context, [("Topic", topic, ("Sub",))])
+            validate_topic(topic)        # RMQ_SYS_* and the like are the broker's own
+            self._authorize(context, read_resources(topic))
             table = self._read(topic, queue, offset, limit, poll_ms)
             if consumer_view:
                 table = consumer_view_of(table)
@@ -253,7 +269,8 @@ class FlightService(fl.FlightServerBase):
             req = json.loads(action.body.to_pybytes())
             group, topic = str(req["group"]), str(req["topic"])
             queue, offset = int(req["queue"]), int(req["offset"])
-            self._authorize(context, [("Group", group, ("Sub",)), ("Topic", topic, ("Sub",))])
+            validate_group(group), validate_topic(topic)
+            self._authorize(context, offset_update_resources(group, topic))
             self.broker.receiver.reset_offset(group, topic, queue, offset)   # UpdateOffset's
             self.broker.store.commit_consumer_offsets(group, {(topic, queue): offset})
         except (ValueError, KeyError, TypeError) as e:
@@ -268,15 +285,19 @@ class FlightService(fl.FlightServerBase):
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "FlightService":
-        self._serving = threading.Thread(target=self.serve, name="sparkmq-flight", daemon=True)
-        self._serving.start()
+        """The server serves from construction (pyarrow binds and starts it in
+        ``__init__``). Never ``serve()``: it replaces the process's SIGINT/SIGTERM
+        handlers with its own, which stop only the Flight server and re-raise the signal
+        on the serving thread, so the daemon's main thread never learns of it and
+        ``sparkmq broker`` ignores a SIGTERM."""
         return self
 
     def stop(self) -> None:
+        """End DoPut streams after their current batch and shut the server down,
+        waiting for the calls in progress (a stream held idle by a client until the
+        client closes it)."""
         self._stopping.set()
         self.shutdown()
-        if self._serving is not None:
-            self._serving.join(10)
 
 
 def consumer_view_of(table: pa.Table) -> pa.Table:

@@ -9,6 +9,10 @@ Broadcasting (sparkmq extension, request metadata ``x-sparkmq-consume-mode``): e
 consumer instance gets every message, with offsets of its own.
 
 Every RPC has a deadline: a long poll waits at most ``wait_s`` plus the request timeout.
+Every consumer takes ``credentials=(access_key, secret_key)`` (every call signed, as the
+official clients sign: for a broker with ``authenticationEnabled``) and ``tls=``
+(``core.ClientTLS``: for a broker with ``tlsServerMode=enforcing``); the PullConsumer's
+Flight calls are signed and encrypted alike.
 SimpleConsumer and PullConsumer methods are thread-safe; PushConsumer runs one poller
 thread per (topic, broker) and a pool of ``consume_threads`` listener threads.
 """
@@ -68,7 +72,7 @@ class _GroupClient:
 
     def __init__(self, endpoints, group: str, subscriptions: Mapping[str, "str | tuple[str, str]"], *,
                  request_timeout_s: float, mode: ConsumeMode,
-                 credentials: tuple[str, str] | None = None):
+                 credentials: tuple[str, str] | None = None, tls=None):
         if not group:
             raise UserError("a consumer needs a consumer group name")
         if not subscriptions:
@@ -79,7 +83,7 @@ class _GroupClient:
         for e in self.subscriptions.values():
             _filter_of(e)
         extra = [(BROADCAST_HEADER, "BROADCASTING")] if mode is ConsumeMode.BROADCASTING else []
-        self.conns = Connections(request_timeout_s, extra, credentials=credentials)
+        self.conns = Connections(request_timeout_s, extra, credentials=credentials, tls=tls)
         self.routes = RouteCache(self.conns, self.endpoints)
         self._closed = False
 
@@ -169,9 +173,10 @@ class SimpleConsumer(_GroupClient):
 
     def __init__(self, endpoints, group: str, subscriptions: Mapping[str, "str | tuple[str, str]"], *,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
-                 mode: ConsumeMode = ConsumeMode.CLUSTERING):
+                 mode: ConsumeMode = ConsumeMode.CLUSTERING,
+                 credentials: tuple[str, str] | None = None, tls=None):
         super().__init__(endpoints, group, subscriptions, request_timeout_s=request_timeout_s,
-                         mode=mode)
+                         mode=mode, credentials=credentials, tls=tls)
         self._rr = itertools.count()
         self._heartbeat()
 
@@ -239,9 +244,9 @@ class PushConsumer(_GroupClient):
                  invisible_duration_s: float = 30.0, wait_s: float = 2.0,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  mode: ConsumeMode = ConsumeMode.CLUSTERING, refresh_s: float = 20.0,
-                 start: bool = True):
+                 start: bool = True, credentials: tuple[str, str] | None = None, tls=None):
         super().__init__(endpoints, group, subscriptions, request_timeout_s=request_timeout_s,
-                         mode=mode)
+                         mode=mode, credentials=credentials, tls=tls)
         self.listener = listener
         self.orderly = orderly
         self.batch_size = batch_size
@@ -395,17 +400,17 @@ class PullConsumer:
     def __init__(self, endpoints, group: str, *,
                  request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  transport: str = "auto", credentials: tuple[str, str] | None = None,
-                 flight_down_s: float = 30.0):
+                 flight_down_s: float = 30.0, tls=None):
         if transport not in TRANSPORTS:
             raise UserError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.endpoints = parse_endpoints(endpoints)
         self.group = group
         self.transport = transport
-        self.conns = Connections(request_timeout_s, credentials=credentials)
+        self.conns = Connections(request_timeout_s, credentials=credentials, tls=tls)
         self.routes = RouteCache(self.conns, self.endpoints)
         self.flight = FlightTransport(self.conns.signed_headers,
                                       request_timeout_s=request_timeout_s,
-                                      down_s=flight_down_s)
+                                      down_s=flight_down_s, tls=self.conns.tls)
         self.pulled_over = {"flight": 0, "grpc": 0}
         self._lock = threading.Lock()
 

@@ -11,10 +11,16 @@ Contracts:
   id): with a NameServer behind the brokers one endpoint is enough, without one the
   client still sees every broker it was given. A route is cached ``route_ttl_s``.
 - A broker that serves Arrow Flight says where on its QueryRoute answers (initial
-  metadata ``x-sparkmq-flight-endpoint: host:port``); :meth:`RouteCache.flight_endpoint`
-  keeps what each gRPC endpoint said (client/flight.py sends and reads over it).
+  metadata ``x-sparkmq-flight-endpoint: grpc+tcp://host:port`` or ``grpc+tls://...``;
+  older brokers say ``host:port``, plaintext); :meth:`RouteCache.flight_endpoint` keeps
+  what each gRPC endpoint said (client/flight.py sends and reads over it).
 - With ``credentials=(access_key, secret_key)`` every call carries the RocketMQ 5
   signature headers the official clients send (``authorization``, ``x-mq-date-time``).
+- With ``tls=`` (:class:`ClientTLS`: ``True`` trusts gRPC's default roots, which
+  ``GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`` can point at; a PEM file path or PEM bytes trust
+  those) every gRPC channel is TLS, and so is every Flight connection
+  (client/flight.py: the broker advertises ``grpc+tls://``), with the same roots.
+  The server's certificate is always verified.
 - :class:`Connections` and :class:`RouteCache` are thread-safe.
 """
 from __future__ import annotations
@@ -208,15 +214,56 @@ def check(st: pb.Status, what: str) -> None:
         raise ClientError(f"{what}: {Code.Name(st.code)}: {st.message}", st.code)
 
 
+@dataclasses.dataclass(frozen=True)
+class ClientTLS:
+    """The TLS settings of a client's connections, gRPC and Flight alike:
+    ``root_certs`` (PEM) are the certificates trusted to have signed the broker's,
+    None for gRPC's default roots. Immutable."""
+
+    root_certs: bytes | None = None
+
+    @classmethod
+    def of(cls, tls: "bool | str | bytes | ClientTLS | None") -> "ClientTLS | None":
+        """``tls=`` as the clients take it: False/None plaintext; True TLS with the
+        default roots; a path of a PEM file (a CA, or a self-signed certificate
+        itself) or PEM bytes: TLS trusting those. InvalidConfigError if unreadable."""
+        if tls is None or tls is False:
+            return None
+        if tls is True:
+            return cls()
+        if isinstance(tls, cls):
+            return tls
+        if isinstance(tls, (bytes, bytearray)):
+            pem = bytes(tls)
+        elif isinstance(tls, str):
+            try:
+                with open(tls, "rb") as f:
+                    pem = f.read()
+            except OSError as e:
+                raise InvalidConfigError(f"tls={tls!r}: cannot read it ({e.strerror}); give "
+                                         "the PEM file of the CA that signed the broker's "
+                                         "certificate") from None
+        else:
+            raise InvalidConfigError(f"tls is True, a PEM file path or PEM bytes; got "
+                                     f"{type(tls).__name__}")
+        if b"-----BEGIN CERTIFICATE" not in pem:
+            raise InvalidConfigError("tls: the trusted certificates are not PEM "
+                                     "(-----BEGIN CERTIFICATE-----)")
+        return cls(pem)
+
+
 class Connections:
     """One gRPC channel and stub per endpoint, plus the client id sent as
     ``x-mq-client-id`` on every call, signed with ``credentials`` (access key, secret
-    key) when given. Thread-safe; ``close()`` closes the channels."""
+    key) when given; TLS channels with ``tls`` (:meth:`ClientTLS.of`). Thread-safe;
+    ``close()`` closes the channels."""
 
     def __init__(self, request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
                  extra_metadata: Sequence[tuple[str, str]] = (),
-                 credentials: tuple[str, str] | None = None):
+                 credentials: tuple[str, str] | None = None,
+                 tls: "bool | str | bytes | ClientTLS | None" = None):
         self.request_timeout_s = request_timeout_s
+        self.tls = ClientTLS.of(tls)
         self.client_id = f"sparkmq-py@{uuid.uuid4().hex[:12]}"
         self._base = (("x-mq-client-id", self.client_id), ("x-mq-language", "PYTHON"),
                       ("x-mq-protocol", "v2"), *extra_metadata)
@@ -252,9 +299,13 @@ class Connections:
         with self._lock:
             pair = self._stubs.get(endpoint)
             if pair is None:
-                ch = grpc.insecure_channel(endpoint, options=[
-                    ("grpc.max_receive_message_length", 64 << 20),
-                    ("grpc.max_send_message_length", 64 << 20)])
+                options = [("grpc.max_receive_message_length", 64 << 20),
+                           ("grpc.max_send_message_length", 64 << 20)]
+                if self.tls is None:
+                    ch = grpc.insecure_channel(endpoint, options=options)
+                else:
+                    ch = grpc.secure_channel(endpoint, grpc.ssl_channel_credentials(
+                        self.tls.root_certs), options=options)
                 pair = self._stubs[endpoint] = (ch, MessagingServiceStub(ch))
             return pair[1]
 
@@ -320,7 +371,7 @@ class RouteCache:
         self._flight: dict[str, tuple[float, str | None]] = {}
 
     def flight_endpoint(self, endpoint: str, topic: str) -> str | None:
-        """The Flight ``host:port`` the broker at gRPC ``endpoint`` advertised on its last
+        """The Flight location the broker at gRPC ``endpoint`` advertised on its last
         QueryRoute answer (asked now, for ``topic``, if not within ``ttl_s``); None when
         it serves no Flight (or is an older broker, or did not answer)."""
         with self._lock:

@@ -1,7 +1,10 @@
 """The Arrow Flight transport of sparkmq's Producer and PullConsumer (docs/PROTOCOL.md).
 
-A broker with ``flightEnable=true`` advertises its Flight endpoint on QueryRoute answers
-(``RouteCache.flight_endpoint``); for that broker the clients then
+A broker serving Flight advertises its Flight location on QueryRoute answers
+(``RouteCache.flight_endpoint``: ``grpc+tls://host:port`` when its client ports are TLS,
+else ``grpc+tcp://host:port``; an older broker's bare ``host:port`` is plaintext); TLS
+connections trust the roots of the client's gRPC TLS settings (``tls=``). For that
+broker the clients then
 - send batches as one DoPut record batch each, on a stream kept open and reused (a send
   is one write and one ack read: ~0.4 ms less than opening a DoPut per send, see
   bench/bench_flight.py), acknowledged with (queue id, queue offset, message id) per row;
@@ -34,7 +37,8 @@ from typing import Callable, Iterable, Sequence
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from .core import BrokerUnavailableError, ClientError, Code, Message, ReceivedMessage
+from .core import (BrokerUnavailableError, ClientError, ClientTLS, Code, Message,
+                   ReceivedMessage)
 
 log = logging.getLogger("sparkmq.client.flight")
 
@@ -136,8 +140,9 @@ class FlightTransport:
 
     def __init__(self, headers: Callable[[], Iterable[tuple[str, str]]], *,
                  request_timeout_s: float, down_s: float = 30.0, idle_s: float = 1.0,
-                 stream_lifetime_s: float = 60.0):
+                 stream_lifetime_s: float = 60.0, tls: ClientTLS | None = None):
         self.headers = headers
+        self.tls = tls
         self.request_timeout_s = request_timeout_s
         self.down_s, self.idle_s = down_s, idle_s
         self.stream_lifetime_s = max(stream_lifetime_s, 2 * request_timeout_s)
@@ -169,8 +174,22 @@ class FlightTransport:
         with self._lock:
             c = self._clients.get(endpoint)
             if c is None:
-                c = self._clients[endpoint] = fl.FlightClient(f"grpc+tcp://{endpoint}")
+                c = self._clients[endpoint] = self._connect(endpoint)
             return c
+
+    def _connect(self, endpoint: str) -> fl.FlightClient:
+        """A client of the advertised ``endpoint``: ``grpc+tls://`` with the roots of the
+        client's gRPC TLS settings, ``grpc+tcp://`` (or an older broker's bare
+        ``host:port``) in plaintext."""
+        location = endpoint if "://" in endpoint else f"grpc+tcp://{endpoint}"
+        if location.startswith("grpc+tls://"):
+            roots = self.tls.root_certs if self.tls is not None else None
+            return fl.FlightClient(location, tls_root_certs=roots)
+        if self.tls is not None:     # never send in plaintext what gRPC sends encrypted
+            raise ClientError(f"the broker advertises Flight at {endpoint} without TLS while "
+                              "this client uses TLS; refusing to send in plaintext",
+                              Code.UNSUPPORTED)
+        return fl.FlightClient(location)
 
     def _options(self, timeout_s: float) -> fl.FlightCallOptions:
         return fl.FlightCallOptions(

@@ -7,6 +7,8 @@ over gRPC to one that does not, or whose Flight does not connect (marked down fo
 ``isolation_s``); ``"flight"`` never falls back; ``"grpc"`` never uses Flight. Delayed
 and transactional messages always go over gRPC. Receipts are the same either way
 (``transport`` says which carried it); ``sent_over`` counts messages per transport.
+``credentials=(access_key, secret_key)`` signs and ``tls=`` (``core.ClientTLS``)
+encrypts the calls of both transports.
 
 Queue choice: the broker places a message in one of its queues (round robin, or by
 hash of the message group), so the client's choice is the *broker*: round robin over
@@ -101,18 +103,19 @@ class Producer:
                  max_pending_async: int = 10_000, topics: Sequence[str] = (),
                  transaction_checker: Callable[..., object] | None = None,
                  transport: str = "auto", credentials: tuple[str, str] | None = None,
-                 flight_idle_s: float = 1.0):
+                 flight_idle_s: float = 1.0, tls=None):
         if transport not in TRANSPORTS:
             raise UserError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.endpoints = parse_endpoints(endpoints)
         self.max_retries = max_retries
         self.isolation_s = isolation_s
         self.transport = transport
-        self.conns = Connections(request_timeout_s, credentials=credentials)
+        self.conns = Connections(request_timeout_s, credentials=credentials, tls=tls)
         self.routes = RouteCache(self.conns, self.endpoints)
         self.flight = FlightTransport(self.conns.signed_headers,
                                       request_timeout_s=request_timeout_s,
-                                      down_s=isolation_s, idle_s=flight_idle_s)
+                                      down_s=isolation_s, idle_s=flight_idle_s,
+                                      tls=self.conns.tls)
         self.sent_over = {"flight": 0, "grpc": 0}     # messages, per transport
         self._rr = itertools.count()
         self._isolated: dict[str, float] = {}

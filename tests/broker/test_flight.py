@@ -153,14 +153,152 @@ def test_credentials_and_acls_as_on_the_rocketmq_path(make_broker):
     assert _get(reader, r_opts, topic="T", queue=0, offset=0).column("body").to_pylist() == \
         [b"ok"]
 
+    def commit(client, opts, group):
+        list(client.do_action(fl.Action("commitOffset", json.dumps(
+            {"group": group, "topic": "T", "queue": 0, "offset": 1}).encode()), options=opts))
+    with pytest.raises(fl.FlightUnauthorizedError, match="Group:G"):
+        commit(reader, r_opts, "G")                 # no right on the group
+    # UpdateOffset's rule: Update (without Sub) on the group and topic moves an offset
+    meta.create_user(b.store, "mover", "mover-secret")
+    meta.set_acl(b.store, "mover", [{"entries": [
+        {"resource": "Topic:T", "actions": ["Update"]},
+        {"resource": "Group:G", "actions": ["Update"]}]}], create=True)
+    mover, m_opts = _client(b, signed("mover", "mover-secret"))
+    commit(mover, m_opts, "G")
+    assert b.store.consumer_offsets("G") == {("T", 0): 1}
 
-def test_flight_is_refused_beside_enforced_tls(tmp_path):
+
+ROOT = '{"username": "root", "password": "root-secret"}'
+
+
+def _signed(user, secret):
+    when = dt.datetime.now().strftime("%Y%m%dT%H%M%SZ")
+    return [(b"x-mq-date-time", when.encode()),
+            (b"authorization", (f"MQv2-HMAC-SHA1 Credential={user}, SignedHeaders="
+                                f"x-mq-date-time, Signature={signature(secret, when)}").encode())]
+
+
+@pytest.fixture(scope="module")
+def tls_pair(tmp_path_factory):
+    from sparkmq.tls import make_self_signed
+    return make_self_signed(str(tmp_path_factory.mktemp("tls")), ["127.0.0.1", "localhost"])
+
+
+@pytest.fixture(scope="module")
+def tls_broker(tmp_path_factory, tls_pair):
+    """tlsServerMode=enforcing (gRPC and Flight) with credentials required."""
     from helpers.brokers import broker_config
-    from sparkmq.errors import InvalidConfigError
-    with pytest.raises(InvalidConfigError, match="Flight port has no TLS"):
-        broker_config(tmp_path, flightEnable="true", tlsServerMode="enforcing",
-                      tlsServerCertPath=str(tmp_path / "c.pem"),
-                      tlsServerKeyPath=str(tmp_path / "k.pem"))
+    from sparkmq.broker import Broker
+    b = Broker(broker_config(tmp_path_factory.mktemp("tlsflight"), flightEnable="true",
+                             flightPort=free_port(), tlsServerMode="enforcing",
+                             tlsServerCertPath=tls_pair[0], tlsServerKeyPath=tls_pair[1],
+                             authenticationEnabled="true", initAuthenticationUser=ROOT,
+                             autoCreateTopicEnable="false")).start()
+    b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    yield b
+    b.stop()
+
+
+def _tls_client(b, tls_pair, headers=()):
+    c = fl.FlightClient(f"grpc+tls://127.0.0.1:{b.flight_port}",
+                        tls_root_certs=open(tls_pair[0], "rb").read())
+    return c, fl.FlightCallOptions(headers=list(headers), timeout=30)
+
+
+def test_a_plain_flight_client_puts_and_gets_over_tls(tls_broker, tls_pair):
+    client, opts = _tls_client(tls_broker, tls_pair, _signed("root", "root-secret"))
+    first = tls_broker.store.max_offset("T", 0)
+    ack = _send(client, opts, _batch("T", [b"over", b"tls"]))
+    assert ack.column("queue_offset").to_pylist() == [first, first + 1]
+    got = _get(client, opts, topic="T", queue=0, offset=first, max=10)
+    assert got.column("body").to_pylist() == [b"over", b"tls"]
+    list(client.do_action(fl.Action("commitOffset", json.dumps(
+        {"group": "GT", "topic": "T", "queue": 0, "offset": first + 2}).encode()), options=opts))
+    assert tls_broker.store.consumer_offsets("GT") == {("T", 0): first + 2}
+
+
+def test_a_plaintext_flight_client_is_refused_by_an_enforcing_broker(tls_broker):
+    before = tls_broker.store.commitlog.written_offset
+    plain = fl.FlightClient(f"grpc+tcp://127.0.0.1:{tls_broker.flight_port}")
+    opts = fl.FlightCallOptions(headers=_signed("root", "root-secret"), timeout=10)
+    with pytest.raises(fl.FlightUnavailableError):
+        _send(plain, opts, _batch("T", [b"in the clear"]))
+    with pytest.raises(fl.FlightUnavailableError):
+        _get(plain, opts, topic="T", queue=0, offset=0)
+    assert tls_broker.store.commitlog.written_offset == before
+
+
+def test_query_route_names_the_tls_scheme(tls_broker, tls_pair):
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as spb
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+    roots = open(tls_pair[0], "rb").read()
+    with grpc.secure_channel(tls_broker.endpoint, grpc.ssl_channel_credentials(roots)) as ch:
+        _, call = MessagingServiceStub(ch).QueryRoute.with_call(
+            spb.QueryRouteRequest(topic=pb.Resource(name="T")), timeout=10,
+            metadata=[("x-mq-client-id", "t"),
+                      *((k.decode(), v.decode()) for k, v in _signed("root", "root-secret"))])
+    assert dict(call.initial_metadata())["x-sparkmq-flight-endpoint"] == \
+        f"grpc+tls://127.0.0.1:{tls_broker.flight_port}"
+
+
+def _grpc_status(b, roots, method, request, headers):
+    """The status code of a RocketMQ RPC at ``b`` over TLS (unary, or the first
+    response of a streaming one)."""
+    import grpc
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+    md = [("x-mq-client-id", "t"), *((k.decode(), v.decode()) for k, v in headers)]
+    with grpc.secure_channel(b.endpoint, grpc.ssl_channel_credentials(roots)) as ch:
+        r = getattr(MessagingServiceStub(ch), method)(request, timeout=10, metadata=md)
+        if not hasattr(r, "status"):
+            r = next(iter(r))
+        return r.status.code
+
+
+@pytest.mark.parametrize("who", ["anonymous", "wrong secret"])
+def test_an_unauthenticated_flight_call_is_refused_where_grpc_refuses_it(tls_broker, tls_pair,
+                                                                          who):
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as spb
+    headers = [] if who == "anonymous" else _signed("root", "a-guess-123")
+    roots = open(tls_pair[0], "rb").read()
+    mq = pb.MessageQueue(topic=pb.Resource(name="T"), id=0)
+    grpc_calls = {  # what the same caller gets on the RocketMQ path, per Flight call
+        "send": ("SendMessage", spb.SendMessageRequest(messages=[pb.Message(
+            topic=pb.Resource(name="T"), body=b"x", system_properties=pb.SystemProperties(
+                message_id="01", body_encoding=pb.IDENTITY, message_type=pb.NORMAL))])),
+        "get": ("PullMessage", spb.PullMessageRequest(
+            group=pb.Resource(name="G"), message_queue=mq, offset=0, batch_size=1,
+            filter_expression=pb.FilterExpression(type=pb.TAG, expression="*"))),
+        "commit": ("UpdateOffset", spb.UpdateOffsetRequest(
+            group=pb.Resource(name="G"), message_queue=mq, offset=1)),
+    }
+    for method, request in grpc_calls.values():
+        assert _grpc_status(tls_broker, roots, method, request, headers) == \
+            pb.Code.UNAUTHORIZED, method
+    client, opts = _tls_client(tls_broker, tls_pair, headers)
+    before = tls_broker.store.commitlog.written_offset
+    with pytest.raises(fl.FlightUnauthenticatedError):
+        _send(client, opts, _batch("T", [b"x"]))
+    with pytest.raises(fl.FlightUnauthenticatedError):
+        _get(client, opts, topic="T", queue=0, offset=0)
+    with pytest.raises(fl.FlightUnauthenticatedError):
+        list(client.do_action(fl.Action("commitOffset", json.dumps(
+            {"group": "G", "topic": "T", "queue": 0, "offset": 1}).encode()), options=opts))
+    assert tls_broker.store.commitlog.written_offset == before
+    assert tls_broker.store.consumer_offsets("G") == {}
+
+
+def test_the_brokers_own_topics_are_not_read_over_flight(broker):
+    client, opts = _client(broker)
+    for topic in ("RMQ_SYS_TRANS_HALF_TOPIC", "SCHEDULE_TOPIC_XXXX"):
+        with pytest.raises(pa.ArrowInvalid, match="reserved for the broker"):
+            _get(client, opts, topic=topic, queue=0, offset=0)
+    with pytest.raises(pa.ArrowInvalid, match="reserved for the broker"):
+        list(client.do_action(fl.Action("commitOffset", json.dumps(
+            {"group": "G", "topic": "RMQ_SYS_TRANS_HALF_TOPIC", "queue": 0,
+             "offset": 1}).encode()), options=opts))
 
 
 def test_query_route_advertises_the_flight_endpoint_only_when_flight_is_on(broker,
@@ -176,5 +314,46 @@ def test_query_route_advertises_the_flight_endpoint_only_when_flight_is_on(broke
                 spb.QueryRouteRequest(topic=pb.Resource(name="T")), timeout=10,
                 metadata=[("x-mq-client-id", "t")])
             return dict(call.initial_metadata()).get("x-sparkmq-flight-endpoint")
-    assert advertised(broker) == f"127.0.0.1:{broker.flight_port}"
-    assert advertised(make_broker("plain")) is None
+    assert advertised(broker) == f"grpc+tcp://127.0.0.1:{broker.flight_port}"
+    assert advertised(make_broker("plain", flightEnable="false")) is None
+
+
+def test_flight_is_on_by_default_beside_grpc_on_the_same_address(tmp_path, make_broker):
+    from sparkmq.broker import BrokerConfig
+    conf = BrokerConfig()
+    assert conf.flight_enable and conf.flight_ports() == [8083, 0]   # listenPort 8081 + 2
+    assert BrokerConfig(listen_port=0).flight_ports() == [0]
+    assert BrokerConfig(flight_port=9000).flight_ports() == [9000]
+    b = make_broker("default")                     # no Flight setting at all
+    assert b.flight is not None and b.flight.endpoint.startswith("grpc+tcp://127.0.0.1:")
+    client, opts = _client(b)
+    b.store.create_topic("D", read_queue_nums=1, write_queue_nums=1)
+    assert _send(client, opts, _batch("D", [b"x"])).num_rows == 1
+
+
+def test_a_taken_derived_port_falls_back_and_a_taken_explicit_one_fails(make_broker):
+    import socket
+    from sparkmq.errors import BindError
+    listen = free_port()
+    with socket.socket() as holder:     # something else holds listenPort + 2
+        try:
+            holder.bind(("127.0.0.1", listen + 2))
+            holder.listen()
+        except OSError:
+            pass                        # already held by another process: the same case
+        b = make_broker("derived", listenPort=listen)
+        assert b.flight is not None and b.flight_port != listen + 2
+        with pytest.raises(BindError, match="flightPort"):
+            make_broker("explicit", flightPort=listen + 2)
+
+
+def test_a_broker_daemon_serving_flight_stops_on_sigterm(tmp_path, procs):
+    # pyarrow's serve() would take SIGTERM for the Flight server alone (flight.py, start)
+    from helpers.daemons import spawn, stop_process
+    admin = free_port()
+    conf = tmp_path / "broker.properties"
+    conf.write_text(f"flightEnable=true\nflightPort={free_port()}\n")
+    p = spawn(["sparkmq.broker", "-c", str(conf), "-p", str(free_port()), "--admin-port",
+               str(admin), "--store", str(tmp_path / "store")],
+              f"http://127.0.0.1:{admin}/health", procs)
+    assert stop_process(p) == 0

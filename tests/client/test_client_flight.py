@@ -143,7 +143,7 @@ def test_offsets_committed_over_flight_are_what_getoffset_answers(make_broker, c
 
 
 def test_auto_uses_grpc_where_the_broker_serves_no_flight(make_broker, closing):
-    b = make_broker()                                   # flightEnable off
+    b = make_broker(flightEnable="false")
     p = closing(Producer(b.endpoint))
     assert p.send(Message("N", b"x")).transport == "grpc"
     assert p.sent_over == {"flight": 0, "grpc": 1}
