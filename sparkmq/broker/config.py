@@ -76,6 +76,9 @@ class BrokerConfig:
     ha_tls_cert_path: str = ""                    # haTlsCertPath \ the master's certificate
     ha_tls_key_path: str = ""                     # haTlsKeyPath  / and key (PEM)
     ha_tls_ca_path: str = ""                      # haTlsCaPath (replica: trusts; default system roots)
+    allow_anonymous_network: bool = False         # allowAnonymousNetworkAccess: serve a
+                                                  #   non-loopback brokerIP1 without
+                                                  #   authenticationEnabled (off: refused)
     flight_enable: bool = True                    # flightEnable (Arrow Flight beside gRPC,
                                                   #   on brokerIP1 with its TLS and checks)
     flight_port: int | None = None                # flightPort (unset: listenPort + 2, e.g.
@@ -128,10 +131,11 @@ class BrokerConfig:
         "haMaxTimeSlaveNotCatchup": "ha_max_time_slave_not_catchup_ms",
         "controllerMasterRole": "controller_master_role",
         "enableTopicMessageTypeCheck": "enable_topic_message_type_check",
+        "allowAnonymousNetworkAccess": "allow_anonymous_network",
         "flightEnable": "flight_enable", "flightPort": "flight_port", "enableAutoFailover": "enable_auto_failover",
         "autoFailoverSilenceMs": "auto_failover_silence_ms",
     }
-    _BOOLS = ("enable_property_filter", "enable_auto_failover", "admin_metrics_auth",
+    _BOOLS = ("allow_anonymous_network", "enable_property_filter", "enable_auto_failover", "admin_metrics_auth",
               "authentication_enabled", "authorization_enabled", "ha_tls_enable",
               "enable_controller_mode", "enable_topic_message_type_check", "flight_enable")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
@@ -143,6 +147,14 @@ class BrokerConfig:
              "ha_max_time_slave_not_catchup_ms", "flight_port")
 
     def __post_init__(self):
+        if not (self.authentication_enabled or self.allow_anonymous_network
+                or is_loopback(self.host)):
+            raise InvalidConfigError(
+                f"brokerIP1={self.host} serves gRPC and Arrow Flight on a network without "
+                "authentication: anyone who reaches it could send, read and delete messages. "
+                "Set authenticationEnabled=true with initAuthenticationUser (README, "
+                "'Production'), or allowAnonymousNetworkAccess=true to accept that on a "
+                "network you trust")
         if self.broker_role not in ROLES:
             raise InvalidConfigError(f"brokerRole must be one of {ROLES}, got {self.broker_role!r}")
         if self.consume_from_where not in CONSUME_FROM:
@@ -331,3 +343,15 @@ class BrokerConfig:
     @property
     def is_master(self) -> bool:
         return self.broker_id == 0 and self.broker_role != "SLAVE"
+
+
+def is_loopback(host: str) -> bool:
+    """``host`` (an address or name to listen on) is this machine only: 127.0.0.0/8,
+    ::1 or ``localhost``."""
+    import ipaddress
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

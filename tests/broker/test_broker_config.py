@@ -58,6 +58,22 @@ def test_store_options_pass_through_and_validation():
         load_properties("/nonexistent/broker.properties")
 
 
+@pytest.mark.parametrize("host", ["10.1.2.3", "0.0.0.0", "broker-a.example.com", "::"])
+def test_a_broker_on_a_network_address_needs_authentication(host):
+    """Safe by default: a client port other machines reach is refused without
+    authenticationEnabled, naming both ways out; loopback needs nothing."""
+    base = {"brokerName": "x", "brokerIP1": host}
+    with pytest.raises(InvalidConfigError, match="without authentication.*authenticationEnabled"
+                                                 ".*allowAnonymousNetworkAccess"):
+        BrokerConfig.from_properties(base)
+    user = '{"username": "root", "password": "12345678"}'
+    assert BrokerConfig.from_properties({**base, "authenticationEnabled": "true",
+                                         "initAuthenticationUser": user}).host == host
+    assert BrokerConfig.from_properties({**base, "allowAnonymousNetworkAccess": "true"}).host == host
+    for local in ("127.0.0.1", "127.0.0.2", "localhost", "::1"):
+        assert BrokerConfig.from_properties({"brokerName": "x", "brokerIP1": local}).host == local
+
+
 @pytest.mark.parametrize("secret", ["change-me-shared-by-broker-a-and-its-replicas",
                                     "CHANGEME", "short-secret"])
 def test_placeholder_and_short_ha_secrets_are_refused_at_start(secret):

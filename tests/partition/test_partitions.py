@@ -59,6 +59,7 @@ class Cluster:
             cfg = _props(f"{tmp}/b{i}.properties", {
                 "brokerClusterName": "C", "brokerName": "broker-a", "brokerId": i,
                 "brokerRole": "SYNC_MASTER" if i == 0 else "SLAVE", "brokerIP1": n.ip,
+                "allowAnonymousNetworkAccess": "true",      # a lab network of namespaces
                 "listenPort": 8081, "adminPort": 8082, "adminListenAddress": n.ip,
                 "haListenPort": 10912, "haSecret": SECRET, "clusterSecret": SECRET,
                 "storePathRootDir": f"{tmp}/store-b{i}", "flushDiskType": "SYNC_FLUSH",
