@@ -63,8 +63,9 @@ def main(argv: list[str] | None = None, *, replica: bool = False) -> int:
     except (SparkMQError, OSError) as e:
         print(f"{prog}: cannot start: {e}", file=sys.stderr)
         return 1
+    flight = f"Arrow Flight {broker.flight.endpoint}, " if broker.flight is not None else ""
     print(f"{prog} {broker.config.broker_name}#{broker.broker_id} running: gRPC {broker.endpoint}, "
-          f"admin {broker.admin_url}", flush=True)
+          f"{flight}admin {broker.admin_url}", flush=True)
     print(admin_token_banner(broker), flush=True)
     done.wait()
     broker.stop()
