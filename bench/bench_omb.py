@@ -43,22 +43,27 @@ latency bound).
     JetStream driver does the same (``createTopic`` adds a stream whose subject is the
     topic, partitions ignored). Consumer: a durable push subscription with manual ack
     per message (OMB's driver: push consumer, ack per message).
+  * ``floor``: no broker: the producer writes the due messages to a TCP socket that
+    the consumer process reads. The same pacing, processes and clock: what this
+    machine, at this moment, gives any system (a p99 over 10 ms here means nobody can
+    pass at that rate). Shown beside the others, no ratios.
 - The servers are started with bench_broker.py's helpers (``process``, ``free_port``,
   ``ensure_apt``/``ensure_pip``: Debian packages and PyPI installs as there).
 
-Each system: a warm-up run (1 s at the first rate, not reported), the fixed rates,
-then the search: rates from ``--start-rate`` multiplied by ``--factor`` while p99 < 10 ms
-and every message arrived, then ``--bisect`` geometric bisections between the last
-pass and the first failure. Each run uses fresh step ids in the body, so a late
-message of one run never counts in another.
+Each system: a 1 s warm-up run, the fixed rates, then the search: rates from
+``--start-rate`` times ``--factor`` while p99 < 10 ms and every message arrived (divided
+while failing), then ``--bisect`` geometric bisections between the last pass and the
+first failure. A run id in each body keeps a late message out of other runs.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
+import socket
 import struct
 import subprocess
 import sys
@@ -78,7 +83,7 @@ HEADER = struct.Struct("<qi")        # scheduled send time (monotonic ns), run i
 FILLER = os.urandom(PAYLOAD_BYTES - HEADER.size)
 MAX_BATCH = 500                      # messages per producer call, at most
 P99_BOUND_MS = 10.0
-SYSTEMS = ("sparkmq-grpc", "sparkmq-flight", "redis", "nats")
+SYSTEMS = ("sparkmq-grpc", "sparkmq-flight", "redis", "nats", "floor")
 
 
 def payload(scheduled_ns: int, run: int) -> bytes:
@@ -86,9 +91,13 @@ def payload(scheduled_ns: int, run: int) -> bytes:
 
 
 # ---------------------------------------------------------------- servers
+@contextlib.contextmanager
 def start_server(system: str, tmp: str):
-    """A context manager yielding the connection info (a JSON-able dict) of a fresh
-    server for ``system``, or None when its binary or client cannot be installed."""
+    """Yield the connection info (a JSON-able dict) of a fresh server for ``system``
+    until the block ends; None when its binary or client cannot be installed."""
+    if system == "floor":
+        yield {"port": free_port()}
+        return
     if system.startswith("sparkmq"):
         port, admin, flight = free_port(), free_port(), free_port()
         conf = os.path.join(tmp, "broker.properties")
@@ -100,37 +109,24 @@ def start_server(system: str, tmp: str):
                     f"defaultTopicQueueNums={QUEUES}\n"
                     + (f"flightEnable=true\nflightPort={flight}\n"
                        if system == "sparkmq-flight" else ""))
-        return _serving(process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port),
-                        {"endpoint": f"127.0.0.1:{port}"},
-                        flight if system == "sparkmq-flight" else None)
-    if system == "redis":
-        binary = ensure_apt("redis-server", "redis-server")
-        if not binary or not ensure_pip("redis", "redis", "hiredis"):
-            return None
-        port = free_port()
-        cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp, "--save", "",
-               "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"]
-        return _serving(process(cmd, port), {"port": port})
-    binary = ensure_apt("nats-server", "nats-server")
-    if not binary or not ensure_pip("nats", "nats-py"):
-        return None
+        with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port):
+            if system == "sparkmq-flight":
+                wait_port(flight)
+            yield {"endpoint": f"127.0.0.1:{port}"}
+        return
+    name, pip = ("redis-server", ("redis", "redis", "hiredis")) if system == "redis" else \
+        ("nats-server", ("nats", "nats-py"))
+    binary = ensure_apt(name, name)
+    if not binary or not ensure_pip(*pip):
+        yield None
+        return
     port = free_port()
-    cmd = [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", os.path.join(tmp, "js")]
-    return _serving(process(cmd, port), {"port": port})
-
-
-class _serving:
-    def __init__(self, proc_cm, info: dict, also_port: int | None = None):
-        self.proc_cm, self.info, self.also_port = proc_cm, info, also_port
-
-    def __enter__(self) -> dict:
-        self.proc_cm.__enter__()
-        if self.also_port:
-            wait_port(self.also_port)
-        return self.info
-
-    def __exit__(self, *exc):
-        return self.proc_cm.__exit__(*exc)
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp, "--save", "",
+           "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"] \
+        if system == "redis" else \
+        [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", os.path.join(tmp, "js")]
+    with process(cmd, port):
+        yield {"port": port}
 
 
 # ---------------------------------------------------------------- producers
@@ -203,7 +199,28 @@ class NatsSender:
         self.thread.join(10)
 
 
+class FloorSender:
+    """The harness's own floor: the due messages written to a plain TCP socket that the
+    consumer process reads (no broker, no ack: ``send`` returns once the kernel took
+    the bytes). Connects at the first send, once the consumer listens."""
+
+    def __init__(self, info: dict):
+        self.port, self.sock = info["port"], None
+
+    def send(self, bodies: list[bytes]) -> None:
+        if self.sock is None:
+            self.sock = socket.create_connection(("127.0.0.1", self.port))
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(b"".join(bodies))
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+
+
 def make_sender(system: str, info: dict):
+    if system == "floor":
+        return FloorSender(info)
     if system == "sparkmq-grpc":
         return SparkmqSender(info, "grpc")
     if system == "sparkmq-flight":
@@ -342,8 +359,35 @@ def consume_nats(info: dict, rec: Received, stop: threading.Event) -> None:
     asyncio.run(main())
 
 
+def consume_floor(info: dict, rec: Received, stop: threading.Event) -> None:
+    with socket.create_server(("127.0.0.1", info["port"])) as srv:
+        print("READY", flush=True)
+        srv.settimeout(0.5)
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                continue
+            with conn:
+                conn.settimeout(0.5)
+                buf = bytearray()
+                while not stop.is_set():
+                    try:
+                        data = conn.recv(1 << 20)
+                    except socket.timeout:
+                        continue
+                    if not data:
+                        break
+                    now = time.monotonic_ns()
+                    buf += data
+                    whole = len(buf) - len(buf) % PAYLOAD_BYTES
+                    for at in range(0, whole, PAYLOAD_BYTES):
+                        rec.note(bytes(buf[at:at + HEADER.size]), now)
+                    del buf[:whole]
+
+
 CONSUMERS = {"sparkmq-grpc": consume_sparkmq_grpc, "sparkmq-flight": consume_sparkmq_flight,
-             "redis": consume_redis, "nats": consume_nats}
+             "redis": consume_redis, "nats": consume_nats, "floor": consume_floor}
 
 
 def consumer_child(system: str, info: dict) -> None:
@@ -388,15 +432,15 @@ class Consumer:
 # ---------------------------------------------------------------- one system
 def bench_system(system: str, tmp: str, rates: list[float], seconds: float,
                  search: dict) -> dict | None:
-    server = start_server(system, tmp)
-    if server is None:
-        return None
     out: dict = {"fixed": {}, "search": []}
     run_ids = iter(range(1, 10_000))
-    with server as info:
+    with start_server(system, tmp) as info:
+        if info is None:
+            return None
         sender = make_sender(system, info)
         try:
-            sender.send([payload(time.monotonic_ns(), 0)])      # creates the topic/stream
+            if system != "floor":                           # creates the topic/stream
+                sender.send([payload(time.monotonic_ns(), 0)])
             consumer = Consumer(system, info)
             try:
                 def measure(rate: float, secs: float) -> dict:
@@ -485,7 +529,8 @@ def report(results: dict[str, dict | None], rates: list[float]) -> None:
             line += f"{str(r['received']) + '/' + str(r['sent']):>16}"
         print(line)
     print(f"\nhighest rate with p99 < {P99_BOUND_MS:g} ms and every message received "
-          "(msg/s; ratio = sparkmq / peer, higher is better)")
+          "(msg/s; ratio = system / peer, higher is better; p50/p99/p99.9 at that rate; "
+          "0 = not even the lowest rate tried)")
     head = f"{'system':<16}{'max rate':>10}{'p50':>8}{'p99':>8}{'p99.9':>8}" + \
         "".join(f"{'of ' + p:>10}" for p in refs) + "   runs (rate:p99)"
     print(head)
@@ -498,7 +543,7 @@ def report(results: dict[str, dict | None], rates: list[float]) -> None:
             else f"{'-':>8}" * 3
         for p in refs:
             ref = best_rate(results[p])
-            line += f"{best / ref:>10.2f}" if best and ref else f"{'-':>10}"
+            line += f"{best / ref:>10.2f}" if best and ref and s != "floor" else f"{'-':>10}"
         runs = " ".join(f"{t['rate']:,.0f}:{t['p99']:.1f}" for t in
                         sorted(results[s]["search"], key=lambda t: t["rate"]))
         print(line + "   " + runs)
