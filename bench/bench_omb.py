@@ -266,9 +266,7 @@ class Received:
     def note(self, body: bytes, now_ns: int) -> None:
         scheduled, run = HEADER.unpack_from(body)
         lat = self.by_run.get(run)
-        if lat is None:
-            lat = self.by_run.setdefault(run, [])
-        lat.append(now_ns - scheduled)
+        (lat if lat is not None else self.by_run.setdefault(run, [])).append(now_ns - scheduled)
 
     def summary(self, run: int, expected: int, timeout_s: float) -> dict:
         deadline = time.monotonic() + timeout_s
