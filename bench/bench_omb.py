@@ -150,8 +150,7 @@ class RedisSender:
         pipe.execute()
 
     def after_run(self) -> None:
-        """Not timed: entries already read and acked are dropped (Redis keeps streams
-        in memory; without this a search's runs would hold GBs)."""
+        """Not timed: drop what was read (Redis keeps streams in memory: GBs otherwise)."""
         self.r.xtrim(TOPIC, maxlen=0)
 
     def close(self) -> None:
@@ -159,8 +158,7 @@ class RedisSender:
 
 
 class NatsSender:
-    """nats-py is asyncio: its loop runs on a thread of its own; ``send`` hands the
-    batch over and waits (one loop wake-up per call, ~50-100 us)."""
+    """nats-py is asyncio: ``send`` hands the batch to its loop's thread and waits."""
 
     def __init__(self, info: dict):
         self.loop = asyncio.new_event_loop()
@@ -193,9 +191,8 @@ class NatsSender:
 
 
 class FloorSender:
-    """The harness's own floor: the due messages written to a plain TCP socket that the
-    consumer process reads (no broker, no ack: ``send`` returns once the kernel took
-    the bytes). Connects at the first send, once the consumer listens."""
+    """No broker: the due messages written to a TCP socket the consumer process reads
+    (no ack); connects at the first send, once the consumer listens."""
 
     def __init__(self, info: dict):
         self.port, self.sock = info["port"], None
@@ -390,8 +387,7 @@ CONSUMERS = {"sparkmq-grpc": consume_sparkmq_grpc, "sparkmq-flight": consume_spa
 
 
 def consumer_child(system: str, info: dict) -> None:
-    """``--consumer-child``: consume on a thread; stdin lines ``RUN EXPECTED TIMEOUT_S``
-    answer one JSON line of that run's latency summary; EOF stops."""
+    """``--consumer-child``: stdin ``RUN EXPECTED TIMEOUT_S`` -> a JSON summary; EOF stops."""
     rec, stop = Received(), threading.Event()
     t = threading.Thread(target=CONSUMERS[system], args=(info, rec, stop), daemon=True)
     t.start()
@@ -466,15 +462,23 @@ def passes(r: dict) -> bool:
 
 def search_max(measure, *, start: float, factor: float, bisect: int, seconds: float,
                ceiling: float) -> list[dict]:
-    """Runs of the max-rate search (module docstring), in the order made."""
+    """Runs of the max-rate search (module docstring), in the order made. A failing step
+    runs once more and passes if either run does: on a shared machine one stall of
+    another job's must not end a system's search."""
     tried: list[dict] = []
+
+    def attempt(rate: float) -> dict:
+        r = measure(rate, seconds)
+        if not passes(r):
+            again = measure(rate, seconds)
+            r = again if passes(again) else r
+        print(f"#   {rate:>9,.0f} msg/s: p99 {r['p99']:8.2f} ms, received {r['received']}/"
+              f"{r['sent']} -> {'pass' if passes(r) else 'FAIL'}", file=sys.stderr, flush=True)
+        tried.append(r)
+        return r
     rate = start
     while True:                               # up while passing (down while failing)
-        r = measure(rate, seconds)
-        tried.append(r)
-        print(f"#   {rate:>9,.0f} msg/s: p99 {r['p99']:8.2f} ms, received "
-              f"{r['received']}/{r['sent']} -> {'pass' if passes(r) else 'FAIL'}",
-              file=sys.stderr, flush=True)
+        r = attempt(rate)
         ok = [t["rate"] for t in tried if passes(t)]
         bad = [t["rate"] for t in tried if not passes(t)]
         if ok and bad and min(bad) > max(ok):
@@ -487,7 +491,7 @@ def search_max(measure, *, start: float, factor: float, bisect: int, seconds: fl
     for _ in range(bisect):
         lo = max(t["rate"] for t in tried if passes(t))
         hi = min(t["rate"] for t in tried if not passes(t) and t["rate"] > lo)
-        tried.append(measure(round(math.sqrt(lo * hi)), seconds))
+        attempt(round(math.sqrt(lo * hi)))
     return tried
 
 
@@ -505,8 +509,7 @@ def report(results: dict[str, dict | None], rates: list[float]) -> None:
           "- scheduled (OMB's publish latency + publish delay); recv: received/sent")
     head = f"{'rate':>8} {'pct':<6}" + "".join(f"{s:>16}" for s in done) + \
         "".join(f"{'grpc/' + p:>13}{'flight/' + p:>14}" for p in refs)
-    print(head)
-    print("-" * len(head))
+    print(head + "\n" + "-" * len(head))
     for rate in rates:
         for key, label in (("p50", "p50"), ("p99", "p99"), ("p999", "p99.9")):
             line = f"{rate:>8,.0f} {label:<6}"
@@ -522,18 +525,15 @@ def report(results: dict[str, dict | None], rates: list[float]) -> None:
         for key, label in (("pub50", "ack50"), ("pub99", "ack99")):
             print(f"{rate:>8,.0f} {label:<6}" + "".join(
                 f"{results[s]['fixed'][rate][key]:>16.2f}" for s in done))
-        line = f"{rate:>8,.0f} {'recv':<6}"
-        for s in done:
-            r = results[s]["fixed"][rate]
-            line += f"{str(r['received']) + '/' + str(r['sent']):>16}"
-        print(line)
+        print(f"{rate:>8,.0f} {'recv':<6}" + "".join(
+            f"{'%d/%d' % (r['received'], r['sent']):>16}"
+            for r in (results[s]["fixed"][rate] for s in done)))
     print(f"\nhighest rate with p99 < {P99_BOUND_MS:g} ms and every message received "
           "(msg/s; ratio = system / peer, higher is better; p50/p99/p99.9 at that rate; "
           "0 = not even the lowest rate tried)")
     head = f"{'system':<16}{'max rate':>10}{'p50':>8}{'p99':>8}{'p99.9':>8}" + \
         "".join(f"{'of ' + p:>10}" for p in refs) + "   runs (rate:p99)"
-    print(head)
-    print("-" * len(head))
+    print(head + "\n" + "-" * len(head))
     for s in done:
         best = best_rate(results[s])
         at = next((t for t in results[s]["search"] if t["rate"] == best), None)
@@ -554,14 +554,13 @@ def report(results: dict[str, dict | None], rates: list[float]) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="short runs (a few minutes)")
-    ap.add_argument("--only", nargs="*", choices=SYSTEMS, default=None)
-    ap.add_argument("--rates", type=float, nargs="*", default=None,
-                    help="fixed rates for the latency table (msg/s)")
-    ap.add_argument("--seconds", type=float, default=None, help="length of a fixed-rate run")
-    ap.add_argument("--search-seconds", type=float, default=None)
+    ap.add_argument("--only", nargs="*", choices=SYSTEMS)
+    ap.add_argument("--rates", type=float, nargs="*", help="fixed rates (msg/s)")
+    ap.add_argument("--seconds", type=float, help="length of a fixed-rate run")
+    ap.add_argument("--search-seconds", type=float)
     ap.add_argument("--start-rate", type=float, default=1000)
-    ap.add_argument("--factor", type=float, default=None)
-    ap.add_argument("--bisect", type=int, default=None)
+    ap.add_argument("--factor", type=float)
+    ap.add_argument("--bisect", type=int)
     ap.add_argument("--ceiling", type=float, default=200_000)
     ap.add_argument("--consumer-child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -575,10 +574,10 @@ def main(argv=None) -> int:
               "bisect": args.bisect if args.bisect is not None else (1 if args.quick else 3),
               "seconds": args.search_seconds or (2.0 if args.quick else 5.0)}
     systems = args.only or list(SYSTEMS)
-    print(f"# OMB-shaped: topic {TOPIC!r}, {QUEUES} queues (Redis/NATS: one stream, as "
-          f"OMB's drivers), {PAYLOAD_BYTES} B payloads, 1 producer (open loop, <= "
-          f"{MAX_BATCH} due messages per call), 1 consumer process; fixed runs "
-          f"{seconds:g} s, search runs {search['seconds']:g} s; {os.cpu_count()} cores")
+    print(f"# OMB-shaped: {QUEUES} queues (Redis/NATS: one stream, as OMB's drivers), "
+          f"{PAYLOAD_BYTES} B, open-loop producer (<= {MAX_BATCH} due messages a call), "
+          f"consumer process; runs {seconds:g} s, search {search['seconds']:g} s; "
+          f"{os.cpu_count()} cores")
     results: dict[str, dict | None] = {}
     for system in systems:
         t0 = time.perf_counter()
