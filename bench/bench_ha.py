@@ -237,7 +237,7 @@ def broker_run(root: str, mode: str, *, batches: int, batch: int, singles: int) 
         f.write(f"brokerName=bench\nbrokerId=0\nflushDiskType=ASYNC_FLUSH\n"
                 f"flushIntervalCommitLog=500\nstorePathRootDir={folder}\nnamesrvAddr=\n"
                 f"brokerIP1=127.0.0.1\nlistenPort={port}\nadminPort={admin}\n"
-                f"autoCreateTopicEnable=true\ndefaultTopicQueueNums=4\n"
+                f"autoCreateTopicEnable=true\ndefaultTopicQueueNums=4\nflightEnable=false\n"
                 + ("brokerRole=ASYNC_MASTER\n" if mode == "none" else
                    f"brokerRole=SYNC_MASTER\nhaListenPort={ha_port}\nhaSecret={SECRET}\n"))
     with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port) as broker:

@@ -101,7 +101,7 @@ def start_server(system: str, tmp: str):
                     f"adminPort={admin}\nautoCreateTopicEnable=true\n"
                     f"defaultTopicQueueNums={QUEUES}\n"
                     + (f"flightEnable=true\nflightPort={flight}\n"
-                       if system == "sparkmq-flight" else ""))
+                       if system == "sparkmq-flight" else "flightEnable=false\n"))
         with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port):
             if system == "sparkmq-flight":
                 wait_port(flight)
