@@ -1,6 +1,6 @@
 """Replication benchmark: SYNC_MASTER / ASYNC_MASTER / no replica, and replica catch-up.
 
-    .venv/bin/python bench/bench_ha.py [--quick] [--dir DIR] [--repeat N]
+    .venv/bin/python bench/bench_ha.py [--quick] [--dir DIR] [--repeat N] [--no-broker]
 
 1. send throughput of a master ``Store`` (ASYNC_FLUSH, 1 KiB messages, columnar
    ``append_batch`` of ``--batch`` messages, ``--threads`` sender threads) in
@@ -15,7 +15,17 @@
    - ``async-null`` / ``sync-null``: the same against a replica process that only
      receives and acks (writes nothing, dispatches nothing): the master's own
      cost of replicating, without the replica's work on the same 2 cores/disk.
-   ratio = mode / none (target for sync: >= 0.8).
+   ratio = mode / none in msgs/s (target for sync: >= 0.8), and CPU ratio = the
+   master process's CPU per message in ``none`` / in the mode (user + system time
+   of the master's threads; the replica process is left out): the throughput ratio
+   the master would see on cores of its own, as on two machines (target for
+   sync-null: >= 0.9). Modes are rotated between runs (none is not always first).
+1b. the same question through a broker subprocess (``--no-broker`` skips it),
+   bench_broker.py-style: one Producer making sequential sync ``send_batch`` calls of
+   100 x 1 KiB, then single sync sends; ``none`` (ASYNC_MASTER, no HA port) against
+   SYNC_MASTER with the ack-only replica (``sync-null``) and with the full replica
+   (``sync``); msgs/s ratio, the broker process's CPU per message and its ratio
+   (none / mode: the two-machine figure), and what a sync send's p50 gains.
 2. catch-up: a master store with ``--catchup-mib`` of messages (several
    segments); a replica process started on an empty folder follows it until its
    offset equals the master's, then fsyncs; timed from its start to that point
@@ -39,6 +49,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -93,7 +104,7 @@ def null_replica_child(port: int) -> None:
     """A replica that only receives and acks (no write, no dispatch): what streaming
     costs the master, without the replica's own work on the same machine."""
     import socket
-    from sparkmq.ha.protocol import new_nonce, proof, recv_frame, send_frame
+    from sparkmq.ha.protocol import new_nonce, proof, recv_frame, recv_header, send_frame
     print("READY", flush=True)
     sys.stdin.readline()
     sock = socket.create_connection(("127.0.0.1", port))
@@ -105,11 +116,18 @@ def null_replica_child(port: int) -> None:
     state = {"offset": 0}
 
     def loop():
+        sink = memoryview(bytearray(1 << 20))     # payloads dropped into one buffer
         try:
             while True:
-                header, payload = recv_frame(sock)
+                header, left = recv_header(sock)
+                size = left
+                while left:
+                    n = sock.recv_into(sink[:min(left, len(sink))])
+                    if n == 0:
+                        raise ConnectionError("master closed the connection")
+                    left -= n
                 if header["type"] == "data":
-                    state["offset"] = header["offset"] + len(payload)
+                    state["offset"] = header["offset"] + size
                     send_frame(sock, {"type": "ack", "offset": state["offset"]})
         except (OSError, ConnectionError):
             pass
@@ -153,8 +171,11 @@ def wait_offset(child: Child, target: int, timeout_s: float = 600, cmd: str = "?
 
 # ---------------------------------------------------------------- 1. throughput
 def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int,
-             replica_root: str | None = None) -> float:
-    """Messages per second for ``mode`` in none|async|sync|async-null|sync-null."""
+             replica_root: str | None = None) -> tuple[float, float]:
+    """(messages per second, the master process's CPU microseconds per message) for
+    ``mode`` in none|async|sync|async-null|sync-null. The CPU figure (user + system
+    time of this process, all threads, over the timed sends) leaves out the replica
+    process, which on two machines would not share the master's cores."""
     master_url = os.path.join(root, f"m-{mode}-{time.monotonic_ns()}")
     store = Store.open(master_url, mappedFileSizeCommitLog=64 * MIB)
     store.create_topic(TOPIC, read_queue_nums=4, write_queue_nums=4)
@@ -180,19 +201,116 @@ def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int,
                     failures.append(st)
 
     workers = [threading.Thread(target=sender) for _ in range(threads)]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     for w in workers:
         w.start()
     for w in workers:
         w.join()
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     if child is not None:
         wait_offset(child, store.commitlog.written_offset)   # not timed: drain before stop
         child.close()
         ha.stop()
     store.close()
     assert not failures, failures
-    return per_thread * threads * batch / elapsed
+    sent = per_thread * threads * batch
+    return sent / elapsed, cpu * 1e6 / sent
+
+
+# ---------------------------------------------------------------- 1b. through a broker
+BROKER_MODES = ("none", "sync-null", "sync")
+
+
+def broker_run(root: str, mode: str, *, batches: int, batch: int, singles: int) -> dict:
+    """bench_broker.py-style sync sends through a broker subprocess: ``none`` =
+    ASYNC_MASTER without an HA port (no replica); ``sync-null`` = SYNC_MASTER with the
+    ack-only replica process; ``sync`` = SYNC_MASTER with the full replica process.
+    Returns msgs/s of sequential ``Producer.send_batch`` of ``batch`` messages, the
+    broker process's CPU microseconds per message over them, and the single sync
+    sends' latencies (s)."""
+    from bench_broker import free_port, process     # this script's folder is on sys.path
+    from sparkmq.client import Message, Producer
+    port, admin, ha_port = free_port(), free_port(), free_port()
+    folder = os.path.join(root, f"broker-{mode}-{time.monotonic_ns()}")
+    conf = os.path.join(root, f"broker-{mode}.properties")
+    with open(conf, "w") as f:
+        f.write(f"brokerName=bench\nbrokerId=0\nflushDiskType=ASYNC_FLUSH\n"
+                f"flushIntervalCommitLog=500\nstorePathRootDir={folder}\nnamesrvAddr=\n"
+                f"brokerIP1=127.0.0.1\nlistenPort={port}\nadminPort={admin}\n"
+                f"autoCreateTopicEnable=true\ndefaultTopicQueueNums=4\nflightEnable=false\n"
+                + ("brokerRole=ASYNC_MASTER\n" if mode == "none" else
+                   f"brokerRole=SYNC_MASTER\nhaListenPort={ha_port}\nhaSecret={SECRET}\n"))
+    with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port) as broker:
+        child = None
+        if mode != "none":
+            child = Child(os.path.join(root, f"broker-replica-{time.monotonic_ns()}"),
+                          ha_port, null=mode == "sync-null")
+            child.go()
+        p = Producer(f"127.0.0.1:{port}", request_timeout_s=30)
+        try:
+            deadline = time.monotonic() + 30
+            while True:                 # until the replica is attached (SYNC_MASTER)
+                try:
+                    p.send(Message(TOPIC, b"warm"))
+                    break
+                except Exception:  # ReplicaNotAvailable until the replica attaches
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.1)
+            body = os.urandom(BODY_BYTES)
+            for _ in range(20):
+                p.send_batch([Message(TOPIC, body) for _ in range(batch)])
+            t0, cpu0 = time.perf_counter(), process_cpu_s(broker.pid)
+            for _ in range(batches):
+                p.send_batch([Message(TOPIC, body) for _ in range(batch)])
+            tput = batches * batch / (time.perf_counter() - t0)
+            cpu_us = (process_cpu_s(broker.pid) - cpu0) * 1e6 / (batches * batch)
+            lat = []
+            for _ in range(singles):
+                t = time.perf_counter()
+                p.send(Message(TOPIC, body))
+                lat.append(time.perf_counter() - t)
+        finally:
+            p.shutdown()
+            if child is not None:
+                child.close()
+    return {"tput": tput, "lat": sorted(lat), "cpu": cpu_us}
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def broker_part(root: str, repeat: int, batches: int, batch: int, singles: int) -> None:
+    print(f"1b. through a broker (bench_broker.py-style sync sends, one Producer): "
+          f"{batches} x send_batch({batch} x {BODY_BYTES} B), then {singles} x send(1); "
+          "none = ASYNC_MASTER without a replica, sync-null / sync = SYNC_MASTER with the "
+          "ack-only / full replica process")
+    res: dict[str, list[dict]] = {m: [] for m in BROKER_MODES}
+    for i in track(range(repeat), "broker runs"):
+        k = i % len(BROKER_MODES)
+        for m in BROKER_MODES[k:] + BROKER_MODES[:k]:
+            res[m].append(broker_run(root, m, batches=batches, batch=batch, singles=singles))
+    for m in BROKER_MODES:
+        tput = [r["tput"] for r in res[m]]
+        p50 = [r["lat"][len(r["lat"]) // 2] * 1e3 for r in res[m]]
+        p99 = [r["lat"][int(0.99 * len(r["lat"]))] * 1e3 for r in res[m]]
+        cpu = statistics.median(r["cpu"] for r in res[m])
+        line = f"   {m:10s} {fmt_range(tput, ' msgs/s'):>26} {cpu:6.1f} us broker CPU/msg; " \
+               f"send p50 {min(p50):.2f}-{max(p50):.2f} ms, p99 {min(p99):.2f}-{max(p99):.2f} ms"
+        if m != "none":
+            ratio = [r["tput"] / n["tput"] for r, n in zip(res[m], res["none"])]
+            cpu_ratio = [n["cpu"] / r["cpu"] for r, n in zip(res[m], res["none"])]
+            extra = [(r["lat"][len(r["lat"]) // 2] - n["lat"][len(n["lat"]) // 2]) * 1e3
+                     for r, n in zip(res[m], res["none"])]
+            line += f"  ratio {min(ratio):.2f}-{max(ratio):.2f} (median " \
+                    f"{statistics.median(ratio):.2f}), CPU ratio {min(cpu_ratio):.2f}-" \
+                    f"{max(cpu_ratio):.2f} (median {statistics.median(cpu_ratio):.2f}), " \
+                    f"send p50 +{statistics.median(extra):.2f} ms"
+        print(line)
 
 
 # ---------------------------------------------------------------- 2. catch-up
@@ -304,6 +422,22 @@ def raw_stream_run(root: str, master_url: str, i: int) -> float:
     return elapsed
 
 
+def print_modes(modes, rates: dict, cpus: dict) -> None:
+    """Per mode: msgs/s and its ratio to ``none`` of the same run (min-max, median); the
+    master's CPU per message and ``none``'s CPU / the mode's (what the master would
+    sustain on cores of its own, the replica elsewhere)."""
+    def span(xs: list[float]) -> str:
+        return f"{min(xs):.2f}-{max(xs):.2f} (median {statistics.median(xs):.2f})"
+    for m in modes:
+        line = f"   {m:10s} {fmt_range(rates[m], ' msgs/s'):>26} " \
+               f"{statistics.median(cpus[m]):6.2f} us CPU/msg"
+        if m != "none":
+            wall = [a / b for a, b in zip(rates[m], rates["none"])]
+            cpu = [b / a for a, b in zip(cpus[m], cpus["none"])]
+            line += f"  ratio {span(wall)}, CPU ratio {span(cpu)}"
+        print(line)
+
+
 def fmt_range(xs: list[float], unit: str = "") -> str:
     return f"{min(xs):,.0f}-{max(xs):,.0f}{unit}" if len(xs) > 1 else f"{xs[0]:,.0f}{unit}"
 
@@ -317,6 +451,7 @@ def main() -> int:
                          "(a second disk, as the replica's machine would have)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--catchup-only", action="store_true", help="skip the send throughput part")
+    ap.add_argument("--no-broker", action="store_true", help="skip the through-a-broker part")
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--messages", type=int, default=None)
@@ -334,7 +469,7 @@ def main() -> int:
     if args.replica_child:
         replica_child(args.replica_child[0], int(args.replica_child[1]))
         return 0
-    messages = args.messages or (40_000 if args.quick else 200_000)
+    messages = args.messages or (160_000 if args.quick else 400_000)
     mib = args.catchup_mib or (64 if args.quick else 256)
     root = tempfile.mkdtemp(prefix="sparkmq-bench-ha-", dir=args.dir)
     dest = tempfile.mkdtemp(prefix="sparkmq-bench-ha-replica-", dir=args.replica_dir) \
@@ -347,19 +482,18 @@ def main() -> int:
                   f"{args.batch}, {args.threads} sender threads, ASYNC_FLUSH (msgs/s)")
             modes = ("none", "async", "sync", "async-null", "sync-null")
             rates: dict[str, list[float]] = {m: [] for m in modes}
-            ratios: dict[str, list[float]] = {m: [] for m in modes[1:]}
-            for _ in track(range(args.repeat), "runs"):
-                run = {m: send_run(root, m, messages=messages, batch=args.batch,
-                                   threads=args.threads, replica_root=dest)
-                       for m in modes}
-                for m, v in run.items():
-                    rates[m].append(v)
-                for m in modes[1:]:
-                    ratios[m].append(run[m] / run["none"])
-            for m in modes:
-                r = "" if m == "none" else \
-                    f"  ratio {min(ratios[m]):.2f}-{max(ratios[m]):.2f}"
-                print(f"   {m:10s} {fmt_range(rates[m], ' msgs/s')}{r}")
+            cpus: dict[str, list[float]] = {m: [] for m in modes}
+            for i in track(range(args.repeat), "runs"):
+                k = i % len(modes)                 # rotate: no mode always runs first
+                for m in modes[k:] + modes[:k]:
+                    rate, cpu = send_run(root, m, messages=messages, batch=args.batch,
+                                         threads=args.threads, replica_root=dest)
+                    rates[m].append(rate)
+                    cpus[m].append(cpu)
+            print_modes(modes, rates, cpus)
+            if not args.no_broker:
+                broker_part(root, args.repeat, batches=100 if args.quick else 400,
+                            batch=100, singles=200 if args.quick else 1000)
         print(f"2. catch-up of {mib} MiB (32 MiB segments) from empty, against copyfile+fsync "
               "and against a raw TCP stream of the same files (sendfile -> write+fsync)")
         store, url = fill_master(root, mib)
