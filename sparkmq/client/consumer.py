@@ -35,6 +35,7 @@ from ..errors import SparkMQError, UserError
 from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
                    Connections, Queue, ReceivedMessage, RouteCache, check, duration,
                    parse_endpoints)
+from .acks import AckBatcher
 from .flight import TRANSPORTS, _FlightDown, FlightTransport, received_messages, tag_set
 
 log = logging.getLogger("sparkmq.client.consumer")
@@ -230,6 +231,8 @@ class PushConsumer(_GroupClient):
     """Background consumption: per (topic, broker) a poller thread long-polls receives
     and hands messages to ``listener(message) -> ConsumeResult`` on ``consume_threads``
     threads; SUCCESS acks, FAILURE or an exception does not (the message comes back).
+    Acks go in batches (one AckMessage per broker and topic for every ack waiting then;
+    ``consumed`` counts acks the broker accepted); orderly groups ack one by one.
 
     ``orderly=True``: messages of one message group from one receive are processed one
     after another in order, and after a failure the rest of that group is not processed
@@ -262,8 +265,15 @@ class PushConsumer(_GroupClient):
         self.consumed = 0
         self.failed = 0
         self._count_lock = threading.Lock()
+        # acks of concurrently consumed messages go in batches (acks.py); an orderly
+        # group acks each message before the next of its group, as it must
+        self._acks = None if orderly else AckBatcher(group, self.conns.call, self._acked)
         if start:
             self.start()
+
+    def _acked(self, n: int) -> None:
+        with self._count_lock:
+            self.consumed += n
 
     def start(self) -> "PushConsumer":
         self._heartbeat()
@@ -359,6 +369,9 @@ class PushConsumer(_GroupClient):
             log.exception("listener raised on %s; it will be redelivered", m.message_id)
             result = ConsumeResult.FAILURE
         if result is ConsumeResult.SUCCESS:
+            if self._acks is not None:
+                self._acks.add(m)            # counted in ``consumed`` once acked
+                return True
             try:
                 self._ack(m)
             except (ClientError, BrokerUnavailableError) as e:
@@ -378,6 +391,8 @@ class PushConsumer(_GroupClient):
         for t in [*self._pollers, *([self._maintainer] if self._maintainer else [])]:
             t.join(max(0.0, deadline - time.monotonic()))
         self._pool.shutdown(wait=True, cancel_futures=True)
+        if self._acks is not None:
+            self._acks.close(max(1.0, deadline - time.monotonic()))
         self.close()
 
     def __enter__(self) -> "PushConsumer":
