@@ -34,7 +34,9 @@ def broker_conf(tmp: str, **extra) -> tuple[str, int, int]:
     port, admin = free_port(), free_port()
     props = {"brokerName": "bench", "flushDiskType": "ASYNC_FLUSH",
              "storePathRootDir": f"{tmp}/mq", "listenPort": port, "adminPort": admin,
-             "autoCreateTopicEnable": "true", **extra}
+             "autoCreateTopicEnable": "true",
+             "flightEnable": "false",       # the clients' sends take RocketMQ gRPC
+             **extra}
     conf = os.path.join(tmp, "broker.properties")
     with open(conf, "w") as f:
         f.write("".join(f"{k}={v}\n" for k, v in props.items()))
