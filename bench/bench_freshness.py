@@ -4,6 +4,7 @@ Spark's own micro-batch floor, in one run.
     .venv/bin/python bench/bench_freshness.py [--quick] [--rate N] [--seconds S]
                                               [--flush ASYNC_FLUSH|SYNC_FLUSH]
                                               [--publish-min-gap-ms G]
+                                              [--driver-read-max-messages N]
 
 1. a broker subprocess (``python -m sparkmq.broker``, default publish settings unless
    ``--publish-min-gap-ms``; ``publishMinGapMs`` at or above ``publishIntervalMs``
@@ -187,6 +188,9 @@ def main(argv=None) -> int:
     ap.add_argument("--publish-min-gap-ms", type=int, default=None,
                     help="the broker's publishMinGapMs (default: its default; 1000 or more: "
                          "no fast publishing)")
+    ap.add_argument("--driver-read-max-messages", type=int, default=None,
+                    help="the stream's driverReadMaxMessages (default: the source's; 0: every "
+                         "micro-batch read by executor tasks)")
     a = ap.parse_args(argv)
     seconds = a.seconds or (20.0 if a.quick else 60.0)
     from sparkmq.client import Message, Producer
@@ -207,8 +211,11 @@ def main(argv=None) -> int:
         floor_start_ms, floor = floor_phase(spark, a.rate, seconds, tmp)
         # 3. sparkmq
         rec = Recorder("body")
-        df = spark.readStream.format("sparkmq").option("startingOffsets", "latest") \
-            .option("topic", "fresh").load(store)
+        r = spark.readStream.format("sparkmq").option("startingOffsets", "latest") \
+            .option("topic", "fresh")
+        if a.driver_read_max_messages is not None:
+            r = r.option("driverReadMaxMessages", str(a.driver_read_max_messages))
+        df = r.load(store)
         marks: dict = {}
 
         def feed():
@@ -234,7 +241,9 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     n = int(a.rate * seconds)
     print(f"\nfreshness, {a.rate:g} msg/s for {seconds:g} s, {a.flush}, "
-          f"publishMinGapMs={a.publish_min_gap_ms or 'default'}, default trigger, "
+          f"publishMinGapMs={a.publish_min_gap_ms or 'default'}, driverReadMaxMessages="
+          f"{'default' if a.driver_read_max_messages is None else a.driver_read_max_messages}, "
+          "default trigger, "
           f"local[{PARTITIONS}]")
     print(f"{'':28}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'seen':>8}{'start ms':>10}")
     for name, lat, start in (("spark floor (socket source)", floor, floor_start_ms),
