@@ -98,10 +98,12 @@ def paced(rate: float, seconds: float, send) -> dict[int, float]:
 
 
 def latencies(sent: dict[int, float], rec: Recorder, settle_s: float = 5.0) -> list[float]:
+    """Arrival minus ack of every send that arrived; send ``i`` carries id ``i + 1`` (id 0
+    is the line or message that starts the query)."""
     deadline = time.monotonic() + settle_s
-    while time.monotonic() < deadline and len(rec.arrived) < len(sent):
+    while time.monotonic() < deadline and sum(i + 1 in rec.arrived for i in sent) < len(sent):
         time.sleep(0.05)
-    return [(rec.arrived[i] - t) * 1000.0 for i, t in sent.items() if i in rec.arrived]
+    return [(rec.arrived[i + 1] - t) * 1000.0 for i, t in sent.items() if i + 1 in rec.arrived]
 
 
 def run_query(spark, df, rec: Recorder, checkpoint: str, feed):
