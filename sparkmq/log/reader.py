@@ -474,7 +474,8 @@ class Snapshot(MessageReader):
 
         An older ``version``, or one whose commits log cleanup already deleted, is a
         fresh load (:meth:`load`). The new snapshot shares this one's file handle (its
-        memory maps) and checksum cache. Thread-safe."""
+        memory maps, less those of segments the new version removed) and checksum cache.
+        Thread-safe."""
         if version == self.version:
             return self
         if version is not None and version < self.version:
@@ -486,6 +487,11 @@ class Snapshot(MessageReader):
         # (a state new here, handed to no one yet) readers write no checkpoints: drop the
         # changed-keys set a checkpoint load starts, which would grow with every advance
         state.dirty = None
+        # the shared file handle outlives this snapshot: unmap segments the new version
+        # removed (retention), or a long chain of advances would keep every deleted
+        # segment's disk space mapped (an older snapshot still reading one maps it again)
+        for path in self.state.segments.keys() - state.segments.keys():
+            self.sfs.forget(path)
         return Snapshot(self.url, state, storage_options=self.storage_options, sfs=self.sfs,
                         verified=self._verified)
 

@@ -14,6 +14,7 @@ from sparkmq.datasource import stream as stream_mod
 from sparkmq.datasource.snapshots import SnapshotCache
 from sparkmq.datasource.stream import QueueRanges, SparkMQStreamReader
 from sparkmq.log import format as fmt
+from sparkmq.log.actions import RemoveFile
 from sparkmq.log.fs import StoreFS
 from sparkmq.log.reader import Snapshot
 from sparkmq.log.store import Store
@@ -85,6 +86,22 @@ def test_advance_replays_only_the_new_commits(local_store_url, reads):
     reads.clear()
     assert new.advance() is new and reads == []          # nothing new: nothing read
     assert new.advance(old.version).version == old.version   # older: a fresh load
+    store.close()
+
+
+def test_advance_unmaps_segments_the_new_version_removed(local_store_url):
+    store = _store(local_store_url)
+    _publish(store, 2)
+    old = Snapshot.load(local_store_url)
+    assert old.read_table(TOPIC, 0, 0).num_rows == 1        # maps its segment
+    (path,) = old.state.segments
+    assert old.sfs.full(path) in old.sfs._maps
+    store.txlog.commit(lambda st: [RemoveFile(path=path, deletion_timestamp=0)],
+                       operation="TEST RETENTION")
+    new = old.advance()
+    assert path not in new.state.segments and path in old.state.segments
+    assert old.sfs.full(path) not in new.sfs._maps
+    assert old.read_table(TOPIC, 0, 0).num_rows == 1        # the old one maps it again
     store.close()
 
 
