@@ -272,8 +272,12 @@ def parse_options(options) -> ReadOptions:
         urls=urls, namesrv=namesrv, admin_token_file=_get(options, "adminTokenFile") or None,
         by_broker=bool(urls or namesrv), kafka=columns_option(options)[0],
         include_headers=columns_option(options)[1],
-        driver_read_max_messages=_int(options, "driverReadMaxMessages", minimum=0) or 0
-        if _get(options, "driverReadMaxMessages") is not None else 1_000)
+        driver_read_max_messages=_default(_int(options, "driverReadMaxMessages", minimum=0),
+                                          1_000))
+
+
+def _default(value, default):
+    return default if value is None else value
 
 
 def columns_option(options) -> tuple[bool, bool]:

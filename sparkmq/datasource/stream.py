@@ -6,7 +6,12 @@ worker for the whole query: ``latestOffset`` applies admission control
 ``partitions`` plans one committed snapshot version per micro-batch (the same
 planning as a batch read, ``reader.split_ranges``), and ``commit`` records the
 ``consumerGroup`` offsets in the store's log. ``read(partition)`` runs on
-executors, as a batch read's does (``reader.read_range``). A read of several
+executors, as a batch read's does (``reader.read_range``), except for a small
+micro-batch (``driverReadMaxMessages``): ``partitions`` plans it as one
+partition and ``prefetched`` reads it in the driver's source worker, which hands
+the rows to Spark with the partition (``prefetch.py``), saving an executor task.
+Snapshots come from the process's cache (``snapshots.py``): a trigger reads only
+the commits since the last one. A read of several
 stores (``stores.py``) does all of this over every store's queues at once; its
 offsets are keyed by broker name.
 
@@ -357,11 +362,12 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 and sum(r.end - r.start for r in ranges) <= limit)
 
     def prefetched(self, start, end):
-        """The rows of micro-batch (start, end] read here, in the driver's source worker,
-        as an iterator of record batches; None when :meth:`partitions` did not plan it
-        as one small piece, or it holds more than :data:`DRIVER_READ_MAX_BYTES` (its
-        one partition is then read by an executor task, as any other). Reading here
-        saves the micro-batch an executor Python task (``prefetch.py``)."""
+        """The rows of the micro-batch from ``start`` to ``end``, read here (the driver's
+        source worker), as an iterator of record batches; None when :meth:`partitions`
+        did not plan it as one small piece, or it holds more than
+        :data:`DRIVER_READ_MAX_BYTES` (its one partition is then read by an executor
+        task, as any other). Reading here saves the micro-batch an executor Python task
+        (``prefetch.py``)."""
         planned = self._planned
         if planned is None or planned[:2] != (_offset_key(start), _offset_key(end)):
             return None

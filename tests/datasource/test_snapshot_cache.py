@@ -10,6 +10,8 @@ import pyarrow as pa
 import pytest
 
 from sparkmq.datasource import prefetch, snapshots
+from sparkmq.datasource.options import parse_options
+from sparkmq.errors import UserError
 from sparkmq.datasource import stream as stream_mod
 from sparkmq.datasource.snapshots import SnapshotCache
 from sparkmq.datasource.stream import QueueRanges, SparkMQStreamReader
@@ -183,6 +185,9 @@ def test_big_or_heavy_micro_batches_are_left_to_executors(local_store_url, cache
     if prefetch.AVAILABLE:
         assert isinstance(prefetch.stream_reader(SparkMQStreamReader(opts)),
                           prefetch.DriverReads)
+    assert parse_options(opts).driver_read_max_messages == 1000
+    with pytest.raises(UserError, match="driverReadMaxMessages"):
+        parse_options({**opts, "driverReadMaxMessages": "-1"})
     off = SparkMQStreamReader({**opts, "driverReadMaxMessages": "0"})
     assert prefetch.stream_reader(off) is off
     end, parts, rows = _trigger(off, off.initialOffset())
