@@ -20,7 +20,8 @@ Spark's own micro-batch floor, in one run.
    ``_log/`` commits per second while it runs.
 
 Prints p50/p90/p99 for both, their ratios (sparkmq / floor) and the difference, the
-time each query took from ``start()`` to its first batch, and the commit rates.
+time each query took from ``start()`` to its first batch, the p50 of each part of a
+trigger (Spark's progress ``durationMs``) for both, and the commit rates.
 ``--quick``: 20 s per phase (under 2 minutes in all).
 """
 from __future__ import annotations
@@ -116,9 +117,23 @@ def run_query(spark, df, rec: Recorder, checkpoint: str, feed):
                 raise RuntimeError(f"query failed: {q.exception()}")
             time.sleep(0.02)
         start_ms = ((rec.first_batch_s or time.time()) - t0) * 1000.0
-        return start_ms, feed()
+        lat = feed()
+        TRIGGERS.append(trigger_ms(q.recentProgress))
+        return start_ms, lat
     finally:
         q.stop()
+
+
+#: per query run (floor, then sparkmq): p50 ms of each part of a trigger that read rows
+TRIGGERS: list[dict[str, float]] = []
+PARTS = ("triggerExecution", "walCommit", "addBatch", "commitOffsets", "latestOffset")
+
+
+def trigger_ms(progress) -> dict[str, float]:
+    """p50 of Spark's ``durationMs`` parts over the micro-batches that read rows (the
+    last 100 Spark keeps)."""
+    rows = [p.durationMs for p in progress if p.numInputRows]
+    return {k: pct([float(d.get(k, 0)) for d in rows], .5) for k in PARTS}
 
 
 def floor_phase(spark, rate: float, seconds: float, tmp: str):
@@ -256,6 +271,10 @@ def main(argv=None) -> int:
         f"{pct(mq, q) / pct(floor, q):9.2f}" for q in (.5, .9, .99)))
     print(f"{'difference ms':28}" + "".join(
         f"{pct(mq, q) - pct(floor, q):9.0f}" for q in (.5, .9, .99)))
+    if len(TRIGGERS) == 2:
+        print("trigger p50 ms (Spark's durationMs, micro-batches with rows): " + "; ".join(
+            f"{k} {TRIGGERS[0][k]:.0f}/{TRIGGERS[1][k]:.0f}" for k in PARTS) +
+            "  (floor/sparkmq)")
     print(f"_log/ commits/s: no stream reading {no_reader_cps:.2f}, "
           f"while streaming {stream_cps:.2f}")
     return 0
