@@ -4,6 +4,7 @@ Spark's own micro-batch floor, in one run.
     .venv/bin/python bench/bench_freshness.py [--quick] [--rate N] [--seconds S]
                                               [--flush ASYNC_FLUSH|SYNC_FLUSH]
                                               [--publish-min-gap-ms G]
+                                              [--driver-read-max-messages N]
 
 1. a broker subprocess (``python -m sparkmq.broker``, default publish settings unless
    ``--publish-min-gap-ms``; ``publishMinGapMs`` at or above ``publishIntervalMs``
@@ -19,7 +20,8 @@ Spark's own micro-batch floor, in one run.
    ``_log/`` commits per second while it runs.
 
 Prints p50/p90/p99 for both, their ratios (sparkmq / floor) and the difference, the
-time each query took from ``start()`` to its first batch, and the commit rates.
+time each query took from ``start()`` to its first batch, the p50 of each part of a
+trigger (Spark's progress ``durationMs``) for both, and the commit rates.
 ``--quick``: 20 s per phase (under 2 minutes in all).
 """
 from __future__ import annotations
@@ -97,10 +99,12 @@ def paced(rate: float, seconds: float, send) -> dict[int, float]:
 
 
 def latencies(sent: dict[int, float], rec: Recorder, settle_s: float = 5.0) -> list[float]:
+    """Arrival minus ack of every send that arrived; send ``i`` carries id ``i + 1`` (id 0
+    is the line or message that starts the query)."""
     deadline = time.monotonic() + settle_s
-    while time.monotonic() < deadline and len(rec.arrived) < len(sent):
+    while time.monotonic() < deadline and sum(i + 1 in rec.arrived for i in sent) < len(sent):
         time.sleep(0.05)
-    return [(rec.arrived[i] - t) * 1000.0 for i, t in sent.items() if i in rec.arrived]
+    return [(rec.arrived[i + 1] - t) * 1000.0 for i, t in sent.items() if i + 1 in rec.arrived]
 
 
 def run_query(spark, df, rec: Recorder, checkpoint: str, feed):
@@ -113,9 +117,23 @@ def run_query(spark, df, rec: Recorder, checkpoint: str, feed):
                 raise RuntimeError(f"query failed: {q.exception()}")
             time.sleep(0.02)
         start_ms = ((rec.first_batch_s or time.time()) - t0) * 1000.0
-        return start_ms, feed()
+        lat = feed()
+        TRIGGERS.append(trigger_ms(q.recentProgress))
+        return start_ms, lat
     finally:
         q.stop()
+
+
+#: per query run (floor, then sparkmq): p50 ms of each part of a trigger that read rows
+TRIGGERS: list[dict[str, float]] = []
+PARTS = ("triggerExecution", "walCommit", "addBatch", "commitOffsets", "latestOffset")
+
+
+def trigger_ms(progress) -> dict[str, float]:
+    """p50 of Spark's ``durationMs`` parts over the micro-batches that read rows (the
+    last 100 Spark keeps)."""
+    rows = [p.durationMs for p in progress if p.numInputRows]
+    return {k: pct([float(d.get(k, 0)) for d in rows], .5) for k in PARTS}
 
 
 def floor_phase(spark, rate: float, seconds: float, tmp: str):
@@ -187,6 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--publish-min-gap-ms", type=int, default=None,
                     help="the broker's publishMinGapMs (default: its default; 1000 or more: "
                          "no fast publishing)")
+    ap.add_argument("--driver-read-max-messages", type=int, default=None,
+                    help="the stream's driverReadMaxMessages (default: the source's; 0: every "
+                         "micro-batch read by executor tasks)")
     a = ap.parse_args(argv)
     seconds = a.seconds or (20.0 if a.quick else 60.0)
     from sparkmq.client import Message, Producer
@@ -207,8 +228,11 @@ def main(argv=None) -> int:
         floor_start_ms, floor = floor_phase(spark, a.rate, seconds, tmp)
         # 3. sparkmq
         rec = Recorder("body")
-        df = spark.readStream.format("sparkmq").option("startingOffsets", "latest") \
-            .option("topic", "fresh").load(store)
+        r = spark.readStream.format("sparkmq").option("startingOffsets", "latest") \
+            .option("topic", "fresh")
+        if a.driver_read_max_messages is not None:
+            r = r.option("driverReadMaxMessages", str(a.driver_read_max_messages))
+        df = r.load(store)
         marks: dict = {}
 
         def feed():
@@ -234,7 +258,9 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     n = int(a.rate * seconds)
     print(f"\nfreshness, {a.rate:g} msg/s for {seconds:g} s, {a.flush}, "
-          f"publishMinGapMs={a.publish_min_gap_ms or 'default'}, default trigger, "
+          f"publishMinGapMs={a.publish_min_gap_ms or 'default'}, driverReadMaxMessages="
+          f"{'default' if a.driver_read_max_messages is None else a.driver_read_max_messages}, "
+          "default trigger, "
           f"local[{PARTITIONS}]")
     print(f"{'':28}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'seen':>8}{'start ms':>10}")
     for name, lat, start in (("spark floor (socket source)", floor, floor_start_ms),
@@ -245,6 +271,10 @@ def main(argv=None) -> int:
         f"{pct(mq, q) / pct(floor, q):9.2f}" for q in (.5, .9, .99)))
     print(f"{'difference ms':28}" + "".join(
         f"{pct(mq, q) - pct(floor, q):9.0f}" for q in (.5, .9, .99)))
+    if len(TRIGGERS) == 2:
+        print("trigger p50 ms (Spark's durationMs, micro-batches with rows): " + "; ".join(
+            f"{k} {TRIGGERS[0][k]:.0f}/{TRIGGERS[1][k]:.0f}" for k in PARTS) +
+            "  (floor/sparkmq)")
     print(f"_log/ commits/s: no stream reading {no_reader_cps:.2f}, "
           f"while streaming {stream_cps:.2f}")
     return 0

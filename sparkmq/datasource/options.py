@@ -48,6 +48,8 @@ option                     default  meaning
 ``key``                    —        B: only messages with this key (through the Index)
 ``columns``                sparkmq  ``kafka``: the columns of Spark's Kafka source (``kafka.py``)
 ``includeHeaders``         false    with columns=kafka: add Kafka's ``headers`` column
+``driverReadMaxMessages``  1000     S: a micro-batch of at most N messages is read in the
+                                    driver's source worker, not in executor tasks (0: never)
 =========================  =======  ==========================================================
 
 Kafka's ``subscribe``, ``subscribePattern``, ``assign`` and ``maxOffsetsPerTrigger`` are
@@ -113,6 +115,7 @@ class ReadOptions:
     topics_anywhere: bool = False                  # a named topic may miss in this store
     kafka: bool = False                            # columns=kafka: Kafka's columns (kafka.py)
     include_headers: bool = False                  # with them: Kafka's headers column
+    driver_read_max_messages: int = 1_000          # S: smaller micro-batches read on the driver
 
 
 def _get(options, name: str):
@@ -177,7 +180,8 @@ READ_NAMES = {n.lower(): n for n in (
     "storageOptions", "subscribe", "subscribePattern", "assign", "maxOffsetsPerTrigger",
     "minOffsetsPerTrigger", "maxTriggerDelay", "startingOffsetsByTimestamp",
     "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy", "key", "paths",
-    "stores", "namesrv", "adminTokenFile", "columns", "includeHeaders")}
+    "stores", "namesrv", "adminTokenFile", "columns", "includeHeaders",
+    "driverReadMaxMessages")}
 #: Kafka source name -> sparkmq name (same meaning)
 KAFKA_ALIASES = {"subscribe": "topics", "subscribePattern": "topicPattern",
                  "maxOffsetsPerTrigger": "maxMessagesPerTrigger"}
@@ -267,7 +271,13 @@ def parse_options(options) -> ReadOptions:
         by_timestamp_strategy=strategy, key=_get(options, "key") or None,
         urls=urls, namesrv=namesrv, admin_token_file=_get(options, "adminTokenFile") or None,
         by_broker=bool(urls or namesrv), kafka=columns_option(options)[0],
-        include_headers=columns_option(options)[1])
+        include_headers=columns_option(options)[1],
+        driver_read_max_messages=_default(_int(options, "driverReadMaxMessages", minimum=0),
+                                          1_000))
+
+
+def _default(value, default):
+    return default if value is None else value
 
 
 def columns_option(options) -> tuple[bool, bool]:

@@ -6,8 +6,10 @@ Where things run:
   the driver (Spark's Python planner worker). The reader pins ONE committed
   snapshot version there; every partition carries (url, version), so all
   tasks of a read see the same whole committed version.
-* ``read(partition)`` runs on executors: it opens that version (cached per
-  Python worker by URL, version and storage options), and yields
+* ``read(partition)`` runs on executors: it opens that version (from the
+  process's snapshot cache, ``snapshots.py``: kept across tasks and triggers, a
+  newer version advanced from the newest cached by replaying only the newer
+  commits), and yields
   ``pyarrow.RecordBatch`` es straight from the memory-mapped segments
   (``Snapshot.iter_tables``, cast to :data:`ARROW_SCHEMA` a step of up to
   65,536 messages at a time; no per-row or per-batch Python). A schema the
@@ -26,10 +28,7 @@ are filtered per batch. Anything else goes back to Spark.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -114,34 +113,14 @@ def output_schema(schema: StructType | None, opts: ReadOptions | None = None,
         return None
     return to_arrow_schema(StructType(list(schema.fields)), timezone="UTC")
 
-# -- snapshots on executors ---------------------------------------------------
-_SNAPSHOTS: "OrderedDict[tuple, Snapshot]" = OrderedDict()
-_SNAPSHOTS_LOCK = threading.Lock()
-_SNAPSHOTS_MAX = 4
-
-
+# -- snapshots -----------------------------------------------------------------
 def open_snapshot(url: str, version: int | None = None, *, timestamp_ms: int | None = None,
                   storage_options: dict | None = None) -> Snapshot:
-    """A Snapshot; pinned versions are cached per process (thread-safe)."""
-    if version is None:
-        return Snapshot.load(url, timestamp_ms=timestamp_ms, storage_options=storage_options)
-    # the same URL with other storage options may be another store (or other credentials)
-    key = (url, version, _options_key(storage_options))
-    with _SNAPSHOTS_LOCK:
-        snap = _SNAPSHOTS.get(key)
-        if snap is not None:
-            _SNAPSHOTS.move_to_end(key)
-            return snap
-    snap = Snapshot.load(url, version=version, storage_options=storage_options)
-    with _SNAPSHOTS_LOCK:
-        _SNAPSHOTS[key] = snap
-        while len(_SNAPSHOTS) > _SNAPSHOTS_MAX:
-            _SNAPSHOTS.popitem(last=False)
-    return snap
-
-
-def _options_key(storage_options: dict | None) -> str:
-    return json.dumps(storage_options or {}, sort_keys=True, default=repr)
+    """A Snapshot of ``version`` (default: the newest), from this process's cache
+    (``snapshots.CACHE``: a newer version is advanced from the newest one cached,
+    replaying only the commits after it). Thread-safe."""
+    from .snapshots import CACHE
+    return CACHE.get(url, version, timestamp_ms=timestamp_ms, storage_options=storage_options)
 
 
 def broker_name(snap: Snapshot) -> str:

@@ -39,7 +39,8 @@ class SparkMQDataSource(DataSource):
 
     def streamReader(self, schema: StructType):
         _refuse_memory(self.options)
-        return SparkMQStreamReader(self.options, schema)
+        from .prefetch import stream_reader
+        return stream_reader(SparkMQStreamReader(self.options, schema))
 
     def writer(self, schema: StructType, overwrite: bool):
         from .writer import SparkMQBatchWriter

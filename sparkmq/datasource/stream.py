@@ -6,7 +6,12 @@ worker for the whole query: ``latestOffset`` applies admission control
 ``partitions`` plans one committed snapshot version per micro-batch (the same
 planning as a batch read, ``reader.split_ranges``), and ``commit`` records the
 ``consumerGroup`` offsets in the store's log. ``read(partition)`` runs on
-executors, as a batch read's does (``reader.read_range``). A read of several
+executors, as a batch read's does (``reader.read_range``), except for a small
+micro-batch (``driverReadMaxMessages``): ``partitions`` plans it as one
+partition and ``prefetched`` reads it in the driver's source worker, which hands
+the rows to Spark with the partition (``prefetch.py``), saving an executor task.
+Snapshots come from the process's cache (``snapshots.py``): a trigger reads only
+the commits since the last one. A read of several
 stores (``stores.py``) does all of this over every store's queues at once; its
 offsets are keyed by broker name.
 
@@ -18,12 +23,15 @@ committed versions only.
 """
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import time
 import uuid
+from dataclasses import dataclass
 
 import numpy as np
-from pyspark.sql.datasource import DataSourceStreamReader
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import (ReadAllAvailable, ReadLimit, ReadMaxBytes,
                                               ReadMaxRows, ReadMinRows,
                                               SupportsTriggerAvailableNow)
@@ -147,6 +155,25 @@ class ReaderInterest:
 
 
 # -- streaming reader ----------------------------------------------------------------------
+#: a micro-batch read in the driver holds at most this many bytes (else executors read it)
+DRIVER_READ_MAX_BYTES = 64 << 20
+
+
+@dataclass
+class QueueRanges(InputPartition):
+    """The ranges of a small micro-batch as one partition (read in the driver, or by one
+    executor task)."""
+
+    ranges: tuple
+
+    def __post_init__(self):
+        InputPartition.__init__(self, None)
+
+
+def _offset_key(offset) -> str:
+    return json.dumps(offset or {}, sort_keys=True)
+
+
 class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """``spark.readStream.format("sparkmq")``. Offsets: {"topic": {"queue": next_offset}},
     or for a read of several stores {"broker": {"topic": {"queue": next_offset}}}.
@@ -175,6 +202,10 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.target: dict[BrokerQueue, int] | None = None
         self.interest = ReaderInterest(self.stores)
         self._recorded: dict[str, dict[TopicQueue, int]] = {}
+        #: (start, end, its partition) of the last micro-batch planned as one piece
+        self._planned: tuple | None = None
+        #: micro-batches read in this process (the driver) by :meth:`prefetched`
+        self.driver_reads = 0
 
     @staticmethod
     def _open_newest(opts: ReadOptions) -> Snapshot:
@@ -314,9 +345,44 @@ class SparkMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                  schema=self.schema, kafka=self.opts.kafka))
             if r is not None:
                 ranges.append(r)
+        ranges = [r for r in ranges if r.end > r.start]
+        self._planned = None
+        if ranges and self._small(ranges):
+            one = QueueRanges(tuple(ranges))
+            self._planned = (_offset_key(start), _offset_key(end), one)
+            return [one]
         return split_ranges(ranges, self.opts.min_partitions)
 
-    def read(self, partition: QueueRange):
+    def _small(self, ranges: list[QueueRange]) -> bool:
+        """A micro-batch read in one piece (one partition, in the driver when Spark asks
+        for prefetched rows: :meth:`prefetched`): at most ``driverReadMaxMessages``
+        messages, and no ``minPartitions`` above one asks for parallel tasks."""
+        limit = self.opts.driver_read_max_messages
+        return (limit > 0 and (self.opts.min_partitions or 1) <= 1
+                and sum(r.end - r.start for r in ranges) <= limit)
+
+    def prefetched(self, start, end):
+        """The rows of the micro-batch from ``start`` to ``end``, read here (the driver's
+        source worker), as an iterator of record batches; None when :meth:`partitions`
+        did not plan it as one small piece, or it holds more than
+        :data:`DRIVER_READ_MAX_BYTES` (its one partition is then read by an executor
+        task, as any other). Reading here saves the micro-batch an executor Python task
+        (``prefetch.py``)."""
+        planned = self._planned
+        if planned is None or planned[:2] != (_offset_key(start), _offset_key(end)):
+            return None
+        batches, nbytes = [], 0
+        for batch in self.read(planned[2]):
+            batches.append(batch)
+            nbytes += batch.nbytes
+            if nbytes > DRIVER_READ_MAX_BYTES:
+                return None
+        self.driver_reads += 1
+        return iter(batches)
+
+    def read(self, partition: "QueueRange | QueueRanges"):
+        if isinstance(partition, QueueRanges):
+            return itertools.chain.from_iterable(read_range(r) for r in partition.ranges)
         return read_range(partition)
 
     def commit(self, end):

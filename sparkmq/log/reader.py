@@ -437,7 +437,8 @@ class Snapshot(MessageReader):
     """
 
     def __init__(self, url: str, state: LogState, *, storage_options: dict | None = None,
-                 sfs: StoreFS | None = None):
+                 sfs: StoreFS | None = None,
+                 verified: checksum.VerifiedBatches | None = None):
         self.url = url
         self.sfs = sfs or StoreFS(url, storage_options)
         # the options travel with the snapshot when it is pickled: take them from the
@@ -452,7 +453,9 @@ class Snapshot(MessageReader):
         self._index_files = list(state.index_files.values())
         self._max = state.queue_max_offsets()
         self._min = state.queue_min_offsets()
-        self._verified = checksum.VerifiedBatches()   # batches whose checksum was checked
+        # batches whose checksum was checked (shared with the snapshots advanced from this
+        # one: a batch's bytes never change while a version lists them)
+        self._verified = verified if verified is not None else checksum.VerifiedBatches()
 
     @classmethod
     def load(cls, url: str, *, version: int | None = None, timestamp_ms: int | None = None,
@@ -460,6 +463,37 @@ class Snapshot(MessageReader):
         sfs = StoreFS(url, storage_options)
         state = TransactionLog(sfs).snapshot(version, timestamp_ms=timestamp_ms)
         return cls(url, state, storage_options=storage_options, sfs=sfs)
+
+    def advance(self, version: int | None = None) -> "Snapshot":
+        """The snapshot of ``version`` (default: the newest) of the same store, built from
+        this one: only the commits after this version are read and replayed onto a copy of
+        its state (no ``_last_checkpoint``, checkpoint or sidecar read), and the newest
+        version is found by probing the commit files after this one, not by listing
+        ``_log/``. This snapshot is not changed (states are immutable): a reader holding
+        it keeps reading exactly its version. ``self`` when ``version`` is this one.
+
+        An older ``version``, or one whose commits log cleanup already deleted, is a
+        fresh load (:meth:`load`). The new snapshot shares this one's file handle (its
+        memory maps, less those of segments the new version removed) and checksum cache.
+        Thread-safe."""
+        if version == self.version:
+            return self
+        if version is not None and version < self.version:
+            return Snapshot.load(self.url, version=version,
+                                 storage_options=self.storage_options)
+        state = TransactionLog(self.sfs).snapshot(version, base=self.state)
+        if state is self.state:
+            return self
+        # (a state new here, handed to no one yet) readers write no checkpoints: drop the
+        # changed-keys set a checkpoint load starts, which would grow with every advance
+        state.dirty = None
+        # the shared file handle outlives this snapshot: unmap segments the new version
+        # removed (retention), or a long chain of advances would keep every deleted
+        # segment's disk space mapped (an older snapshot still reading one maps it again)
+        for path in self.state.segments.keys() - state.segments.keys():
+            self.sfs.forget(path)
+        return Snapshot(self.url, state, storage_options=self.storage_options, sfs=self.sfs,
+                        verified=self._verified)
 
     def __reduce__(self):
         # pickles as (url, version, storage options): the copy reopens the same

@@ -300,7 +300,9 @@ def batch_rows(q) -> list[int]:
 @pytest.mark.spark
 def test_stream_max_messages_per_trigger_batch_by_batch(spark, local_store_url, tmp_path):
     make_store(local_store_url, 40)
-    df = stream(spark, local_store_url, maxMessagesPerTrigger="7", consumerGroup="spark-g")
+    # (driverReadMaxMessages=0: no driver reads, so the progress reports latestOffset)
+    df = stream(spark, local_store_url, maxMessagesPerTrigger="7", consumerGroup="spark-g",
+                driverReadMaxMessages="0")
     q = run_available_now(df, "mmpt", tmp_path / "ckpt")
     assert batch_rows(q) == [7, 7, 7, 7, 7, 5]
     got = spark.sql("select body from mmpt").collect()
