@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from ..errors import (DataLossError, InvalidMessageIdError,
                       QueueNotFoundError, TopicNotFoundError, UserError)
-from ..errors import StoreIOError
+from ..errors import SparkMQError, StoreIOError
 from . import checksum
 from . import format as fmt
 from . import segment as seg
@@ -481,7 +481,10 @@ class Snapshot(MessageReader):
         if version is not None and version < self.version:
             return Snapshot.load(self.url, version=version,
                                  storage_options=self.storage_options)
-        state = TransactionLog(self.sfs).snapshot(version, base=self.state)
+        tl = TransactionLog(self.sfs)
+        if not self._same_store(tl):
+            return Snapshot.load(self.url, version=version, storage_options=self.storage_options)
+        state = tl.snapshot(version, base=self.state)
         if state is self.state:
             return self
         # (a state new here, handed to no one yet) readers write no checkpoints: drop the
@@ -494,6 +497,15 @@ class Snapshot(MessageReader):
             self.sfs.forget(path)
         return Snapshot(self.url, state, storage_options=self.storage_options, sfs=self.sfs,
                         verified=self._verified)
+
+    def _same_store(self, tl: TransactionLog) -> bool:
+        """This version's commit file is still the one this snapshot was built from
+        (same commit time): the store at the URL was not deleted and made again, whose
+        commits must not be replayed onto this state. One small read."""
+        try:
+            return tl.commit_timestamp(self.version) == self.state.timestamp_ms
+        except (FileNotFoundError, SparkMQError):   # gone (cleaned up, or another store)
+            return False
 
     def __reduce__(self):
         # pickles as (url, version, storage options): the copy reopens the same
