@@ -98,29 +98,31 @@ def stored_recalls(store) -> dict[int, set[int]]:
 def delivered_sources(store, since_ms: int, floors: dict[int, int]) -> dict[tuple[int, int], int]:
     """(schedule queue, offset) -> due ms of parked messages whose copy a real topic holds,
     stored at or after ``since_ms``, limited to queues in ``floors`` at offsets from their
-    floor. Reads two columns of every topic's messages since ``since_ms``, in steps."""
+    floor. Reads two columns of the messages stored since ``since_ms``, in steps, of the
+    queues whose stats say they hold any (not every queue of every topic)."""
     found: dict[tuple[int, int], int] = {}
-    for topic, conf in store.topics().items():
+    if not floors:
+        return found
+    for topic, q in store.queues_stored_since(max(0, since_ms)):
         if topic in (SCHEDULE_TOPIC, RECALL_TOPIC):
             continue
-        for q in range(conf.read_queue_nums):
-            lo = store.offset_for_time(topic, q, max(0, since_ms))
-            hi = store.max_offset(topic, q)
-            while lo < hi:
-                t = store.read_table(topic, q, lo, min(hi, lo + SCAN_CHUNK),
-                                     columns=["properties", "delivery_timestamp"],
-                                     on_removed="skip")
-                lo += SCAN_CHUNK
-                if t.num_rows == 0:
-                    continue
-                src = pc.map_lookup(t.column("properties"), pa.scalar(PROP_SOURCE), "first")
-                t = t.filter(pc.is_valid(src))
-                dues = t.column("delivery_timestamp").cast(pa.int64()).fill_null(0)
-                for text, due in zip(src.drop_null().to_pylist(), dues.to_pylist()):
-                    a, b = text.split(":")
-                    qid, off = int(a), int(b)
-                    if qid in floors and off >= floors[qid]:
-                        found[(qid, off)] = due
+        lo = store.offset_for_time(topic, q, max(0, since_ms))
+        hi = store.max_offset(topic, q)
+        while lo < hi:
+            t = store.read_table(topic, q, lo, min(hi, lo + SCAN_CHUNK),
+                                 columns=["properties", "delivery_timestamp"],
+                                 on_removed="skip")
+            lo += SCAN_CHUNK
+            if t.num_rows == 0:
+                continue
+            src = pc.map_lookup(t.column("properties"), pa.scalar(PROP_SOURCE), "first")
+            t = t.filter(pc.is_valid(src))
+            dues = t.column("delivery_timestamp").cast(pa.int64()).fill_null(0)
+            for text, due in zip(src.drop_null().to_pylist(), dues.to_pylist()):
+                a, b = text.split(":")
+                qid, off = int(a), int(b)
+                if qid in floors and off >= floors[qid]:
+                    found[(qid, off)] = due
     return found
 
 

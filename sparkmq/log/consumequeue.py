@@ -520,3 +520,24 @@ def _select_entries(entries: pa.Table, columns: list[str] | None) -> pa.Table:
         return entries
     return entries.select([c for c in entries.column_names if c in columns
                            or c == "queue_offset"])
+
+
+def queues_stored_since(state, cq: MemoryConsumeQueue, keys: list[tuple[int, int]],
+                        since_ms: int) -> set[tuple[int, int]]:
+    """(topic id, queue id) of every queue holding an entry stored at or after
+    ``since_ms``: from the per-queue stats of the persisted ConsumeQueue files of
+    ``state`` and the chunks ``cq`` holds for ``keys``. Lets a search by time skip the
+    queues that cannot match instead of looking into each (a broker with 400,000
+    queues restarting looked into every one)."""
+    out: set[tuple[int, int]] = set()
+    for add in state.consumequeue_files.values():
+        for q in add.queues or ():
+            if q.max_timestamp is None or q.max_timestamp >= since_ms:
+                out.add((q.topic_id, q.queue_id))
+    for key in keys:
+        if key in out:
+            continue
+        if any(len(ch.store_ts) and int(ch.store_ts.max()) >= since_ms
+               for ch in cq.all_chunks(*key)):
+            out.add(key)
+    return out

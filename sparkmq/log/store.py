@@ -64,7 +64,7 @@ from .integrity import check_files
 from .batch import MAX_BATCH_BODY_BYTES, PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401
 from .actions import Action, GroupConfig, TopicConfig
 from .commitlog import CommitLog, SegmentRef
-from .consumequeue import live_entries, live_time_entries
+from .consumequeue import live_entries, live_time_entries, queues_stored_since
 from .dispatch import Dispatcher
 from .fs import StoreFS
 from .index import live_index_hits
@@ -390,6 +390,13 @@ class Store(MessageReader):
         keys = [k for k in self.dispatcher.queue_keys()
                 if k[0] == tid and (qid is None or k[1] == qid)]
         return live_time_entries(self.sfs, self.state, self.cq, keys, tid, qid, start_ms, end_ms)
+
+    def queues_stored_since(self, since_ms: int) -> list[tuple[str, int]]:
+        """(topic, queue) of the queues holding a message stored at or after ``since_ms``
+        (per-queue stats; no queue is read)."""
+        names = {t.id: t.name for t in self.state.topics_by_id.values()}
+        hit = queues_stored_since(self.state, self.cq, self.dispatcher.queue_keys(), since_ms)
+        return sorted((names[t], q) for t, q in hit if t in names)
 
     def refresh(self) -> None:
         """Read-only stores: move to the newest committed version."""

@@ -176,3 +176,27 @@ def test_a_lost_or_damaged_wheel_is_rebuilt_from_the_store(store_clock, local_st
     assert len(got) == 29 and len({src for src, _, _ in got}) == 29
     assert f"{POLICY.timer_queue}:{late}" not in {src for src, _, _ in got}
     svc.stop()
+
+
+def test_restart_looks_only_into_queues_holding_recent_messages(store_clock, local_store_url):
+    """The search for copies delivered after the last persist asks each queue's stats
+    first: a restart beside 300 idle topics x 8 queues looks into the delivery topic's
+    queues only (it looked into all 2,402: broker start grew with the topic count)."""
+    store, clock = store_clock
+    t0 = clock.now_ms
+    for i in range(300):
+        store.create_topic(f"idle{i}", read_queue_nums=8, write_queue_nums=8)
+    store.append([Message(topic=f"idle{i}", body=b"old") for i in range(0, 300, 7)])
+    clock.now_ms = t0 + HOUR_MS                     # the idle topics' messages are old now
+    svc = ScheduleService(store, POLICY, clock_ms=clock).start()
+    park_many(store, clock, at_ms=[clock.now_ms + 1000 * (i + 1) for i in range(20)])
+    clock.now_ms += 30_000
+    svc.run_due()
+    svc.stop()
+    looked: list[tuple[str, int]] = []
+    real = store.offset_for_time
+    store.offset_for_time = lambda topic, q, ms: looked.append((topic, q)) or real(topic, q, ms)
+    svc = ScheduleService(store, POLICY, clock_ms=clock).start()
+    assert looked and {t for t, _ in looked} == {"T"}
+    assert svc.pending_count() == 0 and len(delivered(store)) == 20
+    svc.stop()
