@@ -178,7 +178,8 @@ class FlightService(fl.FlightServerBase):
             broker.metrics.inc("sparkmq_bytes_sent_total",
                                pc.sum(pc.binary_length(rows.column("body"))).as_py() or 0,
                                topic=t)
-        broker.notifier.wake(topics)
+        # (long polls were woken per queue by the store's arrival listener as the rows
+        # became visible: a wake here by topic would wake every queue's pulls again)
         from ..log.message import encode_message_id, store_tag
         tag = store_tag(broker.store.store_id)
         ids = [encode_message_id(tag, r.batch_offset, j) for j in range(r.num_rows)]
@@ -252,14 +253,14 @@ class FlightService(fl.FlightServerBase):
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
         deadline = time.monotonic() + poll_ms / 1000.0
         while True:
-            seen = notifier.version(topic)
+            seen = notifier.version(topic, queue)
             hi = store.max_offset(topic, queue)
             if hi > offset:
                 return store.read_table(topic, queue, offset, min(hi, offset + limit))
             left = deadline - time.monotonic()
             if left <= 0:
                 return store.read_table(topic, queue, offset, offset)
-            notifier.wait(topic, seen, left)
+            notifier.wait(topic, seen, left, queue)
 
     # ------------------------------------------------------------ offsets
     def do_action(self, context, action):

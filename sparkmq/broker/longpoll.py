@@ -1,10 +1,13 @@
 """Long polling: receives that found nothing wait here until a message arrives.
 
 ``ArrivalNotifier.on_arrival`` is registered with ``Store.add_listener``; it
-bumps the topic's arrival counter and wakes every waiter (no sleep loop).
-A waiter reads ``version(topic)`` *before* looking for messages and then calls
-``wait(topic, seen, timeout_s)``, so an arrival between the look and the wait
-is never lost. Every wait is bounded by its timeout; ``close()`` wakes all.
+bumps the arrival counters of the topic and of the queue and wakes their waiters
+(no sleep loop). A waiter reads ``version(topic)`` (a receive: any queue of the
+topic) or ``version(topic, queue)`` (a pull of one queue) *before* looking for
+messages and then calls ``wait(topic, seen, timeout_s[, queue])``, so an arrival
+between the look and the wait is never lost. A pull waiter is woken only by its own
+queue (16 pulls of a 16-queue topic are not all woken by each send). Every wait is
+bounded by its timeout; ``close()`` and ``poke()`` wake all.
 
 A SendMessage appends inside ``deferred()`` and hands the topics to ``wake`` once
 its reply is sent (gRPC ``add_callback``): the messages are readable at once (a
@@ -17,7 +20,8 @@ asyncio server, grpc_server.py): a suspended poll holds a future, not a thread, 
 thousands of them cost memory only. Wake-ups reach a coroutine through its loop's
 ``call_soon_threadsafe``.
 
-Thread-safety: one condition variable; safe from any thread.
+Thread-safety: one lock, one condition variable per waited-on key sharing it; safe
+from any thread.
 """
 from __future__ import annotations
 
@@ -29,42 +33,66 @@ import time
 
 class ArrivalNotifier:
     """``capacity``: waits held at once (``maxLongPollingRequests``); one more raises
-    ``TooManyRequestsError`` at once (the proxy's TOO_MANY_REQUESTS)."""
+    ``TooManyRequestsError`` at once (the proxy's TOO_MANY_REQUESTS).
+
+    Keys: a topic (``str``) for receives, ``(topic, queue)`` for pulls. An arrival in
+    a queue moves both; a wake naming only a topic (the queue unknown) moves the
+    topic's and, through its ``blind`` counter, every queue key of that topic."""
 
     def __init__(self, capacity: int = 1 << 30):
         self.capacity = capacity
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._conds: dict = {}             # key -> [Condition on _lock, threads waiting]
         self._local = threading.local()
-        self._versions: dict[str, int] = {}
+        self._versions: dict = {}          # key -> arrivals
+        self._blind: dict[str, int] = {}   # topic -> wakes that named no queue
         self._pokes = 0
         self._closed = False
         self.waiting = 0
-        #: suspended coroutines: topic -> {future: its loop}
-        self._futures: dict[str, dict[asyncio.Future, asyncio.AbstractEventLoop]] = {}
+        #: suspended coroutines: key -> {future: its loop}
+        self._futures: dict = {}
 
     def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
-        """Store listener: messages of ``topic`` became readable. On a thread inside
-        :meth:`deferred` the wake-up waits until that block hands it over."""
+        """Store listener: messages of ``topic``'s queue became readable. On a thread
+        inside :meth:`deferred` the wake-up waits until that block hands it over."""
         held = getattr(self._local, "held", None)
         if held is not None:
-            held.add(topic)
+            held.add((topic, queue_id))
             return
-        self.wake((topic,))
+        self.wake(((topic, queue_id),))
 
-    def wake(self, topics) -> None:
-        """Wake the waiters of ``topics`` (their arrival counters move on)."""
-        with self._cond:
-            for topic in topics:
-                self._versions[topic] = self._versions.get(topic, 0) + 1
-                self._resolve(self._futures.get(topic))
-            self._cond.notify_all()
+    def wake(self, keys) -> None:
+        """Wake the waiters of ``keys``: topics, or (topic, queue) pairs."""
+        with self._lock:
+            for key in keys:
+                topic = key[0] if type(key) is tuple else key
+                self._bump(topic)
+                if type(key) is tuple:
+                    self._bump(key)
+                else:                      # queue unknown: every queue key of the topic
+                    self._blind[topic] = self._blind.get(topic, 0) + 1
+                    for k in [k for k in (*self._conds, *self._futures)
+                              if type(k) is tuple and k[0] == topic]:
+                        self._signal(k)
+
+    def _bump(self, key) -> None:
+        self._versions[key] = self._versions.get(key, 0) + 1
+        self._signal(key)
+
+    def _signal(self, key) -> None:
+        """Wake the threads and coroutines waiting on ``key`` (under the lock)."""
+        c = self._conds.get(key)
+        if c is not None:
+            c[0].notify_all()
+        self._resolve(self._futures.get(key))
 
     @contextlib.contextmanager
     def deferred(self):
-        """Hold this thread's arrival wake-ups; yields the set of topics held, which the
-        caller must pass to :meth:`wake` (e.g. once its own reply is on its way, so the
-        woken long polls do not compete with it for the GIL). Nesting is not supported."""
-        held: set[str] = set()
+        """Hold this thread's arrival wake-ups; yields the set of (topic, queue) held,
+        which the caller must pass to :meth:`wake` (e.g. once its own reply is on its
+        way, so the woken long polls do not compete with it for the GIL). Nesting is
+        not supported."""
+        held: set = set()
         self._local.held = held
         try:
             yield held
@@ -73,11 +101,15 @@ class ArrivalNotifier:
 
     def poke(self) -> None:
         """Wake every waiter (a client went away, a lease expires, shutdown)."""
-        with self._cond:
+        with self._lock:
             self._pokes += 1
-            for waiters in self._futures.values():
-                self._resolve(waiters)
-            self._cond.notify_all()
+            self._signal_all()
+
+    def _signal_all(self) -> None:
+        for c in self._conds.values():
+            c[0].notify_all()
+        for waiters in self._futures.values():
+            self._resolve(waiters)
 
     @staticmethod
     def _resolve(waiters) -> None:
@@ -88,51 +120,74 @@ class ArrivalNotifier:
             except RuntimeError:          # its loop is closed: the server has stopped
                 pass
 
-    def version(self, topic: str) -> tuple[int, int]:
-        with self._cond:
-            return self._versions.get(topic, 0), self._pokes
+    def _version(self, key) -> tuple:
+        if type(key) is tuple:
+            return self._versions.get(key, 0), self._blind.get(key[0], 0), self._pokes
+        return self._versions.get(key, 0), self._pokes
 
-    def wait(self, topic: str, seen: tuple[int, int], timeout_s: float) -> bool:
-        """Wait until ``topic`` changed since ``seen`` (True) or the timeout (False)."""
+    @staticmethod
+    def _key(topic: str, queue_id: int | None):
+        return topic if queue_id is None else (topic, queue_id)
+
+    def version(self, topic: str, queue_id: int | None = None) -> tuple:
+        """What a waiter passes to :meth:`wait` as ``seen``: the arrival counters of
+        ``topic`` (any queue), or of its queue ``queue_id``."""
+        with self._lock:
+            return self._version(self._key(topic, queue_id))
+
+    def wait(self, topic: str, seen: tuple, timeout_s: float,
+             queue_id: int | None = None) -> bool:
+        """Wait until ``topic`` (or its queue ``queue_id``) changed since ``seen``
+        (True) or the timeout (False)."""
+        key = self._key(topic, queue_id)
         deadline = time.monotonic() + max(0.0, timeout_s)
-        with self._cond:
+        with self._lock:
             self._admit()
+            c = self._conds.get(key)
+            if c is None:
+                c = self._conds[key] = [threading.Condition(self._lock), 0]
+            c[1] += 1
             self.waiting += 1
             try:
                 while not self._closed:
-                    if (self._versions.get(topic, 0), self._pokes) != seen:
+                    if self._version(key) != seen:
                         return True
                     left = deadline - time.monotonic()
                     if left <= 0:
                         return False
-                    self._cond.wait(left)
+                    c[0].wait(left)
                 return True
             finally:
                 self.waiting -= 1
+                c[1] -= 1
+                if c[1] == 0:
+                    del self._conds[key]
 
-    async def wait_async(self, topic: str, seen: tuple[int, int], timeout_s: float) -> bool:
-        """:meth:`wait` for a coroutine: suspended (no thread held) until ``topic``
-        changed since ``seen`` (True) or the timeout (False). Cancelling the calling task
-        (the client went away) removes the waiter."""
+    async def wait_async(self, topic: str, seen: tuple, timeout_s: float,
+                         queue_id: int | None = None) -> bool:
+        """:meth:`wait` for a coroutine: suspended (no thread held) until the key
+        changed since ``seen`` (True) or the timeout (False). Cancelling the calling
+        task (the client went away) removes the waiter."""
+        key = self._key(topic, queue_id)
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
-        with self._cond:
-            if self._closed or (self._versions.get(topic, 0), self._pokes) != seen:
+        with self._lock:
+            if self._closed or self._version(key) != seen:
                 return True
             self._admit()
             self.waiting += 1
-            self._futures.setdefault(topic, {})[fut] = loop
+            self._futures.setdefault(key, {})[fut] = loop
         try:
             done, _ = await asyncio.wait((fut,), timeout=max(0.0, timeout_s))
             return bool(done)
         finally:
-            with self._cond:
+            with self._lock:
                 self.waiting -= 1
-                waiters = self._futures.get(topic)
+                waiters = self._futures.get(key)
                 if waiters is not None:
                     waiters.pop(fut, None)
                     if not waiters:
-                        del self._futures[topic]
+                        del self._futures[key]
 
     def _admit(self) -> None:
         """Refuse one more waiter past the capacity (under the lock)."""
@@ -143,11 +198,9 @@ class ArrivalNotifier:
                 "(maxLongPollingRequests); retry after a pause")
 
     def close(self) -> None:
-        with self._cond:
+        with self._lock:
             self._closed = True
-            for waiters in self._futures.values():
-                self._resolve(waiters)
-            self._cond.notify_all()
+            self._signal_all()
 
 
 def _settle(fut: asyncio.Future) -> None:

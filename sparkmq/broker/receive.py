@@ -167,7 +167,7 @@ class ReceiveService:
 
     def _try_read(self, topic: str, qid: int, offset: int, batch: int):
         """One look of a pull: (arrival version seen before it, messages)."""
-        seen = self.notifier.version(topic)
+        seen = self.notifier.version(topic, qid)
         return seen, self.store.read(topic, qid, offset, batch)
 
     @staticmethod
@@ -189,7 +189,7 @@ class ReceiveService:
             left = deadline - time.monotonic()
             if left <= 0 or not self._running():
                 return [], offset
-            await self.notifier.wait_async(topic, seen, left)
+            await self.notifier.wait_async(topic, seen, left, qid)
 
     def change_invisible(self, group, handle: str, invisible_ms: int, topic: str | None) -> str:
         """A new receipt handle for ``handle``'s message, invisible for ``invisible_ms``

@@ -256,3 +256,30 @@ def test_group_retry_max_times_from_its_subscription_group_config(env):
     assert attempts == [1, 2, 3, 4, 5]
     assert pop.pop("Gmany", "T", batch_size=1, invisible_ms=1_000, tag_filter=ALL) == []
     assert pop.max_attempts("Gmany") == 5 and pop.max_attempts("other") == 3
+
+
+def test_a_pull_waits_for_its_own_queue_and_a_receive_for_any():
+    """Pull waiters (one queue) are woken by their queue only; receive waiters (the
+    topic) by any of its queues; a wake naming only the topic reaches both."""
+    n = ArrivalNotifier()
+    q0, q1, topic = n.version("T", 0), n.version("T", 1), n.version("T")
+    n.on_arrival("T", 1, 5)
+    assert not n.wait("T", q0, 0, 0)                  # queue 0's pull: nothing for it
+    assert n.wait("T", q1, 0, 1) and n.wait("T", topic, 0)
+    q0 = n.version("T", 0)
+    n.wake(["T"])                                     # the queue unknown: everyone
+    assert n.wait("T", q0, 0, 0)
+    # a thread parked on queue 0 is not woken by arrivals in queue 1, then is by queue 0
+    woke, seen = [], n.version("T", 0)
+    t = threading.Thread(target=lambda: woke.append(n.wait("T", seen, 30, 0)))
+    t.start()
+    for _ in range(1000):                             # bounded: until the waiter is parked
+        if n.waiting:
+            break
+        threading.Event().wait(0.005)
+    for off in range(6, 50):
+        n.on_arrival("T", 1, off)
+    assert t.is_alive() and woke == []
+    n.on_arrival("T", 0, 1)
+    t.join(30)
+    assert woke == [True]

@@ -204,7 +204,7 @@ def test_deferred_arrivals_wake_nobody_until_handed_to_wake():
     with n.deferred() as held:
         n.on_arrival("T", 0, 1)
         n.on_arrival("U", 1, 5)
-    assert held == {"T", "U"}
+    assert held == {("T", 0), ("U", 1)}
     assert not n.wait("T", seen, 0)                             # nothing moved yet
     n.on_arrival("V", 0, 1)                                     # outside: at once
     assert n.version("V") != seen
