@@ -38,6 +38,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_broker import free_port, wait_port  # noqa: E402
+from bench_spark import spark_session  # noqa: E402
 
 PARTITIONS = 2
 
@@ -47,22 +48,6 @@ PARTITIONS = 2
 def pct(values: list[float], q: float) -> float:
     v = sorted(values)
     return v[min(len(v) - 1, int(q * len(v)))] if v else float("nan")
-
-
-def spark_session():
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master(f"local[{PARTITIONS}]").appName("sparkmq-fresh")
-             .config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false")
-             .config("spark.driver.bindAddress", "127.0.0.1")
-             .config("spark.driver.host", "127.0.0.1")
-             .config("spark.sql.shuffle.partitions", str(PARTITIONS)).getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
-    from sparkmq.datasource import register
-    register(spark)
-    return spark
 
 
 class Recorder:
@@ -223,7 +208,7 @@ def main(argv=None) -> int:
         paced(a.rate, idle_s, lambda i: prod.send(Message("fresh", b"x")))
         time.sleep(1.2)
         no_reader_cps = (version(store) - v0) / (time.monotonic() - t0)
-        spark = spark_session()
+        spark = spark_session({"spark.driver.memory": "1g"})
         # 2. Spark's floor
         floor_start_ms, floor = floor_phase(spark, a.rate, seconds, tmp)
         # 3. sparkmq

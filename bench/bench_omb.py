@@ -66,6 +66,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_broker import ensure_apt, ensure_pip, free_port, process, wait_port  # noqa: E402
+from bench_polls import broker_conf  # noqa: E402
 from sparkmq.progress import track  # noqa: E402
 
 TOPIC = "omb"
@@ -92,16 +93,10 @@ def start_server(system: str, tmp: str):
         yield {"port": free_port()}
         return
     if system.startswith("sparkmq"):
-        port, admin, flight = free_port(), free_port(), free_port()
-        conf = os.path.join(tmp, "broker.properties")
-        with open(conf, "w") as f:
-            f.write(f"brokerName=omb\nbrokerId=0\nflushDiskType=ASYNC_FLUSH\n"
-                    f"flushIntervalCommitLog=500\nstorePathRootDir={tmp}/sparkmq\n"
-                    f"namesrvAddr=\nbrokerIP1=127.0.0.1\nlistenPort={port}\n"
-                    f"adminPort={admin}\nautoCreateTopicEnable=true\n"
-                    f"defaultTopicQueueNums={QUEUES}\n"
-                    + (f"flightEnable=true\nflightPort={flight}\n"
-                       if system == "sparkmq-flight" else "flightEnable=false\n"))
+        flight = free_port()
+        conf, port, _ = broker_conf(tmp, brokerName="omb", defaultTopicQueueNums=QUEUES,
+                                    **({"flightEnable": "true", "flightPort": flight}
+                                       if system == "sparkmq-flight" else {}))
         with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port):
             if system == "sparkmq-flight":
                 wait_port(flight)

@@ -162,3 +162,10 @@ def _stop_client_metrics(client) -> None:
             stop()
         except Exception:
             pass
+
+
+@pytest.fixture(scope="session")
+def tls_pair(tmp_path_factory):
+    """A self-signed (cert path, key path) for 127.0.0.1 and localhost."""
+    from sparkmq.tls import make_self_signed
+    return make_self_signed(str(tmp_path_factory.mktemp("tls")), ["127.0.0.1", "localhost"])

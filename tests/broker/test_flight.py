@@ -179,19 +179,12 @@ def _signed(user, secret):
 
 
 @pytest.fixture(scope="module")
-def tls_pair(tmp_path_factory):
-    from sparkmq.tls import make_self_signed
-    return make_self_signed(str(tmp_path_factory.mktemp("tls")), ["127.0.0.1", "localhost"])
-
-
-@pytest.fixture(scope="module")
 def tls_broker(tmp_path_factory, tls_pair):
     """tlsServerMode=enforcing (gRPC and Flight) with credentials required."""
-    from helpers.brokers import broker_config
+    from helpers.brokers import broker_config, tls_props
     from sparkmq.broker import Broker
     b = Broker(broker_config(tmp_path_factory.mktemp("tlsflight"), flightEnable="true",
-                             flightPort=free_port(), tlsServerMode="enforcing",
-                             tlsServerCertPath=tls_pair[0], tlsServerKeyPath=tls_pair[1],
+                             flightPort=free_port(), **tls_props(tls_pair),
                              authenticationEnabled="true", initAuthenticationUser=ROOT,
                              autoCreateTopicEnable="false")).start()
     b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)

@@ -21,7 +21,7 @@ from sparkmq.broker import Broker
 from sparkmq.errors import InvalidConfigError
 from sparkmq.tls import make_self_signed
 
-from helpers.brokers import broker_config
+from helpers.brokers import broker_config, tls_props
 
 pytestmark = pytest.mark.integration
 
@@ -29,15 +29,8 @@ ROOT = '{"username": "root", "password": "root-secret-key"}'
 
 
 @pytest.fixture(scope="module")
-def tls_pair(tmp_path_factory):
-    return make_self_signed(str(tmp_path_factory.mktemp("tls")), ["127.0.0.1", "localhost"])
-
-
-@pytest.fixture(scope="module")
 def broker(tmp_path_factory, tls_pair):
-    cert, key = tls_pair
-    b = Broker(broker_config(tmp_path_factory.mktemp("tlsbroker"), tlsServerMode="enforcing",
-                             tlsServerCertPath=cert, tlsServerKeyPath=key,
+    b = Broker(broker_config(tmp_path_factory.mktemp("tlsbroker"), **tls_props(tls_pair),
                              authenticationEnabled="true", authorizationEnabled="true",
                              initAuthenticationUser=ROOT)).start()
     b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)

@@ -23,18 +23,6 @@ def make_broker(make_broker):
     return make
 
 
-@pytest.fixture
-def closing():
-    """Register clients to shut down at teardown (even if the test failed)."""
-    items = []
-    yield lambda c: items.append(c) or c
-    for c in reversed(items):
-        try:
-            (getattr(c, "shutdown", None) or c.close)()
-        except Exception:
-            pass
-
-
 def receive_all(consumer: SimpleConsumer, n: int, timeout_s: float = 20.0, ack=True,
                 invisible_s: float = 30) -> list:
     got, deadline = [], time.monotonic() + timeout_s

@@ -21,15 +21,6 @@ pytestmark = pytest.mark.integration
 ROOT = ("root", "root-secret")
 
 
-@pytest.fixture
-def closing():
-    """Register clients to shut down at teardown (before the brokers stop)."""
-    items = []
-    yield lambda c: items.append(c) or c
-    for c in reversed(items):
-        (getattr(c, "shutdown", None) or c.close)()
-
-
 def flight_broker(make_broker, **props):
     return make_broker(**{"flightEnable": "true", "flightPort": free_port(),
                           "defaultTopicQueueNums": 2, **props})

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from helpers.brokers import broker_config
+from helpers.brokers import broker_config, tls_props
 from helpers.net import free_port
 from helpers.waiting import wait_until
 from sparkmq.broker import Broker
@@ -24,30 +24,15 @@ ROOT = ("root", "root-secret")
 
 
 @pytest.fixture(scope="module")
-def tls_pair(tmp_path_factory):
-    return make_self_signed(str(tmp_path_factory.mktemp("tls")), ["127.0.0.1", "localhost"])
-
-
-@pytest.fixture(scope="module")
 def broker(tmp_path_factory, tls_pair):
     """tlsServerMode=enforcing, Flight on, credentials required."""
     b = Broker(broker_config(tmp_path_factory.mktemp("clienttls"), flightEnable="true",
-                             flightPort=free_port(), tlsServerMode="enforcing",
-                             tlsServerCertPath=tls_pair[0], tlsServerKeyPath=tls_pair[1],
+                             flightPort=free_port(), **tls_props(tls_pair),
                              authenticationEnabled="true",
                              initAuthenticationUser='{"username": "root", '
                                                     '"password": "root-secret"}')).start()
     yield b
     b.stop()
-
-
-@pytest.fixture
-def closing():
-    """Register clients to shut down at teardown (before the broker stops)."""
-    items = []
-    yield lambda c: items.append(c) or c
-    for c in reversed(items):
-        (getattr(c, "shutdown", None) or c.close)()
 
 
 def test_producer_and_pull_consumer_over_flight_with_tls(broker, tls_pair, closing):

@@ -18,6 +18,13 @@ def broker_config(tmp_path, name="broker-a", **props) -> BrokerConfig:
     return BrokerConfig.from_properties(base)
 
 
+def tls_props(pair: tuple[str, str]) -> dict:
+    """Broker properties serving TLS only (gRPC and Flight) with the (cert, key) ``pair``
+    (the ``tls_pair`` fixture: a self-signed pair for 127.0.0.1 and localhost)."""
+    return {"tlsServerMode": "enforcing", "tlsServerCertPath": pair[0],
+            "tlsServerKeyPath": pair[1]}
+
+
 def client_conf(broker: Broker) -> ClientConfiguration:
     """The official client's configuration for ``broker``'s gRPC endpoint (5 s timeout)."""
     return ClientConfiguration(broker.endpoint, Credentials(), request_timeout=5)
