@@ -6,6 +6,8 @@ import threading
 
 import pytest
 
+from helpers.waiting import wait_until
+
 from helpers.clock import Clock
 from sparkmq import Message, Store
 from sparkmq.broker.longpoll import ArrivalNotifier
@@ -273,10 +275,7 @@ def test_a_pull_waits_for_its_own_queue_and_a_receive_for_any():
     woke, seen = [], n.version("T", 0)
     t = threading.Thread(target=lambda: woke.append(n.wait("T", seen, 30, 0)))
     t.start()
-    for _ in range(1000):                             # bounded: until the waiter is parked
-        if n.waiting:
-            break
-        threading.Event().wait(0.005)
+    wait_until(lambda: n.waiting == 1)                # the waiter is parked
     for off in range(6, 50):
         n.on_arrival("T", 1, off)
     assert t.is_alive() and woke == []
