@@ -5,7 +5,9 @@ go into the store and come out of it without being taken apart message by messag
   messages (columns: ``topic`` and ``body`` required; ``tags``, ``keys``,
   ``properties``, ``message_group``, ``unique_key``, ``born_timestamp``, ``born_host``,
   ``queue_id`` optional); a row with a message group is stored as FIFO, as the RocketMQ
-  path stores it. Each is stored as ONE append with the same durability as a RocketMQ send
+  path stores it; the rows with neither a queue id nor a group go to one queue per
+  batch, as a RocketMQ request does (``_placed``). Each is stored as ONE append with
+  the same durability as a RocketMQ send
   (SYNC_FLUSH fsynced, SYNC_MASTER replicated) and acknowledged by one metadata message:
   an Arrow IPC stream of ``(queue_id int32, queue_offset int64, message_id string)``
   per row. Delay and transaction messages are refused with a message naming the
@@ -46,6 +48,7 @@ import json
 import logging
 import threading
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
@@ -167,7 +170,7 @@ class FlightService(fl.FlightServerBase):
                 self._check_types(batch if len(topics) == 1 else batch.filter(
                     pc.equal(batch.column("topic"), t)), t)
         sender.check_append()
-        r = broker.store.append_batch(self._segment_batch(batch))
+        r = broker.store.append_batch(self._segment_batch(batch, topics))
         status = sender.replicated(r)
         if status.value != "PUT_OK":
             raise RetriableError(f"stored but not acknowledged: {status.value} (the same "
@@ -193,7 +196,7 @@ class FlightService(fl.FlightServerBase):
             w.write_batch(ack)
         return sink.getvalue()
 
-    def _segment_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+    def _segment_batch(self, batch: pa.RecordBatch, topics: list[str]) -> pa.RecordBatch:
         """``batch`` in SEGMENT_SCHEMA, built by the log's one builder (the store's no-cast
         path; queue ids chosen by the store): all-null columns are left to the schema's
         defaults, and a row with a message group is FIFO, as the RocketMQ path stores it."""
@@ -204,11 +207,29 @@ class FlightService(fl.FlightServerBase):
             cols["message_type"] = pc.if_else(pc.is_valid(cols["message_group"]),
                                               MESSAGE_TYPE_FIFO, 0).cast(pa.int8())
         try:
+            cols["queue_id"] = self._placed(cols, n, topics)
             return build_segment_batch(cols, n, store_host=self.broker.store.config.store_host,
                                        now_ms=self.broker.clock_ms())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
             raise UserError(f"a Flight send batch column has the wrong type: {e} "
                             "(docs/PROTOCOL.md gives each column's type)") from None
+
+    def _placed(self, cols: dict, n: int, topics: list[str]) -> pa.Array:
+        """The rows' queue ids: a row's own; a message group's left to the store
+        (crc32); the others ONE queue per topic of this batch, as the RocketMQ path
+        places one request (``SendService.request_queue``)."""
+        request_queue = self.broker.sender.request_queue
+        if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
+            return pa.array(np.full(n, request_queue(topics[0]), np.int32))
+        own = cols["queue_id"].cast(pa.int32()) if "queue_id" in cols else pa.nulls(n, pa.int32())
+        free = pc.is_null(own)
+        if "message_group" in cols:
+            free = pc.and_(free, pc.is_null(cols["message_group"]))
+        if not pc.any(free).as_py():
+            return own
+        topics = pc.dictionary_encode(cols["topic"])
+        chosen = np.array([request_queue(t) for t in topics.dictionary.to_pylist()], np.int32)
+        return pc.if_else(free, pa.array(chosen[topics.indices.to_numpy()]), own)
 
     def _check_types(self, rows: pa.RecordBatch, topic: str) -> None:
         """Rows (of ``topic``) with a message group are FIFO, the others NORMAL (the

@@ -13,8 +13,11 @@
 - Storing: ``SendService.send_rows`` merges concurrent requests into one store
   append (``sendmerge.SendMerger``); ``_append_rows`` builds the SEGMENT_SCHEMA
   batch and appends it (after the broker's role allows writes, waiting for a
-  replica in SYNC_MASTER); ``_choose_queues`` picks a message group's queue
-  (crc32 % writeQueueNums) or round robin per topic.
+  replica in SYNC_MASTER). Queues: a message group's rows go to crc32(group) %
+  writeQueueNums (the store's chooser); the other rows of ONE request go to one
+  queue of their topic, round robin request by request (``place``), as the Apache
+  proxy's SendMessageQueueSelector sends a whole request to one queue. The Flight
+  path's DoPut batches take the same rule (``request_queue``).
 
 Thread-safety: ``SendService`` is called from many gRPC threads at once; the
 round-robin counters are under a lock, the store is thread-safe.
@@ -22,21 +25,22 @@ round-robin counters are under a lock, the store is thread-safe.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Callable
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from ..errors import InvalidNameError, PermissionDeniedError, ReplicaNotAvailableError, SparkMQError
 from ..log import format as fmt
-from ..log.batch import build_segment_batch
+from ..log.batch import QueueChooser, build_segment_batch
 from ..log.topics import topic_message_type, type_conflict
-from ..log.limits import (MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS, RESERVED_PROPERTY_KEYS,
-                          MessageLimits, message_violation)
+from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, message_violation
 from ..log.message import encode_message_id, store_tag
 from ..log.names import validate_topic
 from ..log.status import PutMessageStatus
 from .protocol import Code, ms_of_timestamp, status
 from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
+from .sendlimits import plain_within_limits, type_refusal, body_refusal, limits_refusal
 from .sendmerge import SendMerger
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,7 @@ class SendRows:
         self.index: list[int] = []
         self.messages: list[pb.Message] = []
         self.parked: dict[int, tuple] = {}       # row -> parked tuple (see add)
+        self.placed: dict[int, int] = {}         # row -> queue id (SendService.place)
         self._columns: dict[str, list] | None = None
 
     def add(self, i: int, m: pb.Message, parked: tuple | None = None) -> None:
@@ -152,6 +157,8 @@ class SendRows:
             c["transaction_id"][r] = parked[4] if len(parked) > 4 else None
             if mtypes[r] not in (pb.FIFO, pb.TRANSACTION):
                 c["message_type"][r] = DELAY_TYPE
+        for r, q in self.placed.items():
+            c["queue_id"][r] = q
         self._columns = c
         return c
 
@@ -163,6 +170,7 @@ class SendRows:
             base = len(out.messages)
             out.messages.extend(part.messages)
             out.parked.update({base + r: p for r, p in part.parked.items()})
+            out.placed.update({base + r: q for r, q in part.placed.items()})
         out.index = list(range(len(out.messages)))
         return out
 
@@ -189,74 +197,10 @@ class SendRows:
     def subset(self, positions: list[int]) -> "SendRows":
         out = SendRows()
         for p in positions:
+            if p in self.placed:
+                out.placed[len(out.index)] = self.placed[p]
             out.add(self.index[p], self.messages[p], self.parked.get(p))
         return out
-
-
-def body_refusal(size_bytes: int, limit_bytes: int) -> pb.Status | None:
-    """The status refusing a body of ``size_bytes`` (empty, or over maxMessageSize
-    ``limit_bytes``), or None if it may be sent."""
-    if not size_bytes:
-        return status(Code.MESSAGE_BODY_EMPTY, "message body is empty")
-    if size_bytes > limit_bytes:
-        return status(Code.MESSAGE_BODY_TOO_LARGE,
-                      f"message body is {size_bytes} bytes; maxMessageSize is {limit_bytes}")
-    return None
-
-
-_KNOWN_TYPES = frozenset({pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY,
-                          pb.TRANSACTION})
-
-
-def _type_refusal(m: pb.Message) -> pb.Status | None:
-    """BAD_REQUEST for a message type the protocol does not define (99, -5); UNSUPPORTED
-    for one it defines that sparkmq does not serve (LITE, PRIORITY)."""
-    mtype = m.system_properties.message_type
-    if mtype in _KNOWN_TYPES:
-        return None
-    if mtype in pb.MessageType.values():
-        return status(Code.UNSUPPORTED,
-                      f"message type {pb.MessageType.Name(mtype)} is not supported")
-    return status(Code.BAD_REQUEST, f"message type {mtype} is not a RocketMQ message type "
-                  "(NORMAL, FIFO, DELAY, TRANSACTION)")
-
-
-def limits_refusal(m: pb.Message, limits: MessageLimits) -> pb.Status | None:
-    """The status refusing ``m`` for an input limit (``sparkmq.log.limits``: sizes,
-    properties, tag, keys, group, id, timestamps), with the proxy's code; else None."""
-    sp = m.system_properties
-    props = m.user_properties
-    bad = message_violation(     # Python lists and dicts: ~2x cheaper to read than pb's
-        limits, topic=m.topic.name, body_bytes=len(m.body),
-        tag=sp.tag if sp.HasField("tag") else None, keys=list(sp.keys) if sp.keys else (),
-        properties=dict(props) if props else None, message_group=sp.message_group or None,
-        message_id=sp.message_id or None, born_host=sp.born_host or None,
-        born_timestamp_ms=ms_of_timestamp(sp.born_timestamp) or None,
-        delivery_timestamp_ms=(ms_of_timestamp(sp.delivery_timestamp)
-                               if sp.HasField("delivery_timestamp") else None),
-        reserved_keys=RESERVED_PROPERTY_KEYS)
-    return None if bad is None else status(Code.Value(bad.status), bad.message)
-
-
-def _plain_within_limits(c: dict, topic: str, max_body_bytes: int,
-                         limits: MessageLimits) -> bool:
-    """True when no row of a plain request (columns ``c``) can break a limit: no
-    properties or keys, short alphanumeric ids, born times in range, bodies far enough
-    under maxMessageSize; a few C-level list operations. False: decide row by row."""
-    if any(c["keys"]) or any(c["properties"]):
-        return False
-    ids = list(filter(None, c["unique_key"]))
-    if ids:
-        joined = "".join(ids)
-        if not (joined.isascii() and joined.isalnum()) \
-                or max(map(len, ids)) > limits.max_message_id_size_bytes:
-            return False
-    borns = list(filter(None, c["born_timestamp"]))
-    if borns and (min(borns) < MIN_TIMESTAMP_MS or max(borns) > MAX_TIMESTAMP_MS):
-        return False
-    hosts = max(map(len, filter(None, c["born_host"])), default=0)
-    return (max_body_bytes + 4 * (len(topic) + hosts) + limits.max_message_id_size_bytes
-            <= limits.max_message_size_bytes)
 
 
 class SendService:
@@ -267,9 +211,10 @@ class SendService:
     def __init__(self, broker):
         self.broker = broker
         self.merger = SendMerger(self._send_rows_alone, self._append_rows, SendRows.concat)
+        self._queues = QueueChooser()
+        self._queues_lock = threading.Lock()
 
-    # What _append_rows and _choose_queues read of the broker (their bodies moved
-    # unchanged from the Broker class).
+    # What the send domain reads of the broker
     @property
     def store(self):
         return self.broker.store
@@ -375,7 +320,7 @@ class SendService:
                     topic_message_type(self.broker.topic_conf(first)), "NORMAL")):
             return None
         rows = SendRows.plain(messages, sps, props, bodies, first)
-        if not _plain_within_limits(rows.columns(), first, max(sizes), limits) \
+        if not plain_within_limits(rows.columns(), first, max(sizes), limits) \
                 and rows.limit_refusals(limits, skip=set()):
             return None          # some row is refused: ``accept`` answers it alone
         return rows
@@ -392,7 +337,7 @@ class SendService:
             refused = topics[topic] = self.topic_refusal(topic)
         if refused is not None:
             return refused
-        refused = body_refusal(len(m.body), limits.max_message_size_bytes) or _type_refusal(m)
+        refused = body_refusal(len(m.body), limits.max_message_size_bytes) or type_refusal(m)
         if refused is not None:
             return refused
         sp = m.system_properties
@@ -463,7 +408,31 @@ class SendService:
         per row ``(PutMessageStatus, message id, queue offset, transaction id)`` or the
         exception that refused it. SYNC_FLUSH returns after the fsync. Requests waiting
         at the same moment are appended as ONE record batch (``SendMerger``)."""
+        self.place(rows)
         return self.merger.submit(rows)
+
+    def request_queue(self, topic: str) -> int:
+        """The queue of one request's rows of ``topic`` that have neither a queue nor a
+        message group: the next one round robin (the proxy sends a request to one queue)."""
+        n = self.broker.topic_conf(topic).write_queue_nums
+        with self._queues_lock:
+            return int(self._queues.round_robin(topic, 1, n)[0])
+
+    def place(self, rows: SendRows) -> None:
+        """Give the rows of one request that are not parked and have no message group
+        ONE queue per topic (``request_queue``); a plain request without a loop."""
+        c, n = rows.columns(), len(rows)
+        topics, groups = c["topic"], c["message_group"]
+        if not rows.parked and groups.count(None) == n and topics.count(topics[0]) == n:
+            q = self.request_queue(topics[0])
+            rows.placed, c["queue_id"] = dict.fromkeys(range(n), q), [q] * n
+            return
+        chosen: dict[str, int] = {}
+        for r, (topic, group) in enumerate(zip(topics, groups)):
+            if group is None and r not in rows.parked:
+                if topic not in chosen:
+                    chosen[topic] = self.request_queue(topic)
+                rows.placed[r] = c["queue_id"][r] = chosen[topic]
 
     def _send_rows_alone(self, rows) -> list:
         """``send_rows`` for one SendRows as one record batch. If the batch is refused or

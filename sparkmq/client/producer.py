@@ -10,8 +10,9 @@ and transactional messages always go over gRPC. Receipts are the same either way
 ``credentials=(access_key, secret_key)`` signs and ``tls=`` (``core.ClientTLS``)
 encrypts the calls of both transports.
 
-Queue choice: the broker places a message in one of its queues (round robin, or by
-hash of the message group), so the client's choice is the *broker*: round robin over
+Queue choice: the broker places a request's messages in one of its queues (round robin
+request by request, or by hash of the message group), so the client's choice is the
+*broker*: round robin over
 the topic's writable queues (brokers weighted by their queue count), or, for a message
 with a sharding key (``message_group``), a fixed queue by CRC32 of the key — equal keys
 reach the same broker, which keeps them in one queue, in send order.

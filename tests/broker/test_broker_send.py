@@ -112,18 +112,37 @@ def test_every_kind_of_message_is_stored_with_all_its_fields(broker):
 
 
 @pytest.mark.integration
-def test_a_batch_without_message_ids_gets_ids_from_the_store_and_spreads_over_queues(broker):
+def test_a_batch_without_message_ids_gets_ids_from_the_store_and_goes_to_one_queue(broker):
+    """As the Apache proxy's SendMessageQueueSelector: a request's messages go to ONE
+    queue, and the next request to the next queue (round robin by request)."""
+    def send(msgs):
+        return MessagingServicer(broker).send_message(spb.SendMessageRequest(messages=msgs),
+                                                      Context())
     msgs = [message(b"m%d" % i) for i in range(4)]       # no message_id, no born_timestamp
     for m in msgs:
         m.system_properties.ClearField("born_timestamp")
     before_ms = int(time.time() * 1000)
-    resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(messages=msgs), Context())
+    resp = send(msgs)
     assert resp.status.code == Code.OK and len(resp.entries) == 4
     assert len({e.message_id for e in resp.entries}) == 4 and all(e.message_id for e in resp.entries)
     rows = stored(broker, "T")
-    assert sorted(m.queue_id for m in rows) == [0, 0, 1, 1]          # round robin, 2 queues
+    assert len({m.queue_id for m in rows}) == 1                      # one request, one queue
     assert {m.message_id for m in rows} == {e.message_id for e in resp.entries}
     assert all(m.born_timestamp >= before_ms for m in rows)          # stamped by the broker
+    assert send([message(b"n%d" % i) for i in range(3)]).status.code == Code.OK
+    later = {m.queue_id for m in stored(broker, "T") if m.body.startswith(b"n")}
+    assert later == {1 - rows[0].queue_id}                           # the other of 2 queues
+
+
+def test_merged_requests_keep_the_queue_each_was_given():
+    a, b = SendRows(), SendRows()
+    a.add(0, message(b"a"))
+    b.add(0, message(b"b"))
+    b.add(1, message(b"c"))
+    a.placed, b.placed = {0: 1}, {0: 0, 1: 0}
+    both = SendRows.concat([a, b])
+    assert both.columns()["queue_id"] == [1, 0, 0]
+    assert both.subset([2, 0]).columns()["queue_id"] == [0, 1]
 
 
 @pytest.mark.integration

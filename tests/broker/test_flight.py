@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import threading
+import zlib
 
 import pyarrow as pa
 import pyarrow.flight as fl
@@ -79,6 +80,25 @@ def test_send_ack_get_commit_and_the_official_client_consumes_it(broker):
         assert {m.message_id for m in seen} == set(ids)
     finally:
         consumer.shutdown()
+
+
+def test_a_batch_goes_to_one_queue_as_a_rocketmq_request_does(broker):
+    """Rows without a queue id or message group: one queue per batch, the next batch
+    the next queue (the RocketMQ path's rule, SendService.request_queue); an own
+    queue id is kept and a message group hashed, as there."""
+    broker.store.create_topic("Q", read_queue_nums=4, write_queue_nums=4)
+    client, opts = _client(broker)
+    firsts = []
+    for _ in range(4):
+        qids = _send(client, opts, _batch("Q", [b"x"] * 5)).column("queue_id").to_pylist()
+        assert len(set(qids)) == 1
+        firsts.append(qids[0])
+    assert sorted(firsts) == [0, 1, 2, 3]
+    mixed = _send(client, opts, _batch("Q", [b"a", b"b", b"c", b"d"],
+                                       queue_id=pa.array([3, None, None, None], pa.int32()),
+                                       message_group=[None, "g", None, None]))
+    qids = mixed.column("queue_id").to_pylist()
+    assert qids[0] == 3 and qids[1] == zlib.crc32(b"g") % 4 and qids[2] == qids[3]
 
 
 def test_a_get_long_polls_until_a_send_arrives(broker):
