@@ -41,9 +41,10 @@ def offset_update_resources(group: str, topic: str) -> list[tuple[str, str, tupl
     return _sub(group, topic, ("Sub", "Update"))
 
 
-def read_resources(topic: str) -> list[tuple[str, str, tuple]]:
-    """Reading ``topic`` by offset without a group (Flight DoGet): Sub on the topic."""
-    return [("Topic", topic, SUB)]
+def read_resources(topic: str, group: str | None = None) -> list[tuple[str, str, tuple]]:
+    """Reading ``topic`` by offset (Flight DoGet): Sub on the topic, and on the group
+    when the reader names one (then exactly as PullMessage)."""
+    return _sub(group, topic) if group else [("Topic", topic, SUB)]
 
 
 def rpc_resources(method: str, request) -> list[tuple[str, str, tuple]]:

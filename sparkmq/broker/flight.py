@@ -253,12 +253,16 @@ class FlightService(fl.FlightServerBase):
             poll_ms = min(max(0, int(req.get("pollMs") or 0)),
                           self.broker.config.max_long_polling_ms)
             consumer_view = req.get("view") == "consumer"
+            group = req.get("group")
+            group = None if group is None else str(group)
         except (ValueError, KeyError, TypeError) as e:
             raise pa.ArrowInvalid(f"a DoGet ticket is JSON {{topic, queue, offset, max, "
                                   f"pollMs}}: {e}") from None
         try:
             validate_topic(topic)        # RMQ_SYS_* and the like are the broker's own
-            self._authorize(context, read_resources(topic))
+            if group is not None:
+                validate_group(group)
+            self._authorize(context, read_resources(topic, group))
             table = self._read(topic, queue, offset, limit, poll_ms)
             if consumer_view:
                 table = consumer_view_of(table)

@@ -467,7 +467,8 @@ class PullConsumer:
         if fep is not None:
             tags = tag_set(tag_expression)
             ticket = {"topic": queue.topic, "queue": queue.queue_id, "offset": offset,
-                      "max": max_messages, "pollMs": int(wait_s * 1000), "view": "consumer"}
+                      "max": max_messages, "pollMs": int(wait_s * 1000), "view": "consumer",
+                      "group": self.group}
             what = f"pull {queue.topic}/{queue.queue_id} at {fep}"
             try:
                 table = self.flight.get(fep, ticket, wait_s + self.conns.request_timeout_s,

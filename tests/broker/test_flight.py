@@ -172,6 +172,10 @@ def test_credentials_and_acls_as_on_the_rocketmq_path(make_broker):
     _send(root, root_opts, _batch("T", [b"ok"]))
     assert _get(reader, r_opts, topic="T", queue=0, offset=0).column("body").to_pylist() == \
         [b"ok"]
+    with pytest.raises(fl.FlightUnauthorizedError, match="Group:G"):   # as PullMessage
+        _get(reader, r_opts, topic="T", queue=0, offset=0, group="G")
+    with pytest.raises(pa.ArrowInvalid, match="SPARKMQ_INVALID_NAME: group name"):
+        _get(reader, r_opts, topic="T", queue=0, offset=0, group="bad group!")
 
     def commit(client, opts, group):
         list(client.do_action(fl.Action("commitOffset", json.dumps(
