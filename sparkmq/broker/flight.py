@@ -137,14 +137,21 @@ class FlightService(fl.FlightServerBase):
     def do_put(self, context, descriptor, reader, writer):
         if list(descriptor.path or []) != [b"send"]:
             raise pa.ArrowInvalid("DoPut takes the descriptor path ['send'] (docs/PROTOCOL.md)")
+        notifier = self.broker.notifier
         for chunk in reader:
-            try:
-                ack = self._send(context, chunk.data)
-            except Exception as e:   # one batch's failure ends this stream only
-                if not isinstance(e, SparkMQError):
-                    log.exception("Flight send failed")
-                raise _flight_error(e) from None
+            # Long polls are woken once the ack is written, as the gRPC path wakes them
+            # after its reply: a woken DoGet would take the GIL from this ack.
+            with notifier.deferred() as arrived:
+                try:
+                    ack = self._send(context, chunk.data)
+                except Exception as e:   # one batch's failure ends this stream only
+                    if not isinstance(e, SparkMQError):
+                        log.exception("Flight send failed")
+                    notifier.wake(arrived)
+                    raise _flight_error(e) from None
             writer.write(ack)
+            if arrived:
+                notifier.wake(arrived)
             if self._stopping.is_set():     # end the stream: the broker is stopping
                 return
 
