@@ -35,13 +35,20 @@ from bench_broker import (BODY, bench_redis, free_port, pct, process,  # noqa: E
 from sparkmq.progress import track  # noqa: E402
 
 FLOOR = textwrap.dedent("""
-    import sys
+    import sys, threading
     import pyarrow as pa, pyarrow.flight as fl
     ACK = pa.py_buffer(b"ok")
+    ONE = pa.table({"body": [b"x" * 1024]})
+    arrived = threading.Event()
     class Floor(fl.FlightServerBase):
         def do_put(self, context, descriptor, reader, writer):
             for _ in reader:
                 writer.write(ACK)
+                arrived.set()
+        def do_get(self, context, ticket):      # a long poll woken by the next put
+            arrived.clear()
+            arrived.wait(5)
+            return fl.RecordBatchStream(ONE)
     Floor(f"grpc+tcp://127.0.0.1:{sys.argv[1]}").serve()
 """)
 
@@ -69,7 +76,7 @@ def bench_floor(m: int) -> dict:
     try:
         wait_port(port)
         one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [BODY]})
-        return {"lat": _put_round_trips(port, m, one)}
+        return {"lat": _put_round_trips(port, m, one), "e2e": _floor_e2e(port, m, one)}
     finally:
         p.kill()
         p.wait()
@@ -184,6 +191,32 @@ def _e2e(client, port: int, one, m: int) -> list[float]:
     return out
 
 
+def _floor_e2e(port: int, m: int, one) -> list[float]:
+    """``_e2e``'s shape against the floor server: a DoGet waiting in the server, then a
+    one-message put whose handler wakes it; no store. The transport's own floor for
+    send -> long-poll: two calls (the put's stream message and a whole DoGet)."""
+    import pyarrow.flight as fl
+    client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), one.schema)
+    poller = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
+    out, got = [], {}
+    for _ in track(range(m), "floor round trips"):
+        def poll():
+            poller.do_get(fl.Ticket(b"wait")).read_all()
+            got["t"] = time.perf_counter()
+        th = threading.Thread(target=poll)
+        th.start()
+        time.sleep(0.02)                      # the poll is waiting
+        t0 = time.perf_counter()
+        writer.write_batch(one)
+        reader.read()
+        th.join(10)
+        out.append(got["t"] - t0)
+    writer.done_writing()
+    writer.close()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -208,6 +241,9 @@ def main(argv=None) -> int:
         e2e = pct(ours["e2e"], 0.5)
         print(f"{'send -> long-poll p50 (ms)':<34}{e2e:>16.3f}{fp50:>16.3f}"
               f"{e2e / fp50:>8.2f}  (vs empty Flight round trip)")
+        fe50 = pct(floor["e2e"], 0.5)
+        print(f"{'send -> long-poll p50 (ms)':<34}{e2e:>16.3f}{fe50:>16.3f}"
+              f"{e2e / fe50:>8.2f}  (vs the same shape, empty server: put wakes a DoGet)")
     fc, gc = ours["clients"]["flight"], ours["clients"]["grpc"]
     print(f"{'metric':<34}{'client flight':>16}{'client gRPC':>16}{'ratio':>8}")
     print(f"{'Producer.send_batch (msg/s)':<34}{fc['tput']:>16.0f}{gc['tput']:>16.0f}"

@@ -314,15 +314,14 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
 
 
 def _default_column(f: pa.Field, n: int, store_host: str, now_ms: int) -> pa.Array:
+    """(Constant columns from ``constant_column``'s shared cache, times excepted.)"""
     if f.name in ("born_timestamp", "store_timestamp"):
         return pa.repeat(pa.scalar(now_ms, fmt.TS), n)
     if f.name == "store_host":
-        return pa.repeat(pa.scalar(store_host, pa.string()), n)
-    if f.name == "reconsume_times":
-        return pa.array(np.zeros(n, np.int32))
-    if f.name == "message_type":
-        return pa.array(np.zeros(n, np.int8))
-    return pa.nulls(n, f.type)
+        return constant_column(store_host, f.type, n)
+    if f.name in ("reconsume_times", "message_type"):
+        return constant_column(0, f.type, n)
+    return constant_column(None, f.type, n)
 
 
 def _col(table: pa.Table, name: str) -> pa.Array:
