@@ -8,7 +8,11 @@ Rows (1 KiB messages):
 - sync send p50: a one-message batch written and its ack read (ratio to the floor: the
   same round trip against a Flight server that acks without storing, in another process);
 - send -> long-poll consumer p50: a DoGet waiting with pollMs, then a one-message send
-  (ratio to the floor round trip);
+  (ratio to the floor round trip, and to the same shape against the floor server: its
+  put wakes a waiting DoGet);
+- send -> followed read p50: a one-message send and its batch on a followed DoGet opened
+  once (docs/PROTOCOL.md; ratio to the floor round trip and to the same shape against
+  the floor server, whose put wakes a streaming DoGet);
 - sparkmq's own clients against the same broker, over Flight (``transport="flight"``)
   and over gRPC (``transport="grpc"``), ratio Flight / gRPC: ``Producer.send_batch``
   throughput, ``Producer.send`` p50, and ``PullConsumer.pull`` throughput reading what
@@ -47,6 +51,13 @@ FLOOR = textwrap.dedent("""
                 arrived.set()
         def do_get(self, context, ticket):      # a long poll woken by the next put
             arrived.clear()
+            if ticket.ticket == b"follow":      # or a stream: one batch per put
+                def follow():
+                    while not context.is_cancelled():
+                        if arrived.wait(1):
+                            arrived.clear()
+                            yield ONE
+                return fl.GeneratorStream(ONE.schema, follow())
             arrived.wait(5)
             return fl.RecordBatchStream(ONE)
     Floor(f"grpc+tcp://127.0.0.1:{sys.argv[1]}").serve()
@@ -76,7 +87,8 @@ def bench_floor(m: int) -> dict:
     try:
         wait_port(port)
         one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [BODY]})
-        return {"lat": _put_round_trips(port, m, one), "e2e": _floor_e2e(port, m, one)}
+        return {"lat": _put_round_trips(port, m, one), "e2e": _floor_e2e(port, m, one),
+                "follow": _follow_e2e(port, m, one, b"follow")}
     finally:
         p.kill()
         p.wait()
@@ -112,9 +124,11 @@ def bench_sparkmq_flight(tmp: str, n: int, batch_n: int, m: int) -> dict:
         writer.close()
         lat = _put_round_trips(flight, m, one)
         e2e = _e2e(client, flight, e2e_one, m)
+        follow = _follow_e2e(flight, m, e2e_one, json.dumps(
+            {"topic": "e2e", "follow": [[0, 1 << 62]]}).encode())
         clients = {t: _bench_clients(f"127.0.0.1:{port}", t, n, batch_n, m)
                    for t in ("flight", "grpc")}
-    return {"tput": tput, "lat": lat, "e2e": e2e, "clients": clients}
+    return {"tput": tput, "lat": lat, "e2e": e2e, "follow": follow, "clients": clients}
 
 
 def _bench_clients(endpoint: str, transport: str, n: int, batch_n: int, m: int) -> dict:
@@ -217,6 +231,34 @@ def _floor_e2e(port: int, m: int, one) -> list[float]:
     return out
 
 
+def _follow_e2e(port: int, m: int, one, ticket: bytes) -> list[float]:
+    """A one-message put, then the batch it becomes on a followed DoGet opened before
+    (one call for the whole run); ``ticket``: the follow (sparkmq: from the queue's end)."""
+    import pyarrow.flight as fl
+    client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), one.schema)
+    if ticket != b"follow":                   # sparkmq: follow from the next offset
+        writer.write_batch(one)
+        import pyarrow as pa
+        t = json.loads(ticket)
+        t["follow"][0][1] = pa.ipc.open_stream(reader.read()).read_all().column(
+            "queue_offset")[0].as_py() + 1
+        ticket = json.dumps(t).encode()
+    stream = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}").do_get(fl.Ticket(ticket))
+    time.sleep(0.05)                          # the stream is open and waiting
+    out = []
+    for _ in track(range(m), "followed round trips"):
+        t0 = time.perf_counter()
+        writer.write_batch(one)
+        reader.read()
+        stream.read_chunk()
+        out.append(time.perf_counter() - t0)
+    stream.cancel()
+    writer.done_writing()
+    writer.close()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -244,6 +286,11 @@ def main(argv=None) -> int:
         fe50 = pct(floor["e2e"], 0.5)
         print(f"{'send -> long-poll p50 (ms)':<34}{e2e:>16.3f}{fe50:>16.3f}"
               f"{e2e / fe50:>8.2f}  (vs the same shape, empty server: put wakes a DoGet)")
+        fo50, ff50 = pct(ours["follow"], 0.5), pct(floor["follow"], 0.5)
+        print(f"{'send -> followed read p50 (ms)':<34}{fo50:>16.3f}{fp50:>16.3f}"
+              f"{fo50 / fp50:>8.2f}  (vs empty Flight round trip)")
+        print(f"{'send -> followed read p50 (ms)':<34}{fo50:>16.3f}{ff50:>16.3f}"
+              f"{fo50 / ff50:>8.2f}  (vs the same shape, empty server: put wakes a stream)")
     fc, gc = ours["clients"]["flight"], ours["clients"]["grpc"]
     print(f"{'metric':<34}{'client flight':>16}{'client gRPC':>16}{'ratio':>8}")
     print(f"{'Producer.send_batch (msg/s)':<34}{fc['tput']:>16.0f}{gc['tput']:>16.0f}"

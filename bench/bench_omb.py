@@ -27,9 +27,10 @@ then the highest rate whose p99 stays under 10 ms.
     client has no batch send) and a ``PushConsumer`` (one long-polling ReceiveMessage
     poller, 8 consume threads, an ack per message, as RocketMQ 5 consumers do).
   * ``sparkmq-flight``: the same broker with ``flightEnable=true``;
-    ``Producer(transport="flight")`` and a ``PullConsumer(transport="flight")`` with
-    one long-polling DoGet thread per queue (16), offsets committed at most once a
-    second per queue.
+    ``Producer(transport="flight")`` and a ``PullConsumer(transport="flight")``
+    following the 16 queues on ONE stream (``PullConsumer.follow``: a followed DoGet,
+    one call for the whole run, as a Kafka consumer's fetch session), offsets committed
+    at most once a second.
   * ``redis``: redis-server (appendonly, fsync everysec, as bench_broker.py); ONE
     stream: OMB's Redis driver ignores partitions (``createTopic`` does nothing, the
     topic is one stream key) and a Redis stream is Redis's unit of order, so 16 streams
@@ -292,24 +293,26 @@ def consume_sparkmq_flight(info: dict, rec: Received, stop: threading.Event) -> 
     pc = PullConsumer(info["endpoint"], "omb", transport="flight")
     queues = pc.queues(TOPIC)
     assert len(queues) == QUEUES, queues
-    starts = [pc.query_offset(q, "END") for q in queues]
+    follow = pc.follow({q: pc.query_offset(q, "END") for q in queues}, max_messages=512)
+    offsets: dict = {}
 
-    def poll(q, offset: int) -> None:
-        committed = time.monotonic()
-        while not stop.is_set():
-            msgs, offset = pc.pull(q, offset, max_messages=512, wait_s=1.0)
+    def read() -> None:
+        for q, msgs, nxt in follow:
             now = time.monotonic_ns()
             for m in msgs:
                 rec.note(m.body, now)
-            if msgs and time.monotonic() - committed >= 1.0:
-                pc.commit_offset(q, offset)
-                committed = time.monotonic()
-    threads = [threading.Thread(target=poll, args=(q, s), daemon=True)
-               for q, s in zip(queues, starts)]
+            offsets[q] = nxt
+
+    def commit() -> None:           # once a second, off the reading thread (as Kafka's
+        while not stop.wait(1.0):   # consumers commit asynchronously)
+            for q, o in list(offsets.items()):
+                pc.commit_offset(q, o)
+    threads = [threading.Thread(target=f, daemon=True) for f in (read, commit)]
     for t in threads:
         t.start()
     print("READY", flush=True)
     stop.wait()
+    follow.close()
     for t in threads:
         t.join(5)
     pc.close()

@@ -66,6 +66,7 @@ log = logging.getLogger("sparkmq.broker.flight")
 
 SEND_COLUMNS = {"topic", "body", "tags", "keys", "properties", "message_group", "unique_key",
                 "born_timestamp", "born_host", "queue_id"}
+FOLLOW_WAIT_S = 1.0    # a followed read checks for a cancelled call or a stop this often
 ACK_SCHEMA = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64()),
                         ("message_id", pa.string())])
 MAX_GET = 10_000
@@ -255,7 +256,14 @@ class FlightService(fl.FlightServerBase):
     def do_get(self, context, ticket):
         try:
             req = json.loads(ticket.ticket)
-            topic, queue, offset = str(req["topic"]), int(req["queue"]), int(req["offset"])
+            topic = str(req["topic"])
+            follow = req.get("follow")
+            if follow is not None:      # [[queue, offset], ...]: a followed read
+                positions = {int(q): int(o) for q, o in follow}
+                if not positions:
+                    raise ValueError("'follow' names no queue")
+            else:
+                queue, offset = int(req["queue"]), int(req["offset"])
             limit = min(max(1, int(req.get("max") or 1000)), MAX_GET)
             poll_ms = min(max(0, int(req.get("pollMs") or 0)),
                           self.broker.config.max_long_polling_ms)
@@ -264,18 +272,57 @@ class FlightService(fl.FlightServerBase):
             group = None if group is None else str(group)
         except (ValueError, KeyError, TypeError) as e:
             raise pa.ArrowInvalid(f"a DoGet ticket is JSON {{topic, queue, offset, max, "
-                                  f"pollMs}}: {e}") from None
+                                  f"pollMs}} or {{topic, follow: [[queue, offset], ...], "
+                                  f"max}}: {e}") from None
         try:
             validate_topic(topic)        # RMQ_SYS_* and the like are the broker's own
             if group is not None:
                 validate_group(group)
             self._authorize(context, read_resources(topic, group))
+            if follow is not None:
+                schema = self._followed_schema(topic, positions)
+                return fl.GeneratorStream(schema, self._follow(
+                    context, topic, positions, limit, consumer_view))
             table = self._read(topic, queue, offset, limit, poll_ms)
             if consumer_view:
                 table = consumer_view_of(table)
         except Exception as e:   # every failure goes back as a Flight error; the service goes on
             raise _flight_error(e) from None
         return fl.RecordBatchStream(table)
+
+    def _followed_schema(self, topic: str, positions: dict[int, int]) -> pa.Schema:
+        """The reply schema of a followed read, every queue checked first (a missing
+        topic or queue is the call's error, before the stream starts)."""
+        if self.broker.topic_conf(topic) is None:
+            from ..errors import TopicNotFoundError
+            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        return [self.broker.store.read_table(topic, q, o, o)
+                for q, o in positions.items()][0].schema
+
+    def _follow(self, context, topic: str, positions: dict[int, int], limit: int,
+                consumer_view: bool):
+        """A followed read's batches: each queue's messages from its offset (at most
+        ``limit`` per queue and round) as they arrive, one queue per batch, until the
+        client cancels the call or the broker stops. One thread and one call serve
+        every queue of it: no call, ticket or check per delivery."""
+        store, notifier = self.broker.store, self.broker.notifier
+        try:
+            while not (self._stopping.is_set() or context.is_cancelled()):
+                seen = notifier.version(topic)            # any queue of the topic
+                sent = False
+                for q, offset in positions.items():
+                    hi = store.max_offset(topic, q)
+                    if hi <= offset:
+                        continue
+                    table = store.read_table(topic, q, offset, min(hi, offset + limit))
+                    if table.num_rows:
+                        positions[q] = table.column("queue_offset")[-1].as_py() + 1
+                        yield consumer_view_of(table) if consumer_view else table
+                        sent = True
+                if not sent:
+                    notifier.wait(topic, seen, FOLLOW_WAIT_S)
+        except Exception as e:   # ends this stream with the error; the service goes on
+            raise _flight_error(e) from None
 
     def _read(self, topic: str, queue: int, offset: int, limit: int, poll_ms: int) -> pa.Table:
         import time

@@ -36,7 +36,8 @@ from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientErro
                    Connections, Queue, ReceivedMessage, RouteCache, check, duration,
                    parse_endpoints)
 from .acks import AckBatcher
-from .flight import TRANSPORTS, _FlightDown, FlightTransport, received_messages, tag_set
+from .flight import (TRANSPORTS, Followed, FlightTransport, _FlightDown, received_messages,
+                     tag_set)
 
 log = logging.getLogger("sparkmq.client.consumer")
 BROADCAST_HEADER = "x-sparkmq-consume-mode"
@@ -504,6 +505,30 @@ class PullConsumer:
                                          f"{e.details()}") from None
         self._count("grpc", len(out))
         return out, nxt
+
+    def follow(self, positions: Mapping[Queue, int], max_messages: int = 1000,
+               tag_expression: str = "*") -> Followed:
+        """Read queues of ONE topic on ONE broker from their offsets (``{queue:
+        offset}``) as messages arrive, over one Arrow Flight stream (a followed DoGet,
+        docs/PROTOCOL.md): no call per pull. Iterate for ``(queue, messages, next
+        offset)``; ``close()`` (any thread) ends it. Flight only."""
+        queues = list(positions)
+        if not queues or len({(q.topic, q.endpoint) for q in queues}) != 1:
+            raise UserError("follow takes the queues of one topic on one broker (one "
+                            f"follow per broker); got {queues}")
+        first = queues[0]
+        fep = None if self.transport == "grpc" else \
+            self.routes.flight_endpoint(first.endpoint, first.topic)
+        if fep is None:
+            raise ClientError(f"follow needs Arrow Flight; {first.broker_name} "
+                              f"({first.endpoint}) serves none here", Code.UNSUPPORTED)
+        ticket = {"topic": first.topic, "max": max_messages, "view": "consumer",
+                  "group": self.group,
+                  "follow": [[q.queue_id, int(o)] for q, o in positions.items()]}
+        return self.flight.follow(fep, ticket, f"follow {first.topic} at {fep}",
+                                  queues={q.queue_id: q for q in queues},
+                                  tags=tag_set(tag_expression), endpoint=first.endpoint,
+                                  count=lambda n: self._count("flight", n))
 
     def query_offset(self, queue: Queue, policy: str = "BEGINNING",
                      timestamp_ms: int | None = None) -> int:

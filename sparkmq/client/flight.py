@@ -281,6 +281,16 @@ class FlightTransport:
         except (pa.ArrowException, OSError) as e:   # Flight errors are ArrowExceptions
             raise _error(e, what) from None
 
+    def follow(self, fep: str, ticket: dict, what: str, **kw) -> "Followed":
+        """Open a followed DoGet at Flight endpoint ``fep`` (``Followed``; ``kw``: its
+        other arguments)."""
+        try:
+            reader = self._client(fep).do_get(fl.Ticket(json.dumps(ticket).encode()),
+                                                   options=self._options(None))
+        except (pa.ArrowException, OSError) as e:   # Flight errors are ArrowExceptions
+            raise _error(e, what) from None
+        return Followed(reader, what, **kw)
+
     def action(self, endpoint: str, name: str, body: dict, what: str) -> None:
         try:
             list(self._client(endpoint).do_action(
@@ -301,6 +311,48 @@ class FlightTransport:
             c.close()
         if self._reaper is not None and self._reaper is not threading.current_thread():
             self._reaper.join(5)
+
+
+class Followed:
+    """A followed DoGet (``PullConsumer.follow``): iterating gives, batch by batch as the
+    broker sends them, ``(queue, messages, next offset)`` of one queue (``queues``: queue
+    id -> Queue; ``tags``: the tag filter; ``count``: called with each batch's size).
+    ``close`` (from any thread, or leaving a ``with`` block) cancels the call and ends
+    the iteration."""
+
+    def __init__(self, reader, what: str, *, queues: dict, tags, endpoint: str,
+                 count: Callable[[int], None]):
+        self.reader, self.what, self.queues, self.tags = reader, what, queues, tags
+        self.endpoint, self.count = endpoint, count
+        self.closed = False
+
+    def __iter__(self):
+        while not self.closed:
+            try:
+                chunk = self.reader.read_chunk()
+            except StopIteration:
+                return                          # the broker ended it (stopping)
+            except (pa.ArrowException, OSError) as e:   # Flight errors are ArrowExceptions
+                if self.closed:
+                    return
+                err = _error(e, self.what)
+                raise (BrokerUnavailableError(str(err)) if isinstance(err, _FlightDown)
+                       else err) from None
+            table = pa.Table.from_batches([chunk.data])
+            self.count(table.num_rows)
+            yield (self.queues[table.column("queue_id")[0].as_py()],
+                   received_messages(table, self.endpoint, self.tags),
+                   table.column("queue_offset")[-1].as_py() + 1)
+
+    def close(self) -> None:
+        self.closed = True
+        self.reader.cancel()
+
+    def __enter__(self) -> "Followed":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def received_messages(table: pa.Table, endpoint: str,

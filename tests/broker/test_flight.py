@@ -116,6 +116,43 @@ def test_a_get_long_polls_until_a_send_arrives(broker):
     assert out["t"].column("body").to_pylist() == [b"late"]
 
 
+def test_a_followed_get_streams_each_queues_arrivals_until_cancelled(broker):
+    """One DoGet follows two queues: what is there first, then each arrival as its own
+    batch (one queue per batch, in offset order), until the client cancels; a bad
+    queue is the call's error; a stopping broker ends the stream."""
+    broker.store.create_topic("F", read_queue_nums=2, write_queue_nums=2)
+    client, opts = _client(broker)
+
+    def send(q, bodies):
+        return _send(client, opts, _batch("F", bodies, queue_id=pa.array([q] * len(bodies),
+                                                                          pa.int32())))
+    send(0, [b"a0", b"a1"])
+    reader = client.do_get(fl.Ticket(json.dumps(
+        {"topic": "F", "follow": [[0, 1], [1, 0]], "view": "consumer"}).encode()), options=opts)
+
+    def batch():
+        t = reader.read_chunk().data
+        return t.column("queue_id").to_pylist(), t.column("body").to_pylist()
+    assert batch() == ([0], [b"a1"])                      # from offset 1 of queue 0
+    threading.Timer(0.2, send, (1, [b"b0", b"b1"])).start()
+    assert batch() == ([1, 1], [b"b0", b"b1"])            # an arrival, while following
+    send(0, [b"a2"])
+    assert batch() == ([0], [b"a2"])
+    reader.cancel()
+    with pytest.raises(pa.ArrowInvalid, match="QUEUE_NOT_FOUND"):
+        _get(client, opts, topic="F", follow=[[0, 0], [7, 0]])
+    with pytest.raises(pa.ArrowInvalid, match="names no queue"):
+        _get(client, opts, topic="F", follow=[])
+    held = client.do_get(fl.Ticket(json.dumps({"topic": "F", "follow": [[0, 3]]}).encode()),
+                         options=opts)
+    stopper = threading.Thread(target=broker.stop)
+    stopper.start()
+    with pytest.raises(StopIteration):                    # ended by the stop, cleanly
+        held.read_chunk()
+    stopper.join(10)
+    assert not stopper.is_alive()
+
+
 @pytest.mark.parametrize("batch, words", [
     (pa.RecordBatch.from_pydict({"body": [b"x"]}), "topic, body"),
     (pa.RecordBatch.from_pydict({"topic": ["T"], "body": [b"x"], "colour": ["red"]}),
@@ -174,6 +211,8 @@ def test_credentials_and_acls_as_on_the_rocketmq_path(make_broker):
         [b"ok"]
     with pytest.raises(fl.FlightUnauthorizedError, match="Group:G"):   # as PullMessage
         _get(reader, r_opts, topic="T", queue=0, offset=0, group="G")
+    with pytest.raises(fl.FlightUnauthenticatedError):                # a followed read too
+        _get(anonymous, a_opts, topic="T", follow=[[0, 0]])
     with pytest.raises(pa.ArrowInvalid, match="SPARKMQ_INVALID_NAME: group name"):
         _get(reader, r_opts, topic="T", queue=0, offset=0, group="bad group!")
 

@@ -5,6 +5,7 @@ broker offers no Flight, when its Flight does not connect, for what Flight refus
 delayed message) and on request; credentials over Flight as over gRPC."""
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from rocketmq import SimpleConsumer as OfficialConsumer
 
 from helpers.brokers import client_conf
 from helpers.net import free_port
+from helpers.waiting import wait_until
 from sparkmq.client import ClientError, Message, Producer, PullConsumer
 
 pytestmark = pytest.mark.integration
@@ -194,3 +196,35 @@ def test_a_broker_stops_promptly_with_a_flight_producer_connected(make_broker, c
     t0 = time.monotonic()
     b.stop()
     assert time.monotonic() - t0 < 5
+
+
+def test_the_pull_consumer_follows_queues_on_one_stream(make_broker, closing):
+    """``follow``: every queue's messages from its offset as they arrive (tag filter
+    applied, next offsets given), one stream; ``close`` from another thread ends it;
+    gRPC has no such call."""
+    b = flight_broker(make_broker)
+    p = closing(Producer(b.endpoint))
+    pc = closing(PullConsumer(b.endpoint, "GF"))
+    queues = pc.queues("F")
+    assert len(queues) == 2
+    p.send_batch([rich("F", i) for i in range(4)])       # one request: one queue
+    follow = pc.follow({q: 0 for q in queues}, tag_expression="TagA")
+    got, nexts = [], {}
+
+    def read():
+        for q, msgs, nxt in follow:
+            got.extend((q.queue_id, m.body) for m in msgs)
+            nexts[q.queue_id] = nxt
+    reader = threading.Thread(target=read)
+    reader.start()
+    for i in range(4, 8):                                 # arrivals while following
+        p.send(rich("F", i))
+    wait_until(lambda: sum(nexts.values()) == 8, what="next offsets past all 8 messages")
+    assert sorted(body for _, body in got) == [b"m1", b"m3", b"m5", b"m7"]
+    assert pc.pulled_over["flight"] == 8
+    follow.close()
+    reader.join(10)
+    assert not reader.is_alive()
+    grpc_only = closing(PullConsumer(b.endpoint, "GF", transport="grpc"))
+    with pytest.raises(ClientError, match="follow needs Arrow Flight"):
+        grpc_only.follow({queues[0]: 0})
