@@ -174,7 +174,6 @@ def _bench_clients(endpoint: str, transport: str, n: int, batch_n: int, m: int) 
 def _e2e(client, port: int, one, m: int) -> list[float]:
     import pyarrow.flight as fl
     import pyarrow as pa
-    got: dict = {}
     out = []
     writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), one.schema)
     for _ in track(range(m), "round trips"):
@@ -183,26 +182,30 @@ def _e2e(client, port: int, one, m: int) -> list[float]:
         offset = a.column("queue_offset")[0].as_py() + 1
         ticket = fl.Ticket(json.dumps({"topic": "e2e", "queue": 0, "offset": offset,
                                        "max": 1, "pollMs": 5000}).encode())
-        done = threading.Event()
-
-        def poll():
-            got["t"] = None
-            rows = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}").do_get(ticket).read_all()
-            got["t"] = time.perf_counter() if rows.num_rows else None
-            done.set()
-        th = threading.Thread(target=poll)
-        th.start()
-        time.sleep(0.02)                      # the poll is waiting
-        t0 = time.perf_counter()
-        writer.write_batch(one)
-        reader.read()
-        done.wait(10)
-        th.join(10)
-        if got.get("t"):
-            out.append(got["t"] - t0)
+        took = _put_waking(writer, reader, one, lambda: fl.FlightClient(
+            f"grpc+tcp://127.0.0.1:{port}").do_get(ticket).read_all().num_rows)
+        if took is not None:
+            out.append(took)
     writer.done_writing()
     writer.close()
     return out
+
+
+def _put_waking(writer, reader, one, get) -> float | None:
+    """Seconds from a one-message put to the return of ``get()``, a DoGet started 20 ms
+    before the put (so waiting in the server); None if it returned no rows."""
+    got = {}
+
+    def poll():
+        got["t"] = time.perf_counter() if get() else None
+    th = threading.Thread(target=poll)
+    th.start()
+    time.sleep(0.02)                          # the poll is waiting
+    t0 = time.perf_counter()
+    writer.write_batch(one)
+    reader.read()
+    th.join(10)
+    return got["t"] - t0 if got.get("t") else None
 
 
 def _floor_e2e(port: int, m: int, one) -> list[float]:
@@ -213,19 +216,9 @@ def _floor_e2e(port: int, m: int, one) -> list[float]:
     client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
     writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), one.schema)
     poller = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
-    out, got = [], {}
-    for _ in track(range(m), "floor round trips"):
-        def poll():
-            poller.do_get(fl.Ticket(b"wait")).read_all()
-            got["t"] = time.perf_counter()
-        th = threading.Thread(target=poll)
-        th.start()
-        time.sleep(0.02)                      # the poll is waiting
-        t0 = time.perf_counter()
-        writer.write_batch(one)
-        reader.read()
-        th.join(10)
-        out.append(got["t"] - t0)
+    out = [_put_waking(writer, reader, one,
+                       lambda: poller.do_get(fl.Ticket(b"wait")).read_all().num_rows)
+           for _ in track(range(m), "floor round trips")]
     writer.done_writing()
     writer.close()
     return out
