@@ -42,10 +42,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
 
-from ..errors import (DataLossError, FilterExpressionError, InvalidReceiptHandleError,
-                      TopicNotFoundError)
+from ..errors import DataLossError, InvalidReceiptHandleError, TopicNotFoundError
 from ..log.message import Message, StoredMessage
 from ..log.names import DLQ_PREFIX
+from ..log.tagexpr import tag_set
 from .handles import HandleSigner
 
 log = logging.getLogger("sparkmq.broker.pop")
@@ -140,14 +140,7 @@ class TagFilter:
     """RocketMQ tag expressions: ``*`` (or empty) matches all; ``A || B`` matches either."""
 
     def __init__(self, expression: str | None):
-        expr = (expression or "").strip()
-        if not expr or expr == "*":
-            self.tags = None
-        else:
-            tags = {t.strip() for t in expr.split("||")}
-            if "" in tags:
-                raise FilterExpressionError(f"tag expression {expression!r} has an empty tag")
-            self.tags = tags
+        self.tags = tag_set(expression)         # the one reading (log/tagexpr.py)
 
     def matches(self, tag: str | None) -> bool:
         return self.tags is None or (tag is not None and tag in self.tags)

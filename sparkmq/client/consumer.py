@@ -36,8 +36,8 @@ from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientErro
                    Connections, Queue, ReceivedMessage, RouteCache, check, duration,
                    parse_endpoints)
 from .acks import AckBatcher
-from .flight import (TRANSPORTS, Followed, FlightTransport, _FlightDown, received_messages,
-                     tag_set)
+from ..log.tagexpr import tag_set
+from .flight import TRANSPORTS, Followed, FlightTransport, _FlightDown, received_messages
 
 log = logging.getLogger("sparkmq.client.consumer")
 BROADCAST_HEADER = "x-sparkmq-consume-mode"

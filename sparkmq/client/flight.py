@@ -377,16 +377,3 @@ def received_messages(table: pa.Table, endpoint: str,
             queue_offset=c["queue_offset"][i], born_timestamp_ms=born[i],
             delivery_attempt=0, receipt_handle="", endpoint=endpoint))
     return out
-
-
-def tag_set(expression: str) -> frozenset[str] | None:
-    """A tag expression (``*``, ``A || B``) as the set of tags it matches (None: all),
-    as the broker reads it (broker/pop.py TagFilter)."""
-    expr = (expression or "").strip()
-    if not expr or expr == "*":
-        return None
-    tags = frozenset(t.strip() for t in expr.split("||"))
-    if "" in tags:
-        from ..errors import UserError
-        raise UserError(f"tag expression {expression!r} has an empty tag")
-    return tags
