@@ -119,6 +119,21 @@ def process(cmd: list[str], port: int, **kw):
         err.close()
 
 
+def broker_conf(tmp: str, **extra) -> tuple[str, int, int]:
+    """A broker.properties in ``tmp`` (ASYNC_FLUSH, store ``tmp/mq``, free ports, topics
+    auto-created) plus ``extra`` properties: (its path, gRPC port, admin port)."""
+    port, admin = free_port(), free_port()
+    props = {"brokerName": "bench", "flushDiskType": "ASYNC_FLUSH",
+             "storePathRootDir": f"{tmp}/mq", "listenPort": port, "adminPort": admin,
+             "autoCreateTopicEnable": "true",
+             "flightEnable": "false",       # the clients' sends take RocketMQ gRPC
+             **extra}
+    conf = os.path.join(tmp, "broker.properties")
+    with open(conf, "w") as f:
+        f.write("".join(f"{k}={v}\n" for k, v in props.items()))
+    return conf, port, admin
+
+
 def pct(values: list[float], q: float) -> float:
     v = sorted(values)
     return v[min(len(v) - 1, int(q * len(v)))] * 1000.0
@@ -127,14 +142,8 @@ def pct(values: list[float], q: float) -> float:
 # ---------------------------------------------------------------- sparkmq
 def bench_sparkmq(tmp: str, n: int, batch: int, m: int) -> dict:
     from sparkmq.client import Message, Producer, SimpleConsumer
-    port, admin = free_port(), free_port()
-    conf = os.path.join(tmp, "broker.properties")
-    with open(conf, "w") as f:
-        f.write(f"brokerName=bench\nbrokerId=0\nflushDiskType=ASYNC_FLUSH\n"
-                f"flushIntervalCommitLog=500\nstorePathRootDir={tmp}/sparkmq\n"
-                f"namesrvAddr=\nbrokerIP1=127.0.0.1\nlistenPort={port}\nadminPort={admin}\n"
-                f"autoCreateTopicEnable=true\ndefaultTopicQueueNums=4\n"
-                f"flightEnable=false\n")      # the RocketMQ gRPC path (Flight: bench_flight)
+    # the RocketMQ gRPC path (broker_conf turns Flight off; Flight: bench_flight)
+    conf, port, _ = broker_conf(tmp, flushIntervalCommitLog=500, defaultTopicQueueNums=4)
     with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port):
         ep = f"127.0.0.1:{port}"
         p = Producer(ep, request_timeout_s=30)

@@ -34,8 +34,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_broker import (BODY, bench_redis, free_port, pct, process,  # noqa: E402
-                          wait_port)
+from bench_broker import (BODY, bench_redis, broker_conf, free_port, pct,  # noqa: E402
+                          process, wait_port)
 from sparkmq.progress import track  # noqa: E402
 
 FLOOR = textwrap.dedent("""
@@ -97,14 +97,9 @@ def bench_floor(m: int) -> dict:
 def bench_sparkmq_flight(tmp: str, n: int, batch_n: int, m: int) -> dict:
     import pyarrow as pa
     import pyarrow.flight as fl
-    port, admin, flight = free_port(), free_port(), free_port()
-    conf = os.path.join(tmp, "broker.properties")
-    with open(conf, "w") as f:
-        f.write(f"brokerName=bench\nbrokerId=0\nflushDiskType=ASYNC_FLUSH\n"
-                f"flushIntervalCommitLog=500\nstorePathRootDir={tmp}/sparkmq\n"
-                f"namesrvAddr=\nbrokerIP1=127.0.0.1\nlistenPort={port}\nadminPort={admin}\n"
-                f"autoCreateTopicEnable=true\ndefaultTopicQueueNums=4\n"
-                f"flightEnable=true\nflightPort={flight}\n")
+    flight = free_port()
+    conf, port, _ = broker_conf(tmp, flushIntervalCommitLog=500, defaultTopicQueueNums=4,
+                                flightEnable="true", flightPort=flight)
     with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port):
         wait_port(flight)
         client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{flight}")

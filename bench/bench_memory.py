@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_broker import process  # noqa: E402
-from bench_polls import broker_conf, rss_kib  # noqa: E402
+from bench_broker import broker_conf  # noqa: E402
+from bench_polls import rss_kib  # noqa: E402
 from sparkmq.progress import track  # noqa: E402
 
 TOPICS = 1000

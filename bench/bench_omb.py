@@ -66,8 +66,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_broker import ensure_apt, ensure_pip, free_port, process, wait_port  # noqa: E402
-from bench_polls import broker_conf  # noqa: E402
+from bench_broker import (broker_conf, ensure_apt, ensure_pip, free_port,  # noqa: E402
+                          process, wait_port)
 from sparkmq.progress import track  # noqa: E402
 
 TOPIC = "omb"

@@ -21,26 +21,11 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_broker import free_port, process  # noqa: E402
+from bench_broker import broker_conf, process  # noqa: E402
 from sparkmq.progress import track  # noqa: E402
 
 WORKERS = 32
 SENDS = 300
-
-
-def broker_conf(tmp: str, **extra) -> tuple[str, int, int]:
-    """A broker.properties in ``tmp`` (ASYNC_FLUSH, store ``tmp/mq``, free ports, topics
-    auto-created) plus ``extra`` properties: (its path, gRPC port, admin port)."""
-    port, admin = free_port(), free_port()
-    props = {"brokerName": "bench", "flushDiskType": "ASYNC_FLUSH",
-             "storePathRootDir": f"{tmp}/mq", "listenPort": port, "adminPort": admin,
-             "autoCreateTopicEnable": "true",
-             "flightEnable": "false",       # the clients' sends take RocketMQ gRPC
-             **extra}
-    conf = os.path.join(tmp, "broker.properties")
-    with open(conf, "w") as f:
-        f.write("".join(f"{k}={v}\n" for k, v in props.items()))
-    return conf, port, admin
 
 
 def rss_kib(pid: int, field: str = "VmRSS") -> int:
