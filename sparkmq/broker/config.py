@@ -317,7 +317,7 @@ class BrokerConfig:
     def long_polling_capacity(self) -> int:
         """Long polls held at once (``maxLongPollingRequests``; 0 or less: no cap). A gRPC
         poll is a suspended coroutine holding no worker (grpc_server.py); a thread-holding
-        poll (Arrow Flight) counts against the same cap."""
+        poll (Arrow Flight) counts against the same cap, a followed read for its whole life."""
         if self.max_long_polling_requests > 0:
             return self.max_long_polling_requests
         return 1 << 30

@@ -280,6 +280,7 @@ class FlightService(fl.FlightServerBase):
                 validate_group(group)
             self._authorize(context, read_resources(topic, group))
             if follow is not None:
+                self.broker.notifier.admissible()     # (counted in _follow: holding)
                 schema = self._followed_schema(topic, positions)
                 return fl.GeneratorStream(schema, self._follow(
                     context, topic, positions, limit, consumer_view))
@@ -305,24 +306,30 @@ class FlightService(fl.FlightServerBase):
         ``limit`` per queue and round) as they arrive, one queue per batch, until the
         client cancels the call or the broker stops. One thread and one call serve
         every queue of it: no call, ticket or check per delivery."""
-        store, notifier = self.broker.store, self.broker.notifier
         try:
-            while not (self._stopping.is_set() or context.is_cancelled()):
-                seen = notifier.version(topic)            # any queue of the topic
-                sent = False
-                for q, offset in positions.items():
-                    hi = store.max_offset(topic, q)
-                    if hi <= offset:
-                        continue
-                    table = store.read_table(topic, q, offset, min(hi, offset + limit))
-                    if table.num_rows:
-                        positions[q] = table.column("queue_offset")[-1].as_py() + 1
-                        yield consumer_view_of(table) if consumer_view else table
-                        sent = True
-                if not sent:
-                    notifier.wait(topic, seen, FOLLOW_WAIT_S)
+            # a long poll for its whole life: it counts against maxLongPollingRequests
+            with self.broker.notifier.holding():
+                yield from self._followed(context, topic, positions, limit, consumer_view)
         except Exception as e:   # ends this stream with the error; the service goes on
             raise _flight_error(e) from None
+
+    def _followed(self, context, topic: str, positions: dict[int, int], limit: int,
+                  consumer_view: bool):
+        store, notifier = self.broker.store, self.broker.notifier
+        while not (self._stopping.is_set() or context.is_cancelled()):
+            seen = notifier.version(topic)            # any queue of the topic
+            sent = False
+            for q, offset in positions.items():
+                hi = store.max_offset(topic, q)
+                if hi <= offset:
+                    continue
+                table = store.read_table(topic, q, offset, min(hi, offset + limit))
+                if table.num_rows:
+                    positions[q] = table.column("queue_offset")[-1].as_py() + 1
+                    yield consumer_view_of(table) if consumer_view else table
+                    sent = True
+            if not sent:
+                notifier.wait(topic, seen, FOLLOW_WAIT_S, held=True)
 
     def _read(self, topic: str, queue: int, offset: int, limit: int, poll_ms: int) -> pa.Table:
         import time

@@ -135,19 +135,40 @@ class ArrivalNotifier:
         with self._lock:
             return self._version(self._key(topic, queue_id))
 
-    def wait(self, topic: str, seen: tuple, timeout_s: float,
-             queue_id: int | None = None) -> bool:
-        """Wait until ``topic`` (or its queue ``queue_id``) changed since ``seen``
-        (True) or the timeout (False)."""
-        key = self._key(topic, queue_id)
-        deadline = time.monotonic() + max(0.0, timeout_s)
+    @contextlib.contextmanager
+    def holding(self):
+        """Count a reader that holds a thread for its whole life (a followed Flight
+        read) against the capacity while it lasts; past it, TooManyRequestsError at
+        once. Its waits then pass ``held=True`` (counted once)."""
         with self._lock:
             self._admit()
+            self.waiting += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.waiting -= 1
+
+    def admissible(self) -> None:
+        """TooManyRequestsError now if one more waiter would be refused."""
+        with self._lock:
+            self._admit()
+
+    def wait(self, topic: str, seen: tuple, timeout_s: float,
+             queue_id: int | None = None, held: bool = False) -> bool:
+        """Wait until ``topic`` (or its queue ``queue_id``) changed since ``seen``
+        (True) or the timeout (False); ``held``: by a reader inside :meth:`holding`."""
+        key = self._key(topic, queue_id)
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        counted = 0 if held else 1
+        with self._lock:
+            if counted:
+                self._admit()
             c = self._conds.get(key)
             if c is None:
                 c = self._conds[key] = [threading.Condition(self._lock), 0]
             c[1] += 1
-            self.waiting += 1
+            self.waiting += counted
             try:
                 while not self._closed:
                     if self._version(key) != seen:
@@ -158,7 +179,7 @@ class ArrivalNotifier:
                     c[0].wait(left)
                 return True
             finally:
-                self.waiting -= 1
+                self.waiting -= counted
                 c[1] -= 1
                 if c[1] == 0:
                     del self._conds[key]

@@ -18,6 +18,7 @@ from rocketmq import FilterExpression, SimpleConsumer
 
 from helpers.brokers import client_conf
 from helpers.net import free_port
+from helpers.waiting import wait_until
 from sparkmq.broker.authn import signature
 from sparkmq.log.topics import message_type_attributes
 
@@ -151,6 +152,31 @@ def test_a_followed_get_streams_each_queues_arrivals_until_cancelled(broker):
         held.read_chunk()
     stopper.join(10)
     assert not stopper.is_alive()
+
+
+def test_followed_reads_count_against_the_long_poll_capacity(make_broker):
+    """A followed read holds a server thread for its whole life, busy or waiting: it
+    is a long poll for maxLongPollingRequests, so one more is refused past it
+    (TOO_MANY_REQUESTS), and its slot is freed when it ends."""
+    b = make_broker(flightEnable="true", flightPort=free_port(), maxLongPollingRequests="1")
+    b.store.create_topic("F", read_queue_nums=1, write_queue_nums=1)
+    client, opts = _client(b)
+    _send(client, opts, _batch("F", [b"x" * 1024] * 2000))
+
+    def follow(offset, limit):
+        return client.do_get(fl.Ticket(json.dumps(
+            {"topic": "F", "follow": [[0, offset]], "max": limit}).encode()), options=opts)
+    busy = follow(0, 1)            # 2,000 one-message batches nobody reads: never waiting
+    busy.schema
+    wait_until(lambda: b.notifier.waiting == 1, what="the busy follow to be counted")
+    with pytest.raises(fl.FlightUnavailableError, match="TOO_MANY_REQUESTS"):
+        follow(2000, 10).read_chunk()
+    busy.cancel()
+    wait_until(lambda: b.notifier.waiting == 0, what="the cancelled follow to end")
+    second = follow(2000, 10)
+    _send(client, opts, _batch("F", [b"y"]))
+    assert second.read_chunk().data.column("body").to_pylist() == [b"y"]
+    second.cancel()
 
 
 @pytest.mark.parametrize("batch, words", [
