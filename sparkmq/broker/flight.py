@@ -47,6 +47,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -283,7 +284,8 @@ class FlightService(fl.FlightServerBase):
                 self.broker.notifier.admissible()     # (counted in _follow: holding)
                 schema = self._followed_schema(topic, positions)
                 return fl.GeneratorStream(schema, self._follow(
-                    context, topic, positions, limit, consumer_view))
+                    context, topic, positions, limit, consumer_view,
+                    lambda: self._authorize(context, read_resources(topic, group))))
             table = self._read(topic, queue, offset, limit, poll_ms)
             if consumer_view:
                 table = consumer_view_of(table)
@@ -301,22 +303,28 @@ class FlightService(fl.FlightServerBase):
                 for q, o in positions.items()][0].schema
 
     def _follow(self, context, topic: str, positions: dict[int, int], limit: int,
-                consumer_view: bool):
+                consumer_view: bool, authorize):
         """A followed read's batches: each queue's messages from its offset (at most
         ``limit`` per queue and round) as they arrive, one queue per batch, until the
         client cancels the call or the broker stops. One thread and one call serve
-        every queue of it: no call, ticket or check per delivery."""
+        every queue of it: no call or ticket per delivery; ``authorize()`` (the ACL
+        check) again once a second, so a revoked right ends the stream."""
         try:
             # a long poll for its whole life: it counts against maxLongPollingRequests
             with self.broker.notifier.holding():
-                yield from self._followed(context, topic, positions, limit, consumer_view)
+                yield from self._followed(context, topic, positions, limit, consumer_view,
+                                          authorize)
         except Exception as e:   # ends this stream with the error; the service goes on
             raise _flight_error(e) from None
 
     def _followed(self, context, topic: str, positions: dict[int, int], limit: int,
-                  consumer_view: bool):
+                  consumer_view: bool, authorize):
         store, notifier = self.broker.store, self.broker.notifier
+        checked = time.monotonic()
         while not (self._stopping.is_set() or context.is_cancelled()):
+            if time.monotonic() - checked >= FOLLOW_WAIT_S:
+                authorize()
+                checked = time.monotonic()
             seen = notifier.version(topic)            # any queue of the topic
             sent = False
             for q, offset in positions.items():
@@ -332,7 +340,6 @@ class FlightService(fl.FlightServerBase):
                 notifier.wait(topic, seen, FOLLOW_WAIT_S, held=True)
 
     def _read(self, topic: str, queue: int, offset: int, limit: int, poll_ms: int) -> pa.Table:
-        import time
         store, notifier = self.broker.store, self.broker.notifier
         if self.broker.topic_conf(topic) is None:
             from ..errors import TopicNotFoundError

@@ -239,6 +239,12 @@ def test_credentials_and_acls_as_on_the_rocketmq_path(make_broker):
         _get(reader, r_opts, topic="T", queue=0, offset=0, group="G")
     with pytest.raises(fl.FlightUnauthenticatedError):                # a followed read too
         _get(anonymous, a_opts, topic="T", follow=[[0, 0]])
+    followed = reader.do_get(fl.Ticket(json.dumps({"topic": "T", "follow": [[0, 0]]}).encode()),
+                             options=r_opts)
+    assert followed.read_chunk().data.column("body").to_pylist() == [b"ok"]
+    meta.delete_acl(b.store, "reader", "Topic:T")
+    with pytest.raises(fl.FlightUnauthorizedError, match="Topic:T"):  # revoked: the open
+        followed.read_chunk()                                         # stream ends too
     with pytest.raises(pa.ArrowInvalid, match="SPARKMQ_INVALID_NAME: group name"):
         _get(reader, r_opts, topic="T", queue=0, offset=0, group="bad group!")
 
