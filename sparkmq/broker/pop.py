@@ -45,7 +45,7 @@ from typing import Callable, NamedTuple
 from ..errors import DataLossError, InvalidReceiptHandleError, TopicNotFoundError
 from ..log.message import Message, StoredMessage
 from ..log.names import DLQ_PREFIX
-from ..log.tagexpr import tag_set
+from ..tagexpr import tag_set
 from .handles import HandleSigner
 
 log = logging.getLogger("sparkmq.broker.pop")
@@ -140,7 +140,7 @@ class TagFilter:
     """RocketMQ tag expressions: ``*`` (or empty) matches all; ``A || B`` matches either."""
 
     def __init__(self, expression: str | None):
-        self.tags = tag_set(expression)         # the one reading (log/tagexpr.py)
+        self.tags = tag_set(expression)         # the one reading (sparkmq/tagexpr.py)
 
     def matches(self, tag: str | None) -> bool:
         return self.tags is None or (tag is not None and tag in self.tags)

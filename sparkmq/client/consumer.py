@@ -36,7 +36,7 @@ from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientErro
                    Connections, Queue, ReceivedMessage, RouteCache, check, duration,
                    parse_endpoints)
 from .acks import AckBatcher
-from ..log.tagexpr import tag_set
+from ..tagexpr import tag_set
 from .flight import TRANSPORTS, Followed, FlightTransport, _FlightDown, received_messages
 
 log = logging.getLogger("sparkmq.client.consumer")
