@@ -143,17 +143,19 @@ class FlightService(fl.FlightServerBase):
         for chunk in reader:
             # Long polls are woken once the ack is written, as the gRPC path wakes them
             # after its reply: a woken DoGet would take the GIL from this ack.
-            with notifier.deferred() as arrived:
-                try:
-                    ack = self._send(context, chunk.data)
-                except Exception as e:   # one batch's failure ends this stream only
-                    if not isinstance(e, SparkMQError):
-                        log.exception("Flight send failed")
+            arrived: set = set()
+            try:
+                with notifier.deferred() as arrived:
+                    try:
+                        ack = self._send(context, chunk.data)
+                    except Exception as e:   # one batch's failure ends this stream only
+                        if not isinstance(e, SparkMQError):
+                            log.exception("Flight send failed")
+                        raise _flight_error(e) from None
+                writer.write(ack)
+            finally:
+                if arrived:
                     notifier.wake(arrived)
-                    raise _flight_error(e) from None
-            writer.write(ack)
-            if arrived:
-                notifier.wake(arrived)
             if self._stopping.is_set():     # end the stream: the broker is stopping
                 return
 
@@ -279,13 +281,15 @@ class FlightService(fl.FlightServerBase):
             validate_topic(topic)        # RMQ_SYS_* and the like are the broker's own
             if group is not None:
                 validate_group(group)
-            self._authorize(context, read_resources(topic, group))
+
+            def authorize() -> None:
+                self._authorize(context, read_resources(topic, group))
+            authorize()
             if follow is not None:
                 self.broker.notifier.admissible()     # (counted in _follow: holding)
                 schema = self._followed_schema(topic, positions)
                 return fl.GeneratorStream(schema, self._follow(
-                    context, topic, positions, limit, consumer_view,
-                    lambda: self._authorize(context, read_resources(topic, group))))
+                    context, topic, positions, limit, consumer_view, authorize))
             table = self._read(topic, queue, offset, limit, poll_ms)
             if consumer_view:
                 table = consumer_view_of(table)
@@ -296,11 +300,15 @@ class FlightService(fl.FlightServerBase):
     def _followed_schema(self, topic: str, positions: dict[int, int]) -> pa.Schema:
         """The reply schema of a followed read, every queue checked first (a missing
         topic or queue is the call's error, before the stream starts)."""
+        self._require_topic(topic)
+        for q, o in positions.items():     # an empty read of each: its queue exists
+            schema = self.broker.store.read_table(topic, q, o, o).schema
+        return schema
+
+    def _require_topic(self, topic: str) -> None:
         if self.broker.topic_conf(topic) is None:
             from ..errors import TopicNotFoundError
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
-        return [self.broker.store.read_table(topic, q, o, o)
-                for q, o in positions.items()][0].schema
 
     def _follow(self, context, topic: str, positions: dict[int, int], limit: int,
                 consumer_view: bool, authorize):
@@ -341,9 +349,7 @@ class FlightService(fl.FlightServerBase):
 
     def _read(self, topic: str, queue: int, offset: int, limit: int, poll_ms: int) -> pa.Table:
         store, notifier = self.broker.store, self.broker.notifier
-        if self.broker.topic_conf(topic) is None:
-            from ..errors import TopicNotFoundError
-            raise TopicNotFoundError(f"topic {topic!r} does not exist")
+        self._require_topic(topic)
         deadline = time.monotonic() + poll_ms / 1000.0
         while True:
             seen = notifier.version(topic, queue)
