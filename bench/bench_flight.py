@@ -4,7 +4,9 @@ in the same run (issue 16 item 6).
 Rows (1 KiB messages):
 - batched throughput: batches of ``--batch`` messages over one DoPut stream, each batch
   acknowledged before the next (ratio to Redis's pipelined XADD of the same batches,
-  from bench_broker.py's Redis run);
+  from bench_broker.py's Redis run, and to the floor: the same puts to a Flight server
+  in another process that acks without storing; the floor's own ratio to Redis is the
+  most any Python Flight server could reach on this machine);
 - sync send p50: a one-message batch written and its ack read (ratio to the floor: the
   same round trip against a Flight server that acks without storing, in another process);
 - send -> long-poll consumer p50: a DoGet waiting with pollMs, then a one-message send
@@ -80,15 +82,37 @@ def _put_round_trips(port: int, m: int, batch) -> list[float]:
     return out
 
 
-def bench_floor(m: int) -> dict:
+def _batch(topic: str, n: int):
     import pyarrow as pa
+    return pa.RecordBatch.from_pydict({"topic": [topic] * n, "body": [BODY] * n})
+
+
+def _put_throughput(port: int, n: int, big) -> float:
+    """Messages a second through one DoPut stream, each batch acked before the next."""
+    import pyarrow.flight as fl
+    client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
+    writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), big.schema)
+    batches = n // big.num_rows
+    t0 = time.perf_counter()
+    for _ in track(range(batches), "throughput puts", unit="batches"):
+        writer.write_batch(big)
+        reader.read()
+    tput = batches * big.num_rows / (time.perf_counter() - t0)
+    writer.done_writing()
+    writer.close()
+    return tput
+
+
+def bench_floor(n: int, batch_n: int, m: int) -> dict:
     port = free_port()
     p = subprocess.Popen([sys.executable, "-c", FLOOR, str(port)])
     try:
         wait_port(port)
-        one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [BODY]})
+        one = _batch("lat", 1)
+        _put_throughput(port, 20 * batch_n, _batch("tput", batch_n))     # warm-up
         return {"lat": _put_round_trips(port, m, one), "e2e": _floor_e2e(port, m, one),
-                "follow": _follow_e2e(port, m, one, b"follow")}
+                "follow": _follow_e2e(port, m, one, b"follow"),
+                "tput": _put_throughput(port, n, _batch("tput", batch_n))}
     finally:
         p.kill()
         p.wait()
@@ -103,20 +127,12 @@ def bench_sparkmq_flight(tmp: str, n: int, batch_n: int, m: int) -> dict:
     with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port):
         wait_port(flight)
         client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{flight}")
-        big = pa.RecordBatch.from_pydict({"topic": ["tput"] * batch_n, "body": [BODY] * batch_n})
-        one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [BODY]})
+        big, one = _batch("tput", batch_n), _batch("lat", 1)
         e2e_one = pa.RecordBatch.from_pydict({"topic": ["e2e"], "body": [BODY],
                                               "queue_id": pa.array([0], pa.int32())})
         _put_round_trips(flight, 1, big)                   # creates the topics
         _put_round_trips(flight, 1, e2e_one)
-        writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), big.schema)
-        t0 = time.perf_counter()
-        for _ in track(range(n // batch_n), "throughput puts", unit="batches"):
-            writer.write_batch(big)
-            reader.read()
-        tput = (n // batch_n) * batch_n / (time.perf_counter() - t0)
-        writer.done_writing()
-        writer.close()
+        tput = _put_throughput(flight, n, big)
         lat = _put_round_trips(flight, m, one)
         e2e = _e2e(client, flight, e2e_one, m)
         follow = _follow_e2e(flight, m, e2e_one, json.dumps(
@@ -257,13 +273,17 @@ def main(argv=None) -> int:
         ours = bench_sparkmq_flight(tmp, n, args.batch, m)
     with tempfile.TemporaryDirectory(prefix="bench-redis-") as tmp:
         red = bench_redis(tmp, n, args.batch, 50)
-    floor = bench_floor(m)
+    floor = bench_floor(n, args.batch, m)
     fp50 = pct(floor["lat"], 0.5)                     # ms
     print(f"# 1 KiB messages, batches of {args.batch}, {os.cpu_count()} cores")
     print(f"{'metric':<34}{'sparkmq flight':>16}{'reference':>16}{'ratio':>8}")
     if red:
         print(f"{'batched throughput (msg/s)':<34}{ours['tput']:>16.0f}"
               f"{red['tput']:>16.0f}{ours['tput'] / red['tput']:>8.2f}  (vs Redis pipelined)")
+        print(f"{'  floor: empty server (msg/s)':<34}{floor['tput']:>16.0f}"
+              f"{red['tput']:>16.0f}{floor['tput'] / red['tput']:>8.2f}  (vs Redis pipelined)")
+    print(f"{'batched throughput (msg/s)':<34}{ours['tput']:>16.0f}{floor['tput']:>16.0f}"
+          f"{ours['tput'] / floor['tput']:>8.2f}  (vs the same puts, empty Flight server)")
     lat = pct(ours["lat"], 0.5)
     print(f"{'sync send p50 (ms)':<34}{lat:>16.3f}{fp50:>16.3f}{lat / fp50:>8.2f}"
           "  (vs empty Flight round trip)")
