@@ -58,6 +58,7 @@ from ..errors import (AuthenticationError, AuthorizationError, RetriableError, S
                       UserError)
 from ..log.format import MESSAGE_TYPE_FIFO
 from ..log.batch import build_segment_batch
+from ..log.message import batch_message_ids, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.topics import topic_message_type, type_conflict
 from .authz import offset_update_resources, peer_ip, read_resources, send_resources
@@ -194,14 +195,14 @@ class FlightService(fl.FlightServerBase):
                                topic=t)
         # (long polls were woken per queue by the store's arrival listener as the rows
         # became visible: a wake here by topic would wake every queue's pulls again)
-        from ..log.message import encode_message_id, store_tag
-        tag = store_tag(broker.store.store_id)
-        ids = [encode_message_id(tag, r.batch_offset, j) for j in range(r.num_rows)]
-        if "unique_key" in batch.schema.names:
-            ids = [k or i for k, i in zip(batch.column("unique_key").to_pylist(), ids)]
+        ids = batch_message_ids(store_tag(broker.store.store_id), r.batch_offset, r.num_rows)
+        if "unique_key" in batch.schema.names:         # a producer's own id wins
+            own = batch.column("unique_key").cast(pa.string())
+            ids = pc.if_else(pc.fill_null(pc.greater(pc.binary_length(own), 0), False),
+                             own, ids)
         ack = pa.RecordBatch.from_arrays(
             [pa.array(r.queue_ids, pa.int32()), pa.array(r.queue_offsets, pa.int64()),
-             pa.array(ids, pa.string())], schema=ACK_SCHEMA)
+             ids], schema=ACK_SCHEMA)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_stream(sink, ACK_SCHEMA) as w:
             w.write_batch(ack)

@@ -32,12 +32,12 @@ from .consumequeue import read_side_by_time, read_side_entries
 from .fs import StoreFS
 from .index import read_index
 from .limits import timestamp_violation
-from .message import StoredMessage, decode_message_id, store_tag
+from .message import (StoredMessage, decode_message_id, message_id_array, store_tag,
+                      stored_messages)
 from .txlog import LogState, TransactionLog
 
 log = logging.getLogger("sparkmq.reader")
 
-_HEX = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 
 #: Columns of a message table, in order.
 MESSAGE_COLUMNS = ["topic", "queue_id", "queue_offset", "physical_offset", "message_id",
@@ -53,55 +53,6 @@ def message_schema() -> pa.Schema:
 
 
 MESSAGE_SCHEMA = message_schema()
-
-
-# byte -> its two upper-case hex digits, as one little-endian uint16 per byte value
-_HEX_PAIRS16 = np.ascontiguousarray(
-    _HEX[np.stack([np.arange(256) >> 4, np.arange(256) & 0xF], axis=1)]).view(np.uint16).ravel()
-
-
-def _hex_digits(values: np.ndarray, width: int) -> np.ndarray:
-    """The low ``width`` (even) upper-case hex digits of each value, as (n, width) ASCII."""
-    be = np.ascontiguousarray(values, dtype=np.uint64).astype(">u8").view(np.uint8)
-    pairs = be.reshape(-1, 8)[:, 8 - width // 2:].astype(np.intp)
-    return _HEX_PAIRS16.take(pairs).view(np.uint8).reshape(-1, width)
-
-
-_ROW_HEX_ROWS = 1 << 16
-_row_hex: np.ndarray | None = None
-
-
-def _row_hex8(rows: np.ndarray) -> np.ndarray:
-    """The 8 hex digits of each row number, one uint64 (8 ASCII bytes) per row."""
-    global _row_hex
-    if len(rows) and int(rows.max()) >= _ROW_HEX_ROWS:
-        return _hex_digits(rows, 8).view(np.uint64).ravel()
-    if _row_hex is None:   # built once: 512 KiB, rows of up to 65,536-message batches
-        _row_hex = _hex_digits(np.arange(_ROW_HEX_ROWS), 8).view(np.uint64).ravel()
-    return _row_hex.take(rows)
-
-
-def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> pa.Array:
-    """Message ids for many rows, vectorized (32 ASCII hex digits each).
-
-    An id is tag (8 digits), batch offset (16) and row (8): the first 24 digits are
-    built once per run of equal batch offsets and repeated, the last 8 come from a
-    table of row numbers, so the cost is a few copies of 32 bytes per row.
-    """
-    n = len(batch_offsets)
-    if n == 0:
-        return pa.array([], pa.string())
-    batch_offsets = np.asarray(batch_offsets, dtype=np.int64)
-    cuts = np.flatnonzero(batch_offsets[1:] != batch_offsets[:-1]) + 1
-    firsts = np.concatenate([[0], cuts])
-    lens = np.diff(np.concatenate([firsts, [n]]))
-    template = np.zeros((len(firsts), 32), dtype=np.uint8)   # one id per run, row digits later
-    template[:, :8] = _hex_digits(np.array([tag], dtype=np.uint64), 8)
-    template[:, 8:24] = _hex_digits(batch_offsets[firsts], 16)
-    words = np.repeat(template.view(np.uint64), lens, axis=0)  # (n, 4): 32 bytes per id
-    words[:, 3] = _row_hex8(np.asarray(rows, dtype=np.int64))
-    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(words))
 
 
 _MATERIALIZE_ENTRY_COLUMNS = ["queue_offset", "batch_offset", "row"]
@@ -287,8 +238,8 @@ class MessageReader:
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
              ) -> list[StoredMessage]:
         """Up to ``max_messages`` messages from ``offset`` on, as Python objects."""
-        table = self.read_table(topic, queue_id, offset, offset + max(0, max_messages))
-        return [StoredMessage.from_row(r) for r in table.to_pylist()]
+        return stored_messages(self.read_table(topic, queue_id, offset,
+                                               offset + max(0, max_messages)))
 
     def lookup(self, message_id: str) -> StoredMessage | None:
         """The message with this id, or None if it is no longer (or not yet) stored."""

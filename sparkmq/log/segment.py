@@ -39,13 +39,15 @@ CONTINUATION = 0xFFFFFFFF
 EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 SCHEMA_BYTES = fmt.SEGMENT_SCHEMA.serialize().to_pybytes()
 HEADER_SIZE = len(SCHEMA_BYTES)
+_IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 
 
 def serialize_batch(batch: pa.RecordBatch) -> pa.Buffer:
     """The encapsulated IPC message of ``batch`` (the bytes appended to a segment), with its
     CRC32C checksum in the message's custom metadata (:mod:`sparkmq.log.checksum`)."""
     sink = pa.BufferOutputStream()
-    writer = pa.ipc.new_stream(sink, batch.schema)
+    # explicit options: new_stream without them reads two environment variables a call
+    writer = pa.ipc.RecordBatchStreamWriter(sink, batch.schema, options=_IPC_OPTIONS)
     writer.write_batch(batch, custom_metadata=checksum.CUSTOM_METADATA)
     stream = sink.getvalue()                       # a mutable buffer: sealed in place
     start = message_length(stream, 0)

@@ -10,8 +10,7 @@ from sparkmq.log import format as fmt
 from sparkmq.log.consumequeue import (ENTRY_COLUMNS, consumequeue_add, read_side_entries,
                                       write_side_table)
 from sparkmq.log.fs import StoreFS
-from sparkmq.log.message import encode_message_id
-from sparkmq.log.reader import message_id_array
+from sparkmq.log.message import batch_message_ids, encode_message_id, message_id_array
 
 
 def test_message_ids_match_the_encoding_for_runs_and_big_rows():
@@ -24,6 +23,12 @@ def test_message_ids_match_the_encoding_for_runs_and_big_rows():
         assert ids == [encode_message_id(0xDEADBEEF, int(b), int(r))
                        for b, r in zip(bos, rows)]
     assert message_id_array(1, np.zeros(0, np.int64), np.zeros(0, np.int64)).to_pylist() == []
+
+
+def test_a_batch_s_ids_match_the_encoding_on_both_sides_of_the_loop_threshold():
+    for n in (0, 1, 8, 9, 100, (1 << 16) + 3):              # loop, numpy, past the table
+        ids = batch_message_ids(0xCAFEF00D, 0x1234_5678_9ABC, n).to_pylist()
+        assert ids == [encode_message_id(0xCAFEF00D, 0x1234_5678_9ABC, j) for j in range(n)]
 
 
 def _cq_table(rows: list[tuple]) -> pa.Table:
