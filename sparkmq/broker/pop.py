@@ -37,6 +37,7 @@ The clock is injected (``clock_ms``).
 """
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -94,6 +95,45 @@ class QueueProgress:
     done: set[int] = field(default_factory=set)
     held: dict[int, str] = field(default_factory=dict)   # offset -> message group (FIFO)
     dirty: bool = False
+    # (visible_at_ms, offset, seq) of leases, earliest first: a pop finds the expired
+    # leases and the next expiry without a look at every lease in flight. An entry
+    # whose lease was acked or replaced is stale (its seq is no longer in ``inflight``)
+    # and dropped when it comes up, or when stale entries outnumber the live ones.
+    expiry: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def add_lease(self, lease: Lease) -> None:
+        self.inflight[lease.offset] = lease
+        heapq.heappush(self.expiry, (lease.visible_at_ms, lease.offset, lease.seq))
+        self._compact()
+
+    def _compact(self) -> None:
+        """Rebuild the heap from the live leases once stale entries outnumber them
+        (amortized O(1) per lease; the heap holds at most 2 x in flight + 64)."""
+        if len(self.expiry) > 2 * len(self.inflight) + 64:
+            self.expiry = [(x.visible_at_ms, x.offset, x.seq) for x in self.inflight.values()]
+            heapq.heapify(self.expiry)
+
+    def _current(self, entry: tuple[int, int, int]) -> Lease | None:
+        lease = self.inflight.get(entry[1])
+        return lease if lease is not None and lease.seq == entry[2] else None
+
+    def take_expired(self, now_ms: int) -> list[Lease]:
+        """The leases visible again at ``now_ms``, earliest first, out of the expiry
+        heap: the caller renews or finishes each, or hands it back (``put_back``)."""
+        out = []
+        while self.expiry and self.expiry[0][0] <= now_ms:
+            lease = self._current(heapq.heappop(self.expiry))
+            if lease is not None:
+                out.append(lease)
+        return out
+
+    def put_back(self, lease: Lease) -> None:
+        heapq.heappush(self.expiry, (lease.visible_at_ms, lease.offset, lease.seq))
+
+    def next_expiry_ms(self) -> int | None:
+        while self.expiry and self._current(self.expiry[0]) is None:
+            heapq.heappop(self.expiry)
+        return self.expiry[0][0] if self.expiry else None
 
     def busy_groups(self) -> set[str]:
         """Message groups with a message in flight or held in this queue."""
@@ -101,7 +141,8 @@ class QueueProgress:
                 | set(self.held.values()))
 
     def finish(self, offset: int) -> None:
-        self.inflight.pop(offset, None)
+        if self.inflight.pop(offset, None) is not None:
+            self._compact()
         self.held.pop(offset, None)
         if offset >= self.floor:
             self.done.add(offset)
@@ -255,7 +296,7 @@ class PopService:
                message_group: str | None = None) -> Lease:
         lease = Lease(offset, attempt, self.clock_ms() + invisible_ms, self._next_seq(),
                       message_group)
-        qp.inflight[offset] = lease
+        qp.add_lease(lease)
         return lease
 
     def _handle(self, lease: Lease, topic: str, qid: int) -> str:
@@ -274,13 +315,14 @@ class PopService:
         now = self.clock_ms()
         expired = sorted(((lease.visible_at_ms, qid, lease)
                           for qid in qids if (topic, qid) in g.queues
-                          for lease in g.queues[(topic, qid)].inflight.values()
-                          if lease.visible_at_ms <= now), key=lambda t: (t[0], t[1], t[2].offset))
+                          for lease in g.queues[(topic, qid)].take_expired(now)),
+                         key=lambda t: (t[0], t[1], t[2].offset))
         out: list[Delivery] = []
         for _, qid, lease in expired:
-            if len(out) >= limit:
-                break
             qp = g.queues[(topic, qid)]
+            if len(out) >= limit:
+                qp.put_back(lease)              # still expired: the next pop takes it
+                continue
             msg = self._read_one(topic, qid, lease.offset)
             if msg is None:
                 qp.finish(lease.offset)
@@ -340,7 +382,7 @@ class PopService:
         in order if ``orderly``)."""
         out: list[Delivery] = []
         hi = self.store.max_offset(topic, qid)
-        busy = qp.busy_groups()
+        busy = qp.busy_groups() if orderly else set()
         while (len(out) < limit and qp.next_offset < hi and budget[0] > 0
                and len(qp.held) < MAX_HELD_PER_QUEUE):
             try:
@@ -380,9 +422,8 @@ class PopService:
         """When the earliest in-flight lease of ``group`` on ``topic`` expires (None if none)."""
         g = self.group(group)
         with g.lock:
-            times = [lease.visible_at_ms for (t, _), qp in g.queues.items() if t == topic
-                     for lease in qp.inflight.values()]
-        return min(times) if times else None
+            times = [qp.next_expiry_ms() for (t, _), qp in g.queues.items() if t == topic]
+        return min((x for x in times if x is not None), default=None)
 
     # ---------------------------------------------------------------- ack & co
     def _lease_of(self, g: GroupState, handle: str, topic: str | None

@@ -96,6 +96,41 @@ def test_change_invisible_duration_extends_and_reissues_the_handle(env):
     pop.ack("G", h2, "T")
 
 
+def test_expired_leases_come_back_earliest_first_across_pops_and_acked_ones_never(env):
+    store, pop, clock = env
+    send(store, 6)
+    leased = []
+    for invisible in (3_000, 1_000, 2_000):          # three pops, leases of three lengths
+        leased += [(invisible, d) for d in pop.pop("G", "T", batch_size=2,
+                                                   invisible_ms=invisible, tag_filter=ALL)]
+    assert pop.next_expiry_ms("G", "T") == clock.now_ms + 1_000
+    acked = leased[2][1]                              # one of the 1 s leases is acked
+    pop.ack("G", acked.receipt_handle, "T")
+    clock.now_ms += 5_000                             # every other lease has expired
+    again = []
+    while got := pop.pop("G", "T", batch_size=2, invisible_ms=60_000, tag_filter=ALL):
+        assert len(got) <= 2
+        again += got
+    expected = [d for _, d in sorted((x for x in leased if x[1] is not acked),
+                                     key=lambda x: x[0])]
+    assert [d.message.queue_offset for d in again] == \
+        [d.message.queue_offset for d in expected]
+    assert [(d.message.queue_id, d.message.queue_offset) for d in again] == \
+        [(d.message.queue_id, d.message.queue_offset) for d in expected]
+    assert all(d.attempt == 2 for d in again)
+    assert pop.next_expiry_ms("G", "T") == clock.now_ms + 60_000
+
+
+def test_many_acked_leases_leave_the_expiry_heap_bounded(env):
+    store, pop, clock = env
+    send(store, 400)
+    for d in pop.pop("G", "T", batch_size=400, invisible_ms=10_000, tag_filter=ALL)[:-1]:
+        pop.ack("G", d.receipt_handle, "T")
+    heaps = [qp.expiry for qp in pop.group("G").queues.values()]
+    assert sum(len(h) for h in heaps) <= 2 * 1 + 64 * len(heaps)
+    assert pop.next_expiry_ms("G", "T") == clock.now_ms + 10_000
+
+
 def test_forward_to_dlq_marks_done(env):
     store, pop, clock = env
     send(store, 1)
