@@ -17,7 +17,11 @@ Workloads (same for all):
    of 4 x B publish_async;
 2. sync-send latency p50/p99: one message at a time, wait for the store's answer;
 3. end-to-end latency p50/p99: send one message, a long-polling consumer thread (its
-   own connection) receives and acks it; the next is sent after it arrived.
+   own connection) receives and acks it; the next is sent after it arrived;
+4. receive of 32 (sparkmq and the floor only): the server process's CPU (user +
+   system, from /proc) per ReceiveMessage of 32 waiting messages, against a server
+   stream of the same 34 messages (timestamp, 32 x 1.1 KB, status) from an empty
+   handler: the part of a RocketMQ receive that is Python gRPC's own.
 
 Every system gets the same untimed warm-up (one batch and 50 single sends on each
 topic) before its timed runs. A fourth column, ``grpc floor``, is Python gRPC with no
@@ -134,6 +138,13 @@ def broker_conf(tmp: str, **extra) -> tuple[str, int, int]:
     return conf, port, admin
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     v = sorted(values)
     return v[min(len(v) - 1, int(q * len(v)))] * 1000.0
@@ -144,10 +155,11 @@ def bench_sparkmq(tmp: str, n: int, batch: int, m: int) -> dict:
     from sparkmq.client import Message, Producer, SimpleConsumer
     # the RocketMQ gRPC path (broker_conf turns Flight off; Flight: bench_flight)
     conf, port, _ = broker_conf(tmp, flushIntervalCommitLog=500, defaultTopicQueueNums=4)
-    with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port):
+    with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port) as broker:
         ep = f"127.0.0.1:{port}"
         p = Producer(ep, request_timeout_s=30)
         c = SimpleConsumer(ep, "bench", {"e2e": "*"})
+        rc = SimpleConsumer(ep, "bench-rcv", {"rcv": "*"})
         try:
             for t in ("tput", "lat"):           # create topics, warm up channels
                 warm_up(lambda: p.send_batch([Message(t, BODY) for _ in range(batch)]),
@@ -173,10 +185,24 @@ def bench_sparkmq(tmp: str, n: int, batch: int, m: int) -> dict:
                         got.put(time.perf_counter())
                         c.ack(x)
             e2e = ping_pong(recv, lambda: p.send(Message("e2e", BODY)), m)
+            calls = max(50, m // 2)
+            for _ in range(calls + 30):                 # a backlog (left unacked)
+                p.send_batch([Message("rcv", BODY) for _ in range(RECEIVE_BATCH)])
+            for _ in range(10):
+                rc.receive(RECEIVE_BATCH, wait_s=2)     # warm-up
+            got, t0 = 0, cpu_s(broker.pid)
+            for _ in range(calls):
+                got += len(rc.receive(RECEIVE_BATCH, wait_s=2))
+            rcv_cpu = (cpu_s(broker.pid) - t0) / calls * 1000.0
+            assert got == calls * RECEIVE_BATCH, got
         finally:
             c.close()
+            rc.close()
             p.shutdown()
-    return {"tput": tput, "tput_k": tput_k, "lat": lat, "e2e": e2e}
+    return {"tput": tput, "tput_k": tput_k, "lat": lat, "e2e": e2e, "rcv_cpu": rcv_cpu}
+
+
+RECEIVE_BATCH = 32
 
 
 WARM_UP_SENDS = 50
@@ -366,11 +392,17 @@ def poll(request, context):             # a long poll answered like ReceiveMessa
     yield b"t" * 12                      # delivery timestamp
     yield b"m" * 1100                    # the message
     yield b"s" * 4                       # status
+def receive32(request, context):        # a receive of 32 waiting messages
+    yield b"t" * 12
+    for _ in range(32):
+        yield b"m" * 1100
+    yield b"s" * 4
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=128))
 server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Floor", {
     "Empty": grpc.unary_unary_rpc_method_handler(lambda request, context: b""),
     "Send": grpc.unary_unary_rpc_method_handler(send),
-    "Poll": grpc.unary_stream_rpc_method_handler(poll)}),))
+    "Poll": grpc.unary_stream_rpc_method_handler(poll),
+    "Receive32": grpc.unary_stream_rpc_method_handler(receive32)}),))
 server.add_insecure_port("127.0.0.1:" + sys.argv[1])
 server.start()
 server.wait_for_termination()
@@ -385,7 +417,7 @@ def bench_grpc_floor(tmp: str, n: int, batch: int, m: int) -> dict:
     import grpc
     port = free_port()
     ident = bytes
-    with process([sys.executable, "-c", FLOOR_SERVER, str(port)], port), \
+    with process([sys.executable, "-c", FLOOR_SERVER, str(port)], port) as server, \
             grpc.insecure_channel(f"127.0.0.1:{port}") as ch, \
             grpc.insecure_channel(f"127.0.0.1:{port}") as ch2:
         call = ch.unary_unary("/floor.Floor/Empty", request_serializer=ident,
@@ -409,7 +441,16 @@ def bench_grpc_floor(tmp: str, n: int, batch: int, m: int) -> dict:
                     got.put(time.perf_counter())
                     ack(b"")
         e2e = ping_pong(recv, lambda: send(b""), m)
-    return {"lat": lat, "e2e": e2e, "tput": send_floor(n, batch)}
+        receive32 = ch2.unary_stream("/floor.Floor/Receive32", request_serializer=ident,
+                                     response_deserializer=ident)
+        calls = max(50, m // 2)
+        for _ in range(10):
+            list(receive32(b""))
+        t0 = cpu_s(server.pid)
+        for _ in range(calls):
+            assert len(list(receive32(b""))) == RECEIVE_BATCH + 2
+        rcv_cpu = (cpu_s(server.pid) - t0) / calls * 1000.0
+    return {"lat": lat, "e2e": e2e, "tput": send_floor(n, batch), "rcv_cpu": rcv_cpu}
 
 
 SEND_FLOOR_SERVER = """
@@ -528,7 +569,8 @@ def floor_variants(tmp: str, n: int, batch: int, repeat: int) -> None:
 ROWS = [("batched throughput (msg/s)", "tput", None),
         (f"{IN_FLIGHT} batches in flight (msg/s)", "tput_k", None),
         ("sync send p50 (ms)", "lat", 0.50), ("sync send p99 (ms)", "lat", 0.99),
-        ("end-to-end p50 (ms)", "e2e", 0.50), ("end-to-end p99 (ms)", "e2e", 0.99)]
+        ("end-to-end p50 (ms)", "e2e", 0.50), ("end-to-end p99 (ms)", "e2e", 0.99),
+        (f"receive of {RECEIVE_BATCH}: CPU (ms)", "rcv_cpu", None)]
 
 
 def value(res: dict | None, key: str, q: float | None) -> float | None:
