@@ -127,11 +127,20 @@ class _Stream:
         self.opened = self.used = time.monotonic()
 
     def close(self) -> None:
+        error = self.ended()
+        if error is not None:                      # a broken stream: nothing to save
+            log.debug("closing a Flight stream: %s", error)
+
+    def ended(self) -> Exception | None:
+        """Close the call; the error it ended with, if any. A call the broker refused
+        at its start (credentials, an ACL) may let the first batch be written and end
+        the reply stream without a word: its status comes with the close."""
         try:
             self.writer.done_writing()
             self.writer.close()
-        except (pa.ArrowException, OSError) as e:   # a broken stream: nothing to save
-            log.debug("closing a Flight stream: %s", e)
+        except (pa.ArrowException, OSError) as e:   # Flight errors are ArrowExceptions
+            return e
+        return None
 
 
 class FlightTransport:
@@ -218,7 +227,9 @@ class FlightTransport:
             stream.close()
             raise _error(e, what) from None
         if buf is None:                              # the stream ended before its ack
-            stream.close()
+            error = stream.ended()
+            if error is not None:                    # the broker's refusal, as it said it
+                raise _error(error, what) from None
             raise _FlightDown(f"{what}: the broker ended the stream")
         stream.used = time.monotonic()
         with self._lock:
