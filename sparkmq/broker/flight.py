@@ -62,7 +62,8 @@ from ..log.message import batch_message_ids, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.topics import topic_message_type, type_conflict
 from .authz import offset_update_resources, peer_ip, read_resources, send_resources
-from .protocol import INTERNAL_PROPERTY_KEYS
+from ..log.status import PutMessageStatus
+from .protocol import INTERNAL_PROPERTY_KEYS, Code, stored_status
 
 log = logging.getLogger("sparkmq.broker.flight")
 
@@ -94,7 +95,21 @@ class _AuthFactory(fl.ServerMiddlewareFactory):
             raise fl.FlightUnauthenticatedError(e.message)
 
 
+class _NotAcknowledged(Exception):
+    """A batch the store took without the durability its send asked for (``status``: a
+    ``stored_status`` other than MASTER_PERSISTENCE_TIMEOUT, which is acked)."""
+
+    def __init__(self, status):
+        super().__init__(f"{Code.Name(status.code)}: {status.message}")
+        self.status = status
+
+
 def _flight_error(e: Exception) -> Exception:
+    if isinstance(e, _NotAcknowledged):   # stored here, not known to be on a replica: as
+        #                                   a deadline passed, the outcome is not known
+        if e.status.code == Code.SLAVE_PERSISTENCE_TIMEOUT:
+            return fl.FlightTimedOutError(str(e))
+        return fl.FlightInternalError(str(e))
     if isinstance(e, AuthorizationError):
         return fl.FlightUnauthorizedError(e.message)
     if isinstance(e, AuthenticationError):
@@ -150,7 +165,7 @@ class FlightService(fl.FlightServerBase):
                     try:
                         ack = self._send(context, chunk.data)
                     except Exception as e:   # one batch's failure ends this stream only
-                        if not isinstance(e, SparkMQError):
+                        if not isinstance(e, (SparkMQError, _NotAcknowledged)):
                             log.exception("Flight send failed")
                         raise _flight_error(e) from None
                 writer.write(ack)
@@ -183,10 +198,11 @@ class FlightService(fl.FlightServerBase):
                     pc.equal(batch.column("topic"), t)), t)
         sender.check_append()
         r = broker.store.append_batch(self._segment_batch(batch, topics))
-        status = sender.replicated(r)
-        if status.value != "PUT_OK":
-            raise RetriableError(f"stored but not acknowledged: {status.value} (the same "
-                                 "status a RocketMQ send would get)")
+        put_status, late = sender.replicated(r), None
+        if put_status is not PutMessageStatus.PUT_OK:     # as the RocketMQ path answers it
+            late = stored_status(put_status)
+            if late.code != Code.MASTER_PERSISTENCE_TIMEOUT:
+                raise _NotAcknowledged(late)
         for t in topics:
             rows = batch if len(topics) == 1 else batch.filter(pc.equal(batch.column("topic"), t))
             broker.metrics.inc("sparkmq_messages_sent_total", rows.num_rows, topic=t)
@@ -200,11 +216,13 @@ class FlightService(fl.FlightServerBase):
             own = batch.column("unique_key").cast(pa.string())
             ids = pc.if_else(pc.fill_null(pc.greater(pc.binary_length(own), 0), False),
                              own, ids)
+        schema = ACK_SCHEMA if late is None else ACK_SCHEMA.with_metadata(
+            {"status": Code.Name(late.code), "message": late.message})
         ack = pa.RecordBatch.from_arrays(
             [pa.array(r.queue_ids, pa.int32()), pa.array(r.queue_offsets, pa.int64()),
-             ids], schema=ACK_SCHEMA)
+             ids], schema=schema)
         sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, ACK_SCHEMA) as w:
+        with pa.ipc.new_stream(sink, schema) as w:
             w.write_batch(ack)
         return sink.getvalue()
 

@@ -175,6 +175,23 @@ def message_queue(topic: str, q: dict, ns: str = "",
         else [pb.MessageType.Value(message_type)])
 
 
+def stored_status(put_status: PutMessageStatus) -> pb.Status:
+    """The RocketMQ status of a message the store took with ``put_status`` other than
+    PUT_OK: one reading for the RocketMQ path's entries and Flight's acks and errors."""
+    if put_status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
+        return status(Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but the fsync did not "
+                      "finish within syncFlushTimeout")
+    if put_status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT:
+        return status(Code.SLAVE_PERSISTENCE_TIMEOUT, "stored on the master, but no "
+                      "replica acked it within syncFlushTimeout (SYNC_MASTER)")
+    if put_status is PutMessageStatus.SLAVE_NOT_AVAILABLE:
+        # stored here, not replicated: as a replica ack timeout (HA_NOT_AVAILABLE
+        # means nothing was stored: see ReplicaNotAvailableError)
+        return status(Code.SLAVE_PERSISTENCE_TIMEOUT, "stored on the master, but its "
+                      "replica left before acknowledging it (SYNC_MASTER)")
+    return status(Code.INTERNAL_ERROR, f"store answered {put_status.value}")
+
+
 def send_response(results: list) -> spb.SendMessageResponse:
     """``results``: per request entry, a refusal ``Status`` or the store's
     (PutMessageStatus, message id, queue offset, transaction id). The response: one
@@ -200,22 +217,8 @@ def send_response(results: list) -> spb.SendMessageResponse:
             continue
         if put_status is ok:
             st, any_ok = OK, True
-        elif put_status is PutMessageStatus.FLUSH_DISK_TIMEOUT:
-            st = status(Code.MASTER_PERSISTENCE_TIMEOUT, "stored, but the fsync did not "
-                        "finish within syncFlushTimeout")
-            codes.add(st.code)
-        elif put_status is PutMessageStatus.FLUSH_SLAVE_TIMEOUT:
-            st = status(Code.SLAVE_PERSISTENCE_TIMEOUT, "stored on the master, but no "
-                        "replica acked it within syncFlushTimeout (SYNC_MASTER)")
-            codes.add(st.code)
-        elif put_status is PutMessageStatus.SLAVE_NOT_AVAILABLE:
-            # stored here, not replicated: as a replica ack timeout (HA_NOT_AVAILABLE
-            # means nothing was stored: see ReplicaNotAvailableError)
-            st = status(Code.SLAVE_PERSISTENCE_TIMEOUT, "stored on the master, but its "
-                        "replica left before acknowledging it (SYNC_MASTER)")
-            codes.add(st.code)
         else:
-            st = status(Code.INTERNAL_ERROR, f"store answered {put_status.value}")
+            st = stored_status(put_status)
             codes.add(st.code)
         if txid:
             add(status=st, message_id=message_id, offset=offset, transaction_id=txid)

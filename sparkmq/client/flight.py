@@ -101,9 +101,20 @@ def parse_ack(buf) -> pa.Table:
     return pa.ipc.open_stream(buf).read_all()
 
 
+def ack_status(ack: pa.Table) -> int:
+    """The RocketMQ status of an acked batch: OK, or the ``status`` its schema metadata
+    names (MASTER_PERSISTENCE_TIMEOUT: stored, its fsync late; docs/PROTOCOL.md)."""
+    meta = ack.schema.metadata or {}
+    name = meta.get(b"status")
+    return Code.OK if name is None else Code.Value(name.decode())
+
+
 def _error(e: Exception, what: str) -> Exception:
     """A Flight failure as the clients' errors; _FlightDown for a transport failure."""
     text = str(e).split(". Detail:")[0].split("\n")[0]
+    if isinstance(e, fl.FlightTimedOutError) and "SLAVE_PERSISTENCE_TIMEOUT: " in text:
+        # stored on the broker, not known to be on its replica: not resent
+        return ClientError(f"{what}: {text}", Code.SLAVE_PERSISTENCE_TIMEOUT)
     if isinstance(e, fl.FlightUnauthenticatedError):
         return ClientError(f"{what}: UNAUTHORIZED: {text}", Code.UNAUTHORIZED)
     if isinstance(e, fl.FlightUnauthorizedError):

@@ -54,7 +54,8 @@ from ..errors import UserError
 from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
                    Connections, Message, MessageIds, Queue, RouteCache, now_timestamp,
                    parse_endpoints)
-from .flight import TRANSPORTS, _FlightDown, FlightTransport, flight_carries, send_batch
+from .flight import (TRANSPORTS, _FlightDown, FlightTransport, ack_status, flight_carries,
+                     send_batch)
 from .transaction import (TelemetryStreams, TransactionResolution, as_resolution,
                           end_transaction)
 
@@ -310,7 +311,7 @@ class Producer:
             raise ClientError(f"send to {queue.broker_name} ({endpoint}): {ack.num_rows} acks "
                               f"for {batch.num_rows} messages", Code.INTERNAL_ERROR)
         out: list[SendReceipt] = []
-        append, new, ok = out.append, object.__new__, Code.OK
+        append, new, ok = out.append, object.__new__, ack_status(ack)
         for qid, offset, mid in zip(ack.column("queue_id").to_pylist(),
                                     ack.column("queue_offset").to_pylist(),
                                     ack.column("message_id").to_pylist()):

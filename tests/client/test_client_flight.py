@@ -5,8 +5,10 @@ broker offers no Flight, when its Flight does not connect, for what Flight refus
 delayed message) and on request; credentials over Flight as over gRPC."""
 from __future__ import annotations
 
+import os
 import threading
 import time
+import types
 
 import pytest
 from rocketmq import ClientConfiguration, Credentials, FilterExpression
@@ -228,3 +230,39 @@ def test_the_pull_consumer_follows_queues_on_one_stream(make_broker, closing):
     grpc_only = closing(PullConsumer(b.endpoint, "GF", transport="grpc"))
     with pytest.raises(ClientError, match="follow needs Arrow Flight"):
         grpc_only.follow({queues[0]: 0})
+
+
+class _SlowSyncOS(types.SimpleNamespace):
+    """``os`` for the segment module whose ``fdatasync`` takes ``delay_s`` (a disk slower
+    than syncFlushTimeout)."""
+
+    def __init__(self, delay_s: float):
+        super().__init__(**{n: getattr(os, n) for n in dir(os)
+                            if not n.startswith("__") and n != "fdatasync"})
+        self.delay_s = delay_s
+        self.syncs = 0
+
+    def fdatasync(self, fd):
+        self.syncs += 1
+        time.sleep(self.delay_s)
+        os.fdatasync(fd)
+
+
+def test_a_late_fsync_is_the_same_status_over_flight_and_grpc_and_is_stored_once(
+        make_broker, closing, monkeypatch):
+    from sparkmq.client.core import Code
+    from sparkmq.log import segment
+    b = flight_broker(make_broker, flushDiskType="SYNC_FLUSH", syncFlushTimeout=50)
+    b.store.create_topic("A", read_queue_nums=1, write_queue_nums=1)
+    slow = _SlowSyncOS(0.3)
+    monkeypatch.setattr(segment, "os", slow)
+    receipts = {}
+    for transport in ("flight", "grpc"):
+        p = closing(Producer(b.endpoint, transport=transport, max_retries=0))
+        receipts[transport] = p.send(Message("A", transport.encode()))
+    assert {t: r.transport for t, r in receipts.items()} == {"flight": "flight", "grpc": "grpc"}
+    assert slow.syncs > 0
+    assert {r.status_code for r in receipts.values()} == {Code.MASTER_PERSISTENCE_TIMEOUT}
+    monkeypatch.undo()
+    wait_until(lambda: len(b.store.read("A", 0, 0, 10)) >= 2, "both sends to be readable")
+    assert sorted(m.body for m in b.store.read("A", 0, 0, 10)) == [b"flight", b"grpc"]
