@@ -63,6 +63,7 @@ from ..log.names import validate_group, validate_topic
 from ..log.topics import topic_message_type, type_conflict
 from .authz import offset_update_resources, peer_ip, read_resources, send_resources
 from ..log.status import PutMessageStatus
+from ..tagexpr import tag_set
 from .protocol import INTERNAL_PROPERTY_KEYS, Code, stored_status
 
 log = logging.getLogger("sparkmq.broker.flight")
@@ -95,13 +96,17 @@ class _AuthFactory(fl.ServerMiddlewareFactory):
             raise fl.FlightUnauthenticatedError(e.message)
 
 
-class _NotAcknowledged(Exception):
+class _NotAcknowledged(SparkMQError):
     """A batch the store took without the durability its send asked for (``status``: a
-    ``stored_status`` other than MASTER_PERSISTENCE_TIMEOUT, which is acked)."""
+    ``stored_status`` other than MASTER_PERSISTENCE_TIMEOUT, which is acked). Its text
+    on the wire is the RocketMQ code and message (``_flight_error``)."""
 
     def __init__(self, status):
-        super().__init__(f"{Code.Name(status.code)}: {status.message}")
+        super().__init__(status.message)
         self.status = status
+
+    def __str__(self) -> str:
+        return f"{Code.Name(self.status.code)}: {self.status.message}"
 
 
 def _flight_error(e: Exception) -> Exception:
@@ -119,6 +124,20 @@ def _flight_error(e: Exception) -> Exception:
     if isinstance(e, SparkMQError):
         return pa.ArrowInvalid(f"{e.code}: {e.message}")
     return fl.FlightInternalError(f"{type(e).__name__}: {e}")
+
+
+def _followed_batches(table: pa.Table, queue: int, tags: frozenset[str] | None):
+    """A followed read's reply for one queue: each stored batch of ``table`` (zero-copy)
+    with app_metadata ``{"queue", "next"}`` (the offset after it), its rows cut to
+    ``tags`` (a batch left with none still goes: its metadata moves the reader on)."""
+    keep = None if tags is None else pa.array(sorted(tags), pa.string())
+    for batch in table.to_batches():
+        if not batch.num_rows:
+            continue
+        nxt = batch.column("queue_offset")[-1].as_py() + 1
+        if keep is not None:
+            batch = batch.filter(pc.is_in(batch.column("tags"), value_set=keep))
+        yield batch, json.dumps({"queue": queue, "next": nxt}).encode()
 
 
 class FlightService(fl.FlightServerBase):
@@ -165,7 +184,7 @@ class FlightService(fl.FlightServerBase):
                     try:
                         ack = self._send(context, chunk.data)
                     except Exception as e:   # one batch's failure ends this stream only
-                        if not isinstance(e, (SparkMQError, _NotAcknowledged)):
+                        if not isinstance(e, SparkMQError):
                             log.exception("Flight send failed")
                         raise _flight_error(e) from None
                 writer.write(ack)
@@ -292,10 +311,11 @@ class FlightService(fl.FlightServerBase):
             consumer_view = req.get("view") == "consumer"
             group = req.get("group")
             group = None if group is None else str(group)
-        except (ValueError, KeyError, TypeError) as e:
+            tags = tag_set(req.get("tags"))     # a followed read's filter (None: all)
+        except (ValueError, KeyError, TypeError) as e:   # (FilterExpressionError too)
             raise pa.ArrowInvalid(f"a DoGet ticket is JSON {{topic, queue, offset, max, "
                                   f"pollMs}} or {{topic, follow: [[queue, offset], ...], "
-                                  f"max}}: {e}") from None
+                                  f"max, tags}}: {e}") from None
         try:
             validate_topic(topic)        # RMQ_SYS_* and the like are the broker's own
             if group is not None:
@@ -308,7 +328,7 @@ class FlightService(fl.FlightServerBase):
                 self.broker.notifier.admissible()     # (counted in _follow: holding)
                 schema = self._followed_schema(topic, positions)
                 return fl.GeneratorStream(schema, self._follow(
-                    context, topic, positions, limit, consumer_view, authorize))
+                    context, topic, positions, limit, consumer_view, tags, authorize))
             table = self._read(topic, queue, offset, limit, poll_ms)
             if consumer_view:
                 table = consumer_view_of(table)
@@ -330,7 +350,7 @@ class FlightService(fl.FlightServerBase):
             raise TopicNotFoundError(f"topic {topic!r} does not exist")
 
     def _follow(self, context, topic: str, positions: dict[int, int], limit: int,
-                consumer_view: bool, authorize):
+                consumer_view: bool, tags: frozenset[str] | None, authorize):
         """A followed read's batches: each queue's messages from its offset (at most
         ``limit`` per queue and round) as they arrive, one queue per batch, until the
         client cancels the call or the broker stops. One thread and one call serve
@@ -340,12 +360,12 @@ class FlightService(fl.FlightServerBase):
             # a long poll for its whole life: it counts against maxLongPollingRequests
             with self.broker.notifier.holding():
                 yield from self._followed(context, topic, positions, limit, consumer_view,
-                                          authorize)
+                                          tags, authorize)
         except Exception as e:   # ends this stream with the error; the service goes on
             raise _flight_error(e) from None
 
     def _followed(self, context, topic: str, positions: dict[int, int], limit: int,
-                  consumer_view: bool, authorize):
+                  consumer_view: bool, tags: frozenset[str] | None, authorize):
         store, notifier = self.broker.store, self.broker.notifier
         checked = time.monotonic()
         while not (self._stopping.is_set() or context.is_cancelled()):
@@ -361,7 +381,9 @@ class FlightService(fl.FlightServerBase):
                 table = store.read_table(topic, q, offset, min(hi, offset + limit))
                 if table.num_rows:
                     positions[q] = table.column("queue_offset")[-1].as_py() + 1
-                    yield consumer_view_of(table) if consumer_view else table
+                    if consumer_view:
+                        table = consumer_view_of(table)
+                    yield from _followed_batches(table, q, tags)
                     sent = True
             if not sent:
                 notifier.wait(topic, seen, FOLLOW_WAIT_S, held=True)

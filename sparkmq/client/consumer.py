@@ -523,7 +523,7 @@ class PullConsumer:
             raise ClientError(f"follow needs Arrow Flight; {first.broker_name} "
                               f"({first.endpoint}) serves none here", Code.UNSUPPORTED)
         ticket = {"topic": first.topic, "max": max_messages, "view": "consumer",
-                  "group": self.group,
+                  "group": self.group, "tags": tag_expression,
                   "follow": [[q.queue_id, int(o)] for q, o in positions.items()]}
         return self.flight.follow(fep, ticket, f"follow {first.topic} at {fep}",
                                   queues={q.queue_id: q for q in queues},

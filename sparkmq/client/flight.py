@@ -362,9 +362,14 @@ class Followed:
                        else err) from None
             table = pa.Table.from_batches([chunk.data])
             self.count(table.num_rows)
-            yield (self.queues[table.column("queue_id")[0].as_py()],
-                   received_messages(table, self.endpoint, self.tags),
-                   table.column("queue_offset")[-1].as_py() + 1)
+            if chunk.app_metadata is not None:   # {"queue", "next"}: rows may be filtered
+                where = json.loads(chunk.app_metadata.to_pybytes())
+                queue, nxt = where["queue"], where["next"]
+            else:                                # a broker before the metadata
+                queue = table.column("queue_id")[0].as_py()
+                nxt = table.column("queue_offset")[-1].as_py() + 1
+            # (the broker filters by tag; filtered here again for a broker that did not)
+            yield (self.queues[queue], received_messages(table, self.endpoint, self.tags), nxt)
 
     def close(self) -> None:
         self.closed = True

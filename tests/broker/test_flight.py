@@ -154,6 +154,34 @@ def test_a_followed_get_streams_each_queues_arrivals_until_cancelled(broker):
     assert not stopper.is_alive()
 
 
+def test_a_followed_get_filters_by_tag_on_the_broker_and_names_each_batch_s_next_offset(broker):
+    """``"tags"`` cuts a followed read's rows on the broker; every batch's app_metadata
+    says its queue and the offset after it, so a batch whose rows were all filtered out
+    still moves the reader on; a malformed expression is the call's error."""
+    broker.store.create_topic("G", read_queue_nums=1, write_queue_nums=1)
+    client, opts = _client(broker)
+
+    def send(bodies, tags):
+        _send(client, opts, pa.RecordBatch.from_pydict(
+            {"topic": ["G"] * len(bodies), "body": bodies, "tags": tags}))
+    send([b"a", b"b", b"c"], ["A", "B", None])
+    reader = client.do_get(fl.Ticket(json.dumps(
+        {"topic": "G", "follow": [[0, 0]], "tags": "A || C", "view": "consumer"}).encode()),
+        options=opts)
+
+    def chunk():
+        c = reader.read_chunk()
+        return c.data.column("body").to_pylist(), json.loads(c.app_metadata.to_pybytes())
+    assert chunk() == ([b"a"], {"queue": 0, "next": 3})
+    send([b"d"], ["B"])                                   # nothing for this reader
+    assert chunk() == ([], {"queue": 0, "next": 4})
+    send([b"e", b"f"], ["C", "A"])
+    assert chunk() == ([b"e", b"f"], {"queue": 0, "next": 6})
+    reader.cancel()
+    with pytest.raises(pa.ArrowInvalid, match="empty tag"):
+        _get(client, opts, topic="G", follow=[[0, 0]], tags="A || ")
+
+
 def test_followed_reads_count_against_the_long_poll_capacity(make_broker):
     """A followed read holds a server thread for its whole life, busy or waiting: it
     is a long poll for maxLongPollingRequests, so one more is refused past it
