@@ -60,10 +60,10 @@ from ..log.format import MESSAGE_TYPE_FIFO
 from ..log.batch import build_segment_batch
 from ..log.message import batch_message_ids, store_tag
 from ..log.names import validate_group, validate_topic
-from ..log.topics import topic_message_type, type_conflict
-from .authz import offset_update_resources, peer_ip, read_resources, send_resources
 from ..log.status import PutMessageStatus
+from ..log.topics import topic_message_type, type_conflict
 from ..tagexpr import tag_set
+from .authz import offset_update_resources, peer_ip, read_resources, send_resources
 from .protocol import INTERNAL_PROPERTY_KEYS, Code, stored_status
 
 log = logging.getLogger("sparkmq.broker.flight")

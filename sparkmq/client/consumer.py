@@ -511,7 +511,8 @@ class PullConsumer:
         """Read queues of ONE topic on ONE broker from their offsets (``{queue:
         offset}``) as messages arrive, over one Arrow Flight stream (a followed DoGet,
         docs/PROTOCOL.md): no call per pull. Iterate for ``(queue, messages, next
-        offset)``; ``close()`` (any thread) ends it. Flight only."""
+        offset)`` (the broker filters by ``tag_expression``: ``messages`` may be empty
+        while the next offset moves on); ``close()`` (any thread) ends it. Flight only."""
         queues = list(positions)
         if not queues or len({(q.topic, q.endpoint) for q in queues}) != 1:
             raise UserError("follow takes the queues of one topic on one broker (one "

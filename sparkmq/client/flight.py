@@ -103,10 +103,13 @@ def parse_ack(buf) -> pa.Table:
 
 def ack_status(ack: pa.Table) -> int:
     """The RocketMQ status of an acked batch: OK, or the ``status`` its schema metadata
-    names (MASTER_PERSISTENCE_TIMEOUT: stored, its fsync late; docs/PROTOCOL.md)."""
-    meta = ack.schema.metadata or {}
-    name = meta.get(b"status")
-    return Code.OK if name is None else Code.Value(name.decode())
+    names (MASTER_PERSISTENCE_TIMEOUT: stored, its fsync late; docs/PROTOCOL.md). A
+    name this client does not know counts as OK: an acked batch is stored."""
+    name = (ack.schema.metadata or {}).get(b"status")
+    try:
+        return Code.OK if name is None else Code.Value(name.decode())
+    except ValueError:          # a newer broker's status
+        return Code.OK
 
 
 def _error(e: Exception, what: str) -> Exception:
