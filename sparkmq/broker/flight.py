@@ -311,7 +311,10 @@ class FlightService(fl.FlightServerBase):
             consumer_view = req.get("view") == "consumer"
             group = req.get("group")
             group = None if group is None else str(group)
-            tags = tag_set(req.get("tags"))     # a followed read's filter (None: all)
+            tags = req.get("tags")               # a followed read's filter (None: all)
+            if tags is not None and not isinstance(tags, str):
+                raise TypeError(f"'tags' is a tag expression string, got {tags!r}")
+            tags = tag_set(tags)
         except (ValueError, KeyError, TypeError) as e:   # (FilterExpressionError too)
             raise pa.ArrowInvalid(f"a DoGet ticket is JSON {{topic, queue, offset, max, "
                                   f"pollMs}} or {{topic, follow: [[queue, offset], ...], "

@@ -180,6 +180,8 @@ def test_a_followed_get_filters_by_tag_on_the_broker_and_names_each_batch_s_next
     reader.cancel()
     with pytest.raises(pa.ArrowInvalid, match="empty tag"):
         _get(client, opts, topic="G", follow=[[0, 0]], tags="A || ")
+    with pytest.raises(pa.ArrowInvalid, match="tag expression string"):
+        _get(client, opts, topic="G", follow=[[0, 0]], tags=["A"])
 
 
 def test_followed_reads_count_against_the_long_poll_capacity(make_broker):
