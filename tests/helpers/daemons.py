@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.error
 import urllib.request
 
 from helpers.waiting import wait_until
@@ -53,8 +54,12 @@ def post_json(url: str, body: dict) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json",
                                           **admin_headers()})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:        # say what the broker answered
+        raise AssertionError(f"POST {url} {body}: HTTP {e.code}: "
+                             f"{e.read().decode(errors='replace')}") from None
 
 
 def output(proc: subprocess.Popen) -> str:
