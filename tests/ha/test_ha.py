@@ -377,8 +377,9 @@ class Cluster:
 
     @staticmethod
     def _ports() -> dict:
-        # (a replica's HA port is bound only when it is promoted: see free_late_port)
-        return {"grpc": free_port(), "admin": free_port(), "ha": free_late_port()}
+        # bound late: a replica's HA port when it is promoted, an old master's ports when
+        # it is started again after its kill (see free_late_port)
+        return {"grpc": free_late_port(), "admin": free_late_port(), "ha": free_late_port()}
 
     def conf(self, name: str, *, role: str, broker_id: int, ports: dict, store: str,
              master_ha: int | None = None, extra: str = "") -> str:
