@@ -202,8 +202,8 @@ def test_a_broker_stops_promptly_with_a_flight_producer_connected(make_broker, c
 
 def test_the_pull_consumer_follows_queues_on_one_stream(make_broker, closing):
     """``follow``: every queue's messages from its offset as they arrive (tag filter
-    applied by the broker, next offsets given past filtered messages too), one stream; ``close`` from another thread ends it;
-    gRPC has no such call."""
+    applied by the broker, next offsets given past filtered messages too), one stream;
+    ``close`` from another thread ends it; gRPC has no such call."""
     b = flight_broker(make_broker)
     p = closing(Producer(b.endpoint))
     pc = closing(PullConsumer(b.endpoint, "GF"))
@@ -232,19 +232,19 @@ def test_the_pull_consumer_follows_queues_on_one_stream(make_broker, closing):
         grpc_only.follow({queues[0]: 0})
 
 
-class _SlowSyncOS(types.SimpleNamespace):
-    """``os`` for the segment module whose ``fdatasync`` takes ``delay_s`` (a disk slower
-    than syncFlushTimeout)."""
+class _HeldSyncOS(types.SimpleNamespace):
+    """``os`` for the segment module whose ``fdatasync`` waits until ``release`` is set
+    (a disk slower than syncFlushTimeout, for as long as the test needs)."""
 
-    def __init__(self, delay_s: float):
+    def __init__(self):
         super().__init__(**{n: getattr(os, n) for n in dir(os)
                             if not n.startswith("__") and n != "fdatasync"})
-        self.delay_s = delay_s
+        self.release = threading.Event()
         self.syncs = 0
 
     def fdatasync(self, fd):
         self.syncs += 1
-        time.sleep(self.delay_s)
+        self.release.wait(30)
         os.fdatasync(fd)
 
 
@@ -254,7 +254,7 @@ def test_a_late_fsync_is_the_same_status_over_flight_and_grpc_and_is_stored_once
     from sparkmq.log import segment
     b = flight_broker(make_broker, flushDiskType="SYNC_FLUSH", syncFlushTimeout=50)
     b.store.create_topic("A", read_queue_nums=1, write_queue_nums=1)
-    slow = _SlowSyncOS(0.3)
+    slow = _HeldSyncOS()
     monkeypatch.setattr(segment, "os", slow)
     receipts = {}
     for transport in ("flight", "grpc"):
@@ -263,6 +263,7 @@ def test_a_late_fsync_is_the_same_status_over_flight_and_grpc_and_is_stored_once
     assert {t: r.transport for t, r in receipts.items()} == {"flight": "flight", "grpc": "grpc"}
     assert slow.syncs > 0
     assert {r.status_code for r in receipts.values()} == {Code.MASTER_PERSISTENCE_TIMEOUT}
+    slow.release.set()
     monkeypatch.undo()
     wait_until(lambda: len(b.store.read("A", 0, 0, 10)) >= 2, "both sends to be readable")
     assert sorted(m.body for m in b.store.read("A", 0, 0, 10)) == [b"flight", b"grpc"]
