@@ -6,9 +6,12 @@ Rows (1 KiB messages):
   acknowledged before the next (ratio to Redis's pipelined XADD of the same batches,
   from bench_broker.py's Redis run, and to the floor: the same puts to a Flight server
   in another process that acks without storing; the floor's own ratio to Redis is the
-  most any Python Flight server could reach on this machine);
+  most any Python Flight server could reach on this machine; and to the durable floor:
+  the same server storing each batch with a store's least work, its IPC message with a
+  CRC32C appended to a file and an ack of offsets, no checks, columns or index);
 - sync send p50: a one-message batch written and its ack read (ratio to the floor: the
-  same round trip against a Flight server that acks without storing, in another process);
+  same round trip against a Flight server that acks without storing, in another process;
+  the durable floor's p50 beside it);
 - send -> long-poll consumer p50: a DoGet waiting with pollMs, then a one-message send
   (ratio to the floor round trip, and to the same shape against the floor server: its
   put wakes a waiting DoGet);
@@ -41,15 +44,18 @@ from bench_broker import (BODY, bench_redis, broker_conf, free_port, pct,  # noq
 from sparkmq.progress import track  # noqa: E402
 
 FLOOR = textwrap.dedent("""
-    import sys, threading
-    import pyarrow as pa, pyarrow.flight as fl
+    import os, sys, threading
+    import crc32c, numpy as np, pyarrow as pa, pyarrow.flight as fl
     ACK = pa.py_buffer(b"ok")
+    EOS = b"\\xff\\xff\\xff\\xff\\x00\\x00\\x00\\x00"
     ONE = pa.table({"body": [b"x" * 1024]})
+    ACKS = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64())])
+    OPTIONS = pa.ipc.IpcWriteOptions()
     arrived = threading.Event()
     class Floor(fl.FlightServerBase):
         def do_put(self, context, descriptor, reader, writer):
-            for _ in reader:
-                writer.write(ACK)
+            for chunk in reader:
+                writer.write(ACK if fd is None else durable(chunk.data))
                 arrived.set()
         def do_get(self, context, ticket):      # a long poll woken by the next put
             arrived.clear()
@@ -62,6 +68,23 @@ FLOOR = textwrap.dedent("""
                 return fl.GeneratorStream(ONE.schema, follow())
             arrived.wait(5)
             return fl.RecordBatchStream(ONE)
+    fd, stored = None, 0
+    if len(sys.argv) > 2:                    # the durable floor: a file to append to
+        fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    def durable(batch):
+        \"\"\"A store's least work: the batch as an IPC message with its CRC32C, appended
+        to a file, and an ack of offsets; no checks, no added columns, no index.\"\"\"
+        global stored
+        sink = pa.BufferOutputStream()
+        pa.ipc.RecordBatchStreamWriter(sink, batch.schema, options=OPTIONS).write_batch(batch)
+        data = sink.getvalue()
+        crc32c.crc32c(data)
+        os.write(fd, data)
+        n = batch.num_rows
+        ack = pa.RecordBatch.from_arrays([pa.array(np.zeros(n, np.int32)),
+                                          pa.array(np.arange(stored, stored + n))], schema=ACKS)
+        stored += n
+        return pa.py_buffer(b"".join((ACKS.serialize(), ack.serialize(), EOS)))
     Floor(f"grpc+tcp://127.0.0.1:{sys.argv[1]}").serve()
 """)
 
@@ -112,6 +135,20 @@ def bench_floor(n: int, batch_n: int, m: int) -> dict:
         _put_throughput(port, 20 * batch_n, _batch("tput", batch_n))     # warm-up
         return {"lat": _put_round_trips(port, m, one), "e2e": _floor_e2e(port, m, one),
                 "follow": _follow_e2e(port, m, one, b"follow"),
+                "tput": _put_throughput(port, n, _batch("tput", batch_n))}
+    finally:
+        p.kill()
+        p.wait()
+
+
+def bench_durable_floor(tmp: str, n: int, batch_n: int, m: int) -> dict:
+    """The same puts to the floor server storing each batch (``durable`` in FLOOR)."""
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-c", FLOOR, str(port), os.path.join(tmp, "log")])
+    try:
+        wait_port(port)
+        _put_throughput(port, 20 * batch_n, _batch("tput", batch_n))     # warm-up
+        return {"lat": _put_round_trips(port, m, _batch("lat", 1)),
                 "tput": _put_throughput(port, n, _batch("tput", batch_n))}
     finally:
         p.kill()
@@ -274,6 +311,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-redis-") as tmp:
         red = bench_redis(tmp, n, args.batch, 50)
     floor = bench_floor(n, args.batch, m)
+    with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
+        durable = bench_durable_floor(tmp, n, args.batch, m)
     fp50 = pct(floor["lat"], 0.5)                     # ms
     print(f"# 1 KiB messages, batches of {args.batch}, {os.cpu_count()} cores")
     print(f"{'metric':<34}{'sparkmq flight':>16}{'reference':>16}{'ratio':>8}")
@@ -282,10 +321,15 @@ def main(argv=None) -> int:
               f"{red['tput']:>16.0f}{ours['tput'] / red['tput']:>8.2f}  (vs Redis pipelined)")
         print(f"{'  floor: empty server (msg/s)':<34}{floor['tput']:>16.0f}"
               f"{red['tput']:>16.0f}{floor['tput'] / red['tput']:>8.2f}  (vs Redis pipelined)")
+        print(f"{'  floor: durable write (msg/s)':<34}{durable['tput']:>16.0f}"
+              f"{red['tput']:>16.0f}{durable['tput'] / red['tput']:>8.2f}  (vs Redis pipelined)")
     print(f"{'batched throughput (msg/s)':<34}{ours['tput']:>16.0f}{floor['tput']:>16.0f}"
           f"{ours['tput'] / floor['tput']:>8.2f}  (vs the same puts, empty Flight server)")
     lat = pct(ours["lat"], 0.5)
     print(f"{'sync send p50 (ms)':<34}{lat:>16.3f}{fp50:>16.3f}{lat / fp50:>8.2f}"
+          "  (vs empty Flight round trip)")
+    dl50 = pct(durable["lat"], 0.5)
+    print(f"{'  floor: durable write p50 (ms)':<34}{dl50:>16.3f}{fp50:>16.3f}{dl50 / fp50:>8.2f}"
           "  (vs empty Flight round trip)")
     if ours["e2e"]:
         e2e = pct(ours["e2e"], 0.5)

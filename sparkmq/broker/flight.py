@@ -74,6 +74,22 @@ FOLLOW_WAIT_S = 1.0    # a followed read checks for a cancelled call or a stop t
 ACK_SCHEMA = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64()),
                         ("message_id", pa.string())])
 MAX_GET = 10_000
+_ACK_SCHEMA_MESSAGE = ACK_SCHEMA.serialize()
+_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+
+
+def _ipc_stream(schema_message: pa.Buffer, batch: pa.RecordBatch) -> pa.Buffer:
+    """An Arrow IPC stream of one batch: its schema's message, the batch's, the end
+    marker. (A stream writer per ack costs ~20 us more: options, a sink, a writer.)"""
+    return pa.py_buffer(b"".join((schema_message, batch.serialize(), _END_OF_STREAM)))
+
+
+def _value_bytes(col: pa.Array) -> int:
+    """The bytes of a binary column's values, from its first and last offsets."""
+    if col.type == pa.binary():
+        offsets = np.frombuffer(col.buffers()[1], np.int32, len(col) + 1, col.offset * 4)
+        return int(offsets[-1] - offsets[0])
+    return pc.sum(pc.binary_length(col)).as_py() or 0
 
 
 class _Auth(fl.ServerMiddleware):
@@ -225,8 +241,7 @@ class FlightService(fl.FlightServerBase):
         for t in topics:
             rows = batch if len(topics) == 1 else batch.filter(pc.equal(batch.column("topic"), t))
             broker.metrics.inc("sparkmq_messages_sent_total", rows.num_rows, topic=t)
-            broker.metrics.inc("sparkmq_bytes_sent_total",
-                               pc.sum(pc.binary_length(rows.column("body"))).as_py() or 0,
+            broker.metrics.inc("sparkmq_bytes_sent_total", _value_bytes(rows.column("body")),
                                topic=t)
         # (long polls were woken per queue by the store's arrival listener as the rows
         # became visible: a wake here by topic would wake every queue's pulls again)
@@ -235,15 +250,14 @@ class FlightService(fl.FlightServerBase):
             own = batch.column("unique_key").cast(pa.string())
             ids = pc.if_else(pc.fill_null(pc.greater(pc.binary_length(own), 0), False),
                              own, ids)
-        schema = ACK_SCHEMA if late is None else ACK_SCHEMA.with_metadata(
-            {"status": Code.Name(late.code), "message": late.message})
         ack = pa.RecordBatch.from_arrays(
             [pa.array(r.queue_ids, pa.int32()), pa.array(r.queue_offsets, pa.int64()),
-             ids], schema=schema)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, schema) as w:
-            w.write_batch(ack)
-        return sink.getvalue()
+             ids], schema=ACK_SCHEMA)
+        if late is None:
+            return _ipc_stream(_ACK_SCHEMA_MESSAGE, ack)
+        schema = ACK_SCHEMA.with_metadata({"status": Code.Name(late.code),
+                                           "message": late.message})
+        return _ipc_stream(schema.serialize(), ack)
 
     def _segment_batch(self, batch: pa.RecordBatch, topics: list[str]) -> pa.RecordBatch:
         """``batch`` in SEGMENT_SCHEMA, built by the log's one builder (the store's no-cast

@@ -102,6 +102,21 @@ def test_a_batch_goes_to_one_queue_as_a_rocketmq_request_does(broker):
     assert qids[0] == 3 and qids[1] == zlib.crc32(b"g") % 4 and qids[2] == qids[3]
 
 
+def test_sends_are_counted_per_topic_in_messages_and_body_bytes(broker):
+    """The metrics the gRPC path keeps (sparkmq_messages_sent_total, _bytes_sent_total),
+    per topic of a batch that holds two."""
+    broker.store.create_topic("U", read_queue_nums=1, write_queue_nums=1)
+    client, opts = _client(broker)
+    _send(client, opts, _batch("T", [b"abc", b"de"]))
+    _send(client, opts, pa.RecordBatch.from_pydict(
+        {"topic": ["T", "U", "T", "U"], "body": [b"1", b"2222", b"33", b""]}))
+    m = broker.metrics
+    assert m.get("sparkmq_messages_sent_total", topic="T") == 4
+    assert m.get("sparkmq_bytes_sent_total", topic="T") == 8
+    assert m.get("sparkmq_messages_sent_total", topic="U") == 2
+    assert m.get("sparkmq_bytes_sent_total", topic="U") == 4
+
+
 def test_a_get_long_polls_until_a_send_arrives(broker):
     client, opts = _client(broker)
     out = {}
