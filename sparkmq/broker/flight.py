@@ -58,7 +58,7 @@ from ..errors import (AuthenticationError, AuthorizationError, RetriableError, S
                       UserError)
 from ..log.format import MESSAGE_TYPE_FIFO
 from ..log.batch import build_segment_batch
-from ..log.message import batch_message_ids, store_tag
+from ..log.message import batch_message_ids, delivered_ids, own_ids_complete, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.status import PutMessageStatus
 from ..log.topics import topic_message_type, type_conflict
@@ -245,11 +245,10 @@ class FlightService(fl.FlightServerBase):
                                topic=t)
         # (long polls were woken per queue by the store's arrival listener as the rows
         # became visible: a wake here by topic would wake every queue's pulls again)
-        ids = batch_message_ids(store_tag(broker.store.store_id), r.batch_offset, r.num_rows)
-        if "unique_key" in batch.schema.names:         # a producer's own id wins
-            own = batch.column("unique_key").cast(pa.string())
-            ids = pc.if_else(pc.fill_null(pc.greater(pc.binary_length(own), 0), False),
-                             own, ids)
+        own = batch.column("unique_key").cast(pa.string()) \
+            if "unique_key" in batch.schema.names else None   # a producer's own id wins
+        ids = own if own is not None and own_ids_complete(own) else delivered_ids(
+            own, batch_message_ids(store_tag(broker.store.store_id), r.batch_offset, r.num_rows))
         ack = pa.RecordBatch.from_arrays(
             [pa.array(r.queue_ids, pa.int32()), pa.array(r.queue_offsets, pa.int64()),
              ids], schema=ACK_SCHEMA)
@@ -463,7 +462,7 @@ def consumer_view_of(table: pa.Table) -> pa.Table:
     is the producer's id where it set one (``unique_key``), and the broker's own keys
     (``INTERNAL_PROPERTY_KEYS``) are not among the ``properties``. Zero copy where no
     row carries such a key (the usual case)."""
-    ids = pc.coalesce(table.column("unique_key"), table.column("message_id"))
+    ids = delivered_ids(table.column("unique_key"), table.column("message_id"))
     table = table.set_column(table.schema.get_field_index("message_id"),
                              table.schema.field("message_id"), ids)
     props = table.column("properties")

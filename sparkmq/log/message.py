@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import InvalidMessageIdError
 from . import format as fmt
@@ -164,8 +165,7 @@ def batch_message_ids(tag: int, batch_offset: int, n: int) -> pa.Array:
     words = np.empty((n, 4), np.uint64)
     words[:, :3] = np.frombuffer(prefix.encode(), np.uint64)
     words[:, 3] = _row_hex8(np.arange(n))
-    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(words))
+    return _id_array(words, n)
 
 
 def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> pa.Array:
@@ -187,8 +187,32 @@ def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> p
     template[:, 8:24] = _hex_digits(batch_offsets[firsts], 16)
     words = np.repeat(template.view(np.uint64), lens, axis=0)  # (n, 4): 32 bytes per id
     words[:, 3] = _row_hex8(np.asarray(rows, dtype=np.int64))
+    return _id_array(words, n)
+
+
+def _id_array(words: np.ndarray, n: int) -> pa.Array:
+    """``n`` ids, 32 ASCII bytes each (``words``: ``(n, 4)`` uint64), as a string array."""
     offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(words))
+
+
+def own_ids_complete(own: pa.Array) -> bool:
+    """Whether every row of ``own`` (a batch's ``unique_key``) has a producer's id:
+    then those are the rows' ids (:func:`delivered_ids`) and the broker's need not be
+    built (sparkmq's Producer sets one on every message)."""
+    return not own.null_count and bool(len(own)) and \
+        pc.min(pc.binary_length(own)).as_py() > 0
+
+
+def delivered_ids(own, broker_ids):
+    """The id each message is known by, in an ack and to consumers: the producer's own
+    (``own``: ``unique_key``) where it set a non-empty one, else the broker's
+    (``broker_ids``). Arrays or chunked arrays; ``own`` None: no row has one. The RocketMQ
+    path applies the same rule to one message: ``unique_key or message_id``."""
+    if own is None:
+        return broker_ids
+    return pc.if_else(pc.fill_null(pc.greater(pc.binary_length(own), 0), False),
+                      own, broker_ids)
 
 
 def group_hashes(groups: pa.Array):
@@ -196,8 +220,6 @@ def group_hashes(groups: pa.Array):
     no group: the sharding key's hash (queue = hash % writeQueueNums), computed once
     per distinct group. Every queue chooser (``Store.append``/``append_batch``, the
     Spark writer) uses this hash, so a group lands in the same queue whoever writes it."""
-    import numpy as np
-    import pyarrow.compute as pc
     enc = pc.dictionary_encode(groups.cast(pa.string()))
     hashes = np.array([zlib.crc32(v.encode()) for v in enc.dictionary.to_pylist()] + [-1],
                       np.int64)

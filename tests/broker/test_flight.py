@@ -102,6 +102,18 @@ def test_a_batch_goes_to_one_queue_as_a_rocketmq_request_does(broker):
     assert qids[0] == 3 and qids[1] == zlib.crc32(b"g") % 4 and qids[2] == qids[3]
 
 
+def test_a_producers_own_message_id_wins_where_a_row_has_one(broker):
+    client, opts = _client(broker)
+    own = ["K1", "K2"]
+    ack = _send(client, opts, _batch("T", [b"a", b"b"], unique_key=own))
+    assert ack.column("message_id").to_pylist() == own
+    mixed = _send(client, opts, _batch("T", [b"c", b"d", b"e"], unique_key=["K3", None, ""]))
+    ids = mixed.column("message_id").to_pylist()
+    assert ids[0] == "K3" and all(len(i) == 32 for i in ids[1:]) and ids[1] != ids[2]
+    got = _get(client, opts, topic="T", queue=0, offset=0, max=10, view="consumer")
+    assert got.column("message_id").to_pylist() == own + ids
+
+
 def test_sends_are_counted_per_topic_in_messages_and_body_bytes(broker):
     """The metrics the gRPC path keeps (sparkmq_messages_sent_total, _bytes_sent_total),
     per topic of a batch that holds two."""
