@@ -38,14 +38,15 @@ from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientErro
 from .acks import AckBatcher
 from ..tagexpr import tag_set
 from .flight import TRANSPORTS, Followed, FlightTransport, _FlightDown, received_messages
+from .retry import RetryPolicy, consumer_settings, group_retry_policy
 
 log = logging.getLogger("sparkmq.client.consumer")
 BROADCAST_HEADER = "x-sparkmq-consume-mode"
 
 
 class ConsumeResult(enum.Enum):
-    """What a PushConsumer listener returns: SUCCESS acks, FAILURE leaves the message to
-    come back after its invisible duration (an exception counts as FAILURE)."""
+    """What a PushConsumer listener returns: SUCCESS acks, FAILURE (or an exception)
+    nacks: the message comes back after the group's retry delay (see PushConsumer)."""
 
     SUCCESS = "SUCCESS"
     FAILURE = "FAILURE"
@@ -93,16 +94,19 @@ class _GroupClient:
     def client_id(self) -> str:
         return self.conns.client_id
 
-    def _heartbeat(self) -> None:
-        req = spb.HeartbeatRequest(group=pb.Resource(name=self.group),
-                                   client_type=pb.SIMPLE_CONSUMER)
+    def _endpoints_of_subscriptions(self) -> set[str]:
         endpoints = set()
         for t in self.subscriptions:
             try:
                 endpoints |= {q.endpoint for q in self.routes.queues(t)}
             except SparkMQError as e:       # topic not there yet, brokers down: try later
                 log.warning("no route for %r yet: %s", t, e)
-        for ep in endpoints:
+        return endpoints
+
+    def _heartbeat(self) -> None:
+        req = spb.HeartbeatRequest(group=pb.Resource(name=self.group),
+                                   client_type=pb.SIMPLE_CONSUMER)
+        for ep in self._endpoints_of_subscriptions():
             try:
                 self.conns.call(ep, "Heartbeat", req)
             except BrokerUnavailableError as e:
@@ -147,6 +151,17 @@ class _GroupClient:
             raise BrokerUnavailableError(f"ReceiveMessage at {queue.endpoint}: {e.code()} "
                                          f"{e.details()}") from None
         return out
+
+    def _change_invisible(self, message: ReceivedMessage, seconds: float) -> ReceivedMessage:
+        r = self.conns.call(message.endpoint, "ChangeInvisibleDuration",
+                            spb.ChangeInvisibleDurationRequest(
+                                group=pb.Resource(name=self.group),
+                                topic=pb.Resource(name=message.topic),
+                                receipt_handle=message.receipt_handle,
+                                invisible_duration=duration(seconds),
+                                message_id=message.message_id))
+        check(r.status, f"ChangeInvisibleDuration {message.message_id}")
+        return dataclasses.replace(message, receipt_handle=r.receipt_handle)
 
     def _ack(self, m: ReceivedMessage) -> None:
         r = self.conns.call(m.endpoint, "AckMessage", spb.AckMessageRequest(
@@ -217,21 +232,15 @@ class SimpleConsumer(_GroupClient):
                                   invisible_duration_s: float) -> ReceivedMessage:
         """Hide the message ``invisible_duration_s`` from now; returns it with the new
         receipt handle (use that one to ack)."""
-        r = self.conns.call(message.endpoint, "ChangeInvisibleDuration",
-                            spb.ChangeInvisibleDurationRequest(
-                                group=pb.Resource(name=self.group),
-                                topic=pb.Resource(name=message.topic),
-                                receipt_handle=message.receipt_handle,
-                                invisible_duration=duration(invisible_duration_s),
-                                message_id=message.message_id))
-        check(r.status, f"ChangeInvisibleDuration {message.message_id}")
-        return dataclasses.replace(message, receipt_handle=r.receipt_handle)
+        return self._change_invisible(message, invisible_duration_s)
 
 
 class PushConsumer(_GroupClient):
     """Background consumption: per (topic, broker) a poller thread long-polls receives
     and hands messages to ``listener(message) -> ConsumeResult`` on ``consume_threads``
-    threads; SUCCESS acks, FAILURE or an exception does not (the message comes back).
+    threads; SUCCESS acks; FAILURE or an exception nacks: the message comes back after
+    the group's retry policy's delay for its attempt (``retry_policy``, from the brokers'
+    Telemetry settings, as the official push consumers apply it), else its invisible time.
     Acks go in batches (one AckMessage per broker and topic for every ack waiting then;
     ``consumed`` counts acks the broker accepted); orderly groups ack one by one.
 
@@ -269,6 +278,7 @@ class PushConsumer(_GroupClient):
         # acks of concurrently consumed messages go in batches (acks.py); an orderly
         # group acks each message before the next of its group, as it must
         self._acks = None if orderly else AckBatcher(group, self.conns.call, self._acked)
+        self.retry_policy: RetryPolicy | None = None     # the group's (client/retry.py)
         if start:
             self.start()
 
@@ -278,6 +288,7 @@ class PushConsumer(_GroupClient):
 
     def start(self) -> "PushConsumer":
         self._heartbeat()
+        self._fetch_retry_policy()
         try:
             self._start_pollers()
         except SparkMQError as e:           # the maintenance loop retries every refresh_s
@@ -307,9 +318,27 @@ class PushConsumer(_GroupClient):
                 for topic in self.subscriptions:
                     self.routes.queues(topic, refresh=True)
                 self._heartbeat()
+                self._fetch_retry_policy()
                 self._start_pollers()
             except Exception as e:      # a broker down must not end the consumer
                 log.info("route refresh failed: %s", e)
+
+    def _fetch_retry_policy(self) -> None:
+        settings = consumer_settings(
+            self.group, {t: _filter_of(e) for t, e in self.subscriptions.items()},
+            request_timeout_s=self.conns.request_timeout_s, long_polling_s=self.wait_s)
+        self.retry_policy = group_retry_policy(
+            self.conns, self._endpoints_of_subscriptions(), settings) or self.retry_policy
+
+    def _nack(self, m: ReceivedMessage) -> None:
+        policy = self.retry_policy
+        if policy is None or not m.receipt_handle:     # back after its invisible time
+            return
+        try:
+            self._change_invisible(m, policy.delay_s(m.delivery_attempt))
+        except (ClientError, BrokerUnavailableError) as e:
+            log.info("nack of %s failed (%s); it comes back after its invisible duration",
+                     m.message_id, e)
 
     def _poll_loop(self, queue: Queue) -> None:
         while not self._stop.is_set():
@@ -383,6 +412,7 @@ class PushConsumer(_GroupClient):
             return True
         with self._count_lock:
             self.failed += 1
+        self._nack(m)
         return False
 
     def shutdown(self, timeout_s: float = 30.0) -> None:

@@ -179,6 +179,35 @@ def test_push_consumer_failure_is_redelivered(make_broker, closing):
     assert attempts[:2] == [1, 2]
 
 
+def test_a_failed_message_comes_back_after_the_groups_retry_delay(make_broker, closing):
+    """As the official push consumers nack: the listener's failure changes the message's
+    invisible duration to the group's retry delay for its attempt (0.2 s here), so it is
+    back long before the 60 s it was received with."""
+    b = make_broker()
+    b.store.create_group("GR", retry_policy={"type": "CUSTOMIZED",
+                                             "customizedRetryPolicy": {"next": [200]}})
+    p = closing(Producer(b.endpoint))
+    p.send(Message("TR", b"x"))
+    attempts, ok = [], threading.Event()
+
+    def listener(m):
+        attempts.append(m.delivery_attempt)
+        if len(attempts) == 1:
+            return ConsumeResult.FAILURE
+        ok.set()
+        return ConsumeResult.SUCCESS
+    c = closing(PushConsumer(b.endpoint, "GR", {"TR": "*"}, listener, wait_s=1.0,
+                             invisible_duration_s=60))
+    assert c.retry_policy is not None and c.retry_policy.steps == (0.2,)
+    assert ok.wait(30), f"not redelivered within 30 s: attempts {attempts}"
+    assert attempts[:2] == [1, 2]
+    b.store.create_group("GR", retry_policy={"type": "EXPONENTIAL", "exponentialRetryPolicy": {
+        "initial": 3000, "max": 60000, "multiplier": 3}})
+    c._fetch_retry_policy()
+    assert (c.retry_policy.initial, c.retry_policy.maximum, c.retry_policy.multiplier) == \
+        (3.0, 60.0, 3.0)
+
+
 def test_broadcasting_push_consumers_each_get_everything(make_broker, closing):
     b = make_broker()
     p = closing(Producer(b.endpoint))
