@@ -9,6 +9,8 @@ Rows (1 KiB messages):
   most any Python Flight server could reach on this machine; and to the durable floor:
   the same server storing each batch with a store's least work, its IPC message with a
   CRC32C appended to a file and an ack of offsets, no checks, columns or index);
+- the same batches on 4 DoPut streams at once (concurrent producers; batches waiting
+  together are one append), against the durable floor's 4 streams;
 - sync send p50: a one-message batch written and its ack read (ratio to the floor: the
   same round trip against a Flight server that acks without storing, in another process;
   the durable floor's p50 beside it);
@@ -38,6 +40,7 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+STREAMS = 4                 # concurrent producers' DoPut streams in the "at once" row
 sys.path.insert(0, HERE)
 from bench_broker import (BODY, bench_redis, broker_conf, free_port, pct,  # noqa: E402
                           process, wait_port)
@@ -126,6 +129,20 @@ def _put_throughput(port: int, n: int, big) -> float:
     return tput
 
 
+def _put_throughput_streams(port: int, n: int, big, streams: int) -> float:
+    """Messages a second through ``streams`` DoPut streams at once (a thread each, each
+    batch acked before that stream's next): concurrent producers."""
+    per = n // streams
+    threads = [threading.Thread(target=_put_throughput, args=(port, per, big))
+               for _ in range(streams)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return streams * (per // big.num_rows) * big.num_rows / (time.perf_counter() - t0)
+
+
 def bench_floor(n: int, batch_n: int, m: int) -> dict:
     port = free_port()
     p = subprocess.Popen([sys.executable, "-c", FLOOR, str(port)])
@@ -148,8 +165,10 @@ def bench_durable_floor(tmp: str, n: int, batch_n: int, m: int) -> dict:
     try:
         wait_port(port)
         _put_throughput(port, 20 * batch_n, _batch("tput", batch_n))     # warm-up
+        big = _batch("tput", batch_n)
         return {"lat": _put_round_trips(port, m, _batch("lat", 1)),
-                "tput": _put_throughput(port, n, _batch("tput", batch_n))}
+                "tput": _put_throughput(port, n, big),
+                "tput4": _put_throughput_streams(port, n, big, STREAMS)}
     finally:
         p.kill()
         p.wait()
@@ -170,13 +189,15 @@ def bench_sparkmq_flight(tmp: str, n: int, batch_n: int, m: int) -> dict:
         _put_round_trips(flight, 1, big)                   # creates the topics
         _put_round_trips(flight, 1, e2e_one)
         tput = _put_throughput(flight, n, big)
+        tput4 = _put_throughput_streams(flight, n, big, STREAMS)
         lat = _put_round_trips(flight, m, one)
         e2e = _e2e(client, flight, e2e_one, m)
         follow = _follow_e2e(flight, m, e2e_one, json.dumps(
             {"topic": "e2e", "follow": [[0, 1 << 62]]}).encode())
         clients = {t: _bench_clients(f"127.0.0.1:{port}", t, n, batch_n, m)
                    for t in ("flight", "grpc")}
-    return {"tput": tput, "lat": lat, "e2e": e2e, "follow": follow, "clients": clients}
+    return {"tput": tput, "tput4": tput4, "lat": lat, "e2e": e2e, "follow": follow,
+            "clients": clients}
 
 
 def _bench_clients(endpoint: str, transport: str, n: int, batch_n: int, m: int) -> dict:
@@ -325,6 +346,9 @@ def main(argv=None) -> int:
               f"{red['tput']:>16.0f}{durable['tput'] / red['tput']:>8.2f}  (vs Redis pipelined)")
     print(f"{'batched throughput (msg/s)':<34}{ours['tput']:>16.0f}{floor['tput']:>16.0f}"
           f"{ours['tput'] / floor['tput']:>8.2f}  (vs the same puts, empty Flight server)")
+    print(f"{f'{STREAMS} streams at once (msg/s)':<34}{ours['tput4']:>16.0f}"
+          f"{durable['tput4']:>16.0f}{ours['tput4'] / durable['tput4']:>8.2f}"
+          f"  (vs the durable floor, {STREAMS} streams)")
     lat = pct(ours["lat"], 0.5)
     print(f"{'sync send p50 (ms)':<34}{lat:>16.3f}{fp50:>16.3f}{lat / fp50:>8.2f}"
           "  (vs empty Flight round trip)")

@@ -6,7 +6,8 @@ go into the store and come out of it without being taken apart message by messag
   ``properties``, ``message_group``, ``unique_key``, ``born_timestamp``, ``born_host``,
   ``queue_id`` optional); a row with a message group is stored as FIFO, as the RocketMQ
   path stores it; the rows with neither a queue id nor a group go to one queue per
-  batch, as a RocketMQ request does (``_placed``). Each is stored as ONE append with
+  batch, as a RocketMQ request does (``_placed``). Each is stored as ONE append (batches
+  of several streams waiting together as one: ``SendMerger``, as gRPC requests) with
   the same durability as a RocketMQ send
   (SYNC_FLUSH fsynced, SYNC_MASTER replicated) and acknowledged by one metadata message:
   an Arrow IPC stream of ``(queue_id int32, queue_offset int64, message_id string)``
@@ -65,6 +66,7 @@ from ..log.topics import topic_message_type, type_conflict
 from ..tagexpr import tag_set
 from .authz import offset_update_resources, peer_ip, read_resources, send_resources
 from .protocol import INTERNAL_PROPERTY_KEYS, Code, stored_status
+from .sendmerge import SendMerger
 
 log = logging.getLogger("sparkmq.broker.flight")
 
@@ -90,6 +92,33 @@ def _value_bytes(col: pa.Array) -> int:
         offsets = np.frombuffer(col.buffers()[1], np.int32, len(col) + 1, col.offset * 4)
         return int(offsets[-1] - offsets[0])
     return pc.sum(pc.binary_length(col)).as_py() or 0
+
+
+class _Rows:
+    """One DoPut batch in SEGMENT_SCHEMA, as ``SendMerger`` queues it (its length: rows)."""
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: pa.RecordBatch):
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return self.batch.num_rows
+
+    @staticmethod
+    def concat(parts: list["_Rows"]) -> "_Rows":
+        return _Rows(pa.concat_batches([p.batch for p in parts]))
+
+
+class _Stored:
+    """Rows ``[start, stop)`` of a stored append (``r``: its BatchAppendResult) and
+    its status once replicated; slicing gives one request's part of a merged append."""
+    __slots__ = ("r", "status", "start", "stop")
+
+    def __init__(self, r, status: PutMessageStatus, start: int, stop: int):
+        self.r, self.status, self.start, self.stop = r, status, start, stop
+
+    def __getitem__(self, part: slice) -> "_Stored":
+        return _Stored(self.r, self.status, self.start + part.start, self.start + part.stop)
 
 
 class _Auth(fl.ServerMiddleware):
@@ -167,6 +196,9 @@ class FlightService(fl.FlightServerBase):
                          middleware={"auth": _AuthFactory(broker)})
         self.broker = broker
         self._stopping = threading.Event()
+        # concurrent DoPut batches are stored as one append, as the gRPC path's requests
+        # are (group commit; a merged append refused as a whole is retried batch by batch)
+        self.merger = SendMerger(self._append, self._append, _Rows.concat)
 
     @property
     def endpoint(self) -> str:
@@ -232,10 +264,10 @@ class FlightService(fl.FlightServerBase):
                 self._check_types(batch if len(topics) == 1 else batch.filter(
                     pc.equal(batch.column("topic"), t)), t)
         sender.check_append()
-        r = broker.store.append_batch(self._segment_batch(batch, topics))
-        put_status, late = sender.replicated(r), None
-        if put_status is not PutMessageStatus.PUT_OK:     # as the RocketMQ path answers it
-            late = stored_status(put_status)
+        stored = self.merger.submit(_Rows(self._segment_batch(batch, topics)))
+        r, late = stored.r, None
+        if stored.status is not PutMessageStatus.PUT_OK:   # as the RocketMQ path answers it
+            late = stored_status(stored.status)
             if late.code != Code.MASTER_PERSISTENCE_TIMEOUT:
                 raise _NotAcknowledged(late)
         for t in topics:
@@ -248,15 +280,22 @@ class FlightService(fl.FlightServerBase):
         own = batch.column("unique_key").cast(pa.string()) \
             if "unique_key" in batch.schema.names else None   # a producer's own id wins
         ids = own if own is not None and own_ids_complete(own) else delivered_ids(
-            own, batch_message_ids(store_tag(broker.store.store_id), r.batch_offset, r.num_rows))
+            own, batch_message_ids(store_tag(broker.store.store_id), r.batch_offset,
+                                   batch.num_rows, stored.start))
+        part = slice(stored.start, stored.stop)
         ack = pa.RecordBatch.from_arrays(
-            [pa.array(r.queue_ids, pa.int32()), pa.array(r.queue_offsets, pa.int64()),
+            [pa.array(r.queue_ids[part], pa.int32()), pa.array(r.queue_offsets[part], pa.int64()),
              ids], schema=ACK_SCHEMA)
         if late is None:
             return _ipc_stream(_ACK_SCHEMA_MESSAGE, ack)
         schema = ACK_SCHEMA.with_metadata({"status": Code.Name(late.code),
                                            "message": late.message})
         return _ipc_stream(schema.serialize(), ack)
+
+    def _append(self, rows: _Rows) -> _Stored:
+        """Store ``rows`` as one append (SendMerger's, alone or merged)."""
+        r = self.broker.store.append_batch(rows.batch)
+        return _Stored(r, self.broker.sender.replicated(r), 0, r.num_rows)
 
     def _segment_batch(self, batch: pa.RecordBatch, topics: list[str]) -> pa.RecordBatch:
         """``batch`` in SEGMENT_SCHEMA, built by the log's one builder (the store's no-cast

@@ -8,7 +8,8 @@ official clients' push consumers do not wait out the message's invisible duratio
 change it to the policy's delay for the message's delivery attempt (the Java client's
 ``ProcessQueueImpl.nackMessage``), so the message comes back after 1 s, 5 s, 10 s, ...
 of the default policy. :func:`fetch_retry_policy` asks one broker for it with a one-shot
-Telemetry stream (:func:`group_retry_policy`: the first of several that answers); :meth:`RetryPolicy.delay_s` is the clients' arithmetic.
+Telemetry stream (:func:`group_retry_policy`: the first of several that answers);
+:meth:`RetryPolicy.delay_s` is the clients' arithmetic.
 """
 from __future__ import annotations
 

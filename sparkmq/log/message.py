@@ -156,15 +156,15 @@ def _row_hex8(rows: np.ndarray) -> np.ndarray:
     return _row_hex.take(rows)
 
 
-def batch_message_ids(tag: int, batch_offset: int, n: int) -> pa.Array:
-    """The ids of rows ``0..n-1`` of the batch at ``batch_offset`` (a send's ack): the
-    24-digit prefix once, the row digits from the table of row numbers."""
+def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa.Array:
+    """The ids of rows ``first..first+n-1`` of the batch at ``batch_offset`` (a send's
+    ack): the 24-digit prefix once, the row digits from the table of row numbers."""
     prefix = f"{tag:08X}{batch_offset:016X}"
     if n <= 8:                                      # numpy's fixed cost exceeds the loop's
-        return pa.array([f"{prefix}{j:08X}" for j in range(n)], pa.string())
+        return pa.array([f"{prefix}{j:08X}" for j in range(first, first + n)], pa.string())
     words = np.empty((n, 4), np.uint64)
     words[:, :3] = np.frombuffer(prefix.encode(), np.uint64)
-    words[:, 3] = _row_hex8(np.arange(n))
+    words[:, 3] = _row_hex8(np.arange(first, first + n))
     return _id_array(words, n)
 
 

@@ -114,6 +114,73 @@ def test_a_producers_own_message_id_wins_where_a_row_has_one(broker):
     assert got.column("message_id").to_pylist() == own + ids
 
 
+def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others: list[bytes]):
+    """Send ``lead`` and, while its append is held, each of ``others`` on a DoPut of its
+    own; release once all are queued (SendMerger). Each one's ack, or its error."""
+    real, gate, entered = b.store.append_batch, threading.Event(), threading.Event()
+
+    def held(batch, **kw):
+        if not entered.is_set():
+            entered.set()
+            gate.wait(30)
+        return real(batch, **kw)
+    monkeypatch.setattr(b.store, "append_batch", held)
+    out: list = [None] * (1 + len(others))
+
+    def send(i, bodies):
+        try:
+            out[i] = _send(*_client(b), _batch("T", bodies))
+        except pa.ArrowException as e:        # the store's refusal: INVALID_ARGUMENT
+            out[i] = e
+    threads = [threading.Thread(target=send, args=(0, lead))]
+    threads[0].start()
+    assert entered.wait(30)
+    for i, bodies in enumerate(others, 1):
+        threads.append(threading.Thread(target=send, args=(i, bodies)))
+        threads[-1].start()
+    try:
+        wait_until(lambda: b.flight.merger.pending == len(others), "the batches queued",
+                   timeout_s=30)
+    finally:
+        gate.set()
+        for t in threads:
+            t.join(30)
+    monkeypatch.setattr(b.store, "append_batch", real)
+    return out
+
+
+def test_batches_waiting_together_are_one_append_and_a_refused_one_fails_alone(
+        make_broker, monkeypatch):
+    """DoPut batches that queue behind a running append are stored as ONE append (the
+    gRPC path's SendMerger: group commit), and each ack gives its own rows' offsets and
+    ids; a batch the store refuses (a body over maxMessageSize) fails alone."""
+    b = make_broker(flightEnable="true", flightPort=free_port(), autoCreateTopicEnable="false",
+                    maxMessageSize=100)
+    b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    sends = [[b"L0", b"L1"], [b"a0", b"a1", b"a2"], [b"c0"]]
+    acks = _queued_behind_one_append(b, monkeypatch, *sends)
+    assert b.flight.merger.batches == 2            # the leader's, then a and c together
+    stored = _get(*_client(b), topic="T", queue=0, offset=0, max=100)
+    by_offset = dict(zip(stored.column("queue_offset").to_pylist(),
+                         zip(stored.column("body").to_pylist(),
+                             stored.column("message_id").to_pylist())))
+    for bodies, ack in zip(sends, acks):
+        got = [by_offset[o] for o in ack.column("queue_offset").to_pylist()]
+        assert [body for body, _ in got] == bodies
+        assert [mid for _, mid in got] == ack.column("message_id").to_pylist()
+    a_ids, c_ids = (ack.column("message_id").to_pylist() for ack in acks[1:])
+    # one stored batch: the same physical offset (digits 9-24), rows 0-2 then 3
+    lead_batch = acks[0].column("message_id")[0].as_py()[:24]
+    assert {i[:24] for i in a_ids + c_ids} == {a_ids[0][:24]} != {lead_batch}
+    assert [int(i[24:], 16) for i in a_ids + c_ids] == [0, 1, 2, 3]
+
+    lead, good, bad = _queued_behind_one_append(b, monkeypatch, [b"M0"], [b"g0"], [b"x" * 101])
+    assert isinstance(bad, pa.ArrowInvalid) and "maxMessageSize" in str(bad)
+    assert [r.as_py() for r in good.column("queue_offset")] == [7]
+    assert _get(*_client(b), topic="T", queue=0, offset=7, max=10).column(
+        "body").to_pylist() == [b"g0"]
+
+
 def test_sends_are_counted_per_topic_in_messages_and_body_bytes(broker):
     """The metrics the gRPC path keeps (sparkmq_messages_sent_total, _bytes_sent_total),
     per topic of a batch that holds two."""

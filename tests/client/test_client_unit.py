@@ -184,11 +184,13 @@ def test_a_retry_policy_from_the_settings_gives_the_official_clients_delays():
     multiplier ** (attempt - 1), capped (the Java client's RetryPolicy classes)."""
     from google.protobuf.duration_pb2 import Duration
     from sparkmq.client.retry import RetryPolicy
-    custom = RetryPolicy.from_pb(pb.RetryPolicy(max_attempts=5, customized_backoff=pb.CustomizedBackoff(
-        next=[Duration(seconds=1), Duration(seconds=5), Duration(nanos=250_000_000)])))
+    custom = RetryPolicy.from_pb(pb.RetryPolicy(
+        max_attempts=5, customized_backoff=pb.CustomizedBackoff(next=[
+            Duration(seconds=1), Duration(seconds=5), Duration(nanos=250_000_000)])))
     assert [custom.delay_s(a) for a in (1, 2, 3, 4, 9)] == [1, 5, 0.25, 0.25, 0.25]
     assert custom.max_attempts == 5
-    exp = RetryPolicy.from_pb(pb.RetryPolicy(max_attempts=3, exponential_backoff=pb.ExponentialBackoff(
-        initial=Duration(seconds=2), max=Duration(seconds=20), multiplier=3.0)))
+    exp = RetryPolicy.from_pb(pb.RetryPolicy(
+        max_attempts=3, exponential_backoff=pb.ExponentialBackoff(
+            initial=Duration(seconds=2), max=Duration(seconds=20), multiplier=3.0)))
     assert [exp.delay_s(a) for a in (1, 2, 3, 4)] == [2, 6, 18, 20]
     assert RetryPolicy.from_pb(pb.RetryPolicy(max_attempts=3)) is None
