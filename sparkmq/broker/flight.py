@@ -198,7 +198,8 @@ class FlightService(fl.FlightServerBase):
         self._stopping = threading.Event()
         # concurrent DoPut batches are stored as one append, as the gRPC path's requests
         # are (group commit; a merged append refused as a whole is retried batch by batch)
-        self.merger = SendMerger(self._append, self._append, _Rows.concat)
+        self.merger = SendMerger(self._append, self._append, _Rows.concat,
+                                 nbytes=lambda rows: _value_bytes(rows.batch.column(2)))
 
     @property
     def endpoint(self) -> str:

@@ -3,7 +3,8 @@
 SendMessage requests that wait at the same moment are appended together: the first
 request to arrive becomes the *leader* and appends its rows; requests arriving while
 it works queue up, and after its append the leader hands the lead to the first of
-them, which appends everything queued (up to ``max_rows``) as ONE record batch, with
+them, which appends everything queued (up to ``max_rows``, and ``max_bytes`` where the
+caller gives sizes) as ONE record batch, with
 one flush wait under SYNC_FLUSH. A lone request is appended at once (no waiting for
 company), so sequential senders pay only a lock.
 
@@ -25,6 +26,7 @@ import threading
 from typing import Callable
 
 DEFAULT_MAX_ROWS = 4096
+DEFAULT_MAX_BYTES = 64 << 20     # (with ``nbytes``) a merge's bodies, at most
 DEFAULT_WAIT_S = 1.0
 
 
@@ -45,11 +47,14 @@ class SendMerger:
     them as one batch or raises; ``concat(list of SendRows)`` joins several into one."""
 
     def __init__(self, append: Callable, append_whole: Callable, concat: Callable, *,
-                 max_rows: int = DEFAULT_MAX_ROWS, wait_s: float = DEFAULT_WAIT_S):
+                 max_rows: int = DEFAULT_MAX_ROWS, wait_s: float = DEFAULT_WAIT_S,
+                 nbytes: Callable | None = None, max_bytes: int = DEFAULT_MAX_BYTES):
         self._append = append
         self._append_whole = append_whole
         self._concat = concat
         self.max_rows = max_rows
+        # ``nbytes(rows)``: their size, to keep a merge under ``max_bytes`` (None: rows only)
+        self._nbytes, self.max_bytes = nbytes, max_bytes
         self.wait_s = wait_s
         self._lock = threading.Lock()
         self._pending: list[_Ticket] = []
@@ -94,10 +99,15 @@ class SendMerger:
         with self._lock:
             batch = [self._pending.pop(0)]
             nrows = len(batch[0].rows)
+            size = self._nbytes(batch[0].rows) if self._nbytes else 0
             while self._pending and nrows + len(self._pending[0].rows) <= self.max_rows:
+                more = self._nbytes(self._pending[0].rows) if self._nbytes else 0
+                if size + more > self.max_bytes:
+                    break
                 t = self._pending.pop(0)
                 batch.append(t)
                 nrows += len(t.rows)
+                size += more
         try:
             self._run(batch)
         finally:

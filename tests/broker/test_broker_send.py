@@ -298,3 +298,36 @@ def test_an_unexpected_error_reaches_every_request_of_the_merged_batch():
     assert merger.pending == 0 and merger.batches == 1
     ok = SendMerger(lambda rows: [r * 10 for r in rows], boom, concat)
     assert ok.submit([1, 2]) == [10, 20] and ok.submit([3]) == [30]
+
+
+def test_a_merge_stops_before_max_bytes_where_sizes_are_given():
+    """Requests queued behind a running append are merged up to ``max_bytes`` of their
+    ``nbytes``; the rest wait for the next round (the head is always taken)."""
+    from sparkmq.broker.sendmerge import SendMerger
+    gate, entered, appends = threading.Event(), threading.Event(), []
+
+    def append(rows):
+        if not entered.is_set():             # the first append waits for the others
+            entered.set()
+            gate.wait(30)
+        appends.append(list(rows))
+        return [r * 10 for r in rows]
+    merger = SendMerger(append, append, lambda parts: [x for p in parts for x in p],
+                        nbytes=sum, max_bytes=10)
+    results = {}
+
+    def submit(rows):
+        results[rows[0]] = merger.submit(rows)
+    first = threading.Thread(target=submit, args=([20],))
+    first.start()
+    assert entered.wait(30)
+    others = []
+    for rows in ([5], [4], [3]):           # queued in this order
+        others.append(threading.Thread(target=submit, args=(rows,)))
+        others[-1].start()
+        wait_until(lambda n=len(others): merger.pending == n, "queued", timeout_s=30)
+    gate.set()
+    for t in [first, *others]:
+        t.join(30)
+    assert appends == [[20], [5, 4], [3]]
+    assert results == {20: [200], 5: [50], 4: [40], 3: [30]}
