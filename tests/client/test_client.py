@@ -161,9 +161,9 @@ def test_push_consumers_of_one_group_consume_everything_exactly_once(make_broker
     assert sum(c.consumed for c in consumers) == n
 
 
-def test_push_consumer_failure_is_redelivered(make_broker, closing):
-    b = make_broker()
-    p = closing(Producer(b.endpoint))
+def _failing_once():
+    """A listener that fails its first message and takes the next; the delivery
+    attempts it saw, and an Event set at its first success."""
     attempts, ok = [], threading.Event()
 
     def listener(m):
@@ -172,6 +172,13 @@ def test_push_consumer_failure_is_redelivered(make_broker, closing):
             return ConsumeResult.FAILURE
         ok.set()
         return ConsumeResult.SUCCESS
+    return listener, attempts, ok
+
+
+def test_push_consumer_failure_is_redelivered(make_broker, closing):
+    b = make_broker()
+    p = closing(Producer(b.endpoint))
+    listener, attempts, ok = _failing_once()
     closing(PushConsumer(b.endpoint, "G6", {"T6": "*"}, listener, wait_s=1.0,
                          invisible_duration_s=0.5))
     p.send(Message("T6", b"x"))
@@ -188,14 +195,7 @@ def test_a_failed_message_comes_back_after_the_groups_retry_delay(make_broker, c
                                              "customizedRetryPolicy": {"next": [200]}})
     p = closing(Producer(b.endpoint))
     p.send(Message("TR", b"x"))
-    attempts, ok = [], threading.Event()
-
-    def listener(m):
-        attempts.append(m.delivery_attempt)
-        if len(attempts) == 1:
-            return ConsumeResult.FAILURE
-        ok.set()
-        return ConsumeResult.SUCCESS
+    listener, attempts, ok = _failing_once()
     c = closing(PushConsumer(b.endpoint, "GR", {"TR": "*"}, listener, wait_s=1.0,
                              invisible_duration_s=60))
     assert c.retry_policy is not None and c.retry_policy.steps == (0.2,)
