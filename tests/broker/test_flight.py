@@ -135,12 +135,12 @@ def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others: list[b
     threads = [threading.Thread(target=send, args=(0, lead))]
     threads[0].start()
     assert entered.wait(30)
-    for i, bodies in enumerate(others, 1):
-        threads.append(threading.Thread(target=send, args=(i, bodies)))
-        threads[-1].start()
     try:
-        wait_until(lambda: b.flight.merger.pending == len(others), "the batches queued",
-                   timeout_s=30)
+        for i, bodies in enumerate(others, 1):     # queued in this order
+            threads.append(threading.Thread(target=send, args=(i, bodies)))
+            threads[-1].start()
+            wait_until(lambda i=i: b.flight.merger.pending == i, "the batches queued",
+                       timeout_s=30)
     finally:
         gate.set()
         for t in threads:
