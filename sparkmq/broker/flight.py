@@ -59,8 +59,10 @@ from ..errors import (AuthenticationError, AuthorizationError, RetriableError, S
                       UserError)
 from ..log.format import MESSAGE_TYPE_FIFO
 from ..log.batch import build_segment_batch
-from ..log.message import batch_message_ids, delivered_ids, own_ids_complete, store_tag
+from ..log.dispatch import binary_lengths
+from ..log.message import batch_message_ids, delivered_ids, store_tag
 from ..log.names import validate_group, validate_topic
+from ..log.segment import EOS
 from ..log.status import PutMessageStatus
 from ..log.topics import topic_message_type, type_conflict
 from ..tagexpr import tag_set
@@ -77,21 +79,17 @@ ACK_SCHEMA = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64()),
                         ("message_id", pa.string())])
 MAX_GET = 10_000
 _ACK_SCHEMA_MESSAGE = ACK_SCHEMA.serialize()
-_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 
 
 def _ipc_stream(schema_message: pa.Buffer, batch: pa.RecordBatch) -> pa.Buffer:
     """An Arrow IPC stream of one batch: its schema's message, the batch's, the end
     marker. (A stream writer per ack costs ~20 us more: options, a sink, a writer.)"""
-    return pa.py_buffer(b"".join((schema_message, batch.serialize(), _END_OF_STREAM)))
+    return pa.py_buffer(b"".join((schema_message, batch.serialize(), EOS)))
 
 
 def _value_bytes(col: pa.Array) -> int:
-    """The bytes of a binary column's values, from its first and last offsets."""
-    if col.type == pa.binary():
-        offsets = np.frombuffer(col.buffers()[1], np.int32, len(col) + 1, col.offset * 4)
-        return int(offsets[-1] - offsets[0])
-    return pc.sum(pc.binary_length(col)).as_py() or 0
+    """The bytes of a binary column's values."""
+    return int(binary_lengths(col).sum())
 
 
 class _Rows:
@@ -280,9 +278,8 @@ class FlightService(fl.FlightServerBase):
         # became visible: a wake here by topic would wake every queue's pulls again)
         own = batch.column("unique_key").cast(pa.string()) \
             if "unique_key" in batch.schema.names else None   # a producer's own id wins
-        ids = own if own is not None and own_ids_complete(own) else delivered_ids(
-            own, batch_message_ids(store_tag(broker.store.store_id), r.batch_offset,
-                                   batch.num_rows, stored.start))
+        ids = delivered_ids(own, lambda: batch_message_ids(
+            store_tag(broker.store.store_id), r.batch_offset, batch.num_rows, stored.start))
         part = slice(stored.start, stored.stop)
         ack = pa.RecordBatch.from_arrays(
             [pa.array(r.queue_ids[part], pa.int32()), pa.array(r.queue_offsets[part], pa.int64()),
@@ -502,7 +499,7 @@ def consumer_view_of(table: pa.Table) -> pa.Table:
     is the producer's id where it set one (``unique_key``), and the broker's own keys
     (``INTERNAL_PROPERTY_KEYS``) are not among the ``properties``. Zero copy where no
     row carries such a key (the usual case)."""
-    ids = delivered_ids(table.column("unique_key"), table.column("message_id"))
+    ids = delivered_ids(table.column("unique_key"), lambda: table.column("message_id"))
     table = table.set_column(table.schema.get_field_index("message_id"),
                              table.schema.field("message_id"), ids)
     props = table.column("properties")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -196,23 +196,25 @@ def _id_array(words: np.ndarray, n: int) -> pa.Array:
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(words))
 
 
-def own_ids_complete(own: pa.Array) -> bool:
-    """Whether every row of ``own`` (a batch's ``unique_key``) has a producer's id:
-    then those are the rows' ids (:func:`delivered_ids`) and the broker's need not be
-    built (sparkmq's Producer sets one on every message)."""
+def _own_ids_complete(own) -> bool:
+    """Whether every row of ``own`` (``unique_key``) has a producer's id (sparkmq's
+    Producer sets one on every message)."""
     return not own.null_count and bool(len(own)) and \
         pc.min(pc.binary_length(own)).as_py() > 0
 
 
-def delivered_ids(own, broker_ids):
+def delivered_ids(own, broker_ids: Callable[[], Any]):
     """The id each message is known by, in an ack and to consumers: the producer's own
     (``own``: ``unique_key``) where it set a non-empty one, else the broker's
-    (``broker_ids``). Arrays or chunked arrays; ``own`` None: no row has one. The RocketMQ
-    path applies the same rule to one message: ``unique_key or message_id``."""
+    (``broker_ids()``, not called when every row has its own). Arrays or chunked arrays;
+    ``own`` None: no row has one. The RocketMQ path applies the same rule to one message:
+    ``unique_key or message_id``."""
     if own is None:
-        return broker_ids
+        return broker_ids()
+    if _own_ids_complete(own):
+        return own
     return pc.if_else(pc.fill_null(pc.greater(pc.binary_length(own), 0), False),
-                      own, broker_ids)
+                      own, broker_ids())
 
 
 def group_hashes(groups: pa.Array):
