@@ -264,13 +264,22 @@ def list_column(values: list, type_: pa.DataType) -> pa.Array:
     return pa.array(values, type_)
 
 
-@functools.lru_cache(maxsize=256)
+_CACHED_ROWS = 1 << 16       # constant columns of longer batches are built each time
+
+
 def constant_column(value, type_: pa.DataType, n: int) -> pa.Array:
     """``n`` times ``value`` (None: nulls) as an Arrow array of ``type_``. Arrow arrays
     are immutable, so the columns that repeat from batch to batch (topic, hosts, type,
     the null optional fields: ~10 per batch, 1-4 us each to build) are shared; at most
-    256 are kept."""
+    256 are kept, of at most 65,536 rows each."""
+    return _constant(value, type_, n) if n <= _CACHED_ROWS else _build_constant(value, type_, n)
+
+
+def _build_constant(value, type_: pa.DataType, n: int) -> pa.Array:
     return pa.nulls(n, type_) if value is None else pa.repeat(pa.scalar(value, type_), n)
+
+
+_constant = functools.lru_cache(maxsize=256)(_build_constant)
 
 
 def binary_column(values: list[bytes]) -> pa.Array:
@@ -296,11 +305,16 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
     latter under its append lock), ``store_host``, ``reconsume_times`` 0,
     ``message_type`` NORMAL, the rest null. A ``born_timestamp`` list may hold None
     (then ``now_ms``). Feed the result to ``Store.append_batch`` (its no-cast path)."""
-    out = []
+    out, defaults = [], None
     for f in fmt.SEGMENT_SCHEMA:
         v = columns.get(f.name)
         if v is None:
-            out.append(_default_column(f, n, store_host, now_ms))
+            if f.name in _TIME_COLUMNS:
+                out.append(_time_column(now_ms, n))
+                continue
+            if defaults is None:
+                defaults = _constant_defaults(n, store_host)
+            out.append(defaults[f.name])
             continue
         if isinstance(v, pa.ChunkedArray):
             v = v.chunk(0) if v.num_chunks == 1 else pa.concat_arrays(v.chunks)
@@ -313,16 +327,33 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
     return pa.RecordBatch.from_arrays(out, schema=fmt.SEGMENT_SCHEMA)
 
 
-def _default_column(f: pa.Field, n: int, store_host: str, now_ms: int) -> pa.Array:
-    """(Constant columns from ``constant_column``'s shared cache, times excepted.)"""
-    if f.name in ("born_timestamp", "store_timestamp"):   # from a buffer: pa.repeat of a
-        ts = np.full(n, now_ms, np.int64)                   # timestamp scalar costs ~37 us
-        return pa.Array.from_buffers(fmt.TS, n, [None, pa.py_buffer(ts)])
-    if f.name == "store_host":
-        return constant_column(store_host, f.type, n)
-    if f.name in ("reconsume_times", "message_type"):
-        return constant_column(0, f.type, n)
-    return constant_column(None, f.type, n)
+_TIME_COLUMNS = frozenset({"born_timestamp", "store_timestamp"})
+
+
+def _time_column(ms: int, n: int) -> pa.Array:
+    """``n`` times ``ms`` as a timestamp column, from a buffer (``pa.repeat`` of a
+    timestamp scalar costs ~37 us)."""
+    return pa.Array.from_buffers(fmt.TS, n, [None, pa.py_buffer(np.full(n, ms, np.int64))])
+
+
+def _constant_defaults(n: int, store_host: str) -> dict[str, pa.Array]:
+    """The default of every column but the times, for ``n`` rows (``constant_column``'s
+    shared arrays, looked up once a batch rather than once a column)."""
+    key = (n, store_host)
+    got = _DEFAULTS.get(key)
+    if got is None:
+        got = {f.name: constant_column(
+            store_host if f.name == "store_host" else
+            0 if f.name in ("reconsume_times", "message_type") else None, f.type, n)
+            for f in fmt.SEGMENT_SCHEMA if f.name not in _TIME_COLUMNS}
+        if n <= _CACHED_ROWS:
+            if len(_DEFAULTS) >= 64:
+                _DEFAULTS.clear()
+            _DEFAULTS[key] = got
+    return got
+
+
+_DEFAULTS: dict[tuple[int, str], dict[str, pa.Array]] = {}
 
 
 def _col(table: pa.Table, name: str) -> pa.Array:
@@ -379,8 +410,9 @@ class BatchBuilder:
     def check_segment_batch(self, batch: pa.RecordBatch, *,
                             limits_checked: bool = False) -> tuple[pa.RecordBatch, RowInfo]:
         """Validate a batch already in SEGMENT_SCHEMA (no cast, no copy): the same
-        checks as :meth:`normalize` (the input limits unless ``limits_checked``). Returns the batch (with queue ids chosen if the
-        column had nulls) and what dispatch can reuse."""
+        checks as :meth:`normalize` (the input limits unless ``limits_checked``).
+        Returns the batch (with queue ids chosen if the column had nulls) and what
+        dispatch can reuse."""
         n = batch.num_rows
         if n == 0:
             raise InvalidMessageError("append_batch got no rows")

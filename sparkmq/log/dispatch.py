@@ -21,6 +21,7 @@ from any thread.
 from __future__ import annotations
 
 import logging
+import struct
 from dataclasses import dataclass
 from typing import Callable
 
@@ -33,6 +34,7 @@ from .consumequeue import Chunk, MemoryConsumeQueue
 from .index import MemoryIndex, index_entries
 from .txlog import LogState
 
+_INT32 = struct.Struct("<i")
 log = logging.getLogger("sparkmq.store")
 
 
@@ -53,6 +55,16 @@ def binary_lengths(arr: pa.Array) -> np.ndarray:
                                 offset=arr.offset * 4)
         return offsets[1:] - offsets[:-1]      # (np.diff costs ~8 us of Python per call)
     return pc.binary_length(arr).fill_null(0).to_numpy().astype(np.int32)
+
+
+def binary_total(arr: pa.Array) -> int:
+    """The bytes of a binary array's values: its last offset less its first when no
+    value is null (Arrow lets a null's span be non-empty), else the lengths added up."""
+    if arr.type == pa.binary() and arr.null_count == 0 and len(arr):
+        offsets, at = arr.buffers()[1], arr.offset * 4
+        return _INT32.unpack_from(offsets, at + 4 * len(arr))[0] - \
+            _INT32.unpack_from(offsets, at)[0]
+    return int(binary_lengths(arr).sum())
 
 
 def row_info(batch: pa.RecordBatch) -> RowInfo:

@@ -40,6 +40,7 @@ EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 SCHEMA_BYTES = fmt.SEGMENT_SCHEMA.serialize().to_pybytes()
 HEADER_SIZE = len(SCHEMA_BYTES)
 _IPC_OPTIONS = pa.ipc.IpcWriteOptions()
+_CHECKSUM_METADATA = pa.KeyValueMetadata(checksum.CUSTOM_METADATA)   # (a dict: converted per call)
 
 
 def serialize_batch(batch: pa.RecordBatch) -> pa.Buffer:
@@ -48,9 +49,9 @@ def serialize_batch(batch: pa.RecordBatch) -> pa.Buffer:
     sink = pa.BufferOutputStream()
     # explicit options: new_stream without them reads two environment variables a call
     writer = pa.ipc.RecordBatchStreamWriter(sink, batch.schema, options=_IPC_OPTIONS)
-    writer.write_batch(batch, custom_metadata=checksum.CUSTOM_METADATA)
+    writer.write_batch(batch, custom_metadata=_CHECKSUM_METADATA)
     stream = sink.getvalue()                       # a mutable buffer: sealed in place
-    start = message_length(stream, 0)
+    start = 8 + struct.unpack_from("<i", stream, 4)[0]     # the schema message: no body
     checksum.seal_in_place(memoryview(stream)[start:])
     return stream.slice(start)
 

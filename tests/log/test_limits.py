@@ -225,3 +225,39 @@ def test_the_fast_path_never_passes_a_message_the_rules_refuse(tag, keys, props,
         assert refused is None
         assert limits.message_size_bytes("T", body_bytes, tag, keys, props, group,
                                          message_id) <= small.max_message_size_bytes
+
+
+def _verdict(batch: pa.RecordBatch, small: limits.MessageLimits) -> str | None:
+    try:
+        limits.check_batch(batch, small)
+    except MessageLimitError as e:
+        return e.status
+    return None
+
+
+@settings(max_examples=200, deadline=None)
+@given(tag=st.none() | _TEXT, keys=st.none() | st.lists(_TEXT, max_size=3),
+       props=st.none() | st.dictionaries(_TEXT, _TEXT, max_size=4), group=st.none() | _TEXT,
+       message_id=st.none() | _TEXT, body=st.binary(max_size=80),
+       born=st.none() | st.integers(-5, 10) | st.just(limits.MAX_TIMESTAMP_MS + 1),
+       mtype=st.none() | st.integers(-1, 4))
+def test_a_row_alone_and_the_same_row_among_others_get_the_same_verdict(
+        tag, keys, props, group, message_id, body, born, mtype):
+    """check_batch decides a one-row batch by the rule alone and a longer one through
+    the numpy screen first: both must refuse (or pass) the same row, nulls included."""
+    from sparkmq.log.batch import build_segment_batch
+    small = limits.MessageLimits(max_message_size_bytes=100, max_user_property_size_bytes=12,
+                                 user_property_max_num=3, max_message_group_size_bytes=4,
+                                 max_message_id_size_bytes=4)
+    row = {"topic": ["T"], "body": [body], "tags": [tag], "keys": [keys],
+           "properties": [None if props is None else list(props.items())],
+           "message_group": [group], "unique_key": [message_id]}
+    cols = {k: pa.array(v, fmt.SEGMENT_SCHEMA.field(k).type) for k, v in row.items()}
+    cols["born_timestamp"] = pa.array([born], pa.int64()).cast(fmt.TS)
+    cols["message_type"] = pa.array([mtype], pa.int8())
+    alone = build_segment_batch(cols, 1, store_host="h", now_ms=1_700_000_000_000)
+    plain = build_segment_batch({"topic": ["T"], "body": [b"ok"]}, 1, store_host="h",
+                                now_ms=1_700_000_000_000)
+    among = pa.Table.from_batches([plain, alone, plain]).combine_chunks().to_batches()[0]
+    assert among.num_rows == 3
+    assert _verdict(alone, small) == _verdict(among, small)
