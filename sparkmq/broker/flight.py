@@ -251,13 +251,14 @@ class FlightService(fl.FlightServerBase):
             raise UserError("every row needs a topic")
         self._authorize(context, send_resources(topics))
         sender, broker = self.broker.sender, self.broker
-        for t in topics:
+        per_topic = {topics[0]: batch} if len(topics) == 1 else \
+            {t: batch.filter(pc.equal(topic, t)) for t in topics}    # one filter a topic
+        for t, rows in per_topic.items():
             refused = sender.topic_refusal(t)
             if refused is not None:
                 raise UserError(refused.message)
             if broker.config.enable_topic_message_type_check:
-                self._check_types(batch if len(topics) == 1 else batch.filter(
-                    pc.equal(batch.column("topic"), t)), t)
+                self._check_types(rows, t)
         sender.check_append()
         stored = self.merger.submit(_Rows(self._segment_batch(batch, topics)))
         r, late = stored.r, None
@@ -265,8 +266,7 @@ class FlightService(fl.FlightServerBase):
             late = stored_status(stored.status)
             if late.code != Code.MASTER_PERSISTENCE_TIMEOUT:
                 raise _NotAcknowledged(late)
-        for t in topics:
-            rows = batch if len(topics) == 1 else batch.filter(pc.equal(batch.column("topic"), t))
+        for t, rows in per_topic.items():
             broker.metrics.inc("sparkmq_messages_sent_total", rows.num_rows, topic=t)
             broker.metrics.inc("sparkmq_bytes_sent_total", binary_total(rows.column("body")),
                                topic=t)

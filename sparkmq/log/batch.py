@@ -314,7 +314,8 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
                 continue
             if defaults is None:
                 defaults = _constant_defaults(n, store_host)
-            out.append(defaults[f.name])
+            out.append(defaults[f.name] if defaults else
+                       constant_column(_default_value(f.name, store_host), f.type, n))
             continue
         if isinstance(v, pa.ChunkedArray):
             v = v.chunk(0) if v.num_chunks == 1 else pa.concat_arrays(v.chunks)
@@ -336,20 +337,25 @@ def _time_column(ms: int, n: int) -> pa.Array:
     return pa.Array.from_buffers(fmt.TS, n, [None, pa.py_buffer(np.full(n, ms, np.int64))])
 
 
+def _default_value(name: str, store_host: str):
+    return store_host if name == "store_host" else \
+        0 if name in ("reconsume_times", "message_type") else None
+
+
 def _constant_defaults(n: int, store_host: str) -> dict[str, pa.Array]:
-    """The default of every column but the times, for ``n`` rows (``constant_column``'s
-    shared arrays, looked up once a batch rather than once a column)."""
+    """The default of every column but the times, for batches of up to 1,024 rows
+    (``constant_column``'s shared arrays, looked up once a batch rather than once a
+    column: the small batch's cost); empty for longer batches."""
+    if n > 1024:
+        return {}
     key = (n, store_host)
     got = _DEFAULTS.get(key)
     if got is None:
-        got = {f.name: constant_column(
-            store_host if f.name == "store_host" else
-            0 if f.name in ("reconsume_times", "message_type") else None, f.type, n)
-            for f in fmt.SEGMENT_SCHEMA if f.name not in _TIME_COLUMNS}
-        if n <= _CACHED_ROWS:
-            if len(_DEFAULTS) >= 64:
-                _DEFAULTS.clear()
-            _DEFAULTS[key] = got
+        got = {f.name: constant_column(_default_value(f.name, store_host), f.type, n)
+               for f in fmt.SEGMENT_SCHEMA if f.name not in _TIME_COLUMNS}
+        if len(_DEFAULTS) >= 64:
+            _DEFAULTS.clear()
+        _DEFAULTS[key] = got
     return got
 
 

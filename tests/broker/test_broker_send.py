@@ -331,3 +331,23 @@ def test_a_merge_stops_before_max_bytes_where_sizes_are_given():
         t.join(30)
     assert appends == [[20], [5, 4], [3]]
     assert results == {20: [200], 5: [50], 4: [40], 3: [30]}
+
+
+@pytest.mark.parametrize("n", [1, 3, 1025])
+def test_a_segment_batch_gets_the_same_defaults_short_or_long(n):
+    """Batches of up to 1,024 rows take their default columns from one shared lookup,
+    longer ones column by column: the defaults are the same, and a caller's column
+    wins over its default."""
+    from sparkmq.log.batch import build_segment_batch
+    b = build_segment_batch({"topic": ["t"] * n, "body": [b"x"] * n,
+                             "tags": pa.array(["TagA"] * n)}, n, store_host="h:1", now_ms=5)
+    assert b.schema.equals(fmt.SEGMENT_SCHEMA) and b.num_rows == n
+    row = b.slice(n - 1).to_pylist()[0]
+    assert (row["store_host"], row["reconsume_times"], row["message_type"], row["tags"]) == \
+        ("h:1", 0, fmt.MESSAGE_TYPE_NORMAL, "TagA")
+    assert row["born_timestamp"].timestamp() == 0.005 and row["queue_id"] is None
+    assert {row[c] for c in ("keys", "properties", "message_group", "unique_key",
+                             "delivery_timestamp", "transaction_id", "born_host")} == {None}
+    other = build_segment_batch({"topic": ["t"] * n, "body": [b"y"] * n}, n,
+                                store_host="other:2", now_ms=5)
+    assert other.column("store_host")[0].as_py() == "other:2"
