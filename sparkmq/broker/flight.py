@@ -58,7 +58,7 @@ import pyarrow.flight as fl
 from ..errors import (AuthenticationError, AuthorizationError, RetriableError, SparkMQError,
                       UserError)
 from ..log.format import MESSAGE_TYPE_FIFO
-from ..log.batch import build_segment_batch
+from ..log.batch import build_segment_batch, constant_column
 from ..log.dispatch import binary_total
 from ..log.message import batch_message_ids, delivered_ids, store_tag
 from ..log.names import validate_group, validate_topic
@@ -315,7 +315,7 @@ class FlightService(fl.FlightServerBase):
         places one request (``SendService.request_queue``)."""
         request_queue = self.broker.sender.request_queue
         if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
-            return pa.array(np.full(n, request_queue(topics[0]), np.int32))
+            return constant_column(request_queue(topics[0]), pa.int32(), n)
         own = cols["queue_id"].cast(pa.int32()) if "queue_id" in cols else pa.nulls(n, pa.int32())
         free = pc.is_null(own)
         if "message_group" in cols:

@@ -305,12 +305,13 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
     latter under its append lock), ``store_host``, ``reconsume_times`` 0,
     ``message_type`` NORMAL, the rest null. A ``born_timestamp`` list may hold None
     (then ``now_ms``). Feed the result to ``Store.append_batch`` (its no-cast path)."""
-    out, defaults = [], None
+    out, defaults, now = [], None, None
     for f in fmt.SEGMENT_SCHEMA:
         v = columns.get(f.name)
         if v is None:
-            if f.name in _TIME_COLUMNS:
-                out.append(_time_column(now_ms, n))
+            if f.name in _TIME_COLUMNS:          # (both defaults: one array)
+                now = _time_column(now_ms, n) if now is None else now
+                out.append(now)
                 continue
             if defaults is None:
                 defaults = _constant_defaults(n, store_host)
