@@ -370,6 +370,25 @@ def _col(table: pa.Table, name: str) -> pa.Array:
     return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
+_FILLED = tuple((fmt.SEGMENT_SCHEMA.get_field_index(name), name) for name in
+                ("born_timestamp", "reconsume_times", "message_type"))
+
+
+def fill_required(batch: pa.RecordBatch, clock_ms: Callable[[], int]) -> pa.RecordBatch:
+    """``batch`` (SEGMENT_SCHEMA) with the nulls of the columns FORMAT.md declares not
+    null and a writer may leave to their defaults filled in: ``born_timestamp`` now
+    (``clock_ms()``), ``reconsume_times`` 0, ``message_type`` NORMAL. (``topic`` and
+    ``body`` nulls are refused, ``queue_id`` nulls chosen, ``store_timestamp`` stamped.)"""
+    for i, name in _FILLED:
+        col = batch.column(i)
+        if col.null_count:
+            f = fmt.SEGMENT_SCHEMA.field(i)
+            value = pa.scalar(clock_ms(), pa.int64()).cast(f.type) \
+                if name == "born_timestamp" else pa.scalar(0, f.type)
+            batch = batch.set_column(i, f, pc.fill_null(col, value))
+    return batch
+
+
 def stamp_store_time(batch: pa.RecordBatch, ts_ms: int) -> tuple[pa.RecordBatch, np.ndarray]:
     """``batch`` with every row's store_timestamp set to ``ts_ms``, and that column as
     int64 ms (what dispatch keeps)."""
@@ -425,6 +444,7 @@ class BatchBuilder:
             raise InvalidMessageError("append_batch got no rows")
         if batch.schema.metadata != fmt.SEGMENT_SCHEMA.metadata:   # zero copy: same arrays
             batch = pa.RecordBatch.from_arrays(batch.columns, schema=fmt.SEGMENT_SCHEMA)
+        batch = fill_required(batch, self.clock_ms)
         topics = batch.column(0)
         if topics.null_count:
             raise InvalidMessageError("topic column has nulls")
@@ -493,6 +513,7 @@ class BatchBuilder:
                     f"column {f.name!r} has type {table.column(f.name).type}, expected "
                     f"{f.type}: {exc}") from None
         batch = build_segment_batch(cols, n, store_host=self.store_host, now_ms=self.clock_ms())
+        batch = fill_required(batch, self.clock_ms)
         if not limits_checked:
             check_batch(batch, self.limits)
         return batch

@@ -11,6 +11,7 @@ from sparkmq.errors import (DataLossError, InvalidMessageError, InvalidMessageId
                             PermissionDeniedError, QueueNotFoundError, ReadOnlyStoreError,
                             StoreClosedError, StoreLockedError, StoreNotFoundError,
                             TopicExistsError, TopicNotFoundError, UserError)
+from sparkmq.log import format as fmt
 from sparkmq.log.store import PERM_READ
 
 from helpers.clock import Clock
@@ -479,6 +480,30 @@ def test_append_batch_of_a_slicedas_segment_batch(store):
     with pytest.raises(InvalidMessageError):
         store.append_batch(big.slice(4, 2))          # the 5 MiB body is in this slice
     assert store.max_offset("t", 0) == 4
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_nulls_in_columns_the_format_declares_not_null_are_stored_as_their_defaults(
+        store, clock, fast_path):
+    """FORMAT.md: born_timestamp, reconsume_times and message_type are never null. A
+    batch that leaves some rows' values null gets the writer's defaults there (born
+    now, 0, NORMAL) and keeps the values it gave."""
+    table = pa.table({
+        "topic": ["t"] * 2, "queue_id": pa.array([0, 0], pa.int32()), "body": [b"a", b"b"],
+        "born_timestamp": pa.array([None, 1_700_000_000_123], pa.timestamp("ms", tz="UTC")),
+        "reconsume_times": pa.array([None, 3], pa.int32()),
+        "message_type": pa.array([None, fmt.MESSAGE_TYPE_FIFO], pa.int8()),
+        "message_group": [None, "g"]})
+    store.append_batch(as_segment_batch(table) if fast_path else table)
+    store.flush()
+    got = Snapshot.load(store.url).read_table("t", 0, 0).sort_by("queue_offset")
+    assert [c.null_count for c in got.select(
+        ["born_timestamp", "reconsume_times", "message_type"]).columns] == [0, 0, 0]
+    born = got.column("born_timestamp").cast(pa.int64()).to_pylist()
+    assert born == [clock.now_ms, 1_700_000_000_123]
+    assert got.column("reconsume_times").to_pylist() == [0, 3]
+    assert got.column("message_type").to_pylist() == [fmt.MESSAGE_TYPE_NORMAL,
+                                                      fmt.MESSAGE_TYPE_FIFO]
 
 
 # --------------------------------------------------------------------- locking, bad input
