@@ -55,11 +55,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
 
-from ..errors import (AuthenticationError, AuthorizationError, RetriableError, SparkMQError,
-                      UserError)
+from ..errors import (AuthenticationError, AuthorizationError, MessageLimitError,
+                      RetriableError, SparkMQError, UserError)
 from ..log.format import MESSAGE_TYPE_FIFO
 from ..log.batch import build_segment_batch, constant_column
-from ..log.dispatch import binary_total
+from ..log.dispatch import binary_lengths, binary_total
+from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
 from ..log.message import batch_message_ids, delivered_ids, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.segment import EOS
@@ -68,6 +69,7 @@ from ..log.topics import topic_message_type, type_conflict
 from ..tagexpr import tag_set
 from .authz import offset_update_resources, peer_ip, read_resources, send_resources
 from .protocol import INTERNAL_PROPERTY_KEYS, Code, stored_status
+from .sendlimits import first_body_refusal
 from .sendmerge import SendMerger
 
 log = logging.getLogger("sparkmq.broker.flight")
@@ -159,6 +161,8 @@ def _flight_error(e: Exception) -> Exception:
         return fl.FlightUnauthenticatedError(e.message)
     if isinstance(e, RetriableError):   # the code tells it from a transport failure
         return fl.FlightUnavailableError(f"{e.code}: {e.message}")
+    if isinstance(e, MessageLimitError):    # the proxy's status for it, as gRPC answers
+        return pa.ArrowInvalid(f"{e.code}: {e.status}: {e.message}")
     if isinstance(e, SparkMQError):
         return pa.ArrowInvalid(f"{e.code}: {e.message}")
     return fl.FlightInternalError(f"{type(e).__name__}: {e}")
@@ -260,7 +264,9 @@ class FlightService(fl.FlightServerBase):
             if broker.config.enable_topic_message_type_check:
                 self._check_types(rows, t)
         sender.check_append()
-        stored = self.merger.submit(_Rows(self._segment_batch(batch, topics)))
+        rows = self._segment_batch(batch, topics)
+        self._check_limits(rows)
+        stored = self.merger.submit(_Rows(rows))
         r, late = stored.r, None
         if stored.status is not PutMessageStatus.PUT_OK:   # as the RocketMQ path answers it
             late = stored_status(stored.status)
@@ -286,9 +292,23 @@ class FlightService(fl.FlightServerBase):
                                            "message": late.message})
         return _ipc_stream(schema.serialize(), ack)
 
+    def _check_limits(self, rows: pa.RecordBatch) -> None:
+        """The RocketMQ path's refusals of a message's own fields, row by row as
+        ``SendService`` decides them: its body (``body_refusal``: empty, or over
+        maxMessageSize), then the input limits with the system's property keys
+        reserved (so the store, given the rows, does not check them again)."""
+        limits = MessageLimits.of(self.broker.store.config)
+        refused = first_body_refusal(binary_lengths(rows.column("body")),
+                                     limits.max_message_size_bytes)
+        if refused is not None:
+            r, st = refused
+            raise MessageLimitError(Code.Name(st.code), f"row {r}: {st.message}")
+        check_batch(rows, limits, RESERVED_PROPERTY_KEYS)
+
     def _append(self, rows: _Rows) -> _Stored:
-        """Store ``rows`` as one append (SendMerger's, alone or merged)."""
-        r = self.broker.store.append_batch(rows.batch)
+        """Store ``rows`` as one append (SendMerger's, alone or merged; held to the
+        limits by ``_check_limits``)."""
+        r = self.broker.store.append_batch(rows.batch, limits_checked=True)
         return _Stored(r, self.broker.sender.replicated(r), 0, r.num_rows)
 
     def _segment_batch(self, batch: pa.RecordBatch, topics: list[str]) -> pa.RecordBatch:
@@ -298,6 +318,10 @@ class FlightService(fl.FlightServerBase):
         n = batch.num_rows
         cols = {name: batch.column(name) for name in batch.schema.names
                 if name in ("topic", "body") or batch.column(name).null_count < n}
+        for name in ("tags", "message_group"):   # empty is none, as the proxy reads them
+            if name in cols and pc.min(pc.binary_length(cols[name])).as_py() == 0:
+                empty = pc.equal(pc.binary_length(cols[name]), 0)
+                cols[name] = pc.if_else(empty, pa.scalar(None, cols[name].type), cols[name])
         if "message_group" in cols:
             cols["message_type"] = pc.if_else(pc.is_valid(cols["message_group"]),
                                               MESSAGE_TYPE_FIFO, 0).cast(pa.int8())

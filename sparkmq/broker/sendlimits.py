@@ -3,6 +3,7 @@ the input limits of ``log/limits.py`` (one message, or a plain request's columns
 once), each with the Apache proxy's status code. Used by ``send.SendService``."""
 from __future__ import annotations
 
+import numpy as np
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from ..log.limits import (MAX_TIMESTAMP_MS, MIN_TIMESTAMP_MS, RESERVED_PROPERTY_KEYS,
@@ -19,6 +20,16 @@ def body_refusal(size_bytes: int, limit_bytes: int) -> pb.Status | None:
         return status(Code.MESSAGE_BODY_TOO_LARGE,
                       f"message body is {size_bytes} bytes; maxMessageSize is {limit_bytes}")
     return None
+
+
+def first_body_refusal(sizes: np.ndarray, limit_bytes: int) -> tuple[int, pb.Status] | None:
+    """A batch's first row (``sizes``: each row's body bytes) whose body ``body_refusal``
+    refuses, with its status; None if every body may be sent."""
+    bad = np.flatnonzero((sizes == 0) | (sizes > limit_bytes))
+    if not len(bad):
+        return None
+    r = int(bad[0])
+    return r, body_refusal(int(sizes[r]), limit_bytes)
 
 
 _KNOWN_TYPES = frozenset({pb.MESSAGE_TYPE_UNSPECIFIED, pb.NORMAL, pb.FIFO, pb.DELAY,

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 from typing import Callable, Iterable, Sequence
@@ -129,7 +130,9 @@ def _error(e: Exception, what: str) -> Exception:
         return _FlightDown(f"{what}: {text}")
     if isinstance(e, fl.FlightInternalError):
         return ClientError(f"{what}: INTERNAL_ERROR: {text}", Code.INTERNAL_ERROR)
-    code = Code.TOPIC_NOT_FOUND if "TOPIC_NOT_FOUND" in text else Code.BAD_REQUEST
+    limit = re.search(r"SPARKMQ_MESSAGE_LIMIT: ([A-Z_]+): ", text)  # names the proxy's code
+    code = Code.Value(limit[1]) if limit and limit[1] in Code.keys() else \
+        Code.TOPIC_NOT_FOUND if "TOPIC_NOT_FOUND" in text else Code.BAD_REQUEST
     return ClientError(f"{what}: {Code.Name(code)}: {text}", code)
 
 

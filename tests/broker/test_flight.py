@@ -114,9 +114,10 @@ def test_a_producers_own_message_id_wins_where_a_row_has_one(broker):
     assert got.column("message_id").to_pylist() == own + ids
 
 
-def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others: list[bytes]):
-    """Send ``lead`` and, while its append is held, each of ``others`` on a DoPut of its
-    own; release once all are queued (SendMerger). Each one's ack, or its error."""
+def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others):
+    """Send ``lead`` and, while its append is held, each of ``others`` (bodies, or a
+    whole batch) on a DoPut of its own; release once all are queued (SendMerger). Each
+    one's ack, or its error."""
     real, gate, entered = b.store.append_batch, threading.Event(), threading.Event()
 
     def held(batch, **kw):
@@ -129,7 +130,8 @@ def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others: list[b
 
     def send(i, bodies):
         try:
-            out[i] = _send(*_client(b), _batch("T", bodies))
+            out[i] = _send(*_client(b), bodies if isinstance(bodies, pa.RecordBatch)
+                           else _batch("T", bodies))
         except pa.ArrowException as e:        # the store's refusal: INVALID_ARGUMENT
             out[i] = e
     threads = [threading.Thread(target=send, args=(0, lead))]
@@ -153,7 +155,7 @@ def test_batches_waiting_together_are_one_append_and_a_refused_one_fails_alone(
         make_broker, monkeypatch):
     """DoPut batches that queue behind a running append are stored as ONE append (the
     gRPC path's SendMerger: group commit), and each ack gives its own rows' offsets and
-    ids; a batch the store refuses (a body over maxMessageSize) fails alone."""
+    ids; a batch the store refuses (a queue the topic does not have) fails alone."""
     b = make_broker(flightEnable="true", flightPort=free_port(), autoCreateTopicEnable="false",
                     maxMessageSize=100)
     b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
@@ -174,8 +176,9 @@ def test_batches_waiting_together_are_one_append_and_a_refused_one_fails_alone(
     assert {i[:24] for i in a_ids + c_ids} == {a_ids[0][:24]} != {lead_batch}
     assert [int(i[24:], 16) for i in a_ids + c_ids] == [0, 1, 2, 3]
 
-    lead, good, bad = _queued_behind_one_append(b, monkeypatch, [b"M0"], [b"g0"], [b"x" * 101])
-    assert isinstance(bad, pa.ArrowInvalid) and "maxMessageSize" in str(bad)
+    no_queue = _batch("T", [b"x"], queue_id=pa.array([5], pa.int32()))
+    lead, good, bad = _queued_behind_one_append(b, monkeypatch, [b"M0"], [b"g0"], no_queue)
+    assert isinstance(bad, pa.ArrowInvalid) and "queue_id out of range" in str(bad)
     assert [r.as_py() for r in good.column("queue_offset")] == [7]
     assert _get(*_client(b), topic="T", queue=0, offset=7, max=10).column(
         "body").to_pylist() == [b"g0"]
@@ -188,12 +191,12 @@ def test_sends_are_counted_per_topic_in_messages_and_body_bytes(broker):
     client, opts = _client(broker)
     _send(client, opts, _batch("T", [b"abc", b"de"]))
     _send(client, opts, pa.RecordBatch.from_pydict(
-        {"topic": ["T", "U", "T", "U"], "body": [b"1", b"2222", b"33", b""]}))
+        {"topic": ["T", "U", "T", "U"], "body": [b"1", b"2222", b"33", b"4"]}))
     m = broker.metrics
     assert m.get("sparkmq_messages_sent_total", topic="T") == 4
     assert m.get("sparkmq_bytes_sent_total", topic="T") == 8
     assert m.get("sparkmq_messages_sent_total", topic="U") == 2
-    assert m.get("sparkmq_bytes_sent_total", topic="U") == 4
+    assert m.get("sparkmq_bytes_sent_total", topic="U") == 5
 
 
 def test_a_get_long_polls_until_a_send_arrives(broker):

@@ -18,6 +18,7 @@ from rocketmq import SimpleConsumer as OfficialConsumer
 from helpers.brokers import client_conf
 from helpers.net import free_port
 from helpers.waiting import wait_until
+from sparkmq.broker.protocol import Code
 from sparkmq.client import ClientError, Message, Producer, PullConsumer
 
 pytestmark = pytest.mark.integration
@@ -135,6 +136,24 @@ def test_offsets_committed_over_flight_are_what_getoffset_answers(make_broker, c
     pc.commit_offset(q, nxt)
     assert pc.committed_offset(q) == 3                  # GetOffset, over gRPC
     assert b.store.consumer_offsets("GO") == {("O", 0): 3}
+
+
+@pytest.mark.parametrize("bad, code", [
+    (dict(tag=" "), "ILLEGAL_MESSAGE_TAG"),
+    (dict(properties={"UNIQ_KEY": "mine"}), "ILLEGAL_MESSAGE_PROPERTY_KEY"),
+    (dict(body=b""), "MESSAGE_BODY_EMPTY"),
+])
+def test_a_refused_message_gets_the_same_code_over_both_transports(make_broker, closing,
+                                                                   bad, code):
+    b = flight_broker(make_broker)
+    over = {t: closing(Producer(b.endpoint, transport=t)) for t in ("flight", "grpc")}
+    fields = {"body": b"x", **bad}
+    body = fields.pop("body")
+    for t, p in over.items():
+        with pytest.raises(ClientError) as info:
+            p.send(Message("T", body, **fields))
+        assert Code.Name(info.value.status_code) == code, (t, info.value)
+    assert b.store.max_offset("T", 0) == b.store.max_offset("T", 1) == 0
 
 
 def test_auto_uses_grpc_where_the_broker_serves_no_flight(make_broker, closing):

@@ -1,0 +1,135 @@
+"""The broker's two send paths hold a message to one set of rules: the same messages sent
+as a RocketMQ SendMessage request and as a Flight DoPut batch are refused with the same
+status or stored as the same rows (hypothesis; one in-process broker, a fresh pair of
+topics per example, the RocketMQ request handled in process)."""
+from __future__ import annotations
+
+import itertools
+import re
+
+import pyarrow as pa
+import pyarrow.flight as fl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
+
+from helpers.net import free_port
+from sparkmq.broker.grpc_service import MessagingServicer
+from sparkmq.broker.protocol import Code
+from sparkmq.log import format as fmt
+
+pytestmark = pytest.mark.integration
+
+BORN_MS = 1_700_000_000_123
+_TEXT = st.text(alphabet=st.sampled_from(list("ab |\t\u3000é")), max_size=5)
+_MESSAGE = st.fixed_dictionaries({
+    "body": st.binary(max_size=12), "tag": st.none() | _TEXT,
+    "keys": st.lists(_TEXT, max_size=2),
+    "properties": st.dictionaries(_TEXT | st.sampled_from(["KEYS", "UNIQ_KEY", "TRACE_ON"]),
+                                  _TEXT, max_size=2),
+    "group": st.none() | _TEXT})
+_topics = itertools.count()
+
+
+class _Context:
+    """What SendMessage asks of a gRPC context."""
+
+    def __init__(self):
+        self.callbacks = []
+
+    def invocation_metadata(self):
+        return (("x-mq-client-id", "paths"),)
+
+    def peer(self):
+        return "ipv4:127.0.0.1:1"
+
+    def add_callback(self, fn):
+        self.callbacks.append(fn)
+        return True
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    from helpers.brokers import broker_config
+    from sparkmq.broker import Broker
+    b = Broker(broker_config(tmp_path_factory.mktemp("paths"), "paths", flightEnable="true",
+                             flightPort=free_port(), autoCreateTopicEnable="false")).start()
+    yield b
+    b.stop()
+
+
+def _rocketmq(broker, topic: str, msgs: list[dict]) -> dict[int, str]:
+    """Send as one SendMessage request; the status name of each refused message."""
+    out = []
+    for i, m in enumerate(msgs):
+        p = pb.Message(topic=pb.Resource(name=topic), body=m["body"])
+        s = p.system_properties
+        s.message_id, s.born_host = f"ID-{i}", "h"
+        s.born_timestamp.FromMilliseconds(BORN_MS)
+        s.message_type = pb.FIFO if m["group"] else pb.NORMAL   # (an empty group is none)
+        if m["tag"] is not None:
+            s.tag = m["tag"]
+        if m["group"] is not None:
+            s.message_group = m["group"]
+        s.keys.extend(m["keys"])
+        p.user_properties.update(m["properties"])
+        out.append(p)
+    resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(messages=out),
+                                                  _Context())
+    return {i: Code.Name(e.status.code) for i, e in enumerate(resp.entries)
+            if e.status.code != Code.OK}
+
+
+def _flight(broker, topic: str, msgs: list[dict]) -> str | None:
+    """Send as one DoPut batch; None, or the error's text."""
+    n = len(msgs)
+    batch = pa.RecordBatch.from_pydict({
+        "topic": [topic] * n, "body": [m["body"] for m in msgs],
+        "tags": pa.array([m["tag"] for m in msgs], pa.string()),
+        "keys": pa.array([m["keys"] or None for m in msgs], pa.list_(pa.string())),
+        "properties": pa.array([list(m["properties"].items()) or None for m in msgs],
+                               pa.map_(pa.string(), pa.string())),
+        "message_group": pa.array([m["group"] for m in msgs], pa.string()),
+        "unique_key": [f"ID-{i}" for i in range(n)], "born_host": ["h"] * n,
+        "born_timestamp": pa.array([BORN_MS] * n, pa.int64()).cast(fmt.TS)})
+    client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{broker.flight_port}")
+    try:
+        writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), batch.schema)
+        writer.write_batch(batch)
+        reader.read()
+        writer.done_writing()
+        writer.close()
+    except (pa.ArrowException, fl.FlightError) as e:
+        return str(e)
+    finally:
+        client.close()
+    return None
+
+
+def _rows(broker, topic: str) -> list[dict]:
+    got = broker.store.read_table(topic, 0, 0).to_pylist()
+    return [{k: dict(v) if k == "properties" and v else v for k, v in r.items()   # a map's
+             if k not in ("topic", "physical_offset", "message_id", "store_timestamp")}
+            for r in got]                                                      # order: none
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(msgs=st.lists(_MESSAGE, min_size=1, max_size=3))
+def test_the_rocketmq_and_flight_paths_refuse_or_store_alike(broker, msgs):
+    k = next(_topics)
+    for topic in (f"R{k}", f"F{k}"):
+        broker.store.create_topic(topic, read_queue_nums=1, write_queue_nums=1)
+    refused = _rocketmq(broker, f"R{k}", msgs)
+    failed = _flight(broker, f"F{k}", msgs)
+    if not refused:
+        assert failed is None
+        assert _rows(broker, f"R{k}") == _rows(broker, f"F{k}")
+    else:     # Flight refuses the batch for a row the RocketMQ path refuses, alike
+        assert failed is not None
+        found = re.search(r"SPARKMQ_MESSAGE_LIMIT: (\w+): row (\d+):", failed)
+        assert found, failed
+        assert refused.get(int(found[2])) == found[1], (refused, failed)
+        assert _rows(broker, f"F{k}") == []
