@@ -89,6 +89,20 @@ def _ipc_stream(schema_message: pa.Buffer, batch: pa.RecordBatch) -> pa.Buffer:
     return pa.py_buffer(b"".join((schema_message, batch.serialize(), EOS)))
 
 
+def _empty_as_none(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` with each empty ``tags`` or ``message_group`` value null: an empty tag or
+    group is none, as the proxy reads a SendMessage's (no tag; a NORMAL message)."""
+    for name in ("tags", "message_group"):
+        i = batch.schema.get_field_index(name)
+        if i < 0:
+            continue
+        col = batch.column(i)
+        if col.null_count < len(col) and pc.min(pc.binary_length(col)).as_py() == 0:
+            col = pc.if_else(pc.equal(pc.binary_length(col), 0), pa.scalar(None, col.type), col)
+            batch = batch.set_column(i, batch.schema.field(i), col)
+    return batch
+
+
 class _Rows:
     """One DoPut batch in SEGMENT_SCHEMA, as ``SendMerger`` queues it (its length: rows)."""
     __slots__ = ("batch",)
@@ -249,6 +263,7 @@ class FlightService(fl.FlightServerBase):
             raise UserError(f"a Flight send batch has columns topic, body (required) and "
                             f"{', '.join(sorted(SEND_COLUMNS - {'topic', 'body'}))}; got "
                             f"{batch.schema.names}")
+        batch = _empty_as_none(batch)
         topic = batch.column("topic")
         topics = [topic[0].as_py()] if len(topic) == 1 else pc.unique(topic).to_pylist()
         if None in topics:
@@ -318,10 +333,6 @@ class FlightService(fl.FlightServerBase):
         n = batch.num_rows
         cols = {name: batch.column(name) for name in batch.schema.names
                 if name in ("topic", "body") or batch.column(name).null_count < n}
-        for name in ("tags", "message_group"):   # empty is none, as the proxy reads them
-            if name in cols and pc.min(pc.binary_length(cols[name])).as_py() == 0:
-                empty = pc.equal(pc.binary_length(cols[name]), 0)
-                cols[name] = pc.if_else(empty, pa.scalar(None, cols[name].type), cols[name])
         if "message_group" in cols:
             cols["message_type"] = pc.if_else(pc.is_valid(cols["message_group"]),
                                               MESSAGE_TYPE_FIFO, 0).cast(pa.int8())
