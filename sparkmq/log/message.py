@@ -219,12 +219,13 @@ def delivered_ids(own, broker_ids: Callable[[], Any]):
 
 def group_hashes(groups: pa.Array):
     """``crc32(message_group)`` per row as an int64 numpy array, -1 where the row has
-    no group: the sharding key's hash (queue = hash % writeQueueNums), computed once
-    per distinct group. Every queue chooser (``Store.append``/``append_batch``, the
-    Spark writer) uses this hash, so a group lands in the same queue whoever writes it."""
+    no group (null or empty, as ``QueueChooser.choose_one`` and the proxy read it): the
+    sharding key's hash (queue = hash % writeQueueNums), computed once per distinct
+    group. Every queue chooser (``Store.append``/``append_batch``, the Spark writer)
+    uses this hash, so a group lands in the same queue whoever writes it."""
     enc = pc.dictionary_encode(groups.cast(pa.string()))
-    hashes = np.array([zlib.crc32(v.encode()) for v in enc.dictionary.to_pylist()] + [-1],
-                      np.int64)
+    hashes = np.array([zlib.crc32(v.encode()) if v else -1
+                       for v in enc.dictionary.to_pylist()] + [-1], np.int64)
     return hashes[enc.indices.fill_null(len(hashes) - 1).to_numpy()]
 
 
