@@ -12,6 +12,7 @@ import pytest
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
+from helpers.brokers import GrpcContext as Context
 from helpers.net import free_port
 from helpers.waiting import wait_until
 from sparkmq.broker import Broker, BrokerConfig
@@ -24,23 +25,6 @@ from sparkmq.broker.transaction import HALF_TOPIC
 from sparkmq.log import format as fmt
 
 Code = pb.Code
-
-
-class Context:
-    """The two things SendMessage asks of a gRPC context."""
-
-    def invocation_metadata(self):
-        return (("x-mq-client-id", "client-1"),)
-
-    def peer(self):
-        return "ipv4:127.0.0.1:1"
-
-    def add_callback(self, fn):
-        self.callbacks.append(fn)
-        return True
-
-    def __init__(self):
-        self.callbacks = []
 
 
 @pytest.fixture

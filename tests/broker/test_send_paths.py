@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
+from helpers.brokers import GrpcContext
 from helpers.net import free_port
 from sparkmq.broker.grpc_service import MessagingServicer
 from sparkmq.broker.protocol import Code
@@ -31,23 +32,6 @@ _MESSAGE = st.fixed_dictionaries({
                                   _TEXT, max_size=2),
     "group": st.none() | _TEXT})
 _topics = itertools.count()
-
-
-class _Context:
-    """What SendMessage asks of a gRPC context."""
-
-    def __init__(self):
-        self.callbacks = []
-
-    def invocation_metadata(self):
-        return (("x-mq-client-id", "paths"),)
-
-    def peer(self):
-        return "ipv4:127.0.0.1:1"
-
-    def add_callback(self, fn):
-        self.callbacks.append(fn)
-        return True
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +61,7 @@ def _rocketmq(broker, topic: str, msgs: list[dict]) -> dict[int, str]:
         p.user_properties.update(m["properties"])
         out.append(p)
     resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(messages=out),
-                                                  _Context())
+                                                  GrpcContext("paths"))
     return {i: Code.Name(e.status.code) for i, e in enumerate(resp.entries)
             if e.status.code != Code.OK}
 

@@ -40,3 +40,22 @@ def msg(topic, body, tag=None, keys=None) -> Message:
     if keys:
         m.keys = keys
     return m
+
+
+class GrpcContext:
+    """What the broker's SendMessage asks of a gRPC context, for calling a servicer in
+    process: the client id header, the peer, and callbacks run after the reply."""
+
+    def __init__(self, client_id: str = "client-1"):
+        self.client_id = client_id
+        self.callbacks = []
+
+    def invocation_metadata(self):
+        return (("x-mq-client-id", self.client_id),)
+
+    def peer(self):
+        return "ipv4:127.0.0.1:1"
+
+    def add_callback(self, fn):
+        self.callbacks.append(fn)
+        return True
