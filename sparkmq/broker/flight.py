@@ -94,11 +94,14 @@ def _empty_as_none(batch: pa.RecordBatch) -> pa.RecordBatch:
     group is none, as the proxy reads a SendMessage's (no tag; a NORMAL message)."""
     for name in ("tags", "message_group"):
         i = batch.schema.get_field_index(name)
-        if i < 0:
+        if i < 0 or batch.column(i).null_count == batch.num_rows:
             continue
         col = batch.column(i)
-        if col.null_count < len(col) and pc.min(pc.binary_length(col)).as_py() == 0:
-            col = pc.if_else(pc.equal(pc.binary_length(col), 0), pa.scalar(None, col.type), col)
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            continue              # (not text: _segment_batch casts it or names the type)
+        lengths = pc.binary_length(col)
+        if pc.min(lengths).as_py() == 0:
+            col = pc.if_else(pc.equal(lengths, 0), pa.scalar(None, col.type), col)
             batch = batch.set_column(i, batch.schema.field(i), col)
     return batch
 

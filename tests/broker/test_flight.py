@@ -316,6 +316,7 @@ def test_followed_reads_count_against_the_long_poll_capacity(make_broker):
     (_batch("T", [b"x"], properties=pa.array([[("k\n", "v")]],
                                               pa.map_(pa.string(), pa.string()))),
      "control character"),
+    (_batch("T", [b"x"], tags=pa.array([["a"]])), "has the wrong type"),
 ])
 def test_bad_batches_get_a_clear_error_and_store_nothing(broker, batch, words):
     client, opts = _client(broker)
