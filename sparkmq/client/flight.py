@@ -131,8 +131,12 @@ def _error(e: Exception, what: str) -> Exception:
     if isinstance(e, fl.FlightInternalError):
         return ClientError(f"{what}: INTERNAL_ERROR: {text}", Code.INTERNAL_ERROR)
     limit = re.search(r"SPARKMQ_MESSAGE_LIMIT: ([A-Z_]+): ", text)  # names the proxy's code
-    code = Code.Value(limit[1]) if limit and limit[1] in Code.keys() else \
-        Code.TOPIC_NOT_FOUND if "TOPIC_NOT_FOUND" in text else Code.BAD_REQUEST
+    if limit and limit[1] in Code.keys():
+        code = Code.Value(limit[1])
+    elif "TOPIC_NOT_FOUND" in text:
+        code = Code.TOPIC_NOT_FOUND
+    else:
+        code = Code.BAD_REQUEST
     return ClientError(f"{what}: {Code.Name(code)}: {text}", code)
 
 

@@ -335,7 +335,12 @@ _TIME_COLUMNS = frozenset({"born_timestamp", "store_timestamp"})
 def _time_column(ms: int, n: int) -> pa.Array:
     """``n`` times ``ms`` as a timestamp column, from a buffer (``pa.repeat`` of a
     timestamp scalar costs ~37 us)."""
-    return pa.Array.from_buffers(fmt.TS, n, [None, pa.py_buffer(np.full(n, ms, np.int64))])
+    return _ts_array(np.full(n, ms, np.int64))
+
+
+def _ts_array(ms: np.ndarray) -> pa.Array:
+    """int64 ms as a timestamp column, zero copy."""
+    return pa.Array.from_buffers(fmt.TS, len(ms), [None, pa.py_buffer(ms)])
 
 
 def _default_value(name: str, store_host: str):
@@ -347,20 +352,13 @@ def _constant_defaults(n: int, store_host: str) -> dict[str, pa.Array]:
     """The default of every column but the times, for batches of up to 1,024 rows
     (``constant_column``'s shared arrays, looked up once a batch rather than once a
     column: the small batch's cost); empty for longer batches."""
-    if n > 1024:
-        return {}
-    key = (n, store_host)
-    got = _DEFAULTS.get(key)
-    if got is None:
-        got = {f.name: constant_column(_default_value(f.name, store_host), f.type, n)
-               for f in fmt.SEGMENT_SCHEMA if f.name not in _TIME_COLUMNS}
-        if len(_DEFAULTS) >= 64:
-            _DEFAULTS.clear()
-        _DEFAULTS[key] = got
-    return got
+    return _shared_defaults(n, store_host) if n <= 1024 else {}
 
 
-_DEFAULTS: dict[tuple[int, str], dict[str, pa.Array]] = {}
+@functools.lru_cache(maxsize=64)
+def _shared_defaults(n: int, store_host: str) -> dict[str, pa.Array]:
+    return {f.name: constant_column(_default_value(f.name, store_host), f.type, n)
+            for f in fmt.SEGMENT_SCHEMA if f.name not in _TIME_COLUMNS}
 
 
 def _col(table: pa.Table, name: str) -> pa.Array:
@@ -392,10 +390,8 @@ def fill_required(batch: pa.RecordBatch, clock_ms: Callable[[], int]) -> pa.Reco
 def stamp_store_time(batch: pa.RecordBatch, ts_ms: int) -> tuple[pa.RecordBatch, np.ndarray]:
     """``batch`` with every row's store_timestamp set to ``ts_ms``, and that column as
     int64 ms (what dispatch keeps)."""
-    n = batch.num_rows
-    ts = np.full(n, ts_ms, np.int64)
-    return batch.set_column(_STORE_TS_COLUMN, _STORE_TS_FIELD, pa.Array.from_buffers(
-        fmt.TS, n, [None, pa.py_buffer(ts)])), ts
+    ts = np.full(batch.num_rows, ts_ms, np.int64)
+    return batch.set_column(_STORE_TS_COLUMN, _STORE_TS_FIELD, _ts_array(ts)), ts
 
 
 class BatchBuilder:
