@@ -58,6 +58,7 @@ from .controlled import ControlledRole, ControllerHeartbeatService
 from .role import AutoFailoverService, HARole
 from .schedule import ScheduleService
 from .send import SendService
+from .batchsend import BatchSender
 from .transaction import ProducerStreams, TransactionService
 
 log = logging.getLogger("sparkmq.broker")
@@ -136,6 +137,7 @@ class Broker:
         #: controller mode: role, lease and SyncStateSet from the controllers (controlled.py)
         self.controlled = ControlledRole(self) if config.enable_controller_mode else None
         self.sender = SendService(self)
+        self.batch_sender = BatchSender(self)      # record batches: Flight, plain gRPC
         self.receiver = ReceiveService(self)
         self.admin = BrokerAdmin(self)
 

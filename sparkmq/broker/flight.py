@@ -6,7 +6,7 @@ go into the store and come out of it without being taken apart message by messag
   ``properties``, ``message_group``, ``unique_key``, ``born_timestamp``, ``born_host``,
   ``queue_id`` optional); a row with a message group is stored as FIFO, as the RocketMQ
   path stores it; the rows with neither a queue id nor a group go to one queue per
-  batch, as a RocketMQ request does (``_placed``). Each is stored as ONE append (batches
+  batch, as a RocketMQ request does (``batchsend``). Each is stored as ONE append (batches
   of several streams waiting together as one: ``SendMerger``, as gRPC requests) with
   the same durability as a RocketMQ send
   (SYNC_FLUSH fsynced, SYNC_MASTER replicated) and acknowledged by one metadata message:
@@ -32,7 +32,8 @@ Checks are the RocketMQ path's, one implementation each: credentials and ACLs
 (``authn``/``authz``, whose ``send_resources``/``read_resources``/
 ``offset_update_resources`` both paths ask: Pub on each topic sent to, Sub on a topic
 read, Sub or Update on the group and topic of a commit, as UpdateOffset), the topic's
-message type, the input limits (``Store.append_batch``),
+message type, the input limits (``batchsend.BatchSender.check``, the core a plain
+RocketMQ request goes through too),
 writability and replication (``SendService.check_append`` / ``replicated``).
 Errors map to Flight's: UNAUTHENTICATED, UNAUTHORIZED, invalid argument, unavailable.
 A topic or group name is checked as the RocketMQ path checks it, so the broker's own
@@ -50,32 +51,23 @@ import logging
 import threading
 import time
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
 
 from ..errors import (AuthenticationError, AuthorizationError, MessageLimitError,
                       RetriableError, SparkMQError, UserError)
-from ..log.format import MESSAGE_TYPE_FIFO
-from ..log.batch import build_segment_batch, constant_column
-from ..log.dispatch import binary_lengths, binary_total
-from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
 from ..log.message import batch_message_ids, delivered_ids, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.segment import EOS
 from ..log.status import PutMessageStatus
-from ..log.topics import topic_message_type, type_conflict
 from ..tagexpr import tag_set
 from .authz import offset_update_resources, peer_ip, read_resources, send_resources
+from .batchsend import SEND_COLUMNS
 from .protocol import INTERNAL_PROPERTY_KEYS, Code, stored_status
-from .sendlimits import first_body_refusal
-from .sendmerge import SendMerger
 
 log = logging.getLogger("sparkmq.broker.flight")
 
-SEND_COLUMNS = {"topic", "body", "tags", "keys", "properties", "message_group", "unique_key",
-                "born_timestamp", "born_host", "queue_id"}
 FOLLOW_WAIT_S = 1.0    # a followed read checks for a cancelled call or a stop this often
 ACK_SCHEMA = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64()),
                         ("message_id", pa.string())])
@@ -104,33 +96,6 @@ def _empty_as_none(batch: pa.RecordBatch) -> pa.RecordBatch:
             col = pc.if_else(pc.equal(lengths, 0), pa.scalar(None, col.type), col)
             batch = batch.set_column(i, batch.schema.field(i), col)
     return batch
-
-
-class _Rows:
-    """One DoPut batch in SEGMENT_SCHEMA, as ``SendMerger`` queues it (its length: rows)."""
-    __slots__ = ("batch",)
-
-    def __init__(self, batch: pa.RecordBatch):
-        self.batch = batch
-
-    def __len__(self) -> int:
-        return self.batch.num_rows
-
-    @staticmethod
-    def concat(parts: list["_Rows"]) -> "_Rows":
-        return _Rows(pa.concat_batches([p.batch for p in parts]))
-
-
-class _Stored:
-    """Rows ``[start, stop)`` of a stored append (``r``: its BatchAppendResult) and
-    its status once replicated; slicing gives one request's part of a merged append."""
-    __slots__ = ("r", "status", "start", "stop")
-
-    def __init__(self, r, status: PutMessageStatus, start: int, stop: int):
-        self.r, self.status, self.start, self.stop = r, status, start, stop
-
-    def __getitem__(self, part: slice) -> "_Stored":
-        return _Stored(self.r, self.status, self.start + part.start, self.start + part.stop)
 
 
 class _Auth(fl.ServerMiddleware):
@@ -210,10 +175,6 @@ class FlightService(fl.FlightServerBase):
                          middleware={"auth": _AuthFactory(broker)})
         self.broker = broker
         self._stopping = threading.Event()
-        # concurrent DoPut batches are stored as one append, as the gRPC path's requests
-        # are (group commit; a merged append refused as a whole is retried batch by batch)
-        self.merger = SendMerger(self._append, self._append, _Rows.concat,
-                                 nbytes=lambda rows: binary_total(rows.batch.column(2)))
 
     @property
     def endpoint(self) -> str:
@@ -272,110 +233,27 @@ class FlightService(fl.FlightServerBase):
         if None in topics:
             raise UserError("every row needs a topic")
         self._authorize(context, send_resources(topics))
-        sender, broker = self.broker.sender, self.broker
-        per_topic = {topics[0]: batch} if len(topics) == 1 else \
-            {t: batch.filter(pc.equal(topic, t)) for t in topics}    # one filter a topic
-        for t, rows in per_topic.items():
-            refused = sender.topic_refusal(t)
-            if refused is not None:
-                raise UserError(refused.message)
-            if broker.config.enable_topic_message_type_check:
-                self._check_types(rows, t)
-        sender.check_append()
-        rows = self._segment_batch(batch, topics)
-        self._check_limits(rows)
-        stored = self.merger.submit(_Rows(rows))
+        core = self.broker.batch_sender
+        stored = core.store(core.check(batch, topics), topics)
         r, late = stored.r, None
         if stored.status is not PutMessageStatus.PUT_OK:   # as the RocketMQ path answers it
             late = stored_status(stored.status)
             if late.code != Code.MASTER_PERSISTENCE_TIMEOUT:
                 raise _NotAcknowledged(late)
-        for t, rows in per_topic.items():
-            broker.metrics.inc("sparkmq_messages_sent_total", rows.num_rows, topic=t)
-            broker.metrics.inc("sparkmq_bytes_sent_total", binary_total(rows.column("body")),
-                               topic=t)
         # (long polls were woken per queue by the store's arrival listener as the rows
         # became visible: a wake here by topic would wake every queue's pulls again)
         own = batch.column("unique_key").cast(pa.string()) \
             if "unique_key" in batch.schema.names else None   # a producer's own id wins
         ids = delivered_ids(own, lambda: batch_message_ids(
-            store_tag(broker.store.store_id), r.batch_offset, batch.num_rows, stored.start))
-        part = slice(stored.start, stored.stop)
+            store_tag(self.broker.store.store_id), r.batch_offset, batch.num_rows, stored.start))
         ack = pa.RecordBatch.from_arrays(
-            [pa.array(r.queue_ids[part], pa.int32()), pa.array(r.queue_offsets[part], pa.int64()),
+            [pa.array(stored.queue_ids, pa.int32()), pa.array(stored.queue_offsets, pa.int64()),
              ids], schema=ACK_SCHEMA)
         if late is None:
             return _ipc_stream(_ACK_SCHEMA_MESSAGE, ack)
         schema = ACK_SCHEMA.with_metadata({"status": Code.Name(late.code),
                                            "message": late.message})
         return _ipc_stream(schema.serialize(), ack)
-
-    def _check_limits(self, rows: pa.RecordBatch) -> None:
-        """The RocketMQ path's refusals of a message's own fields, row by row as
-        ``SendService`` decides them: its body (``body_refusal``: empty, or over
-        maxMessageSize), then the input limits with the system's property keys
-        reserved (so the store, given the rows, does not check them again)."""
-        limits = MessageLimits.of(self.broker.store.config)
-        refused = first_body_refusal(binary_lengths(rows.column("body")),
-                                     limits.max_message_size_bytes)
-        if refused is not None:
-            r, st = refused
-            raise MessageLimitError(Code.Name(st.code), f"row {r}: {st.message}")
-        check_batch(rows, limits, RESERVED_PROPERTY_KEYS)
-
-    def _append(self, rows: _Rows) -> _Stored:
-        """Store ``rows`` as one append (SendMerger's, alone or merged; held to the
-        limits by ``_check_limits``)."""
-        r = self.broker.store.append_batch(rows.batch, limits_checked=True)
-        return _Stored(r, self.broker.sender.replicated(r), 0, r.num_rows)
-
-    def _segment_batch(self, batch: pa.RecordBatch, topics: list[str]) -> pa.RecordBatch:
-        """``batch`` in SEGMENT_SCHEMA, built by the log's one builder (the store's no-cast
-        path; queue ids chosen by the store): all-null columns are left to the schema's
-        defaults, and a row with a message group is FIFO, as the RocketMQ path stores it."""
-        n = batch.num_rows
-        cols = {name: batch.column(name) for name in batch.schema.names
-                if name in ("topic", "body") or batch.column(name).null_count < n}
-        if "message_group" in cols:
-            cols["message_type"] = pc.if_else(pc.is_valid(cols["message_group"]),
-                                              MESSAGE_TYPE_FIFO, 0).cast(pa.int8())
-        try:
-            cols["queue_id"] = self._placed(cols, n, topics)
-            return build_segment_batch(cols, n, store_host=self.broker.store.config.store_host,
-                                       now_ms=self.broker.clock_ms())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-            raise UserError(f"a Flight send batch column has the wrong type: {e} "
-                            "(docs/PROTOCOL.md gives each column's type)") from None
-
-    def _placed(self, cols: dict, n: int, topics: list[str]) -> pa.Array:
-        """The rows' queue ids: a row's own; a message group's left to the store
-        (crc32); the others ONE queue per topic of this batch, as the RocketMQ path
-        places one request (``SendService.request_queue``)."""
-        request_queue = self.broker.sender.request_queue
-        if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
-            return constant_column(request_queue(topics[0]), pa.int32(), n)
-        own = cols["queue_id"].cast(pa.int32()) if "queue_id" in cols else pa.nulls(n, pa.int32())
-        free = pc.is_null(own)
-        if "message_group" in cols:
-            free = pc.and_(free, pc.is_null(cols["message_group"]))
-        if not pc.any(free).as_py():
-            return own
-        topics = pc.dictionary_encode(cols["topic"])
-        chosen = np.array([request_queue(t) for t in topics.dictionary.to_pylist()], np.int32)
-        return pc.if_else(free, pa.array(chosen[topics.indices.to_numpy()]), own)
-
-    def _check_types(self, rows: pa.RecordBatch, topic: str) -> None:
-        """Rows (of ``topic``) with a message group are FIFO, the others NORMAL (the
-        proxy's reading); each type present must be one the topic accepts."""
-        expected = topic_message_type(self.broker.topic_conf(topic))
-        groups = rows.column("message_group").null_count \
-            if "message_group" in rows.schema.names else rows.num_rows
-        present = ({"NORMAL"} if groups else set()) | \
-            ({"FIFO"} if groups < rows.num_rows else set())
-        for actual in sorted(present):
-            why = type_conflict(expected, actual)
-            if why is not None:
-                raise UserError(why)
 
     # ------------------------------------------------------------ consume
     def do_get(self, context, ticket):

@@ -141,7 +141,7 @@ def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others):
         for i, bodies in enumerate(others, 1):     # queued in this order
             threads.append(threading.Thread(target=send, args=(i, bodies)))
             threads[-1].start()
-            wait_until(lambda i=i: b.flight.merger.pending == i, "the batches queued",
+            wait_until(lambda i=i: b.batch_sender.merger.pending == i, "the batches queued",
                        timeout_s=30)
     finally:
         gate.set()
@@ -161,7 +161,7 @@ def test_batches_waiting_together_are_one_append_and_a_refused_one_fails_alone(
     b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
     sends = [[b"L0", b"L1"], [b"a0", b"a1", b"a2"], [b"c0"]]
     acks = _queued_behind_one_append(b, monkeypatch, *sends)
-    assert b.flight.merger.batches == 2            # the leader's, then a and c together
+    assert b.batch_sender.merger.batches == 2            # the leader's, then a and c together
     stored = _get(*_client(b), topic="T", queue=0, offset=0, max=100)
     by_offset = dict(zip(stored.column("queue_offset").to_pylist(),
                          zip(stored.column("body").to_pylist(),

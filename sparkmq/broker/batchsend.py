@@ -1,0 +1,176 @@
+"""The send of a record batch: the one core behind a Flight DoPut batch and a plain
+RocketMQ SendMessage request read into columns (``grpc_service``, ``sparkmq._wire``).
+
+A batch holds the columns a producer sets (``SEND_COLUMNS``: ``topic`` and ``body``
+required). ``BatchSender.check`` holds it to the RocketMQ path's rules before anything is
+stored (the topic may be written, the topic's message type, the broker may append, each
+row's body and input limits) and builds it in SEGMENT_SCHEMA with the log's one
+builder; ``store`` appends it (concurrent batches waiting together as ONE append:
+``SendMerger``) with the broker's durability (SYNC_FLUSH fsynced, SYNC_MASTER
+replicated) and counts it. What a refusal looks like on the wire, and the ack, are the
+callers' (Flight errors and an Arrow ack; the RocketMQ path's statuses and entries).
+
+Thread-safety: ``check`` and ``store`` may be called from any thread.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import MessageLimitError, UserError
+from ..log.batch import build_segment_batch, constant_column
+from ..log.dispatch import binary_lengths, binary_total
+from ..log.format import MESSAGE_TYPE_FIFO
+from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
+from ..log.status import PutMessageStatus
+from ..log.topics import topic_message_type, type_conflict
+from .protocol import Code
+from .sendlimits import first_body_refusal
+from .sendmerge import SendMerger
+
+SEND_COLUMNS = {"topic", "body", "tags", "keys", "properties", "message_group", "unique_key",
+                "born_timestamp", "born_host", "queue_id"}
+
+
+class Rows:
+    """One batch in SEGMENT_SCHEMA, as ``SendMerger`` queues it (its length: rows)."""
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: pa.RecordBatch):
+        self.batch = batch
+
+    def __len__(self) -> int:
+        return self.batch.num_rows
+
+    @staticmethod
+    def concat(parts: list["Rows"]) -> "Rows":
+        return Rows(pa.concat_batches([p.batch for p in parts]))
+
+
+class Stored:
+    """Rows ``[start, stop)`` of a stored append (``r``: its BatchAppendResult) and
+    its status once replicated; slicing gives one request's part of a merged append."""
+    __slots__ = ("r", "status", "start", "stop")
+
+    def __init__(self, r, status: PutMessageStatus, start: int, stop: int):
+        self.r, self.status, self.start, self.stop = r, status, start, stop
+
+    def __getitem__(self, part: slice) -> "Stored":
+        return Stored(self.r, self.status, self.start + part.start, self.start + part.stop)
+
+    @property
+    def queue_ids(self) -> np.ndarray:
+        return self.r.queue_ids[self.start:self.stop]
+
+    @property
+    def queue_offsets(self) -> np.ndarray:
+        return self.r.queue_offsets[self.start:self.stop]
+
+
+class BatchSender:
+    """See the module docstring; ``broker`` is the Broker."""
+
+    def __init__(self, broker):
+        self.broker = broker
+        self.merger = SendMerger(self._append, self._append, Rows.concat,
+                                 nbytes=lambda rows: binary_total(rows.batch.column(2)))
+
+    def check(self, batch: pa.RecordBatch, topics: list[str]) -> Rows:
+        """``batch`` (its ``topics``, each named once) ready to store, or the refusal
+        of the RocketMQ path: UserError (a topic that may not be written, a message type
+        the topic does not take, a column of the wrong type), MessageLimitError (a row's
+        body or input limits, with the proxy's status), PermissionDeniedError /
+        ReplicaNotAvailableError (the broker may not append). Nothing is stored."""
+        sender, broker = self.broker.sender, self.broker
+        topic = batch.column("topic")
+        for t in topics:
+            refused = sender.topic_refusal(t)
+            if refused is not None:
+                raise UserError(refused.message)
+            if broker.config.enable_topic_message_type_check:
+                self._check_types(batch if len(topics) == 1 else
+                                  batch.filter(pc.equal(topic, t)), t)
+        sender.check_append()
+        rows = self._segment_batch(batch, topics)
+        self._check_limits(rows)
+        return Rows(rows)
+
+    def store(self, rows: Rows, topics: list[str]) -> Stored:
+        """Append ``rows`` (of ``topics``, each named once; alone or merged with the
+        batches waiting now) and count them."""
+        stored = self.merger.submit(rows)
+        metrics, batch = self.broker.metrics, rows.batch
+        topic = batch.column(0)
+        for t in topics:                      # (SEGMENT_SCHEMA: topic 0, body 2)
+            part = batch if len(topics) == 1 else batch.filter(pc.equal(topic, t))
+            metrics.inc("sparkmq_messages_sent_total", part.num_rows, topic=t)
+            metrics.inc("sparkmq_bytes_sent_total", binary_total(part.column(2)), topic=t)
+        return stored
+
+    def _check_limits(self, rows: pa.RecordBatch) -> None:
+        """The RocketMQ path's refusals of a message's own fields, row by row as
+        ``SendService`` decides them: its body (``body_refusal``: empty, or over
+        maxMessageSize), then the input limits with the system's property keys
+        reserved (so the store, given the rows, does not check them again)."""
+        limits = MessageLimits.of(self.broker.store.config)
+        refused = first_body_refusal(binary_lengths(rows.column("body")),
+                                     limits.max_message_size_bytes)
+        if refused is not None:
+            r, st = refused
+            raise MessageLimitError(Code.Name(st.code), f"row {r}: {st.message}")
+        check_batch(rows, limits, RESERVED_PROPERTY_KEYS)
+
+    def _append(self, rows: Rows) -> Stored:
+        """Store ``rows`` as one append (SendMerger's, alone or merged; held to the
+        limits by ``_check_limits``)."""
+        r = self.broker.store.append_batch(rows.batch, limits_checked=True)
+        return Stored(r, self.broker.sender.replicated(r), 0, r.num_rows)
+
+    def _segment_batch(self, batch: pa.RecordBatch, topics: list[str]) -> pa.RecordBatch:
+        """``batch`` in SEGMENT_SCHEMA, built by the log's one builder (the store's no-cast
+        path; queue ids chosen by the store): all-null columns are left to the schema's
+        defaults, and a row with a message group is FIFO, as the RocketMQ path stores it."""
+        n = batch.num_rows
+        cols = {name: batch.column(name) for name in batch.schema.names
+                if name in ("topic", "body") or batch.column(name).null_count < n}
+        if "message_group" in cols:
+            cols["message_type"] = pc.if_else(pc.is_valid(cols["message_group"]),
+                                              MESSAGE_TYPE_FIFO, 0).cast(pa.int8())
+        try:
+            cols["queue_id"] = self._placed(cols, n, topics)
+            return build_segment_batch(cols, n, store_host=self.broker.store.config.store_host,
+                                       now_ms=self.broker.clock_ms())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise UserError(f"a send batch column has the wrong type: {e} "
+                            "(docs/PROTOCOL.md gives each column's type)") from None
+
+    def _placed(self, cols: dict, n: int, topics: list[str]) -> pa.Array:
+        """The rows' queue ids: a row's own; a message group's left to the store
+        (crc32); the others ONE queue per topic of this batch, as the RocketMQ path
+        places one request (``SendService.request_queue``)."""
+        request_queue = self.broker.sender.request_queue
+        if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
+            return constant_column(request_queue(topics[0]), pa.int32(), n)
+        own = cols["queue_id"].cast(pa.int32()) if "queue_id" in cols else pa.nulls(n, pa.int32())
+        free = pc.is_null(own)
+        if "message_group" in cols:
+            free = pc.and_(free, pc.is_null(cols["message_group"]))
+        if not pc.any(free).as_py():
+            return own
+        topics = pc.dictionary_encode(cols["topic"])
+        chosen = np.array([request_queue(t) for t in topics.dictionary.to_pylist()], np.int32)
+        return pc.if_else(free, pa.array(chosen[topics.indices.to_numpy()]), own)
+
+    def _check_types(self, rows: pa.RecordBatch, topic: str) -> None:
+        """Rows (of ``topic``) with a message group are FIFO, the others NORMAL (the
+        proxy's reading); each type present must be one the topic accepts."""
+        expected = topic_message_type(self.broker.topic_conf(topic))
+        groups = rows.column("message_group").null_count \
+            if "message_group" in rows.schema.names else rows.num_rows
+        present = ({"NORMAL"} if groups else set()) | \
+            ({"FIFO"} if groups < rows.num_rows else set())
+        for actual in sorted(present):
+            why = type_conflict(expected, actual)
+            if why is not None:
+                raise UserError(why)
