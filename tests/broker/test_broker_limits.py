@@ -144,7 +144,9 @@ def _send_concurrently(b, s, clients, bad: list[pb.Message], good_count: int):
 
     def good(i):
         try:
-            receipts.append(producer.send(msg("Known", b"good-%03d" % i)))
+            # (tagged: not plain, so they meet the bad ones in SendService's merger, not
+            # in the plain path's, test_plain_send / test_flight)
+            receipts.append(producer.send(msg("Known", b"good-%03d" % i, tag="t")))
         # collected, and asserted below
         except Exception as e:
             errors.append(e)

@@ -1,0 +1,403 @@
+/* sparkmq._wire: the RocketMQ 5 SendMessage request of plain messages turned into
+ * column buffers, and its all-OK answer turned into bytes, without a Python object
+ * per message (docs/ARCHITECTURE.md, "The plain gRPC send").
+ *
+ * Input is protobuf as upb serialized it (the broker re-serializes the request it
+ * parsed), but every read is bounds-checked all the same: bytes that are not what this
+ * scanner expects give None (the caller then takes the general path), never a crash.
+ *
+ * Field numbers: apache/rocketmq-apis, apache/rocketmq/v2/definition.proto and
+ * service.proto (SendMessageRequest, Message, Resource, SystemProperties, Timestamp,
+ * SendMessageResponse, SendResultEntry).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const uint8_t *p, *end;
+} Cursor;
+
+/* One message's fields, as pointers into the request. */
+typedef struct {
+    const uint8_t *topic, *body, *id, *host;
+    Py_ssize_t topic_len, body_len, id_len, host_len;
+    int64_t born_ms;
+} Plain;
+
+static int read_varint(Cursor *c, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64 && c->p < c->end; shift += 7) {
+        uint8_t b = *c->p++;
+        v |= (uint64_t)(b & 0x7F) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int read_bytes(Cursor *c, const uint8_t **start, Py_ssize_t *len)
+{
+    uint64_t n;
+    if (read_varint(c, &n) || n > (uint64_t)(c->end - c->p))
+        return -1;
+    *start = c->p;
+    *len = (Py_ssize_t)n;
+    c->p += n;
+    return 0;
+}
+
+/* The next field's number and wire type; -1 at a malformed key. */
+static int read_key(Cursor *c, uint32_t *field, uint32_t *wire)
+{
+    uint64_t key;
+    if (read_varint(c, &key) || key >> 32)
+        return -1;
+    *field = (uint32_t)(key >> 3);
+    *wire = (uint32_t)(key & 7);
+    return 0;
+}
+
+static int skip_value(Cursor *c, uint32_t wire)
+{
+    uint64_t v;
+    const uint8_t *s;
+    Py_ssize_t n;
+    switch (wire) {
+    case 0: return read_varint(c, &v);
+    case 1: if (c->end - c->p < 8) return -1; c->p += 8; return 0;
+    case 2: return read_bytes(c, &s, &n);
+    case 5: if (c->end - c->p < 4) return -1; c->p += 4; return 0;
+    default: return -1;
+    }
+}
+
+/* Resource: the name (2); the namespace (1) is not part of a topic here. */
+static int scan_resource(const uint8_t *p, Py_ssize_t len, Plain *m)
+{
+    Cursor c = {p, p + len};
+    uint32_t field, wire;
+    int seen = 0;
+    while (c.p < c.end) {
+        if (read_key(&c, &field, &wire))
+            return -1;
+        if (field == 2 && wire == 2 && !seen) {
+            if (read_bytes(&c, &m->topic, &m->topic_len))
+                return -1;
+            seen = 1;
+        } else if (field == 1 && wire == 2) {
+            if (skip_value(&c, wire))
+                return -1;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Timestamp: seconds (1), nanos (2); milliseconds, -1 unless both are >= 0. */
+static int scan_timestamp(const uint8_t *p, Py_ssize_t len, int64_t *ms)
+{
+    Cursor c = {p, p + len};
+    uint32_t field, wire;
+    uint64_t seconds = 0, nanos = 0;
+    while (c.p < c.end) {
+        if (read_key(&c, &field, &wire) || wire != 0)
+            return -1;
+        if (field == 1) {
+            if (read_varint(&c, &seconds))
+                return -1;
+        } else if (field == 2) {
+            if (read_varint(&c, &nanos))
+                return -1;
+        } else {
+            return -1;
+        }
+    }
+    /* a negative int64 or int32 is a varint with the top bit set */
+    if (seconds > (uint64_t)INT64_MAX / 1000 || nanos >= 1000000000u)
+        return -1;
+    *ms = (int64_t)seconds * 1000 + (int64_t)(nanos / 1000000u);
+    return 0;
+}
+
+/* SystemProperties of a plain message: message_id (3), body_digest (4, not kept),
+ * body_encoding (5, not GZIP), message_type (6, NORMAL), born_timestamp (7),
+ * born_host (8). Any other field, or one of these twice, is not plain. */
+static int scan_system(const uint8_t *p, Py_ssize_t len, Plain *m)
+{
+    Cursor c = {p, p + len};
+    uint32_t field, wire, seen = 0;
+    uint64_t v;
+    const uint8_t *s;
+    Py_ssize_t n;
+    int normal = 0;
+    while (c.p < c.end) {
+        if (read_key(&c, &field, &wire) || field < 3 || field > 8 || (seen >> field) & 1)
+            return -1;
+        seen |= 1u << field;
+        switch (field) {
+        case 3:
+            if (wire != 2 || read_bytes(&c, &m->id, &m->id_len))
+                return -1;
+            break;
+        case 4:
+            if (wire != 2 || read_bytes(&c, &s, &n))
+                return -1;
+            break;
+        case 5:
+            if (wire != 0 || read_varint(&c, &v) || v == 2)   /* GZIP */
+                return -1;
+            break;
+        case 6:
+            if (wire != 0 || read_varint(&c, &v) || v != 1)   /* NORMAL */
+                return -1;
+            normal = 1;
+            break;
+        case 7:
+            if (wire != 2 || read_bytes(&c, &s, &n) || scan_timestamp(s, n, &m->born_ms))
+                return -1;
+            break;
+        case 8:
+            if (wire != 2 || read_bytes(&c, &m->host, &m->host_len))
+                return -1;
+            break;
+        }
+    }
+    /* an empty id or host, or no born time, is the general path's (it reads them as none) */
+    return normal && m->id_len > 0 && m->host_len > 0 && m->born_ms > 0 ? 0 : -1;
+}
+
+/* Message: topic (1), system_properties (3), body (4); user properties (2) or any
+ * other field are not plain. */
+static int scan_message(const uint8_t *p, Py_ssize_t len, Plain *m)
+{
+    Cursor c = {p, p + len};
+    uint32_t field, wire, seen = 0;
+    const uint8_t *s;
+    Py_ssize_t n;
+    memset(m, 0, sizeof *m);
+    while (c.p < c.end) {
+        if (read_key(&c, &field, &wire) || wire != 2 || read_bytes(&c, &s, &n))
+            return -1;
+        if ((field != 1 && field != 3 && field != 4) || (seen >> field) & 1)
+            return -1;
+        seen |= 1u << field;
+        if (field == 1 && scan_resource(s, n, m))
+            return -1;
+        if (field == 3 && scan_system(s, n, m))
+            return -1;
+        if (field == 4) {
+            m->body = s;
+            m->body_len = n;
+        }
+    }
+    return (seen & (1u << 3)) && m->topic_len > 0 ? 0 : -1;
+}
+
+/* A bytes object of ``count`` int32 offsets and one of the values they delimit:
+ * the Arrow layout of a string or binary column. */
+static int column(const Plain *ms, Py_ssize_t count, int which, PyObject **offsets,
+                  PyObject **data)
+{
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < count; i++)
+        total += which == 0 ? ms[i].body_len : which == 1 ? ms[i].id_len : ms[i].host_len;
+    if (total > INT32_MAX)
+        return 1;                        /* too large for int32 offsets: general path */
+    *offsets = PyBytes_FromStringAndSize(NULL, (count + 1) * 4);
+    *data = PyBytes_FromStringAndSize(NULL, total);
+    if (*offsets == NULL || *data == NULL)
+        return -1;
+    int32_t *off = (int32_t *)PyBytes_AS_STRING(*offsets);
+    char *out = PyBytes_AS_STRING(*data);
+    int32_t at = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const uint8_t *v = which == 0 ? ms[i].body : which == 1 ? ms[i].id : ms[i].host;
+        Py_ssize_t n = which == 0 ? ms[i].body_len : which == 1 ? ms[i].id_len : ms[i].host_len;
+        off[i] = at;
+        if (n)
+            memcpy(out + at, v, (size_t)n);
+        at += (int32_t)n;
+    }
+    off[count] = at;
+    return 0;
+}
+
+PyDoc_STRVAR(scan_plain_doc,
+"scan_plain(data) -> tuple | None\n\n"
+"A serialized SendMessageRequest whose messages are all plain (one topic; NORMAL;\n"
+"a message id, born host and born time each; no tag, keys, group, properties,\n"
+"delivery time or gzip; nothing else) as (topic: bytes, rows, bodies and their\n"
+"int32 offsets, message ids and offsets, born hosts and offsets, born times as\n"
+"int64 ms), each a bytes object; None for any other request.");
+
+static PyObject *scan_plain(PyObject *self, PyObject *arg)
+{
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE))
+        return NULL;
+    PyObject *result = NULL, *cols[6] = {0}, *topic = NULL, *borns = NULL;
+    Plain *ms = NULL;
+    Cursor c = {view.buf, (const uint8_t *)view.buf + view.len};
+    uint32_t field, wire;
+    const uint8_t *s;
+    Py_ssize_t n, count = 0;
+    while (c.p < c.end) {                          /* count the messages first */
+        if (read_key(&c, &field, &wire) || field != 1 || wire != 2 || read_bytes(&c, &s, &n))
+            goto plain_no;
+        count++;
+    }
+    if (count == 0)
+        goto plain_no;
+    ms = PyMem_Malloc(sizeof(Plain) * (size_t)count);
+    if (ms == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    c.p = view.buf;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        read_key(&c, &field, &wire);
+        read_bytes(&c, &s, &n);
+        if (scan_message(s, n, &ms[i]))
+            goto plain_no;
+        if (ms[i].topic_len != ms[0].topic_len
+                || memcmp(ms[i].topic, ms[0].topic, (size_t)ms[0].topic_len))
+            goto plain_no;
+    }
+    for (int k = 0; k < 3; k++) {
+        int r = column(ms, count, k, &cols[2 * k], &cols[2 * k + 1]);
+        if (r < 0)
+            goto done;
+        if (r > 0)
+            goto plain_no;
+    }
+    topic = PyBytes_FromStringAndSize((const char *)ms[0].topic, ms[0].topic_len);
+    borns = PyBytes_FromStringAndSize(NULL, count * 8);
+    if (topic == NULL || borns == NULL)
+        goto done;
+    int64_t *born = (int64_t *)PyBytes_AS_STRING(borns);
+    for (Py_ssize_t i = 0; i < count; i++)
+        born[i] = ms[i].born_ms;
+    result = Py_BuildValue("(OnOOOOOOO)", topic, count, cols[1], cols[0], cols[3], cols[2],
+                           cols[5], cols[4], borns);
+    goto done;
+plain_no:
+    result = Py_NewRef(Py_None);
+done:
+    for (int k = 0; k < 6; k++)
+        Py_XDECREF(cols[k]);
+    Py_XDECREF(topic);
+    Py_XDECREF(borns);
+    PyMem_Free(ms);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static size_t varint_size(uint64_t v)
+{
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+PyDoc_STRVAR(encode_ok_doc,
+"encode_ok(status, ids, id_offsets, offsets) -> bytes\n\n"
+"A serialized SendMessageResponse: top status ``status`` (a serialized Status) and\n"
+"one entry per row, each with that status, the row's message id (``ids`` delimited\n"
+"by the int32 ``id_offsets``) and its queue offset (``offsets``: int64).");
+
+static PyObject *encode_ok(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer st, ids, ioff, qoff;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*", &st, &ids, &ioff, &qoff))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t rows = qoff.len / 8;
+    const int32_t *io = ioff.buf;
+    const int64_t *qo = qoff.buf;
+    if (qoff.len % 8 || ioff.len != (rows + 1) * 4 || (rows && (io[0] < 0 || io[rows] > ids.len))) {
+        PyErr_SetString(PyExc_ValueError, "encode_ok: offsets do not match the rows");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        if (io[i + 1] < io[i]) {
+            PyErr_SetString(PyExc_ValueError, "encode_ok: message id offsets go backwards");
+            goto done;
+        }
+    }
+    size_t status_field = 1 + varint_size((uint64_t)st.len) + (size_t)st.len;
+    size_t total = status_field;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        size_t idn = (size_t)(io[i + 1] - io[i]);
+        size_t entry = status_field + 1 + varint_size(idn) + idn + 1 + varint_size((uint64_t)qo[i]);
+        total += 1 + varint_size(entry) + entry;
+    }
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL)
+        goto done;
+    uint8_t *p = (uint8_t *)PyBytes_AS_STRING(out);
+    *p++ = 0x0A;                                  /* status = 1 */
+    p = put_varint(p, (uint64_t)st.len);
+    memcpy(p, st.buf, (size_t)st.len);
+    p += st.len;
+    for (Py_ssize_t i = 0; i < rows; i++) {
+        size_t idn = (size_t)(io[i + 1] - io[i]);
+        size_t entry = status_field + 1 + varint_size(idn) + idn + 1 + varint_size((uint64_t)qo[i]);
+        *p++ = 0x12;                              /* entries = 2 */
+        p = put_varint(p, entry);
+        *p++ = 0x0A;                              /* SendResultEntry.status = 1 */
+        p = put_varint(p, (uint64_t)st.len);
+        memcpy(p, st.buf, (size_t)st.len);
+        p += st.len;
+        *p++ = 0x12;                              /* message_id = 2 */
+        p = put_varint(p, idn);
+        memcpy(p, (const char *)ids.buf + io[i], idn);
+        p += idn;
+        *p++ = 0x20;                              /* offset = 4 (int64 varint) */
+        p = put_varint(p, (uint64_t)qo[i]);
+    }
+done:
+    PyBuffer_Release(&st);
+    PyBuffer_Release(&ids);
+    PyBuffer_Release(&ioff);
+    PyBuffer_Release(&qoff);
+    return out;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_plain", scan_plain, METH_O, scan_plain_doc},
+    {"encode_ok", encode_ok, METH_VARARGS, encode_ok_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "sparkmq._wire",
+    "The plain SendMessage request and its answer without a Python object per message.",
+    -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__wire(void)
+{
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,100 @@
+"""The plain RocketMQ SendMessage request without a Python object per message.
+
+A request whose messages are all plain (one topic; NORMAL; each with its message id,
+born host and born time; no tag, keys, group, properties, delivery time or gzip: what
+sparkmq's Producer and the official clients send for ``send(message)``) is read
+straight into Arrow column buffers by ``sparkmq._wire`` (C), held to the rules and
+stored by the one core a Flight batch goes through (``batchsend.BatchSender``), and
+answered, when every row is stored, with the SendMessageResponse encoded by
+``_wire`` too. Anything else (another kind of request, a refused message, a send the
+broker may not take now) is left to the general path, ``SendService.accept`` and
+``send_response``, which answers each message with its own status: the same
+statuses, the same stored rows (tests/broker/test_plain_send.py).
+
+Where ``sparkmq._wire`` was not built (no C compiler where sparkmq was installed),
+every request takes the general path.
+"""
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+
+from ..errors import SparkMQError
+from ..log.batch import constant_column
+from ..log.status import PutMessageStatus
+from .protocol import OK, error_status, send_response
+
+try:
+    from .. import _wire
+except ImportError:     # not built here: the general path reads every request
+    _wire = None
+
+log = logging.getLogger("sparkmq.broker.send")
+
+_OK_STATUS = OK.SerializeToString()
+_BORN = pa.timestamp("ms", tz="UTC")
+
+
+def plain_batch(request) -> tuple[pa.RecordBatch, str] | None:
+    """``request`` (a parsed SendMessageRequest) as a Flight send batch (topic, body,
+    unique_key, born_timestamp, born_host) and its one topic, if it is plain; else None.
+    The scanner reads upb's serialization of the parsed request, never the client's
+    bytes: what it sees is well-formed protobuf with valid UTF-8 strings."""
+    if _wire is None:
+        return None
+    scanned = _wire.scan_plain(request.SerializeToString())
+    if scanned is None:
+        return None
+    topic, n, bodies, body_offsets, ids, id_offsets, hosts, host_offsets, borns = scanned
+    topic = topic.decode()
+
+    def column(kind, offsets: bytes, data: bytes) -> pa.Array:
+        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    batch = pa.RecordBatch.from_arrays(
+        [constant_column(topic, pa.string(), n), column(pa.binary(), body_offsets, bodies),
+         column(pa.string(), id_offsets, ids),
+         pa.Array.from_buffers(_BORN, n, [None, pa.py_buffer(borns)]),
+         column(pa.string(), host_offsets, hosts)],
+        names=["topic", "body", "unique_key", "born_timestamp", "born_host"])
+    return batch, topic
+
+
+def send_plain(broker, request, context) -> "bytes | object | None":
+    """The answer to ``request`` if it is plain and may be stored as it is: the encoded
+    SendMessageResponse (or, when the store answers other than PUT_OK, the general
+    path's ``send_response``); None for the general path, with nothing stored."""
+    scanned = plain_batch(request)
+    if scanned is None:
+        return None
+    batch, topic = scanned
+    core = broker.batch_sender
+    try:
+        rows = core.check(batch, [topic])
+    # a refusal before anything is stored: the general path answers each message
+    # with its own status, as it would have without this path
+    except SparkMQError:
+        return None
+    notifier = broker.notifier
+    n, arrived = batch.num_rows, set()
+    try:
+        with notifier.deferred() as arrived:
+            stored = core.store(rows, [topic])
+    # the append failed as a whole (nothing stored: the store's promise): every
+    # message gets its status, as the general path answers a failed append
+    except Exception as e:
+        if not isinstance(e, SparkMQError):
+            log.error("a plain send failed unexpectedly", exc_info=e)
+        return send_response([error_status(e)] * n)
+    finally:
+        # long polls are woken once the reply is sent (see grpc_service._store_rows)
+        add_callback = getattr(context, "add_callback", None)
+        if arrived and not (add_callback is not None and add_callback(
+                lambda: notifier.wake(arrived))):
+            notifier.wake(arrived)
+    ids = batch.column("unique_key")
+    if stored.status is PutMessageStatus.PUT_OK:
+        return _wire.encode_ok(_OK_STATUS, ids.buffers()[2], ids.buffers()[1],
+                               stored.queue_offsets.astype("int64").tobytes())
+    return send_response([(stored.status, i, qo, None) for i, qo in
+                          zip(ids.to_pylist(), stored.queue_offsets.tolist())])
