@@ -1,4 +1,5 @@
-/* sparkmq._wire: the RocketMQ 5 SendMessage request of plain messages turned into
+/* sparkmq._wire: the RocketMQ 5 SendMessage request of plain messages (NORMAL, one
+ * topic, each with its id, born host and time; a tag and keys or not) turned into
  * column buffers, and its all-OK answer turned into bytes, without a Python object
  * per message (docs/ARCHITECTURE.md, "The plain gRPC send").
  *
@@ -22,8 +23,9 @@ typedef struct {
 
 /* One message's fields, as pointers into the request. */
 typedef struct {
-    const uint8_t *topic, *body, *id, *host;
-    Py_ssize_t topic_len, body_len, id_len, host_len;
+    const uint8_t *topic, *body, *id, *host, *tag, *sys;
+    Py_ssize_t topic_len, body_len, id_len, host_len, tag_len, sys_len;
+    Py_ssize_t nkeys, key_bytes;     /* its keys (field 2 of ``sys``, read again to copy) */
     int64_t born_ms;
 } Plain;
 
@@ -126,9 +128,10 @@ static int scan_timestamp(const uint8_t *p, Py_ssize_t len, int64_t *ms)
     return 0;
 }
 
-/* SystemProperties of a plain message: message_id (3), body_digest (4, not kept),
- * body_encoding (5, not GZIP), message_type (6, NORMAL), born_timestamp (7),
- * born_host (8). Any other field, or one of these twice, is not plain. */
+/* SystemProperties of a plain message: tag (1; empty is none), keys (2, repeated),
+ * message_id (3), body_digest (4, not kept), body_encoding (5, not GZIP), message_type
+ * (6, NORMAL), born_timestamp (7), born_host (8). Any other field, or one of these but
+ * keys twice, is not plain. */
 static int scan_system(const uint8_t *p, Py_ssize_t len, Plain *m)
 {
     Cursor c = {p, p + len};
@@ -137,11 +140,24 @@ static int scan_system(const uint8_t *p, Py_ssize_t len, Plain *m)
     const uint8_t *s;
     Py_ssize_t n;
     int normal = 0;
+    m->sys = p;
+    m->sys_len = len;
     while (c.p < c.end) {
-        if (read_key(&c, &field, &wire) || field < 3 || field > 8 || (seen >> field) & 1)
+        if (read_key(&c, &field, &wire) || field < 1 || field > 8
+                || (field != 2 && (seen >> field) & 1))
             return -1;
         seen |= 1u << field;
         switch (field) {
+        case 1:
+            if (wire != 2 || read_bytes(&c, &m->tag, &m->tag_len))
+                return -1;
+            break;
+        case 2:
+            if (wire != 2 || read_bytes(&c, &s, &n))
+                return -1;
+            m->nkeys++;
+            m->key_bytes += n;
+            break;
         case 3:
             if (wire != 2 || read_bytes(&c, &m->id, &m->id_len))
                 return -1;
@@ -200,16 +216,29 @@ static int scan_message(const uint8_t *p, Py_ssize_t len, Plain *m)
     return (seen & (1u << 3)) && m->topic_len > 0 ? 0 : -1;
 }
 
-/* A bytes object of ``count`` int32 offsets and one of the values they delimit:
- * the Arrow layout of a string or binary column. */
+static const uint8_t *value_of(const Plain *m, int which, Py_ssize_t *n)
+{
+    switch (which) {
+    case 0: *n = m->body_len; return m->body;
+    case 1: *n = m->id_len; return m->id;
+    case 2: *n = m->host_len; return m->host;
+    default: *n = m->tag_len; return m->tag;
+    }
+}
+
+/* A bytes object of ``count`` + 1 int32 offsets and one of the values they delimit:
+ * the Arrow layout of a string or binary column (an absent tag: empty, see ``bits``).
+ * 1: too large for int32 offsets (the general path's); -1: out of memory. */
 static int column(const Plain *ms, Py_ssize_t count, int which, PyObject **offsets,
                   PyObject **data)
 {
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < count; i++)
-        total += which == 0 ? ms[i].body_len : which == 1 ? ms[i].id_len : ms[i].host_len;
+    Py_ssize_t total = 0, n;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        value_of(&ms[i], which, &n);
+        total += n;
+    }
     if (total > INT32_MAX)
-        return 1;                        /* too large for int32 offsets: general path */
+        return 1;
     *offsets = PyBytes_FromStringAndSize(NULL, (count + 1) * 4);
     *data = PyBytes_FromStringAndSize(NULL, total);
     if (*offsets == NULL || *data == NULL)
@@ -218,8 +247,7 @@ static int column(const Plain *ms, Py_ssize_t count, int which, PyObject **offse
     char *out = PyBytes_AS_STRING(*data);
     int32_t at = 0;
     for (Py_ssize_t i = 0; i < count; i++) {
-        const uint8_t *v = which == 0 ? ms[i].body : which == 1 ? ms[i].id : ms[i].host;
-        Py_ssize_t n = which == 0 ? ms[i].body_len : which == 1 ? ms[i].id_len : ms[i].host_len;
+        const uint8_t *v = value_of(&ms[i], which, &n);
         off[i] = at;
         if (n)
             memcpy(out + at, v, (size_t)n);
@@ -229,13 +257,83 @@ static int column(const Plain *ms, Py_ssize_t count, int which, PyObject **offse
     return 0;
 }
 
+/* An Arrow validity bitmap of ``count`` rows: a row's tag (``which`` 3) or keys (4)
+ * are valid when present and not empty; ``nulls`` gets the others' count. */
+static PyObject *bits(const Plain *ms, Py_ssize_t count, int which, Py_ssize_t *nulls)
+{
+    PyObject *out = PyBytes_FromStringAndSize(NULL, (count + 7) / 8);
+    if (out == NULL)
+        return NULL;
+    uint8_t *b = (uint8_t *)PyBytes_AS_STRING(out);
+    memset(b, 0, (size_t)((count + 7) / 8));
+    *nulls = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (which == 3 ? ms[i].tag_len > 0 : ms[i].nkeys > 0)
+            b[i / 8] |= (uint8_t)(1u << (i % 8));
+        else
+            (*nulls)++;
+    }
+    return out;
+}
+
+/* The keys as a list<string> column's buffers: per row an int32 offset into the
+ * values, the values' int32 offsets and their bytes (read again from each ``sys``). */
+static int keys_column(const Plain *ms, Py_ssize_t count, PyObject **lists,
+                       PyObject **offsets, PyObject **data)
+{
+    Py_ssize_t nvalues = 0, total = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        nvalues += ms[i].nkeys;
+        total += ms[i].key_bytes;
+    }
+    if (total > INT32_MAX || nvalues > INT32_MAX)
+        return 1;
+    *lists = PyBytes_FromStringAndSize(NULL, (count + 1) * 4);
+    *offsets = PyBytes_FromStringAndSize(NULL, (nvalues + 1) * 4);
+    *data = PyBytes_FromStringAndSize(NULL, total);
+    if (*lists == NULL || *offsets == NULL || *data == NULL)
+        return -1;
+    int32_t *lo = (int32_t *)PyBytes_AS_STRING(*lists);
+    int32_t *vo = (int32_t *)PyBytes_AS_STRING(*offsets);
+    char *out = PyBytes_AS_STRING(*data);
+    int32_t value = 0, at = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        lo[i] = value;
+        Cursor c = {ms[i].sys, ms[i].sys + ms[i].sys_len};
+        uint32_t field, wire;
+        const uint8_t *s;
+        Py_ssize_t n;
+        /* scan_system read these same bytes without error */
+        for (Py_ssize_t k = 0; k < ms[i].nkeys && c.p < c.end;) {
+            if (read_key(&c, &field, &wire))
+                return 1;
+            if (field != 2) {
+                if (skip_value(&c, wire))
+                    return 1;
+                continue;
+            }
+            if (read_bytes(&c, &s, &n) || at + n > total)
+                return 1;
+            vo[value++] = at;
+            if (n)
+                memcpy(out + at, s, (size_t)n);
+            at += (int32_t)n;
+            k++;
+        }
+    }
+    lo[count] = value;
+    vo[value] = at;
+    return value == nvalues && at == total ? 0 : 1;
+}
+
 PyDoc_STRVAR(scan_plain_doc,
 "scan_plain(data) -> tuple | None\n\n"
 "A serialized SendMessageRequest whose messages are all plain (one topic; NORMAL;\n"
-"a message id, born host and born time each; no tag, keys, group, properties,\n"
-"delivery time or gzip; nothing else) as (topic: bytes, rows, bodies and their\n"
-"int32 offsets, message ids and offsets, born hosts and offsets, born times as\n"
-"int64 ms), each a bytes object; None for any other request.");
+"a message id, born host and born time each; tag and keys or not; no group,\n"
+"properties, delivery time or gzip; nothing else) as (topic: bytes, rows, bodies and\n"
+"their int32 offsets, message ids and offsets, born hosts and offsets, born times as\n"
+"int64 ms, tags' validity bitmap, null count, offsets and bytes, keys' validity\n"
+"bitmap, null count, list offsets, value offsets and bytes); None for any other.");
 
 static PyObject *scan_plain(PyObject *self, PyObject *arg)
 {
@@ -243,7 +341,9 @@ static PyObject *scan_plain(PyObject *self, PyObject *arg)
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE))
         return NULL;
-    PyObject *result = NULL, *cols[6] = {0}, *topic = NULL, *borns = NULL;
+    PyObject *result = NULL, *cols[8] = {0}, *keys[3] = {0};
+    PyObject *topic = NULL, *borns = NULL, *tag_bits = NULL, *key_bits = NULL;
+    Py_ssize_t tag_nulls = 0, key_nulls = 0;
     Plain *ms = NULL;
     Cursor c = {view.buf, (const uint8_t *)view.buf + view.len};
     uint32_t field, wire;
@@ -271,30 +371,42 @@ static PyObject *scan_plain(PyObject *self, PyObject *arg)
                 || memcmp(ms[i].topic, ms[0].topic, (size_t)ms[0].topic_len))
             goto plain_no;
     }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         int r = column(ms, count, k, &cols[2 * k], &cols[2 * k + 1]);
         if (r < 0)
             goto done;
         if (r > 0)
             goto plain_no;
     }
+    int r = keys_column(ms, count, &keys[0], &keys[1], &keys[2]);
+    if (r < 0)
+        goto done;
+    if (r > 0)
+        goto plain_no;
     topic = PyBytes_FromStringAndSize((const char *)ms[0].topic, ms[0].topic_len);
     borns = PyBytes_FromStringAndSize(NULL, count * 8);
-    if (topic == NULL || borns == NULL)
+    tag_bits = bits(ms, count, 3, &tag_nulls);
+    key_bits = bits(ms, count, 4, &key_nulls);
+    if (topic == NULL || borns == NULL || tag_bits == NULL || key_bits == NULL)
         goto done;
     int64_t *born = (int64_t *)PyBytes_AS_STRING(borns);
     for (Py_ssize_t i = 0; i < count; i++)
         born[i] = ms[i].born_ms;
-    result = Py_BuildValue("(OnOOOOOOO)", topic, count, cols[1], cols[0], cols[3], cols[2],
-                           cols[5], cols[4], borns);
+    result = Py_BuildValue("(OnOOOOOOOOnOOOnOOO)", topic, count, cols[1], cols[0], cols[3],
+                           cols[2], cols[5], cols[4], borns, tag_bits, tag_nulls, cols[6],
+                           cols[7], key_bits, key_nulls, keys[0], keys[1], keys[2]);
     goto done;
 plain_no:
     result = Py_NewRef(Py_None);
 done:
-    for (int k = 0; k < 6; k++)
+    for (int k = 0; k < 8; k++)
         Py_XDECREF(cols[k]);
+    for (int k = 0; k < 3; k++)
+        Py_XDECREF(keys[k]);
     Py_XDECREF(topic);
     Py_XDECREF(borns);
+    Py_XDECREF(tag_bits);
+    Py_XDECREF(key_bits);
     PyMem_Free(ms);
     PyBuffer_Release(&view);
     return result;

@@ -1,8 +1,8 @@
 """The plain RocketMQ SendMessage request without a Python object per message.
 
 A request whose messages are all plain (one topic; NORMAL; each with its message id,
-born host and born time; no tag, keys, group, properties, delivery time or gzip: what
-sparkmq's Producer and the official clients send for ``send(message)``) is read
+born host and born time; a tag and keys or not; no group, properties, delivery time or
+gzip: what sparkmq's Producer and the official clients send for ``send(message)``) is read
 straight into Arrow column buffers by ``sparkmq._wire`` (C), held to the rules and
 stored by the one core a Flight batch goes through (``batchsend.BatchSender``), and
 answered, when every row is stored, with the SendMessageResponse encoded by
@@ -34,29 +34,47 @@ log = logging.getLogger("sparkmq.broker.send")
 
 _OK_STATUS = OK.SerializeToString()
 _BORN = pa.timestamp("ms", tz="UTC")
+_KEYS = pa.list_(pa.string())
 
 
 def plain_batch(request) -> tuple[pa.RecordBatch, str] | None:
     """``request`` (a parsed SendMessageRequest) as a Flight send batch (topic, body,
-    unique_key, born_timestamp, born_host) and its one topic, if it is plain; else None.
+    unique_key, born_timestamp, born_host; tags and keys where a row has them: an empty
+    tag is none, as the proxy reads it) and its one topic, if it is plain; else None.
     The scanner reads upb's serialization of the parsed request, never the client's
     bytes: what it sees is well-formed protobuf with valid UTF-8 strings."""
     if _wire is None:
         return None
     scanned = _wire.scan_plain(request.SerializeToString())
-    if scanned is None:
-        return None
-    topic, n, bodies, body_offsets, ids, id_offsets, hosts, host_offsets, borns = scanned
+    return None if scanned is None else batch_of(scanned)
+
+
+def batch_of(scanned: tuple) -> tuple[pa.RecordBatch, str]:
+    """``_wire.scan_plain``'s buffers as a Flight send batch (no copy) and its topic."""
+    (topic, n, bodies, body_offsets, ids, id_offsets, hosts, host_offsets, borns,
+     tag_bits, tag_nulls, tag_offsets, tags, key_bits, key_nulls, key_lists, key_offsets,
+     keys) = scanned
     topic = topic.decode()
 
-    def column(kind, offsets: bytes, data: bytes) -> pa.Array:
-        return pa.Array.from_buffers(kind, n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
-    batch = pa.RecordBatch.from_arrays(
-        [constant_column(topic, pa.string(), n), column(pa.binary(), body_offsets, bodies),
-         column(pa.string(), id_offsets, ids),
-         pa.Array.from_buffers(_BORN, n, [None, pa.py_buffer(borns)]),
-         column(pa.string(), host_offsets, hosts)],
-        names=["topic", "body", "unique_key", "born_timestamp", "born_host"])
+    def column(kind, offsets: bytes, data: bytes, rows: int = n, valid=None, nulls=0):
+        return pa.Array.from_buffers(kind, rows, [pa.py_buffer(valid) if nulls else None,
+                                                  pa.py_buffer(offsets), pa.py_buffer(data)],
+                                     null_count=nulls)
+    arrays = [constant_column(topic, pa.string(), n), column(pa.binary(), body_offsets, bodies),
+              column(pa.string(), id_offsets, ids),
+              pa.Array.from_buffers(_BORN, n, [None, pa.py_buffer(borns)]),
+              column(pa.string(), host_offsets, hosts)]
+    names = ["topic", "body", "unique_key", "born_timestamp", "born_host"]
+    if tag_nulls < n:                      # (a column no row sets is left out)
+        arrays.append(column(pa.string(), tag_offsets, tags, valid=tag_bits, nulls=tag_nulls))
+        names.append("tags")
+    if key_nulls < n:
+        values = column(pa.string(), key_offsets, keys, rows=len(key_offsets) // 4 - 1)
+        arrays.append(pa.Array.from_buffers(
+            _KEYS, n, [pa.py_buffer(key_bits) if key_nulls else None, pa.py_buffer(key_lists)],
+            null_count=key_nulls, children=[values]))
+        names.append("keys")
+    batch = pa.RecordBatch.from_arrays(arrays, names=names)
     return batch, topic
 
 
@@ -72,8 +90,11 @@ def send_plain(broker, request, context) -> "bytes | object | None":
     try:
         rows = core.check(batch, [topic])
     # a refusal before anything is stored: the general path answers each message
-    # with its own status, as it would have without this path
-    except SparkMQError:
+    # with its own status, as it would have without this path (and anything
+    # unexpected here is logged, and left to the general path too)
+    except Exception as e:
+        if not isinstance(e, SparkMQError):
+            log.error("a plain send's checks failed unexpectedly", exc_info=e)
         return None
     notifier = broker.notifier
     n, arrived = batch.num_rows, set()
