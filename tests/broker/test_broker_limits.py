@@ -144,9 +144,11 @@ def _send_concurrently(b, s, clients, bad: list[pb.Message], good_count: int):
 
     def good(i):
         try:
-            # (tagged: not plain, so they meet the bad ones in SendService's merger, not
-            # in the plain path's, test_plain_send / test_flight)
-            receipts.append(producer.send(msg("Known", b"good-%03d" % i, tag="t")))
+            # (with a user property: not plain, so they meet the bad ones in
+            # SendService's merger, not in the plain path's: test_plain_send, test_flight)
+            m = msg("Known", b"good-%03d" % i)
+            m.add_property("p", "v")
+            receipts.append(producer.send(m))
         # collected, and asserted below
         except Exception as e:
             errors.append(e)
