@@ -243,7 +243,7 @@ def _verdict(batch: pa.RecordBatch, small: limits.MessageLimits) -> str | None:
        mtype=st.none() | st.integers(-1, 4))
 def test_a_row_alone_and_the_same_row_among_others_get_the_same_verdict(
         tag, keys, props, group, message_id, body, born, mtype):
-    """check_batch decides a one-row batch by the rule alone and a longer one through
+    """check_batch decides a short batch by the rule alone and a longer one through
     the numpy screen first: both must refuse (or pass) the same row, nulls included."""
     from sparkmq.log.batch import build_segment_batch
     small = limits.MessageLimits(max_message_size_bytes=100, max_user_property_size_bytes=12,
@@ -258,6 +258,7 @@ def test_a_row_alone_and_the_same_row_among_others_get_the_same_verdict(
     alone = build_segment_batch(cols, 1, store_host="h", now_ms=1_700_000_000_000)
     plain = build_segment_batch({"topic": ["T"], "body": [b"ok"]}, 1, store_host="h",
                                 now_ms=1_700_000_000_000)
-    among = pa.Table.from_batches([plain, alone, plain]).combine_chunks().to_batches()[0]
-    assert among.num_rows == 3
+    others = [plain] * limits.SCREEN_MIN_ROWS             # (enough rows to be screened)
+    among = pa.Table.from_batches([*others, alone, plain]).combine_chunks().to_batches()[0]
+    assert among.num_rows == limits.SCREEN_MIN_ROWS + 2
     assert _verdict(alone, small) == _verdict(among, small)
