@@ -89,6 +89,24 @@ def _pb(m: dict, topic: str) -> pb.Message:
     return p
 
 
+@pytest.fixture(autouse=True)
+def every_request(monkeypatch):
+    """The C path for requests of any length (the broker leaves short ones to the
+    general path: ``MIN_MESSAGES``), so that examples of 1-4 messages exercise it."""
+    monkeypatch.setattr(plainsend, "MIN_MESSAGES", 1)
+
+
+def test_short_requests_take_the_general_path(monkeypatch):
+    monkeypatch.undo()
+    n = plainsend.MIN_MESSAGES
+    plain = pb.Message(topic=pb.Resource(name="T"), body=b"x")
+    s = plain.system_properties
+    s.message_id, s.message_type, s.born_host = "01AB", pb.NORMAL, "10.1.2.3"
+    s.born_timestamp.seconds = 1_700_000_000
+    assert plainsend.plain_batch(spb.SendMessageRequest(messages=[plain] * (n - 1))) is None
+    assert plainsend.plain_batch(spb.SendMessageRequest(messages=[plain] * n)) is not None
+
+
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     from helpers.brokers import broker_config
