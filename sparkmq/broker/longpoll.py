@@ -61,6 +61,14 @@ class ArrivalNotifier:
             return
         self.wake(((topic, queue_id),))
 
+    def wake_after_reply(self, keys, context) -> None:
+        """Wake ``keys`` (what ``deferred`` held) once the RPC of gRPC ``context`` has
+        sent its reply (``add_callback``), or now if it has no reply to wait for."""
+        add_callback = getattr(context, "add_callback", None)
+        if keys and not (add_callback is not None
+                         and add_callback(lambda: self.wake(keys))):
+            self.wake(keys)
+
     def wake(self, keys) -> None:
         """Wake the waiters of ``keys``: topics, or (topic, queue) pairs."""
         with self._lock:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 
 import pyarrow as pa
+from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import SparkMQError
 from ..log.batch import constant_column
@@ -84,7 +85,7 @@ def batch_of(scanned: tuple) -> tuple[pa.RecordBatch, str]:
     return batch, topic
 
 
-def send_plain(broker, request, context) -> "bytes | object | None":
+def send_plain(broker, request, context) -> "bytes | spb.SendMessageResponse | None":
     """The answer to ``request`` if it is plain and may be stored as it is: the encoded
     SendMessageResponse (or, when the store answers other than PUT_OK, the general
     path's ``send_response``); None for the general path, with nothing stored."""
@@ -114,11 +115,7 @@ def send_plain(broker, request, context) -> "bytes | object | None":
             log.error("a plain send failed unexpectedly", exc_info=e)
         return send_response([error_status(e)] * n)
     finally:
-        # long polls are woken once the reply is sent (see grpc_service._store_rows)
-        add_callback = getattr(context, "add_callback", None)
-        if arrived and not (add_callback is not None and add_callback(
-                lambda: notifier.wake(arrived))):
-            notifier.wake(arrived)
+        notifier.wake_after_reply(arrived, context)   # (as grpc_service._store_rows)
     ids = batch.column("unique_key")
     if stored.status is PutMessageStatus.PUT_OK:
         return _wire.encode_ok(_OK_STATUS, ids.buffers()[2], ids.buffers()[1],
