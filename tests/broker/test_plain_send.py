@@ -245,6 +245,8 @@ def test_a_plain_request_is_answered_by_the_c_path(broker):
     assert [(e.message_id, e.offset) for e in resp.entries] == [("0101A", 0), ("0202B", 1)]
     assert [r["body"] for r in broker.store.read_table("PLAIN", 0, 0).to_pylist()] == \
         [b"hello", b"x" * 200]
+    assert broker.metrics.get("sparkmq_messages_sent_total", topic="PLAIN") == 2  # counted
+    assert broker.metrics.get("sparkmq_bytes_sent_total", topic="PLAIN") == 205   # as ever
 
 
 @settings(max_examples=200, deadline=None,
