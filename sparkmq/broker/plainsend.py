@@ -6,10 +6,10 @@ properties, delivery time or gzip: what sparkmq's Producer sends for
 ``send_batch(messages)``) is read straight into Arrow column buffers by ``sparkmq._wire``
 (C), held to the rules and stored by the one core a Flight batch goes through
 (``batchsend.BatchSender``), and answered, when every row is stored, with the
-SendMessageResponse encoded by ``_wire`` too. Anything else (another kind of request, a refused message, a send the
-broker may not take now) is left to the general path, ``SendService.accept`` and
-``send_response``, which answers each message with its own status: the same
-statuses, the same stored rows (tests/broker/test_plain_send.py).
+SendMessageResponse encoded by ``_wire`` too. Anything else (another kind of request, a
+refused message, a send the broker may not take now) is left to the general path,
+``SendService.accept`` and ``send_response``, which answers each message with its own
+status: the same statuses, the same stored rows (tests/broker/test_plain_send.py).
 
 Where ``sparkmq._wire`` was not built (no C compiler where sparkmq was installed),
 every request takes the general path.
