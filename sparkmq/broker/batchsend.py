@@ -101,11 +101,18 @@ class BatchSender:
         batches waiting now) and count them."""
         stored = self.merger.submit(rows)
         metrics, batch = self.broker.metrics, rows.batch
-        topic = batch.column(0)
-        for t in topics:                      # (SEGMENT_SCHEMA: topic 0, body 2)
-            part = batch if len(topics) == 1 else batch.filter(pc.equal(topic, t))
-            metrics.inc("sparkmq_messages_sent_total", part.num_rows, topic=t)
-            metrics.inc("sparkmq_bytes_sent_total", binary_total(part.column(2)), topic=t)
+        body = batch.column(2)                       # (SEGMENT_SCHEMA: topic 0, body 2)
+        if len(topics) == 1:
+            counts = {topics[0]: (batch.num_rows, binary_total(body))}
+        else:                                        # one pass over the rows, no filter
+            enc = pc.dictionary_encode(batch.column(0))
+            idx, k = enc.indices.to_numpy(), len(enc.dictionary)
+            counts = dict(zip(enc.dictionary.to_pylist(), zip(
+                np.bincount(idx, minlength=k).tolist(),
+                np.bincount(idx, weights=binary_lengths(body), minlength=k).astype(int).tolist())))
+        for t, (count, nbytes) in counts.items():
+            metrics.inc("sparkmq_messages_sent_total", count, topic=t)
+            metrics.inc("sparkmq_bytes_sent_total", nbytes, topic=t)
         return stored
 
     def _check_limits(self, rows: pa.RecordBatch) -> None:

@@ -324,12 +324,14 @@ def _screen(batch: pa.RecordBatch, limits: MessageLimits,
     prop_bytes = np.zeros(n, np.int64) if in_props > limits.max_user_property_size_bytes \
         else None
     for name, col in text.items():
+        if name in ("born_host", "transaction_id"):     # counted in the size only
+            if size is not None:
+                size += _Strings(col).lengths()
+            continue
         s = _Strings(col)
-        lengths = s.lengths() if size is not None or name != "born_host" else None
+        lengths = s.lengths()
         if size is not None:
             size += lengths
-        if name in ("born_host", "transaction_id"):
-            continue
         s.mark_bytes(flag, _BAD_TAG_BYTES if name == "tags" else _BAD_TEXT_BYTES)
         s.mark_blank(flag)
         if name == "tags":
