@@ -1,7 +1,12 @@
-"""The one compiled part of sparkmq (everything else is in pyproject.toml): ``sparkmq._wire``,
-the plain RocketMQ SendMessage request read into column buffers (sparkmq/_wire.c).
-Optional: where it cannot be built, the broker reads every request in Python."""
+"""The compiled parts of sparkmq (everything else is in pyproject.toml): ``sparkmq._wire``,
+the plain RocketMQ SendMessage request read into column buffers (sparkmq/_wire.c), and
+``sparkmq._ipc``, a record batch's Arrow IPC message written in one call (sparkmq/_ipc.c).
+Optional: where they cannot be built, the broker reads every request in Python and pyarrow
+writes every message."""
 from setuptools import Extension, setup
 
+FLAGS = ["-O2", "-Wall", "-Wextra"]
 setup(ext_modules=[Extension("sparkmq._wire", ["sparkmq/_wire.c"], optional=True,
-                             extra_compile_args=["-O2", "-Wall", "-Wextra"])])
+                             extra_compile_args=FLAGS),
+                   Extension("sparkmq._ipc", ["sparkmq/_ipc.c"], optional=True,
+                             extra_compile_args=FLAGS)])

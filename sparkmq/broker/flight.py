@@ -51,6 +51,7 @@ import logging
 import threading
 import time
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.flight as fl
@@ -66,6 +67,11 @@ from .authz import offset_update_resources, peer_ip, read_resources, send_resour
 from .batchsend import SEND_COLUMNS
 from .protocol import INTERNAL_PROPERTY_KEYS, Code, stored_status
 
+try:
+    from .. import _ipc
+except ImportError:     # not built here (no C compiler): pyarrow writes every ack
+    _ipc = None
+
 log = logging.getLogger("sparkmq.broker.flight")
 
 FOLLOW_WAIT_S = 1.0    # a followed read checks for a cancelled call or a stop this often
@@ -75,10 +81,25 @@ MAX_GET = 10_000
 _ACK_SCHEMA_MESSAGE = ACK_SCHEMA.serialize()
 
 
-def _ipc_stream(schema_message: pa.Buffer, batch: pa.RecordBatch) -> pa.Buffer:
-    """An Arrow IPC stream of one batch: its schema's message, the batch's, the end
-    marker. (A stream writer per ack costs ~20 us more: options, a sink, a writer.)"""
-    return pa.py_buffer(b"".join((schema_message, batch.serialize(), EOS)))
+def _ack_stream(schema_message: pa.Buffer, queue_ids: np.ndarray, queue_offsets: np.ndarray,
+                ids: pa.Array) -> pa.Buffer:
+    """An ack as an Arrow IPC stream of one batch (ACK_SCHEMA): its schema's message, the
+    batch's, the end marker. The batch's message is written in one C call from the
+    columns' buffers where ``sparkmq._ipc`` was built (the ids as one array, none null),
+    else by pyarrow. (A stream writer per ack costs ~20 us more: options, a sink, a
+    writer.)"""
+    n = len(queue_ids)
+    qids = np.ascontiguousarray(queue_ids, np.int32)
+    qos = np.ascontiguousarray(queue_offsets, np.int64)
+    if _ipc is not None and isinstance(ids, pa.Array) and not ids.offset \
+            and not ids.null_count and ids.type == pa.string():
+        _, id_offsets, id_data = ids.buffers()
+        batch = _ipc.message_of_buffers(n, ((n, 0),) * 3,
+                                        (None, qids, None, qos, None, id_offsets, id_data))
+    else:
+        batch = pa.RecordBatch.from_arrays([pa.array(qids), pa.array(qos), ids],
+                                           schema=ACK_SCHEMA).serialize()
+    return pa.py_buffer(b"".join((schema_message, batch, EOS)))
 
 
 def _empty_as_none(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -246,14 +267,11 @@ class FlightService(fl.FlightServerBase):
             if "unique_key" in batch.schema.names else None   # a producer's own id wins
         ids = delivered_ids(own, lambda: batch_message_ids(
             store_tag(self.broker.store.store_id), r.batch_offset, batch.num_rows, stored.start))
-        ack = pa.RecordBatch.from_arrays(
-            [pa.array(stored.queue_ids, pa.int32()), pa.array(stored.queue_offsets, pa.int64()),
-             ids], schema=ACK_SCHEMA)
-        if late is None:
-            return _ipc_stream(_ACK_SCHEMA_MESSAGE, ack)
-        schema = ACK_SCHEMA.with_metadata({"status": Code.Name(late.code),
-                                           "message": late.message})
-        return _ipc_stream(schema.serialize(), ack)
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        schema = _ACK_SCHEMA_MESSAGE if late is None else ACK_SCHEMA.with_metadata(
+            {"status": Code.Name(late.code), "message": late.message}).serialize()
+        return _ack_stream(schema, stored.queue_ids, stored.queue_offsets, ids)
 
     # ------------------------------------------------------------ consume
     def do_get(self, context, ticket):

@@ -33,6 +33,10 @@ DIGITS = 8
 PLACEHOLDER = MARK.decode() + "0" * DIGITS
 CUSTOM_METADATA = {KEY: PLACEHOLDER}
 _HEX = frozenset(b"0123456789abcdef")
+#: how ``sparkmq._ipc.record_batch_message`` seals a message it writes: this key and
+#: placeholder as the custom metadata, the placeholder's last 8 bytes filled with the CRC32C
+#: of the whole message but them, where ``find_digits`` finds them (it checks that)
+SEAL_ARGS = (KEY.encode(), PLACEHOLDER.encode(), crc32c.crc32c)
 #: False skips the CRC comparison (bounds are still checked): only bench/bench_store.py sets
 #: it, to measure what checking costs. Never turn it off to read a damaged store.
 VERIFY = True
