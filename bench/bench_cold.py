@@ -1,0 +1,178 @@
+"""A request's server work back to back and spaced apart: what this machine's caches cost.
+
+    .venv/bin/python bench/bench_cold.py [--quick] [--gaps-ms 0.5 20]
+
+The latency rows of bench_broker and bench_flight time one request at a time, a few ms
+apart. On a shared virtual machine the CPU caches lose what a process touched within a few
+ms even while it runs (other tenants share them), so a request's cost then depends on how
+many cache lines its code and data touch, not only on its instructions. This measures that
+in process, each call timed alone (``perf_counter``), p50 of back-to-back calls against p50
+of calls ``--gaps-ms`` apart (each gap spent spinning, so the CPU never idles; 0.5 ms is
+about a sync send's turn on the client, 20 ms the send -> long-poll rows' wait):
+
+- the machine: a sum over 64 KiB of numpy memory (no allocation, ~1,000 cache lines);
+- the durable floor's put (bench_flight's third server: a one-row batch as its IPC message,
+  its CRC32C, a ``write``, an ack of offsets);
+- sparkmq's Flight put of one row (``FlightService._send``, ASYNC_FLUSH: checks, segment
+  batch, append, dispatch, ack);
+- sparkmq's RocketMQ SendMessage of one message (``send_encoded``: parse to answer).
+
+It prints each row's spaced/back-to-back factors and sparkmq's cost over the floor's at
+each spacing: a ratio that holds back to back but not spaced says the footprint, not the
+instruction count, is what a latency target meets here.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_broker import free_port  # noqa: E402
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def p50_us(fn, calls: int, gap_s: float) -> float:
+    times = []
+    for _ in range(calls):
+        if gap_s:
+            spin(gap_s)
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return times[len(times) // 2] * 1e6
+
+
+def durable_floor(tmp: str):
+    """bench_flight's durable floor's put, in process."""
+    import crc32c
+    import numpy as np
+    import pyarrow as pa
+    acks = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64())])
+    options = pa.ipc.IpcWriteOptions()
+    fd = os.open(os.path.join(tmp, "floor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    batch = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [b"x" * 1024]})
+    stored = [0]
+
+    def put():
+        sink = pa.BufferOutputStream()
+        pa.ipc.RecordBatchStreamWriter(sink, batch.schema, options=options).write_batch(batch)
+        data = sink.getvalue()
+        crc32c.crc32c(data)
+        os.write(fd, data)
+        ack = pa.RecordBatch.from_arrays([pa.array(np.zeros(1, np.int32)),
+                                          pa.array(np.arange(stored[0], stored[0] + 1))],
+                                         schema=acks)
+        stored[0] += 1
+        return b"".join((acks.serialize(), ack.serialize()))
+    return put, lambda: os.close(fd)
+
+
+class _Context:
+    """What the two services ask of a call's context, for calling them in process."""
+
+    def __init__(self):
+        self.callbacks = []
+
+    def peer(self):
+        return "ipv4:127.0.0.1:1"
+
+    def get_middleware(self, key):
+        return None
+
+    def invocation_metadata(self):
+        return (("x-mq-client-id", "bench-cold"),)
+
+    def add_callback(self, fn):
+        self.callbacks.append(fn)
+
+
+def sparkmq_puts(tmp: str):
+    """(Flight put of one row, RocketMQ send of one message, stop) on an in-process broker."""
+    import pyarrow as pa
+    from rocketmq.grpc_protocol import definition_pb2 as pb, service_pb2 as spb
+    from sparkmq.broker import Broker, BrokerConfig
+    from sparkmq.broker.grpc_service import MessagingServicer
+    conf = BrokerConfig.from_properties({
+        "brokerName": "cold", "storePathRootDir": os.path.join(tmp, "mq"),
+        "listenPort": str(free_port()), "adminPort": str(free_port()),
+        "flightPort": str(free_port()), "flushDiskType": "ASYNC_FLUSH",
+        "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4",
+        "flightEnable": "true"})
+    broker = Broker(conf).start()
+    ctx = _Context()
+    one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [b"x" * 1024]})
+    m = pb.Message(topic=pb.Resource(name="lat-grpc"), body=b"x" * 1024)
+    m.system_properties.message_id = "01" + "0" * 30
+    m.system_properties.born_host = "10.0.0.1"
+    m.system_properties.born_timestamp.FromMilliseconds(1_700_000_000_000)
+    m.system_properties.message_type = pb.NORMAL
+    data = spb.SendMessageRequest(messages=[m]).SerializeToString()
+    servicer = MessagingServicer(broker)
+
+    def flight():
+        broker.flight._send(ctx, one)
+
+    def grpc():
+        r = servicer.send_encoded(spb.SendMessageRequest.FromString(data), ctx)
+        if not isinstance(r, bytes):
+            r.SerializeToString()
+        for cb in ctx.callbacks:
+            cb()
+        ctx.callbacks.clear()
+    return flight, grpc, broker.stop
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer spaced calls")
+    ap.add_argument("--gaps-ms", type=float, nargs="+", default=[0.5, 20.0])
+    args = ap.parse_args(argv)
+    import numpy as np
+    spaced_calls = 60 if args.quick else 200
+    tmp = tempfile.mkdtemp(prefix="bench-cold-")
+    try:
+        mem = np.ones(8192)
+        floor, close_floor = durable_floor(tmp)
+        flight, grpc, stop = sparkmq_puts(tmp)
+        rows = [("64 KiB numpy sum (the machine)", lambda: mem.sum()),
+                ("durable floor put, one row", floor),
+                ("sparkmq Flight put, one row", flight),
+                ("sparkmq RocketMQ send, one message", grpc)]
+        try:
+            results = {}
+            for name, fn in rows:
+                for _ in range(200):                      # warm-up
+                    fn()
+                results[name] = [p50_us(fn, 2000, 0)] + [
+                    p50_us(fn, spaced_calls, g / 1000) for g in args.gaps_ms]
+        finally:
+            stop()
+            close_floor()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    heads = ["back to back"] + [f"{g:g} ms apart" for g in args.gaps_ms]
+    print("\nserver work per request, p50 us (in process; x: over back to back)")
+    print(f"{'':40s}" + "".join(f"{h:>20s}" for h in heads))
+    for name, us in results.items():
+        print(f"{name:40s}{us[0]:20.1f}" + "".join(f"{u:12.1f} (x{u / us[0]:4.1f})"
+                                                  for u in us[1:]))
+    floor = results["durable floor put, one row"]
+    for name in ("sparkmq Flight put, one row", "sparkmq RocketMQ send, one message"):
+        print(f"{name + ' / floor':40s}" + "".join(
+            f"{u / f:20.2f}" for u, f in zip(results[name], floor)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
