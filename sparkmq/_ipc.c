@@ -266,6 +266,21 @@ static int seal(uint8_t *msg, Py_ssize_t total, Py_ssize_t meta, Py_ssize_t at,
     return 1;
 }
 
+/* A body this long or longer is copied without the GIL (as pyarrow's writer does), so a
+   large batch's copy does not hold up the process's other threads. */
+#define RELEASE_GIL_BYTES (1 << 20)
+
+static void copy_body(uint8_t *dst, const Layout *L)
+{
+    for (int i = 0; i < L->n_buffers; i++) {
+        int64_t n = L->size[i], padded = pad8(n);
+        if (n)
+            memcpy(dst, L->data[i], n);
+        memset(dst + n, 0, padded - n);
+        dst += padded;
+    }
+}
+
 /* The message of layout L (length rows) as a new bytearray; with key/value as its custom
    metadata, sealed by crc when crc is not None (see seal). None: not sealable. */
 static PyObject *message(const Layout *L, int64_t length, const char *key, Py_ssize_t klen,
@@ -288,12 +303,13 @@ static PyObject *message(const Layout *L, int64_t length, const char *key, Py_ss
     put32(dst + 4, (uint32_t)meta);
     at = write_metadata(dst + 8, L, length, body, key, klen, value, vlen);
     dst += 8 + meta;
-    for (int i = 0; i < L->n_buffers; i++) {
-        int64_t n = L->size[i], padded = pad8(n);
-        if (n)
-            memcpy(dst, L->data[i], n);
-        memset(dst + n, 0, padded - n);
-        dst += padded;
+    if (body >= RELEASE_GIL_BYTES) {
+        /* (the buffers are the caller's, alive for the call; the bytearray is new) */
+        Py_BEGIN_ALLOW_THREADS
+        copy_body(dst, L);
+        Py_END_ALLOW_THREADS
+    } else {
+        copy_body(dst, L);
     }
     if (crc != Py_None) {
         int sealed = (klen >= 0 && vlen >= 8) ?

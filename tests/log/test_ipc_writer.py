@@ -131,3 +131,14 @@ def test_a_flight_ack_written_from_buffers_is_the_one_pyarrow_writes(ids, late):
     sliced = pa.array(["x"] + ids, pa.string()).slice(1)    # an offset: pyarrow's path
     assert pa.ipc.open_stream(_ack_stream(schema, qids, qos, sliced)).read_all().equals(
         pa.Table.from_batches([want]))
+
+
+def test_a_batch_over_a_mib_is_written_whole():
+    """(Its body is copied with the GIL released: the same bytes.)"""
+    n = 1200
+    batch = build_segment_batch({"topic": ["t"] * n, "body": [bytes([i % 251]) * 1000
+                                                            for i in range(n)]},
+                                n, store_host="h", now_ms=1)
+    msg = segment.serialize_batch(batch)
+    assert len(msg) > 1 << 20 and checksum.verify(memoryview(msg), "big", 0)
+    assert _decoded(msg.to_pybytes()).equals(batch)
