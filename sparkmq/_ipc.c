@@ -10,9 +10,9 @@
  * ("Segments") and Arrow's Message.fbs / Schema.fbs define the bytes.
  *
  * Returns None, writing nothing, for a batch it does not lay out itself: an array with a
- * non-zero offset, a dictionary, an unknown null count, or a type other than the fixed-width, boolean, utf8/binary, list,
- * map, struct and null types. The caller then serializes with pyarrow (the same bytes
- * to a reader). Why: one C call replaces ~10 pyarrow calls, and a broker's per-request
+ * non-zero offset, a dictionary, an unknown null count, or a type other than the
+ * fixed-width, boolean, utf8/binary, list, map, struct and null types. The caller then
+ * serializes with pyarrow (the same batch to a reader). Why: one C call replaces ~10 pyarrow calls, and a broker's per-request
  * cost on a shared machine is mostly the cache lines its code touches.
  */
 #define PY_SSIZE_T_CLEAN
@@ -178,7 +178,8 @@ static Py_ssize_t metadata_size(const Layout *L, Py_ssize_t klen, Py_ssize_t vle
 }
 
 static Py_ssize_t write_metadata(uint8_t *F, const Layout *L, int64_t length, int64_t body,
-                           const char *key, Py_ssize_t klen, const char *value, Py_ssize_t vlen)
+                                 const char *key, Py_ssize_t klen, const char *value,
+                                 Py_ssize_t vlen)
 {
     Py_ssize_t p, q, at;
     put32(F, 24);                               /* root: the Message table */
