@@ -335,12 +335,7 @@ _TIME_COLUMNS = frozenset({"born_timestamp", "store_timestamp"})
 def _time_column(ms: int, n: int) -> pa.Array:
     """``n`` times ``ms`` as a timestamp column, from a buffer (``pa.repeat`` of a
     timestamp scalar costs ~37 us)."""
-    return _ts_array(np.full(n, ms, np.int64))
-
-
-def _ts_array(ms: np.ndarray) -> pa.Array:
-    """int64 ms as a timestamp column, zero copy."""
-    return pa.Array.from_buffers(fmt.TS, len(ms), [None, pa.py_buffer(ms)])
+    return fmt.ts_array(np.full(n, ms, np.int64))
 
 
 def _default_value(name: str, store_host: str):
@@ -391,7 +386,7 @@ def stamp_store_time(batch: pa.RecordBatch, ts_ms: int) -> tuple[pa.RecordBatch,
     """``batch`` with every row's store_timestamp set to ``ts_ms``, and that column as
     int64 ms (what dispatch keeps)."""
     ts = np.full(batch.num_rows, ts_ms, np.int64)
-    return batch.set_column(_STORE_TS_COLUMN, _STORE_TS_FIELD, _ts_array(ts)), ts
+    return batch.set_column(_STORE_TS_COLUMN, _STORE_TS_FIELD, fmt.ts_array(ts)), ts
 
 
 class BatchBuilder:

@@ -89,7 +89,7 @@ def chunks_to_table(chunks: list[Chunk], lo: int, hi: int) -> pa.Table:
         "row": pa.array(cols["row"], pa.int32()),
         "size": pa.array(cols["size"], pa.int32()),
         "tags_code": pa.array(cols["tags_code"], pa.int64()),
-        "store_timestamp": pa.array(cols["store_timestamp"], pa.int64()).cast(fmt.TS),
+        "store_timestamp": fmt.ts_array(cols["store_timestamp"]),
     })
 
 
@@ -229,8 +229,7 @@ def chunks_to_side_table(taken: list[tuple[int, int, Chunk]]) -> pa.Table:
         "size": pa.array(np.concatenate([ch.sizes for _, _, ch in taken]).astype(np.int32)),
         "tags_code": pa.array(
             np.concatenate([ch.tags_codes for _, _, ch in taken]).astype(np.int64)),
-        "store_timestamp": pa.array(
-            np.concatenate([ch.store_ts for _, _, ch in taken]).astype(np.int64)).cast(fmt.TS),
+        "store_timestamp": fmt.ts_array(np.concatenate([ch.store_ts for _, _, ch in taken])),
     }, schema=fmt.CONSUMEQUEUE_SCHEMA)
     if len(offsets) > 1:
         key = (tids.astype(np.int64) << 32) | qids
@@ -510,7 +509,7 @@ def live_time_entries(sfs: StoreFS, state, cq: MemoryConsumeQueue, keys: list[tu
                 parts.append(pa.table({
                     "queue_id": pa.array(np.full(len(offs), q, np.int32)),
                     "queue_offset": pa.array(offs, pa.int64()),
-                    "store_timestamp": pa.array(ch.store_ts[sel], pa.int64()).cast(fmt.TS)}))
+                    "store_timestamp": fmt.ts_array(ch.store_ts[sel])}))
     return pa.concat_tables(parts, promote_options="permissive")
 
 

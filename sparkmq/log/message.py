@@ -178,6 +178,10 @@ def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> p
     n = len(batch_offsets)
     if n == 0:
         return pa.array([], pa.string())
+    if n <= 8:         # numpy's fixed cost exceeds the loop's (a long poll's one message)
+        return pa.array([encode_message_id(tag, b, r) for b, r in
+                         zip(np.asarray(batch_offsets).tolist(), np.asarray(rows).tolist())],
+                        pa.string())
     batch_offsets = np.asarray(batch_offsets, dtype=np.int64)
     cuts = np.flatnonzero(batch_offsets[1:] != batch_offsets[:-1]) + 1
     firsts = np.concatenate([[0], cuts])

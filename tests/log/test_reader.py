@@ -23,6 +23,10 @@ def test_message_ids_match_the_encoding_for_runs_and_big_rows():
         assert ids == [encode_message_id(0xDEADBEEF, int(b), int(r))
                        for b, r in zip(bos, rows)]
     assert message_id_array(1, np.zeros(0, np.int64), np.zeros(0, np.int64)).to_pylist() == []
+    for n in (1, 8, 9):                                     # both sides of the loop threshold
+        ids = message_id_array(0xDEADBEEF, bos[:n], np.arange(n) * 70_001).to_pylist()
+        assert ids == [encode_message_id(0xDEADBEEF, int(b), r * 70_001)
+                       for b, r in zip(bos[:n], range(n))]
 
 
 def test_a_batch_s_ids_match_the_encoding_on_both_sides_of_the_loop_threshold():
@@ -188,3 +192,27 @@ def test_snapshot_on_an_object_store_reads_batches_not_whole_segments(monkeypatc
         [b"%d-%d" % (i, j) for i in range(3) for j in range(10)][5:25]
     mid = snap.read_table("t", 0, 12, 13).column("message_id")[0].as_py()
     assert snap.lookup(mid).body == b"1-2"
+
+
+def test_a_whole_row_read_is_the_message_schema_as_a_column_by_column_read_builds_it(
+        local_store_url):
+    """Every column (the 3 computed ones inserted into the stored ones) gives exactly
+    MESSAGE_SCHEMA and the same table as naming every column: for one message, for rows
+    of several batches, and for scattered rows."""
+    from sparkmq import Snapshot, Store
+    from sparkmq.log.reader import MESSAGE_COLUMNS, MESSAGE_SCHEMA
+    with Store.open(local_store_url, create=True, start_services=False) as s:
+        s.create_topic("t", read_queue_nums=2, write_queue_nums=2)
+        for k in range(3):
+            s.append_batch(pa.table({"topic": ["t"] * 5, "body": [b"%d-%d" % (k, i)
+                                                                 for i in range(5)],
+                                     "tags": ["a", None, "b", "c", None],
+                                     "queue_id": pa.array([0, 1, 0, 0, 1], pa.int32())}))
+    snap = Snapshot.load(local_store_url)
+    for lo, hi in ((0, 1), (3, 4), (1, 7), (0, 9)):
+        whole = snap.read_table("t", 0, lo, hi)
+        named = snap.read_table("t", 0, lo, hi, columns=MESSAGE_COLUMNS)
+        assert whole.schema.equals(MESSAGE_SCHEMA, check_metadata=True)
+        assert whole.num_rows == hi - lo and whole.equals(named)
+    assert snap.read_table("t", 0, 0, 9).column("body").to_pylist() == [
+        b"%d-%d" % (k, i) for k in range(3) for i in (0, 2, 3)]
