@@ -54,28 +54,14 @@ def p50_us(fn, calls: int, gap_s: float) -> float:
 
 
 def durable_floor(tmp: str):
-    """bench_flight's durable floor's put, in process."""
-    import crc32c
-    import numpy as np
+    """bench_flight's durable floor's put (its ``DURABLE`` code), in process."""
     import pyarrow as pa
-    acks = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64())])
-    options = pa.ipc.IpcWriteOptions()
+    from bench_flight import DURABLE
     fd = os.open(os.path.join(tmp, "floor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    floor = {"fd": fd}
+    exec(DURABLE, floor)
     batch = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [b"x" * 1024]})
-    stored = [0]
-
-    def put():
-        sink = pa.BufferOutputStream()
-        pa.ipc.RecordBatchStreamWriter(sink, batch.schema, options=options).write_batch(batch)
-        data = sink.getvalue()
-        crc32c.crc32c(data)
-        os.write(fd, data)
-        ack = pa.RecordBatch.from_arrays([pa.array(np.zeros(1, np.int32)),
-                                          pa.array(np.arange(stored[0], stored[0] + 1))],
-                                         schema=acks)
-        stored[0] += 1
-        return b"".join((acks.serialize(), ack.serialize()))
-    return put, lambda: os.close(fd)
+    return (lambda: floor["durable"](batch)), (lambda: os.close(fd))
 
 
 class _Context:

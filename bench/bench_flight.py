@@ -46,14 +46,36 @@ from bench_broker import (BODY, bench_redis, broker_conf, free_port, pct,  # noq
                           process, wait_port)
 from sparkmq.progress import track  # noqa: E402
 
-FLOOR = textwrap.dedent("""
-    import os, sys, threading
-    import crc32c, numpy as np, pyarrow as pa, pyarrow.flight as fl
-    ACK = pa.py_buffer(b"ok")
+# The durable floor's put: a store's least work per batch (also timed in process by
+# bench_cold.py, which runs this code with its own ``fd``).
+DURABLE = textwrap.dedent("""
+    import os
+    import crc32c, numpy as np, pyarrow as pa
     EOS = b"\\xff\\xff\\xff\\xff\\x00\\x00\\x00\\x00"
-    ONE = pa.table({"body": [b"x" * 1024]})
     ACKS = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64())])
     OPTIONS = pa.ipc.IpcWriteOptions()
+    stored = 0
+    def durable(batch):
+        \"\"\"A store's least work: the batch as an IPC message with its CRC32C, appended
+        to a file (``fd``), and an ack of offsets; no checks, no added columns, no index.\"\"\"
+        global stored
+        sink = pa.BufferOutputStream()
+        pa.ipc.RecordBatchStreamWriter(sink, batch.schema, options=OPTIONS).write_batch(batch)
+        data = sink.getvalue()
+        crc32c.crc32c(data)
+        os.write(fd, data)
+        n = batch.num_rows
+        ack = pa.RecordBatch.from_arrays([pa.array(np.zeros(n, np.int32)),
+                                          pa.array(np.arange(stored, stored + n))], schema=ACKS)
+        stored += n
+        return pa.py_buffer(b"".join((ACKS.serialize(), ack.serialize(), EOS)))
+""")
+
+FLOOR = DURABLE + textwrap.dedent("""
+    import sys, threading
+    import pyarrow.flight as fl
+    ACK = pa.py_buffer(b"ok")
+    ONE = pa.table({"body": [b"x" * 1024]})
     arrived = threading.Event()
     class Floor(fl.FlightServerBase):
         def do_put(self, context, descriptor, reader, writer):
@@ -71,23 +93,9 @@ FLOOR = textwrap.dedent("""
                 return fl.GeneratorStream(ONE.schema, follow())
             arrived.wait(5)
             return fl.RecordBatchStream(ONE)
-    fd, stored = None, 0
+    fd = None
     if len(sys.argv) > 2:                    # the durable floor: a file to append to
         fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    def durable(batch):
-        \"\"\"A store's least work: the batch as an IPC message with its CRC32C, appended
-        to a file, and an ack of offsets; no checks, no added columns, no index.\"\"\"
-        global stored
-        sink = pa.BufferOutputStream()
-        pa.ipc.RecordBatchStreamWriter(sink, batch.schema, options=OPTIONS).write_batch(batch)
-        data = sink.getvalue()
-        crc32c.crc32c(data)
-        os.write(fd, data)
-        n = batch.num_rows
-        ack = pa.RecordBatch.from_arrays([pa.array(np.zeros(n, np.int32)),
-                                          pa.array(np.arange(stored, stored + n))], schema=ACKS)
-        stored += n
-        return pa.py_buffer(b"".join((ACKS.serialize(), ack.serialize(), EOS)))
     Floor(f"grpc+tcp://127.0.0.1:{sys.argv[1]}").serve()
 """)
 
