@@ -267,8 +267,6 @@ class FlightService(fl.FlightServerBase):
             if "unique_key" in batch.schema.names else None   # a producer's own id wins
         ids = delivered_ids(own, lambda: batch_message_ids(
             store_tag(self.broker.store.store_id), r.batch_offset, batch.num_rows, stored.start))
-        if isinstance(ids, pa.ChunkedArray):
-            ids = ids.combine_chunks()
         schema = _ACK_SCHEMA_MESSAGE if late is None else ACK_SCHEMA.with_metadata(
             {"status": Code.Name(late.code), "message": late.message}).serialize()
         return _ack_stream(schema, stored.queue_ids, stored.queue_offsets, ids)

@@ -66,6 +66,7 @@ def ts_array(ms) -> pa.Array:
     ms = np.ascontiguousarray(ms, np.int64)
     return pa.Array.from_buffers(TS, len(ms), [None, pa.py_buffer(ms)])
 
+
 #: The schema of every CommitLog segment (Arrow IPC stream format).
 SEGMENT_SCHEMA = pa.schema([
     pa.field("topic", pa.string(), nullable=False),

@@ -156,11 +156,14 @@ def _row_hex8(rows: np.ndarray) -> np.ndarray:
     return _row_hex.take(rows)
 
 
+_LOOP_IDS = 8      # ids of this many rows or fewer: a loop (numpy's fixed cost exceeds it)
+
+
 def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa.Array:
     """The ids of rows ``first..first+n-1`` of the batch at ``batch_offset`` (a send's
     ack): the 24-digit prefix once, the row digits from the table of row numbers."""
     prefix = f"{tag:08X}{batch_offset:016X}"
-    if n <= 8:                                      # numpy's fixed cost exceeds the loop's
+    if n <= _LOOP_IDS:
         return pa.array([f"{prefix}{j:08X}" for j in range(first, first + n)], pa.string())
     words = np.empty((n, 4), np.uint64)
     words[:, :3] = np.frombuffer(prefix.encode(), np.uint64)
@@ -178,7 +181,7 @@ def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> p
     n = len(batch_offsets)
     if n == 0:
         return pa.array([], pa.string())
-    if n <= 8:         # numpy's fixed cost exceeds the loop's (a long poll's one message)
+    if n <= _LOOP_IDS:          # (a long poll's one message)
         return pa.array([encode_message_id(tag, b, r) for b, r in
                          zip(np.asarray(batch_offsets).tolist(), np.asarray(rows).tolist())],
                         pa.string())

@@ -53,10 +53,10 @@ def message_schema() -> pa.Schema:
 
 
 MESSAGE_SCHEMA = message_schema()
-_QUEUE_OFFSET, _PHYSICAL_OFFSET, _MESSAGE_ID = (MESSAGE_SCHEMA.field(n) for n in (
-    "queue_offset", "physical_offset", "message_id"))
-# (_materialize inserts them after topic and queue_id, SEGMENT_SCHEMA's first two columns)
-assert MESSAGE_COLUMNS[2:5] == ["queue_offset", "physical_offset", "message_id"]
+# the columns a read computes; _materialize inserts them after topic and queue_id,
+# SEGMENT_SCHEMA's first two columns
+_COMPUTED_COLUMNS = MESSAGE_COLUMNS[2:5]
+assert _COMPUTED_COLUMNS == ["queue_offset", "physical_offset", "message_id"]
 assert fmt.SEGMENT_SCHEMA.names[:2] == MESSAGE_COLUMNS[:2]
 
 
@@ -226,24 +226,16 @@ class MessageReader:
             stored = pa.Table.from_batches(
                 [pa.RecordBatch.from_arrays(p.columns, schema=fmt.SEGMENT_SCHEMA)
                  for p in parts], schema=fmt.SEGMENT_SCHEMA)
+        computed = {"queue_offset": lambda: pa.array(qos, pa.int64()),
+                    "physical_offset": lambda: pa.array(bos + rows.astype(np.int64), pa.int64()),
+                    "message_id": lambda: message_id_array(store_tag(self.store_id), bos, rows)}
         if not columns:     # every column: the stored ones, the 3 computed inserted (4 calls,
             # not one per column: a long poll's one message costs ~40% less)
-            ids = message_id_array(store_tag(self.store_id), bos, rows)
-            return stored.add_column(2, _QUEUE_OFFSET, pa.array(qos, pa.int64())) \
-                .add_column(3, _PHYSICAL_OFFSET, pa.array(bos + rows.astype(np.int64))) \
-                .add_column(4, _MESSAGE_ID, ids).replace_schema_metadata(None)
-        arrays = []
-        for c in columns:
-            if c == "queue_offset":
-                arrays.append(pa.chunked_array([pa.array(qos, pa.int64())]))
-            elif c == "physical_offset":
-                arrays.append(pa.chunked_array(
-                    [pa.array(bos + rows.astype(np.int64), pa.int64())]))
-            elif c == "message_id":
-                arrays.append(pa.chunked_array(
-                    [message_id_array(store_tag(self.store_id), bos, rows)]))
-            else:
-                arrays.append(stored.column(c))
+            for i, name in enumerate(_COMPUTED_COLUMNS, 2):
+                stored = stored.add_column(i, MESSAGE_SCHEMA.field(name), computed[name]())
+            return stored.replace_schema_metadata(None)
+        arrays = [pa.chunked_array([computed[c]()]) if c in computed else stored.column(c)
+                  for c in columns]
         return pa.Table.from_arrays(arrays, schema=_select_schema(columns))
 
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
