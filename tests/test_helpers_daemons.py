@@ -1,13 +1,15 @@
 """The daemon starter the process tests share (tests/helpers/daemons.py): a real
 NameServer process comes up, stops cleanly or dies by kill -9; one that cannot start
-fails the test with its own output and is not left behind."""
+fails the test with its own output and is not left behind; the ports tests pick never
+repeat."""
 from __future__ import annotations
 
 import signal
+import socket
 
 import pytest
 
-from helpers.net import free_port
+from helpers.net import _ephemeral_low, free_port
 from helpers.daemons import get_json, kill9, spawn, stop_process
 
 pytestmark = pytest.mark.integration
@@ -32,3 +34,12 @@ def test_a_daemon_that_cannot_start_fails_with_its_output(tmp_path, procs):
         spawn(["sparkmq.broker", "-c", str(conf)], f"http://127.0.0.1:{free_port()}/health",
               procs)
     assert [p.poll() is not None for p in procs] == [True]
+
+
+def test_free_port_never_hands_a_port_out_twice_and_stays_below_the_ephemeral_range():
+    # 1,000 picks from ~16k ports repeat ~30 times by chance: the record must stop it
+    ports = [free_port() for _ in range(1000)]
+    assert len(set(ports)) == len(ports)
+    assert all(1024 <= p < _ephemeral_low() for p in ports)
+    with socket.socket() as s:                  # what it returns is bindable on loopback
+        s.bind(("127.0.0.1", ports[-1]))

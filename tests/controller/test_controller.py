@@ -9,7 +9,7 @@ import time
 import pytest
 
 from helpers.brokers import broker_config
-from helpers.net import free_late_port, free_port
+from helpers.net import free_port
 from helpers.waiting import wait_until
 from sparkmq.broker import Broker
 from sparkmq.client import Message, Producer
@@ -47,7 +47,7 @@ def group(tmp_path, controllers):
         role = "SYNC_MASTER" if node_id == 0 else "SLAVE"
         b = Broker(broker_config(
             tmp_path, name="broker-a", brokerId=node_id, brokerRole=role,
-            storePathRootDir=str(tmp_path / f"b{node_id}"), haListenPort=free_late_port(),
+            storePathRootDir=str(tmp_path / f"b{node_id}"), haListenPort=free_port(),
             haSecret=SECRET, clusterSecret=SECRET, enableControllerMode="true",
             controllerAddr=_addr(controllers), brokerHeartbeatInterval=300,
             haMaxTimeSlaveNotCatchup=2000, syncFlushTimeout=3000, **props)).start()

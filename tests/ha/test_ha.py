@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from helpers.net import free_late_port, free_port
+from helpers.net import free_port
 from helpers.storetools import inline_replica_log
 from helpers.daemons import get_json, kill9, post_json, spawn, stop_process
 from helpers.waiting import wait_until
@@ -378,8 +378,8 @@ class Cluster:
     @staticmethod
     def _ports() -> dict:
         # bound late: a replica's HA port when it is promoted, an old master's ports when
-        # it is started again after its kill (see free_late_port)
-        return {"grpc": free_late_port(), "admin": free_late_port(), "ha": free_late_port()}
+        # it is started again after its kill (see free_port)
+        return {"grpc": free_port(), "admin": free_port(), "ha": free_port()}
 
     def conf(self, name: str, *, role: str, broker_id: int, ports: dict, store: str,
              master_ha: int | None = None, extra: str = "") -> str:
@@ -644,7 +644,7 @@ def broker_pair(tmp_path, *, role="SYNC_MASTER", timeout_ms=1000):
         return Broker(BrokerConfig.from_properties({
             **common, "brokerRole": "SLAVE", "brokerId": "1",
             "haMasterAddress": f"127.0.0.1:{master.ha_service.port}",
-            "haListenPort": str(free_late_port()),      # bound when promoted
+            "haListenPort": str(free_port()),      # bound when promoted
             "storePathRootDir": str(tmp_path / "br")})).start()
     return master, replica
 

@@ -3,35 +3,46 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
+
+_given: set[int] = set()        # every port free_port has returned in this process
+_lock = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):    # not Linux: the IANA dynamic range
+        return 49152
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it); a server
-    started on it right after will almost always get it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 for a server a test starts: free now, never returned before
+    in this process, and below the kernel's ephemeral range.
 
-
-def free_late_port() -> int:
-    """A TCP port on 127.0.0.1, free now and below the kernel's ephemeral range, for a
-    server that binds it long after it is chosen (a replica's HA port, bound when it is
-    promoted). Outgoing connections take their local ports from the ephemeral range,
-    where ``free_port`` picks too, so one of them can take such a port in the meantime
-    and the late bind fails (SPARKMQ_BIND_FAILED, HTTP 400 from /admin/promote: the
-    likely cause of one CI failure); below it only a bind can take it."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):    # not Linux: the IANA dynamic range
-        low = 49152
+    A port is chosen some time before its server binds it (a broker's config names three:
+    gRPC, Flight, admin). Two things can take it in between, and each has failed a CI run:
+    - another pick. The kernel's ``bind(port 0)`` may hand the same port out twice in a
+      row once the first socket is closed (three picks for one broker gave its admin
+      server a port its gRPC or Flight server held: EADDRINUSE), so a port is returned
+      at most once per process;
+    - an outgoing connection, which takes its local port from the ephemeral range (a
+      replica's HA port, bound only when it is promoted: SPARKMQ_BIND_FAILED). Below
+      that range only an explicit bind takes a port, and the explicit binds are these.
+    """
+    low = _ephemeral_low()
     rng = random.Random()
-    for _ in range(500):
-        port = rng.randrange(max(1024, low - 10_000), low)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
+    with _lock:
+        for _ in range(1000):
+            port = rng.randrange(max(1024, low - 16384), low)
+            if port in _given:
                 continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _given.add(port)
             return port
-    raise RuntimeError(f"no free port below {low}")
+    raise RuntimeError(f"no free port below {low} that this process has not handed out")
