@@ -7,8 +7,9 @@
   proxy's codes (``limits_refusal`` for one message, ``SendRows.limit_refusals`` from a
   request's columns), all before any merge; the parking decisions: a transactional
   message becomes a half message (``TransactionService.prepare_row``), a delayed
-  one is parked in the schedule topic (``park``). A refused message gets its own
-  protocol status (``protocol.status``); the others are sent.
+  one is parked in the schedule topic (``park``). As the Apache proxy, a request with
+  a refused message is refused whole with that message's status (``protocol.status``),
+  and so is one whose messages name more than one topic; nothing of it is stored.
 - The send model ``SendRows``: the accepted messages of one request as columns.
 - Storing: ``SendService.send_rows`` merges concurrent requests into one store
   append (``sendmerge.SendMerger``); ``_append_rows`` builds the SEGMENT_SCHEMA
@@ -242,11 +243,23 @@ class SendService:
         return self.broker.ha.write_refusal()
 
     # ------------------------------------------------------------ refusals
-    def accept(self, messages, results: list, client_id: Callable[[], str]) -> SendRows:
-        """The rows of ``messages`` that may be sent (delayed and transactional ones
-        parked); a refused message's status goes to ``results[i]`` (and the
-        ``sparkmq_send_errors_total`` counter). ``client_id()`` names the producer of
-        a transactional message (asked only when there is one)."""
+    def accept(self, messages, client_id: Callable[[], str]) -> "SendRows | pb.Status":
+        """The rows of ``messages`` to store (delayed and transactional ones parked), or
+        the status refusing the whole request. As the proxy's SendMessageActivity: every
+        message has the first one's topic (else MESSAGE_CORRUPTED), and a request with a
+        refused message stores nothing and answers that message's status, the first in
+        request order (its text names the message), so a client that resends the
+        request after fixing it stores each message once. The refusal is counted in
+        ``sparkmq_send_errors_total``. ``client_id()`` names the producer of a
+        transactional message (asked only when there is one)."""
+        n = len(messages)
+        first = messages[0].topic.name      # (a namespace is no part of a topic here)
+        for i in range(1, n):
+            if messages[i].topic.name != first:
+                return self._refused(i, n, status(
+                    Code.MESSAGE_CORRUPTED, f"its topic {messages[i].topic.name!r} is not "
+                    f"the first message's {first!r}: one SendMessage request is for one "
+                    "topic; send each topic's messages in a request of their own"))
         limits = MessageLimits.of(self.store.config)
         rows = SendRows()
         topics: dict[str, pb.Status | None] = {}
@@ -273,19 +286,24 @@ class SendService:
                     if st is None:
                         alone.add(len(rows))         # the position rows.add gives it
             if st is not None:
-                self._refused(results, i, st)
-            else:
-                rows.add(i, m, parked)
+                earlier = rows.limit_refusals(limits, skip=alone)   # the rows before i
+                if earlier:
+                    p = min(earlier)
+                    return self._refused(rows.index[p], n, earlier[p])
+                return self._refused(i, n, st)
+            rows.add(i, m, parked)
         bad = rows.limit_refusals(limits, skip=alone)
-        if not bad:
-            return rows
-        for p, st in bad.items():
-            self._refused(results, rows.index[p], st)
-        return rows.subset([p for p in range(len(rows)) if p not in bad])
+        if bad:
+            p = min(bad)
+            return self._refused(rows.index[p], n, bad[p])
+        return rows
 
-    def _refused(self, results: list, i: int, st: pb.Status) -> None:
-        results[i] = st
+    def _refused(self, i: int, n: int, st: pb.Status) -> pb.Status:
         self.metrics.inc("sparkmq_send_errors_total", code=Code.Name(st.code))
+        if n == 1:
+            return st
+        return status(st.code, f"message {i} of {n}: {st.message}; nothing of this request "
+                               "was stored")
 
     def plain_rows(self, messages) -> "SendRows | None":
         """The rows of a request whose messages are all plain (NORMAL, no message group,

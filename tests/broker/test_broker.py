@@ -153,8 +153,18 @@ def raw_message(topic, body, **sys_props) -> pb.Message:
 
 
 def send_code(stub_, *messages) -> list[int]:
+    """Each entry's code, or the one code of a request refused whole (the proxy's way:
+    no entries, a status that says which message and why)."""
     resp = stub_.SendMessage(spb.SendMessageRequest(messages=list(messages)), timeout=10)
+    if not resp.entries:
+        assert resp.status.code != Code.OK and resp.status.message
+        return [resp.status.code]
     return [e.status.code for e in resp.entries]
+
+
+def _bodies(b, topic: str) -> list[bytes]:
+    return sorted(m.body for q in range(b.store.topics()[topic]["writeQueueNums"])
+                  for m in b.store.read(topic, q, 0, 1000))
 
 
 def test_bad_input_gets_the_protocol_status_and_the_broker_keeps_serving(stub):
@@ -171,10 +181,16 @@ def test_bad_input_gets_the_protocol_status_and_the_broker_keeps_serving(stub):
     assert send_code(s, raw_message("Known", b"x", message_type=pb.FIFO)) == \
         [Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE]
     assert send_code(s, raw_message("Known", b"x", tag="a||b")) == [Code.ILLEGAL_MESSAGE_TAG]
+    # as the proxy: one bad message refuses its request whole, and a request is for one
+    # topic; nothing of a refused request is stored
     mixed = s.SendMessage(spb.SendMessageRequest(messages=[
-        raw_message("Known", b"good"), raw_message("Unknown", b"bad")]), timeout=10)
-    assert mixed.status.code == Code.MULTIPLE_RESULTS
-    assert [e.status.code for e in mixed.entries] == [Code.OK, Code.TOPIC_NOT_FOUND]
+        raw_message("Known", b"good-but-with-bad"), raw_message("Known", b"")]), timeout=10)
+    assert mixed.status.code == Code.MESSAGE_BODY_EMPTY and not mixed.entries
+    assert mixed.status.message.startswith("message 1 of 2: ")
+    two = s.SendMessage(spb.SendMessageRequest(messages=[
+        raw_message("Known", b"good-but-two-topics"), raw_message("Other", b"x")]), timeout=10)
+    assert two.status.code == Code.MESSAGE_CORRUPTED and "'Other'" in two.status.message
+    assert not [x for x in _bodies(b, "Known") if x.startswith(b"good-but")]
     assert s.SendMessage(spb.SendMessageRequest(), timeout=5).status.code == Code.BAD_REQUEST
 
     route = s.QueryRoute(spb.QueryRouteRequest(topic=pb.Resource(name="Unknown")), timeout=5)
@@ -225,7 +241,7 @@ def test_bad_input_gets_the_protocol_status_and_the_broker_keeps_serving(stub):
 
     assert send_code(s, raw_message("Known", b"still serving")) == [Code.OK]
     stored = [m.body for q in range(2) for m in b.store.read("Known", q, 0, 10)]
-    assert sorted(stored) == [b"good", b"still serving"]
+    assert sorted(stored) == [b"still serving"]        # nothing of a refused request
 
 
 def test_offsets_pull_and_query_offset(stub):

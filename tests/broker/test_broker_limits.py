@@ -1,5 +1,5 @@
-"""Input limits at the broker, over real gRPC: each bad message of a request gets the
-RocketMQ 5 proxy's status for itself alone, its good neighbours are stored; names are
+"""Input limits at the broker, over real gRPC: a bad message refuses its request with the
+RocketMQ 5 proxy's status and nothing of the request is stored, as the proxy; names are
 matched whole; an out-of-range QueryOffset time is refused; and a bad message merged
 with concurrent good sends (official client) never fails them, whether the broker
 refuses it before the merge or the store fails on it after."""
@@ -85,23 +85,33 @@ def _stored_bodies(b, topic="Known") -> list[bytes]:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("fields,code", [c[1:] for c in BAD], ids=[c[0] for c in BAD])
-def test_a_bad_message_gets_the_proxys_code_alone_and_its_neighbours_are_stored(stub, fields,
-                                                                              code):
+def test_a_bad_message_refuses_its_request_with_the_proxys_code_and_nothing_is_stored(
+        stub, fields, code):
     b, s = stub
     resp = s.SendMessage(spb.SendMessageRequest(messages=[
         raw(b"good-1", message_id="G1"), raw(**fields), raw(b"good-2", message_id="G2")]),
         timeout=30)
-    assert [e.status.code for e in resp.entries] == [Code.OK, code, Code.OK], \
-        resp.entries[1].status.message
-    assert resp.status.code == Code.MULTIPLE_RESULTS and resp.entries[1].status.message
-    assert _stored_bodies(b) == [b"good-1", b"good-2"]
+    assert (resp.status.code, len(resp.entries)) == (code, 0), resp.status.message
+    assert resp.status.message.startswith("message 1 of 3: ")
+    assert _stored_bodies(b) == []
+    alone = s.SendMessage(spb.SendMessageRequest(messages=[raw(**fields)]), timeout=30)
+    assert alone.status.code == code and " of 1: " not in alone.status.message
+
+
+def _codes_alone(s, messages) -> list[int]:
+    """Each message's code, sent in a request of its own."""
+    out = []
+    for m in messages:
+        r = s.SendMessage(spb.SendMessageRequest(messages=[m]), timeout=10)
+        out.append(r.status.code)
+    return out
 
 
 @pytest.mark.integration
 def test_names_are_matched_whole_and_bad_times_refused_on_every_rpc(stub):
     b, s = stub
     resp = s.SendMessage(spb.SendMessageRequest(messages=[raw(topic="Known\n")]), timeout=10)
-    assert resp.entries[0].status.code == Code.ILLEGAL_TOPIC
+    assert resp.status.code == Code.ILLEGAL_TOPIC and not resp.entries
     route = s.QueryRoute(spb.QueryRouteRequest(topic=pb.Resource(name="Known\n")), timeout=10)
     assert route.status.code == Code.ILLEGAL_TOPIC
     mq = pb.MessageQueue(topic=pb.Resource(name="Known"), id=0)
@@ -174,7 +184,7 @@ def test_concurrent_good_sends_are_all_acked_beside_bad_ones(stub, clients):
            raw(b"bad", props={"p": "v" * MIB}), raw(b"bad", message_id="i" * 200)]
     receipts, answers = _send_concurrently(b, s, clients, bad, good_count=24)
     assert len(receipts) == 24
-    assert sorted(a.entries[0].status.code for a in answers) == sorted(
+    assert sorted(a.status.code for a in answers) == sorted(
         [Code.BAD_REQUEST, Code.BAD_REQUEST, Code.MESSAGE_PROPERTIES_TOO_LARGE,
          Code.ILLEGAL_MESSAGE_ID])
     assert _stored_bodies(b) == [b"good-%03d" % i for i in range(24)]
@@ -225,32 +235,35 @@ def test_the_limits_are_set_in_the_broker_config_with_the_proxys_names(make_brok
     b.store.create_topic("Known")
     channel = grpc.insecure_channel(b.endpoint)
     try:
-        resp = MessagingServiceStub(channel).SendMessage(spb.SendMessageRequest(messages=[
+        codes = _codes_alone(MessagingServiceStub(channel), [
             raw(props={"a": "1", "b": "2", "c": "3"}), raw(props={"a": "1", "b": "2"}),
             raw(mtype=pb.FIFO, message_group="eightchr"), raw(mtype=pb.FIFO, message_group="g7"),
-            raw(tag="t" * 41)]), timeout=10)
+            raw(tag="t" * 41)])
     finally:
         channel.close()
-    assert [e.status.code for e in resp.entries] == [
-        Code.MESSAGE_PROPERTIES_TOO_LARGE, Code.OK, Code.ILLEGAL_MESSAGE_GROUP, Code.OK,
-        Code.MESSAGE_PROPERTIES_TOO_LARGE]
+    assert codes == [Code.MESSAGE_PROPERTIES_TOO_LARGE, Code.OK, Code.ILLEGAL_MESSAGE_GROUP,
+                     Code.OK, Code.MESSAGE_PROPERTIES_TOO_LARGE]
 
 
 @pytest.mark.integration
-def test_a_request_mixing_parked_refused_and_plain_messages_refuses_exactly_the_bad(stub):
+def test_a_request_mixing_parked_refused_and_plain_messages_names_the_first_bad(stub):
     """Parked (delayed, transactional) messages are checked one by one, the others from
-    the request's columns: positions stay right when both kinds are refused."""
+    the request's columns: the refusal names the first bad message in request order
+    whichever way each was checked, and nothing is stored."""
     b, s = stub
-    far = raw(b"late", mtype=pb.DELAY, props={"UNIQ_KEY": "x"})
+    far = raw(b"late", mtype=pb.DELAY, props={"UNIQ_KEY": "x"})     # parked, refused
     far.system_properties.delivery_timestamp.FromMilliseconds(1_700_000_000_000 + 3_600_000)
-    later = raw(b"later", mtype=pb.DELAY)
+    later = raw(b"later", mtype=pb.DELAY)                             # parked, good
     later.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000)
                                                                + 3_600_000)
-    resp = s.SendMessage(spb.SendMessageRequest(messages=[
-        far, raw(b"bad", tag="a|b"), raw(b"ok-1"), later, raw(b"bad", keys=[" "]),
-        raw(b"ok-2", tag="TagA"), raw(b"bad", born_timestamp=FAR_S), raw(b"ok-3")]),
-        timeout=10)
-    assert [e.status.code for e in resp.entries] == [
-        Code.ILLEGAL_MESSAGE_PROPERTY_KEY, Code.ILLEGAL_MESSAGE_TAG, Code.OK, Code.OK,
-        Code.ILLEGAL_MESSAGE_KEY, Code.OK, Code.BAD_REQUEST, Code.OK]
-    assert _stored_bodies(b) == [b"ok-1", b"ok-2", b"ok-3"]
+    cases = [([raw(b"ok-1"), later, raw(b"bad", keys=[" "]), far],
+              (2, Code.ILLEGAL_MESSAGE_KEY)),             # a column-checked one before far
+             ([raw(b"ok-1"), far, raw(b"bad", tag="a|b")], (1, Code.ILLEGAL_MESSAGE_PROPERTY_KEY)),
+             ([later, raw(b"ok-2", tag="TagA"), raw(b"bad", born_timestamp=FAR_S)],
+              (2, Code.BAD_REQUEST))]
+    for messages, (i, code) in cases:
+        resp = s.SendMessage(spb.SendMessageRequest(messages=messages), timeout=10)
+        assert (resp.status.code, len(resp.entries)) == (code, 0), resp.status.message
+        assert resp.status.message.startswith(f"message {i} of {len(messages)}: ")
+    assert _stored_bodies(b) == []
+    assert b.schedule.pending_count() == 0

@@ -65,12 +65,11 @@ def test_every_kind_of_message_is_stored_with_all_its_fields(broker):
     delayed = message(b"later", mtype=pb.DELAY, message_id="ID-DELAY")
     delayed.system_properties.delivery_timestamp.FromMilliseconds(due_ms)
     half = message(b"half", mtype=pb.TRANSACTION, message_id="ID-TX")
-    empty = message(b"", message_id="ID-EMPTY")
     resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(
-        messages=[plain, rich, fifo, delayed, half, empty]), Context())
+        messages=[plain, rich, fifo, delayed, half]), Context())
 
-    assert resp.status.code == Code.MULTIPLE_RESULTS
-    assert [e.status.code for e in resp.entries] == [Code.OK] * 5 + [Code.MESSAGE_BODY_EMPTY]
+    assert resp.status.code == Code.OK
+    assert [e.status.code for e in resp.entries] == [Code.OK] * 5
     assert [e.message_id for e in resp.entries[:5]] == ["ID-PLAIN", "ID-RICH", "ID-FIFO",
                                                         "ID-DELAY", "ID-TX"]
     txid = resp.entries[4].transaction_id
@@ -130,11 +129,23 @@ def test_merged_requests_keep_the_queue_each_was_given():
 
 
 @pytest.mark.integration
-def test_refused_entries_alone_give_their_common_code_as_the_top_status(broker):
+def test_a_request_with_a_refused_message_is_refused_whole_and_stores_nothing(broker):
+    """As the proxy's SendMessageActivity: the first bad message's status, no entries;
+    a delayed or transactional neighbour is not parked either."""
+    due = message(b"due", mtype=pb.DELAY, message_id="ID-DUE")
+    due.system_properties.delivery_timestamp.FromMilliseconds(int(time.time() * 1000)
+                                                            + 3_600_000)
+    half = message(b"half-of-refused", mtype=pb.TRANSACTION)
+    def counts():
+        return {t: len(stored(broker, t)) if t in broker.store.topics() else 0
+                for t in ("T", SCHEDULE_TOPIC, HALF_TOPIC)}
+    before = counts()
     resp = MessagingServicer(broker).send_message(spb.SendMessageRequest(
-        messages=[message(b""), message(b"")]), Context())
-    assert resp.status.code == Code.MESSAGE_BODY_EMPTY
-    assert [e.status.code for e in resp.entries] == [Code.MESSAGE_BODY_EMPTY] * 2
+        messages=[message(b"ok"), due, half, message(b""), message(b"")]), Context())
+    assert resp.status.code == Code.MESSAGE_BODY_EMPTY and not resp.entries
+    assert resp.status.message.startswith("message 3 of 5: ")
+    assert "nothing of this request was stored" in resp.status.message
+    assert counts() == before
 
 
 def test_send_rows_subset_keeps_parked_rows_and_columns():
