@@ -19,9 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import MessageLimitError, UserError
-from ..log.batch import build_segment_batch, constant_column
+from ..log.batch import build_segment_batch, constant_column, group_message_types
 from ..log.dispatch import binary_lengths, binary_total
-from ..log.format import MESSAGE_TYPE_FIFO
 from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
 from ..log.status import PutMessageStatus
 from ..log.topics import topic_message_type, type_conflict
@@ -142,8 +141,7 @@ class BatchSender:
         cols = {name: batch.column(name) for name in batch.schema.names
                 if name in ("topic", "body") or batch.column(name).null_count < n}
         if "message_group" in cols:
-            cols["message_type"] = pc.if_else(pc.is_valid(cols["message_group"]),
-                                              MESSAGE_TYPE_FIFO, 0).cast(pa.int8())
+            cols["message_type"] = group_message_types(cols["message_group"])
         try:
             cols["queue_id"] = self._placed(cols, n, topics)
             return build_segment_batch(cols, n, store_host=self.broker.store.config.store_host,

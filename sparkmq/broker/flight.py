@@ -58,6 +58,7 @@ import pyarrow.flight as fl
 
 from ..errors import (AuthenticationError, AuthorizationError, MessageLimitError,
                       RetriableError, SparkMQError, UserError)
+from ..log.batch import none_if_empty
 from ..log.message import batch_message_ids, delivered_ids, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.segment import EOS
@@ -103,19 +104,14 @@ def _ack_stream(schema_message: pa.Buffer, queue_ids: np.ndarray, queue_offsets:
 
 
 def _empty_as_none(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` with each empty ``tags`` or ``message_group`` value null: an empty tag or
-    group is none, as the proxy reads a SendMessage's (no tag; a NORMAL message)."""
+    """``batch`` with each empty ``tags`` or ``message_group`` value null (the log's
+    rule, ``batch.none_if_empty``)."""
     for name in ("tags", "message_group"):
         i = batch.schema.get_field_index(name)
-        if i < 0 or batch.column(i).null_count == batch.num_rows:
-            continue
-        col = batch.column(i)
-        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-            continue              # (not text: _segment_batch casts it or names the type)
-        lengths = pc.binary_length(col)
-        if pc.min(lengths).as_py() == 0:
-            col = pc.if_else(pc.equal(lengths, 0), pa.scalar(None, col.type), col)
-            batch = batch.set_column(i, batch.schema.field(i), col)
+        if i >= 0:
+            col = none_if_empty(batch.column(i))
+            if col is not batch.column(i):
+                batch = batch.set_column(i, batch.schema.field(i), col)
     return batch
 
 

@@ -95,7 +95,8 @@ from .write_options import (_int_option, _limits, _refuse_memory_url, _storage_o
 from ..log.committer import abort_job, committer_for
 from ..log.fs import StoreFS
 from ..log.actions import TopicConfig
-from ..log.batch import QueueChooser, check_bodies, writable_topic_conf
+from ..log.batch import (QueueChooser, check_bodies, group_message_types, none_if_empty,
+                         writable_topic_conf)
 from ..log.limits import check_batch
 from ..log import segment as seg
 from ..log.txlog import TransactionLog
@@ -441,11 +442,12 @@ class _BatchConverter:
         now_ms = int(time.time() * 1000)
         topics = self._topics(col, n)
         body = self._body(col["body"])
-        qids = self._queues(topics, col.get("queue_id"), col.get("message_group", shard), n)
-        group = _cast(col, "message_group", pa.string(), n)
+        group = none_if_empty(_cast(col, "message_group", pa.string(), n))  # '': none
+        qids = self._queues(topics, col.get("queue_id"),
+                            group if "message_group" in col else shard, n)
         out = {
             "topic": topics, "queue_id": qids, "body": body,
-            "tags": _cast(col, "tags", pa.string(), n),
+            "tags": none_if_empty(_cast(col, "tags", pa.string(), n)),
             "keys": self._keys(col.get("keys"), n),
             "properties": _cast(col, "properties", pa.map_(pa.string(), pa.string()), n),
             "born_timestamp": _born(col.get("born_timestamp"), n, now_ms),
@@ -456,9 +458,7 @@ class _BatchConverter:
             "delivery_timestamp": pa.nulls(n, fmt.TS),
             "message_group": group,
             "transaction_id": pa.nulls(n, pa.string()),
-            "message_type": pc.if_else(pc.is_valid(group),
-                                       pa.scalar(fmt.MESSAGE_TYPE_FIFO, pa.int8()),
-                                       pa.scalar(fmt.MESSAGE_TYPE_NORMAL, pa.int8())),
+            "message_type": group_message_types(group),
             "unique_key": pa.nulls(n, pa.string()),
         }
         segment_batch = pa.RecordBatch.from_arrays([out[f.name] for f in fmt.SEGMENT_SCHEMA],

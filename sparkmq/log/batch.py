@@ -296,6 +296,28 @@ def binary_column(values: list[bytes]) -> pa.Array:
                                                   pa.py_buffer(b"".join(values))])
 
 
+def none_if_empty(col: pa.Array) -> pa.Array:
+    """Text column ``col`` with each empty value null. An empty tag or message group is
+    none, as the proxy reads a SendMessage's (no tag; a NORMAL message), so every
+    writer of a producer's rows (the Flight send, the Spark writer) reads them so.
+    A column that is not text is returned as it is (its writer names the type)."""
+    if col.null_count == len(col) or not (pa.types.is_string(col.type)
+                                          or pa.types.is_large_string(col.type)):
+        return col
+    lengths = pc.binary_length(col)
+    if pc.min(lengths).as_py() != 0:
+        return col
+    return pc.if_else(pc.equal(lengths, 0), pa.scalar(None, col.type), col)
+
+
+def group_message_types(groups: pa.Array) -> pa.Array:
+    """The ``message_type`` (int8) of a producer's rows from their message groups (after
+    :func:`none_if_empty`): FIFO for a row with a group, NORMAL for the others, as the
+    RocketMQ path stores them."""
+    return pc.if_else(pc.is_valid(groups), pa.scalar(fmt.MESSAGE_TYPE_FIFO, pa.int8()),
+                      pa.scalar(fmt.MESSAGE_TYPE_NORMAL, pa.int8()))
+
+
 def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
                         store_host: str, now_ms: int) -> pa.RecordBatch:
     """A batch in SEGMENT_SCHEMA from per-column values (Python lists or Arrow arrays,

@@ -167,6 +167,23 @@ def test_message_group_keeps_order_within_its_queue(spark, tmp_path):
         assert [int(r["body"]) for r in mine] == list(range(g, 200, 7))
 
 
+def test_an_empty_message_group_or_tag_is_none_as_on_the_rocketmq_path(spark, tmp_path):
+    """'' is no group (a NORMAL message, queued round robin) and no tag, as the proxy
+    reads a SendMessage and the Flight send stores it; a real group is FIFO."""
+    url = str(tmp_path / "store")
+    make_store(url, [("T", 4)])
+    spark.createDataFrame([("a", "", ""), ("b", "g1", "TagA"), ("c", None, None)],
+                          "body string, message_group string, tags string") \
+        .write.format("sparkmq").mode("append").option("topic", "T").save(url)
+    rows = {r["body"]: r for r in read_all(url, "T", ["body", "message_group", "tags",
+                                                      "message_type", "queue_id"])}
+    assert {b: (r["message_group"], r["tags"], r["message_type"]) for b, r in rows.items()} \
+        == {b"a": (None, None, fmt.MESSAGE_TYPE_NORMAL),
+            b"b": ("g1", "TagA", fmt.MESSAGE_TYPE_FIFO),
+            b"c": (None, None, fmt.MESSAGE_TYPE_NORMAL)}
+    assert rows[b"b"]["queue_id"] == zlib.crc32(b"g1") % 4
+
+
 def test_two_concurrent_batch_writers_both_land_atomically(spark, tmp_path):
     url = str(tmp_path / "store")
     make_store(url, [("T", 2)])
