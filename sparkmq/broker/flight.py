@@ -59,6 +59,7 @@ import pyarrow.flight as fl
 from ..errors import (AuthenticationError, AuthorizationError, MessageLimitError,
                       RetriableError, SparkMQError, UserError)
 from ..log.batch import none_if_empty
+from ..log.dispatch import distinct_strings
 from ..log.message import batch_message_ids, delivered_ids, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.segment import EOS
@@ -246,7 +247,7 @@ class FlightService(fl.FlightServerBase):
                             f"{batch.schema.names}")
         batch = _empty_as_none(batch)
         topic = batch.column("topic")
-        topics = [topic[0].as_py()] if len(topic) == 1 else pc.unique(topic).to_pylist()
+        topics = distinct_strings(topic)
         if None in topics:
             raise UserError("every row needs a topic")
         self._authorize(context, send_resources(topics))

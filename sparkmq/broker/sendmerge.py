@@ -37,7 +37,9 @@ class _Ticket:
         self.rows = rows
         self.results: list | None = None
         self.error: BaseException | None = None
-        self.done = threading.Event()       # results ready, or the lead handed over
+        # results ready, or the lead handed over: a follower's only (``submit``), as a
+        # lone request, the usual one, leads and waits for no one
+        self.done: threading.Event | None = None
         self.lead = False
 
 
@@ -75,6 +77,8 @@ class SendMerger:
             self._pending.append(ticket)     # a new leader finds only its own ticket here
             ticket.lead = not self._leading
             self._leading = True
+            if not ticket.lead:
+                ticket.done = threading.Event()
         while not ticket.lead:
             if ticket.done.wait(self.wait_s):
                 break
@@ -128,7 +132,8 @@ class SendMerger:
                 t.error = outcome
             else:
                 t.results = outcome
-            t.done.set()
+            if t.done is not None:
+                t.done.set()
 
     def _append_batch(self, batch: list[_Ticket]) -> list:
         """Per ticket: its rows' results, or the exception its request alone failed with."""

@@ -32,7 +32,7 @@ from ..errors import (InvalidMessageError, PermissionDeniedError, QueueNotFoundE
 from . import format as fmt
 from .actions import PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401  (re-exported)
 from .actions import TopicConfig
-from .dispatch import RowInfo, binary_lengths
+from .dispatch import RowInfo, binary_lengths, distinct_strings
 from .limits import MessageLimits, check_batch, check_message
 from .message import Message, group_hashes
 
@@ -469,7 +469,7 @@ class BatchBuilder:
         if n == 1:
             names, idx = [topics[0].as_py()], None
         else:
-            names, idx = pc.unique(topics).to_pylist(), None     # (cheaper than encoding)
+            names, idx = distinct_strings(topics), None     # (cheaper than encoding)
             if len(names) > 1:
                 enc = pc.dictionary_encode(topics)
                 names = enc.dictionary.to_pylist()
