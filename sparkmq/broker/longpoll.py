@@ -31,6 +31,12 @@ import threading
 import time
 
 
+class _Held(threading.local):
+    """Per thread: the arrivals a ``deferred`` block holds (None outside one; a class
+    default, so reading it never raises and formats an AttributeError)."""
+    held: set | None = None
+
+
 class ArrivalNotifier:
     """``capacity``: waits held at once (``maxLongPollingRequests``); one more raises
     ``TooManyRequestsError`` at once (the proxy's TOO_MANY_REQUESTS).
@@ -43,7 +49,7 @@ class ArrivalNotifier:
         self.capacity = capacity
         self._lock = threading.Lock()
         self._conds: dict = {}             # key -> [Condition on _lock, threads waiting]
-        self._local = threading.local()
+        self._local = _Held()
         self._versions: dict = {}          # key -> arrivals
         self._blind: dict[str, int] = {}   # topic -> wakes that named no queue
         self._pokes = 0
@@ -55,7 +61,7 @@ class ArrivalNotifier:
     def on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
         """Store listener: messages of ``topic``'s queue became readable. On a thread
         inside :meth:`deferred` the wake-up waits until that block hands it over."""
-        held = getattr(self._local, "held", None)
+        held = self._local.held
         if held is not None:
             held.add((topic, queue_id))
             return

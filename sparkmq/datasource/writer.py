@@ -461,7 +461,7 @@ class _BatchConverter:
             "message_type": group_message_types(group),
             "unique_key": pa.nulls(n, pa.string()),
         }
-        segment_batch = pa.RecordBatch.from_arrays([out[f.name] for f in fmt.SEGMENT_SCHEMA],
+        segment_batch = pa.RecordBatch.from_arrays([out[f.name] for f in fmt.SEGMENT_FIELDS],
                                                    schema=fmt.SEGMENT_SCHEMA)
         check_batch(segment_batch, self.w.limits)     # as Store.append_batch does
         return segment_batch

@@ -328,7 +328,7 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
     ``message_type`` NORMAL, the rest null. A ``born_timestamp`` list may hold None
     (then ``now_ms``). Feed the result to ``Store.append_batch`` (its no-cast path)."""
     out, defaults, now = [], None, None
-    for f in fmt.SEGMENT_SCHEMA:
+    for f in fmt.SEGMENT_FIELDS:
         v = columns.get(f.name)
         if v is None:
             if f.name in _TIME_COLUMNS:          # (both defaults: one array)
@@ -516,7 +516,7 @@ class BatchBuilder:
         else:   # no queue_id column, or one with nulls: the null rows are chosen
             qids = pa.array(self._choose_missing(table, topics, confs, n), pa.int32())
         cols = {"topic": topics.cast(pa.string()), "queue_id": qids, "body": body}
-        for f in fmt.SEGMENT_SCHEMA:
+        for f in fmt.SEGMENT_FIELDS:
             if f.name in cols or f.name not in names:
                 continue
             try:

@@ -86,6 +86,9 @@ SEGMENT_SCHEMA = pa.schema([
     pa.field("message_type", pa.int8(), nullable=False),
     pa.field("unique_key", pa.string()),
 ], metadata={b"sparkmq.format": str(FORMAT_VERSION).encode()})
+#: SEGMENT_SCHEMA's fields as a tuple, for loops on the append path: iterating a pyarrow
+#: Schema raises and formats a TypeError inside pyarrow for each field (~3 us a loop).
+SEGMENT_FIELDS = tuple(SEGMENT_SCHEMA)
 
 #: Columns a reader adds to segment columns (they live in the log and side tables).
 QUEUE_OFFSET = pa.field("queue_offset", pa.int64(), nullable=False)
