@@ -259,7 +259,7 @@ def write_side_table(sfs: StoreFS, rel: str, table: pa.Table, *, row_group_rows:
     delta = _delta_columns(table.schema)
     pq.write_table(sidefile.with_placeholder(table), sink, row_group_size=row_group_rows,
                    compression="zstd", write_statistics=True, write_page_checksum=True,
-                   use_dictionary=[n for n in table.column_names if n not in delta],
+                   use_dictionary=[n for n in table.schema.names if n not in delta],
                    column_encoding={n: "DELTA_BINARY_PACKED" for n in delta})
     data = sidefile.seal(sink.getvalue())       # footer checksum (format 2)
     sfs.write(rel, data)
@@ -517,7 +517,7 @@ def _select_entries(entries: pa.Table, columns: list[str] | None) -> pa.Table:
     """In-memory entries cut to the columns a persisted read of ``columns`` returns."""
     if columns is None:
         return entries
-    return entries.select([c for c in entries.column_names if c in columns
+    return entries.select([c for c in entries.schema.names if c in columns
                            or c == "queue_offset"])
 
 
