@@ -1,0 +1,185 @@
+"""Instructions per request, counted by valgrind (callgrind), against the durable floor's put
+in the same run: a measure this shared machine's noise does not move.
+
+    .venv/bin/python bench/bench_instructions.py [--quick] [--only NAME ...]
+
+Each workload runs in its own process under ``valgrind --tool=callgrind
+--separate-threads=yes``, twice: after 20 warm-up calls, ``K`` calls and ``K + extra``
+calls. The main thread's instruction count of the second run less the first's, divided by
+``extra``, is one call's cost: start-up, imports and warm-up cancel out, and the broker's
+own threads (flush, services) are counted apart. Workloads (1 KiB bodies, ASYNC_FLUSH):
+
+- ``floor-1`` / ``floor-100``: the durable floor's put (bench_flight's ``DURABLE``: the
+  batch's IPC message, its CRC32C, a ``write``, an ack of offsets) of 1 and 100 rows;
+- ``flight-1`` / ``flight-100``: sparkmq's Flight put (``FlightService._send``) of 1 and
+  100 rows;
+- ``grpc-1`` / ``grpc-100``: a RocketMQ SendMessage of 1 and 100 plain messages
+  (``send_encoded``: parse to answer);
+- ``round``: what a long poll's delivery costs the broker: a one-row Flight put, the pop
+  of that message (``PopService.pop``), its conversion to the protocol message and its ack.
+
+Printed: instructions per call and, for the puts, the ratio to the floor's put of as many
+rows. valgrind counts a ``rep movsb`` copy one instruction per byte, so a 100 KiB body copy
+weighs ~100 k here though it takes a few us: compare like with like.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+WORKLOADS = ("floor-1", "floor-100", "flight-1", "flight-100", "grpc-1", "grpc-100", "round")
+
+
+class _Context:
+    """What the services ask of a call's context, for calling them in process."""
+
+    def __init__(self):
+        self.callbacks = []
+
+    def peer(self):
+        return "ipv4:127.0.0.1:1"
+
+    def get_middleware(self, key):
+        return None
+
+    def invocation_metadata(self):
+        return (("x-mq-client-id", "bench-instructions"),)
+
+    def add_callback(self, fn):
+        self.callbacks.append(fn)
+
+
+def _broker(tmp: str):
+    from bench_broker import free_port
+    from sparkmq.broker import Broker, BrokerConfig
+    return Broker(BrokerConfig.from_properties({
+        "brokerName": "instr", "storePathRootDir": os.path.join(tmp, "mq"),
+        "listenPort": str(free_port()), "adminPort": str(free_port()),
+        "flightPort": str(free_port()), "flushDiskType": "ASYNC_FLUSH",
+        "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4",
+        "flightEnable": "true"})).start()
+
+
+def _rows(n: int):
+    import pyarrow as pa
+    return pa.RecordBatch.from_pydict({"topic": ["instr"] * n, "body": [b"x" * 1024] * n})
+
+
+def _workload(name: str, tmp: str):
+    """(call, stop) for workload ``name``."""
+    kind, _, rows = name.partition("-")
+    if kind == "floor":
+        from bench_flight import DURABLE
+        fd = os.open(os.path.join(tmp, "floor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o644)
+        floor = {"fd": fd}
+        exec(DURABLE, floor)
+        batch = _rows(int(rows))
+        return (lambda: floor["durable"](batch)), (lambda: os.close(fd))
+    broker, ctx = _broker(tmp), _Context()
+    if kind == "flight":
+        batch = _rows(int(rows))
+        return (lambda: broker.flight._send(ctx, batch)), broker.stop
+    if kind == "grpc":
+        from rocketmq.grpc_protocol import definition_pb2 as pb, service_pb2 as spb
+        from sparkmq.broker.grpc_service import MessagingServicer
+        msgs = []
+        for i in range(int(rows)):
+            m = pb.Message(topic=pb.Resource(name="instr-grpc"), body=b"x" * 1024)
+            m.system_properties.message_id = "01" + "%030d" % i
+            m.system_properties.born_host = "10.0.0.1"
+            m.system_properties.born_timestamp.FromMilliseconds(1_700_000_000_000)
+            m.system_properties.message_type = pb.NORMAL
+            msgs.append(m)
+        data = spb.SendMessageRequest(messages=msgs).SerializeToString()
+        servicer = MessagingServicer(broker)
+
+        def grpc():
+            r = servicer.send_encoded(spb.SendMessageRequest.FromString(data), ctx)
+            if not isinstance(r, bytes):
+                r.SerializeToString()
+            for cb in ctx.callbacks:
+                cb()
+            ctx.callbacks.clear()
+        return grpc, broker.stop
+    from sparkmq.broker.pop import TagFilter
+    from sparkmq.broker.protocol import message_to_pb
+    one, every = _rows(1), TagFilter("*")
+
+    def round_():
+        broker.flight._send(ctx, one)
+        for d in broker.pop.pop("G", "instr", batch_size=32, invisible_ms=30_000,
+                                tag_filter=every):
+            message_to_pb(d.message, d).SerializeToString()
+            broker.receiver.ack("G", d.receipt_handle, "instr")
+    return round_, broker.stop
+
+
+def worker(name: str, calls: int) -> None:
+    tmp = tempfile.mkdtemp(prefix="bench-instr-")
+    try:
+        call, stop = _workload(name, tmp)
+        try:
+            for _ in range(20 + calls):
+                call()
+        finally:
+            stop()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _main_thread_instructions(valgrind: str, name: str, calls: int) -> int:
+    tmp = tempfile.mkdtemp(prefix="bench-instr-cg-")
+    try:
+        out = os.path.join(tmp, "cg.out")
+        subprocess.run([valgrind, "--tool=callgrind", "--separate-threads=yes",
+                        f"--callgrind-out-file={out}", sys.executable, __file__,
+                        "--worker", name, str(calls)],
+                       check=True, capture_output=True, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT})
+        with open(out + "-01") as f:       # thread 1: the calls
+            for line in f:
+                if line.startswith(("summary:", "totals:")):
+                    return int(line.split()[1])
+        raise RuntimeError(f"no totals in {out}-01")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer calls (200 more, not 1,000)")
+    ap.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    ap.add_argument("--worker", nargs=2, metavar=("NAME", "CALLS"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker(args.worker[0], int(args.worker[1]))
+        return 0
+    from bench_broker import ensure_apt
+    valgrind = ensure_apt("valgrind", "valgrind")
+    if valgrind is None:
+        return 1
+    base, extra = 100, 200 if args.quick else 1000
+    per_call = {}
+    for name in args.only:
+        lo = _main_thread_instructions(valgrind, name, base)
+        hi = _main_thread_instructions(valgrind, name, base + extra)
+        per_call[name] = (hi - lo) / extra
+        print(f"# {name}: {per_call[name] / 1e6:.3f} M instructions a call", flush=True)
+    print(f"\n{'workload':<14}{'M instructions/call':>22}{'/ floor put':>14}")
+    for name, v in per_call.items():
+        floor = per_call.get("floor-" + name.partition("-")[2])
+        ratio = f"{v / floor:14.1f}" if floor and not name.startswith("floor") else ""
+        print(f"{name:<14}{v / 1e6:>22.3f}{ratio}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
