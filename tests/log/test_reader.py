@@ -216,3 +216,19 @@ def test_a_whole_row_read_is_the_message_schema_as_a_column_by_column_read_build
         assert whole.num_rows == hi - lo and whole.equals(named)
     assert snap.read_table("t", 0, 0, 9).column("body").to_pylist() == [
         b"%d-%d" % (k, i) for k in range(3) for i in (0, 2, 3)]
+
+
+def test_stored_messages_give_times_as_int_ms_across_chunks_nulls_and_units():
+    from sparkmq.log.message import stored_messages
+    ms = [1_700_000_000_123, 1_700_000_000_456, 1_700_000_000_789]
+    born = pa.chunked_array([pa.array(ms[:2], fmt.TS), pa.array(ms[2:], fmt.TS)])
+    due = pa.chunked_array([pa.array([None, ms[1]], fmt.TS), pa.array([None], fmt.TS)])
+    stored = pa.array([v * 1000 for v in ms], pa.timestamp("us", tz="UTC"))  # another unit
+    table = pa.table({"topic": ["T"] * 3, "body": [b"a", b"b", b"c"], "queue_id": [0] * 3,
+                      "queue_offset": [0, 1, 2], "physical_offset": [0, 0, 0],
+                      "message_id": ["a", "b", "c"], "born_timestamp": born,
+                      "store_timestamp": stored, "delivery_timestamp": due})
+    got = stored_messages(table)
+    assert [m.born_timestamp for m in got] == ms
+    assert [m.store_timestamp for m in got] == ms
+    assert [m.delivery_timestamp for m in got] == [None, ms[1], None]
