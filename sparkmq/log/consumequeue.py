@@ -82,15 +82,16 @@ def chunks_to_table(chunks: list[Chunk], lo: int, hi: int) -> pa.Table:
         parts["store_timestamp"].append(ch.store_ts[s:e])
     if not parts["queue_offset"]:
         return empty_entries()
-    cols = {k: np.concatenate(v) for k, v in parts.items()}
-    return pa.table({
-        "queue_offset": pa.array(cols["queue_offset"], pa.int64()),
-        "batch_offset": pa.array(cols["batch_offset"], pa.int64()),
-        "row": pa.array(cols["row"], pa.int32()),
-        "size": pa.array(cols["size"], pa.int32()),
-        "tags_code": pa.array(cols["tags_code"], pa.int64()),
-        "store_timestamp": fmt.ts_array(cols["store_timestamp"]),
-    })
+    one = len(parts["queue_offset"]) == 1       # the usual read: inside one chunk
+    cols = {k: v[0] if one else np.concatenate(v) for k, v in parts.items()}
+    return pa.Table.from_arrays([
+        pa.array(cols["queue_offset"], pa.int64()), pa.array(cols["batch_offset"], pa.int64()),
+        pa.array(cols["row"], pa.int32()), pa.array(cols["size"], pa.int32()),
+        pa.array(cols["tags_code"], pa.int64()), fmt.ts_array(cols["store_timestamp"])],
+        schema=_ENTRY_SCHEMA)
+
+
+_ENTRY_SCHEMA = pa.schema([fmt.CONSUMEQUEUE_SCHEMA.field(c) for c in ENTRY_COLUMNS])
 
 
 class MemoryConsumeQueue:
