@@ -110,8 +110,9 @@ def _empty_as_none(batch: pa.RecordBatch) -> pa.RecordBatch:
     for name in ("tags", "message_group"):
         i = batch.schema.get_field_index(name)
         if i >= 0:
-            col = none_if_empty(batch.column(i))
-            if col is not batch.column(i):
+            given = batch.column(i)
+            col = none_if_empty(given)
+            if col is not given:
                 batch = batch.set_column(i, batch.schema.field(i), col)
     return batch
 
