@@ -266,9 +266,11 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
         if answer is not None:
             return answer
         sender = self.broker.sender
-        rows = sender.plain_rows(request.messages)
+        # one pass over upb's container (each ends in an IndexError it formats)
+        messages = list(request.messages)
+        rows = sender.plain_rows(messages)
         if rows is None:
-            rows = sender.accept(request.messages, lambda: client_id(context))
+            rows = sender.accept(messages, lambda: client_id(context))
             if isinstance(rows, pb.Status):
                 return spb.SendMessageResponse(status=rows)
         return self._store_rows(request, rows, context)
