@@ -494,8 +494,8 @@ class BatchBuilder:
     def normalize(self, table: pa.Table, *, limits_checked: bool = False) -> pa.RecordBatch:
         """A batch in SEGMENT_SCHEMA from a table with at least ``topic`` and ``body``
         (other columns cast; missing ones get their defaults; queue ids chosen). An empty
-        tag or message group is none and, without a ``message_type`` column, a row with a
-        group is FIFO, as every writer of a producer's rows stores it."""
+        message group is none and, without a ``message_type`` column, a row with a group
+        is FIFO, as every writer of a producer's rows stores it."""
         names = table.schema.names
         for need in ("topic", "body"):
             if need not in names:
@@ -527,9 +527,7 @@ class BatchBuilder:
                 raise InvalidMessageError(
                     f"column {f.name!r} has type {table.column(f.name).type}, expected "
                     f"{f.type}: {exc}") from None
-        if "tags" in cols:               # a producer's rows: the writers' one rule
-            cols["tags"] = none_if_empty(cols["tags"])
-        if "message_group" in cols:
+        if "message_group" in cols:      # a producer's rows: the writers' one rule
             cols["message_group"] = none_if_empty(cols["message_group"])
             if "message_type" not in cols:
                 cols["message_type"] = group_message_types(cols["message_group"])
