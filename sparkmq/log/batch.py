@@ -493,9 +493,7 @@ class BatchBuilder:
 
     def normalize(self, table: pa.Table, *, limits_checked: bool = False) -> pa.RecordBatch:
         """A batch in SEGMENT_SCHEMA from a table with at least ``topic`` and ``body``
-        (other columns cast; missing ones get their defaults; queue ids chosen). An empty
-        message group is none and, without a ``message_type`` column, a row with a group
-        is FIFO, as every writer of a producer's rows stores it."""
+        (other columns cast; missing ones get their defaults; queue ids chosen)."""
         names = table.schema.names
         for need in ("topic", "body"):
             if need not in names:
@@ -527,10 +525,6 @@ class BatchBuilder:
                 raise InvalidMessageError(
                     f"column {f.name!r} has type {table.column(f.name).type}, expected "
                     f"{f.type}: {exc}") from None
-        if "message_group" in cols:      # a producer's rows: the writers' one rule
-            cols["message_group"] = none_if_empty(cols["message_group"])
-            if "message_type" not in cols:
-                cols["message_type"] = group_message_types(cols["message_group"])
         batch = build_segment_batch(cols, n, store_host=self.store_host, now_ms=self.clock_ms())
         batch = fill_required(batch, self.clock_ms)
         if not limits_checked:

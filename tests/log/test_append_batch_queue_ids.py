@@ -144,22 +144,3 @@ def test_a_send_built_from_column_lists_gets_the_one_queue_choice(store):
     assert r.queue_ids.tolist() == [2, zlib.crc32(b"g") % 4, 0, 0]
     got = _queues_of(store, "t")
     assert got == {b"a": 2, b"b": zlib.crc32(b"g") % 4, b"d": 0}
-
-
-def test_a_table_with_message_groups_stores_them_as_the_writers_do(store):
-    """No message_type column: a row with a group is FIFO, an empty group is none (a NORMAL
-    row, queued like one without a group); a given message_type is kept."""
-    import zlib
-    from sparkmq.log import format as fmt
-    store.append_batch(pa.table({"topic": ["t"] * 3, "body": [b"g", b"empty", b"none"],
-                                 "message_group": ["g1", "", None]}))
-    store.append_batch(pa.table({"topic": ["t"], "body": [b"typed"], "message_group": ["g2"],
-                                 "message_type": pa.array([0], pa.int8())}))
-    store.flush()
-    snap = Snapshot.load(store.url)
-    rows = {r["body"]: r for q in range(4) for r in snap.read_table(
-        "t", q, 0, columns=["body", "message_group", "message_type", "queue_id"]).to_pylist()}
-    assert {b: (r["message_group"], r["message_type"]) for b, r in rows.items()} == {
-        b"g": ("g1", fmt.MESSAGE_TYPE_FIFO), b"empty": (None, fmt.MESSAGE_TYPE_NORMAL),
-        b"none": (None, fmt.MESSAGE_TYPE_NORMAL), b"typed": ("g2", fmt.MESSAGE_TYPE_NORMAL)}
-    assert rows[b"g"]["queue_id"] == zlib.crc32(b"g1") % 4
