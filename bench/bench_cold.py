@@ -83,31 +83,36 @@ class _Context:
         self.callbacks.append(fn)
 
 
-def sparkmq_puts(tmp: str):
-    """(Flight put of one row, RocketMQ send of one message, stop) on an in-process broker."""
-    import pyarrow as pa
-    from rocketmq.grpc_protocol import definition_pb2 as pb, service_pb2 as spb
+def in_process_broker(tmp: str):
+    """A broker on ``tmp`` (ASYNC_FLUSH, Flight on, topics auto-created with 4 queues)."""
     from sparkmq.broker import Broker, BrokerConfig
-    from sparkmq.broker.grpc_service import MessagingServicer
-    conf = BrokerConfig.from_properties({
+    return Broker(BrokerConfig.from_properties({
         "brokerName": "cold", "storePathRootDir": os.path.join(tmp, "mq"),
         "listenPort": str(free_port()), "adminPort": str(free_port()),
         "flightPort": str(free_port()), "flushDiskType": "ASYNC_FLUSH",
         "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4",
-        "flightEnable": "true"})
-    broker = Broker(conf).start()
-    ctx = _Context()
-    one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [b"x" * 1024]})
-    m = pb.Message(topic=pb.Resource(name="lat-grpc"), body=b"x" * 1024)
-    m.system_properties.message_id = "01" + "0" * 30
-    m.system_properties.born_host = "10.0.0.1"
-    m.system_properties.born_timestamp.FromMilliseconds(1_700_000_000_000)
-    m.system_properties.message_type = pb.NORMAL
-    data = spb.SendMessageRequest(messages=[m]).SerializeToString()
-    servicer = MessagingServicer(broker)
+        "flightEnable": "true"})).start()
 
-    def flight():
-        broker.flight._send(ctx, one)
+
+def plain_request(topic: str, n: int) -> bytes:
+    """A serialized SendMessageRequest of ``n`` plain 1 KiB messages, as a client sends."""
+    from rocketmq.grpc_protocol import definition_pb2 as pb, service_pb2 as spb
+    msgs = []
+    for i in range(n):
+        m = pb.Message(topic=pb.Resource(name=topic), body=b"x" * 1024)
+        m.system_properties.message_id = "01" + "%030d" % i
+        m.system_properties.born_host = "10.0.0.1"
+        m.system_properties.born_timestamp.FromMilliseconds(1_700_000_000_000)
+        m.system_properties.message_type = pb.NORMAL
+        msgs.append(m)
+    return spb.SendMessageRequest(messages=msgs).SerializeToString()
+
+
+def grpc_send(broker, data: bytes, ctx: _Context):
+    """A call of ``broker``'s SendMessage on request bytes ``data``, parse to answer."""
+    from rocketmq.grpc_protocol import service_pb2 as spb
+    from sparkmq.broker.grpc_service import MessagingServicer
+    servicer = MessagingServicer(broker)
 
     def grpc():
         r = servicer.send_encoded(spb.SendMessageRequest.FromString(data), ctx)
@@ -116,7 +121,18 @@ def sparkmq_puts(tmp: str):
         for cb in ctx.callbacks:
             cb()
         ctx.callbacks.clear()
-    return flight, grpc, broker.stop
+    return grpc
+
+
+def sparkmq_puts(tmp: str):
+    """(Flight put of one row, RocketMQ send of one message, stop) on an in-process broker."""
+    import pyarrow as pa
+    broker, ctx = in_process_broker(tmp), _Context()
+    one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [b"x" * 1024]})
+
+    def flight():
+        broker.flight._send(ctx, one)
+    return flight, grpc_send(broker, plain_request("lat-grpc", 1), ctx), broker.stop
 
 
 def main(argv=None) -> int:

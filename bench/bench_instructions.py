@@ -34,37 +34,9 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from bench_cold import _Context, grpc_send, in_process_broker, plain_request  # noqa: E402
+
 WORKLOADS = ("floor-1", "floor-100", "flight-1", "flight-100", "grpc-1", "grpc-100", "round")
-
-
-class _Context:
-    """What the services ask of a call's context, for calling them in process."""
-
-    def __init__(self):
-        self.callbacks = []
-
-    def peer(self):
-        return "ipv4:127.0.0.1:1"
-
-    def get_middleware(self, key):
-        return None
-
-    def invocation_metadata(self):
-        return (("x-mq-client-id", "bench-instructions"),)
-
-    def add_callback(self, fn):
-        self.callbacks.append(fn)
-
-
-def _broker(tmp: str):
-    from bench_broker import free_port
-    from sparkmq.broker import Broker, BrokerConfig
-    return Broker(BrokerConfig.from_properties({
-        "brokerName": "instr", "storePathRootDir": os.path.join(tmp, "mq"),
-        "listenPort": str(free_port()), "adminPort": str(free_port()),
-        "flightPort": str(free_port()), "flushDiskType": "ASYNC_FLUSH",
-        "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4",
-        "flightEnable": "true"})).start()
 
 
 def _rows(n: int):
@@ -83,32 +55,12 @@ def _workload(name: str, tmp: str):
         exec(DURABLE, floor)
         batch = _rows(int(rows))
         return (lambda: floor["durable"](batch)), (lambda: os.close(fd))
-    broker, ctx = _broker(tmp), _Context()
+    broker, ctx = in_process_broker(tmp), _Context()
     if kind == "flight":
         batch = _rows(int(rows))
         return (lambda: broker.flight._send(ctx, batch)), broker.stop
     if kind == "grpc":
-        from rocketmq.grpc_protocol import definition_pb2 as pb, service_pb2 as spb
-        from sparkmq.broker.grpc_service import MessagingServicer
-        msgs = []
-        for i in range(int(rows)):
-            m = pb.Message(topic=pb.Resource(name="instr-grpc"), body=b"x" * 1024)
-            m.system_properties.message_id = "01" + "%030d" % i
-            m.system_properties.born_host = "10.0.0.1"
-            m.system_properties.born_timestamp.FromMilliseconds(1_700_000_000_000)
-            m.system_properties.message_type = pb.NORMAL
-            msgs.append(m)
-        data = spb.SendMessageRequest(messages=msgs).SerializeToString()
-        servicer = MessagingServicer(broker)
-
-        def grpc():
-            r = servicer.send_encoded(spb.SendMessageRequest.FromString(data), ctx)
-            if not isinstance(r, bytes):
-                r.SerializeToString()
-            for cb in ctx.callbacks:
-                cb()
-            ctx.callbacks.clear()
-        return grpc, broker.stop
+        return grpc_send(broker, plain_request("instr-grpc", int(rows)), ctx), broker.stop
     from sparkmq.broker.pop import TagFilter
     from sparkmq.broker.protocol import message_to_pb
     one, every = _rows(1), TagFilter("*")
