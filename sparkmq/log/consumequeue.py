@@ -34,6 +34,7 @@ from . import sidefile
 from .fs import StoreFS
 
 ENTRY_COLUMNS = ["queue_offset", "batch_offset", "row", "size", "tags_code", "store_timestamp"]
+_ENTRY_SCHEMA = pa.schema([fmt.CONSUMEQUEUE_SCHEMA.field(c) for c in ENTRY_COLUMNS])
 
 
 #: what one chunk costs in memory beyond its entries (object, four arrays, list slots;
@@ -62,7 +63,7 @@ class Chunk:
 
 
 def empty_entries() -> pa.Table:
-    return fmt.CONSUMEQUEUE_SCHEMA.empty_table().select(ENTRY_COLUMNS)
+    return _ENTRY_SCHEMA.empty_table()
 
 
 def chunks_to_table(chunks: list[Chunk], lo: int, hi: int) -> pa.Table:
@@ -90,8 +91,6 @@ def chunks_to_table(chunks: list[Chunk], lo: int, hi: int) -> pa.Table:
         pa.array(cols["tags_code"], pa.int64()), fmt.ts_array(cols["store_timestamp"])],
         schema=_ENTRY_SCHEMA)
 
-
-_ENTRY_SCHEMA = pa.schema([fmt.CONSUMEQUEUE_SCHEMA.field(c) for c in ENTRY_COLUMNS])
 
 
 class MemoryConsumeQueue:
