@@ -109,13 +109,13 @@ def plain_request(topic: str, n: int) -> bytes:
 
 
 def grpc_send(broker, data: bytes, ctx: _Context):
-    """A call of ``broker``'s SendMessage on request bytes ``data``, parse to answer."""
-    from rocketmq.grpc_protocol import service_pb2 as spb
-    from sparkmq.broker.grpc_service import MessagingServicer
-    servicer = MessagingServicer(broker)
+    """A call of ``broker``'s SendMessage on request bytes ``data``, from the server's
+    request deserializer to the answer's bytes."""
+    from sparkmq.broker.grpc_service import MessagingServicer, request_reader
+    servicer, read = MessagingServicer(broker), request_reader("SendMessage")
 
     def grpc():
-        r = servicer.send_encoded(spb.SendMessageRequest.FromString(data), ctx)
+        r = servicer.send_encoded(read(data), ctx)
         if not isinstance(r, bytes):
             r.SerializeToString()
         for cb in ctx.callbacks:

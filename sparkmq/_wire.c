@@ -3,9 +3,11 @@
  * column buffers, and its all-OK answer turned into bytes, without a Python object
  * per message (docs/ARCHITECTURE.md, "The plain gRPC send").
  *
- * Input is protobuf as upb serialized it (the broker re-serializes the request it
- * parsed), but every read is bounds-checked all the same: bytes that are not what this
- * scanner expects give None (the caller then takes the general path), never a crash.
+ * Input is the client's bytes, read before upb sees them: every read is bounds-checked,
+ * and the scanner accepts nothing upb would refuse (every string field it takes, the
+ * body digest's too, is checked to be well-formed UTF-8, as upb checks a proto3 string;
+ * any field it does not know is declined). Bytes that are not what it expects give None
+ * (the caller then parses them with upb: the general path or BAD_REQUEST), never a crash.
  *
  * Field numbers: apache/rocketmq-apis, apache/rocketmq/v2/definition.proto and
  * service.proto (SendMessageRequest, Message, Resource, SystemProperties, Timestamp,
@@ -79,6 +81,83 @@ static int skip_value(Cursor *c, uint32_t wire)
     }
 }
 
+/* 1 if s[0, n) is well-formed UTF-8, as upb requires of a proto3 string field (the
+ * Unicode standard's table 3-7: no overlong form, no surrogate, nothing past U+10FFFF). */
+static int utf8_valid(const uint8_t *s, Py_ssize_t n)
+{
+    Py_ssize_t i = 0;
+    while (i < n) {
+        if (n - i >= 8) {                    /* eight ASCII bytes at a time */
+            uint64_t w;
+            memcpy(&w, s + i, 8);
+            if (!(w & 0x8080808080808080ull)) {
+                i += 8;
+                continue;
+            }
+        }
+        uint8_t b = s[i];
+        if (b < 0x80) {
+            i++;
+            continue;
+        }
+        int need;
+        uint8_t lo = 0x80, hi = 0xBF;      /* the second byte's range */
+        if (b >= 0xC2 && b <= 0xDF)
+            need = 1;
+        else if (b >= 0xE0 && b <= 0xEF) {
+            need = 2;
+            if (b == 0xE0)
+                lo = 0xA0;
+            else if (b == 0xED)
+                hi = 0x9F;
+        } else if (b >= 0xF0 && b <= 0xF4) {
+            need = 3;
+            if (b == 0xF0)
+                lo = 0x90;
+            else if (b == 0xF4)
+                hi = 0x8F;
+        } else
+            return 0;
+        if (n - i <= need || s[i + 1] < lo || s[i + 1] > hi)
+            return 0;
+        for (int k = 2; k <= need; k++)
+            if ((s[i + k] & 0xC0) != 0x80)
+                return 0;
+        i += need + 1;
+    }
+    return 1;
+}
+
+/* A length-delimited string field's value, if it is well-formed UTF-8; -1 otherwise. */
+static int read_string(Cursor *c, const uint8_t **start, Py_ssize_t *len)
+{
+    return read_bytes(c, start, len) || !utf8_valid(*start, *len) ? -1 : 0;
+}
+
+/* Digest: type (1), checksum (2, a string); not kept, but checked as upb checks it. */
+static int scan_digest(const uint8_t *p, Py_ssize_t len)
+{
+    Cursor c = {p, p + len};
+    uint32_t field, wire;
+    uint64_t v;
+    const uint8_t *s;
+    Py_ssize_t n;
+    while (c.p < c.end) {
+        if (read_key(&c, &field, &wire))
+            return -1;
+        if (field == 1 && wire == 0) {
+            if (read_varint(&c, &v))
+                return -1;
+        } else if (field == 2 && wire == 2) {
+            if (read_string(&c, &s, &n))
+                return -1;
+        } else {
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* Resource: the name (2); the namespace (1) is not part of a topic here. */
 static int scan_resource(const uint8_t *p, Py_ssize_t len, Plain *m)
 {
@@ -89,11 +168,13 @@ static int scan_resource(const uint8_t *p, Py_ssize_t len, Plain *m)
         if (read_key(&c, &field, &wire))
             return -1;
         if (field == 2 && wire == 2 && !seen) {
-            if (read_bytes(&c, &m->topic, &m->topic_len))
+            if (read_string(&c, &m->topic, &m->topic_len))
                 return -1;
             seen = 1;
         } else if (field == 1 && wire == 2) {
-            if (skip_value(&c, wire))
+            const uint8_t *s;
+            Py_ssize_t n;
+            if (read_string(&c, &s, &n))
                 return -1;
         } else {
             return -1;
@@ -129,7 +210,7 @@ static int scan_timestamp(const uint8_t *p, Py_ssize_t len, int64_t *ms)
 }
 
 /* SystemProperties of a plain message: tag (1; empty is none), keys (2, repeated),
- * message_id (3), body_digest (4, not kept), body_encoding (5, not GZIP), message_type
+ * message_id (3), body_digest (4, checked, not kept), body_encoding (5, not GZIP), message_type
  * (6, NORMAL), born_timestamp (7), born_host (8). Any other field, or one of these but
  * keys twice, is not plain. */
 static int scan_system(const uint8_t *p, Py_ssize_t len, Plain *m)
@@ -149,21 +230,21 @@ static int scan_system(const uint8_t *p, Py_ssize_t len, Plain *m)
         seen |= 1u << field;
         switch (field) {
         case 1:
-            if (wire != 2 || read_bytes(&c, &m->tag, &m->tag_len))
+            if (wire != 2 || read_string(&c, &m->tag, &m->tag_len))
                 return -1;
             break;
         case 2:
-            if (wire != 2 || read_bytes(&c, &s, &n))
+            if (wire != 2 || read_string(&c, &s, &n))
                 return -1;
             m->nkeys++;
             m->key_bytes += n;
             break;
         case 3:
-            if (wire != 2 || read_bytes(&c, &m->id, &m->id_len))
+            if (wire != 2 || read_string(&c, &m->id, &m->id_len))
                 return -1;
             break;
         case 4:
-            if (wire != 2 || read_bytes(&c, &s, &n))
+            if (wire != 2 || read_bytes(&c, &s, &n) || scan_digest(s, n))
                 return -1;
             break;
         case 5:
@@ -180,7 +261,7 @@ static int scan_system(const uint8_t *p, Py_ssize_t len, Plain *m)
                 return -1;
             break;
         case 8:
-            if (wire != 2 || read_bytes(&c, &m->host, &m->host_len))
+            if (wire != 2 || read_string(&c, &m->host, &m->host_len))
                 return -1;
             break;
         }
@@ -327,19 +408,30 @@ static int keys_column(const Plain *ms, Py_ssize_t count, PyObject **lists,
 }
 
 PyDoc_STRVAR(scan_plain_doc,
-"scan_plain(data) -> tuple | None\n\n"
-"A serialized SendMessageRequest whose messages are all plain (one topic; NORMAL;\n"
-"a message id, born host and born time each; tag and keys or not; no group,\n"
-"properties, delivery time or gzip; nothing else) as (topic: bytes, rows, bodies and\n"
-"their int32 offsets, message ids and offsets, born hosts and offsets, born times as\n"
-"int64 ms, tags' validity bitmap, null count, offsets and bytes, keys' validity\n"
-"bitmap, null count, list offsets, value offsets and bytes); None for any other.");
+"scan_plain(data, min_messages=1) -> tuple | None\n\n"
+"A serialized SendMessageRequest of at least min_messages messages that are all plain\n"
+"(one topic; NORMAL; a message id, born host and born time each; tag and keys or not;\n"
+"no group, properties, delivery time or gzip; nothing else; every string well-formed\n"
+"UTF-8) as (topic: bytes, rows, bodies and their int32 offsets, message ids and\n"
+"offsets, born hosts and offsets, born times as int64 ms, tags' validity bitmap, null\n"
+"count, offsets and bytes, keys' validity bitmap, null count, list offsets, value\n"
+"offsets and bytes); None for any other. What it accepts, upb parses to the same.");
 
-static PyObject *scan_plain(PyObject *self, PyObject *arg)
+static PyObject *scan_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
     Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE))
+    Py_ssize_t min_messages = 1;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "scan_plain(data, min_messages=1)");
+        return NULL;
+    }
+    if (nargs == 2) {
+        min_messages = PyLong_AsSsize_t(args[1]);
+        if (min_messages == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE))
         return NULL;
     PyObject *result = NULL, *cols[8] = {0}, *keys[3] = {0};
     PyObject *topic = NULL, *borns = NULL, *tag_bits = NULL, *key_bits = NULL;
@@ -354,7 +446,7 @@ static PyObject *scan_plain(PyObject *self, PyObject *arg)
             goto plain_no;
         count++;
     }
-    if (count == 0)
+    if (count == 0 || count < min_messages)
         goto plain_no;
     ms = PyMem_Malloc(sizeof(Plain) * (size_t)count);
     if (ms == NULL) {
@@ -498,7 +590,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"scan_plain", scan_plain, METH_O, scan_plain_doc},
+    {"scan_plain", (PyCFunction)(void (*)(void))scan_plain, METH_FASTCALL, scan_plain_doc},
     {"encode_ok", encode_ok, METH_VARARGS, encode_ok_doc},
     {NULL, NULL, 0, NULL},
 };

@@ -22,6 +22,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from ..auth import model
 from ..errors import AuthorizationError, InvalidConfigError
+from .plainsend import PlainRequest
 
 PUB, SUB = ("Pub",), ("Sub",)
 _CONSUMERS = (pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER, pb.PULL_CONSUMER)
@@ -54,6 +55,8 @@ def rpc_resources(method: str, request) -> list[tuple[str, str, tuple]]:
     offset move by one rule each."""
     match method:
         case "SendMessage":
+            if isinstance(request, PlainRequest):     # read without upb: one topic
+                return send_resources([request.topic])
             return send_resources(m.topic.name for m in request.messages)
         case "EndTransaction" | "RecallMessage":
             return [("Topic", request.topic.name, PUB)]

@@ -59,7 +59,7 @@ from .receive import run_here
 from .telemetry import TelemetryMixin, client_id
 from .transaction import UnknownTransaction
 from .grpc_server import Malformed, lenient
-from .plainsend import send_plain
+from .plainsend import parsed, read_request, send_plain
 
 log = logging.getLogger("sparkmq.broker.grpc")
 
@@ -81,9 +81,17 @@ def add_to_server(servicer: "MessagingServicer", server) -> None:
     for m in svc.methods:
         make = makers[(m.client_streaming, m.server_streaming)]
         handlers[m.name] = make(getattr(servicer, m.name),
-                                request_deserializer=lenient(getattr(spb, m.input_type.name)),
+                                request_deserializer=request_reader(m.name),
                                 response_serializer=_serializer(m.output_type.name))
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(svc.full_name, handlers),))
+
+
+def request_reader(method: str):
+    """``method``'s request deserializer: upb, lenient (``Malformed`` for bytes that do
+    not decode); SendMessage's reads a plain request without upb (``plainsend``)."""
+    parse = lenient(getattr(spb, spb.DESCRIPTOR.services_by_name["MessagingService"]
+                            .methods_by_name[method].input_type.name))
+    return read_request(parse) if method == "SendMessage" else parse
 
 
 def _serializer(name: str):
@@ -259,12 +267,13 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
         """Validate each message (a refused one refuses the request, as the proxy:
         ``SendService.accept``), then store them as ONE record batch (one fsync under
         SYNC_FLUSH). A plain request is read into columns and answered as bytes
-        (``plainsend``)."""
-        if not request.messages:
-            return spb.SendMessageResponse(status=status(Code.BAD_REQUEST, "no messages to send"))
+        (``plainsend``); ``request`` is upb's or a ``PlainRequest``."""
         answer = send_plain(self.broker, request, context)
         if answer is not None:
             return answer
+        request = parsed(request)
+        if not request.messages:
+            return spb.SendMessageResponse(status=status(Code.BAD_REQUEST, "no messages to send"))
         sender = self.broker.sender
         # one pass over upb's container (each ends in an IndexError it formats)
         messages = list(request.messages)

@@ -3,8 +3,11 @@
 A request of at least ``MIN_MESSAGES`` messages that are all plain (one topic; NORMAL;
 each with its message id, born host and born time; a tag and keys or not; no group,
 properties, delivery time or gzip: what sparkmq's Producer sends for
-``send_batch(messages)``) is read straight into Arrow column buffers by ``sparkmq._wire``
-(C), held to the rules and stored by the one core a Flight batch goes through
+``send_batch(messages)``) is read straight from the client's bytes into Arrow column
+buffers by ``sparkmq._wire`` (C), in the request's deserializer (``read_request``), so upb
+never parses it: the scanner checks every string it takes to be UTF-8, as upb would, and
+declines whatever it does not know (upb then parses those bytes as for any request). It
+is held to the rules and stored by the one core a Flight batch goes through
 (``batchsend.BatchSender``), and answered, when every row is stored, with the
 SendMessageResponse encoded by ``_wire`` too. Anything else (another kind of request, a
 refused message, a send the broker may not take now) is left to the general path,
@@ -44,12 +47,49 @@ _BORN = pa.timestamp("ms", tz="UTC")
 _KEYS = pa.list_(pa.string())
 
 
+class PlainRequest:
+    """A SendMessageRequest the scanner read from the client's bytes (``read_request``):
+    ``scanned``, its columns, and ``data``, the bytes, which upb parses only if the
+    general path is to answer it after all (``parsed``)."""
+
+    __slots__ = ("data", "scanned", "_parsed")
+
+    def __init__(self, data: bytes, scanned: tuple):
+        self.data, self.scanned, self._parsed = data, scanned, None
+
+    @property
+    def topic(self) -> str:
+        """The one topic every message names."""
+        return self.scanned[0].decode()
+
+    def parsed(self) -> spb.SendMessageRequest:
+        """upb's parse of the same bytes (the scanner accepts nothing upb refuses)."""
+        if self._parsed is None:
+            self._parsed = spb.SendMessageRequest.FromString(self.data)
+        return self._parsed
+
+
+def read_request(parse):
+    """SendMessage's request deserializer: a :class:`PlainRequest` for a plain request of
+    at least ``MIN_MESSAGES`` messages, else ``parse(data)`` (upb, or ``Malformed``)."""
+    def read(data: bytes):
+        scanned = None if _wire is None else _wire.scan_plain(data, MIN_MESSAGES)
+        return parse(data) if scanned is None else PlainRequest(data, scanned)
+    return read
+
+
+def parsed(request) -> spb.SendMessageRequest:
+    """``request`` as upb parsed it (a :class:`PlainRequest`'s bytes parsed now)."""
+    return request.parsed() if isinstance(request, PlainRequest) else request
+
+
 def plain_batch(request) -> tuple[pa.RecordBatch, str] | None:
-    """``request`` (a parsed SendMessageRequest) as a Flight send batch (topic, body,
-    unique_key, born_timestamp, born_host; tags and keys where a row has them: an empty
-    tag is none, as the proxy reads it) and its one topic, if it is plain; else None.
-    The scanner reads upb's serialization of the parsed request, never the client's
-    bytes: what it sees is well-formed protobuf with valid UTF-8 strings."""
+    """``request`` as a Flight send batch (topic, body, unique_key, born_timestamp,
+    born_host; tags and keys where a row has them: an empty tag is none, as the proxy
+    reads it) and its one topic, if it is plain; else None. A parsed SendMessageRequest
+    (a caller in process) is serialized for the scanner."""
+    if isinstance(request, PlainRequest):
+        return batch_of(request.scanned)
     if _wire is None or len(request.messages) < MIN_MESSAGES:
         return None
     scanned = _wire.scan_plain(request.SerializeToString())

@@ -207,3 +207,31 @@ def test_an_acl_super_user_may_use_the_admin_endpoint_instead_of_the_token(
     keys = {**KEYS, "carol": "carol-secret-key"}
     md = dict(_metadata(user, secret if secret is not None else keys[user])[1:])
     assert _admin_status(broker, md) == expected
+
+
+def test_a_plain_send_read_without_upb_is_decided_by_its_topic(broker):
+    """A plain SendMessage of ``MIN_MESSAGES`` or more is read from the client's bytes,
+    not by upb (plainsend.PlainRequest): its topic is still what authorization decides,
+    and a refused request stores nothing."""
+    from sparkmq.broker import plainsend
+    from sparkmq.broker.grpc_service import request_reader
+
+    def message(i):
+        s = pb.SystemProperties(message_id=f"01PLAIN{i}", message_type=pb.NORMAL,
+                                born_host="10.0.0.1")
+        s.born_timestamp.seconds = 1_700_000_000
+        return pb.Message(topic=T, body=b"x", system_properties=s)
+    request = spb.SendMessageRequest(messages=[message(i) for i in
+                                               range(plainsend.MIN_MESSAGES)])
+    assert isinstance(request_reader("SendMessage")(request.SerializeToString()),
+                      plainsend.PlainRequest)
+    before = broker.store.max_offset("T", 0)
+    with grpc.insecure_channel(broker.endpoint) as channel:
+        send = service_pb2_grpc.MessagingServiceStub(channel).SendMessage
+        for caller, code in (("no credential", Code.UNAUTHORIZED),
+                             ("user without permission", Code.FORBIDDEN)):
+            assert send(request, timeout=30, metadata=_metadata(*CALLERS[caller])
+                        ).status.code == code
+            assert broker.store.max_offset("T", 0) == before
+        assert send(request, timeout=30, metadata=_metadata("alice")).status.code == Code.OK
+    assert broker.store.max_offset("T", 0) == before + plainsend.MIN_MESSAGES

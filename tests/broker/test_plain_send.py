@@ -176,12 +176,92 @@ def test_the_c_reader_reads_what_upb_reads_and_survives_damaged_bytes(msgs, cut,
     damaged[flip % len(damaged)] = byte                            # and a byte changed
     try:
         spb.SendMessageRequest.FromString(bytes(damaged))
-    except Exception:   # upb refuses it: the broker never hands such bytes to the reader,
-        from sparkmq import _wire                       # but the reader survives them
-        got = _wire.scan_plain(bytes(damaged))
-        assert got is None or len(got) == 18
+    except Exception:   # upb refuses it: so must the reader (it reads the client's bytes
+        from sparkmq import _wire                       # before upb does)
+        assert _wire.scan_plain(bytes(damaged)) is None
         return
     _scanned_as_upb_reads(bytes(damaged))
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    return bytes(out + bytes([v]))
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field, encoded by hand (upb will not encode a bad string)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _raw_plain(raw: dict) -> bytes:
+    """A one-message SendMessageRequest, plain but for whatever ``raw`` puts in its
+    string fields (bytes, any; field numbers: definition.proto)."""
+    get = {"name": b"T", "namespace": b"ns", "tag": b"TagA", "key": b"k1", "id": b"01AB",
+           "host": b"10.0.0.1", "checksum": b"1234", **raw}.get
+    digest = _varint(1 << 3) + _varint(pb.CRC32) + _field(2, get("checksum"))
+    system = (_field(1, get("tag")) + _field(2, get("key")) + _field(3, get("id"))
+              + _field(4, digest) + _varint(6 << 3) + _varint(pb.NORMAL)
+              + _field(7, _varint(1 << 3) + _varint(1_700_000_000)) + _field(8, get("host")))
+    message = (_field(1, _field(1, get("namespace")) + _field(2, get("name")))
+               + _field(3, system) + _field(4, b"body"))
+    return _field(1, message)
+
+
+_UTF8_EDGES = [b"\x7f", b"\xc2\x80", b"\xc1\xbf", b"\xdf\xbf", b"\xe0\xa0\x80", b"\xe0\x9f\xbf",
+               b"\xed\x9f\xbf", b"\xed\xa0\x80", b"\xef\xbf\xbf", b"\xf0\x90\x80\x80",
+               b"\xf0\x8f\xbf\xbf", b"\xf4\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80",
+               b"\x80", b"\xc2", b"\xe1\x80", b"\xf1\x80\x80", b"\xff", b"\x00"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(field=st.sampled_from(["name", "namespace", "tag", "key", "id", "host", "checksum"]),
+       parts=st.lists(st.sampled_from(_UTF8_EDGES) | st.binary(max_size=4)
+                      | st.text(max_size=4).map(str.encode), max_size=4),
+       pad=st.integers(0, 9))
+def test_the_reader_takes_a_string_exactly_when_upb_does(field, parts, pad):
+    """Every string field the reader takes is held to UTF-8 as upb holds it (and as the
+    Unicode standard defines it: Python's codec), including past the eight-byte ASCII
+    step: the reader reads the client's bytes, so it may accept nothing upb refuses."""
+    from sparkmq import _wire
+    raw = b"a" * pad + b"".join(parts)                  # a leading run of ASCII, or none
+    raw = raw or b"a"                                   # (empty: declined for other reasons)
+    data = _raw_plain({field: raw})
+    try:
+        raw.decode("utf-8")
+        unicode_ok = True
+    except UnicodeDecodeError:
+        unicode_ok = False
+    try:
+        spb.SendMessageRequest.FromString(data)
+        upb_ok = True
+    except Exception:   # what upb raises differs by protobuf version; refused is refused
+        upb_ok = False
+    assert upb_ok == unicode_ok
+    assert (_wire.scan_plain(data) is not None) == upb_ok
+    _scanned_as_upb_reads(data)
+
+
+def test_the_deserializer_reads_a_plain_request_without_upb():
+    """The server's SendMessage deserializer: a plain request of ``MIN_MESSAGES`` or more
+    becomes a ``PlainRequest`` (upb parses it only on demand, to the same request); a
+    shorter or not plain one is upb's; bytes upb refuses are ``Malformed`` either way."""
+    from sparkmq.broker.grpc_server import Malformed
+    from sparkmq.broker.grpc_service import request_reader
+    read, data = request_reader("SendMessage"), _raw_plain({})
+    got = read(data)
+    assert isinstance(got, plainsend.PlainRequest) and got.topic == "T"
+    assert got.parsed() == spb.SendMessageRequest.FromString(data)
+    assert plainsend.plain_batch(got)[0].column("tags").to_pylist() == ["TagA"]
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(plainsend, "MIN_MESSAGES", 2)
+        assert isinstance(read(data), spb.SendMessageRequest)          # too short
+        assert isinstance(read(data * 2), plainsend.PlainRequest)
+    assert isinstance(read(_raw_plain({"name": b"T", "id": b""})), spb.SendMessageRequest)
+    bad = read(_raw_plain({"tag": b"Tag\xff"}))
+    assert isinstance(bad, Malformed) and "does not decode" in bad.error
 
 
 @given(st.binary(max_size=300))
@@ -263,3 +343,29 @@ def test_the_c_path_answers_and_stores_as_the_general_path(broker, msgs, monkeyp
     general = _send(broker, f"G{k}", msgs, False, monkeypatch)
     assert fast == general
     assert _rows(broker, f"C{k}", msgs) == _rows(broker, f"G{k}", msgs)
+
+
+def test_over_the_wire_a_plain_request_is_read_from_the_clients_bytes(broker):
+    """Through the broker's gRPC server: a plain request with multi-byte UTF-8 is stored as
+    sent; the same request with one bad UTF-8 byte in one tag is BAD_REQUEST, as upb
+    answers it, and nothing of it is stored; the server goes on serving."""
+    import grpc
+    broker.store.create_topic("WIRE", read_queue_nums=1, write_queue_nums=1)
+    tags = [f"tag-é-日本-{i}".encode() for i in range(plainsend.MIN_MESSAGES + 3)]
+    ok = b"".join(_raw_plain({"name": b"WIRE", "tag": t, "id": b"%04d" % i})
+                  for i, t in enumerate(tags))
+    bad = ok.replace("tag-é-日本-2".encode(), "tag-é-日本-2".encode()[:-1] + b"\xff")
+    assert len(bad) == len(ok) and bad != ok
+    with grpc.insecure_channel(broker.endpoint) as channel:
+        send = channel.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",
+                                   response_deserializer=spb.SendMessageResponse.FromString)
+        refused = send(bad, timeout=30)
+        assert refused.status.code == pb.Code.BAD_REQUEST
+        assert "does not decode" in refused.status.message and not refused.entries
+        assert "WIRE" not in broker.store.topics() or \
+            broker.store.read_table("WIRE", 0, 0).num_rows == 0
+        stored = send(ok, timeout=30)
+    assert stored.status.code == pb.Code.OK
+    assert [e.message_id for e in stored.entries] == ["%04d" % i for i in range(len(tags))]
+    rows = broker.store.read_table("WIRE", 0, 0).to_pylist()
+    assert [r["tags"] for r in rows] == [t.decode() for t in tags]
