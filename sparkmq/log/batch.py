@@ -330,7 +330,8 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
     out, defaults, now = [], None, None
     for f in fmt.SEGMENT_FIELDS:
         v = columns.get(f.name)
-        if v is None:
+        if v is None or (f.name in _NULL_DEFAULTS and type(v) is list and v.count(None) == n):
+            # (a list of nulls where the default is null: the shared default column)
             if f.name in _TIME_COLUMNS:          # (both defaults: one array)
                 now = _time_column(now_ms, n) if now is None else now
                 out.append(now)
@@ -352,6 +353,10 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
 
 
 _TIME_COLUMNS = frozenset({"born_timestamp", "store_timestamp"})
+# the optional columns, null by default (a send's list of them is often all None)
+_NULL_DEFAULTS = frozenset({"queue_id", "tags", "keys", "properties", "born_host",
+                            "message_group", "unique_key", "delivery_timestamp",
+                            "transaction_id"})
 
 
 def _time_column(ms: int, n: int) -> pa.Array:
