@@ -152,20 +152,19 @@ class BatchSender:
 
     def _placed(self, cols: dict, n: int, topics: list[str]) -> pa.Array:
         """The rows' queue ids: a row's own; a message group's left to the store
-        (crc32); the others ONE queue per topic of this batch, as the RocketMQ path
-        places one request (``SendService.request_queue``)."""
-        request_queue = self.broker.sender.request_queue
+        (crc32); the others by the RocketMQ path's rule for one request
+        (``SendService.request_queues``: ONE queue per topic of this batch)."""
+        sender = self.broker.sender
         if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
-            return constant_column(request_queue(topics[0]), pa.int32(), n)
+            return constant_column(sender.request_queue(topics[0]), pa.int32(), n)
         own = cols["queue_id"].cast(pa.int32()) if "queue_id" in cols else pa.nulls(n, pa.int32())
         free = pc.is_null(own)
         if "message_group" in cols:
             free = pc.and_(free, pc.is_null(cols["message_group"]))
         if not pc.any(free).as_py():
             return own
-        topics = pc.dictionary_encode(cols["topic"])
-        chosen = np.array([request_queue(t) for t in topics.dictionary.to_pylist()], np.int32)
-        return pc.if_else(free, pa.array(chosen[topics.indices.to_numpy()]), own)
+        placed = sender.request_queues(cols["topic"].to_pylist(), free.to_pylist())
+        return pc.if_else(free, pa.array(placed, pa.int32()), own)
 
     def _check_types(self, rows: pa.RecordBatch, topic: str) -> None:
         """Rows (of ``topic``) with a message group are FIFO, the others NORMAL (the

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Callable
+from typing import Callable, Sequence
 
 from rocketmq.grpc_protocol import definition_pb2 as pb
 
@@ -436,21 +436,37 @@ class SendService:
         with self._queues_lock:
             return int(self._queues.round_robin(topic, 1, n)[0])
 
+    def request_queues(self, topics: Sequence[str], free: Sequence[bool]) -> list[int | None]:
+        """Where the rows of ONE request go, on both wire paths (this method, and
+        ``request_queue`` for a request of one topic): a free row (no queue of its own, no
+        message group, not parked) to ONE queue per topic of the request, round robin
+        request by request, as the proxy sends a request to one queue; any other row:
+        None (it keeps its own queue, the store hashes its group, or it is parked)."""
+        chosen: dict[str, int] = {}
+        out: list[int | None] = []
+        for topic, is_free in zip(topics, free):
+            if not is_free:
+                out.append(None)
+                continue
+            q = chosen.get(topic)
+            if q is None:
+                q = chosen[topic] = self.request_queue(topic)
+            out.append(q)
+        return out
+
     def place(self, rows: SendRows) -> None:
         """Give the rows of one request that are not parked and have no message group
-        ONE queue per topic (``request_queue``); a plain request without a loop."""
+        their queue (``request_queues``); a plain request without a loop."""
         c, n = rows.columns(), len(rows)
         topics, groups = c["topic"], c["message_group"]
         if not rows.parked and groups.count(None) == n and topics.count(topics[0]) == n:
             q = self.request_queue(topics[0])
             rows.placed, c["queue_id"] = dict.fromkeys(range(n), q), [q] * n
             return
-        chosen: dict[str, int] = {}
-        for r, (topic, group) in enumerate(zip(topics, groups)):
-            if group is None and r not in rows.parked:
-                if topic not in chosen:
-                    chosen[topic] = self.request_queue(topic)
-                rows.placed[r] = c["queue_id"][r] = chosen[topic]
+        free = [g is None and r not in rows.parked for r, g in enumerate(groups)]
+        for r, q in enumerate(self.request_queues(topics, free)):
+            if q is not None:
+                rows.placed[r] = c["queue_id"][r] = q
 
     def _send_rows_alone(self, rows) -> list:
         """``send_rows`` for one SendRows as one record batch. If the batch is refused or

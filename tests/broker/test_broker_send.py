@@ -117,6 +117,21 @@ def test_a_batch_without_message_ids_gets_ids_from_the_store_and_goes_to_one_que
     assert later == {1 - rows[0].queue_id}                           # the other of 2 queues
 
 
+@pytest.mark.integration
+def test_one_rule_places_a_requests_rows_on_both_paths(broker):
+    """``SendService.request_queues``, the rule both wire paths place a request by: the
+    free rows of one topic share ONE queue, a row that is not free keeps None (its own
+    queue, its group's hash, or parked), and a topic with no free row takes no turn of
+    the round robin."""
+    for t in ("RA", "RB"):
+        broker.store.create_topic(t, read_queue_nums=4, write_queue_nums=4)
+    sender = broker.sender
+    placed = sender.request_queues(["RA", "RB", "RA", "RB"], [True, False, True, False])
+    assert placed[1] is None and placed[3] is None and placed[0] == placed[2] is not None
+    assert sender.request_queue("RA") == (placed[0] + 1) % 4
+    assert sender.request_queue("RB") == 0        # RB's first turn: not taken above
+
+
 def test_merged_requests_keep_the_queue_each_was_given():
     a, b = SendRows(), SendRows()
     a.add(0, message(b"a"))

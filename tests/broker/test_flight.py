@@ -100,6 +100,8 @@ def test_a_batch_goes_to_one_queue_as_a_rocketmq_request_does(broker):
                                        message_group=[None, "g", None, None]))
     qids = mixed.column("queue_id").to_pylist()
     assert qids[0] == 3 and qids[1] == zlib.crc32(b"g") % 4 and qids[2] == qids[3]
+    after = _send(client, opts, _batch("Q", [b"e"])).column("queue_id").to_pylist()
+    assert after == [(qids[2] + 1) % 4]         # the mixed batch took one turn, as a request
 
 
 def test_a_producers_own_message_id_wins_where_a_row_has_one(broker):
