@@ -1,5 +1,6 @@
-"""The plain SendMessage request read in C (``sparkmq._wire``, ``broker/plainsend.py``):
-it reads what upb reads, never crashes on bytes it does not expect, and a request answered
+"""The plain SendMessage request read in C (``sparkmq._wire``, ``broker/plainsend.py``)
+from the client's bytes: it reads what upb reads, accepts nothing upb refuses (a bad UTF-8
+string, damaged bytes), never crashes on bytes it does not expect, and a request answered
 by it gets the same answer and stores the same rows as the general path (hypothesis; one
 in-process broker, a fresh pair of topics per example, the request handled in process)."""
 from __future__ import annotations
