@@ -370,3 +370,42 @@ def test_over_the_wire_a_plain_request_is_read_from_the_clients_bytes(broker):
     assert [e.message_id for e in stored.entries] == ["%04d" % i for i in range(len(tags))]
     rows = broker.store.read_table("WIRE", 0, 0).to_pylist()
     assert [r["tags"] for r in rows] == [t.decode() for t in tags]
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(msgs=st.lists(_PLAIN, min_size=1, max_size=3), cut=st.integers(0, 60),
+       flip=st.integers(0, 2000), byte=st.integers(0, 255))
+def test_over_the_wire_damaged_plain_requests_get_a_status_and_store_what_upb_reads(
+        broker, msgs, cut, flip, byte):
+    """Damaged plain requests through the real server: every one gets a protocol
+    status (never a transport error), and a stored one stores exactly the messages upb
+    reads from the same bytes; the server goes on serving."""
+    import grpc
+    topic = f"D{next(_topics)}"
+    broker.store.create_topic(topic, read_queue_nums=1, write_queue_nums=1)
+    data = bytearray(spb.SendMessageRequest(
+        messages=[_pb(m, topic) for m in msgs]).SerializeToString())
+    data = data[:max(1, len(data) - cut)]
+    data[flip % len(data)] = byte
+    try:
+        upb = spb.SendMessageRequest.FromString(bytes(data))
+    except Exception:   # refused by upb: the server must answer BAD_REQUEST
+        upb = None
+    with grpc.insecure_channel(broker.endpoint) as channel:
+        send = channel.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",
+                                   response_deserializer=spb.SendMessageResponse.FromString)
+        answer = send(bytes(data), timeout=30)
+        if upb is None:
+            assert answer.status.code == pb.Code.BAD_REQUEST, answer.status
+        stored = (broker.store.read_table(topic, 0, 0).to_pylist()
+                  if topic in broker.store.topics() else [])
+        if answer.status.code == pb.Code.OK:
+            want = [m for m in upb.messages if m.topic.name == topic]
+            assert [r["body"] for r in stored] == [m.body for m in want]
+            assert [r["tags"] for r in stored] == [m.system_properties.tag or None
+                                                   for m in want]
+        else:
+            assert stored == []
+        good = _raw_plain({"name": topic.encode()})
+        assert send(good, timeout=30).status.code == pb.Code.OK
