@@ -68,29 +68,31 @@ FLIGHT_ENDPOINT_HEADER = "x-sparkmq-flight-endpoint"   # on QueryRoute: this bro
 MAX_INVISIBLE_MS = 12 * 3600 * 1000
 
 
+_SERVICE = spb.DESCRIPTOR.services_by_name["MessagingService"]
+
+
 def add_to_server(servicer: "MessagingServicer", server) -> None:
     """Register ``servicer`` for every method of ``apache.rocketmq.v2.MessagingService``,
     with request parsing that turns undecodable bytes into :class:`Malformed` (so the
     client gets the protocol's BAD_REQUEST status rather than a transport error)."""
-    svc = spb.DESCRIPTOR.services_by_name["MessagingService"]
     makers = {(False, False): grpc.unary_unary_rpc_method_handler,
               (False, True): grpc.unary_stream_rpc_method_handler,
               (True, False): grpc.stream_unary_rpc_method_handler,
               (True, True): grpc.stream_stream_rpc_method_handler}
     handlers = {}
-    for m in svc.methods:
+    for m in _SERVICE.methods:
         make = makers[(m.client_streaming, m.server_streaming)]
         handlers[m.name] = make(getattr(servicer, m.name),
                                 request_deserializer=request_reader(m.name),
                                 response_serializer=_serializer(m.output_type.name))
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(svc.full_name, handlers),))
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(_SERVICE.full_name, handlers),))
 
 
 def request_reader(method: str):
     """``method``'s request deserializer: upb, lenient (``Malformed`` for bytes that do
     not decode); SendMessage's reads a plain request without upb (``plainsend``)."""
-    parse = lenient(getattr(spb, spb.DESCRIPTOR.services_by_name["MessagingService"]
-                            .methods_by_name[method].input_type.name))
+    parse = lenient(getattr(spb, _SERVICE.methods_by_name[method].input_type.name))
     return read_request(parse) if method == "SendMessage" else parse
 
 

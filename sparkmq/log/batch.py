@@ -353,10 +353,6 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
 
 
 _TIME_COLUMNS = frozenset({"born_timestamp", "store_timestamp"})
-# the optional columns, null by default (a send's list of them is often all None)
-_NULL_DEFAULTS = frozenset({"queue_id", "tags", "keys", "properties", "born_host",
-                            "message_group", "unique_key", "delivery_timestamp",
-                            "transaction_id"})
 
 
 def _time_column(ms: int, n: int) -> pa.Array:
@@ -368,6 +364,12 @@ def _time_column(ms: int, n: int) -> pa.Array:
 def _default_value(name: str, store_host: str):
     return store_host if name == "store_host" else \
         0 if name in ("reconsume_times", "message_type") else None
+
+
+# the optional columns, null by default (a send's list of them is often all None)
+_NULL_DEFAULTS = frozenset(f.name for f in fmt.SEGMENT_FIELDS
+                           if f.name not in _TIME_COLUMNS and f.name not in ("topic", "body")
+                           and _default_value(f.name, "") is None)
 
 
 def _constant_defaults(n: int, store_host: str) -> dict[str, pa.Array]:

@@ -92,7 +92,6 @@ def chunks_to_table(chunks: list[Chunk], lo: int, hi: int) -> pa.Table:
         schema=_ENTRY_SCHEMA)
 
 
-
 class MemoryConsumeQueue:
     """The hot tail of every queue, plus the entries not yet persisted. Persisted chunks
     are evicted, a queue's oldest first, while more than ``max_entries`` entries or ``max_bytes``
