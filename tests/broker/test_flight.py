@@ -104,6 +104,21 @@ def test_a_batch_goes_to_one_queue_as_a_rocketmq_request_does(broker):
     assert after == [(qids[2] + 1) % 4]         # the mixed batch took one turn, as a request
 
 
+def test_a_topic_without_a_free_row_takes_no_turn_of_its_round_robin(broker):
+    """A batch of two topics: QA's rows all name their queue, QB's are free. QB's rows
+    share one queue; QA's round robin is left as it was (``request_queues``, the rule
+    the RocketMQ path places by), so QA's next plain batch goes to its first queue."""
+    for t in ("QA", "QB"):
+        broker.store.create_topic(t, read_queue_nums=4, write_queue_nums=4)
+    client, opts = _client(broker)
+    two = pa.RecordBatch.from_pydict({
+        "topic": ["QA", "QB", "QA", "QB"], "body": [b"a", b"b", b"c", b"d"],
+        "queue_id": pa.array([2, None, 3, None], pa.int32())})
+    qids = _send(client, opts, two).column("queue_id").to_pylist()
+    assert qids[0] == 2 and qids[2] == 3 and qids[1] == qids[3]
+    assert _send(client, opts, _batch("QA", [b"e"])).column("queue_id").to_pylist() == [0]
+
+
 def test_a_producers_own_message_id_wins_where_a_row_has_one(broker):
     client, opts = _client(broker)
     own = ["K1", "K2"]
