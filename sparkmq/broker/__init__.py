@@ -7,6 +7,7 @@ Run it with ``python -m sparkmq.broker -c conf/broker-a.properties``;
 """
 from __future__ import annotations
 
+from .. import heap
 from .broker import Broker, BrokerState
 from .config import BrokerConfig, load_properties
 
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None, *, replica: bool = False) -> int:
     except (SparkMQError, OSError) as e:
         print(f"{prog}: cannot start: {e}", file=sys.stderr)
         return 1
+    heap.settle()        # the start-up heap out of the collector's full passes (sparkmq.heap)
     flight = f"Arrow Flight {broker.flight.endpoint}, " if broker.flight is not None else ""
     print(f"{prog} {broker.config.broker_name}#{broker.broker_id} running: gRPC {broker.endpoint}, "
           f"{flight}admin {broker.admin_url}", flush=True)

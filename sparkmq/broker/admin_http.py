@@ -25,6 +25,7 @@ import logging
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from .. import heap
 from ..errors import InvalidConfigError, SparkMQError, TopicNotFoundError, UserError
 from ..log.batch import PERM_RW
 from ..log.committer import ADOPT_PATH
@@ -183,7 +184,9 @@ class BrokerAdmin:
             [({}, b.pop.dlq_count)])}
         from .rocketmq_metrics import families          # RocketMQ 5's names too
         rmq_counters, rmq_gauges = families(b)
-        return b.metrics.render({**gauges, **rmq_gauges}, {**counters, **rmq_counters})
+        gc_counters, gc_gauges = heap.metric_families()
+        return b.metrics.render({**gauges, **rmq_gauges, **gc_gauges},
+                                {**counters, **rmq_counters, **gc_counters})
 
 
 class _AdminHTTPServer(ThreadingHTTPServer):

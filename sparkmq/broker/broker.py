@@ -38,6 +38,7 @@ import threading
 import time
 from typing import Callable
 
+from .. import heap
 from ..errors import BindError, SparkMQError
 from ..lifecycle import ServiceThread
 from ..log.store import Store
@@ -151,6 +152,7 @@ class Broker:
         log.info("broker %s#%d: %s", self.config.broker_name, self.broker_id, state.value)
 
     def start(self) -> "Broker":
+        heap.watch()                    # the collector's pauses, for /metrics
         self._set_state(BrokerState.STARTING)
         self._set_state(BrokerState.RECOVERING)
         cfg = self.config

@@ -1,0 +1,64 @@
+"""The daemons' garbage collector (sparkmq.heap): a broker daemon freezes its start-up
+heap, so the collector's full passes no longer visit it, and /metrics counts the
+collector's collections and the time they held the process."""
+from __future__ import annotations
+
+import gc
+import re
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+from helpers.daemons import ROOT, spawn
+from helpers.net import free_port
+from sparkmq import heap
+
+
+def _sample(text: str, name: str, labels: str = "") -> float:
+    m = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
+    assert m, f"no {name}{labels} in /metrics"
+    return float(m.group(1))
+
+
+@pytest.mark.integration
+def test_a_broker_daemon_freezes_its_start_up_heap(tmp_path, procs):
+    grpc_port, admin_port = free_port(), free_port()
+    spawn(["sparkmq.broker", "-p", str(grpc_port), "--admin-port", str(admin_port),
+           "--store", str(tmp_path / "store")], f"http://127.0.0.1:{admin_port}/health", procs)
+    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    # modules, classes and functions: tens of thousands of objects in any broker
+    assert _sample(text, "sparkmq_gc_frozen_objects") > 10_000
+    for g in "012":
+        assert _sample(text, "python_gc_collections_total", f'{{generation="{g}"}}') >= 0
+        assert _sample(text, "sparkmq_gc_pause_seconds_total", f'{{generation="{g}"}}') >= 0
+
+
+def test_settle_leaves_the_collector_only_what_is_made_afterwards():
+    # in a child: freezing is process-wide, and this test process's heap is pytest's
+    code = ("import gc; from sparkmq import heap; before = len(gc.get_objects()); "
+            "frozen = heap.settle(); print(before, frozen, len(gc.get_objects()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                         text=True, check=True, timeout=60).stdout.split()
+    before, frozen, after = map(int, out)
+    assert frozen >= before * 0.9 and after < before * 0.05
+
+
+def test_the_collectors_pauses_are_counted_per_generation():
+    heap.watch()
+    heap.watch()                          # idempotent: one callback, not two
+    assert gc.callbacks.count(heap._on_collection) == 1
+    counters, gauges = heap.metric_families()
+    pause = dict((lab["generation"], v) for lab, v in
+                 counters["sparkmq_gc_pause_seconds_total"][1])
+    runs = dict((lab["generation"], v) for lab, v in counters["python_gc_collections_total"][1])
+    gc.collect()
+    counters, _ = heap.metric_families()
+    pause2 = dict((lab["generation"], v) for lab, v in
+                  counters["sparkmq_gc_pause_seconds_total"][1])
+    runs2 = dict((lab["generation"], v) for lab, v in counters["python_gc_collections_total"][1])
+    assert runs2["2"] == runs["2"] + 1
+    assert pause2["2"] > pause["2"]       # a full pass over pytest's heap takes some time
+    assert gauges["sparkmq_gc_frozen_objects"][1] == [({}, gc.get_freeze_count())]
