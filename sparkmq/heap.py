@@ -9,9 +9,11 @@ every few thousand requests (bench/README.md, "GC pauses").
 
 :func:`settle` is what a daemon calls once it has started: one collection, then
 ``gc.freeze()`` (standard library, Python 3.7+), which moves every object alive to a
-permanent generation that later collections ignore. Later collections see only what was made since. Garbage made later is
-still collected; objects of the start-up heap that become garbage are not (their memory
-stays: the start-up heap is what lives as long as the process).
+permanent generation that later collections ignore. Later collections see only what
+was made since, and garbage made later is collected as before. A start-up object whose
+last reference goes is freed as ever (reference counting); only a reference cycle among
+start-up objects that becomes garbage stays (the start-up heap lives as long as the
+process).
 
 :func:`watch` counts each generation's collections and the time they held the
 process (``gc.callbacks``), for ``/metrics``. Idempotent, process-wide, thread-safe
