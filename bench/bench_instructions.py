@@ -4,8 +4,9 @@ in the same run: a measure this shared machine's noise does not move.
     .venv/bin/python bench/bench_instructions.py [--quick] [--only NAME ...]
 
 Each workload runs in its own process under ``valgrind --tool=callgrind
---separate-threads=yes``, twice: after 20 warm-up calls, ``K`` calls and ``K + extra``
-calls. The main thread's instruction count of the second run less the first's, divided by
+--separate-threads=yes``, twice: after 20 warm-up calls and the heap frozen (as the broker
+daemon freezes its own: ``sparkmq.heap``), ``K`` calls and ``K + extra`` calls. The main
+thread's instruction count of the second run less the first's, divided by
 ``extra``, is one call's cost: start-up, imports and warm-up cancel out, and the broker's
 own threads (flush, services) are counted apart. Workloads (1 KiB bodies, ASYNC_FLUSH):
 
@@ -25,6 +26,7 @@ weighs ~100 k here though it takes a few us: compare like with like.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import subprocess
@@ -79,7 +81,14 @@ def worker(name: str, calls: int) -> None:
     try:
         call, stop = _workload(name, tmp)
         try:
-            for _ in range(20 + calls):
+            for _ in range(20):
+                call()
+            # the heap frozen, as the broker daemon freezes its own after start
+            # (sparkmq.heap.settle): else a full collector pass (~100 M instructions) lands in
+            # one of the two runs or not, which moves a call's cost by up to 0.5 M
+            gc.collect()
+            gc.freeze()
+            for _ in range(calls):
                 call()
         finally:
             stop()

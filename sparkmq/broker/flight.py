@@ -238,11 +238,12 @@ class FlightService(fl.FlightServerBase):
                 return
 
     def _send(self, context, batch: pa.RecordBatch) -> pa.Buffer:
-        unknown = set(batch.schema.names) - SEND_COLUMNS
+        names = set(batch.schema.names)
+        unknown = names - SEND_COLUMNS
         if unknown & {"delivery_timestamp", "transaction_id"}:
             raise UserError("delay and transaction messages go through the RocketMQ gRPC "
                             "path (delivery time, recall, check-back); send them there")
-        if unknown or not {"topic", "body"} <= set(batch.schema.names):
+        if unknown or not {"topic", "body"} <= names:
             raise UserError(f"a Flight send batch has columns topic, body (required) and "
                             f"{', '.join(sorted(SEND_COLUMNS - {'topic', 'body'}))}; got "
                             f"{batch.schema.names}")
@@ -262,7 +263,7 @@ class FlightService(fl.FlightServerBase):
         # (long polls were woken per queue by the store's arrival listener as the rows
         # became visible: a wake here by topic would wake every queue's pulls again)
         own = batch.column("unique_key").cast(pa.string()) \
-            if "unique_key" in batch.schema.names else None   # a producer's own id wins
+            if "unique_key" in names else None   # a producer's own id wins
         ids = delivered_ids(own, lambda: batch_message_ids(
             store_tag(self.broker.store.store_id), r.batch_offset, batch.num_rows, stored.start))
         schema = _ACK_SCHEMA_MESSAGE if late is None else ACK_SCHEMA.with_metadata(

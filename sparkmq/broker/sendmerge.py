@@ -103,7 +103,8 @@ class SendMerger:
         with self._lock:
             batch = [self._pending.pop(0)]
             nrows = len(batch[0].rows)
-            size = self._nbytes(batch[0].rows) if self._nbytes else 0
+            # (sizes only when there is company: a lone request, the usual one, needs none)
+            size = self._nbytes(batch[0].rows) if self._nbytes and self._pending else 0
             while self._pending and nrows + len(self._pending[0].rows) <= self.max_rows:
                 more = self._nbytes(self._pending[0].rows) if self._nbytes else 0
                 if size + more > self.max_bytes:
