@@ -60,6 +60,7 @@ from ..errors import (AuthenticationError, AuthorizationError, MessageLimitError
                       RetriableError, SparkMQError, UserError)
 from ..log.batch import none_if_empty
 from ..log.dispatch import distinct_strings
+from ..log.limits import check_valid_arrow
 from ..log.message import batch_message_ids, delivered_ids, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.segment import EOS
@@ -247,6 +248,7 @@ class FlightService(fl.FlightServerBase):
             raise UserError(f"a Flight send batch has columns topic, body (required) and "
                             f"{', '.join(sorted(SEND_COLUMNS - {'topic', 'body'}))}; got "
                             f"{batch.schema.names}")
+        check_valid_arrow(batch, "the Flight send batch")    # before anything reads it
         batch = _empty_as_none(batch)
         topic = batch.column("topic")
         topics = distinct_strings(topic)

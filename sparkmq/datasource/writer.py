@@ -97,7 +97,7 @@ from ..log.fs import StoreFS
 from ..log.actions import TopicConfig
 from ..log.batch import (QueueChooser, check_bodies, group_message_types, none_if_empty,
                          writable_topic_conf)
-from ..log.limits import check_batch
+from ..log.limits import check_batch, check_valid_arrow
 from ..log import segment as seg
 from ..log.txlog import TransactionLog
 
@@ -463,6 +463,8 @@ class _BatchConverter:
         }
         segment_batch = pa.RecordBatch.from_arrays([out[f.name] for f in fmt.SEGMENT_FIELDS],
                                                    schema=fmt.SEGMENT_SCHEMA)
+        # a Spark string is bytes (a binary cast to string is never checked): held to UTF-8
+        check_valid_arrow(segment_batch, "a row batch of this write")
         check_batch(segment_batch, self.w.limits)     # as Store.append_batch does
         return segment_batch
 

@@ -22,7 +22,7 @@ from ..errors import DiskFullError, InvalidMessageError, StoreClosedError
 from . import format as fmt
 from .batch import BatchBuilder, split_by_size, stamp_store_time
 from .dispatch import RowInfo
-from .limits import MessageLimits
+from .limits import MessageLimits, check_valid_arrow
 from .message import Message, store_tag
 from .status import AppendResult, BatchAppendResult, PutMessageStatus
 
@@ -105,8 +105,11 @@ class Appender:
         Every row is held to the input limits (``log/limits.py``: MessageLimitError);
         ``limits_checked``: the caller has held every row to them already (the broker,
         message by message before merging, or storing again what it accepted), so they
-        are not checked twice."""
+        are not checked twice. Data that is not valid Arrow in full (a string that is not
+        UTF-8, an offset out of bounds) is refused first, whoever calls."""
         self.require_space()
+        if isinstance(data, (pa.RecordBatch, pa.Table)):
+            check_valid_arrow(data, "the appended batch")
         info = None
         if isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
             batch, info = self.batches.check_segment_batch(data, limits_checked=limits_checked)

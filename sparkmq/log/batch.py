@@ -33,7 +33,7 @@ from . import format as fmt
 from .actions import PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401  (re-exported)
 from .actions import TopicConfig
 from .dispatch import RowInfo, binary_lengths, distinct_strings
-from .limits import MessageLimits, check_batch, check_message
+from .limits import MessageLimits, check_batch, check_message, not_text
 from .message import Message, group_hashes
 
 MAX_BATCH_BODY_BYTES = 256 << 20
@@ -221,6 +221,8 @@ def messages_to_batch(messages: Iterable[Message], *, queue_ids: Sequence[int],
         ]
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
         raise InvalidMessageError(f"message field has the wrong type: {exc}") from exc
+    except UnicodeEncodeError as exc:            # a str that is not text (a lone surrogate)
+        raise not_text(exc) from None
     return pa.RecordBatch.from_arrays(arrays, schema=fmt.SEGMENT_SCHEMA)
 
 
@@ -246,6 +248,8 @@ def _checked_body(m: Message, limits: MessageLimits | None) -> bytes:
                       delivery_timestamp_ms=m.delivery_timestamp, message_type=m.message_type)
     except (TypeError, AttributeError) as exc:   # a field of the wrong type
         raise InvalidMessageError(f"message field has the wrong type: {exc}") from None
+    except UnicodeEncodeError as exc:            # a str that is not text (a lone surrogate)
+        raise not_text(exc) from None
     return bytes(body)
 
 
@@ -444,7 +448,10 @@ class BatchBuilder:
             conf = confs.get(m.topic) if isinstance(m.topic, str) else None
             if conf is None:
                 conf = confs[m.topic] = self.topic_conf(m.topic)
-            qids.append(self.chooser.choose_one(conf, m.queue_id, m.message_group))
+            try:
+                qids.append(self.chooser.choose_one(conf, m.queue_id, m.message_group))
+            except UnicodeEncodeError as exc:    # a message group that is not text
+                raise not_text(exc) from None
         return qids
 
     def from_messages(self, msgs: list[Message], queue_ids: Sequence[int],

@@ -28,6 +28,10 @@ any merge, the Store for each :class:`~sparkmq.log.message.Message`);
 vectorized screen finds the rows that may break a rule and only those rows are
 decided by :func:`message_violation`, so a rule is written once.
 
+Before any of these, data from outside must be valid at all: :func:`check_valid_arrow`
+(Arrow's full validation: UTF-8 strings, offsets in bounds) for batches, :func:`not_text`
+for a ``Message`` field with no UTF-8 form.
+
 Stateless; thread-safe.
 """
 from __future__ import annotations
@@ -45,7 +49,7 @@ import pyarrow.compute as pc
 from ..config import (DEFAULT_MAX_MESSAGE_GROUP_SIZE_BYTES, DEFAULT_MAX_MESSAGE_ID_SIZE_BYTES,
                       DEFAULT_MAX_MESSAGE_SIZE_BYTES, DEFAULT_MAX_USER_PROPERTY_SIZE_BYTES,
                       DEFAULT_USER_PROPERTY_MAX_NUM)
-from ..errors import MessageLimitError
+from ..errors import InvalidMessageError, MessageLimitError
 from . import format as fmt
 
 #: Timestamps a message may carry, in ms: protobuf's valid range from the epoch on.
@@ -496,3 +500,41 @@ def _row_fields(batch: pa.RecordBatch, r: int) -> dict:
                 born_timestamp_ms=ms("born_timestamp"),
                 delivery_timestamp_ms=ms("delivery_timestamp"),
                 message_type=value("message_type") or fmt.MESSAGE_TYPE_NORMAL)   # null: NORMAL
+
+
+# ---------------------------------------------------------------- valid data
+def check_valid_arrow(data: pa.RecordBatch | pa.Table, what: str) -> None:
+    """Refuse (InvalidMessageError) ``data`` that is not valid Arrow through and through:
+    every offset in bounds and in order, every string valid UTF-8 (Arrow's own full
+    validation, ``validate(full=True)``: ~1-5 us for a send of 1-100 rows).
+
+    Arrow's IPC reader checks only a batch's outline, and an array made from buffers is not
+    checked at all: a batch off the network (Flight), built from raw bytes, or from a Spark
+    string that was never UTF-8, may hold a string that no reader of the topic can decode
+    (consumers, Spark, Polars and DuckDB would all fail on it), or an offset past its
+    buffer. Such data is refused before anything reads or stores it."""
+    try:
+        data.validate(full=True)
+    except pa.ArrowInvalid as e:
+        where = next((f"column {name!r}" for name, col in zip(data.schema.names, data.columns)
+                      if not _valid(col)), "a column")
+        raise InvalidMessageError(
+            f"{what} is not valid Arrow data: {where}: {e}. Nothing was stored. Every string "
+            "must be UTF-8 text (bytes go in the binary body column), every offset within its "
+            "buffer") from None
+
+
+def _valid(col: pa.Array | pa.ChunkedArray) -> bool:
+    try:
+        col.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def not_text(exc: UnicodeEncodeError) -> InvalidMessageError:
+    """The refusal of a message field (a Python str) that has no UTF-8 form: a lone
+    surrogate, as ``os.fsdecode`` or ``surrogateescape`` leave for undecodable bytes."""
+    return InvalidMessageError(
+        f"message field is not valid text ({exc}); nothing was stored. Decode bytes to "
+        "str before sending, or send them in the binary body")

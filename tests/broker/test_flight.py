@@ -323,6 +323,28 @@ def test_followed_reads_count_against_the_long_poll_capacity(make_broker):
     second.cancel()
 
 
+def _strings(values: list[bytes]) -> pa.Array:
+    """A string array of exactly these bytes (made from buffers: nothing checks them)."""
+    offsets = [0]
+    for v in values:
+        offsets.append(offsets[-1] + len(v))
+    return pa.Array.from_buffers(pa.string(), len(values), [
+        None, pa.array(offsets, pa.int32()).buffers()[1], pa.py_buffer(b"".join(values))])
+
+
+def test_offsets_past_their_buffer_are_refused_and_the_service_goes_on(broker):
+    client, opts = _client(broker)
+    before = broker.store.commitlog.written_offset
+    # the last offset is in bounds (all Arrow's readers check), the middle one is not: value
+    # 0 spans bytes 0..1000 of a 2-byte buffer, value 1 runs backwards
+    tags = pa.Array.from_buffers(pa.string(), 2, [
+        None, pa.array([0, 1000, 2], pa.int32()).buffers()[1], pa.py_buffer(b"ab")])
+    with pytest.raises(pa.ArrowInvalid, match="not valid Arrow data: column 'tags'.*out of bounds"):
+        _send(client, opts, _batch("T", [b"x", b"y"], tags=tags))
+    assert broker.store.commitlog.written_offset == before
+    assert _send(client, opts, _batch("T", [b"fine"])).num_rows == 1
+
+
 @pytest.mark.parametrize("batch, words", [
     (pa.RecordBatch.from_pydict({"body": [b"x"]}), "topic, body"),
     (pa.RecordBatch.from_pydict({"topic": ["T"], "body": [b"x"], "colour": ["red"]}),
@@ -334,6 +356,13 @@ def test_followed_reads_count_against_the_long_poll_capacity(make_broker):
                                               pa.map_(pa.string(), pa.string()))),
      "control character"),
     (_batch("T", [b"x"], tags=pa.array([["a"]])), "has the wrong type"),
+    # strings that are not UTF-8 (Arrow's IPC reader does not look): one row, and four rows
+    # (which the limit screen lets through unread), in a column no other check reads
+    (_batch("T", [b"x"], tags=_strings([b"\xff"])), "column 'tags'.*UTF8"),
+    (_batch("T", [b"x"] * 4, born_host=_strings([b"h", b"h", b"h\xc0\xaf", b"h"])),
+     "column 'born_host'.*UTF8"),
+    (_batch("T", [b"x"] * 4, unique_key=_strings([b"\xed\xa0\x80"] * 4)),
+     "column 'unique_key'.*UTF8"),
 ])
 def test_bad_batches_get_a_clear_error_and_store_nothing(broker, batch, words):
     client, opts = _client(broker)

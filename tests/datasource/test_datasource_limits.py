@@ -1,6 +1,7 @@
 """The Spark writer holds every row to the input limits (sparkmq/log/limits.py), as
-Store.append_batch does: a row past one fails the job with the limit's status, and
-nothing becomes visible. Real local SparkSession."""
+Store.append_batch does: a row past one, or with a string that is not UTF-8, fails the job
+with the limit's status (or names the column), and nothing becomes visible. Real local
+SparkSession."""
 from __future__ import annotations
 
 import pytest
@@ -28,5 +29,13 @@ def test_a_row_past_a_limit_fails_the_write_and_nothing_is_visible(spark, tmp_pa
     with pytest.raises(Exception, match="MESSAGE_PROPERTIES_TOO_LARGE"):
         big.write.format("sparkmq").mode("append").option("topic", "T") \
             .option("maxUserPropertySize", "50").save(url)
+    # Spark casts binary to string without a look at the bytes: such a row is refused by
+    # name, or every reader of the topic (consumers, Spark, Polars, DuckDB) would fail on it
+    not_utf8 = spark.range(6).selectExpr(
+        "cast(id as string) as body",
+        "case when id = 4 then cast(unhex('61FF') as string) else 'ok' end as tags")
+    with pytest.raises(Exception, match="not valid Arrow data: column 'tags'"):
+        not_utf8.write.format("sparkmq").mode("append").option("topic", "T").save(url)
     assert TransactionLog(StoreFS(url)).latest_version() == before
     assert StoreFS(url).list_names(fmt.COMMITLOG_DIR) == []
+
