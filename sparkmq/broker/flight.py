@@ -239,6 +239,7 @@ class FlightService(fl.FlightServerBase):
                 return
 
     def _send(self, context, batch: pa.RecordBatch) -> pa.Buffer:
+        check_valid_arrow(batch, "the Flight send batch")    # before anything reads it
         names = set(batch.schema.names)
         unknown = names - SEND_COLUMNS
         if unknown & {"delivery_timestamp", "transaction_id"}:
@@ -248,7 +249,6 @@ class FlightService(fl.FlightServerBase):
             raise UserError(f"a Flight send batch has columns topic, body (required) and "
                             f"{', '.join(sorted(SEND_COLUMNS - {'topic', 'body'}))}; got "
                             f"{batch.schema.names}")
-        check_valid_arrow(batch, "the Flight send batch")    # before anything reads it
         batch = _empty_as_none(batch)
         topic = batch.column("topic")
         topics = distinct_strings(topic)

@@ -512,7 +512,13 @@ def check_valid_arrow(data: pa.RecordBatch | pa.Table, what: str) -> None:
     checked at all: a batch off the network (Flight), built from raw bytes, or from a Spark
     string that was never UTF-8, may hold a string that no reader of the topic can decode
     (consumers, Spark, Polars and DuckDB would all fail on it), or an offset past its
-    buffer. Such data is refused before anything reads or stores it."""
+    buffer. Such data is refused before anything reads or stores it. So is a batch that
+    names a column twice (Arrow allows it; a message has one topic, one body, ...)."""
+    names = data.schema.names
+    if len(set(names)) < len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise InvalidMessageError(f"{what} names each column once; {twice} come more than "
+                                  "once. Nothing was stored")
     try:
         data.validate(full=True)
     except pa.ArrowInvalid as e:

@@ -106,3 +106,12 @@ def test_a_message_field_that_is_not_text_is_refused(store, field):
     with pytest.raises(InvalidMessageError, match="not valid text"):
         store.append(Message("T", b"x", **{field: value}))
     assert store.commitlog.written_offset == written
+
+
+@pytest.mark.parametrize("names", [["topic", "body", "topic"], ["topic", "body", "tags", "tags"]])
+def test_a_column_named_twice_is_refused(store, names):
+    arrays = [pa.array(["T"]), pa.array([b"x"])] + [pa.array(["a"])] * (len(names) - 2)
+    written = store.commitlog.written_offset
+    with pytest.raises(InvalidMessageError, match=rf"\['{names[-1]}'\] come more than once"):
+        store.append_batch(pa.Table.from_arrays(arrays, names=names))
+    assert store.commitlog.written_offset == written
