@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import MessageLimitError, UserError
+from ..log import format as fmt
 from ..log.batch import build_segment_batch, constant_column, group_message_types
 from ..log.dispatch import binary_lengths, binary_total
 from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
@@ -30,6 +31,28 @@ from .sendmerge import SendMerger
 
 SEND_COLUMNS = {"topic", "body", "tags", "keys", "properties", "message_group", "unique_key",
                 "born_timestamp", "born_host", "queue_id"}
+
+
+_SEND_TYPES = {f.name: f.type for f in fmt.SEGMENT_FIELDS if f.name in SEND_COLUMNS}
+
+
+def typed(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """``batch`` (columns of ``SEND_COLUMNS``) with each column in its SEGMENT_SCHEMA type,
+    cast where it is not (a dictionary of strings, large strings, an int64 queue id): the
+    first thing done to a send batch, so no later step meets a type it cannot take.
+    UserError names a column that does not cast (docs/PROTOCOL.md gives each type)."""
+    for i, name in enumerate(batch.schema.names):
+        want = _SEND_TYPES.get(name)
+        if want is None or batch.schema.field(i).type == want:
+            continue
+        try:
+            col = batch.column(i).cast(want)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
+            raise UserError(f"the send batch's column {name!r} is {batch.schema.field(i).type}, "
+                            f"which does not cast to {want}: {e} (docs/PROTOCOL.md gives each "
+                            "column's type)") from None
+        batch = batch.set_column(i, pa.field(name, want), col)
+    return batch
 
 
 class Rows:

@@ -67,7 +67,7 @@ from ..log.segment import EOS
 from ..log.status import PutMessageStatus
 from ..tagexpr import tag_set
 from .authz import offset_update_resources, peer_ip, read_resources, send_resources
-from .batchsend import SEND_COLUMNS
+from .batchsend import SEND_COLUMNS, typed
 from .protocol import INTERNAL_PROPERTY_KEYS, Code, stored_status
 
 try:
@@ -249,7 +249,7 @@ class FlightService(fl.FlightServerBase):
             raise UserError(f"a Flight send batch has columns topic, body (required) and "
                             f"{', '.join(sorted(SEND_COLUMNS - {'topic', 'body'}))}; got "
                             f"{batch.schema.names}")
-        batch = _empty_as_none(batch)
+        batch = _empty_as_none(typed(batch))
         topic = batch.column("topic")
         topics = distinct_strings(topic)
         if None in topics:
