@@ -514,7 +514,7 @@ def check_valid_arrow(data: pa.RecordBatch | pa.Table, what: str) -> None:
     (consumers, Spark, Polars and DuckDB would all fail on it), or an offset past its
     buffer. Such data is refused before anything reads or stores it. So is a batch that
     names a column twice (Arrow allows it; a message has one topic, one body, ...)."""
-    names = data.schema.names
+    names = () if data.schema.equals(fmt.SEGMENT_SCHEMA) else data.schema.names   # (~2 us)
     if len(set(names)) < len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         raise InvalidMessageError(f"{what} names each column once; {twice} come more than "
