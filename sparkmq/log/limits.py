@@ -506,13 +506,13 @@ def _row_fields(batch: pa.RecordBatch, r: int) -> dict:
 def check_valid_arrow(data: pa.RecordBatch | pa.Table, what: str) -> None:
     """Refuse (InvalidMessageError) ``data`` that is not valid Arrow through and through:
     every offset in bounds and in order, every string valid UTF-8 (Arrow's own full
-    validation, ``validate(full=True)``: ~1-5 us for a send of 1-100 rows).
+    validation, ``validate(full=True)``: ~1-5 us for a batch of 1-100 rows).
 
     Arrow's IPC reader checks only a batch's outline, and an array made from buffers is not
     checked at all: a batch off the network (Flight), built from raw bytes, or from a Spark
-    string that was never UTF-8, may hold a string that no reader of the topic can decode
-    (consumers, Spark, Polars and DuckDB would all fail on it), or an offset past its
-    buffer. Such data is refused before anything reads or stores it. So is a batch that
+    string that was never UTF-8, may hold a string that readers of the topic fail on (a
+    consumer's decode raises, DuckDB refuses the table, Polars 1.x panics showing it), or
+    an offset past its buffer. Such data is refused before anything reads or stores it. So is a batch that
     names a column twice (Arrow allows it; a message has one topic, one body, ...)."""
     names = () if data.schema.equals(fmt.SEGMENT_SCHEMA) else data.schema.names   # (~2 us)
     if len(set(names)) < len(names):
