@@ -84,8 +84,8 @@ def worker(name: str, calls: int) -> None:
             for _ in range(20):
                 call()
             # the heap frozen, as the broker daemon freezes its own after start
-            # (sparkmq.heap.settle): else a full collector pass (~100 M instructions) lands in
-            # one of the two runs or not, which moves a call's cost by up to 0.5 M
+            # (sparkmq.heap.settle): else a full collector pass (tens of ms: by estimate tens
+            # of M instructions, not measured apart) may land in one of the two runs only
             gc.collect()
             gc.freeze()
             for _ in range(calls):
