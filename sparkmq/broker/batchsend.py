@@ -99,11 +99,12 @@ class BatchSender:
                                  nbytes=lambda rows: binary_total(rows.batch.column(2)))
 
     def check(self, batch: pa.RecordBatch, topics: list[str]) -> Rows:
-        """``batch`` (its ``topics``, each named once) ready to store, or the refusal
-        of the RocketMQ path: UserError (a topic that may not be written, a message type
-        the topic does not take, a column of the wrong type), MessageLimitError (a row's
-        body or input limits, with the proxy's status), PermissionDeniedError /
-        ReplicaNotAvailableError (the broker may not append). Nothing is stored."""
+        """``batch`` (its ``topics``, each named once; its columns in their types:
+        :func:`typed`) ready to store, or the refusal of the RocketMQ path: UserError (a
+        topic that may not be written, a message type the topic does not take),
+        MessageLimitError (a row's body or input limits, with the proxy's status),
+        PermissionDeniedError / ReplicaNotAvailableError (the broker may not append).
+        Nothing is stored."""
         sender, broker = self.broker.sender, self.broker
         topic = batch.column("topic")
         for t in topics:
@@ -165,13 +166,9 @@ class BatchSender:
                 if name in ("topic", "body") or batch.column(name).null_count < n}
         if "message_group" in cols:
             cols["message_type"] = group_message_types(cols["message_group"])
-        try:
-            cols["queue_id"] = self._placed(cols, n, topics)
-            return build_segment_batch(cols, n, store_host=self.broker.store.config.store_host,
-                                       now_ms=self.broker.clock_ms())
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as e:
-            raise UserError(f"a send batch column has the wrong type: {e} "
-                            "(docs/PROTOCOL.md gives each column's type)") from None
+        cols["queue_id"] = self._placed(cols, n, topics)
+        return build_segment_batch(cols, n, store_host=self.broker.store.config.store_host,
+                                   now_ms=self.broker.clock_ms())
 
     def _placed(self, cols: dict, n: int, topics: list[str]) -> pa.Array:
         """The rows' queue ids: a row's own; a message group's left to the store
@@ -180,7 +177,7 @@ class BatchSender:
         sender = self.broker.sender
         if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
             return constant_column(sender.request_queue(topics[0]), pa.int32(), n)
-        own = cols["queue_id"].cast(pa.int32()) if "queue_id" in cols else pa.nulls(n, pa.int32())
+        own = cols["queue_id"] if "queue_id" in cols else pa.nulls(n, pa.int32())
         free = pc.is_null(own)
         if "message_group" in cols:
             free = pc.and_(free, pc.is_null(cols["message_group"]))
