@@ -1,12 +1,15 @@
 """The compiled parts of sparkmq (everything else is in pyproject.toml): ``sparkmq._wire``,
 the plain RocketMQ SendMessage request read into column buffers (sparkmq/_wire.c), and
-``sparkmq._ipc``, a record batch's Arrow IPC message written in one call (sparkmq/_ipc.c).
-Optional: where they cannot be built, the broker reads every request in Python and pyarrow
-writes every message."""
+``sparkmq._ipc``, a record batch's Arrow IPC message written in one call (sparkmq/_ipc.c), and
+``sparkmq._screen``, the input-limit screen of a batch in one call (sparkmq/_screen.c).
+Optional: where they cannot be built, the broker reads every request in Python, pyarrow
+writes every message and numpy screens every batch."""
 from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra"]
 setup(ext_modules=[Extension("sparkmq._wire", ["sparkmq/_wire.c"], optional=True,
                              extra_compile_args=FLAGS),
                    Extension("sparkmq._ipc", ["sparkmq/_ipc.c"], optional=True,
-                             extra_compile_args=FLAGS)])
+                             depends=["sparkmq/_arrow_c.h"], extra_compile_args=FLAGS),
+                   Extension("sparkmq._screen", ["sparkmq/_screen.c"], optional=True,
+                             depends=["sparkmq/_arrow_c.h"], extra_compile_args=FLAGS)])

@@ -9,11 +9,11 @@ A message is refused, alone, when (the proxy's status code in brackets):
 - it has more than ``userPropertyMaxNum`` user properties, or their keys and values
   plus the tag plus the keys add up to more than ``maxUserPropertySize`` bytes
   [MESSAGE_PROPERTIES_TOO_LARGE];
-- a property key or value holds a control character, or (a send through the broker)
-  a key is one RocketMQ reserves for itself (``RESERVED_PROPERTY_KEYS``)
-  [ILLEGAL_MESSAGE_PROPERTY_KEY];
+- a property value is null, a property key or value holds a control character, or (a
+  send through the broker) a key is one RocketMQ reserves for itself
+  (``RESERVED_PROPERTY_KEYS``) [ILLEGAL_MESSAGE_PROPERTY_KEY];
 - its tag is blank, holds ``|`` or a control character [ILLEGAL_MESSAGE_TAG];
-- a key is blank or holds a control character [ILLEGAL_MESSAGE_KEY];
+- a key is null, blank or holds a control character [ILLEGAL_MESSAGE_KEY];
 - its message group is blank, ``maxMessageGroupSize`` bytes or longer, or holds a
   control character [ILLEGAL_MESSAGE_GROUP];
 - its message id is longer than ``maxMessageIdSize`` bytes, blank, or holds a control
@@ -25,8 +25,9 @@ A message is refused, alone, when (the proxy's status code in brackets):
 :func:`message_violation` decides one message (the broker asks it per message before
 any merge, the Store for each :class:`~sparkmq.log.message.Message`);
 :func:`check_batch` applies the same rules to an Arrow batch in SEGMENT_SCHEMA: a
-vectorized screen finds the rows that may break a rule and only those rows are
-decided by :func:`message_violation`, so a rule is written once.
+screen (``sparkmq._screen`` in C, or numpy without it) finds the rows that may break a
+rule and only those rows are decided by :func:`message_violation`, so a rule is written
+once.
 
 Before any of these, data from outside must be valid at all: :func:`check_valid_arrow`
 (Arrow's full validation: UTF-8 strings, offsets in bounds) for batches, :func:`not_text`
@@ -36,6 +37,7 @@ Stateless; thread-safe.
 """
 from __future__ import annotations
 
+import functools
 import numbers
 import re
 import struct
@@ -51,6 +53,11 @@ from ..config import (DEFAULT_MAX_MESSAGE_GROUP_SIZE_BYTES, DEFAULT_MAX_MESSAGE_
                       DEFAULT_USER_PROPERTY_MAX_NUM)
 from ..errors import InvalidMessageError, MessageLimitError
 from . import format as fmt
+
+try:
+    from .. import _screen as _c_screen      # sparkmq/_screen.c: the screen in one call
+except ImportError:   # built without a compiler: numpy screens
+    _c_screen = None
 
 #: Timestamps a message may carry, in ms: protobuf's valid range from the epoch on.
 MIN_TIMESTAMP_MS = 0
@@ -148,7 +155,10 @@ def _surely_within(limits, topic, body_bytes, tag, keys, props, group, message_i
     """True only if the message breaks no rule below, decided with a few C-level string
     tests (the usual message: printable ASCII text, so no control character and as many
     bytes as characters, where blank means only spaces); False: decide rule by rule."""
-    blob = "".join([tag or "", *keys, *props.keys(), *props.values()])
+    try:
+        blob = "".join([tag or "", *keys, *props.keys(), *props.values()])
+    except TypeError:      # a null key or property value: the rules name it
+        return False
     ids = (group or "") + (message_id or "")
     if not (blob.isascii() and blob.isprintable() and ids.isascii() and ids.isprintable()):
         return False
@@ -181,6 +191,10 @@ def _property_violation(limits, props, tag, keys, reserved) -> MessageLimitError
         if k in reserved:
             return MessageLimitError("ILLEGAL_MESSAGE_PROPERTY_KEY",
                                      f"property {k!r} is reserved for the system; rename it")
+        if v is None:
+            return MessageLimitError("ILLEGAL_MESSAGE_PROPERTY_KEY",
+                                     f"property {k[:64]!r} has no value (null): a property's "
+                                     "value is a string; send '' or leave the property out")
         if _CONTROL.search(k) or (v and _CONTROL.search(v)):
             return MessageLimitError("ILLEGAL_MESSAGE_PROPERTY_KEY",
                                      f"property {k[:64]!r} has a control character in its "
@@ -210,7 +224,10 @@ def _text_violation(status: str, what: str, value: str | None,
 
 
 def _keys_violation(keys: Sequence[str]) -> MessageLimitError | None:
-    for k in keys:
+    for i, k in enumerate(keys):
+        if k is None:
+            return MessageLimitError("ILLEGAL_MESSAGE_KEY",
+                                     f"key {i} is null: a key is a string; leave it out")
         bad = _text_violation("ILLEGAL_MESSAGE_KEY", "key", k)
         if bad is not None:
             return bad
@@ -267,21 +284,38 @@ def check_message(limits: MessageLimits, **fields) -> None:
 
 
 # ---------------------------------------------------------------- Arrow batches
-SCREEN_MIN_ROWS = 4     # check_batch screens batches of this many rows or more
+SCREEN_MIN_ROWS = 4     # without sparkmq._screen, check_batch screens this many rows or more
 def check_batch(batch: pa.RecordBatch, limits: MessageLimits,
                 reserved_keys: frozenset = frozenset()) -> None:
     """Apply :func:`message_violation` to every row of ``batch`` (SEGMENT_SCHEMA);
     raise the first row's error (naming the row). Rows no screen flags are not
-    converted to Python: a batch of plain messages costs a few Arrow kernels. A batch of
-    fewer than ``SCREEN_MIN_ROWS`` rows skips the screen (its numpy calls cost ~50 us for
-    plain rows, ~95 with tags and keys; the rule ~16-18 us a row)."""
-    n = batch.num_rows
-    rows = range(n) if n < SCREEN_MIN_ROWS else \
-        np.flatnonzero(_screen(batch, limits, reserved_keys)).tolist()
-    for r in rows:
+    converted to Python: a batch of plain messages costs one C call (``sparkmq._screen``,
+    a few us), or without it a few numpy calls (~50-120 us; then a batch of fewer than
+    ``SCREEN_MIN_ROWS`` rows is decided by the rule alone, ~16-18 us a row)."""
+    for r in _flagged(batch, limits, reserved_keys):
         bad = message_violation(limits, **_row_fields(batch, r), reserved_keys=reserved_keys)
         if bad is not None:
             raise MessageLimitError(bad.status, f"row {r}: {bad.message}")
+
+
+def _flagged(batch: pa.RecordBatch, limits: MessageLimits,
+             reserved_keys: frozenset) -> Iterable[int]:
+    """The rows of ``batch`` that may break a rule (a superset of those that do)."""
+    if _c_screen is not None:
+        rows = _c_screen.screen(*batch.__arrow_c_array__(), (
+            limits.max_message_size_bytes, limits.max_user_property_size_bytes,
+            limits.user_property_max_num, limits.max_message_group_size_bytes,
+            limits.max_message_id_size_bytes), _encoded(reserved_keys))
+        if rows is not None:
+            return rows
+    n = batch.num_rows
+    return range(n) if n < SCREEN_MIN_ROWS else \
+        np.flatnonzero(_screen(batch, limits, reserved_keys)).tolist()
+
+
+@functools.lru_cache(maxsize=8)
+def _encoded(keys: frozenset) -> tuple[bytes, ...]:
+    return tuple(k.encode() for k in sorted(keys))
 
 
 def _present(col: pa.Array) -> bool:
@@ -355,6 +389,7 @@ def _screen(batch: pa.RecordBatch, limits: MessageLimits,
                     acc += key_bytes
         s.mark_bytes(flag, _BAD_TEXT_BYTES)
         s.mark_blank(flag)
+        s.mark_null(flag)
     if props is not None:
         parents = _parents(props)
         pbytes = np.zeros(n, np.int64)
@@ -363,6 +398,7 @@ def _screen(batch: pa.RecordBatch, limits: MessageLimits,
             if size is not None or prop_bytes is not None:
                 pbytes += s.row_sums()
             s.mark_bytes(flag, _BAD_TEXT_BYTES)
+            s.mark_null(flag)
         if reserved_keys:
             hits = pc.is_in(_children(props, props.keys), value_set=pa.array(
                 sorted(reserved_keys), pa.string())).to_numpy(zero_copy_only=False)
@@ -443,6 +479,11 @@ class _Strings:
         maybe = self.valid & (first | ~some)
         if maybe.any():
             self._mark(flag, np.flatnonzero(maybe))
+
+    def mark_null(self, flag: np.ndarray) -> None:
+        """Flag the rows with a null value (a key, a property value: the rules refuse it)."""
+        if not self.valid.all():
+            self._mark(flag, np.flatnonzero(~self.valid))
 
     def _mark(self, flag: np.ndarray, values: np.ndarray) -> None:
         flag[values if self.parents is None else self.parents[values]] = True

@@ -365,6 +365,11 @@ def test_offsets_past_their_buffer_are_refused_and_the_service_goes_on(broker):
      "column 'born_host'.*UTF8"),
     (_batch("T", [b"x"] * 4, unique_key=_strings([b"\xed\xa0\x80"] * 4)),
      "column 'unique_key'.*UTF8"),
+    # a null key or property value (one row: the row's rule; four: the screen flags it)
+    (_batch("T", [b"x"], keys=pa.array([["k", None]])), "ILLEGAL_MESSAGE_KEY.*key 1 is null"),
+    (_batch("T", [b"x"] * 4, properties=pa.array(
+        [None, None, [("k", None)], None], pa.map_(pa.string(), pa.string()))),
+     "ILLEGAL_MESSAGE_PROPERTY_KEY: row 2: property 'k' has no value"),
 ])
 def test_bad_batches_get_a_clear_error_and_store_nothing(broker, batch, words):
     client, opts = _client(broker)

@@ -243,8 +243,9 @@ def _verdict(batch: pa.RecordBatch, small: limits.MessageLimits) -> str | None:
        mtype=st.none() | st.integers(-1, 4))
 def test_a_row_alone_and_the_same_row_among_others_get_the_same_verdict(
         tag, keys, props, group, message_id, body, born, mtype):
-    """check_batch decides a short batch by the rule alone and a longer one through
-    the numpy screen first: both must refuse (or pass) the same row, nulls included."""
+    """A row alone and the same row among others get the same verdict from check_batch,
+    nulls included (without sparkmq._screen: the rule alone, and the numpy screen first;
+    tests/log/test_screen.py holds the C screen to both)."""
     from sparkmq.log.batch import build_segment_batch
     small = limits.MessageLimits(max_message_size_bytes=100, max_user_property_size_bytes=12,
                                  user_property_max_num=3, max_message_group_size_bytes=4,
@@ -262,3 +263,25 @@ def test_a_row_alone_and_the_same_row_among_others_get_the_same_verdict(
     among = pa.Table.from_batches([*others, alone, plain]).combine_chunks().to_batches()[0]
     assert among.num_rows == limits.SCREEN_MIN_ROWS + 2
     assert _verdict(alone, small) == _verdict(among, small)
+
+
+@pytest.mark.parametrize("column, value, words", [
+    ("keys", ["k", None], "ILLEGAL_MESSAGE_KEY: row {r}: key 1 is null"),
+    ("properties", [("k", None)], "ILLEGAL_MESSAGE_PROPERTY_KEY: row {r}: property 'k' has no"),
+])
+@pytest.mark.parametrize("n", [1, 6])
+@pytest.mark.parametrize("c_screen", [True, False], ids=["c", "numpy"])
+def test_a_null_key_or_property_value_is_refused_and_nothing_is_stored(
+        store, monkeypatch, column, value, words, n, c_screen):
+    """(Before: a one-row batch raised TypeError in the rule; a longer one was stored.)"""
+    if not c_screen:
+        monkeypatch.setattr(limits, "_c_screen", None)
+    r = n - 1
+    values = [None] * n
+    values[r] = value
+    batch = pa.RecordBatch.from_pydict({
+        "topic": ["T"] * n, "body": [b"x"] * n,
+        column: pa.array(values, fmt.SEGMENT_SCHEMA.field(column).type)})
+    with pytest.raises(MessageLimitError, match=words.format(r=r)):
+        store.append_batch(batch)
+    assert _count(store) == 0
