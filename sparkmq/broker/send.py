@@ -434,7 +434,7 @@ class SendService:
         message group: the next one round robin (the proxy sends a request to one queue)."""
         n = self.broker.topic_conf(topic).write_queue_nums
         with self._queues_lock:
-            return int(self._queues.round_robin(topic, 1, n)[0])
+            return self._queues.next_queue(topic, n)
 
     def request_queues(self, topics: Sequence[str], free: Sequence[bool]) -> list[int | None]:
         """Where the rows of ONE request go, on both wire paths (this method, and

@@ -104,6 +104,12 @@ class QueueChooser:
         self._next[topic] = (first + count) % queues
         return (first + np.arange(count)) % queues
 
+    def next_queue(self, topic: str, queues: int) -> int:
+        """The queue of one unkeyed row of ``topic`` (``round_robin`` of one, as an int)."""
+        first = self._next.get(topic, self.start)
+        self._next[topic] = (first + 1) % queues
+        return first % queues
+
     def choose_one(self, conf: TopicConfig, queue_id, message_group: str | None) -> int:
         """The queue of one message of topic ``conf``."""
         n = conf.write_queue_nums
@@ -115,7 +121,7 @@ class QueueChooser:
             return queue_id
         if message_group:
             return zlib.crc32(message_group.encode()) % n
-        return int(self.round_robin(conf.name, 1, n)[0])
+        return self.next_queue(conf.name, n)
 
     def choose(self, qcol: pa.Array | None, names: list[str], idx: np.ndarray | None,
                queue_nums: list[int], n: int, groups: pa.Array | None = None) -> np.ndarray:

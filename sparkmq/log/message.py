@@ -163,6 +163,18 @@ def _row_hex8(rows: np.ndarray) -> np.ndarray:
 
 
 _LOOP_IDS = 8      # ids of this many rows or fewer: a loop (numpy's fixed cost exceeds it)
+# the offsets of 0..8 ids of 32 bytes (a few ids: their bytes joined and these offsets, no
+# converter: ``pa.array`` of a list of str takes ~3x as long)
+_FEW_ID_OFFSETS = [pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32))
+                   for n in range(_LOOP_IDS + 1)]
+
+
+def _few_ids(ids: list[str]) -> pa.Array:
+    """At most ``_LOOP_IDS`` ids (32 ASCII characters each) as a string array."""
+    data = "".join(ids).encode()
+    if len(data) != 32 * len(ids):      # (not ids of this store's form: no shortcut)
+        return pa.array(ids, pa.string())
+    return pa.StringArray.from_buffers(len(ids), _FEW_ID_OFFSETS[len(ids)], pa.py_buffer(data))
 
 
 def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa.Array:
@@ -170,7 +182,7 @@ def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa
     ack): the 24-digit prefix once, the row digits from the table of row numbers."""
     prefix = f"{tag:08X}{batch_offset:016X}"
     if n <= _LOOP_IDS:
-        return pa.array([f"{prefix}{j:08X}" for j in range(first, first + n)], pa.string())
+        return _few_ids([f"{prefix}{j:08X}" for j in range(first, first + n)])
     words = np.empty((n, 4), np.uint64)
     words[:, :3] = np.frombuffer(prefix.encode(), np.uint64)
     words[:, 3] = _row_hex8(np.arange(first, first + n))
@@ -188,9 +200,8 @@ def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> p
     if n == 0:
         return pa.array([], pa.string())
     if n <= _LOOP_IDS:          # (a long poll's one message)
-        return pa.array([encode_message_id(tag, b, r) for b, r in
-                         zip(np.asarray(batch_offsets).tolist(), np.asarray(rows).tolist())],
-                        pa.string())
+        return _few_ids([encode_message_id(tag, b, r) for b, r in
+                         zip(np.asarray(batch_offsets).tolist(), np.asarray(rows).tolist())])
     batch_offsets = np.asarray(batch_offsets, dtype=np.int64)
     cuts = np.flatnonzero(batch_offsets[1:] != batch_offsets[:-1]) + 1
     firsts = np.concatenate([[0], cuts])

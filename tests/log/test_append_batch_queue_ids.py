@@ -144,3 +144,17 @@ def test_a_send_built_from_column_lists_gets_the_one_queue_choice(store):
     assert r.queue_ids.tolist() == [2, zlib.crc32(b"g") % 4, 0, 0]
     got = _queues_of(store, "t")
     assert got == {b"a": 2, b"b": zlib.crc32(b"g") % 4, b"d": 0}
+
+
+@pytest.mark.parametrize("by_block", [False, True])
+def test_one_rows_queue_is_what_the_round_robin_of_one_gives(by_block):
+    """``next_queue`` (one row or one request, as an int) takes the same turn as
+    ``round_robin`` of one row, between calls for several rows."""
+    from sparkmq.log.batch import QueueChooser
+    one, many = QueueChooser(start=2, by_block=by_block), QueueChooser(start=2, by_block=by_block)
+    for count in (1, 3, 1, 1, 2, 1, 5, 1):
+        if count == 1:
+            assert one.next_queue("t", 3) == int(many.round_robin("t", 1, 3)[0])
+        else:
+            assert one.round_robin("t", count, 3).tolist() == \
+                many.round_robin("t", count, 3).tolist()
