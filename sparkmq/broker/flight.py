@@ -151,6 +151,14 @@ class _NotAcknowledged(SparkMQError):
         return f"{Code.Name(self.status.code)}: {self.status.message}"
 
 
+def _whole(value, name: str) -> int:
+    """JSON field ``name``'s ``value``, which must be a whole number: not a fraction, a
+    string or a bool (``int()`` would read 1.5 as queue 1, and "3" or true as numbers)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name!r} is a whole number, got {value!r}")
+    return value
+
+
 def _flight_error(e: Exception) -> Exception:
     if isinstance(e, _NotAcknowledged):   # stored here, not known to be on a replica: as
         #                                   a deadline passed, the outcome is not known
@@ -279,13 +287,13 @@ class FlightService(fl.FlightServerBase):
             topic = str(req["topic"])
             follow = req.get("follow")
             if follow is not None:      # [[queue, offset], ...]: a followed read
-                positions = {int(q): int(o) for q, o in follow}
+                positions = {_whole(q, "follow"): _whole(o, "follow") for q, o in follow}
                 if not positions:
                     raise ValueError("'follow' names no queue")
             else:
-                queue, offset = int(req["queue"]), int(req["offset"])
-            limit = min(max(1, int(req.get("max") or 1000)), MAX_GET)
-            poll_ms = min(max(0, int(req.get("pollMs") or 0)),
+                queue, offset = _whole(req["queue"], "queue"), _whole(req["offset"], "offset")
+            limit = min(max(1, _whole(req.get("max") or 1000, "max")), MAX_GET)
+            poll_ms = min(max(0, _whole(req.get("pollMs") or 0, "pollMs")),
                           self.broker.config.max_long_polling_ms)
             consumer_view = req.get("view") == "consumer"
             group = req.get("group")
@@ -391,7 +399,7 @@ class FlightService(fl.FlightServerBase):
         try:
             req = json.loads(action.body.to_pybytes())
             group, topic = str(req["group"]), str(req["topic"])
-            queue, offset = int(req["queue"]), int(req["offset"])
+            queue, offset = _whole(req["queue"], "queue"), _whole(req["offset"], "offset")
             validate_group(group), validate_topic(topic)
             self._authorize(context, offset_update_resources(group, topic))
             self.broker.receiver.reset_offset(group, topic, queue, offset)   # UpdateOffset's

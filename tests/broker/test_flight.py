@@ -380,6 +380,32 @@ def test_bad_batches_get_a_clear_error_and_store_nothing(broker, batch, words):
     _send(client, opts, _batch("T", [b"fine"]))     # the service goes on
 
 
+@pytest.mark.parametrize("ticket, words", [
+    ({"topic": "T", "queue": 0.5, "offset": 0}, "'queue' is a whole number, got 0.5"),
+    ({"topic": "T", "queue": 0, "offset": "1"}, "'offset' is a whole number, got '1'"),
+    ({"topic": "T", "queue": True, "offset": 0}, "'queue' is a whole number, got True"),
+    ({"topic": "T", "queue": 0, "offset": 0, "max": 2.5}, "'max' is a whole number"),
+    ({"topic": "T", "follow": [[0, 1.5]]}, "'follow' is a whole number, got 1.5"),
+])
+def test_a_ticket_s_numbers_are_whole_or_refused(broker, ticket, words):
+    """(``int()`` read 0.5 as queue 0 and "1" as offset 1.)"""
+    client, opts = _client(broker)
+    _send(client, opts, _batch("T", [b"a", b"b"]))
+    with pytest.raises(pa.ArrowInvalid, match=words):
+        _get(client, opts, **ticket)
+    assert _get(client, opts, topic="T", queue=0, offset=1).num_rows == 1   # it goes on
+
+
+@pytest.mark.parametrize("queue, offset", [(0.9, 1), (0, 1.5), (0, "1"), (False, 1)])
+def test_a_commit_s_numbers_are_whole_or_refused(broker, queue, offset):
+    client, opts = _client(broker)
+    with pytest.raises(pa.ArrowInvalid, match="is a whole number"):
+        list(client.do_action(fl.Action("commitOffset", json.dumps(
+            {"group": "G", "topic": "T", "queue": queue, "offset": offset}).encode()),
+            options=opts))
+    assert broker.store.consumer_offsets("G") == {}
+
+
 def test_the_topics_message_type_is_checked(broker):
     broker.store.create_topic("F", read_queue_nums=1, write_queue_nums=1,
                               attributes=message_type_attributes("FIFO"))
