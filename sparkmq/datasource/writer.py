@@ -132,9 +132,13 @@ class SparkMQCommitMessage(WriterCommitMessage):
 
 
 def validate_schema(schema: StructType, *, topic_option: str | None) -> None:
-    """Raise InvalidMessageError naming every wrong, missing or unknown column."""
+    """Raise InvalidMessageError naming every wrong, missing, unknown or repeated column."""
     problems = []
     names = {f.name for f in schema.fields}
+    seen = [f.name for f in schema.fields]
+    for name in sorted({n for n in seen if seen.count(n) > 1}):
+        problems.append(f"column {name!r} appears {seen.count(name)} times (select or rename "
+                        "so that each column is named once)")
     for f in schema.fields:
         spec = INPUT_COLUMNS.get(f.name)
         if spec is None:

@@ -1,7 +1,7 @@
 """The Spark writer holds every row to the input limits (sparkmq/log/limits.py), as
 Store.append_batch does: a row past one, or with a string that is not UTF-8, fails the job
-with the limit's status (or names the column), and nothing becomes visible. Real local
-SparkSession."""
+with the limit's status (or names the column), and nothing becomes visible; so does a
+DataFrame that names a column twice. Real local SparkSession."""
 from __future__ import annotations
 
 import pytest
@@ -36,6 +36,16 @@ def test_a_row_past_a_limit_fails_the_write_and_nothing_is_visible(spark, tmp_pa
         "case when id = 4 then cast(unhex('61FF') as string) else 'ok' end as tags")
     with pytest.raises(Exception, match="not valid Arrow data: column 'tags'"):
         not_utf8.write.format("sparkmq").mode("append").option("topic", "T").save(url)
+    # a null key (Spark's arrays hold nulls; RocketMQ's keys cannot)
+    null_key = spark.range(5).selectExpr(
+        "cast(id as string) as body", "case when id = 3 then array('k', null) end as keys")
+    with pytest.raises(Exception, match=r"ILLEGAL_MESSAGE_KEY: row \d+: key 1 is null"):
+        null_key.write.format("sparkmq").mode("append").option("topic", "T").save(url)
+    # a column named twice (the writer took the last one)
+    twice = spark.range(2).selectExpr("cast(id as string) as body", "'x' as tags",
+                                      "'y' as tags")
+    with pytest.raises(Exception, match="column 'tags' appears 2 times"):
+        twice.write.format("sparkmq").mode("append").option("topic", "T").save(url)
     assert TransactionLog(StoreFS(url)).latest_version() == before
     assert StoreFS(url).list_names(fmt.COMMITLOG_DIR) == []
 
