@@ -104,7 +104,7 @@ static int list_of(const struct ArrowSchema *s, const struct ArrowArray *a, char
 {
     const char *f = s->format;
     if (!f || f[0] != '+' || f[1] != kind || f[2] || a->n_buffers != 2 || a->n_children != 1
-            || !a->buffers[1])
+            || s->n_children != 1 || !a->buffers[1])
         return 0;
     out->valid = validity(a);
     out->off = (const int32_t *)a->buffers[1];
