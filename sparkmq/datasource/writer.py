@@ -85,7 +85,7 @@ from pyspark.sql.types import (ArrayType, BinaryType, ByteType, IntegerType, Lon
                                TimestampType)
 
 from ..config import DEFAULT_MAX_MESSAGE_SIZE_BYTES, StoreConfig
-from ..errors import InvalidConfigError, InvalidMessageError, UserError
+from ..errors import InvalidConfigError, InvalidMessageError, MessageLimitError, UserError
 from ..log import format as fmt
 from ..log.autocreate import create_store, ensure_topic
 from . import kafka
@@ -432,6 +432,7 @@ class _BatchConverter:
     def __init__(self, writer: _SegmentWriterBase, partition: int):
         self.w = writer
         self.partition = partition
+        self.rows = 0                 # this task's rows converted so far
         self.queues = QueueChooser(start=partition, by_block=True)
         self.host = socket.gethostname()
         self.host_scalar = pa.scalar(self.host, pa.string())
@@ -469,7 +470,13 @@ class _BatchConverter:
                                                    schema=fmt.SEGMENT_SCHEMA)
         # a Spark string is bytes (a binary cast to string is never checked): held to UTF-8
         check_valid_arrow(segment_batch, "a row batch of this write")
-        check_batch(segment_batch, self.w.limits)     # as Store.append_batch does
+        try:
+            check_batch(segment_batch, self.w.limits,      # as Store.append_batch does
+                        first_row=self.rows)
+        except MessageLimitError as e:    # the row as a Spark user finds it: partition, row
+            raise MessageLimitError(e.status, f"Spark partition {self.partition}, {e.message}"
+                                    ) from None
+        self.rows += segment_batch.num_rows
         return segment_batch
 
     def _topics(self, col: dict, n: int) -> pa.Array:

@@ -286,16 +286,17 @@ def check_message(limits: MessageLimits, **fields) -> None:
 # ---------------------------------------------------------------- Arrow batches
 SCREEN_MIN_ROWS = 4     # without sparkmq._screen, check_batch screens this many rows or more
 def check_batch(batch: pa.RecordBatch, limits: MessageLimits,
-                reserved_keys: frozenset = frozenset()) -> None:
+                reserved_keys: frozenset = frozenset(), *, first_row: int = 0) -> None:
     """Apply :func:`message_violation` to every row of ``batch`` (SEGMENT_SCHEMA);
-    raise the first row's error (naming the row). Rows no screen flags are not
+    raise the first row's error (naming the row, counted from ``first_row``: a caller
+    whose rows come in several batches counts them all). Rows no screen flags are not
     converted to Python: a batch of plain messages costs one C call (``sparkmq._screen``,
     a few us), or without it a few numpy calls (~50-120 us; then a batch of fewer than
     ``SCREEN_MIN_ROWS`` rows is decided by the rule alone, ~16-18 us a row)."""
     for r in _flagged(batch, limits, reserved_keys):
         bad = message_violation(limits, **_row_fields(batch, r), reserved_keys=reserved_keys)
         if bad is not None:
-            raise MessageLimitError(bad.status, f"row {r}: {bad.message}")
+            raise MessageLimitError(bad.status, f"row {first_row + r}: {bad.message}")
 
 
 def _flagged(batch: pa.RecordBatch, limits: MessageLimits,
@@ -553,8 +554,9 @@ def check_valid_arrow(data: pa.RecordBatch | pa.Table, what: str) -> None:
     checked at all: a batch off the network (Flight), built from raw bytes, or from a Spark
     string that was never UTF-8, may hold a string that readers of the topic fail on (a
     consumer's decode raises, DuckDB refuses the table, Polars 1.x panics showing it), or
-    an offset past its buffer. Such data is refused before anything reads or stores it. So is a batch that
-    names a column twice (Arrow allows it; a message has one topic, one body, ...)."""
+    an offset past its buffer. Such data is refused before anything reads or stores it. So
+    is a batch that names a column twice (Arrow allows it; a message has one topic, one
+    body, ...)."""
     names = () if data.schema.equals(fmt.SEGMENT_SCHEMA) else data.schema.names   # (~2 us)
     if len(set(names)) < len(names):
         twice = sorted({n for n in names if names.count(n) > 1})

@@ -19,11 +19,19 @@ def test_a_row_past_a_limit_fails_the_write_and_nothing_is_visible(spark, tmp_pa
     with Store.open(url, mode="w", start_services=False) as s:
         s.create_topic("T", write_queue_nums=2, read_queue_nums=2)
     before = TransactionLog(StoreFS(url)).latest_version()
-    df = spark.range(20).selectExpr(
+    # two partitions of 10 rows, in Arrow batches of 4: the bad row is named as a Spark user
+    # finds it, row 6 of partition 1 (its second batch's third row)
+    df = spark.range(0, 20, 1, 2).selectExpr(
         "cast(id as string) as body",
-        "case when id = 13 then 'a|b' else 'TagA' end as tags")
-    with pytest.raises(Exception, match="ILLEGAL_MESSAGE_TAG"):
-        df.write.format("sparkmq").mode("append").option("topic", "T").save(url)
+        "case when id = 16 then 'a|b' else 'TagA' end as tags")
+    key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before_conf = spark.conf.get(key)
+    spark.conf.set(key, "4")
+    try:
+        with pytest.raises(Exception, match="ILLEGAL_MESSAGE_TAG: Spark partition 1, row 6: "):
+            df.write.format("sparkmq").mode("append").option("topic", "T").save(url)
+    finally:
+        spark.conf.set(key, before_conf)
     big = spark.range(3).selectExpr("cast(id as string) as body",
                                     "map('p', repeat('v', 100)) as properties")
     with pytest.raises(Exception, match="MESSAGE_PROPERTIES_TOO_LARGE"):
@@ -37,9 +45,10 @@ def test_a_row_past_a_limit_fails_the_write_and_nothing_is_visible(spark, tmp_pa
     with pytest.raises(Exception, match="not valid Arrow data: column 'tags'"):
         not_utf8.write.format("sparkmq").mode("append").option("topic", "T").save(url)
     # a null key (Spark's arrays hold nulls; RocketMQ's keys cannot)
-    null_key = spark.range(5).selectExpr(
+    null_key = spark.range(0, 5, 1, 1).selectExpr(
         "cast(id as string) as body", "case when id = 3 then array('k', null) end as keys")
-    with pytest.raises(Exception, match=r"ILLEGAL_MESSAGE_KEY: row \d+: key 1 is null"):
+    with pytest.raises(Exception,
+                       match="ILLEGAL_MESSAGE_KEY: Spark partition 0, row 3: key 1 is null"):
         null_key.write.format("sparkmq").mode("append").option("topic", "T").save(url)
     # a column named twice (the writer took the last one)
     twice = spark.range(2).selectExpr("cast(id as string) as body", "'x' as tags",
