@@ -97,7 +97,7 @@ from ..log.fs import StoreFS
 from ..log.actions import TopicConfig
 from ..log.batch import (QueueChooser, check_bodies, group_message_types, none_if_empty,
                          writable_topic_conf)
-from ..log.limits import check_batch, check_valid_arrow
+from ..log.limits import check_batch, check_valid_arrow, repeated_names
 from ..log import segment as seg
 from ..log.txlog import TransactionLog
 
@@ -135,9 +135,8 @@ def validate_schema(schema: StructType, *, topic_option: str | None) -> None:
     """Raise InvalidMessageError naming every wrong, missing, unknown or repeated column."""
     problems = []
     names = {f.name for f in schema.fields}
-    seen = [f.name for f in schema.fields]
-    for name in sorted({n for n in seen if seen.count(n) > 1}):
-        problems.append(f"column {name!r} appears {seen.count(name)} times (select or rename "
+    for name, count in repeated_names([f.name for f in schema.fields]).items():
+        problems.append(f"column {name!r} appears {count} times (select or rename "
                         "so that each column is named once)")
     for f in schema.fields:
         spec = INPUT_COLUMNS.get(f.name)

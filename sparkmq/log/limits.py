@@ -545,6 +545,15 @@ def _row_fields(batch: pa.RecordBatch, r: int) -> dict:
 
 
 # ---------------------------------------------------------------- valid data
+def repeated_names(names: Sequence[str]) -> dict[str, int]:
+    """The column names that come more than once in ``names``, with their counts (in name
+    order; empty for the usual batch): every writer takes a message's columns by name, so
+    each must be named once (Arrow and Spark both allow a name twice)."""
+    if len(set(names)) == len(names):
+        return {}
+    return {n: names.count(n) for n in sorted(set(names)) if names.count(n) > 1}
+
+
 def check_valid_arrow(data: pa.RecordBatch | pa.Table, what: str) -> None:
     """Refuse (InvalidMessageError) ``data`` that is not valid Arrow through and through:
     every offset in bounds and in order, every string valid UTF-8 (Arrow's own full
@@ -558,10 +567,10 @@ def check_valid_arrow(data: pa.RecordBatch | pa.Table, what: str) -> None:
     is a batch that names a column twice (Arrow allows it; a message has one topic, one
     body, ...)."""
     names = () if data.schema.equals(fmt.SEGMENT_SCHEMA) else data.schema.names   # (~2 us)
-    if len(set(names)) < len(names):
-        twice = sorted({n for n in names if names.count(n) > 1})
-        raise InvalidMessageError(f"{what} names each column once; {twice} come more than "
-                                  "once. Nothing was stored")
+    twice = repeated_names(names)
+    if twice:
+        raise InvalidMessageError(f"{what} names each column once; {sorted(twice)} come more "
+                                  "than once. Nothing was stored")
     try:
         data.validate(full=True)
     except pa.ArrowInvalid as e:

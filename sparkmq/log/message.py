@@ -174,7 +174,7 @@ def _few_ids(ids: list[str]) -> pa.Array:
     data = "".join(ids).encode()
     if len(data) != 32 * len(ids):      # (not ids of this store's form: no shortcut)
         return pa.array(ids, pa.string())
-    return pa.StringArray.from_buffers(len(ids), _FEW_ID_OFFSETS[len(ids)], pa.py_buffer(data))
+    return _id_array(data, len(ids))
 
 
 def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa.Array:
@@ -214,10 +214,12 @@ def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> p
     return _id_array(words, n)
 
 
-def _id_array(words: np.ndarray, n: int) -> pa.Array:
-    """``n`` ids, 32 ASCII bytes each (``words``: ``(n, 4)`` uint64), as a string array."""
-    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
-    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(words))
+def _id_array(data, n: int) -> pa.Array:
+    """``n`` ids, 32 ASCII bytes each (``data``: their bytes, or ``(n, 4)`` uint64 words),
+    as a string array."""
+    offsets = _FEW_ID_OFFSETS[n] if n <= _LOOP_IDS else \
+        pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32))
+    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(data))
 
 
 def _own_ids_complete(own) -> bool:
