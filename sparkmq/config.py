@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import InvalidConfigError
+from .properties import parse_bool, parse_int
 
 SYNC_FLUSH = "SYNC_FLUSH"
 ASYNC_FLUSH = "ASYNC_FLUSH"
@@ -159,20 +160,14 @@ class StoreConfig:
 
 
 def _coerce(name: str, type_name: Any, raw: Any) -> Any:
+    """``raw`` as option ``name``'s type: booleans and integers as every config reads
+    them (``properties.parse_bool`` / ``parse_int``: one meaning of true and of a number)."""
     t = str(type_name)
+    if t == "bool":
+        return parse_bool(f"config {name}", raw)
+    if t == "int":
+        return parse_int(f"config {name}", raw)
     try:
-        if t == "bool":
-            if isinstance(raw, str):
-                if raw.strip().lower() in ("true", "1", "yes"):
-                    return True
-                if raw.strip().lower() in ("false", "0", "no"):
-                    return False
-                raise ValueError(raw)
-            return bool(raw)
-        if t == "int":
-            return int(raw)
-        if t == "float":
-            return float(raw)
-        return str(raw)
+        return float(raw) if t == "float" else str(raw)
     except (TypeError, ValueError):
         raise InvalidConfigError(f"config {name} must be of type {t}, got {raw!r}") from None

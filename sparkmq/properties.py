@@ -47,8 +47,21 @@ def parse_bool(name: str, raw: Any) -> bool:
     raise InvalidConfigError(f"{name} must be true or false, got {raw!r}")
 
 
+def is_whole(value: Any) -> bool:
+    """True for a whole number given as one (an ``int``), not a bool, a fraction or a
+    string: the one test of every integer field of a JSON body or a config mapping
+    (``int()`` reads 1.5 as 1, and ``True`` or ``"3"`` as numbers)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def parse_int(name: str, raw: Any) -> int:
+    """``raw`` as an integer: a whole number (``is_whole``), or a string of one (a
+    properties file's value); else InvalidConfigError."""
+    if is_whole(raw):
+        return raw
     try:
-        return int(raw)
-    except (TypeError, ValueError):
-        raise InvalidConfigError(f"{name} must be an integer, got {raw!r}") from None
+        if isinstance(raw, str):
+            return int(raw)
+    except ValueError:
+        pass
+    raise InvalidConfigError(f"{name} must be an integer, got {raw!r}")

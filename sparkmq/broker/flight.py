@@ -65,6 +65,7 @@ from ..log.message import batch_message_ids, delivered_ids, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.segment import EOS
 from ..log.status import PutMessageStatus
+from ..properties import is_whole
 from ..tagexpr import tag_set
 from .authz import offset_update_resources, peer_ip, read_resources, send_resources
 from .batchsend import SEND_COLUMNS, typed
@@ -152,9 +153,8 @@ class _NotAcknowledged(SparkMQError):
 
 
 def _whole(value, name: str) -> int:
-    """JSON field ``name``'s ``value``, which must be a whole number: not a fraction, a
-    string or a bool (``int()`` would read 1.5 as queue 1, and "3" or true as numbers)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """JSON field ``name``'s ``value``, which must be a whole number (``is_whole``)."""
+    if not is_whole(value):
         raise TypeError(f"{name!r} is a whole number, got {value!r}")
     return value
 

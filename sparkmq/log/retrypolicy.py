@@ -20,6 +20,7 @@ import re
 from typing import Any, Mapping
 
 from ..errors import UserError
+from ..properties import is_whole
 
 CUSTOMIZED, EXPONENTIAL = "CUSTOMIZED", "EXPONENTIAL"
 DEFAULT_NEXT_MS = (1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000,
@@ -52,15 +53,14 @@ def validate_policy(policy: Mapping[str, Any]) -> dict:
     if kind == CUSTOMIZED:
         nxt = (policy.get("customizedRetryPolicy") or {}).get("next", DEFAULT_NEXT_MS)
         if not isinstance(nxt, (list, tuple)) or not 1 <= len(nxt) <= MAX_STEPS or not all(
-                isinstance(x, int) and not isinstance(x, bool) and 0 < x <= MAX_DELAY_MS
+                is_whole(x) and 0 < x <= MAX_DELAY_MS
                 for x in nxt):
             raise UserError(f"customizedRetryPolicy.next must be 1..{MAX_STEPS} delays in ms, "
                             f"each 1..{MAX_DELAY_MS}, got {nxt!r}")
         return {"type": CUSTOMIZED, "customizedRetryPolicy": {"next": list(nxt)}}
     if kind == EXPONENTIAL:
         exp = {**DEFAULT_EXPONENTIAL, **(policy.get("exponentialRetryPolicy") or {})}
-        ok = all(isinstance(exp[k], int) and not isinstance(exp[k], bool)
-                 for k in ("initial", "max", "multiplier"))
+        ok = all(is_whole(exp[k]) for k in ("initial", "max", "multiplier"))
         if not ok or not 0 < exp["initial"] <= exp["max"] <= MAX_DELAY_MS \
                 or not 1 <= exp["multiplier"] <= 100:
             raise UserError("exponentialRetryPolicy needs 0 < initial <= max <= "

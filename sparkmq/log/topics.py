@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Mapping
 
 from ..errors import GroupNotFoundError, TopicExistsError, TopicNotFoundError, UserError
+from ..properties import is_whole
 from .actions import (MAX_QUEUE_NUMS, MIN_QUEUE_NUMS, PERM_RW, PERMS, ConsumerOffset,
                       GroupConfig, TopicConfig)
 from .names import validate_group, validate_topic
@@ -148,9 +149,8 @@ def create_group(store: "Store", group: str, *, retry_max_times: int | None = No
     sent to its consumers."""
     store.require_writable()
     validate_group(group)
-    if retry_max_times is not None and (isinstance(retry_max_times, bool) or not
-                                        isinstance(retry_max_times, int) or
-                                        not 0 <= retry_max_times <= 10_000):
+    if retry_max_times is not None and not (is_whole(retry_max_times)
+                                            and 0 <= retry_max_times <= 10_000):
         raise UserError(f"retry_max_times must be an integer in 0..10000, "
                         f"got {retry_max_times!r}")
     conf = GroupConfig(group_name=group, consume_enable=bool(consume_enable),
@@ -206,7 +206,7 @@ def retention_fields(retention_ms: int | None, retention_bytes: int | None) -> d
                            "retention_bytes (bytes per queue)")):
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        if not is_whole(v) or v < 0:
             raise UserError(f"{what} must be a positive integer, or 0 for the broker "
                             f"default; got {v!r}")
         out[attr] = v or None

@@ -104,11 +104,34 @@ def test_attribute_names_and_defaults():
     {"autoCreateTopicEnable": "maybe"},
     {"fileReservedTime": "three days"},
     {"checkpointInterval": "0"},
+    # values given as Python or JSON values, not strings: a number must be whole
+    {"mappedFileSizeCommitLog": 8192.5},
+    {"maxMessageSize": True},
+    {"maxMessageSize": None},
+    {"autoCreateTopicEnable": 2},
+    {"autoCreateTopicEnable": None},
 ])
 def test_bad_config_values(options):
     with pytest.raises(InvalidConfigError) as exc:
         StoreConfig.from_options(options)
     assert exc.value.code == "SPARKMQ_INVALID_CONFIG"
+    assert str(next(iter(options.values()))) in exc.value.message    # names what it got
+
+
+def test_config_values_given_as_values_not_strings():
+    conf = StoreConfig.from_options({"maxMessageSize": 2048, "autoCreateTopicEnable": False,
+                                     "defaultTopicQueueNums": " 4 "})
+    assert conf.max_message_size_bytes == 2048 and conf.auto_create_topic is False
+    assert conf.default_topic_queue_nums == 4
+    assert StoreConfig.from_options({"autoCreateTopicEnable": 1}).auto_create_topic is True
+
+
+def test_broker_config_integers_are_whole():
+    from sparkmq.broker.config import BrokerConfig
+    assert BrokerConfig.from_properties({"listenPort": "18081"}).listen_port == 18081
+    for bad in (18081.5, True, "18081.0"):
+        with pytest.raises(InvalidConfigError, match="listenPort must be an integer"):
+            BrokerConfig.from_properties({"listenPort": bad})
 
 
 def test_store_open_refuses_bad_config_and_mode(store_url):
