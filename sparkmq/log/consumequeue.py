@@ -19,6 +19,7 @@ Thread-safety: ``MemoryConsumeQueue`` is guarded by its own lock.
 from __future__ import annotations
 
 import bisect
+import functools
 import io
 import threading
 from dataclasses import dataclass
@@ -66,30 +67,49 @@ def empty_entries() -> pa.Table:
     return _ENTRY_SCHEMA.empty_table()
 
 
-def chunks_to_table(chunks: list[Chunk], lo: int, hi: int) -> pa.Table:
-    """Entries with queue offset in [lo, hi) from consecutive chunks."""
-    parts = {c: [] for c in ENTRY_COLUMNS}
+def chunks_to_table(chunks: list[Chunk], lo: int, hi: int,
+                    columns: list[str] | None = None) -> pa.Table:
+    """Entries with queue offset in [lo, hi) from consecutive chunks: all ENTRY_COLUMNS,
+    or ``columns`` of them (``queue_offset`` always; only those are built: a long poll's
+    read of a message needs three of the six)."""
+    spans = []
     for ch in chunks:
         a, b = max(lo, ch.start), min(hi, ch.end)
-        if a >= b:
-            continue
-        s, e = a - ch.start, b - ch.start
-        n = e - s
-        parts["queue_offset"].append(np.arange(a, b, dtype=np.int64))
-        parts["batch_offset"].append(np.full(n, ch.batch_offset, dtype=np.int64))
-        parts["row"].append(ch.rows[s:e])
-        parts["size"].append(ch.sizes[s:e])
-        parts["tags_code"].append(ch.tags_codes[s:e])
-        parts["store_timestamp"].append(ch.store_ts[s:e])
-    if not parts["queue_offset"]:
-        return empty_entries()
-    one = len(parts["queue_offset"]) == 1       # the usual read: inside one chunk
-    cols = {k: v[0] if one else np.concatenate(v) for k, v in parts.items()}
-    return pa.Table.from_arrays([
-        pa.array(cols["queue_offset"], pa.int64()), pa.array(cols["batch_offset"], pa.int64()),
-        pa.array(cols["row"], pa.int32()), pa.array(cols["size"], pa.int32()),
-        pa.array(cols["tags_code"], pa.int64()), fmt.ts_array(cols["store_timestamp"])],
-        schema=_ENTRY_SCHEMA)
+        if a < b:
+            spans.append((ch, a - ch.start, b - ch.start, a, b))
+    names = _entry_columns(columns)
+    if not spans:
+        return empty_entries().select(names)
+    return pa.Table.from_arrays([_ENTRY_ARRAYS[c](spans) for c in names],
+                                schema=_entry_schema(tuple(names)))
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)   # (the usual read: one)
+
+
+#: each entry column of ``chunks_to_table``'s spans (chunk, from row, to row, from offset,
+#: to offset), as an Arrow array
+_ENTRY_ARRAYS = {
+    "queue_offset": lambda spans: pa.array(_joined(
+        [np.arange(a, b, dtype=np.int64) for _, _, _, a, b in spans]), pa.int64()),
+    "batch_offset": lambda spans: pa.array(_joined(
+        [np.full(e - s, ch.batch_offset, dtype=np.int64) for ch, s, e, _, _ in spans]),
+        pa.int64()),
+    "row": lambda spans: pa.array(_joined([ch.rows[s:e] for ch, s, e, _, _ in spans]),
+                                  pa.int32()),
+    "size": lambda spans: pa.array(_joined([ch.sizes[s:e] for ch, s, e, _, _ in spans]),
+                                   pa.int32()),
+    "tags_code": lambda spans: pa.array(_joined(
+        [ch.tags_codes[s:e] for ch, s, e, _, _ in spans]), pa.int64()),
+    "store_timestamp": lambda spans: fmt.ts_array(_joined(
+        [ch.store_ts[s:e] for ch, s, e, _, _ in spans])),
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _entry_schema(names: tuple[str, ...]) -> pa.Schema:
+    return pa.schema([_ENTRY_SCHEMA.field(c) for c in names])
 
 
 class MemoryConsumeQueue:
@@ -130,18 +150,20 @@ class MemoryConsumeQueue:
             starts = self._starts.get((tid, qid))
             return starts[0] if starts else None
 
-    def entries(self, tid: int, qid: int, lo: int, hi: int) -> pa.Table:
-        """Entries in [lo, hi) held in memory (callers check ``covers`` for lo)."""
+    def entries(self, tid: int, qid: int, lo: int, hi: int,
+                columns: list[str] | None = None) -> pa.Table:
+        """Entries in [lo, hi) held in memory (callers check ``covers`` for lo): all
+        ENTRY_COLUMNS or ``columns`` of them, as ``chunks_to_table`` builds them."""
         with self._lock:
             key = (tid, qid)
             chunks = self._queues.get(key)
             if not chunks:
-                return empty_entries()
+                return empty_entries().select(_entry_columns(columns))
             starts = self._starts[key]
             i = max(0, bisect.bisect_right(starts, lo) - 1)
             j = bisect.bisect_left(starts, hi)
             picked = chunks[i:j]
-        return chunks_to_table(picked, lo, hi)
+        return chunks_to_table(picked, lo, hi, columns)
 
     def all_chunks(self, tid: int, qid: int) -> list[Chunk]:
         with self._lock:
@@ -484,12 +506,12 @@ def live_entries(sfs: StoreFS, state, cq: MemoryConsumeQueue, tid: int, qid: int
     files of ``state`` up to the first offset still in memory, then ``cq``."""
     first = cq.first_offset(tid, qid)
     if first is not None and first <= lo:
-        return _select_entries(cq.entries(tid, qid, lo, hi), columns)
+        return cq.entries(tid, qid, lo, hi, columns)
     persisted = read_side_entries(sfs, list(state.consumequeue_files.values()),
                                   tid, qid, lo, hi if first is None else min(hi, first), columns)
     if first is None or hi <= first:
         return persisted
-    recent = _select_entries(cq.entries(tid, qid, first, hi), columns)
+    recent = cq.entries(tid, qid, first, hi, columns)
     return pa.concat_tables([persisted, recent], promote_options="permissive")
 
 
@@ -510,14 +532,6 @@ def live_time_entries(sfs: StoreFS, state, cq: MemoryConsumeQueue, keys: list[tu
                     "queue_offset": pa.array(offs, pa.int64()),
                     "store_timestamp": fmt.ts_array(ch.store_ts[sel])}))
     return pa.concat_tables(parts, promote_options="permissive")
-
-
-def _select_entries(entries: pa.Table, columns: list[str] | None) -> pa.Table:
-    """In-memory entries cut to the columns a persisted read of ``columns`` returns."""
-    if columns is None:
-        return entries
-    return entries.select([c for c in entries.schema.names if c in columns
-                           or c == "queue_offset"])
 
 
 def queues_stored_since(state, cq: MemoryConsumeQueue, keys: list[tuple[int, int]],

@@ -55,3 +55,40 @@ def test_chunks_out_of_offset_order_are_sorted_by_rows():
 def test_no_chunks_give_an_empty_table():
     assert chunks_to_side_table([]).num_rows == 0
     assert chunks_to_side_table([(0, 0, _chunk(0, 0, 5))]).schema == fmt.CONSUMEQUEUE_SCHEMA
+
+
+# ---------------------------------------------------------------- the in-memory tail's reads
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from sparkmq.log.consumequeue import ENTRY_COLUMNS, MemoryConsumeQueue  # noqa: E402
+
+
+@settings(deadline=None, max_examples=150)
+@given(sizes=st.lists(st.integers(0, 6), min_size=0, max_size=6),
+       lo=st.integers(0, 40), width=st.integers(0, 40),
+       columns=st.one_of(st.none(), st.lists(st.sampled_from(ENTRY_COLUMNS), unique=True)))
+def test_a_read_of_the_memory_tail_gives_the_entries_asked_for(sizes, lo, width, columns):
+    """Entries [lo, hi) of one queue's chunks, all columns or the ones asked for (queue
+    offset always, in ENTRY_COLUMNS order), whether the range falls in one chunk, spans
+    several or none: the same values as the chunks row by row."""
+    cq, start, ref = MemoryConsumeQueue(1 << 20), 0, []
+    for b, n in enumerate(sizes):
+        ch = Chunk(start, 1000 * b, np.arange(n, dtype=np.int32) * 2,
+                   np.full(n, 7 + b, np.int32), np.arange(n, dtype=np.int64) * 3,
+                   np.full(n, 1_700_000_000_000 + b, np.int64))
+        cq.add(1, 0, ch)
+        ref += [{"queue_offset": start + i, "batch_offset": 1000 * b, "row": 2 * i,
+                 "size": 7 + b, "tags_code": 3 * i, "store_timestamp": 1_700_000_000_000 + b}
+                for i in range(n)]
+        start += n
+    hi = lo + width
+    got = cq.entries(1, 0, lo, hi, columns)
+    names = [c for c in ENTRY_COLUMNS if columns is None or c in columns or c == "queue_offset"]
+    assert got.schema.names == names
+    want = [{c: r[c] for c in names} for r in ref if lo <= r["queue_offset"] < hi]
+    if "store_timestamp" in names:              # (compared as int64 milliseconds)
+        got = got.set_column(names.index("store_timestamp"), "store_timestamp",
+                             got.column("store_timestamp").cast(pa.int64()))
+    assert got.to_pylist() == want
+    got = cq.entries(1, 0, lo, hi, columns)
+    assert got.schema == pa.schema([fmt.CONSUMEQUEUE_SCHEMA.field(c) for c in names])
