@@ -232,3 +232,34 @@ def test_stored_messages_give_times_as_int_ms_across_chunks_nulls_and_units():
     assert [m.born_timestamp for m in got] == ms
     assert [m.store_timestamp for m in got] == ms
     assert [m.delivery_timestamp for m in got] == [None, ms[1], None]
+
+
+def test_stored_messages_read_every_field_as_from_row_does(store_url):
+    """Messages with and without tags, keys, properties, groups, ids and hosts, a retried
+    one (reconsume_times) and a delayed one, read back: ``stored_messages`` (column by
+    column) gives what ``StoredMessage.from_row`` makes of each row."""
+    from sparkmq import Message, Store
+    from sparkmq.log.message import StoredMessage, stored_messages
+    with Store.open(store_url) as store:
+        store.create_topic("t", write_queue_nums=1, read_queue_nums=1)
+        store.append([
+            Message("t", b"plain"),
+            Message("t", b"full", tags="TagA", keys=["k1", "k2"], properties={"a": "1"},
+                    message_group="g", unique_key="U1", born_host="10.0.0.1:5",
+                    born_timestamp=1_700_000_000_001, reconsume_times=3),
+            Message("t", b"later", delivery_timestamp=4_102_444_800_000, keys=["k3"]),
+        ])
+        table = store.read_table("t", 0, 0)
+    got = stored_messages(table)
+    want = []
+    for row in table.to_pylist():
+        want.append(StoredMessage.from_row(row))
+    assert got == want
+    assert got[1].keys == ["k1", "k2"] and got[1].properties == {"a": "1"}
+    assert got[1].reconsume_times == 3 and got[0].keys == [] and got[0].properties == {}
+    assert got[2].delivery_timestamp == 4_102_444_800_000 and got[0].tags is None
+    # a table of the required columns only (the rest missing: their defaults)
+    bare = table.select(["topic", "queue_id", "queue_offset", "physical_offset",
+                         "message_id", "body", "born_timestamp", "store_timestamp"])
+    assert stored_messages(bare) == [StoredMessage.from_row(r) for r in bare.to_pylist()]
+    assert {(m.reconsume_times, m.message_type) for m in stored_messages(bare)} == {(0, 0)}
