@@ -37,9 +37,9 @@ class _Ticket:
         self.rows = rows
         self.results: list | None = None
         self.error: BaseException | None = None
-        # results ready, or the lead handed over: a follower's only (``submit``), as a
-        # lone request, the usual one, leads and waits for no one
-        self.done: threading.Event | None = None
+        # results ready, or the lead handed over (a ticket is a follower's only: a lone
+        # request, the usual one, appends at once and waits for no one)
+        self.done = threading.Event()
         self.lead = False
 
 
@@ -72,13 +72,19 @@ class SendMerger:
 
     def submit(self, rows) -> list:
         """Append ``rows`` (alone or with the requests waiting now); per-row results."""
-        ticket = _Ticket(rows)
+        ticket = None
         with self._lock:
-            self._pending.append(ticket)     # a new leader finds only its own ticket here
-            ticket.lead = not self._leading
-            self._leading = True
-            if not ticket.lead:
-                ticket.done = threading.Event()
+            if self._leading:            # a leader is at work: queue up behind it
+                ticket = _Ticket(rows)
+                self._pending.append(ticket)
+            self._leading = True         # (no leader: nothing waits either)
+        if ticket is None:               # the usual request: appended at once, no ticket
+            try:
+                return self._append(rows)
+            finally:
+                self.batches += 1
+                self.requests += 1
+                self._pass_lead()        # to a request that came meanwhile
         while not ticket.lead:
             if ticket.done.wait(self.wait_s):
                 break
@@ -116,13 +122,17 @@ class SendMerger:
         try:
             self._run(batch)
         finally:
-            with self._lock:
-                if self._pending:
-                    nxt = self._pending[0]
-                    nxt.lead = True
-                    nxt.done.set()
-                else:
-                    self._leading = False
+            self._pass_lead()
+
+    def _pass_lead(self) -> None:
+        """Hand the lead to the first waiting request, or give it up when none waits."""
+        with self._lock:
+            if self._pending:
+                nxt = self._pending[0]
+                nxt.lead = True
+                nxt.done.set()
+            else:
+                self._leading = False
 
     def _run(self, batch: list[_Ticket]) -> None:
         outcomes = self._append_batch(batch)
@@ -133,8 +143,7 @@ class SendMerger:
                 t.error = outcome
             else:
                 t.results = outcome
-            if t.done is not None:
-                t.done.set()
+            t.done.set()
 
     def _append_batch(self, batch: list[_Ticket]) -> list:
         """Per ticket: its rows' results, or the exception its request alone failed with."""
