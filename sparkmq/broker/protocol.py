@@ -115,15 +115,17 @@ def message_to_pb(sm, delivery=None) -> pb.Message:
     pop ``Delivery``) it carries its receipt handle, attempt and invisible time."""
     msg = pb.Message(topic=pb.Resource(name=sm.topic), body=sm.body)
     props = sm.properties or {}
-    msg.user_properties.update({k: v for k, v in props.items()
-                                if k not in INTERNAL_PROPERTY_KEYS})
+    if props:                     # (``update`` of a map is Python-level: skipped when empty)
+        msg.user_properties.update({k: v for k, v in props.items()
+                                    if k not in INTERNAL_PROPERTY_KEYS})
     sp = msg.system_properties
     if ORIGIN_TOPIC in props and ORIGIN_MESSAGE_ID in props:   # as the proxy: a dead letter
         sp.dead_letter_queue.topic = props[ORIGIN_TOPIC]
         sp.dead_letter_queue.message_id = props[ORIGIN_MESSAGE_ID]
     if sm.tags:
         sp.tag = sm.tags
-    sp.keys.extend(sm.keys or [])
+    if sm.keys:
+        sp.keys.extend(sm.keys)
     sp.message_id = sm.unique_key or sm.message_id
     # as the Apache proxy's GrpcConverter: MD5 of the body, uppercase hex (the official
     # clients check it; the Node.js client mis-reads a CRC32 one as corrupted)
@@ -131,23 +133,32 @@ def message_to_pb(sm, delivery=None) -> pb.Message:
     sp.body_digest.checksum = hashlib.md5(sm.body).hexdigest().upper()
     sp.body_encoding = pb.IDENTITY
     sp.message_type = pb.FIFO if sm.message_group else pb.NORMAL
-    sp.born_timestamp.CopyFrom(timestamp(sm.born_timestamp))
+    _set_time(sp.born_timestamp, sm.born_timestamp)
     sp.born_host = sm.born_host or ""
-    sp.store_timestamp.CopyFrom(timestamp(sm.store_timestamp))
+    _set_time(sp.store_timestamp, sm.store_timestamp)
     sp.store_host = sm.store_host or ""
     sp.queue_id = sm.queue_id
     sp.queue_offset = sm.queue_offset
     if sm.message_group:
         sp.message_group = sm.message_group
     if sm.delivery_timestamp:
-        sp.delivery_timestamp.CopyFrom(timestamp(sm.delivery_timestamp))
+        _set_time(sp.delivery_timestamp, sm.delivery_timestamp)
         if not sm.message_group:
             sp.message_type = pb.DELAY
     if delivery is not None:
         sp.receipt_handle = delivery.receipt_handle
         sp.delivery_attempt = delivery.attempt
-        sp.invisible_duration.CopyFrom(duration(delivery.invisible_ms))
+        _set_time(sp.invisible_duration, delivery.invisible_ms)
     return msg
+
+
+def _set_time(field, ms: int | None) -> None:
+    """Set a Timestamp or Duration ``field`` (a message's own) to ``ms``, as ``CopyFrom`` of
+    ``timestamp(ms)`` / ``duration(ms)`` would, from its two parts (``FromMilliseconds`` is
+    Python, and a copy ~2 us more a message); the field is present even for 0 or None."""
+    ms = int(ms or 0)
+    field.seconds = ms // 1000
+    field.nanos = ms % 1000 * 1_000_000
 
 
 # ---------------------------------------------------------------- routes and sends

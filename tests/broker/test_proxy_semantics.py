@@ -169,6 +169,47 @@ def test_internal_properties_are_not_sent_as_user_properties():
     assert not plain.system_properties.HasField("dead_letter_queue")
 
 
+
+@pytest.mark.parametrize("born, delivery_ms, invisible_ms", [
+    (1_700_000_000_123, 4_102_444_800_999, 30_000), (0, None, 1), (5, 1, 999)])
+def test_a_delivered_message_s_times_are_exact_and_present(born, delivery_ms, invisible_ms):
+    """born/store timestamps are always present (a zero one too, as the proxy's converter
+    sets them), to the millisecond; a delay's delivery time only when it has one; the
+    invisible duration of a delivery exact; empty keys and properties send none."""
+    from sparkmq.broker.protocol import message_to_pb, ms_of_duration, ms_of_timestamp
+    from sparkmq.log.message import StoredMessage
+
+    class Delivery:
+        receipt_handle, attempt = "R1", 2
+    d = Delivery()
+    d.invisible_ms = invisible_ms
+    sm = StoredMessage(topic="T", queue_id=1, queue_offset=4, physical_offset=0,
+                       message_id="M", body=b"x", tags=None, keys=[], properties={},
+                       born_timestamp=born, store_timestamp=1_700_000_000_001,
+                       born_host=None, store_host="s:1", reconsume_times=0,
+                       delivery_timestamp=delivery_ms, message_group=None,
+                       transaction_id=None, message_type=0, unique_key=None)
+    sp = message_to_pb(sm, d).system_properties
+    assert sp.HasField("born_timestamp") and sp.HasField("store_timestamp")
+    assert ms_of_timestamp(sp.born_timestamp) == born
+    assert ms_of_timestamp(sp.store_timestamp) == 1_700_000_000_001
+    assert sp.born_timestamp.nanos % 1_000_000 == 0 and 0 <= sp.born_timestamp.nanos < 10**9
+    assert sp.HasField("delivery_timestamp") == bool(delivery_ms)
+    if delivery_ms:
+        assert ms_of_timestamp(sp.delivery_timestamp) == delivery_ms
+        assert sp.message_type == pb_type("DELAY")
+    assert ms_of_duration(sp.invisible_duration) == invisible_ms
+    assert (sp.receipt_handle, sp.delivery_attempt) == ("R1", 2)
+    assert list(sp.keys) == [] and not sp.HasField("tag")
+    assert not message_to_pb(sm).system_properties.HasField("invisible_duration")
+    assert dict(message_to_pb(sm).user_properties) == {}
+
+
+def pb_type(name: str) -> int:
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    return pb.MessageType.Value(name)
+
+
 def _settings_reply(b, group: str):
     """The Settings the broker answers a SIMPLE_CONSUMER of ``group`` on Telemetry."""
     import grpc
