@@ -122,3 +122,16 @@ def test_a_signer_opens_only_its_own_handles():
     assert a.open(h) == "1.0.5.T.broker-a"
     with pytest.raises(Exception, match="not issued by this broker"):
         b.open(h)
+
+
+def test_a_handle_is_its_text_and_the_hmac_sha256_of_it_under_the_secret():
+    """The handle format handles.py documents (a recall handle made before a restart, or
+    by an earlier version, must still open): text, ``~``, the first 128 bits of
+    HMAC-SHA256(secret, text) in hex; the same MAC however many handles were made."""
+    import hashlib
+    import hmac
+    signer = HandleSigner(b"s" * 32)
+    for text in ("1.0.5.T.broker-a", "2.3.9.Orders.broker-b", ""):
+        want = hmac.new(b"s" * 32, text.encode(), hashlib.sha256).hexdigest()[:32]
+        assert signer.sign(text) == f"{text}~{want}"
+        assert signer.open(f"{text}~{want}") == text
