@@ -369,6 +369,9 @@ class SqlFilter:
             raise FilterExpressionError(
                 f"SQL filter {expr[:80]!r}...: nested too deeply") from None
 
+    #: an expression may refuse any message (``TRUE`` too is decided message by message)
+    accepts_all = False
+
     def evaluate(self, properties: Mapping[str, str]) -> bool:
         """True only if the expression is TRUE for these properties (UNKNOWN -> False)."""
         return self._root(properties) is True

@@ -186,6 +186,11 @@ class TagFilter:
     def matches(self, tag: str | None) -> bool:
         return self.tags is None or (tag is not None and tag in self.tags)
 
+    @property
+    def accepts_all(self) -> bool:
+        """True for ``*``: no message is filtered out (a pop reads no more than it takes)."""
+        return self.tags is None
+
     def accepts(self, message) -> bool:
         """Decide a StoredMessage (the interface SqlFilter shares)."""
         return self.matches(message.tags)
@@ -385,8 +390,11 @@ class PopService:
         busy = qp.busy_groups() if orderly else set()
         while (len(out) < limit and qp.next_offset < hi and budget[0] > 0
                and len(qp.held) < MAX_HELD_PER_QUEUE):
+            # a filter or held FIFO groups may pass over some: read 16 more to fill up
+            extra = 0 if tag_filter.accepts_all and not orderly else 16
             try:
-                msgs = self.store.read(topic, qid, qp.next_offset, min(limit - len(out) + 16, 256))
+                msgs = self.store.read(topic, qid, qp.next_offset,
+                                       min(limit - len(out) + extra, 256))
             except DataLossError as e:
                 self._skip_removed(qp, e.earliest_offset or qp.next_offset)
                 continue

@@ -317,3 +317,26 @@ def test_a_pull_waits_for_its_own_queue_and_a_receive_for_any():
     n.on_arrival("T", 0, 1)
     t.join(30)
     assert woke == [True]
+
+
+def test_a_pop_that_takes_every_message_reads_no_more_than_it_takes(env):
+    """With ``*`` (nothing filtered out) and no FIFO order, a pop of 5 from a backlog of
+    60 reads (converts) at most 5 messages a queue; with a tag filter it reads ahead so it
+    still fills its batch past the messages it passes over, each handed once."""
+    store, pop, _ = env
+    send(store, 40)
+    send(store, 20, tags="B")
+    asked = []
+    read = store.read
+
+    def counting_read(topic, qid, offset, max_messages=32):
+        asked.append(max_messages)
+        return read(topic, qid, offset, max_messages)
+    store.read = counting_read
+    got = pop.pop("G", "T", batch_size=5, invisible_ms=10_000, tag_filter=ALL)
+    assert len(got) == 5 and asked and max(asked) <= 5
+    asked.clear()
+    tagged = pop.pop("H", "T", batch_size=15, invisible_ms=10_000, tag_filter=TagFilter("B"))
+    assert len(tagged) == 15 and {d.message.tags for d in tagged} == {"B"}
+    assert len({d.message.unique_key for d in tagged}) == 15
+    assert max(asked) > 15                   # read ahead, past the untagged ones
