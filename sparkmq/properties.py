@@ -6,6 +6,7 @@ meaning of ``true``/``false``. Pure functions; thread-safe.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from .errors import InvalidConfigError
@@ -49,19 +50,21 @@ def parse_bool(name: str, raw: Any) -> bool:
 
 def is_whole(value: Any) -> bool:
     """True for a whole number given as one (an ``int``), not a bool, a fraction or a
-    string: the one test of every integer field of a JSON body or a config mapping
-    (``int()`` reads 1.5 as 1, and ``True`` or ``"3"`` as numbers)."""
+    string: the one test of every integer field of a JSON body and of the integer
+    arguments the store checks (retry policies, retention) (``int()`` reads 1.5 as 1, and
+    ``True`` or ``"3"`` as numbers). A config's integers: ``parse_int``."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
 def parse_int(name: str, raw: Any) -> int:
-    """``raw`` as an integer: a whole number (``is_whole``), or a string of one (a
-    properties file's value); else InvalidConfigError."""
-    if is_whole(raw):
-        return raw
+    """``raw`` as an integer: a string of one (a properties file's value), or an integer
+    value (an ``int`` or any integer type, a numpy one too; not a bool, not a fraction);
+    else InvalidConfigError."""
     try:
         if isinstance(raw, str):
             return int(raw)
-    except ValueError:
+        if not isinstance(raw, bool):
+            return operator.index(raw)
+    except (TypeError, ValueError):
         pass
     raise InvalidConfigError(f"{name} must be an integer, got {raw!r}")

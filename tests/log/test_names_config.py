@@ -124,6 +124,9 @@ def test_config_values_given_as_values_not_strings():
     assert conf.max_message_size_bytes == 2048 and conf.auto_create_topic is False
     assert conf.default_topic_queue_nums == 4
     assert StoreConfig.from_options({"autoCreateTopicEnable": 1}).auto_create_topic is True
+    import numpy as np          # an integer of another type (a DataFrame's, say) is one
+    assert StoreConfig.from_options({"maxMessageSize": np.int64(4096)}).max_message_size_bytes \
+        == 4096
 
 
 def test_broker_config_integers_are_whole():
