@@ -89,15 +89,17 @@ class StoredMessage:
             message_type=row.get("message_type") or 0, unique_key=row.get("unique_key"))
 
 
-def stored_messages(table: pa.Table) -> list[StoredMessage]:
+def stored_messages(table: pa.Table, computed: Mapping[str, list] | None = None,
+                    ) -> list[StoredMessage]:
     """The rows of a message table (``MessageReader.read_table``) as StoredMessages, as
     ``StoredMessage.from_row`` reads a row, converted column by column (each column one
     list, the messages made field by field from them: ~2 us a message, not ~7 through a
     dict a row). Timestamps as int64 milliseconds: a timestamp column of 32 rows costs
-    ~100 us as datetimes and ~2 us as integers."""
+    ~100 us as datetimes and ~2 us as integers. ``computed``: columns given as lists
+    instead (the reader's queue offsets, physical offsets and message ids)."""
     n = table.num_rows
     none = [None] * n
-    values: dict[str, list] = {}
+    values: dict[str, list] = dict(computed or {})
     for i, name in enumerate(table.schema.names):   # (``column_names`` wraps each field)
         col = table.column(i)
         if col.null_count == n:

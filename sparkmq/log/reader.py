@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import logging
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +61,8 @@ assert fmt.SEGMENT_SCHEMA.names[:2] == MESSAGE_COLUMNS[:2]
 
 
 _MATERIALIZE_ENTRY_COLUMNS = ["queue_offset", "batch_offset", "row"]
+#: ConsumeQueue entries a read takes at a time (each step one table)
+ENTRIES_PER_STEP = 65_536
 _BUDGET_ENTRY_COLUMNS = [*_MATERIALIZE_ENTRY_COLUMNS, "size"]
 
 
@@ -126,7 +128,7 @@ class MessageReader:
 
     def iter_batches(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
                      columns: Sequence[str] | None = None, max_bytes: int | None = None,
-                     on_removed: str = "error", entries_per_step: int = 65_536,
+                     on_removed: str = "error", entries_per_step: int = ENTRIES_PER_STEP,
                      ) -> Iterator[pa.RecordBatch]:
         """Record batches of messages in ``[start, end)``, in queue-offset order.
 
@@ -141,7 +143,7 @@ class MessageReader:
 
     def iter_tables(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
                     columns: Sequence[str] | None = None, max_bytes: int | None = None,
-                    on_removed: str = "error", entries_per_step: int = 65_536,
+                    on_removed: str = "error", entries_per_step: int = ENTRIES_PER_STEP,
                     ) -> Iterator[pa.Table]:
         """Messages in ``[start, end)`` as one table per step of up to ``entries_per_step``
         ConsumeQueue entries (arguments as for :meth:`read_table`).
@@ -150,6 +152,17 @@ class MessageReader:
         maps); the computed ones are one chunk. For callers that convert whole
         steps at once (the Spark reader) instead of batch by batch.
         """
+        return self._iter_steps(topic, queue_id, start, end,
+                                lambda entries: self._materialize(entries, columns),
+                                max_bytes=max_bytes, on_removed=on_removed,
+                                entries_per_step=entries_per_step)
+
+    def _iter_steps(self, topic: str, queue_id: int, start: int, end: int | None,
+                    convert: Callable[[pa.Table], Any], *, max_bytes: int | None,
+                    on_removed: str, entries_per_step: int) -> Iterator:
+        """``convert(entries)`` of each step of up to ``entries_per_step`` ConsumeQueue
+        entries in ``[start, end)`` (what it returns unless None): the one walk over a
+        queue's entries behind :meth:`iter_tables` (tables) and :meth:`read` (messages)."""
         tid = self._check_queue(topic, queue_id)
         if not isinstance(start, (int, np.integer)) or start < 0:
             raise UserError(f"start offset must be a non-negative integer, got {start!r}")
@@ -181,19 +194,54 @@ class MessageReader:
                 if k == 0:
                     break
                 budget -= int(sizes[k - 1])
-            table = self._materialize(entries, columns)
-            if table is not None:
-                yield table
+            part = convert(entries)
+            if part is not None:
+                yield part
             pos = max(pos + 1, int(entries.column("queue_offset")[-1].as_py()) + 1) \
                 if entries.num_rows else end
 
     def _materialize(self, entries: pa.Table, columns: Sequence[str] | None,
                      ) -> pa.Table | None:
         """The messages of ``entries`` (sorted by queue offset) as one table, or None.
+        The computed columns are one array each for all entries."""
+        found = self._stored(entries)
+        if found is None:
+            return None
+        stored, qos, bos, rows = found
+        computed = {"queue_offset": lambda: pa.array(qos, pa.int64()),
+                    "physical_offset": lambda: pa.array(bos + rows.astype(np.int64), pa.int64()),
+                    "message_id": lambda: message_id_array(store_tag(self.store_id), bos, rows)}
+        if not columns:     # every column: the stored ones, the 3 computed inserted (4 calls,
+            # not one per column: a long poll's one message costs ~40% less)
+            for i, name in enumerate(_COMPUTED_COLUMNS, 2):
+                stored = stored.add_column(i, MESSAGE_SCHEMA.field(name), computed[name]())
+            return stored.replace_schema_metadata(None)
+        arrays = [pa.chunked_array([computed[c]()]) if c in computed else stored.column(c)
+                  for c in columns]
+        return pa.Table.from_arrays(arrays, schema=_select_schema(columns))
+
+    def _messages(self, entries: pa.Table) -> list[StoredMessage] | None:
+        """The messages of ``entries`` as StoredMessages, or None: the stored columns
+        converted as they are, the computed ones made as Python values (no Arrow
+        column built, inserted, then taken apart again)."""
+        found = self._stored(entries)
+        if found is None:
+            return None
+        stored, qos, bos, rows = found
+        return stored_messages(stored, computed={
+            "queue_offset": qos.tolist(),
+            "physical_offset": (bos + rows.astype(np.int64)).tolist(),
+            "message_id": message_id_array(store_tag(self.store_id), bos, rows).to_pylist()})
+
+    def _stored(self, entries: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray,
+                                                    np.ndarray] | None:
+        """The stored rows of ``entries`` (sorted by queue offset; those past the visible
+        offset cut) as one SEGMENT_SCHEMA table, with their queue offsets, batch offsets
+        and rows; None if none is visible.
 
         Stored columns are zero-copy: each run of entries in one record batch becomes
         a slice of it (a ``take`` if its rows are not contiguous), and the slices are
-        chunks of the table. The computed columns are one array each for all entries.
+        chunks of the table.
         """
         visible = self._visible_offset()
         bos = entries.column("batch_offset").to_numpy()
@@ -228,23 +276,19 @@ class MessageReader:
             stored = pa.Table.from_batches(
                 [pa.RecordBatch.from_arrays(p.columns, schema=fmt.SEGMENT_SCHEMA)
                  for p in parts], schema=fmt.SEGMENT_SCHEMA)
-        computed = {"queue_offset": lambda: pa.array(qos, pa.int64()),
-                    "physical_offset": lambda: pa.array(bos + rows.astype(np.int64), pa.int64()),
-                    "message_id": lambda: message_id_array(store_tag(self.store_id), bos, rows)}
-        if not columns:     # every column: the stored ones, the 3 computed inserted (4 calls,
-            # not one per column: a long poll's one message costs ~40% less)
-            for i, name in enumerate(_COMPUTED_COLUMNS, 2):
-                stored = stored.add_column(i, MESSAGE_SCHEMA.field(name), computed[name]())
-            return stored.replace_schema_metadata(None)
-        arrays = [pa.chunked_array([computed[c]()]) if c in computed else stored.column(c)
-                  for c in columns]
-        return pa.Table.from_arrays(arrays, schema=_select_schema(columns))
+        return stored, qos, bos, rows
 
     def read(self, topic: str, queue_id: int, offset: int, max_messages: int = 32,
              ) -> list[StoredMessage]:
-        """Up to ``max_messages`` messages from ``offset`` on, as Python objects."""
-        return stored_messages(self.read_table(topic, queue_id, offset,
-                                               offset + max(0, max_messages)))
+        """Up to ``max_messages`` messages from ``offset`` on, as Python objects (what
+        ``stored_messages(read_table(...))`` gives, made without the table's computed
+        columns)."""
+        out: list[StoredMessage] = []
+        for msgs in self._iter_steps(topic, queue_id, offset, offset + max(0, max_messages),
+                                     self._messages, max_bytes=None, on_removed="error",
+                                     entries_per_step=ENTRIES_PER_STEP):
+            out += msgs
+        return out
 
     def lookup(self, message_id: str) -> StoredMessage | None:
         """The message with this id, or None if it is no longer (or not yet) stored."""
