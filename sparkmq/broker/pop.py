@@ -388,10 +388,10 @@ class PopService:
         out: list[Delivery] = []
         hi = self.store.max_offset(topic, qid)
         busy = qp.busy_groups() if orderly else set()
+        # a filter or held FIFO groups may pass over some: read 16 more to fill up
+        extra = 0 if tag_filter.accepts_all and not orderly else 16
         while (len(out) < limit and qp.next_offset < hi and budget[0] > 0
                and len(qp.held) < MAX_HELD_PER_QUEUE):
-            # a filter or held FIFO groups may pass over some: read 16 more to fill up
-            extra = 0 if tag_filter.accepts_all and not orderly else 16
             try:
                 msgs = self.store.read(topic, qid, qp.next_offset,
                                        min(limit - len(out) + extra, 256))

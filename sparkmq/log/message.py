@@ -111,14 +111,16 @@ def stored_messages(table: pa.Table, computed: Mapping[str, list] | None = None,
             values[name] = [v for c in col.chunks for v in c.view(pa.int64()).to_pylist()]
         else:
             values[name] = col.to_pylist()
-    v = lambda name: values.get(name, none)   # noqa: E731  (a column, or all None)
+
+    def of(name: str) -> list:                # a column's values, or all None
+        return values.get(name, none)
     return list(map(
-        StoredMessage, v("topic"), v("queue_id"), v("queue_offset"), v("physical_offset"),
-        v("message_id"), v("body"), v("tags"), [list(k) if k else [] for k in v("keys")],
-        [dict(p) if p else {} for p in v("properties")], v("born_timestamp"),
-        v("store_timestamp"), v("born_host"), v("store_host"),
-        [r or 0 for r in v("reconsume_times")], v("delivery_timestamp"), v("message_group"),
-        v("transaction_id"), [t or 0 for t in v("message_type")], v("unique_key")))
+        StoredMessage, of("topic"), of("queue_id"), of("queue_offset"), of("physical_offset"),
+        of("message_id"), of("body"), of("tags"), [list(k) if k else [] for k in of("keys")],
+        [dict(p) if p else {} for p in of("properties")], of("born_timestamp"),
+        of("store_timestamp"), of("born_host"), of("store_host"),
+        [r or 0 for r in of("reconsume_times")], of("delivery_timestamp"), of("message_group"),
+        of("transaction_id"), [t or 0 for t in of("message_type")], of("unique_key")))
 
 
 _FIELD_ORDER = ("topic", "queue_id", "queue_offset", "physical_offset", "message_id", "body",
@@ -218,8 +220,7 @@ def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> p
     if n == 0:
         return pa.array([], pa.string())
     if n <= _LOOP_IDS:          # (a long poll's one message)
-        return _few_ids([encode_message_id(tag, b, r) for b, r in
-                         zip(np.asarray(batch_offsets).tolist(), np.asarray(rows).tolist())])
+        return _few_ids(message_ids(tag, batch_offsets, rows))
     batch_offsets = np.asarray(batch_offsets, dtype=np.int64)
     cuts = np.flatnonzero(batch_offsets[1:] != batch_offsets[:-1]) + 1
     firsts = np.concatenate([[0], cuts])
@@ -230,6 +231,15 @@ def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> p
     words = np.repeat(template.view(np.uint64), lens, axis=0)  # (n, 4): 32 bytes per id
     words[:, 3] = _row_hex8(np.asarray(rows, dtype=np.int64))
     return _id_array(words, n)
+
+
+def message_ids(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> list[str]:
+    """The ids of ``message_id_array`` as Python strings (what a read of messages hands
+    out): formatted one by one for a few rows, else that array's values."""
+    if len(batch_offsets) > _LOOP_IDS:
+        return message_id_array(tag, batch_offsets, rows).to_pylist()
+    return [encode_message_id(tag, b, r) for b, r in
+            zip(np.asarray(batch_offsets).tolist(), np.asarray(rows).tolist())]
 
 
 def _id_array(data, n: int) -> pa.Array:

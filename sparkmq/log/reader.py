@@ -32,8 +32,8 @@ from .consumequeue import read_side_by_time, read_side_entries
 from .fs import StoreFS
 from .index import read_index
 from .limits import timestamp_violation
-from .message import (StoredMessage, decode_message_id, message_id_array, store_tag,
-                      stored_messages)
+from .message import (StoredMessage, decode_message_id, message_id_array, message_ids,
+                      store_tag, stored_messages)
 from .txlog import LogState, TransactionLog
 
 log = logging.getLogger("sparkmq.reader")
@@ -231,7 +231,7 @@ class MessageReader:
         return stored_messages(stored, computed={
             "queue_offset": qos.tolist(),
             "physical_offset": (bos + rows.astype(np.int64)).tolist(),
-            "message_id": message_id_array(store_tag(self.store_id), bos, rows).to_pylist()})
+            "message_id": message_ids(store_tag(self.store_id), bos, rows)})
 
     def _stored(self, entries: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray,
                                                     np.ndarray] | None:
