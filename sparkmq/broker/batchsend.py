@@ -20,8 +20,9 @@ import pyarrow.compute as pc
 
 from ..errors import MessageLimitError, UserError
 from ..log import format as fmt
-from ..log.batch import build_segment_batch, constant_column, group_message_types
-from ..log.dispatch import binary_lengths, binary_total
+from ..log.batch import constant_column, group_message_types
+from ..log.built import BuiltRows, build_rows
+from ..log.dispatch import binary_lengths
 from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
 from ..log.status import PutMessageStatus
 from ..log.topics import topic_message_type, type_conflict
@@ -55,21 +56,6 @@ def typed(batch: pa.RecordBatch) -> pa.RecordBatch:
     return batch
 
 
-class Rows:
-    """One batch in SEGMENT_SCHEMA, as ``SendMerger`` queues it (its length: rows)."""
-    __slots__ = ("batch",)
-
-    def __init__(self, batch: pa.RecordBatch):
-        self.batch = batch
-
-    def __len__(self) -> int:
-        return self.batch.num_rows
-
-    @staticmethod
-    def concat(parts: list["Rows"]) -> "Rows":
-        return Rows(pa.concat_batches([p.batch for p in parts]))
-
-
 class Stored:
     """Rows ``[start, stop)`` of a stored append (``r``: its BatchAppendResult) and
     its status once replicated; slicing gives one request's part of a merged append."""
@@ -95,10 +81,10 @@ class BatchSender:
 
     def __init__(self, broker):
         self.broker = broker
-        self.merger = SendMerger(self._append, self._append, Rows.concat,
-                                 nbytes=lambda rows: binary_total(rows.batch.column(2)))
+        self.merger = SendMerger(self._append, self._append, BuiltRows.concat,
+                                 nbytes=lambda rows: rows.nbytes)
 
-    def check(self, batch: pa.RecordBatch, topics: list[str]) -> Rows:
+    def check(self, batch: pa.RecordBatch, topics: list[str]) -> BuiltRows:
         """``batch`` (its ``topics``, each named once; its columns in their types:
         :func:`typed`) ready to store, or the refusal of the RocketMQ path: UserError (a
         topic that may not be written, a message type the topic does not take),
@@ -117,58 +103,57 @@ class BatchSender:
         sender.check_append()
         rows = self._segment_batch(batch, topics)
         self._check_limits(rows)
-        return Rows(rows)
+        return rows
 
-    def store(self, rows: Rows, topics: list[str]) -> Stored:
+    def store(self, rows: BuiltRows, topics: list[str]) -> Stored:
         """Append ``rows`` (of ``topics``, each named once; alone or merged with the
         batches waiting now) and count them."""
         stored = self.merger.submit(rows)
         metrics, batch = self.broker.metrics, rows.batch
-        body = batch.column(2)                       # (SEGMENT_SCHEMA: topic 0, body 2)
         if len(topics) == 1:
-            counts = {topics[0]: (batch.num_rows, binary_total(body))}
+            counts = {topics[0]: (batch.num_rows, rows.nbytes)}
         else:                                        # one pass over the rows, no filter
-            enc = pc.dictionary_encode(batch.column(0))
+            enc = pc.dictionary_encode(batch.column(0))   # (SEGMENT_SCHEMA: topic 0)
             idx, k = enc.indices.to_numpy(), len(enc.dictionary)
             counts = dict(zip(enc.dictionary.to_pylist(), zip(
                 np.bincount(idx, minlength=k).tolist(),
-                np.bincount(idx, weights=binary_lengths(body), minlength=k).astype(int).tolist())))
+                np.bincount(idx, weights=rows.body_sizes, minlength=k).astype(int).tolist())))
         for t, (count, nbytes) in counts.items():
             metrics.inc("sparkmq_messages_sent_total", count, topic=t)
             metrics.inc("sparkmq_bytes_sent_total", nbytes, topic=t)
         return stored
 
-    def _check_limits(self, rows: pa.RecordBatch) -> None:
+    def _check_limits(self, rows: BuiltRows) -> None:
         """The RocketMQ path's refusals of a message's own fields, row by row as
         ``SendService`` decides them: its body (``body_refusal``: empty, or over
         maxMessageSize), then the input limits with the system's property keys
         reserved (so the store, given the rows, does not check them again)."""
         limits = MessageLimits.of(self.broker.store.config)
-        refused = first_body_refusal(binary_lengths(rows.column("body")),
-                                     limits.max_message_size_bytes)
+        refused = first_body_refusal(rows.body_sizes, limits.max_message_size_bytes)
         if refused is not None:
             r, st = refused
             raise MessageLimitError(Code.Name(st.code), f"row {r}: {st.message}")
-        check_batch(rows, limits, RESERVED_PROPERTY_KEYS)
+        check_batch(rows.batch, limits, RESERVED_PROPERTY_KEYS)
 
-    def _append(self, rows: Rows) -> Stored:
-        """Store ``rows`` as one append (SendMerger's, alone or merged; held to the
-        limits by ``_check_limits``)."""
-        r = self.broker.store.append_batch(rows.batch, limits_checked=True)
+    def _append(self, rows: BuiltRows) -> Stored:
+        """Store ``rows`` as one append (SendMerger's, alone or merged; held to every
+        rule by ``check``: the store takes BuiltRows without checking them again)."""
+        r = self.broker.store.append_batch(rows)
         return Stored(r, self.broker.sender.replicated(r), 0, r.num_rows)
 
-    def _segment_batch(self, batch: pa.RecordBatch, topics: list[str]) -> pa.RecordBatch:
+    def _segment_batch(self, batch: pa.RecordBatch, topics: list[str]) -> BuiltRows:
         """``batch`` in SEGMENT_SCHEMA, built by the log's one builder (the store's no-cast
         path; queue ids chosen by the store): all-null columns are left to the schema's
-        defaults, and a row with a message group is FIFO, as the RocketMQ path stores it."""
+        defaults, and a row with a message group is FIFO, as the RocketMQ path stores it.
+        (valid Arrow, checked by the callers before ``check``; its bodies measured here.)"""
         n = batch.num_rows
         cols = {name: batch.column(name) for name in batch.schema.names
                 if name in ("topic", "body") or batch.column(name).null_count < n}
         if "message_group" in cols:
             cols["message_type"] = group_message_types(cols["message_group"])
         cols["queue_id"] = self._placed(cols, n, topics)
-        return build_segment_batch(cols, n, store_host=self.broker.store.config.store_host,
-                                   now_ms=self.broker.clock_ms())
+        return build_rows(cols, n, store_host=self.broker.store.config.store_host,
+                          now_ms=self.broker.clock_ms(), body_sizes=binary_lengths(cols["body"]))
 
     def _placed(self, cols: dict, n: int, topics: list[str]) -> pa.Array:
         """The rows' queue ids: a row's own; a message group's left to the store

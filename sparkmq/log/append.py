@@ -20,7 +20,8 @@ import pyarrow as pa
 from ..config import SYNC_FLUSH
 from ..errors import DiskFullError, InvalidMessageError, StoreClosedError
 from . import format as fmt
-from .batch import BatchBuilder, split_by_size, stamp_store_time
+from .batch import BatchBuilder, split_by_size
+from .built import BuiltRows, stamp_store_time
 from .dispatch import RowInfo
 from .limits import MessageLimits, check_valid_arrow
 from .message import Message, store_tag
@@ -93,7 +94,7 @@ class Appender:
                 " appends are refused until space is freed (retention removes the oldest "
                 "segments past diskSpaceCleanForciblyRatio; or grow the disk); reads go on")
 
-    def append_batch(self, data: pa.RecordBatch | pa.Table, *,
+    def append_batch(self, data: pa.RecordBatch | pa.Table | BuiltRows, *,
                      limits_checked: bool = False) -> BatchAppendResult:
         """Columnar append: rows with at least ``topic`` and ``body`` (other
         segment columns optional; a row's ``queue_id`` is kept, range-checked,
@@ -106,19 +107,28 @@ class Appender:
         ``limits_checked``: the caller has held every row to them already (the broker,
         message by message before merging, or storing again what it accepted), so they
         are not checked twice. Data that is not valid Arrow in full (a string that is not
-        UTF-8, an offset out of bounds) is refused first, whoever calls."""
+        UTF-8, an offset out of bounds) is refused first, whoever calls. ``BuiltRows``
+        (``log/built.py``: rows the caller checked, built by the log's builder) skip the
+        checks their caller made, and take the store time in place."""
         self.require_space()
-        if isinstance(data, (pa.RecordBatch, pa.Table)):
+        built, info = (data, None) if isinstance(data, BuiltRows) else (None, None)
+        if built is not None:            # checked by its caller (log/built.py): not again
+            batch, info = self.batches.check_segment_batch(
+                built.batch, limits_checked=True, body_sizes=built.body_sizes)
+        elif isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
             check_valid_arrow(data, "the appended batch")
-        info = None
-        if isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
             batch, info = self.batches.check_segment_batch(data, limits_checked=limits_checked)
         else:
+            if isinstance(data, (pa.RecordBatch, pa.Table)):
+                check_valid_arrow(data, "the appended batch")
             table = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
             batch = self.batches.normalize(table, limits_checked=limits_checked)
         n = batch.num_rows
         with self.store.append_lock:
-            batch, ts_ms = stamp_store_time(batch, self._store_ts())
+            if built is not None:        # its column shares the buffer built.times views
+                ts_ms = built.stamp(self._store_ts())
+            else:
+                batch, ts_ms = stamp_store_time(batch, self._store_ts())
             batch_offset, qos, updates = self._append_locked(batch, info, ts_ms)
         status = self._await_flush(batch_offset)
         self.store.dispatcher.after_visible(updates)

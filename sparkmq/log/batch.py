@@ -39,9 +39,7 @@ from .message import Message, group_hashes
 
 MAX_BATCH_BODY_BYTES = 256 << 20
 
-_STORE_TS_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
 _MESSAGE_GROUP_COLUMN = fmt.SEGMENT_SCHEMA.get_field_index("message_group")
-_STORE_TS_FIELD = fmt.SEGMENT_SCHEMA.field(_STORE_TS_COLUMN)
 
 
 # ---------------------------------------------------------------------- topics
@@ -432,13 +430,6 @@ def fill_required(batch: pa.RecordBatch, clock_ms: Callable[[], int]) -> pa.Reco
     return batch
 
 
-def stamp_store_time(batch: pa.RecordBatch, ts_ms: int) -> tuple[pa.RecordBatch, np.ndarray]:
-    """``batch`` with every row's store_timestamp set to ``ts_ms``, and that column as
-    int64 ms (what dispatch keeps)."""
-    ts = np.full(batch.num_rows, ts_ms, np.int64)
-    return batch.set_column(_STORE_TS_COLUMN, _STORE_TS_FIELD, fmt.ts_array(ts)), ts
-
-
 class BatchBuilder:
     """Builds and validates a store's batches (see the module docstring).
 
@@ -477,24 +468,28 @@ class BatchBuilder:
                                  store_host=self.store_host, limits=self.limits,
                                  check_limits=check_limits)
 
-    def check_segment_batch(self, batch: pa.RecordBatch, *,
-                            limits_checked: bool = False) -> tuple[pa.RecordBatch, RowInfo]:
+    def check_segment_batch(self, batch: pa.RecordBatch, *, limits_checked: bool = False,
+                            body_sizes: np.ndarray | None = None
+                            ) -> tuple[pa.RecordBatch, RowInfo]:
         """Validate a batch already in SEGMENT_SCHEMA (no cast, no copy): the same
-        checks as :meth:`normalize` (the input limits unless ``limits_checked``).
+        checks as :meth:`normalize` (the input limits unless ``limits_checked``; the
+        bodies unless ``body_sizes`` gives them, measured and checked: ``BuiltRows``).
         Returns the batch (with queue ids chosen if the column had nulls) and what
         dispatch can reuse."""
         n = batch.num_rows
         if n == 0:
             raise InvalidMessageError("append_batch got no rows")
-        if batch.schema.metadata != fmt.SEGMENT_SCHEMA.metadata:   # zero copy: same arrays
+        if body_sizes is None and batch.schema.metadata != fmt.SEGMENT_SCHEMA.metadata:
             batch = pa.RecordBatch.from_arrays(batch.columns, schema=fmt.SEGMENT_SCHEMA)
         batch = fill_required(batch, self.clock_ms)
         topics = batch.column(0)
         if topics.null_count:
             raise InvalidMessageError("topic column has nulls")
-        body = batch.column(2)
-        sizes = binary_lengths(body) if not body.null_count else None
-        check_bodies(body, self.max_message_size_bytes, sizes)
+        sizes = body_sizes
+        if sizes is None:                # (BuiltRows: the builder's schema, bodies checked)
+            body = batch.column(2)
+            sizes = binary_lengths(body) if not body.null_count else None
+            check_bodies(body, self.max_message_size_bytes, sizes)
         if not limits_checked:
             check_batch(batch, self.limits)
         if n == 1:

@@ -1,8 +1,9 @@
 """One set of messages through the store's three append paths — ``Store.append`` with
 ``Message`` objects, ``append_batch`` of a table (casts, defaults) and ``append_batch``
 of a batch already in SEGMENT_SCHEMA (no casts) — is refused with the same status or
-stored as the same rows (hypothesis; fresh in-memory stores, one fixed clock). Fast
-tier: no servers."""
+stored as the same rows (hypothesis; fresh in-memory stores, one fixed clock). A fourth,
+``BuiltRows`` (``log/built.py``: rows their caller checked, as the broker gives them),
+stores every accepted set as the same rows too. Fast tier: no servers."""
 from __future__ import annotations
 
 import uuid
@@ -16,6 +17,7 @@ from helpers.storetools import as_segment_batch
 from sparkmq import Message, Store
 from sparkmq.errors import SparkMQError
 from sparkmq.log import format as fmt
+from sparkmq.log.built import build_rows
 
 T0_MS = 1_700_000_000_000
 _TEXT = st.text(alphabet=st.sampled_from(list("ab |\t\u3000é")), max_size=5)
@@ -73,6 +75,11 @@ def test_the_three_append_paths_refuse_or_store_alike(msgs):
         "store_host", pa.array([s.config.store_host] * len(msgs))))))   # (missing: null)
     assert _differences(table_path, segment_path) == []
     assert _differences(message_path, table_path) == []
+    if table_path[0] is None:           # accepted: what a checking caller would build
+        columns = {name: table.column(name).chunk(0) for name in table.schema.names}
+        built_path = _outcome(lambda s: s.append_batch(build_rows(
+            columns, len(msgs), store_host=s.config.store_host, now_ms=T0_MS + 5)))
+        assert _differences(table_path, built_path) == []
 
 
 def _differences(a: tuple, b: tuple) -> list:

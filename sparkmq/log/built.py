@@ -1,0 +1,94 @@
+"""Rows a caller checked, built by the log's one builder: the store appends them without
+checking again what was checked, and stamps their store time in place.
+
+The broker holds a producer's rows to every rule before it stores them (the send batch
+valid Arrow in full, every row with a topic, every body present and within
+maxMessageSize, the input limits: ``broker/batchsend.py``). :func:`build_rows` builds
+them in SEGMENT_SCHEMA with :func:`~sparkmq.log.batch.build_segment_batch` and returns
+:class:`BuiltRows`: the batch, each row's body bytes (what the check measured, reused
+by the store's dispatch and the broker's counts), and the batch's ``store_timestamp``
+in a buffer of its own. ``Store.append_batch`` takes BuiltRows as that receipt: it does
+not validate the Arrow data, measure or check the bodies, or check the limits again
+(the topic, its queues and the store's state it still checks, as for any batch), and
+under its append lock it writes the store time into that buffer instead of building a
+new column and a new batch.
+
+Only :func:`build_rows` and :meth:`BuiltRows.concat` make BuiltRows; a caller who has not
+checked the columns gives ``append_batch`` a plain record batch, which the store stamps
+with :func:`stamp_store_time` (a new column).
+"""
+from __future__ import annotations
+
+import sys
+from typing import Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from . import format as fmt
+from .batch import build_segment_batch
+from .dispatch import binary_lengths
+
+_STORE_AT = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
+_STORE_FIELD = fmt.SEGMENT_SCHEMA.field(_STORE_AT)
+
+
+class BuiltRows:
+    """A batch in SEGMENT_SCHEMA whose columns were checked (see the module docstring),
+    ``body_sizes`` its rows' body bytes (int32), ``times`` its store_timestamp values
+    (int64 ms, a writable view of the column's own buffer). Its length: rows."""
+    __slots__ = ("batch", "body_sizes", "times")
+
+    def __init__(self, batch: pa.RecordBatch, body_sizes: np.ndarray, times: np.ndarray):
+        self.batch, self.body_sizes, self.times = batch, body_sizes, times
+
+    def __len__(self) -> int:
+        return self.batch.num_rows
+
+    @property
+    def nbytes(self) -> int:
+        """The rows' body bytes."""
+        return int(self.body_sizes.sum())
+
+    def stamp(self, ts_ms: int) -> np.ndarray:
+        """Set every row's store time to ``ts_ms`` (in place: the batch's column reads
+        it); the store times as int64 ms, what dispatch keeps."""
+        self.times[:] = ts_ms
+        return self.times
+
+    @staticmethod
+    def concat(parts: list["BuiltRows"]) -> "BuiltRows":
+        """Several BuiltRows as one (rows in order), with a store-time buffer of its own."""
+        batch = pa.concat_batches([p.batch for p in parts])
+        times, column = _own_times(0, batch.num_rows)
+        return BuiltRows(batch.set_column(_STORE_AT, _STORE_FIELD, column),
+                         np.concatenate([p.body_sizes for p in parts]), times)
+
+
+def stamp_store_time(batch: pa.RecordBatch, ts_ms: int) -> tuple[pa.RecordBatch, np.ndarray]:
+    """``batch`` (any rows, not BuiltRows) with every row's store_timestamp set to ``ts_ms``,
+    and that column as int64 ms (what dispatch keeps): a new column, a new batch."""
+    ts = np.full(batch.num_rows, ts_ms, np.int64)
+    return batch.set_column(_STORE_AT, _STORE_FIELD, fmt.ts_array(ts)), ts
+
+
+def build_rows(columns: Mapping[str, Sequence | pa.Array], n: int, *, store_host: str,
+               now_ms: int, body_sizes: np.ndarray | None = None) -> BuiltRows:
+    """:func:`build_segment_batch` of ``columns`` (which must not give ``store_timestamp``)
+    as BuiltRows. The caller vouches for what the module docstring lists; ``body_sizes``:
+    the bytes of each row's body if it measured them (else measured here)."""
+    if "store_timestamp" in columns:
+        raise ValueError("build_rows stamps store_timestamp itself (the store's time)")
+    times, column = _own_times(now_ms, n)
+    batch = build_segment_batch({**columns, "store_timestamp": column}, n,
+                                store_host=store_host, now_ms=now_ms)
+    if body_sizes is None:
+        body_sizes = binary_lengths(batch.column(2))      # (SEGMENT_SCHEMA: body 2)
+    return BuiltRows(batch, body_sizes, times)
+
+
+def _own_times(ms: int, n: int) -> tuple[np.ndarray, pa.Array]:
+    """``n`` store times ``ms`` in a new writable buffer: (its int64 view, the column)."""
+    buf = bytearray(ms.to_bytes(8, sys.byteorder, signed=True) * n)
+    return (np.frombuffer(buf, np.int64),
+            pa.Array.from_buffers(fmt.TS, n, [None, pa.py_buffer(buf)]))

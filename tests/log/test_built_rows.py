@@ -1,0 +1,83 @@
+"""``BuiltRows`` (log/built.py): rows a caller checked, which the store appends without
+checking them again and stamps with its store time in place. The stamp lands in the
+stored rows and nowhere else; what the receipt does not vouch for (the topic, its
+queues, the store's state) is still refused. Fast tier: in-memory stores, no servers."""
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from helpers.clock import Clock
+from sparkmq import Store
+from sparkmq.errors import QueueNotFoundError, StoreClosedError, SparkMQError
+from sparkmq.log.built import BuiltRows, build_rows
+
+BUILD_MS = 1_700_000_000_000
+
+
+def _rows(store, n: int = 2, **columns) -> BuiltRows:
+    return build_rows({"topic": ["t"] * n, "body": [b"m%d" % i for i in range(n)], **columns},
+                      n, store_host=store.config.store_host, now_ms=BUILD_MS)
+
+
+@pytest.fixture
+def store():
+    clock = Clock(BUILD_MS + 1_000)
+    s = Store.open(f"memory://sparkmq-built-{uuid.uuid4().hex}", clock_ms=clock,
+                   start_services=False)
+    s.create_topic("t", read_queue_nums=2, write_queue_nums=2)
+    s.clock = clock
+    yield s
+    s.close()
+
+
+def _times(store, column: str) -> list:
+    return [v.timestamp() * 1000 for q in range(2)
+            for v in store.read_table("t", q, 0).column(column).to_pylist()]
+
+
+def test_the_store_time_is_stamped_in_the_stored_rows_and_not_the_born_time(store):
+    # both times default to the build's clock: the builder shares one buffer between
+    # them unless the store time has its own, which the stamp must not leak out of
+    store.append_batch(_rows(store))
+    store.clock.now_ms = BUILD_MS + 500            # the clock goes back: store time holds
+    store.append_batch(_rows(store))
+    assert _times(store, "born_timestamp") == [BUILD_MS] * 4
+    assert sorted(_times(store, "store_timestamp")) == [BUILD_MS + 1_000] * 4
+    store.clock.now_ms = BUILD_MS + 2_000
+    store.append_batch(_rows(store, 1))
+    assert max(_times(store, "store_timestamp")) == BUILD_MS + 2_000
+
+
+def test_concat_has_its_own_store_times_and_the_parts_sizes(store):
+    a, b = _rows(store, 1), _rows(store, 2, body=[b"xyz", b"abcdef"])
+    both = BuiltRows.concat([a, b])
+    assert both.body_sizes.tolist() == [2, 3, 6] and both.nbytes == 11 and len(both) == 3
+    both.stamp(7)
+    assert a.times.tolist() == [BUILD_MS] and b.times.tolist() == [BUILD_MS] * 2
+    assert both.batch.column("store_timestamp").cast(pa.int64()).to_pylist() == [7] * 3
+    r = store.append_batch(both)
+    assert r.num_rows == 3 and sorted(_times(store, "store_timestamp")) == [BUILD_MS + 1_000] * 3
+
+
+def test_what_the_receipt_does_not_vouch_for_is_still_refused(store):
+    with pytest.raises(QueueNotFoundError, match="queue_id out of range"):
+        store.append_batch(_rows(store, 1, queue_id=pa.array([5], pa.int32())))
+    with pytest.raises(SparkMQError, match="no-such-topic|does not exist|not found"):
+        store.append_batch(build_rows({"topic": ["no-such-topic"], "body": [b"x"]}, 1,
+                                      store_host="h", now_ms=BUILD_MS))
+    assert [store.read_table("t", q, 0).num_rows for q in range(2)] == [0, 0]
+    store.close()
+    with pytest.raises(StoreClosedError):
+        store.append_batch(_rows(store, 1))
+
+
+def test_build_rows_stamps_the_store_time_itself_and_measures_the_bodies(store):
+    with pytest.raises(ValueError, match="store_timestamp"):
+        build_rows({"topic": ["t"], "body": [b"x"], "store_timestamp": [1]}, 1,
+                   store_host="h", now_ms=BUILD_MS)
+    rows = _rows(store, 2, body=[b"", b"four"])
+    assert rows.body_sizes.dtype == np.int32 and rows.body_sizes.tolist() == [0, 4]
