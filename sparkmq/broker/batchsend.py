@@ -133,7 +133,7 @@ class BatchSender:
         if refused is not None:
             r, st = refused
             raise MessageLimitError(Code.Name(st.code), f"row {r}: {st.message}")
-        check_batch(rows.batch, limits, RESERVED_PROPERTY_KEYS)
+        check_batch(rows.batch, limits, RESERVED_PROPERTY_KEYS, c_array=rows.c_array())
 
     def _append(self, rows: BuiltRows) -> Stored:
         """Store ``rows`` as one append (SendMerger's, alone or merged; held to every

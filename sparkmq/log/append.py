@@ -125,11 +125,13 @@ class Appender:
             batch = self.batches.normalize(table, limits_checked=limits_checked)
         n = batch.num_rows
         with self.store.append_lock:
+            c_array = None
             if built is not None:        # its column shares the buffer built.times views
                 ts_ms = built.stamp(self._store_ts())
+                c_array = built.c_array() if batch is built.batch else None
             else:
                 batch, ts_ms = stamp_store_time(batch, self._store_ts())
-            batch_offset, qos, updates = self._append_locked(batch, info, ts_ms)
+            batch_offset, qos, updates = self._append_locked(batch, info, ts_ms, c_array)
         status = self._await_flush(batch_offset)
         self.store.dispatcher.after_visible(updates)
         qids = info.queue_ids if info is not None else batch.column("queue_id").to_numpy()
@@ -141,12 +143,13 @@ class Appender:
         return ts
 
     def _append_locked(self, batch: pa.RecordBatch, info: "RowInfo | None" = None,
-                       store_ts_ms: np.ndarray | None = None) -> tuple[int, np.ndarray, list]:
+                       store_ts_ms: np.ndarray | None = None,
+                       c_array: tuple | None = None) -> tuple[int, np.ndarray, list]:
         if self.store.closed:
             raise StoreClosedError(f"store {self.store.url} is closed")
         self.store.require_not_replica()
         rolls = self.store.commitlog.segments_created
-        batch_offset = self.store.commitlog.append(batch)
+        batch_offset = self.store.commitlog.append(batch, c_array=c_array)
         qos, updates = self.store.dispatcher.dispatch(batch, batch_offset, info, store_ts_ms)
         self.store.dispatcher.dispatched_offset = self.store.commitlog.written_offset
         if rolls != self.store.commitlog.segments_created:

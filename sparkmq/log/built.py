@@ -37,13 +37,22 @@ class BuiltRows:
     """A batch in SEGMENT_SCHEMA whose columns were checked (see the module docstring),
     ``body_sizes`` its rows' body bytes (int32), ``times`` its store_timestamp values
     (int64 ms, a writable view of the column's own buffer). Its length: rows."""
-    __slots__ = ("batch", "body_sizes", "times")
+    __slots__ = ("batch", "body_sizes", "times", "_c_array")
 
     def __init__(self, batch: pa.RecordBatch, body_sizes: np.ndarray, times: np.ndarray):
         self.batch, self.body_sizes, self.times = batch, body_sizes, times
+        self._c_array = None
 
     def __len__(self) -> int:
         return self.batch.num_rows
+
+    def c_array(self) -> tuple:
+        """The batch's ``__arrow_c_array__()``, exported once (~5 us a batch) for the
+        limit screen and the IPC writer both (neither moves it). It points at the batch's
+        buffers, so it reads the store time stamped in place later."""
+        if self._c_array is None:
+            self._c_array = self.batch.__arrow_c_array__()
+        return self._c_array
 
     @property
     def nbytes(self) -> int:

@@ -198,10 +198,12 @@ class CommitLog:
                 return r
         raise CorruptStoreError(f"segment {path} is not in the commit log of {self.sfs.url}")
 
-    def append(self, batch: pa.RecordBatch, data: pa.Buffer | None = None) -> int:
-        """Append one batch; returns its physical offset. Caller serializes appends."""
+    def append(self, batch: pa.RecordBatch, data: pa.Buffer | None = None, *,
+               c_array: tuple | None = None) -> int:
+        """Append one batch (``data``: its bytes if made; ``c_array``: its
+        ``__arrow_c_array__()`` if exported); its physical offset. Caller serializes appends."""
         if data is None:
-            data = seg.serialize_batch(batch)
+            data = seg.serialize_batch(batch, c_array)
         if self.needs_roll(len(data)):
             self.roll()
         a = self.active

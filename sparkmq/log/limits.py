@@ -24,10 +24,9 @@ A message is refused, alone, when (the proxy's status code in brackets):
 
 :func:`message_violation` decides one message (the broker asks it per message before
 any merge, the Store for each :class:`~sparkmq.log.message.Message`);
-:func:`check_batch` applies the same rules to an Arrow batch in SEGMENT_SCHEMA: a
-screen (``sparkmq._screen`` in C, or numpy without it) finds the rows that may break a
-rule and only those rows are decided by :func:`message_violation`, so a rule is written
-once.
+:func:`check_batch` applies the same rules to an Arrow batch in SEGMENT_SCHEMA: a screen
+(``sparkmq._screen`` in C, or numpy) finds the rows that may break a rule and only those
+are decided by :func:`message_violation`, so a rule is written once.
 
 Before any of these, data from outside must be valid at all: :func:`check_valid_arrow`
 (Arrow's full validation: UTF-8 strings, offsets in bounds) for batches, :func:`not_text`
@@ -286,24 +285,26 @@ def check_message(limits: MessageLimits, **fields) -> None:
 # ---------------------------------------------------------------- Arrow batches
 SCREEN_MIN_ROWS = 4     # without sparkmq._screen, check_batch screens this many rows or more
 def check_batch(batch: pa.RecordBatch, limits: MessageLimits,
-                reserved_keys: frozenset = frozenset(), *, first_row: int = 0) -> None:
+                reserved_keys: frozenset = frozenset(), *, first_row: int = 0,
+                c_array: tuple | None = None) -> None:
     """Apply :func:`message_violation` to every row of ``batch`` (SEGMENT_SCHEMA);
     raise the first row's error (naming the row, counted from ``first_row``: a caller
     whose rows come in several batches counts them all). Rows no screen flags are not
     converted to Python: a batch of plain messages costs one C call (``sparkmq._screen``,
-    a few us), or without it a few numpy calls (~50-120 us; then a batch of fewer than
+    a few us; ``c_array``: the batch's ``__arrow_c_array__()`` if the caller has it),
+    or without it a few numpy calls (~50-120 us; then a batch of fewer than
     ``SCREEN_MIN_ROWS`` rows is decided by the rule alone, ~16-18 us a row)."""
-    for r in _flagged(batch, limits, reserved_keys):
+    for r in _flagged(batch, limits, reserved_keys, c_array):
         bad = message_violation(limits, **_row_fields(batch, r), reserved_keys=reserved_keys)
         if bad is not None:
             raise MessageLimitError(bad.status, f"row {first_row + r}: {bad.message}")
 
 
-def _flagged(batch: pa.RecordBatch, limits: MessageLimits,
-             reserved_keys: frozenset) -> Iterable[int]:
+def _flagged(batch: pa.RecordBatch, limits: MessageLimits, reserved_keys: frozenset,
+             c_array: tuple | None) -> Iterable[int]:
     """The rows of ``batch`` that may break a rule (a superset of those that do)."""
     if _c_screen is not None:
-        rows = _c_screen.screen(*batch.__arrow_c_array__(), (
+        rows = _c_screen.screen(*(c_array or batch.__arrow_c_array__()), (
             limits.max_message_size_bytes, limits.max_user_property_size_bytes,
             limits.user_property_max_num, limits.max_message_group_size_bytes,
             limits.max_message_id_size_bytes), _encoded(reserved_keys))

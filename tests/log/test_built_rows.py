@@ -14,6 +14,7 @@ from helpers.clock import Clock
 from sparkmq import Store
 from sparkmq.errors import QueueNotFoundError, StoreClosedError, SparkMQError
 from sparkmq.log.built import BuiltRows, build_rows
+from sparkmq.log.limits import MessageLimits, check_batch
 
 BUILD_MS = 1_700_000_000_000
 
@@ -32,6 +33,20 @@ def store():
     s.clock = clock
     yield s
     s.close()
+
+
+def test_the_stamp_reaches_the_segment_bytes(tmp_path):
+    # the IPC writer reads the batch through an export made before the stamp (for the
+    # limit screen): the bytes on disk must hold the stamped time, read back after a reopen
+    url = str(tmp_path / "store")
+    with Store.open(url, clock_ms=Clock(BUILD_MS + 3_000), start_services=False) as s:
+        s.create_topic("t", read_queue_nums=2, write_queue_nums=2)
+        rows = _rows(s, 3)
+        check_batch(rows.batch, MessageLimits(), c_array=rows.c_array())
+        s.append_batch(rows)
+    with Store.open(url, start_services=False) as s:
+        assert _times(s, "store_timestamp") == [BUILD_MS + 3_000] * 3
+        assert _times(s, "born_timestamp") == [BUILD_MS] * 3
 
 
 def _times(store, column: str) -> list:
