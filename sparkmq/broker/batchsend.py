@@ -147,13 +147,14 @@ class BatchSender:
         defaults, and a row with a message group is FIFO, as the RocketMQ path stores it.
         (valid Arrow, checked by the callers before ``check``; its bodies measured here.)"""
         n = batch.num_rows
-        cols = {name: batch.column(name) for name in batch.schema.names
-                if name in ("topic", "body") or batch.column(name).null_count < n}
+        cols = {name: col for name, col in zip(batch.schema.names, batch.columns)
+                if name in ("topic", "body") or col.null_count < n}
         if "message_group" in cols:
             cols["message_type"] = group_message_types(cols["message_group"])
         cols["queue_id"] = self._placed(cols, n, topics)
         return build_rows(cols, n, store_host=self.broker.store.config.store_host,
-                          now_ms=self.broker.clock_ms(), body_sizes=binary_lengths(cols["body"]))
+                          now_ms=self.broker.clock_ms(), body_sizes=binary_lengths(cols["body"]),
+                          topic=topics[0] if len(topics) == 1 else None)
 
     def _placed(self, cols: dict, n: int, topics: list[str]) -> pa.Array:
         """The rows' queue ids: a row's own; a message group's left to the store

@@ -20,7 +20,7 @@ import pyarrow as pa
 from ..config import SYNC_FLUSH
 from ..errors import DiskFullError, InvalidMessageError, StoreClosedError
 from . import format as fmt
-from .batch import BatchBuilder, split_by_size
+from .batch import BatchBuilder, messages_to_batch, split_by_size
 from .built import BuiltRows, stamp_store_time
 from .dispatch import RowInfo
 from .limits import MessageLimits, check_valid_arrow
@@ -72,7 +72,10 @@ class Appender:
     def _append_group(self, msgs: list[Message], check_limits: bool) -> list[AppendResult]:
         qids = self.batches.queue_ids_for(msgs)
         with self.store.append_lock:
-            batch = self.batches.from_messages(msgs, qids, self._store_ts(), check_limits)
+            b = self.batches
+            batch = messages_to_batch(msgs, queue_ids=qids, store_timestamp_ms=self._store_ts(),
+                                      store_host=b.store_host, limits=b.limits,
+                                      check_limits=check_limits)
             batch_offset, qos, updates = self._append_locked(batch)
         status = self._await_flush(batch_offset)
         self.store.dispatcher.after_visible(updates)
@@ -113,8 +116,8 @@ class Appender:
         self.require_space()
         built, info = (data, None) if isinstance(data, BuiltRows) else (None, None)
         if built is not None:            # checked by its caller (log/built.py): not again
-            batch, info = self.batches.check_segment_batch(
-                built.batch, limits_checked=True, body_sizes=built.body_sizes)
+            batch, info = self.batches.check_segment_batch(built.batch, limits_checked=True,
+                                                           built=built)
         elif isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
             check_valid_arrow(data, "the appended batch")
             batch, info = self.batches.check_segment_batch(data, limits_checked=limits_checked)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import sys
 import zlib
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -36,6 +36,9 @@ from .actions import TopicConfig
 from .dispatch import RowInfo, binary_lengths, distinct_strings
 from .limits import MessageLimits, check_batch, check_message, not_text
 from .message import Message, group_hashes
+
+if TYPE_CHECKING:
+    from .built import BuiltRows
 
 MAX_BATCH_BODY_BYTES = 256 << 20
 
@@ -411,8 +414,9 @@ def _col(table: pa.Table, name: str) -> pa.Array:
     return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
-_FILLED = tuple((fmt.SEGMENT_SCHEMA.get_field_index(name), name) for name in
-                ("born_timestamp", "reconsume_times", "message_type"))
+FILLED_COLUMNS = frozenset({"born_timestamp", "reconsume_times", "message_type"})
+_FILLED = tuple((i, f.name) for i, f in enumerate(fmt.SEGMENT_FIELDS)
+                if f.name in FILLED_COLUMNS)
 
 
 def fill_required(batch: pa.RecordBatch, clock_ms: Callable[[], int]) -> pa.RecordBatch:
@@ -462,39 +466,36 @@ class BatchBuilder:
                 raise not_text(exc) from None
         return qids
 
-    def from_messages(self, msgs: list[Message], queue_ids: Sequence[int],
-                      store_ts_ms: int, check_limits: bool = True) -> pa.RecordBatch:
-        return messages_to_batch(msgs, queue_ids=queue_ids, store_timestamp_ms=store_ts_ms,
-                                 store_host=self.store_host, limits=self.limits,
-                                 check_limits=check_limits)
-
     def check_segment_batch(self, batch: pa.RecordBatch, *, limits_checked: bool = False,
-                            body_sizes: np.ndarray | None = None
-                            ) -> tuple[pa.RecordBatch, RowInfo]:
+                            built: "BuiltRows | None" = None) -> tuple[pa.RecordBatch, RowInfo]:
         """Validate a batch already in SEGMENT_SCHEMA (no cast, no copy): the same
-        checks as :meth:`normalize` (the input limits unless ``limits_checked``; the
-        bodies unless ``body_sizes`` gives them, measured and checked: ``BuiltRows``).
+        checks as :meth:`normalize` (the input limits unless ``limits_checked``; of
+        ``built``, the BuiltRows ``batch`` comes from, what its caller checked not again).
         Returns the batch (with queue ids chosen if the column had nulls) and what
         dispatch can reuse."""
         n = batch.num_rows
         if n == 0:
             raise InvalidMessageError("append_batch got no rows")
-        if body_sizes is None and batch.schema.metadata != fmt.SEGMENT_SCHEMA.metadata:
-            batch = pa.RecordBatch.from_arrays(batch.columns, schema=fmt.SEGMENT_SCHEMA)
-        batch = fill_required(batch, self.clock_ms)
-        topics = batch.column(0)
-        if topics.null_count:
-            raise InvalidMessageError("topic column has nulls")
-        sizes = body_sizes
-        if sizes is None:                # (BuiltRows: the builder's schema, bodies checked)
+        if built is None:
+            if batch.schema.metadata != fmt.SEGMENT_SCHEMA.metadata:   # zero copy
+                batch = pa.RecordBatch.from_arrays(batch.columns, schema=fmt.SEGMENT_SCHEMA)
+            batch = fill_required(batch, self.clock_ms)
+            topics = batch.column(0)
+            if topics.null_count:
+                raise InvalidMessageError("topic column has nulls")
             body = batch.column(2)
             sizes = binary_lengths(body) if not body.null_count else None
             check_bodies(body, self.max_message_size_bytes, sizes)
+        else:                            # (the builder's schema; defaults filled, bodies checked)
+            sizes = built.body_sizes
         if not limits_checked:
             check_batch(batch, self.limits)
-        if n == 1:
-            names, idx = [topics[0].as_py()], None
+        if built is not None and built.topic is not None:
+            names, idx = [built.topic], None
+        elif n == 1:
+            names, idx = [batch.column(0)[0].as_py()], None
         else:
+            topics = batch.column(0)
             names, idx = distinct_strings(topics), None     # (cheaper than encoding)
             if len(names) > 1:
                 enc = pc.dictionary_encode(topics)
@@ -506,7 +507,10 @@ class BatchBuilder:
             qids = qcol.to_numpy()
             for i, conf in enumerate(confs):
                 q = qids if idx is None else qids[idx == i]
-                lo, hi = (int(q[0]), int(q[0])) if n == 1 else (int(q.min()), int(q.max()))
+                if len(q) > 16:
+                    lo, hi = int(q.min()), int(q.max())
+                else:                    # (a numpy min costs as much as 16 rows' in Python)
+                    lo, hi = min(q.tolist()), max(q.tolist())
                 if lo < 0 or hi >= conf.write_queue_nums:
                     raise QueueNotFoundError(
                         f"queue_id out of range for topic {names[i]!r} "
@@ -515,7 +519,8 @@ class BatchBuilder:
             qids = self.chooser.choose(qcol, names, idx, [c.write_queue_nums for c in confs],
                                        n, batch.column(_MESSAGE_GROUP_COLUMN))
             batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
-        return batch, RowInfo(names, idx, qids, sizes)
+        return batch, RowInfo(names, idx, qids, sizes,
+                              None if built is None else built.given)
 
     def normalize(self, table: pa.Table, *, limits_checked: bool = False) -> pa.RecordBatch:
         """A batch in SEGMENT_SCHEMA from a table with at least ``topic`` and ``body``

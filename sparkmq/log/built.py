@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import format as fmt
-from .batch import build_segment_batch
+from .batch import FILLED_COLUMNS, build_segment_batch, fill_required
 from .dispatch import binary_lengths
 
 _STORE_AT = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
@@ -36,12 +36,18 @@ _STORE_FIELD = fmt.SEGMENT_SCHEMA.field(_STORE_AT)
 class BuiltRows:
     """A batch in SEGMENT_SCHEMA whose columns were checked (see the module docstring),
     ``body_sizes`` its rows' body bytes (int32), ``times`` its store_timestamp values
-    (int64 ms, a writable view of the column's own buffer). Its length: rows."""
-    __slots__ = ("batch", "body_sizes", "times", "_c_array")
+    (int64 ms, a writable view of the column's own buffer), ``topic`` every row's topic
+    if they have one (else None), ``given`` the columns the builder took from the caller
+    (the others hold the schema's defaults: what the store need not look at). Its
+    length: rows."""
+    __slots__ = ("batch", "body_sizes", "times", "topic", "given", "_buf", "_c_array",
+                 "_nbytes")
 
-    def __init__(self, batch: pa.RecordBatch, body_sizes: np.ndarray, times: np.ndarray):
-        self.batch, self.body_sizes, self.times = batch, body_sizes, times
-        self._c_array = None
+    def __init__(self, batch: pa.RecordBatch, body_sizes: np.ndarray, times: bytearray, *,
+                 topic: str | None, given: frozenset):
+        self.batch, self.body_sizes, self.topic, self.given = batch, body_sizes, topic, given
+        self._buf, self.times = times, np.frombuffer(times, np.int64)
+        self._c_array = self._nbytes = None
 
     def __len__(self) -> int:
         return self.batch.num_rows
@@ -56,13 +62,16 @@ class BuiltRows:
 
     @property
     def nbytes(self) -> int:
-        """The rows' body bytes."""
-        return int(self.body_sizes.sum())
+        """The rows' body bytes (a numpy sum costs ~10 k instructions even of one row)."""
+        if self._nbytes is None:
+            s = self.body_sizes
+            self._nbytes = sum(s.tolist()) if len(s) <= 16 else int(np.add.reduce(s))
+        return self._nbytes
 
     def stamp(self, ts_ms: int) -> np.ndarray:
         """Set every row's store time to ``ts_ms`` (in place: the batch's column reads
         it); the store times as int64 ms, what dispatch keeps."""
-        self.times[:] = ts_ms
+        self._buf[:] = ts_ms.to_bytes(8, sys.byteorder, signed=True) * len(self.times)
         return self.times
 
     @staticmethod
@@ -70,8 +79,11 @@ class BuiltRows:
         """Several BuiltRows as one (rows in order), with a store-time buffer of its own."""
         batch = pa.concat_batches([p.batch for p in parts])
         times, column = _own_times(0, batch.num_rows)
+        topics = {p.topic for p in parts}
         return BuiltRows(batch.set_column(_STORE_AT, _STORE_FIELD, column),
-                         np.concatenate([p.body_sizes for p in parts]), times)
+                         np.concatenate([p.body_sizes for p in parts]), times,
+                         topic=topics.pop() if len(topics) == 1 else None,
+                         given=frozenset().union(*(p.given for p in parts)))
 
 
 def stamp_store_time(batch: pa.RecordBatch, ts_ms: int) -> tuple[pa.RecordBatch, np.ndarray]:
@@ -82,22 +94,27 @@ def stamp_store_time(batch: pa.RecordBatch, ts_ms: int) -> tuple[pa.RecordBatch,
 
 
 def build_rows(columns: Mapping[str, Sequence | pa.Array], n: int, *, store_host: str,
-               now_ms: int, body_sizes: np.ndarray | None = None) -> BuiltRows:
+               now_ms: int, body_sizes: np.ndarray | None = None,
+               topic: str | None = None) -> BuiltRows:
     """:func:`build_segment_batch` of ``columns`` (which must not give ``store_timestamp``)
-    as BuiltRows. The caller vouches for what the module docstring lists; ``body_sizes``:
-    the bytes of each row's body if it measured them (else measured here)."""
+    as BuiltRows, the defaults FORMAT.md requires filled (:func:`fill_required`, born time
+    ``now_ms``). The caller vouches for what the module docstring lists; ``body_sizes``:
+    the bytes of each row's body if it measured them (else measured here); ``topic``:
+    every row's topic, if the caller knows they share one."""
     if "store_timestamp" in columns:
         raise ValueError("build_rows stamps store_timestamp itself (the store's time)")
     times, column = _own_times(now_ms, n)
     batch = build_segment_batch({**columns, "store_timestamp": column}, n,
                                 store_host=store_host, now_ms=now_ms)
+    given = frozenset(name for name, v in columns.items() if v is not None)
+    if given & FILLED_COLUMNS:           # (the defaults are not null: nothing to fill)
+        batch = fill_required(batch, lambda: now_ms)
     if body_sizes is None:
         body_sizes = binary_lengths(batch.column(2))      # (SEGMENT_SCHEMA: body 2)
-    return BuiltRows(batch, body_sizes, times)
+    return BuiltRows(batch, body_sizes, times, topic=topic, given=given)
 
 
-def _own_times(ms: int, n: int) -> tuple[np.ndarray, pa.Array]:
-    """``n`` store times ``ms`` in a new writable buffer: (its int64 view, the column)."""
+def _own_times(ms: int, n: int) -> tuple[bytearray, pa.Array]:
+    """``n`` store times ``ms`` in a new writable buffer: (the buffer, the column)."""
     buf = bytearray(ms.to_bytes(8, sys.byteorder, signed=True) * n)
-    return (np.frombuffer(buf, np.int64),
-            pa.Array.from_buffers(fmt.TS, n, [None, pa.py_buffer(buf)]))
+    return buf, pa.Array.from_buffers(fmt.TS, n, [None, pa.py_buffer(buf)])

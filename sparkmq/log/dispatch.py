@@ -47,6 +47,7 @@ class RowInfo:
     topic_index: np.ndarray | None    # row -> index in topic_names (None: one topic)
     queue_ids: np.ndarray             # int32 per row
     body_sizes: np.ndarray            # int32 body bytes per row
+    given: frozenset | None = None    # the columns a writer set (the rest: the defaults)
 
 
 def binary_lengths(arr: pa.Array) -> np.ndarray:
@@ -271,7 +272,9 @@ class Dispatcher:
         tids = np.asarray([topics[t].id if t in topics else -1 for t in info.topic_names],
                           dtype=np.int64)
         sizes = info.body_sizes
-        tcodes = tags_codes(batch.column("tags"))
+        given = info.given
+        tcodes = tags_codes(batch.column("tags")) if given is None or "tags" in given else \
+            np.zeros(n, np.int64)
         groups, tnp = queue_groups(tids, info, n)
         name_of = dict(zip(tids.tolist(), info.topic_names))
         qos = None
@@ -298,7 +301,7 @@ class Dispatcher:
             updates.append((name_of[tid], tid, qid, start + count))
         if qos is None:
             qos = np.full(n, -1, dtype=np.int64)
-        if batch.column("keys").null_count != n:
+        if (given is None or "keys" in given) and batch.column("keys").null_count != n:
             if tnp is None:
                 tnp = topic_ids_per_row(tids, info, n)
             itable = index_entries(batch, tnp, qos, batch_offset)

@@ -13,6 +13,7 @@ import pytest
 from helpers.clock import Clock
 from sparkmq import Store
 from sparkmq.errors import QueueNotFoundError, StoreClosedError, SparkMQError
+from sparkmq.log import format as fmt
 from sparkmq.log.built import BuiltRows, build_rows
 from sparkmq.log.limits import MessageLimits, check_batch
 
@@ -96,3 +97,38 @@ def test_build_rows_stamps_the_store_time_itself_and_measures_the_bodies(store):
                    store_host="h", now_ms=BUILD_MS)
     rows = _rows(store, 2, body=[b"", b"four"])
     assert rows.body_sizes.dtype == np.int32 and rows.body_sizes.tolist() == [0, 4]
+
+
+def test_what_the_builder_was_given_is_dispatched_and_the_defaults_are_filled(store):
+    # tags and keys given: their ConsumeQueue codes and index entries (the store skips
+    # the lookups only for columns the builder was not given)
+    n = 2
+    born = pa.array([None, BUILD_MS - 5], pa.int64()).cast(pa.timestamp("ms"))
+    store.append_batch(build_rows(
+        {"topic": ["t"] * n, "body": [b"a", b"b"], "tags": ["red", None],
+         "keys": [["k1"], None], "queue_id": pa.array([0, 0], pa.int32()),
+         "born_timestamp": born, "message_type": pa.array([None, 1], pa.int8())},
+        n, store_host="h", now_ms=BUILD_MS, topic="t"))
+    entries = store.queue_entries(store.topic_id("t"), 0, 0, 2)
+    assert entries.column("tags_code").to_pylist() == [fmt.tags_code("red"), 0]
+    assert [m.body for m in store.query_by_key("t", "k1")] == [b"a"]
+    stored = store.read_table("t", 0, 0)
+    assert stored.column("born_timestamp").cast(pa.int64()).to_pylist() == \
+        [BUILD_MS, BUILD_MS - 5]                     # a null born time: the build's now
+    assert stored.column("message_type").to_pylist() == [fmt.MESSAGE_TYPE_NORMAL, 1]
+
+
+def test_rows_of_several_topics_merged_are_stored_under_each_topic(store):
+    store.create_topic("u", read_queue_nums=1, write_queue_nums=1)
+    one = _rows(store, 1, queue_id=pa.array([1], pa.int32()))
+    other = build_rows({"topic": ["u"], "body": [b"u0"]}, 1, store_host="h",
+                       now_ms=BUILD_MS, topic="u")
+    assert one.topic is None                         # (_rows does not say)
+    both = BuiltRows.concat([build_rows({"topic": ["t"], "body": [b"t0"]}, 1,
+                                        store_host="h", now_ms=BUILD_MS, topic="t"), other])
+    assert both.topic is None and {"topic", "body"} <= both.given
+    store.append_batch(both)
+    store.append_batch(other)                        # alone: stored under the topic it names
+    assert store.read_table("u", 0, 0).column("body").to_pylist() == [b"u0", b"u0"]
+    assert [b for q in range(2) for b in store.read_table("t", q, 0).column("body")
+            .to_pylist()] == [b"t0"]
