@@ -33,7 +33,8 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 
 from ..errors import InvalidNameError, PermissionDeniedError, ReplicaNotAvailableError, SparkMQError
 from ..log import format as fmt
-from ..log.batch import QueueChooser, build_segment_batch
+from ..log.batch import QueueChooser
+from ..log.built import build_rows
 from ..log.topics import topic_message_type, type_conflict
 from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, message_violation
 from ..log.message import encode_message_id, store_tag
@@ -531,16 +532,18 @@ class SendService:
         now = self.clock_ms()
         # One batch in SEGMENT_SCHEMA (the store's no-cast path), built by the log's one
         # builder; rows without a queue id are placed by the store's one queue chooser
-        # (message group -> crc32 % queues, else round robin); store_timestamp is a
-        # placeholder the store stamps under its append lock.
-        batch = build_segment_batch({name: c[name] for name in _SEGMENT_COLUMNS}, n,
-                                    store_host=self.store.config.store_host, now_ms=now)
-        # every row was held to log/limits by ``refusal``/``plain_rows`` before merging
-        r = self.store.append_batch(batch, limits_checked=True)
+        # (message group -> crc32 % queues, else round robin); the store stamps
+        # store_timestamp under its append lock. Every row was held to every rule (body,
+        # log/limits, the topic) by ``refusal``/``plain_rows`` before merging, and was
+        # built from Python values: BuiltRows, which the store does not check again.
+        one = topics[0] if topics.count(topics[0]) == n else None
+        rows = build_rows({name: c[name] for name in _SEGMENT_COLUMNS}, n,
+                          store_host=self.store.config.store_host, now_ms=now, topic=one)
+        r = self.store.append_batch(rows)
         put_status = self.replicated(r)
         per_topic: dict[str, list[int]] = {}
-        if topics.count(topics[0]) == n:          # one topic: no per-row loop
-            per_topic[topics[0]] = [n, sum(map(len, c["body"]))]
+        if one is not None:                       # one topic: no per-row loop
+            per_topic[one] = [n, rows.nbytes]
         else:
             for t, body in zip(topics, c["body"]):
                 acc = per_topic.get(t)

@@ -331,7 +331,8 @@ def group_message_types(groups: pa.Array) -> pa.Array:
 
 
 def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
-                        store_host: str, now_ms: int) -> pa.RecordBatch:
+                        store_host: str, now_ms: int, given: set | None = None
+                        ) -> pa.RecordBatch:
     """A batch in SEGMENT_SCHEMA from per-column values (Python lists or Arrow arrays,
     any subset of the schema's columns, ``n`` rows each; other names are ignored).
     Missing columns get their defaults: ``queue_id`` null (the store chooses:
@@ -339,7 +340,8 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
     store restamps the latter under its append lock), ``store_host``, ``reconsume_times``
     0, ``message_type`` NORMAL, the rest null. A ``born_timestamp`` list may hold None
     (then ``now_ms``). Feed the result to ``Store.append_batch`` (its no-cast path).
-    One pass over what ``columns`` gives (a send: 2-5 of the 16), set on the defaults."""
+    One pass over what ``columns`` gives (a send: 2-5 of the 16), set on the defaults;
+    the names of those set (not left to their defaults) are added to ``given``, a set."""
     out = _default_row(n, store_host)
     for name, v in columns.items():
         at = _FIELD_AT.get(name)
@@ -350,12 +352,14 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
             v = v.chunk(0) if v.num_chunks == 1 else pa.concat_arrays(v.chunks)
         if isinstance(v, pa.Array):
             out[i] = v if v.type == f.type else v.cast(f.type)
-            continue
-        if name in _NULL_DEFAULTS and type(v) is list and v.count(None) == n:
+        elif name in _NULL_DEFAULTS and type(v) is list and v.count(None) == n:
             continue                     # (a list of nulls where the default is null)
-        if name == "born_timestamp" and None in v:
-            v = [now_ms if b is None else b for b in v]
-        out[i] = binary_column(v) if name == "body" else list_column(v, f.type)
+        else:
+            if name == "born_timestamp" and None in v:
+                v = [now_ms if b is None else b for b in v]
+            out[i] = binary_column(v) if name == "body" else list_column(v, f.type)
+        if given is not None:
+            given.add(name)
     if out[_BORN_AT] is None or out[_STORE_AT] is None:
         now = _time_column(now_ms, n)    # (both defaults: one array)
         for i in (_BORN_AT, _STORE_AT):
@@ -414,26 +418,6 @@ def _col(table: pa.Table, name: str) -> pa.Array:
     return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
-FILLED_COLUMNS = frozenset({"born_timestamp", "reconsume_times", "message_type"})
-_FILLED = tuple((i, f.name) for i, f in enumerate(fmt.SEGMENT_FIELDS)
-                if f.name in FILLED_COLUMNS)
-
-
-def fill_required(batch: pa.RecordBatch, clock_ms: Callable[[], int]) -> pa.RecordBatch:
-    """``batch`` (SEGMENT_SCHEMA) with the nulls of the columns FORMAT.md declares not
-    null and a writer may leave to their defaults filled in: ``born_timestamp`` now
-    (``clock_ms()``), ``reconsume_times`` 0, ``message_type`` NORMAL. (``topic`` and
-    ``body`` nulls are refused, ``queue_id`` nulls chosen, ``store_timestamp`` stamped.)"""
-    for i, name in _FILLED:
-        col = batch.column(i)
-        if col.null_count:
-            f = fmt.SEGMENT_SCHEMA.field(i)
-            value = pa.scalar(clock_ms(), pa.int64()).cast(f.type) \
-                if name == "born_timestamp" else pa.scalar(0, f.type)
-            batch = batch.set_column(i, f, pc.fill_null(col, value))
-    return batch
-
-
 class BatchBuilder:
     """Builds and validates a store's batches (see the module docstring).
 
@@ -479,7 +463,7 @@ class BatchBuilder:
         if built is None:
             if batch.schema.metadata != fmt.SEGMENT_SCHEMA.metadata:   # zero copy
                 batch = pa.RecordBatch.from_arrays(batch.columns, schema=fmt.SEGMENT_SCHEMA)
-            batch = fill_required(batch, self.clock_ms)
+            batch = fmt.fill_required(batch, self.clock_ms)
             topics = batch.column(0)
             if topics.null_count:
                 raise InvalidMessageError("topic column has nulls")
@@ -557,7 +541,7 @@ class BatchBuilder:
                     f"column {f.name!r} has type {table.column(f.name).type}, expected "
                     f"{f.type}: {exc}") from None
         batch = build_segment_batch(cols, n, store_host=self.store_host, now_ms=self.clock_ms())
-        batch = fill_required(batch, self.clock_ms)
+        batch = fmt.fill_required(batch, self.clock_ms)
         if not limits_checked:
             check_batch(batch, self.limits)
         return batch

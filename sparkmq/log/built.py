@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from . import format as fmt
-from .batch import FILLED_COLUMNS, build_segment_batch, fill_required
+from .batch import build_segment_batch
 from .dispatch import binary_lengths
 
 _STORE_AT = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
@@ -97,21 +97,27 @@ def build_rows(columns: Mapping[str, Sequence | pa.Array], n: int, *, store_host
                now_ms: int, body_sizes: np.ndarray | None = None,
                topic: str | None = None) -> BuiltRows:
     """:func:`build_segment_batch` of ``columns`` (which must not give ``store_timestamp``)
-    as BuiltRows, the defaults FORMAT.md requires filled (:func:`fill_required`, born time
+    as BuiltRows, the defaults FORMAT.md requires filled (``fill_required``, born time
     ``now_ms``). The caller vouches for what the module docstring lists; ``body_sizes``:
     the bytes of each row's body if it measured them (else measured here); ``topic``:
     every row's topic, if the caller knows they share one."""
     if "store_timestamp" in columns:
         raise ValueError("build_rows stamps store_timestamp itself (the store's time)")
     times, column = _own_times(now_ms, n)
+    given: set = set()
     batch = build_segment_batch({**columns, "store_timestamp": column}, n,
-                                store_host=store_host, now_ms=now_ms)
-    given = frozenset(name for name, v in columns.items() if v is not None)
-    if given & FILLED_COLUMNS:           # (the defaults are not null: nothing to fill)
-        batch = fill_required(batch, lambda: now_ms)
+                                store_host=store_host, now_ms=now_ms, given=given)
+    given.discard("store_timestamp")
+    if any(_has_nulls(columns[name]) for name in given & fmt.FILLED_COLUMNS):
+        batch = fmt.fill_required(batch, lambda: now_ms)   # (the defaults are not null)
     if body_sizes is None:
         body_sizes = binary_lengths(batch.column(2))      # (SEGMENT_SCHEMA: body 2)
-    return BuiltRows(batch, body_sizes, times, topic=topic, given=given)
+    return BuiltRows(batch, body_sizes, times, topic=topic, given=frozenset(given))
+
+
+def _has_nulls(values) -> bool:
+    return values.null_count > 0 if isinstance(values, (pa.Array, pa.ChunkedArray)) else \
+        None in values
 
 
 def _own_times(ms: int, n: int) -> tuple[bytearray, pa.Array]:

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 FORMAT_VERSION = 2
 # reader version 3: checkpoints in parts (a manifest and its sidecars, FORMAT.md section 6);
@@ -89,6 +91,27 @@ SEGMENT_SCHEMA = pa.schema([
 #: SEGMENT_SCHEMA's fields as a tuple, for loops on the append path: iterating a pyarrow
 #: Schema raises and formats a TypeError inside pyarrow for each field (~3 us a loop).
 SEGMENT_FIELDS = tuple(SEGMENT_SCHEMA)
+
+# the columns declared not null whose nulls a writer may leave to their defaults
+FILLED_COLUMNS = frozenset({"born_timestamp", "reconsume_times", "message_type"})
+_FILLED = tuple((i, f.name) for i, f in enumerate(SEGMENT_FIELDS)
+                if f.name in FILLED_COLUMNS)
+
+
+def fill_required(batch: pa.RecordBatch, clock_ms: Callable[[], int]) -> pa.RecordBatch:
+    """``batch`` (SEGMENT_SCHEMA) with the nulls of the columns FORMAT.md declares not
+    null and a writer may leave to their defaults filled in: ``born_timestamp`` now
+    (``clock_ms()``), ``reconsume_times`` 0, ``message_type`` NORMAL. (``topic`` and
+    ``body`` nulls are refused, ``queue_id`` nulls chosen, ``store_timestamp`` stamped.)"""
+    for i, name in _FILLED:
+        col = batch.column(i)
+        if col.null_count:
+            f = SEGMENT_SCHEMA.field(i)
+            value = pa.scalar(clock_ms(), pa.int64()).cast(f.type) \
+                if name == "born_timestamp" else pa.scalar(0, f.type)
+            batch = batch.set_column(i, f, pc.fill_null(col, value))
+    return batch
+
 
 #: Columns a reader adds to segment columns (they live in the log and side tables).
 QUEUE_OFFSET = pa.field("queue_offset", pa.int64(), nullable=False)

@@ -137,7 +137,7 @@ def _hold_first_append(b, ready):
     append_batch = b.store.append_batch
 
     def held(batch, **kw):
-        appended.append(batch.num_rows)
+        appended.append(len(batch))    # (BuiltRows or a batch: its rows)
         if len(appended) == 1:
             wait_until(ready, "every other request queued or answered", timeout_s=30)
         return append_batch(batch, **kw)

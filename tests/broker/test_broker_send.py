@@ -252,7 +252,7 @@ def test_requests_waiting_at_one_moment_are_appended_as_one_batch(broker):
     append_batch = broker.store.append_batch
 
     def held_append(table, **kw):
-        appended.append(table.num_rows)
+        appended.append(len(table))    # (BuiltRows, a batch or a table: its rows)
         if len(appended) == 1:
             release.wait(10)
         return append_batch(table, **kw)
