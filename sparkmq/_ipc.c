@@ -386,6 +386,43 @@ done:
     return out;
 }
 
+/* An empty ArrowArray in a capsule named "arrow_array": pyarrow exports a batch's arrays
+ * into it (RecordBatch._export_to_c(address)) without its schema, which the caller has
+ * exported once; the capsule releases what was exported into it and frees it. */
+static void free_array_capsule(PyObject *capsule)
+{
+    struct ArrowArray *a = PyCapsule_GetPointer(capsule, "arrow_array");
+    if (!a) {
+        PyErr_Clear();
+        return;
+    }
+    if (a->release)
+        a->release(a);
+    PyMem_Free(a);
+}
+
+static PyObject *array_capsule(PyObject *self, PyObject *noargs)
+{
+    struct ArrowArray *a = PyMem_Calloc(1, sizeof(struct ArrowArray));
+    PyObject *capsule;
+    (void)self;
+    (void)noargs;
+    if (!a)
+        return PyErr_NoMemory();
+    capsule = PyCapsule_New(a, "arrow_array", free_array_capsule);
+    if (!capsule) {
+        PyMem_Free(a);
+        return NULL;
+    }
+    return Py_BuildValue("(NK)", capsule, (unsigned long long)(uintptr_t)a);
+}
+
+PyDoc_STRVAR(array_capsule_doc,
+"array_capsule() -> (capsule, address)\n\n"
+"An empty ArrowArray struct in an \"arrow_array\" capsule, and its address for\n"
+"RecordBatch._export_to_c(address): the arrays exported without the schema. The\n"
+"capsule releases the export when it goes.");
+
 PyDoc_STRVAR(record_batch_message_doc,
 "record_batch_message(schema_capsule, array_capsule, key, value, crc=None)\n"
 "    -> bytearray | None\n\n"
@@ -403,6 +440,7 @@ PyDoc_STRVAR(message_of_buffers_doc,
 static PyMethodDef methods[] = {
     {"record_batch_message", record_batch_message, METH_VARARGS, record_batch_message_doc},
     {"message_of_buffers", message_of_buffers, METH_VARARGS, message_of_buffers_doc},
+    {"array_capsule", array_capsule, METH_NOARGS, array_capsule_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,10 +10,11 @@ import pyarrow as pa
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from sparkmq import _ipc     # the suite requires the C writer: see the first test
+from sparkmq import _ipc, _screen     # the suite requires the C writer: see the first test
 from sparkmq.broker.flight import _ACK_SCHEMA_MESSAGE, ACK_SCHEMA, _ack_stream
 from sparkmq.log import checksum, format as fmt, segment
 from sparkmq.log.batch import build_segment_batch
+from sparkmq.log.built import build_rows
 
 _TEXT = st.text(alphabet=st.sampled_from(list("ab |\té\u3000")), max_size=6)
 _ROW = st.fixed_dictionaries({
@@ -142,3 +143,22 @@ def test_a_batch_over_a_mib_is_written_whole():
     msg = segment.serialize_batch(batch)
     assert len(msg) > 1 << 20 and checksum.verify(memoryview(msg), "big", 0)
     assert _decoded(msg.to_pybytes()).equals(batch)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(_ROW, min_size=1, max_size=4))
+def test_the_arrays_exported_alone_write_the_same_message(rows):
+    """BuiltRows exports a batch's arrays alone into ``array_capsule`` beside the segment
+    schema's export made once: the C writer and the screen read it as the full export."""
+    cols = {name: [r[name] for r in rows] for name in rows[0]}
+    cols["delivery_timestamp"] = pa.array(cols["delivery_timestamp"], fmt.TS)
+    built = build_rows(cols, len(rows), store_host="10.0.0.9:10911", now_ms=1_700_000_000_000)
+    alone, full = built.c_array(), built.batch.__arrow_c_array__()
+    assert alone[1] is not full[1]
+    assert _ipc.record_batch_message(*alone, *checksum.SEAL_ARGS) == \
+        _ipc.record_batch_message(*full, *checksum.SEAL_ARGS)
+    limits = (4 << 20, 16 << 10, 128, 64, 128)
+    assert _screen.screen(*alone, limits, ()) == _screen.screen(*full, limits, ())
+    capsule, address = _ipc.array_capsule()      # never filled: goes without a release
+    assert address and type(capsule).__name__ == "PyCapsule"
+    del capsule
