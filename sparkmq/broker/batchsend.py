@@ -14,6 +14,8 @@ Thread-safety: ``check`` and ``store`` may be called from any thread.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,7 +44,10 @@ def typed(batch: pa.RecordBatch) -> pa.RecordBatch:
     cast where it is not (a dictionary of strings, large strings, an int64 queue id): the
     first thing done to a send batch, so no later step meets a type it cannot take.
     UserError names a column that does not cast (docs/PROTOCOL.md gives each type)."""
-    for i, name in enumerate(batch.schema.names):
+    names = tuple(batch.schema.names)
+    if batch.schema.equals(_typed_schema(names)):    # the usual batch: one compare
+        return batch
+    for i, name in enumerate(names):
         want = _SEND_TYPES.get(name)
         if want is None or batch.schema.field(i).type == want:
             continue
@@ -54,6 +59,12 @@ def typed(batch: pa.RecordBatch) -> pa.RecordBatch:
                             "column's type)") from None
         batch = batch.set_column(i, pa.field(name, want), col)
     return batch
+
+
+@functools.lru_cache(maxsize=64)
+def _typed_schema(names: tuple[str, ...]) -> pa.Schema:
+    """The schema of a send batch of columns ``names`` in their types (another name: null)."""
+    return pa.schema([(name, _SEND_TYPES.get(name, pa.null())) for name in names])
 
 
 class Stored:
@@ -92,16 +103,16 @@ class BatchSender:
         PermissionDeniedError / ReplicaNotAvailableError (the broker may not append).
         Nothing is stored."""
         sender, broker = self.broker.sender, self.broker
-        topic = batch.column("topic")
+        names = batch.schema.names
         for t in topics:
             refused = sender.topic_refusal(t)
             if refused is not None:
                 raise UserError(refused.message)
             if broker.config.enable_topic_message_type_check:
                 self._check_types(batch if len(topics) == 1 else
-                                  batch.filter(pc.equal(topic, t)), t)
+                                  batch.filter(pc.equal(batch.column("topic"), t)), t, names)
         sender.check_append()
-        rows = self._segment_batch(batch, topics)
+        rows = self._segment_batch(batch, topics, names)
         self._check_limits(rows)
         return rows
 
@@ -141,13 +152,14 @@ class BatchSender:
         r = self.broker.store.append_batch(rows)
         return Stored(r, self.broker.sender.replicated(r), 0, r.num_rows)
 
-    def _segment_batch(self, batch: pa.RecordBatch, topics: list[str]) -> BuiltRows:
+    def _segment_batch(self, batch: pa.RecordBatch, topics: list[str],
+                       names: list[str]) -> BuiltRows:
         """``batch`` in SEGMENT_SCHEMA, built by the log's one builder (the store's no-cast
         path; queue ids chosen by the store): all-null columns are left to the schema's
         defaults, and a row with a message group is FIFO, as the RocketMQ path stores it.
         (valid Arrow, checked by the callers before ``check``; its bodies measured here.)"""
         n = batch.num_rows
-        cols = {name: col for name, col in zip(batch.schema.names, batch.columns)
+        cols = {name: col for name, col in zip(names, batch.columns)
                 if name in ("topic", "body") or col.null_count < n}
         if "message_group" in cols:
             cols["message_type"] = group_message_types(cols["message_group"])
@@ -172,12 +184,12 @@ class BatchSender:
         placed = sender.request_queues(cols["topic"].to_pylist(), free.to_pylist())
         return pc.if_else(free, pa.array(placed, pa.int32()), own)
 
-    def _check_types(self, rows: pa.RecordBatch, topic: str) -> None:
-        """Rows (of ``topic``) with a message group are FIFO, the others NORMAL (the
-        proxy's reading); each type present must be one the topic accepts."""
+    def _check_types(self, rows: pa.RecordBatch, topic: str, names: list[str]) -> None:
+        """Rows (of ``topic``; columns ``names``) with a message group are FIFO, the others
+        NORMAL (the proxy's reading); each type present must be one the topic accepts."""
         expected = topic_message_type(self.broker.topic_conf(topic))
         groups = rows.column("message_group").null_count \
-            if "message_group" in rows.schema.names else rows.num_rows
+            if "message_group" in names else rows.num_rows
         present = ({"NORMAL"} if groups else set()) | \
             ({"FIFO"} if groups < rows.num_rows else set())
         for actual in sorted(present):

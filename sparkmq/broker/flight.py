@@ -106,12 +106,12 @@ def _ack_stream(schema_message: pa.Buffer, queue_ids: np.ndarray, queue_offsets:
     return pa.py_buffer(b"".join((schema_message, batch, EOS)))
 
 
-def _empty_as_none(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """``batch`` with each empty ``tags`` or ``message_group`` value null (the log's
-    rule, ``batch.none_if_empty``)."""
+def _empty_as_none(batch: pa.RecordBatch, names: list[str]) -> pa.RecordBatch:
+    """``batch`` (columns ``names``) with each empty ``tags`` or ``message_group`` value
+    null (the log's rule, ``batch.none_if_empty``)."""
     for name in ("tags", "message_group"):
-        i = batch.schema.get_field_index(name)
-        if i >= 0:
+        if name in names:
+            i = names.index(name)
             given = batch.column(i)
             col = none_if_empty(given)
             if col is not given:
@@ -248,7 +248,8 @@ class FlightService(fl.FlightServerBase):
 
     def _send(self, context, batch: pa.RecordBatch) -> pa.Buffer:
         check_valid_arrow(batch, "the Flight send batch")    # before anything reads it
-        names = set(batch.schema.names)
+        order = batch.schema.names
+        names = set(order)
         unknown = names - SEND_COLUMNS
         if unknown & {"delivery_timestamp", "transaction_id"}:
             raise UserError("delay and transaction messages go through the RocketMQ gRPC "
@@ -257,9 +258,8 @@ class FlightService(fl.FlightServerBase):
             raise UserError(f"a Flight send batch has columns topic, body (required) and "
                             f"{', '.join(sorted(SEND_COLUMNS - {'topic', 'body'}))}; got "
                             f"{batch.schema.names}")
-        batch = _empty_as_none(typed(batch))
-        topic = batch.column("topic")
-        topics = distinct_strings(topic)
+        batch = _empty_as_none(typed(batch), order)
+        topics = distinct_strings(batch.column(order.index("topic")))
         if None in topics:
             raise UserError("every row needs a topic")
         self._authorize(context, send_resources(topics))

@@ -477,7 +477,7 @@ class BatchBuilder:
         if built is not None and built.topic is not None:
             names, idx = [built.topic], None
         elif n == 1:
-            names, idx = [batch.column(0)[0].as_py()], None
+            names, idx = batch.column(0).to_pylist(), None
         else:
             topics = batch.column(0)
             names, idx = distinct_strings(topics), None     # (cheaper than encoding)
