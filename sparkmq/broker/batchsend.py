@@ -163,18 +163,22 @@ class BatchSender:
                 if name in ("topic", "body") or col.null_count < n}
         if "message_group" in cols:
             cols["message_type"] = group_message_types(cols["message_group"])
-        cols["queue_id"] = self._placed(cols, n, topics)
+        one = None
+        if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
+            one = self.broker.sender.request_queue(topics[0])   # (the usual send)
+            cols["queue_id"] = constant_column(one, pa.int32(), n)
+        else:
+            cols["queue_id"] = self._placed(cols, n)
         return build_rows(cols, n, store_host=self.broker.store.config.store_host,
                           now_ms=self.broker.clock_ms(), body_sizes=binary_lengths(cols["body"]),
-                          topic=topics[0] if len(topics) == 1 else None)
+                          topic=topics[0] if len(topics) == 1 else None, queue=one)
 
-    def _placed(self, cols: dict, n: int, topics: list[str]) -> pa.Array:
+    def _placed(self, cols: dict, n: int) -> pa.Array:
         """The rows' queue ids: a row's own; a message group's left to the store
         (crc32); the others by the RocketMQ path's rule for one request
-        (``SendService.request_queues``: ONE queue per topic of this batch)."""
+        (``SendService.request_queues``: ONE queue per topic of this batch; a batch of one
+        topic with neither column: ``_segment_batch`` asks for that queue itself)."""
         sender = self.broker.sender
-        if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
-            return constant_column(sender.request_queue(topics[0]), pa.int32(), n)
         own = cols["queue_id"] if "queue_id" in cols else pa.nulls(n, pa.int32())
         free = pc.is_null(own)
         if "message_group" in cols:

@@ -537,8 +537,10 @@ class SendService:
         # log/limits, the topic) by ``refusal``/``plain_rows`` before merging, and was
         # built from Python values: BuiltRows, which the store does not check again.
         one = topics[0] if topics.count(topics[0]) == n else None
+        qs = c["queue_id"]
         rows = build_rows({name: c[name] for name in _SEGMENT_COLUMNS}, n,
-                          store_host=self.store.config.store_host, now_ms=now, topic=one)
+                          store_host=self.store.config.store_host, now_ms=now, topic=one,
+                          queue=qs[0] if qs[0] is not None and qs.count(qs[0]) == n else None)
         r = self.store.append_batch(rows)
         put_status = self.replicated(r)
         per_topic: dict[str, list[int]] = {}

@@ -491,7 +491,9 @@ class BatchBuilder:
             qids = qcol.to_numpy()
             for i, conf in enumerate(confs):
                 q = qids if idx is None else qids[idx == i]
-                if len(q) > 16:
+                if built is not None and built.queue is not None:
+                    lo = hi = built.queue
+                elif len(q) > 16:
                     lo, hi = int(q.min()), int(q.max())
                 else:                    # (a numpy min costs as much as 16 rows' in Python)
                     lo, hi = min(q.tolist()), max(q.tolist())
@@ -503,8 +505,8 @@ class BatchBuilder:
             qids = self.chooser.choose(qcol, names, idx, [c.write_queue_nums for c in confs],
                                        n, batch.column(_MESSAGE_GROUP_COLUMN))
             batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
-        return batch, RowInfo(names, idx, qids, sizes,
-                              None if built is None else built.given)
+        return batch, RowInfo(names, idx, qids, sizes, *(
+            (None, None) if built is None else (built.given, built.queue)))
 
     def normalize(self, table: pa.Table, *, limits_checked: bool = False) -> pa.RecordBatch:
         """A batch in SEGMENT_SCHEMA from a table with at least ``topic`` and ``body``

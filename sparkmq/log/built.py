@@ -43,15 +43,16 @@ class BuiltRows:
     """A batch in SEGMENT_SCHEMA whose columns were checked (see the module docstring),
     ``body_sizes`` its rows' body bytes (int32), ``times`` its store_timestamp values
     (int64 ms, a writable view of the column's own buffer), ``topic`` every row's topic
-    if they have one (else None), ``given`` the columns the builder took from the caller
-    (the others hold the schema's defaults: what the store need not look at). Its
-    length: rows."""
-    __slots__ = ("batch", "body_sizes", "times", "topic", "given", "_buf", "_c_array",
-                 "_nbytes")
+    if they have one (else None), ``queue`` likewise their queue id, ``given`` the
+    columns the builder took from the caller (the others hold the schema's defaults:
+    what the store need not look at). Its length: rows."""
+    __slots__ = ("batch", "body_sizes", "times", "topic", "queue", "given", "_buf",
+                 "_c_array", "_nbytes")
 
     def __init__(self, batch: pa.RecordBatch, body_sizes: np.ndarray, times: bytearray, *,
-                 topic: str | None, given: frozenset):
+                 topic: str | None, queue: int | None, given: frozenset):
         self.batch, self.body_sizes, self.topic, self.given = batch, body_sizes, topic, given
+        self.queue = queue
         self._buf, self.times = times, np.frombuffer(times, np.int64)
         self._c_array = self._nbytes = None
 
@@ -86,10 +87,11 @@ class BuiltRows:
         """Several BuiltRows as one (rows in order), with a store-time buffer of its own."""
         batch = pa.concat_batches([p.batch for p in parts])
         times, column = _own_times(0, batch.num_rows)
-        topics = {p.topic for p in parts}
+        topics, queues = {p.topic for p in parts}, {p.queue for p in parts}
         return BuiltRows(batch.set_column(_STORE_AT, _STORE_FIELD, column),
                          np.concatenate([p.body_sizes for p in parts]), times,
                          topic=topics.pop() if len(topics) == 1 else None,
+                         queue=queues.pop() if len(queues) == 1 else None,
                          given=frozenset().union(*(p.given for p in parts)))
 
 
@@ -102,12 +104,12 @@ def stamp_store_time(batch: pa.RecordBatch, ts_ms: int) -> tuple[pa.RecordBatch,
 
 def build_rows(columns: Mapping[str, Sequence | pa.Array], n: int, *, store_host: str,
                now_ms: int, body_sizes: np.ndarray | None = None,
-               topic: str | None = None) -> BuiltRows:
+               topic: str | None = None, queue: int | None = None) -> BuiltRows:
     """:func:`build_segment_batch` of ``columns`` (which must not give ``store_timestamp``)
     as BuiltRows, the defaults FORMAT.md requires filled (``fill_required``, born time
     ``now_ms``). The caller vouches for what the module docstring lists; ``body_sizes``:
-    the bytes of each row's body if it measured them (else measured here); ``topic``:
-    every row's topic, if the caller knows they share one."""
+    the bytes of each row's body if it measured them (else measured here); ``topic``,
+    ``queue``: every row's topic and queue id, if the caller knows they share one."""
     if "store_timestamp" in columns:
         raise ValueError("build_rows stamps store_timestamp itself (the store's time)")
     times, column = _own_times(now_ms, n)
@@ -119,7 +121,8 @@ def build_rows(columns: Mapping[str, Sequence | pa.Array], n: int, *, store_host
         batch = fmt.fill_required(batch, lambda: now_ms)   # (the defaults are not null)
     if body_sizes is None:
         body_sizes = binary_lengths(batch.column(2))      # (SEGMENT_SCHEMA: body 2)
-    return BuiltRows(batch, body_sizes, times, topic=topic, given=frozenset(given))
+    return BuiltRows(batch, body_sizes, times, topic=topic, queue=queue,
+                     given=frozenset(given))
 
 
 def _has_nulls(values) -> bool:

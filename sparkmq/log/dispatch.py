@@ -48,6 +48,7 @@ class RowInfo:
     queue_ids: np.ndarray             # int32 per row
     body_sizes: np.ndarray            # int32 body bytes per row
     given: frozenset | None = None    # the columns a writer set (the rest: the defaults)
+    queue: int | None = None          # every row's queue id, if its writer put them in one
 
 
 def binary_lengths(arr: pa.Array) -> np.ndarray:
@@ -121,7 +122,8 @@ def queue_groups(tids: np.ndarray, info: RowInfo, n: int
     """The (topic id, queue id, rows) groups of a batch (rows None: every row) and the
     topic id per row (None when it was not needed: one queue)."""
     qids = info.queue_ids
-    if info.topic_index is None and (n == 1 or qids.min() == qids.max()):
+    if info.topic_index is None and (n == 1 or info.queue is not None
+                                     or qids.min() == qids.max()):
         return [(int(tids[0]), int(qids[0]), None)], None
     tnp = topic_ids_per_row(tids, info, n)
     key = (tnp << 32) | qids.astype(np.int64)

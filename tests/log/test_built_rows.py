@@ -132,3 +132,23 @@ def test_rows_of_several_topics_merged_are_stored_under_each_topic(store):
     assert store.read_table("u", 0, 0).column("body").to_pylist() == [b"u0", b"u0"]
     assert [b for q in range(2) for b in store.read_table("t", q, 0).column("body")
             .to_pylist()] == [b"t0"]
+
+
+def test_the_rows_one_queue_is_still_held_to_the_topic_and_merges_keep_each_queue(store):
+    with pytest.raises(QueueNotFoundError, match="queue_id out of range"):
+        store.append_batch(build_rows(
+            {"topic": ["t"] * 20, "body": [b"x"] * 20, "queue_id": pa.array([2] * 20, pa.int32())},
+            20, store_host="h", now_ms=BUILD_MS, topic="t", queue=2))
+
+    def in_queue(q: int, n: int, tag: bytes) -> BuiltRows:
+        return build_rows({"topic": ["t"] * n, "body": [tag] * n,
+                           "queue_id": pa.array([q] * n, pa.int32())}, n,
+                          store_host="h", now_ms=BUILD_MS, topic="t", queue=q)
+    both = BuiltRows.concat([in_queue(0, 20, b"zero"), in_queue(1, 3, b"one")])
+    assert both.queue is None
+    store.append_batch(both)
+    store.append_batch(in_queue(1, 20, b"one"))
+    assert store.read_table("t", 0, 0).column("body").to_pylist() == [b"zero"] * 20
+    one = store.read_table("t", 1, 0)
+    assert one.column("body").to_pylist() == [b"one"] * 23
+    assert one.column("queue_offset").to_pylist() == list(range(23))
