@@ -5,6 +5,7 @@ queues, the store's state) is still refused. Fast tier: in-memory stores, no ser
 from __future__ import annotations
 
 import uuid
+import zlib
 
 import numpy as np
 import pyarrow as pa
@@ -45,9 +46,17 @@ def test_the_stamp_reaches_the_segment_bytes(tmp_path):
         rows = _rows(s, 3)
         check_batch(rows.batch, MessageLimits(), c_array=rows.c_array())
         s.append_batch(rows)
+        groups = build_rows({"topic": ["t"] * 2, "body": [b"g0", b"g1"],
+                             "message_group": ["g-a", "g-d"]}, 2, store_host="h",
+                            now_ms=BUILD_MS, topic="t")
+        r = s.append_batch(groups)             # the store chooses their queues: a new batch
     with Store.open(url, start_services=False) as s:
-        assert _times(s, "store_timestamp") == [BUILD_MS + 3_000] * 3
-        assert _times(s, "born_timestamp") == [BUILD_MS] * 3
+        assert _times(s, "store_timestamp") == [BUILD_MS + 3_000] * 5
+        assert _times(s, "born_timestamp") == [BUILD_MS] * 5
+        by_queue = {row["body"]: row["queue_id"] for q in range(2)    # as the bytes say
+                    for row in s.read_table("t", q, 0).to_pylist()}
+        assert [by_queue[b"g0"], by_queue[b"g1"]] == r.queue_ids.tolist() == \
+            [zlib.crc32(g) % 2 for g in (b"g-a", b"g-d")] == [0, 1]
 
 
 def _times(store, column: str) -> list:
