@@ -19,14 +19,13 @@ with :func:`stamp_store_time` (a new column).
 """
 from __future__ import annotations
 
-import sys
 from typing import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from . import format as fmt
-from .batch import build_segment_batch
+from .batch import build_segment_batch, time_column, time_values
 from .dispatch import binary_lengths
 
 try:
@@ -79,7 +78,7 @@ class BuiltRows:
     def stamp(self, ts_ms: int) -> np.ndarray:
         """Set every row's store time to ``ts_ms`` (in place: the batch's column reads
         it); the store times as int64 ms, what dispatch keeps."""
-        self._buf[:] = ts_ms.to_bytes(8, sys.byteorder, signed=True) * len(self.times)
+        self._buf[:] = time_values(ts_ms, len(self.times))
         return self.times
 
     @staticmethod
@@ -142,5 +141,5 @@ def _export(batch: pa.RecordBatch) -> tuple:
 
 def _own_times(ms: int, n: int) -> tuple[bytearray, pa.Array]:
     """``n`` store times ``ms`` in a new writable buffer: (the buffer, the column)."""
-    buf = bytearray(ms.to_bytes(8, sys.byteorder, signed=True) * n)
-    return buf, pa.Array.from_buffers(fmt.TS, n, [None, pa.py_buffer(buf)])
+    buf = bytearray(time_values(ms, n))
+    return buf, time_column(buf, n)

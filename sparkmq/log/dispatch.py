@@ -60,16 +60,6 @@ def binary_lengths(arr: pa.Array) -> np.ndarray:
     return pc.binary_length(arr).fill_null(0).to_numpy().astype(np.int32)
 
 
-def binary_total(arr: pa.Array) -> int:
-    """The bytes of a binary array's values: its last offset less its first when no
-    value is null (Arrow lets a null's span be non-empty), else the lengths added up."""
-    if arr.type == pa.binary() and arr.null_count == 0 and len(arr):
-        offsets, at = arr.buffers()[1], arr.offset * 4
-        return _INT32.unpack_from(offsets, at + 4 * len(arr))[0] - \
-            _INT32.unpack_from(offsets, at)[0]
-    return int(binary_lengths(arr).sum())
-
-
 def distinct_strings(arr: pa.Array) -> list:
     """The distinct values of a string (or binary) array, in first-seen order, as
     ``pc.unique`` gives them. The usual batch has one topic: that is found from the
