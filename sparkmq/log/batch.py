@@ -511,8 +511,9 @@ class BatchBuilder:
             qids = self.chooser.choose(qcol, names, idx, [c.write_queue_nums for c in confs],
                                        n, batch.column(_MESSAGE_GROUP_COLUMN))
             batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))
-        return batch, RowInfo(names, idx, qids, sizes, *(
-            (None, None) if built is None else (built.given, built.queue)))
+        if built is None:
+            return batch, RowInfo(names, idx, qids, sizes)
+        return batch, RowInfo(names, idx, qids, sizes, given=built.given, queue=built.queue)
 
     def normalize(self, table: pa.Table, *, limits_checked: bool = False) -> pa.RecordBatch:
         """A batch in SEGMENT_SCHEMA from a table with at least ``topic`` and ``body``
