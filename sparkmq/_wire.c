@@ -1,7 +1,8 @@
 /* sparkmq._wire: the RocketMQ 5 SendMessage request of plain messages (NORMAL, one
  * topic, each with its id, born host and time; a tag and keys or not) turned into
  * column buffers, and its all-OK answer turned into bytes, without a Python object
- * per message (docs/ARCHITECTURE.md, "The plain gRPC send").
+ * per message (docs/ARCHITECTURE.md, "The plain gRPC send"); and, for sparkmq's
+ * Producer, such a request made from the bodies (``encode_plain``).
  *
  * Input is the client's bytes, read before upb sees them: every read is bounds-checked,
  * and the scanner accepts nothing upb would refuse (every string field it takes, the
@@ -589,9 +590,73 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(encode_plain_doc,
+"encode_plain(head, bodies, prefix, start) -> bytes\n\n"
+"A serialized SendMessageRequest of len(bodies) plain messages (the client's side of\n"
+"``scan_plain``): message i is ``head`` (its serialized fields before the message id:\n"
+"topic and system properties, ending with the id's key and length), its id ``prefix``\n"
+"(20 ASCII bytes) followed by the 12 upper-case hex digits of (start + i) mod 2**48,\n"
+"then its body, ``bodies[i]`` (bytes). sparkmq.client.producer._encode_plain gives the\n"
+"same bytes in Python.");
+
+static PyObject *encode_plain(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer head, prefix;
+    PyObject *bodies, *out = NULL;
+    unsigned long long start;
+    if (!PyArg_ParseTuple(args, "y*O!y*K", &head, &PyList_Type, &bodies, &prefix, &start))
+        return NULL;
+    static const char hex[] = "0123456789ABCDEF";
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    size_t fixed = (size_t)head.len + 32 + 1, total = 0;
+    if (prefix.len != 20) {
+        PyErr_SetString(PyExc_ValueError, "encode_plain: the id prefix must be 20 bytes");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(bodies, i);
+        if (!PyBytes_CheckExact(b)) {
+            PyErr_Format(PyExc_TypeError, "encode_plain: body %zd is not bytes", i);
+            goto done;
+        }
+        size_t len = (size_t)PyBytes_GET_SIZE(b);
+        size_t inner = fixed + varint_size(len) + len;
+        total += 1 + varint_size(inner) + inner;
+    }
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    if (out == NULL)
+        goto done;
+    uint8_t *p = (uint8_t *)PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *b = PyList_GET_ITEM(bodies, i);
+        size_t len = (size_t)PyBytes_GET_SIZE(b);
+        *p++ = 0x0A;                              /* SendMessageRequest.messages = 1 */
+        p = put_varint(p, fixed + varint_size(len) + len);
+        memcpy(p, head.buf, (size_t)head.len);
+        p += head.len;
+        memcpy(p, prefix.buf, 20);
+        uint64_t id = (start + (uint64_t)i) & 0xFFFFFFFFFFFFULL;
+        for (int d = 11; d >= 0; d--) {
+            p[20 + d] = (uint8_t)hex[id & 0xF];
+            id >>= 4;
+        }
+        p += 32;
+        *p++ = 0x22;                              /* Message.body = 4 */
+        p = put_varint(p, len);
+        memcpy(p, PyBytes_AS_STRING(b), len);
+        p += len;
+    }
+done:
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&prefix);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"scan_plain", (PyCFunction)(void (*)(void))scan_plain, METH_FASTCALL, scan_plain_doc},
     {"encode_ok", encode_ok, METH_VARARGS, encode_ok_doc},
+    {"encode_plain", encode_plain, METH_VARARGS, encode_plain_doc},
     {NULL, NULL, 0, NULL},
 };
 

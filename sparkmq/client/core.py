@@ -28,7 +28,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import hmac
-import itertools
 import threading
 import time
 import uuid
@@ -107,19 +106,34 @@ class Message:
 
 class MessageIds:
     """Unique message ids: a random per-process prefix and a counter (32 hex digits,
-    like RocketMQ's unique key). Thread-safe (itertools.count is atomic under the GIL)."""
+    like RocketMQ's unique key): the prefix's 20 digits, then the counter's 12 (mod
+    2**48). Thread-safe: ``take`` reserves a block of counter values under a lock."""
 
     def __init__(self):
-        self._prefix = uuid.uuid4().hex[:20].upper()
-        self._prefix_ascii = self._prefix.encode("ascii")
-        self._counter = itertools.count()
+        self.prefix = uuid.uuid4().hex[:20].upper()
+        self.prefix_ascii = self.prefix.encode("ascii")
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> int:
+        """Reserve ``n`` consecutive counter values; the first (ids: ``prefix`` and
+        each value's 12 hex digits, as ``sparkmq._wire.encode_plain`` writes them)."""
+        with self._lock:
+            start = self._next
+            self._next = start + n
+        return start
 
     def next(self) -> str:
-        return f"{self._prefix}{next(self._counter) & 0xFFFFFFFFFFFF:012X}"
+        return f"{self.prefix}{self.take(1) & 0xFFFFFFFFFFFF:012X}"
+
+    def many(self, n: int) -> list[str]:
+        """``n`` ids, one block of the counter."""
+        start, prefix = self.take(n), self.prefix
+        return [f"{prefix}{c & 0xFFFFFFFFFFFF:012X}" for c in range(start, start + n)]
 
     def next_ascii(self) -> bytes:
         """``next()`` as ASCII bytes (for requests encoded by hand)."""
-        return b"%s%012X" % (self._prefix_ascii, next(self._counter) & 0xFFFFFFFFFFFF)
+        return b"%s%012X" % (self.prefix_ascii, self.take(1) & 0xFFFFFFFFFFFF)
 
 
 def now_timestamp():

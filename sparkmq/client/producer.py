@@ -59,6 +59,11 @@ from .flight import (TRANSPORTS, _FlightDown, FlightTransport, ack_status, fligh
 from .transaction import (TelemetryStreams, TransactionResolution, as_resolution,
                           end_transaction)
 
+try:
+    from .. import _wire
+except ImportError:     # not built here (no C compiler): requests are encoded in Python
+    _wire = None
+
 log = logging.getLogger("sparkmq.client.producer")
 
 # Statuses after which another broker may well succeed (nothing was stored).
@@ -150,12 +155,12 @@ class Producer:
         stored as one record batch). All must share one topic and one sharding key (or none)."""
         if not messages:
             raise UserError("send_batch needs at least one message")
-        topics = {m.topic for m in messages}
-        groups = {m.message_group for m in messages}
-        if len(topics) != 1 or len(groups) != 1:
+        topic, group = messages[0].topic, messages[0].message_group
+        if not all(m.topic == topic and m.message_group == group for m in messages):
             raise UserError("a batch must have one topic and one message_group; got topics "
-                            f"{sorted(topics)} and groups {sorted(map(str, groups))}")
-        return self._send(list(messages), topics.pop(), groups.pop())
+                            f"{sorted({m.topic for m in messages})} and groups "
+                            f"{sorted({str(m.message_group) for m in messages})}")
+        return self._send(list(messages), topic, group)
 
     def send_async(self, message: Message,
                    callback: Callable[[SendReceipt | None, BaseException | None], None] | None = None
@@ -270,7 +275,7 @@ class Producer:
             ids = None
         else:                  # the ids and born time of both transports' requests
             request = None
-            ids = [self._ids.next() for _ in messages]
+            ids = self._ids.many(len(messages))
             born = now_timestamp()
         batch = None
         tried: list[str] = []
@@ -446,7 +451,8 @@ def _encode_plain(messages: list[Message], host: str, ids: MessageIds,
     fields without body and id (topic, system properties) + its own 32-byte message id
     (appended inside the system properties: protobuf parsers accept fields in any order)
     + its body. ~3x cheaper than filling protocol messages (no per-field calls, no
-    second copy of the bodies by ``SerializeToString``)."""
+    second copy of the bodies by ``SerializeToString``); with new ids (``MessageIds``)
+    ``sparkmq._wire.encode_plain`` writes the same bytes in C, ~10x cheaper again."""
     proto = pb.Message()
     messages[0].fill_pb(proto, host, "", born)
     proto.ClearField("body")
@@ -454,6 +460,10 @@ def _encode_plain(messages: list[Message], host: str, ids: MessageIds,
     proto.ClearField("system_properties")
     head = (proto.SerializeToString() + _MESSAGE_SYSTEM_PROPERTIES
             + _varint(len(sp) + len(_MESSAGE_ID_32) + 32) + sp + _MESSAGE_ID_32)
+    if _wire is not None and type(ids) is MessageIds:
+        bodies = [m.body for m in messages]
+        return EncodedSendRequest(_wire.encode_plain(head, bodies, ids.prefix_ascii,
+                                                     ids.take(len(bodies))), len(bodies))
     fixed = len(head) + 32 + len(_MESSAGE_BODY)
     parts: list[bytes] = []
     extend, next_id, varint = parts.extend, ids.next_ascii, _varint
@@ -468,15 +478,22 @@ def _encode_plain(messages: list[Message], host: str, ids: MessageIds,
 
 def _receipts(entries, broker_name: str, endpoint: str, all_ok: bool) -> list[SendReceipt]:
     """One SendReceipt per response entry, made without the frozen dataclass's
-    ``__init__`` (it sets each field through ``object.__setattr__``): ~1.2 instead of
+    ``__init__`` (it sets each field through ``object.__setattr__``): each gets a copy of
+    one dict of the fields they share, and its own three (four) set: ~0.5 instead of
     ~3.7 us per receipt, the larger part of the client's work on a batch's answer."""
     out: list[SendReceipt] = []
-    append, new, ok = out.append, object.__new__, Code.OK
+    append, new, set_dict = out.append, object.__new__, object.__setattr__
+    shared = {"message_id": "", "queue_offset": 0, "broker_name": broker_name,
+              "endpoint": endpoint, "status_code": Code.OK, "recall_handle": "",
+              "queue_id": None, "transport": "grpc"}
     for e in entries:
+        fields = shared.copy()
+        fields["message_id"], fields["queue_offset"], fields["recall_handle"] = \
+            e.message_id, e.offset, e.recall_handle
+        if not all_ok:
+            fields["status_code"] = e.status.code
         x = new(SendReceipt)
-        vars(x).update(message_id=e.message_id, queue_offset=e.offset, broker_name=broker_name,
-                       endpoint=endpoint, status_code=ok if all_ok else e.status.code,
-                       recall_handle=e.recall_handle, queue_id=None, transport="grpc")
+        set_dict(x, "__dict__", fields)
         append(x)
     return out
 
