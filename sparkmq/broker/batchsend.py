@@ -102,17 +102,27 @@ class BatchSender:
         MessageLimitError (a row's body or input limits, with the proxy's status),
         PermissionDeniedError / ReplicaNotAvailableError (the broker may not append).
         Nothing is stored."""
+        return self.check_columns(dict(zip(batch.schema.names, batch.columns)),
+                                  batch.num_rows, topics)
+
+    def check_columns(self, cols: dict[str, pa.Array], n: int, topics: list[str], *,
+                      body_sizes: np.ndarray | None = None) -> BuiltRows:
+        """``check`` of a send batch given as its columns (name -> array of ``n`` rows),
+        ``body_sizes`` each body's bytes if the caller measured them: a plain RocketMQ
+        request's columns, read from the client's bytes, are checked without being put
+        in a batch first."""
         sender, broker = self.broker.sender, self.broker
-        names = batch.schema.names
         for t in topics:
             refused = sender.topic_refusal(t)
             if refused is not None:
                 raise UserError(refused.message)
             if broker.config.enable_topic_message_type_check:
-                self._check_types(batch if len(topics) == 1 else
-                                  batch.filter(pc.equal(batch.column("topic"), t)), t, names)
+                groups = cols.get("message_group")
+                if groups is not None and len(topics) > 1:
+                    groups = groups.filter(pc.equal(cols["topic"], t))
+                self._check_types(groups, t)
         sender.check_append()
-        rows = self._segment_batch(batch, topics, names)
+        rows = self._segment_batch(cols, n, topics, body_sizes)
         self._check_limits(rows)
         return rows
 
@@ -152,14 +162,14 @@ class BatchSender:
         r = self.broker.store.append_batch(rows)
         return Stored(r, self.broker.sender.replicated(r), 0, r.num_rows)
 
-    def _segment_batch(self, batch: pa.RecordBatch, topics: list[str],
-                       names: list[str]) -> BuiltRows:
-        """``batch`` in SEGMENT_SCHEMA, built by the log's one builder (the store's no-cast
-        path; queue ids chosen by the store): all-null columns are left to the schema's
-        defaults, and a row with a message group is FIFO, as the RocketMQ path stores it.
-        (valid Arrow, checked by the callers before ``check``; its bodies measured here.)"""
-        n = batch.num_rows
-        cols = {name: col for name, col in zip(names, batch.columns)
+    def _segment_batch(self, given: dict[str, pa.Array], n: int, topics: list[str],
+                       body_sizes: np.ndarray | None) -> BuiltRows:
+        """The columns ``given`` in SEGMENT_SCHEMA, built by the log's one builder (the
+        store's no-cast path; queue ids chosen by the store): all-null columns are left to
+        the schema's defaults, and a row with a message group is FIFO, as the RocketMQ path
+        stores it. (valid Arrow, checked by the callers before ``check``; its bodies
+        measured here unless ``body_sizes`` gives them.)"""
+        cols = {name: col for name, col in given.items()
                 if name in ("topic", "body") or col.null_count < n}
         if "message_group" in cols:
             cols["message_type"] = group_message_types(cols["message_group"])
@@ -169,8 +179,10 @@ class BatchSender:
             cols["queue_id"] = constant_column(one, pa.int32(), n)
         else:
             cols["queue_id"] = self._placed(cols, n)
+        if body_sizes is None:
+            body_sizes = binary_lengths(cols["body"])
         return build_rows(cols, n, store_host=self.broker.store.config.store_host,
-                          now_ms=self.broker.clock_ms(), body_sizes=binary_lengths(cols["body"]),
+                          now_ms=self.broker.clock_ms(), body_sizes=body_sizes,
                           topic=topics[0] if len(topics) == 1 else None, queue=one)
 
     def _placed(self, cols: dict, n: int) -> pa.Array:
@@ -188,14 +200,13 @@ class BatchSender:
         placed = sender.request_queues(cols["topic"].to_pylist(), free.to_pylist())
         return pc.if_else(free, pa.array(placed, pa.int32()), own)
 
-    def _check_types(self, rows: pa.RecordBatch, topic: str, names: list[str]) -> None:
-        """Rows (of ``topic``; columns ``names``) with a message group are FIFO, the others
-        NORMAL (the proxy's reading); each type present must be one the topic accepts."""
+    def _check_types(self, groups: pa.Array | None, topic: str) -> None:
+        """Rows (of ``topic``; ``groups`` their message groups, None: no row has one)
+        with a message group are FIFO, the others NORMAL (the proxy's reading); each type
+        present must be one the topic accepts."""
         expected = topic_message_type(self.broker.topic_conf(topic))
-        groups = rows.column("message_group").null_count \
-            if "message_group" in names else rows.num_rows
-        present = ({"NORMAL"} if groups else set()) | \
-            ({"FIFO"} if groups < rows.num_rows else set())
+        present = ({"NORMAL"} if groups is None or groups.null_count else set()) | \
+            ({"FIFO"} if groups is not None and groups.null_count < len(groups) else set())
         for actual in sorted(present):
             why = type_conflict(expected, actual)
             if why is not None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pyarrow as pa
 from rocketmq.grpc_protocol import service_pb2 as spb
 
@@ -83,21 +84,36 @@ def parsed(request) -> spb.SendMessageRequest:
     return request.parsed() if isinstance(request, PlainRequest) else request
 
 
-def plain_batch(request) -> tuple[pa.RecordBatch, str] | None:
-    """``request`` as a Flight send batch (topic, body, unique_key, born_timestamp,
-    born_host; tags and keys where a row has them: an empty tag is none, as the proxy
-    reads it) and its one topic, if it is plain; else None. A parsed SendMessageRequest
-    (a caller in process) is serialized for the scanner."""
+class PlainColumns:
+    """A plain request's rows as a send batch's columns (topic, body, unique_key,
+    born_timestamp, born_host; tags and keys where a row has them: an empty tag is
+    none, as the proxy reads it): ``columns`` (name -> array, no copy of the client's
+    bytes), ``n`` rows, their one ``topic``, and ``body_sizes`` (each body's bytes, from
+    the scanner's offsets)."""
+
+    __slots__ = ("columns", "n", "topic", "body_sizes")
+
+    def __init__(self, columns: dict, n: int, topic: str, body_sizes: np.ndarray):
+        self.columns, self.n, self.topic, self.body_sizes = columns, n, topic, body_sizes
+
+    def batch(self) -> pa.RecordBatch:
+        """The columns as one record batch (for inspection and tests)."""
+        return pa.RecordBatch.from_pydict(self.columns)
+
+
+def plain_columns(request) -> PlainColumns | None:
+    """``request``'s columns if it is plain, else None. A parsed SendMessageRequest (a
+    caller in process) is serialized for the scanner."""
     if isinstance(request, PlainRequest):
-        return batch_of(request.scanned)
+        return columns_of(request.scanned)
     if _wire is None or len(request.messages) < MIN_MESSAGES:
         return None
     scanned = _wire.scan_plain(request.SerializeToString())
-    return None if scanned is None else batch_of(scanned)
+    return None if scanned is None else columns_of(scanned)
 
 
-def batch_of(scanned: tuple) -> tuple[pa.RecordBatch, str]:
-    """``_wire.scan_plain``'s buffers as a Flight send batch (no copy) and its topic."""
+def columns_of(scanned: tuple) -> PlainColumns:
+    """``_wire.scan_plain``'s buffers as a send batch's columns (no copy)."""
     (topic, n, bodies, body_offsets, ids, id_offsets, hosts, host_offsets, borns,
      tag_bits, tag_nulls, tag_offsets, tags, key_bits, key_nulls, key_lists, key_offsets,
      keys) = scanned
@@ -107,35 +123,33 @@ def batch_of(scanned: tuple) -> tuple[pa.RecordBatch, str]:
         return pa.Array.from_buffers(kind, rows, [pa.py_buffer(valid) if nulls else None,
                                                   pa.py_buffer(offsets), pa.py_buffer(data)],
                                      null_count=nulls)
-    arrays = [constant_column(topic, pa.string(), n), column(pa.binary(), body_offsets, bodies),
-              column(pa.string(), id_offsets, ids),
-              pa.Array.from_buffers(_BORN, n, [None, pa.py_buffer(borns)]),
-              column(pa.string(), host_offsets, hosts)]
-    names = ["topic", "body", "unique_key", "born_timestamp", "born_host"]
+    cols = {"topic": constant_column(topic, pa.string(), n),
+            "body": column(pa.binary(), body_offsets, bodies),
+            "unique_key": column(pa.string(), id_offsets, ids),
+            "born_timestamp": pa.Array.from_buffers(_BORN, n, [None, pa.py_buffer(borns)]),
+            "born_host": column(pa.string(), host_offsets, hosts)}
     if tag_nulls < n:                      # (a column no row sets is left out)
-        arrays.append(column(pa.string(), tag_offsets, tags, valid=tag_bits, nulls=tag_nulls))
-        names.append("tags")
+        cols["tags"] = column(pa.string(), tag_offsets, tags, valid=tag_bits, nulls=tag_nulls)
     if key_nulls < n:
         values = column(pa.string(), key_offsets, keys, rows=len(key_offsets) // 4 - 1)
-        arrays.append(pa.Array.from_buffers(
+        cols["keys"] = pa.Array.from_buffers(
             _KEYS, n, [pa.py_buffer(key_bits) if key_nulls else None, pa.py_buffer(key_lists)],
-            null_count=key_nulls, children=[values]))
-        names.append("keys")
-    batch = pa.RecordBatch.from_arrays(arrays, names=names)
-    return batch, topic
+            null_count=key_nulls, children=[values])
+    offsets = np.frombuffer(body_offsets, np.int32)
+    return PlainColumns(cols, n, topic, offsets[1:] - offsets[:-1])
 
 
 def send_plain(broker, request, context) -> "bytes | spb.SendMessageResponse | None":
     """The answer to ``request`` if it is plain and may be stored as it is: the encoded
     SendMessageResponse (or, when the store answers other than PUT_OK, the general
     path's ``send_response``); None for the general path, with nothing stored."""
-    scanned = plain_batch(request)
-    if scanned is None:
+    plain = plain_columns(request)
+    if plain is None:
         return None
-    batch, topic = scanned
+    topic = plain.topic
     core = broker.batch_sender
     try:
-        rows = core.check(batch, [topic])
+        rows = core.check_columns(plain.columns, plain.n, [topic], body_sizes=plain.body_sizes)
     # a refusal before anything is stored: the general path answers each message
     # with its own status, as it would have without this path (and anything
     # unexpected here is logged, and left to the general path too)
@@ -144,7 +158,7 @@ def send_plain(broker, request, context) -> "bytes | spb.SendMessageResponse | N
             log.error("a plain send's checks failed unexpectedly", exc_info=e)
         return None
     notifier = broker.notifier
-    n, arrived = batch.num_rows, set()
+    n, arrived = plain.n, set()
     try:
         with notifier.deferred() as arrived:
             stored = core.store(rows, [topic])
@@ -156,7 +170,7 @@ def send_plain(broker, request, context) -> "bytes | spb.SendMessageResponse | N
         return send_response([error_status(e)] * n)
     finally:
         notifier.wake_after_reply(arrived, context)   # (as grpc_service._store_rows)
-    ids = batch.column("unique_key")
+    ids = plain.columns["unique_key"]
     if stored.status is PutMessageStatus.PUT_OK:
         return _wire.encode_ok(_OK_STATUS, ids.buffers()[2], ids.buffers()[1],
                                stored.queue_offsets.astype("int64").tobytes())

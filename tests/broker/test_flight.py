@@ -421,6 +421,13 @@ def test_the_topics_message_type_is_checked(broker):
     _send(client, opts, _batch("N", [b"y"], message_group=[""], tags=[""]))
     row = _get(client, opts, topic="N", queue=0, offset=0, max=10).to_pylist()[0]
     assert (row["message_group"], row["tags"], row["message_type"]) == (None, None, 0)
+    # one batch of both topics: each topic's rows are held to its own type
+    two = pa.RecordBatch.from_pydict({"topic": ["F", "N", "F"], "body": [b"1", b"2", b"3"],
+                                      "message_group": ["g", None, "h"]})
+    assert _send(client, opts, two).num_rows == 3
+    with pytest.raises(Exception, match="expected type is NORMAL"):
+        _send(client, opts, pa.RecordBatch.from_pydict({
+            "topic": ["F", "N"], "body": [b"1", b"2"], "message_group": ["g", "g"]}))
 
 
 def test_credentials_and_acls_as_on_the_rocketmq_path(make_broker):

@@ -104,8 +104,8 @@ def test_short_requests_take_the_general_path(monkeypatch):
     s = plain.system_properties
     s.message_id, s.message_type, s.born_host = "01AB", pb.NORMAL, "10.1.2.3"
     s.born_timestamp.seconds = 1_700_000_000
-    assert plainsend.plain_batch(spb.SendMessageRequest(messages=[plain] * (n - 1))) is None
-    assert plainsend.plain_batch(spb.SendMessageRequest(messages=[plain] * n)) is not None
+    assert plainsend.plain_columns(spb.SendMessageRequest(messages=[plain] * (n - 1))) is None
+    assert plainsend.plain_columns(spb.SendMessageRequest(messages=[plain] * n)) is not None
 
 
 @pytest.fixture(scope="module")
@@ -133,14 +133,17 @@ def test_the_c_reader_is_built_and_takes_the_clients_plain_requests():
     tagged.CopyFrom(official)
     tagged.system_properties.tag = "TagA"
     tagged.system_properties.keys.extend(["order-1", "user-2"])
-    batch, topic = plainsend.plain_batch(spb.SendMessageRequest(messages=[official, tagged]))
+    plain = plainsend.plain_columns(spb.SendMessageRequest(messages=[official, tagged]))
+    batch, topic = plain.batch(), plain.topic
     assert topic == "T" and batch.column("unique_key").to_pylist() == ["01AB", "01AB"]
     assert batch.column("tags").to_pylist() == [None, "TagA"]
     assert batch.column("keys").to_pylist() == [None, ["order-1", "user-2"]]
     own = _encode_plain([Message("T", b"a"), Message("T", b"bc")], "10.0.0.9",
                         _GivenIds(["A" * 32, "B" * 32]), now_timestamp())
-    batch, _ = plainsend.plain_batch(spb.SendMessageRequest.FromString(own.data))
+    plain = plainsend.plain_columns(spb.SendMessageRequest.FromString(own.data))
+    batch = plain.batch()
     assert batch.column("body").to_pylist() == [b"a", b"bc"]
+    assert plain.body_sizes.tolist() == [1, 2] and plain.n == 2
     assert batch.column("unique_key").to_pylist() == ["A" * 32, "B" * 32]
 
 
@@ -151,8 +154,10 @@ def _scanned_as_upb_reads(data: bytes) -> None:
     if got is None:
         return
     req = spb.SendMessageRequest.FromString(data)       # a tuple: the bytes decode
-    batch, topic = plainsend.batch_of(got)
+    plain = plainsend.columns_of(got)
+    batch, topic = plain.batch(), plain.topic
     batch.validate(full=True)
+    assert plain.body_sizes.tolist() == [len(b) for b in batch.column("body").to_pylist()]
     ms = list(req.messages)
     assert all(m.topic.name == topic for m in ms)
     borns = batch.column("born_timestamp").cast(pa.int64()).to_pylist()   # (past 9999 too)
@@ -255,7 +260,7 @@ def test_the_deserializer_reads_a_plain_request_without_upb():
     got = read(data)
     assert isinstance(got, plainsend.PlainRequest) and got.topic == "T"
     assert got.parsed() == spb.SendMessageRequest.FromString(data)
-    assert plainsend.plain_batch(got)[0].column("tags").to_pylist() == ["TagA"]
+    assert plainsend.plain_columns(got).batch().column("tags").to_pylist() == ["TagA"]
     with pytest.MonkeyPatch.context() as m:
         m.setattr(plainsend, "MIN_MESSAGES", 2)
         assert isinstance(read(data), spb.SendMessageRequest)          # too short
