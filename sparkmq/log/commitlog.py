@@ -29,6 +29,10 @@ from . import format as fmt
 from . import segment as seg
 from .fs import StoreFS
 
+# The active segment's blocks are allocated this far ahead of its end (given back when it
+# closes): an append then only copies its bytes (bench/README.md, "allocated ahead").
+ALLOCATE_AHEAD_BYTES = 8 << 20
+
 
 @dataclass
 class SegmentRef:
@@ -115,9 +119,16 @@ class CommitLog:
             return self._segments[0].base_offset if self._segments else 0
 
     # -- appending ---------------------------------------------------------
+    def writer(self, rel_path: str, base_offset: int, *, create: bool) -> seg.SegmentWriter:
+        """The writer of segment ``rel_path`` (new or continued; the master's appends and
+        a replica's copies alike), its blocks allocated ``ALLOCATE_AHEAD_BYTES`` ahead
+        (at most the segment size)."""
+        return seg.SegmentWriter(self.sfs, rel_path, base_offset, create=create,
+                                 reserve=min(ALLOCATE_AHEAD_BYTES, self.segment_size_bytes))
+
     def open_active(self, ref: SegmentRef) -> None:
         """Continue appending to an existing (recovered) segment."""
-        self.active = seg.SegmentWriter(self.sfs, ref.path, ref.base_offset, create=False)
+        self.active = self.writer(ref.path, ref.base_offset, create=False)
         with self._lock:
             ref.size = self.active.size
             ref.sealed = False
@@ -125,7 +136,7 @@ class CommitLog:
 
     def _new_segment(self, base: int) -> None:
         rel = fmt.segment_file(base)
-        self.active = seg.SegmentWriter(self.sfs, rel, base, create=True)
+        self.active = self.writer(rel, base, create=True)
         self.segments_created += 1
         self.add_segment(SegmentRef(rel, base, self.active.size, False))
         self.written_offset = base + self.active.size

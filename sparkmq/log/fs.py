@@ -407,6 +407,34 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
     return _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE) == 0
 
 
+_FALLOC_FL_KEEP_SIZE = 1      # linux/falloc.h
+_fallocate = None             # libc's fallocate, looked up on first use (False: none)
+
+
+def preallocate(fd: int, offset: int, nbytes: int) -> bool:
+    """Allocate the disk blocks of ``[offset, offset + nbytes)`` of ``fd`` now, without
+    changing its size (Linux ``fallocate(FALLOC_FL_KEEP_SIZE)``), so appends into them
+    only copy: an append that has to allocate as it goes costs several times as much
+    (110 KB on ext4 here: 27-200 us against 20). Readers see nothing of it (the size is
+    unchanged); ``ftruncate`` to the size gives the blocks back. False where the call
+    does not exist or fails (no space, a file system without it): nothing promised."""
+    global _fallocate
+    if _fallocate is None:
+        _fallocate = False
+        try:
+            import ctypes
+            import ctypes.util
+            fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).fallocate
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+            fn.restype = ctypes.c_int
+            _fallocate = fn
+        except (OSError, AttributeError):
+            pass
+    if not _fallocate:
+        return False
+    return _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, nbytes) == 0
+
+
 def _map(path: str) -> pa.Buffer:
     """Memory-map a whole file; the buffer keeps the map alive (zero copy)."""
     with pa.memory_map(path, "r") as mm:

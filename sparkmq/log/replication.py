@@ -195,7 +195,7 @@ class ReplicaLog:
             os.close(os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
             st.sfs.forget(path)
             with self._dispatch_lock:
-                cl.active = seg.SegmentWriter(st.sfs, path, base_offset, create=False)
+                cl.active = cl.writer(path, base_offset, create=False)
                 cl.add_segment(SegmentRef(path, base_offset, 0, False))
                 cl.written_offset = base_offset
                 cl.flushed_offset = max(cl.flushed_offset, base_offset) if segs else base_offset
@@ -347,7 +347,7 @@ class ReplicaLog:
                                   "open segment")
         ref = segs[-1]
         self._close_peek()
-        cl.active = seg.SegmentWriter(self.store.sfs, path, ref.base_offset, create=False)
+        cl.active = cl.writer(path, ref.base_offset, create=False)
         if cl.active.size != ref.size:
             raise HAProtocolError(f"segment {path} has {cl.active.size} bytes on disk but "
                                   f"{ref.size} recovered")
@@ -492,7 +492,7 @@ class ReplicaLog:
             if dropped:
                 a.close()
                 st.sfs.truncate(ref.path, keep)
-                cl.active = a = seg.SegmentWriter(st.sfs, ref.path, ref.base_offset, create=False)
+                cl.active = a = cl.writer(ref.path, ref.base_offset, create=False)
             if a.size < seg.HEADER_SIZE:
                 a.append(seg.SCHEMA_BYTES[a.size:])
             cl.set_size(ref, a.size)

@@ -31,7 +31,7 @@ import pyarrow as pa
 from ..errors import CorruptStoreError
 from . import checksum
 from . import format as fmt
-from .fs import StoreFS, start_writeback
+from .fs import StoreFS, preallocate, start_writeback
 
 try:
     from .. import _ipc
@@ -312,14 +312,19 @@ def iter_batches(buf: pa.Buffer, start: int, end: int) -> Iterator[tuple[int, pa
 class SegmentWriter:
     """Appends serialized batches to one segment file.
 
-    Local disks: an ``O_APPEND`` file descriptor, ``fsync`` on flush.
-    Other fsspec backends (no append on object stores): the segment's bytes are
+    Local disks: an ``O_APPEND`` file descriptor, ``fsync`` on flush; with ``reserve``
+    (bytes), the blocks ahead of the end are allocated that many at a time
+    (:func:`~sparkmq.log.fs.preallocate`, the size unchanged) and given back at close,
+    as RocketMQ maps its CommitLog files whole. Other fsspec backends (no append on object stores): the segment's bytes are
     kept in memory and the whole object is re-put at each flush, so use small
     segments there. Not thread-safe.
     """
 
-    def __init__(self, sfs: StoreFS, rel_path: str, base_offset: int, *, create: bool):
+    def __init__(self, sfs: StoreFS, rel_path: str, base_offset: int, *, create: bool,
+                 reserve: int = 0):
         self.sfs = sfs
+        self._reserve = reserve     # bytes allocated ahead at a time (0: none)
+        self._reserved = 0          # the file's blocks are allocated up to here
         self.rel_path = rel_path
         self.base_offset = base_offset
         self._fd: int | None = None
@@ -365,6 +370,8 @@ class SegmentWriter:
         pos = self.size
         if self._fd is not None:
             self._cut_torn_tail()
+            if pos + len(data) > self._reserved and self._reserve:
+                self._allocate_ahead(pos + len(data))
             view = memoryview(data)
             written = 0
             try:
@@ -381,6 +388,16 @@ class SegmentWriter:
         self.dirty = True
         return pos
 
+    def _allocate_ahead(self, end: int) -> None:
+        """Allocate the blocks up to ``end`` and ``reserve`` bytes more; where that fails
+        (no space, no support), this segment's appends allocate as they go."""
+        start = max(self.size, self._reserved)
+        nbytes = max(self._reserve, end - start)
+        if preallocate(self._fd, start, nbytes):
+            self._reserved = start + nbytes
+        else:
+            self._reserve = 0
+
     def _cut_torn_tail(self, *, raise_on_failure: bool = True) -> None:
         """Truncate the file back to ``size`` after a partial write (``_torn``)."""
         if not self._torn:
@@ -388,6 +405,7 @@ class SegmentWriter:
         try:
             os.ftruncate(self._fd, self.size)
             self._torn = False
+            self._reserved = self.size          # (the cut gave the blocks past it back)
             log.warning("segment %s: cut a partial write back to %d bytes", self.rel_path,
                         self.size)
         except OSError as exc:
@@ -404,6 +422,8 @@ class SegmentWriter:
             raise OSError(errno.EINVAL, f"{self.rel_path}: not a local file")
         if self._splice_fd is None:   # positional writes: splice refuses O_APPEND files
             self._splice_fd = os.open(self.sfs.local_path(self.rel_path), os.O_WRONLY)
+        if self.size + count > self._reserved and self._reserve:
+            self._allocate_ahead(self.size + count)
         moved = 0
         while moved < count:
             n = os.splice(pipe_fd, self._splice_fd, count - moved, offset_dst=self.size)
@@ -442,6 +462,12 @@ class SegmentWriter:
             os.close(self._splice_fd)
             self._splice_fd = None
         if self._fd is not None:
+            if self._reserved > self.size:    # give back the blocks allocated ahead
+                try:
+                    os.ftruncate(self._fd, self.size)
+                except OSError as exc:        # unused space past the end, not data
+                    log.warning("segment %s: could not give back the space allocated "
+                                "ahead: %s", self.rel_path, exc)
             os.close(self._fd)
             self._fd = None
         self._buffer = None

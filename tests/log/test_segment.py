@@ -118,6 +118,51 @@ def test_writer_refuses_to_create_over_an_existing_local_file(local_store_url):
         seg.SegmentWriter(sfs, rel, 0, create=True)
 
 
+def test_a_writer_allocates_ahead_without_growing_the_file_and_gives_it_back(local_store_url):
+    """With ``reserve``, the blocks ahead of the end are allocated (``st_blocks``) while the
+    file's size is its bytes, which read back as a plain segment; closing gives the
+    blocks back. Where this file system cannot preallocate, appends go on without."""
+    import os
+
+    from sparkmq.log.fs import preallocate
+    sfs = StoreFS(local_store_url)
+    rel = fmt.segment_file(0)
+    reserve = 4 << 20
+    w = seg.SegmentWriter(sfs, rel, 0, create=True, reserve=reserve)
+    path = sfs.local_path(rel)
+    first = seg.serialize_batch(segment_batch(3, prefix=b"a"))
+    w.append(first)
+    with open(path + ".probe", "wb") as probe:               # (ext4, xfs, tmpfs: yes)
+        supported = preallocate(probe.fileno(), 0, 4096)
+    os.unlink(path + ".probe")
+    positions = [seg.HEADER_SIZE] + [w.append(seg.serialize_batch(segment_batch(2, prefix=b"b")))
+                                     for _ in range(3)]
+    st = os.stat(path)
+    assert st.st_size == w.size                          # the size is the bytes, no more
+    if supported:
+        assert st.st_blocks * 512 >= reserve             # the blocks ahead are the file's
+    res = seg.scan(sfs.read_buffer(rel))
+    assert res.positions == positions and not res.sealed
+    w.flush(sync=True)
+    w.close()
+    st = os.stat(path)
+    assert st.st_size == res.valid_end and st.st_blocks * 512 < reserve    # given back
+    assert seg.scan(sfs.read_buffer(rel)).positions == positions
+
+
+def test_a_writer_that_cannot_allocate_ahead_appends_as_before(local_store_url, monkeypatch):
+    """A file system without ``fallocate`` (or without space for the blocks ahead): the
+    writer stops asking for this segment and every append still lands."""
+    asked = []
+    monkeypatch.setattr(seg, "preallocate", lambda fd, off, n: asked.append(n) or False)
+    sfs = StoreFS(local_store_url)
+    w = seg.SegmentWriter(sfs, fmt.segment_file(0), 0, create=True, reserve=1 << 20)
+    positions = [w.append(seg.serialize_batch(segment_batch(1, prefix=b"x"))) for _ in range(5)]
+    w.close()
+    assert asked == [1 << 20]                             # asked once, then not again
+    assert seg.scan(sfs.read_buffer(fmt.segment_file(0))).positions == positions
+
+
 def test_message_extent_needs_only_the_header():
     """The replica's walk: a message's length from its prefix and metadata alone,
     equal to message_length's; None while the header is cut; 0 at the EOS;
