@@ -1,6 +1,6 @@
 """The plain RocketMQ SendMessage request without a Python object per message.
 
-A request of at least ``MIN_MESSAGES`` messages that are all plain (one topic; NORMAL;
+A request of messages that are all plain (one topic; NORMAL;
 each with its message id, born host and born time; a tag and keys or not; no group,
 properties, delivery time or gzip: what sparkmq's Producer sends for
 ``send_batch(messages)``) is read straight from the client's bytes into Arrow column
@@ -37,12 +37,14 @@ except ImportError:     # not built here: the general path reads every request
 
 log = logging.getLogger("sparkmq.broker.send")
 
-# A request of fewer messages takes the general path: reading and checking columns has a
-# fixed cost that the general path's Python per message passes only at about this many
-# (in process, best of 7 x 300 requests of 1 KiB messages, against 6bb8542's: 1 message
-# 299-311 / 280-416 us, 8: 420-434 / 377-407, 16: 439-449 / 432-453, 32: 473-477 /
-# 504-514; 100: 575-848 / 821-927; 100 messages in callgrind: 2.7M instructions / 5.3M).
-MIN_MESSAGES = 16
+# A request of fewer messages takes the general path. Since the columns go to the store
+# unchecked a second time and without a batch of their own, the column path costs less
+# at every size, one message too (in process, CPU of 1,000 requests of 1 KiB messages, best
+# of 5, the column path / the general path: 1 message 72 / 102 us, 2: 77 / 120, 4: 83 /
+# 132, 8: 90 / 152; /tmp-style script, bench/README.md "2026-11-27 (fourth session)"):
+# every request the scanner reads takes it. (16 until then: the column path's fixed cost
+# passed the general path's Python per message only there.)
+MIN_MESSAGES = 1
 _OK_STATUS = OK.SerializeToString()
 _BORN = pa.timestamp("ms", tz="UTC")
 _KEYS = pa.list_(pa.string())
