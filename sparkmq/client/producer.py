@@ -316,14 +316,17 @@ class Producer:
             raise ClientError(f"send to {queue.broker_name} ({endpoint}): {ack.num_rows} acks "
                               f"for {batch.num_rows} messages", Code.INTERNAL_ERROR)
         out: list[SendReceipt] = []
-        append, new, ok = out.append, object.__new__, ack_status(ack)
+        append, new, set_dict = out.append, object.__new__, object.__setattr__
+        shared = {"message_id": "", "queue_offset": 0, "broker_name": queue.broker_name,
+                  "endpoint": queue.endpoint, "status_code": ack_status(ack),
+                  "recall_handle": "", "queue_id": None, "transport": "flight"}
         for qid, offset, mid in zip(ack.column("queue_id").to_pylist(),
                                     ack.column("queue_offset").to_pylist(),
                                     ack.column("message_id").to_pylist()):
+            fields = shared.copy()       # (as _receipts: no frozen __init__)
+            fields["message_id"], fields["queue_offset"], fields["queue_id"] = mid, offset, qid
             x = new(SendReceipt)
-            vars(x).update(message_id=mid, queue_offset=offset, broker_name=queue.broker_name,
-                           endpoint=queue.endpoint, status_code=ok, recall_handle="",
-                           queue_id=qid, transport="flight")
+            set_dict(x, "__dict__", fields)
             append(x)
         with self._lock:
             self.sent_over["flight"] += len(out)

@@ -35,6 +35,10 @@ def test_message_ids_are_unique_and_fixed_width():
     ids = MessageIds()
     got = [ids.next() for _ in range(10_000)] + ids.many(5_000) + [ids.next() for _ in range(9)]
     assert len(set(got)) == len(got) and {len(x) for x in got} == {32}
+    ids.take(2**48 - 10_000 - 5_000 - 9 - 2)                  # to just before the wrap
+    assert [x[20:] for x in ids.many(4)] == ["FFFFFFFFFFFE", "FFFFFFFFFFFF", "000000000000",
+                                             "000000000001"]
+    assert ids.many(2)[0][:20] == ids.prefix and ids.next()[20:] == "000000000004"
 
 
 def test_message_ids_taken_from_many_threads_at_once_never_repeat():
