@@ -315,7 +315,8 @@ class SegmentWriter:
     Local disks: an ``O_APPEND`` file descriptor, ``fsync`` on flush; with ``reserve``
     (bytes), the blocks ahead of the end are allocated that many at a time
     (:func:`~sparkmq.log.fs.preallocate`, the size unchanged) and given back at close,
-    as RocketMQ maps its CommitLog files whole. Other fsspec backends (no append on object stores): the segment's bytes are
+    as RocketMQ maps its CommitLog files whole. Other fsspec backends (no append on
+    object stores): the segment's bytes are
     kept in memory and the whole object is re-put at each flush, so use small
     segments there. Not thread-safe.
     """
@@ -389,8 +390,9 @@ class SegmentWriter:
         return pos
 
     def _allocate_ahead(self, end: int) -> None:
-        """Allocate the blocks up to ``end`` and ``reserve`` bytes more; where that fails
-        (no space, no support), this segment's appends allocate as they go."""
+        """Allocate the blocks past those allocated, ``reserve`` bytes (or up to ``end`` if
+        that is further); where that fails (no space, no support), this segment's appends
+        allocate as they go."""
         start = max(self.size, self._reserved)
         nbytes = max(self._reserve, end - start)
         if preallocate(self._fd, start, nbytes):
