@@ -114,7 +114,8 @@ class Appender:
         (``log/built.py``: rows the caller checked, built by the log's builder) skip the
         checks their caller made, and take the store time in place."""
         self.require_space()
-        built, info = data if isinstance(data, BuiltRows) else None, None
+        built = data if isinstance(data, BuiltRows) else None
+        info = None
         if built is not None:            # checked by its caller (log/built.py): not again
             batch, info = self.batches.check_segment_batch(built.batch, limits_checked=True,
                                                            built=built)

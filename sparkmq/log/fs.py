@@ -378,7 +378,22 @@ def _url_to_fs(url: str, storage_options: dict | None):
 
 
 _SYNC_FILE_RANGE_WRITE = 2     # linux/fs.h
-_sync_file_range = None       # libc's sync_file_range, looked up on first use (False: none)
+_FALLOC_FL_KEEP_SIZE = 1       # linux/falloc.h
+
+
+@functools.lru_cache(maxsize=None)
+def _libc(name: str, *argtypes):
+    """libc's function ``name`` taking ``argtypes`` (returning an int), looked up once;
+    None where there is no such function (not Linux, not glibc)."""
+    try:
+        import ctypes
+        import ctypes.util
+        fn = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), name)
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = list(argtypes)
+    fn.restype = ctypes.c_int
+    return fn
 
 
 def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
@@ -389,26 +404,9 @@ def start_writeback(fd: int, offset: int, nbytes: int) -> bool:
     later ``fdatasync`` short, since the disk works while the caller writes on.
     Returns False where the call does not exist (then nothing happened).
     """
-    global _sync_file_range
-    if _sync_file_range is None:
-        _sync_file_range = False
-        try:
-            import ctypes
-            import ctypes.util
-            fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True) \
-                .sync_file_range
-            fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-            fn.restype = ctypes.c_int
-            _sync_file_range = fn
-        except (OSError, AttributeError):
-            pass
-    if not _sync_file_range:
-        return False
-    return _sync_file_range(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE) == 0
-
-
-_FALLOC_FL_KEEP_SIZE = 1      # linux/falloc.h
-_fallocate = None             # libc's fallocate, looked up on first use (False: none)
+    import ctypes
+    fn = _libc("sync_file_range", ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
+    return fn is not None and fn(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE) == 0
 
 
 def preallocate(fd: int, offset: int, nbytes: int) -> bool:
@@ -418,21 +416,9 @@ def preallocate(fd: int, offset: int, nbytes: int) -> bool:
     (110 KB on ext4 here: 27-200 us against 20). Readers see nothing of it (the size is
     unchanged); ``ftruncate`` to the size gives the blocks back. False where the call
     does not exist or fails (no space, a file system without it): nothing promised."""
-    global _fallocate
-    if _fallocate is None:
-        _fallocate = False
-        try:
-            import ctypes
-            import ctypes.util
-            fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).fallocate
-            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-            fn.restype = ctypes.c_int
-            _fallocate = fn
-        except (OSError, AttributeError):
-            pass
-    if not _fallocate:
-        return False
-    return _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, nbytes) == 0
+    import ctypes
+    fn = _libc("fallocate", ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    return fn is not None and fn(fd, _FALLOC_FL_KEEP_SIZE, offset, nbytes) == 0
 
 
 def _map(path: str) -> pa.Buffer:
