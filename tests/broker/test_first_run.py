@@ -38,7 +38,8 @@ def test_namesrv_and_broker_daemons_need_no_set_up(tmp_path, procs, monkeypatch,
     token_file = store / "admin.token"
     assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
     token = token_file.read_text().strip()
-    wait_until(lambda: "admin token" in output(broker), "the daemon to print its token")
+    # (the token itself: the log's "made an admin token" line comes before the banner)
+    wait_until(lambda: token in output(broker), "the daemon to print its token")
     assert output(broker).count(token) >= 1 and "admin token" in output(broker)
     monkeypatch.delenv("SPARKMQ_ADMIN_TOKEN")
     url = f"http://127.0.0.1:{admin_port}"
