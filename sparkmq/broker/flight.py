@@ -272,8 +272,8 @@ class FlightService(fl.FlightServerBase):
                 raise _NotAcknowledged(late)
         # (long polls were woken per queue by the store's arrival listener as the rows
         # became visible: a wake here by topic would wake every queue's pulls again)
-        own = batch.column("unique_key").cast(pa.string()) \
-            if "unique_key" in names else None   # a producer's own id wins
+        # a producer's own id wins (``typed``: the column is a string array)
+        own = batch.column(order.index("unique_key")) if "unique_key" in names else None
         ids = delivered_ids(own, lambda: batch_message_ids(
             store_tag(self.broker.store.store_id), r.batch_offset, batch.num_rows, stored.start))
         schema = _ACK_SCHEMA_MESSAGE if late is None else ACK_SCHEMA.with_metadata(

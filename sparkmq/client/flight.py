@@ -19,7 +19,8 @@ Flight. Whatever Flight refuses by design (delayed and transactional messages) g
 gRPC in every mode. Messages are the same once stored: the producer sends the columns
 the RocketMQ path stores (message id, born time and host, tag, keys, properties, group).
 
-Streams: at most one per sending thread and endpoint is in use at a time; a stream idle
+Streams: at most one per sending thread, endpoint and schema (``PLAIN_SEND_SCHEMA`` or
+``SEND_SCHEMA``) is in use at a time; a stream idle
 ``idle_s`` is closed by a reaper thread (a broker being stopped waits for its open
 streams, so none is held longer than that), and one older than ``stream_lifetime_s``
 (the call's deadline: it bounds a send to a hung broker) is not reused.
@@ -35,6 +36,7 @@ import threading
 import time
 from typing import Callable, Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 
@@ -52,6 +54,11 @@ SEND_SCHEMA = pa.schema([
     ("keys", pa.list_(pa.string())), ("properties", pa.map_(pa.string(), pa.string())),
     ("message_group", pa.string()), ("unique_key", pa.string()), ("born_timestamp", TS),
     ("born_host", pa.string())])
+#: A batch of plain messages (no tag, keys or properties) leaves those three columns out:
+#: the broker stores the same rows, reads three columns fewer and the stream carries
+#: three fewer buffers (a stream has one schema: the Producer keeps a stream per schema).
+PLAIN_SEND_SCHEMA = pa.schema([f for f in SEND_SCHEMA
+                               if f.name not in ("tags", "keys", "properties")])
 SEND = fl.FlightDescriptor.for_path("send")
 
 
@@ -68,33 +75,71 @@ def flight_carries(message: Message) -> bool:
 def send_batch(messages: Sequence[Message], ids: Sequence[str], born_ms: int,
                host: str) -> pa.RecordBatch:
     """The DoPut record batch of ``messages`` (one topic and message group, as a send
-    request has) with message ids ``ids``, in ``SEND_SCHEMA``. (Lists, not ``pa.repeat``:
-    repeating a string scalar costs ~75 us.)"""
+    request has) with message ids ``ids``: in ``PLAIN_SEND_SCHEMA`` when no message has a
+    tag, keys or properties, else in ``SEND_SCHEMA``. The columns every row shares
+    (topic, group, host) are built once per value and row count (``_repeated``)."""
     n = len(messages)
     first = messages[0]
-    bodies = []
-    for m in messages:
-        if not isinstance(m.body, (bytes, bytearray)):
-            from ..errors import UserError
-            raise UserError(f"message body must be bytes, got {type(m.body).__name__}")
-        bodies.append(m.body)
+    bodies = [m.body for m in messages]
+    if not all(map(_is_bytes, bodies)):
+        from ..errors import UserError
+        bad = next(b for b in bodies if not _is_bytes(b))
+        raise UserError(f"message body must be bytes, got {type(bad).__name__}")
     plain = not any(m.tag or m.keys or m.properties for m in messages)
-    cols = [
-        pa.array([first.topic] * n, pa.string()),
-        pa.array(bodies, pa.binary()),
-        pa.nulls(n, pa.string()) if plain else pa.array([m.tag or None for m in messages],
-                                                        pa.string()),
-        pa.nulls(n, SEND_SCHEMA.field("keys").type) if plain else pa.array(
-            [list(m.keys) or None for m in messages], SEND_SCHEMA.field("keys").type),
-        pa.nulls(n, SEND_SCHEMA.field("properties").type) if plain else pa.array(
-            [list(m.properties.items()) or None for m in messages],
-            SEND_SCHEMA.field("properties").type),
-        pa.array([first.message_group] * n, pa.string()),
-        pa.array(ids, pa.string()),
-        pa.array([born_ms] * n, TS),
-        pa.array([host] * n, pa.string()),
-    ]
-    return pa.RecordBatch.from_arrays(cols, schema=SEND_SCHEMA)
+    cols = [_repeated(first.topic, n), pa.array(bodies, pa.binary())]
+    if not plain:
+        cols += [pa.array([m.tag or None for m in messages], pa.string()),
+                 pa.array([list(m.keys) or None for m in messages],
+                          SEND_SCHEMA.field("keys").type),
+                 pa.array([list(m.properties.items()) or None for m in messages],
+                          SEND_SCHEMA.field("properties").type)]
+    cols += [_repeated(first.message_group, n), _id_column(ids),
+             pa.Array.from_buffers(TS, n, [None, pa.py_buffer(np.full(n, born_ms, np.int64))]),
+             _repeated(host, n)]
+    return pa.RecordBatch.from_arrays(cols, schema=PLAIN_SEND_SCHEMA if plain else SEND_SCHEMA)
+
+
+def _is_bytes(body) -> bool:
+    return isinstance(body, (bytes, bytearray))
+
+
+_REPEATED: dict = {}
+_REPEATED_MAX = 64           # values kept
+_REPEATED_ROWS = 1024        # of at most this many rows
+
+
+def _repeated(value: str | None, n: int) -> pa.Array:
+    """``n`` rows of the string ``value`` (null: None), from a small cache: a producer
+    sends one topic from one host, mostly in batches of one size (a list conversion
+    took ~5 us for 100 rows). Arrays are immutable, so sharing one is safe."""
+    if n > _REPEATED_ROWS:                     # (a rare large batch is not kept)
+        return pa.array([value] * n, pa.string())
+    key = (value, n)
+    got = _REPEATED.get(key)
+    if got is None:
+        if len(_REPEATED) >= _REPEATED_MAX:
+            _REPEATED.clear()
+        got = _REPEATED[key] = pa.array([value] * n, pa.string())
+    return got
+
+
+def _id_column(ids: Sequence[str]) -> pa.Array:
+    """The ids as a string column: their bytes joined and fixed-width offsets where each
+    is 32 ASCII characters (``MessageIds``' form; no per-value conversion), else by
+    conversion."""
+    n = len(ids)
+    data = "".join(ids).encode()
+    if len(data) != 32 * n or set(map(len, ids)) != {32}:
+        return pa.array(ids, pa.string())
+    offsets = _ID_OFFSETS.get(n)
+    if offsets is None:
+        offsets = pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32))
+        if len(_ID_OFFSETS) < _REPEATED_MAX and n <= _REPEATED_ROWS:
+            _ID_OFFSETS[n] = offsets
+    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(data))
+
+
+_ID_OFFSETS: dict[int, pa.Buffer] = {}
 
 
 def parse_ack(buf) -> pa.Table:
@@ -178,7 +223,9 @@ class FlightTransport:
         self.stream_lifetime_s = max(stream_lifetime_s, 2 * request_timeout_s)
         self._lock = threading.Lock()
         self._clients: dict[str, fl.FlightClient] = {}
-        self._idle: dict[str, list[_Stream]] = {}
+        # idle DoPut streams by (endpoint, columns): a stream carries one schema, and the
+        # two a producer sends (PLAIN_SEND_SCHEMA, SEND_SCHEMA) differ in width
+        self._idle: dict[tuple[str, int], list[_Stream]] = {}
         self._down: dict[str, float] = {}
         self._closed = threading.Event()
         self._reaper: threading.Thread | None = None
@@ -194,7 +241,8 @@ class FlightTransport:
     def mark_down(self, endpoint: str, why: object) -> None:
         with self._lock:
             self._down[endpoint] = time.monotonic() + self.down_s
-            streams = self._idle.pop(endpoint, [])
+            streams = [s for key in [k for k in self._idle if k[0] == endpoint]
+                       for s in self._idle.pop(key)]
         for s in streams:
             s.close()
         log.info("Flight at %s unreachable (%s); using gRPC for %.0f s", endpoint, why,
@@ -229,18 +277,19 @@ class FlightTransport:
     def put(self, endpoint: str, batch: pa.RecordBatch, what: str) -> pa.Table:
         """Send ``batch`` and return its ack; _FlightDown if Flight is unreachable (then
         nothing was stored), ClientError / BrokerUnavailableError as the broker answered."""
-        stream, reused = self._take(endpoint)
+        key = (endpoint, batch.num_columns)
+        stream, reused = self._take(key, batch)
         try:
-            return self._put_on(endpoint, stream, batch, what)
+            return self._put_on(key, stream, batch, what)
         except _FlightDown:
             if not reused:
                 raise
         # the broker ended an idle stream (it is stopping) or the connection was reset:
         # the batch was not read; once more on a fresh stream
-        stream, _ = self._take(endpoint, fresh=True)
-        return self._put_on(endpoint, stream, batch, what)
+        stream, _ = self._take(key, batch, fresh=True)
+        return self._put_on(key, stream, batch, what)
 
-    def _put_on(self, endpoint: str, stream: _Stream, batch, what: str) -> pa.Table:
+    def _put_on(self, key: tuple, stream: _Stream, batch, what: str) -> pa.Table:
         try:
             stream.writer.write_batch(batch)
             buf = stream.reader.read()
@@ -255,18 +304,22 @@ class FlightTransport:
         stream.used = time.monotonic()
         with self._lock:
             if not self._closed.is_set():
-                self._idle.setdefault(endpoint, []).append(stream)
+                self._idle.setdefault(key, []).append(stream)
                 stream = None
         if stream is not None:
             stream.close()
         return parse_ack(buf)
 
-    def _take(self, endpoint: str, fresh: bool = False) -> tuple[_Stream, bool]:
+    def _take(self, key: tuple, batch: pa.RecordBatch,
+              fresh: bool = False) -> tuple[_Stream, bool]:
+        """An idle stream of ``key`` (endpoint, columns) and True, or a new one for
+        ``batch``'s schema and False."""
+        endpoint = key[0]
         too_old = time.monotonic() - (self.stream_lifetime_s - self.request_timeout_s)
         stale: list[_Stream] = []
         got = None
         with self._lock:
-            idle = self._idle.get(endpoint, [])
+            idle = self._idle.get(key, [])
             while idle and not fresh:
                 s = idle.pop()
                 if s.opened > too_old:
@@ -279,7 +332,7 @@ class FlightTransport:
             return got, True
         try:
             writer, reader = self._client(endpoint).do_put(
-                SEND, SEND_SCHEMA, options=self._options(self.stream_lifetime_s))
+                SEND, batch.schema, options=self._options(self.stream_lifetime_s))
         except (pa.ArrowException, OSError) as e:   # Flight errors are ArrowExceptions
             raise _error(e, f"DoPut at {endpoint}") from None
         self._start_reaper()

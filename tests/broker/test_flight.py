@@ -129,6 +129,10 @@ def test_a_producers_own_message_id_wins_where_a_row_has_one(broker):
     assert ids[0] == "K3" and all(len(i) == 32 for i in ids[1:]) and ids[1] != ids[2]
     got = _get(client, opts, topic="T", queue=0, offset=0, max=10, view="consumer")
     assert got.column("message_id").to_pylist() == own + ids
+    # no null, one empty id: that row is the broker's
+    ids = _send(client, opts, _batch("T", [b"f", b"g"], unique_key=["K4", ""])) \
+        .column("message_id").to_pylist()
+    assert ids[0] == "K4" and len(ids[1]) == 32
 
 
 def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others):

@@ -99,6 +99,37 @@ def test_the_stored_rows_of_both_transports_are_the_same(make_broker, closing):
     assert flight == grpc and flight["message_type"] == 1 and flight["born_host"]
 
 
+def test_plain_and_rich_batches_alternate_on_one_producer_and_store_as_over_grpc(
+        make_broker, closing):
+    """A batch of plain messages goes in the narrower PLAIN_SEND_SCHEMA, a batch with a
+    tag, keys or properties in SEND_SCHEMA: one producer alternating them (a DoPut stream
+    per schema) stores each row as the gRPC path stores the same message."""
+    b = flight_broker(make_broker, defaultTopicQueueNums=1)
+    over = {t: closing(Producer(b.endpoint, transport=t)) for t in ("flight", "grpc")}
+    for t, p in over.items():
+        p.send(Message("P", b"plain-" + t.encode()))
+        p.send(Message("P", b"rich-" + t.encode(), tag="A", keys=["k"], properties={"p": "1"}))
+        p.send_batch([Message("P", b"batch-" + t.encode()) for _ in range(3)])
+        p.send(Message("P", b"group-" + t.encode(), message_group="g"))
+        p.send(Message("P", b"tagged-" + t.encode(), tag="B"))
+    assert over["flight"].sent_over == {"flight": 7, "grpc": 0}
+    rows = b.store.read_table("P", 0, 0, 100).to_pylist()
+    assert len(rows) == 14
+    varying = {"body", "queue_offset", "physical_offset", "message_id", "unique_key",
+               "born_timestamp", "store_timestamp"}
+    by = {}
+    for row in rows:
+        kind, _, t = row["body"].decode().rpartition("-")
+        by.setdefault(kind, {}).setdefault(t, []).append(
+            {k: v for k, v in row.items() if k not in varying})
+    assert set(by) == {"plain", "rich", "batch", "group", "tagged"}
+    for kind, sent in by.items():
+        assert sent["flight"] == sent["grpc"], kind
+    assert by["rich"]["flight"][0]["tags"] == "A" and by["plain"]["flight"][0]["tags"] is None
+    assert by["group"]["flight"][0]["message_group"] == "g"
+    assert by["tagged"]["flight"][0]["tags"] == "B"
+
+
 def test_the_pull_consumer_reads_an_official_producers_messages_alike_over_both(
         make_broker, closing):
     b = flight_broker(make_broker)

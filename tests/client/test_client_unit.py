@@ -258,3 +258,41 @@ def test_a_retry_policy_from_the_settings_gives_the_official_clients_delays():
             initial=Duration(seconds=2), max=Duration(seconds=20), multiplier=3.0)))
     assert [exp.delay_s(a) for a in (1, 2, 3, 4)] == [2, 6, 18, 20]
     assert RetryPolicy.from_pb(pb.RetryPolicy(max_attempts=3)) is None
+
+
+def test_the_flight_send_batch_holds_every_field_in_the_schema_its_messages_need():
+    """A plain batch leaves tags, keys and properties out (PLAIN_SEND_SCHEMA), a batch
+    with any of them has every column (SEND_SCHEMA); shared columns come from a cache
+    and ids of MessageIds' width are joined, others converted: the values are the same."""
+    import pyarrow as pa
+    from sparkmq.client.flight import PLAIN_SEND_SCHEMA, SEND_SCHEMA, send_batch
+    ids = MessageIds().many(3)
+    plain = [Message("T", b"a"), Message("T", bytearray(b"b")), Message("T", b"c")]
+    b = send_batch(plain, ids, 1_700_000_000_123, "10.0.0.1")
+    assert b.schema.equals(PLAIN_SEND_SCHEMA)
+    b.validate(full=True)
+    assert b.to_pydict() == {
+        "topic": ["T"] * 3, "body": [b"a", b"b", b"c"], "message_group": [None] * 3,
+        "unique_key": ids, "born_timestamp": b.column("born_timestamp").to_pylist(),
+        "born_host": ["10.0.0.1"] * 3}
+    assert b.column("born_timestamp").cast(pa.int64()).to_pylist() == [1_700_000_000_123] * 3
+    assert send_batch(plain[:2], ids[:2], 1, "h").column("topic").to_pylist() == ["T", "T"]
+    odd = ["short", "a-longer-id-than-thirty-two-characters!", "ünïcode-id"]
+    rich = [Message("T", b"x", tag="A"), Message("T", b"y", keys=["k"], message_group=None),
+            Message("T", b"z", properties={"p": "1"})]
+    b = send_batch(rich, odd, 5, "h")
+    assert b.schema.equals(SEND_SCHEMA)
+    b.validate(full=True)
+    assert b.column("unique_key").to_pylist() == odd
+    uneven = ["a" * 31, "b" * 33]                 # 64 bytes, but not two of 32
+    assert send_batch(plain[:2], uneven, 5, "h").column("unique_key").to_pylist() == uneven
+    assert b.column("tags").to_pylist() == ["A", None, None]
+    assert b.column("keys").to_pylist() == [None, ["k"], None]
+    assert b.column("properties").to_pylist() == [None, None, [("p", "1")]]
+    grouped = send_batch([Message("T", b"x", message_group="g")] * 2, ids[:2], 5, "h")
+    assert grouped.column("message_group").to_pylist() == ["g", "g"]
+    big = send_batch([Message("T", b"x")] * 1500, MessageIds().many(1500), 5, "h")
+    assert big.column("topic").to_pylist() == ["T"] * 1500     # (over the cached size)
+    assert len(set(big.column("unique_key").to_pylist())) == 1500
+    with pytest.raises(UserError, match="must be bytes, got str"):
+        send_batch([Message("T", b"x"), Message("T", "text")], ids[:2], 5, "h")
