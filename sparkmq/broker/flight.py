@@ -6,13 +6,17 @@ go into the store and come out of it without being taken apart message by messag
   ``properties``, ``message_group``, ``unique_key``, ``born_timestamp``, ``born_host``,
   ``queue_id`` optional); a row with a message group is stored as FIFO, as the RocketMQ
   path stores it; the rows with neither a queue id nor a group go to one queue per
-  batch, as a RocketMQ request does (``batchsend``). Each is stored as ONE append (batches
-  of several streams waiting together as one: ``SendMerger``, as gRPC requests) with
+  batch, as a RocketMQ request does (``batchsend``). Each is stored as ONE append with
   the same durability as a RocketMQ send
   (SYNC_FLUSH fsynced, SYNC_MASTER replicated) and acknowledged by one metadata message:
   an Arrow IPC stream of ``(queue_id int32, queue_offset int64, message_id string)``
   per row. Delay and transaction messages are refused with a message naming the
-  RocketMQ path.
+  RocketMQ path. Several streams' puts: where a send waits (for its fsync or its
+  replica) the batches waiting together are one append (``SendMerger``, as gRPC
+  requests: one wait for all); where none waits (``SendService.never_waits``) the puts
+  run one at a time under a lock, as the gRPC path's sends run on its one event loop
+  (4 streams: ~20% more messages a second than handler threads trading the GIL within
+  each put; bench/README.md).
 * **DoGet** (ticket: JSON ``{"topic", "queue", "offset", "max", "pollMs"}``): the
   messages of one queue from ``offset`` (at most ``max``), as stored, zero copy; with
   none yet, it waits up to ``pollMs`` for arrivals (long polling, the same capacity as
@@ -46,6 +50,7 @@ gRPC port's, so this port is exactly as reachable and as protected as that one.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -82,6 +87,7 @@ FOLLOW_WAIT_S = 1.0    # a followed read checks for a cancelled call or a stop t
 ACK_SCHEMA = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64()),
                         ("message_id", pa.string())])
 MAX_GET = 10_000
+_TOGETHER = contextlib.nullcontext()    # (puts that wait: the merger takes them together)
 _ACK_SCHEMA_MESSAGE = ACK_SCHEMA.serialize()
 
 
@@ -203,6 +209,9 @@ class FlightService(fl.FlightServerBase):
                          middleware={"auth": _AuthFactory(broker)})
         self.broker = broker
         self._stopping = threading.Event()
+        # puts that never wait run one at a time (SendService.never_waits): several
+        # streams' handler threads at once only trade the GIL back and forth
+        self._alone = threading.Lock()
 
     @property
     def endpoint(self) -> str:
@@ -232,7 +241,8 @@ class FlightService(fl.FlightServerBase):
             # after its reply: a woken DoGet would take the GIL from this ack.
             arrived: set = set()
             try:
-                with notifier.deferred() as arrived:
+                alone = self._alone if self.broker.sender.never_waits() else _TOGETHER
+                with notifier.deferred() as arrived, alone:
                     try:
                         ack = self._send(context, chunk.data)
                     except Exception as e:   # one batch's failure ends this stream only

@@ -503,6 +503,14 @@ class SendService:
                 "no replica is attached to acknowledge the send (SYNC_MASTER); nothing was "
                 "stored: retry, or send to another broker group")
 
+    def never_waits(self) -> bool:
+        """Whether a send returns as soon as it is appended (ASYNC_FLUSH, and no replica
+        to wait for: not SYNC_MASTER). Such sends are served one at a time: on the gRPC
+        server's event loop (``grpc_service``), under the Flight put lock (``flight``);
+        sends that wait are taken together by the merger (one flush, one replica wait)."""
+        return self.store is not None and \
+            self.store.config.flush_disk_type == "ASYNC_FLUSH" and self.role != "SYNC_MASTER"
+
     def replicated(self, r) -> PutMessageStatus:
         """The status of append ``r`` once the broker's role is satisfied: SYNC_MASTER
         waits for its replica (controller mode: every other SyncStateSet member, and

@@ -172,6 +172,65 @@ def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others):
     return out
 
 
+class _CountingLock:
+    """A lock that counts the threads waiting for it."""
+
+    def __init__(self):
+        self._lock, self.waiting = threading.Lock(), 0
+
+    def __enter__(self):
+        if not self._lock.acquire(blocking=False):
+            self.waiting += 1
+            self._lock.acquire()
+            self.waiting -= 1
+        return self
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def test_puts_that_never_wait_run_one_at_a_time_and_waiting_ones_together(
+        make_broker, monkeypatch):
+    """ASYNC_FLUSH (no fsync or replica to wait for): a second stream's put waits for the
+    first put to end before it starts (the Flight put lock), so it is its own append, not
+    merged; SYNC_FLUSH: it queues in the merger (test below). Both acks name their rows."""
+    b = make_broker(flightEnable="true", flightPort=free_port(), autoCreateTopicEnable="false",
+                    flushDiskType="ASYNC_FLUSH")
+    b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    assert b.sender.never_waits()
+    lock = b.flight._alone = _CountingLock()
+    real, gate, entered = b.store.append_batch, threading.Event(), threading.Event()
+
+    def held(batch, **kw):
+        if not entered.is_set():
+            entered.set()
+            gate.wait(30)
+        return real(batch, **kw)
+    monkeypatch.setattr(b.store, "append_batch", held)
+    out: list = [None, None]
+
+    def send(i, bodies):
+        out[i] = _send(*_client(b), _batch("T", bodies))
+    threads = [threading.Thread(target=send, args=(0, [b"L0", b"L1"]))]
+    threads[0].start()
+    try:
+        assert entered.wait(30)
+        threads.append(threading.Thread(target=send, args=(1, [b"a0"])))
+        threads[1].start()
+        wait_until(lambda: lock.waiting == 1, "the second put waiting for the first",
+                   timeout_s=30)
+        assert b.batch_sender.merger.pending == 0     # not queued behind the append
+    finally:
+        gate.set()
+        for t in threads:
+            t.join(30)
+    assert b.batch_sender.merger.batches == 2 and b.batch_sender.merger.requests == 2
+    assert [r.as_py() for r in out[0].column("queue_offset")] == [0, 1]
+    assert [r.as_py() for r in out[1].column("queue_offset")] == [2]
+    monkeypatch.setattr(type(b.sender), "role", property(lambda self: "SYNC_MASTER"))
+    assert not b.sender.never_waits()                  # a replica to wait for
+
+
 def test_batches_waiting_together_are_one_append_and_a_refused_one_fails_alone(
         make_broker, monkeypatch):
     """DoPut batches that queue behind a running append are stored as ONE append (the
