@@ -128,7 +128,9 @@ class ArrivalNotifier:
     @staticmethod
     def _resolve(waiters) -> None:
         """Wake suspended coroutines (under the lock; each on its own loop)."""
-        for fut, loop in (waiters or {}).items():
+        if not waiters:
+            return
+        for fut, loop in waiters.items():
             try:
                 loop.call_soon_threadsafe(_settle, fut)
             except RuntimeError:          # its loop is closed: the server has stopped
