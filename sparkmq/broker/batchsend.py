@@ -130,6 +130,7 @@ class BatchSender:
         """Append ``rows`` (of ``topics``, each named once; alone or merged with the
         batches waiting now) and count them."""
         stored = self.merger.submit(rows)
+        stored.status = self.broker.sender.replicated(stored.r)   # (after the merger)
         metrics, batch = self.broker.metrics, rows.batch
         if len(topics) == 1:
             counts = {topics[0]: (batch.num_rows, rows.nbytes)}
@@ -160,7 +161,7 @@ class BatchSender:
         """Store ``rows`` as one append (SendMerger's, alone or merged; held to every
         rule by ``check``: the store takes BuiltRows without checking them again)."""
         r = self.broker.store.append_batch(rows)
-        return Stored(r, self.broker.sender.replicated(r), 0, r.num_rows)
+        return Stored(r, None, 0, r.num_rows)    # its status: ``store``, each request's
 
     def _segment_batch(self, given: dict[str, pa.Array], n: int, topics: list[str],
                        body_sizes: np.ndarray | None) -> BuiltRows:

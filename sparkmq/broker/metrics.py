@@ -25,6 +25,8 @@ class Metrics:
         "sparkmq_receive_requests_total": "ReceiveMessage calls.",
         "sparkmq_acks_total": "Messages acked, per group.",
         "sparkmq_rpc_errors_total": "RPCs answered with an internal error, per method.",
+        "sparkmq_ha_sync_failures_total": "SYNC_MASTER sends stored here that no replica "
+                                          "acked in time, per put status.",
     }
 
     def __init__(self):

@@ -13,9 +13,9 @@
 - The send model ``SendRows``: the accepted messages of one request as columns.
 - Storing: ``SendService.send_rows`` merges concurrent requests into one store
   append (``sendmerge.SendMerger``); ``_append_rows`` builds the SEGMENT_SCHEMA
-  batch and appends it (after the broker's role allows writes, waiting for a
-  replica in SYNC_MASTER). Queues: a message group's rows go to crc32(group) %
-  writeQueueNums (the store's chooser); the other rows of ONE request go to one
+  batch and appends it (after the broker's role allows writes); in SYNC_MASTER each
+  request then waits for its replica (``replicated``; ``replicawait``). Queues: a
+  message group's rows go to crc32(group) % writeQueueNums (the store's chooser); the other rows of ONE request go to one
   queue of their topic, round robin request by request (``place``), as the Apache
   proxy's SendMessageQueueSelector sends a whole request to one queue. The Flight
   path's DoPut batches take the same rule (``request_queue``).
@@ -41,6 +41,7 @@ from ..log.message import encode_message_id, store_tag
 from ..log.names import validate_topic
 from ..log.status import PutMessageStatus
 from .protocol import Code, ms_of_timestamp, status
+from .replicawait import HELD, Replicating, count_failure, resolve
 from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
 from .sendlimits import plain_within_limits, type_refusal, body_refusal, limits_refusal
 from .sendmerge import SendMerger
@@ -428,7 +429,7 @@ class SendService:
         exception that refused it. SYNC_FLUSH returns after the fsync. Requests waiting
         at the same moment are appended as ONE record batch (``SendMerger``)."""
         self.place(rows)
-        return self.merger.submit(rows)
+        return resolve(self, self.merger.submit(rows))   # each request's replica wait
 
     def request_queue(self, topic: str) -> int:
         """The queue of one request's rows of ``topic`` that have neither a queue nor a
@@ -526,10 +527,13 @@ class SendService:
                 put_status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT
         elif self.role == "SYNC_MASTER" and ha is not None and \
                 put_status is PutMessageStatus.PUT_OK:
+            if HELD.offsets is not None:        # the caller awaits it (replicawait.held)
+                HELD.offsets.append(r.batch_offset + 1)
+                return put_status
             put_status = ha.wait_replicated(r.batch_offset + 1,
                                             self.store.config.sync_flush_timeout_ms)
         if put_status is not r.status:
-            self.metrics.inc("sparkmq_ha_sync_failures_total", status=put_status.value)
+            count_failure(self.metrics, put_status)
         return put_status
 
     def _append_rows(self, rows) -> list:
@@ -550,7 +554,7 @@ class SendService:
                           store_host=self.store.config.store_host, now_ms=now, topic=one,
                           queue=qs[0] if qs[0] is not None and qs.count(qs[0]) == n else None)
         r = self.store.append_batch(rows)
-        put_status = self.replicated(r)
+        put_status = Replicating(r)         # (send_rows waits, after the merger)
         per_topic: dict[str, list[int]] = {}
         if one is not None:                       # one topic: no per-row loop
             per_topic[one] = [n, rows.nbytes]

@@ -12,7 +12,9 @@ at the same byte.
 SYNC_MASTER: ``wait_replicated(offset, timeout_ms)`` blocks the sender until
 some replica acked ``offset`` (``PUT_OK``), or answers ``SLAVE_NOT_AVAILABLE``
 at once when no replica is attached, or ``FLUSH_SLAVE_TIMEOUT`` after the
-timeout (the message is stored on the master either way). A replica acks what
+timeout (the message is stored on the master either way). ``replicated_async`` gives
+the same answers to a coroutine (the gRPC loop's sends, ``broker/replicawait.py``): the
+ack thread settles its future, so no thread waits. A replica acks what
 it has written to its own segment file (page cache), as RocketMQ's slave does.
 
 Topic configs, consumer offsets and the retention floor (so that a replica
@@ -26,6 +28,7 @@ bounded; ``stop`` closes every connection and joins the threads.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -288,6 +291,7 @@ class HAService:
         self.stopped = threading.Event()
         self._cond = threading.Condition()     # streamers wait here for new bytes
         self._ack_cond = threading.Condition()  # SYNC_MASTER senders wait here for acks
+        self._waiters: list[tuple] = []   # (offset, future, its loop): replicated_async
         self.generation = 0          # bumped on every notify (new bytes, closes)
         self._conns: list[ReplicaConnection] = []
         self._sock: socket.socket | None = None
@@ -370,9 +374,19 @@ class HAService:
             self._cond.notify_all()
 
     def note_acked(self) -> None:
-        """A replica acked more bytes (or the set changed): wake SYNC_MASTER waiters."""
+        """A replica acked more bytes (or the set changed, or the service stops): wake
+        SYNC_MASTER waiters, and settle the awaited ones that have their answer."""
         with self._ack_cond:
             self._ack_cond.notify_all()
+            if self._waiters:
+                waiting = []
+                for w in self._waiters:
+                    st = self._replicated_status(w[0])
+                    if st is None:
+                        waiting.append(w)
+                    else:
+                        _settle_soon(w[2], w[1], st)
+                self._waiters = waiting
 
     def wait_for_bytes(self, seen: int, timeout_s: float) -> None:
         with self._cond:
@@ -392,15 +406,46 @@ class HAService:
         deadline = time.monotonic() + timeout_ms / 1000.0
         with self._ack_cond:
             while True:
-                live = [c for c in self._conns if not c.closed.is_set()]
-                if not live:
-                    return PutMessageStatus.SLAVE_NOT_AVAILABLE
-                if max(c.acked_offset for c in live) >= offset:
-                    return PutMessageStatus.PUT_OK
+                st = self._replicated_status(offset)
+                if st is not None:
+                    return st
                 left = deadline - time.monotonic()
-                if left <= 0 or self.stopped.is_set():
+                if left <= 0:
                     return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
                 self._ack_cond.wait(left)
+
+    async def replicated_async(self, offset: int, timeout_ms: int) -> PutMessageStatus:
+        """``wait_replicated`` for a coroutine, with the same answers: the ack thread
+        settles a future on the caller's loop (``broker/replicawait.py``), so no
+        thread waits for the replica."""
+        loop = asyncio.get_running_loop()
+        waiter = (offset, loop.create_future(), loop)
+        with self._ack_cond:
+            st = self._replicated_status(offset)
+            if st is not None:
+                return st
+            self._waiters.append(waiter)
+        try:
+            return await asyncio.wait_for(waiter[1], timeout_ms / 1000.0)
+        except asyncio.TimeoutError:
+            return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        finally:
+            with self._ack_cond:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def _replicated_status(self, offset: int) -> PutMessageStatus | None:
+        """A wait for ``offset``'s answer now (under ``_ack_cond``), None to wait on:
+        no replica attached, SLAVE_NOT_AVAILABLE; one acked it, PUT_OK; stopping,
+        FLUSH_SLAVE_TIMEOUT."""
+        live = [c for c in self._conns if not c.closed.is_set()]
+        if not live:
+            return PutMessageStatus.SLAVE_NOT_AVAILABLE
+        if max(c.acked_offset for c in live) >= offset:
+            return PutMessageStatus.PUT_OK
+        if self.stopped.is_set():
+            return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        return None
 
     # -- state ---------------------------------------------------------------
     def history(self) -> list[dict]:
@@ -454,3 +499,14 @@ class HAService:
         if not reps:
             return None
         return min(r["lagBytes"] for r in reps)
+
+
+def _settle_soon(loop, fut, status: PutMessageStatus) -> None:
+    """Give ``fut`` its answer on its own ``loop`` (from any thread)."""
+    def settle():
+        if not fut.done():
+            fut.set_result(status)
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:          # its loop is closed: the server has stopped
+        pass

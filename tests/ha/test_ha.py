@@ -711,6 +711,54 @@ def test_broker_sync_master_statuses_replica_refuses_sends_admin_promote(tmp_pat
         master.stop()
 
 
+def _sync_failures(broker) -> int:
+    import re
+    return sum(int(float(n)) for n in re.findall(
+        r"^sparkmq_ha_sync_failures_total\{[^}]*\} (\S+)$", broker.admin.metrics_text(), re.M))
+
+
+def test_grpc_sends_that_wait_only_for_the_replica_await_it_on_the_loop(tmp_path, monkeypatch):
+    """ASYNC_FLUSH + SYNC_MASTER: a RocketMQ send (a plain one, a rich one, a batch) is
+    appended on the gRPC loop and awaits its replica's ack as a future
+    (``HAService.replicated_async``): no thread blocks in ``wait_replicated``. A replica
+    that does not ack in time: each send stored once on the master, answered
+    SLAVE_PERSISTENCE_TIMEOUT (as the blocking wait answers it) and counted."""
+    from sparkmq.client import ClientError, Message as CMessage, Producer
+    from sparkmq.client.core import Code
+    master, make_replica = broker_pair(tmp_path)
+    replica = make_replica()
+    try:
+        master.store.create_topic("T")
+        wait_until(lambda: master.ha_service.replicas(), "the replica to attach")
+
+        def blocked(*args, **kw):
+            raise AssertionError("a gRPC send blocked a thread waiting for its replica")
+        monkeypatch.setattr(master.ha_service, "wait_replicated", blocked)
+        with Producer(master.endpoint, max_retries=0, transport="grpc") as p:
+            sent = [p.send(CMessage("T", b"plain")),
+                    p.send(CMessage("T", b"rich", tag="A", keys=["k"], properties={"p": "1"})),
+                    *p.send_batch([CMessage("T", b"b%d" % i) for i in range(5)])]
+            assert all(r.status_code == Code.OK and r.transport == "grpc" for r in sent)
+            # answered OK: the replica has the bytes already
+            assert replica.replica_log.offset >= master.store.commitlog.written_offset
+            before = _sync_failures(master)
+            with replica.store.append_lock:          # its writer blocked: no acks
+                for m in (CMessage("T", b"slow-plain"), CMessage("T", b"slow-rich", tag="A")):
+                    with pytest.raises(ClientError) as e:
+                        p.send(m)
+                    assert e.value.status_code == Code.SLAVE_PERSISTENCE_TIMEOUT
+                with pytest.raises(ClientError) as e:
+                    p.send_batch([CMessage("T", b"slow-batch") for _ in range(3)])
+                assert e.value.status_code == Code.SLAVE_PERSISTENCE_TIMEOUT
+            bodies = [m.body for q in range(4) for m in master.store.read("T", q, 0, 30)]
+            assert bodies.count(b"slow-plain") == 1 and bodies.count(b"slow-rich") == 1
+            assert bodies.count(b"slow-batch") == 3
+            assert _sync_failures(master) == before + 3
+    finally:
+        replica.stop()
+        master.stop()
+
+
 # ---------------------------------------------------------------- dispatch lag
 def test_replica_acks_once_written_and_serves_only_dispatched_messages(pair):
     """The replica acks bytes once written; its reput thread dispatches them later
