@@ -307,6 +307,39 @@ def test_sync_master_waits_for_the_replica(pair):
     assert p.ha.wait_replicated(end + 10**9, 200) is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
 
 
+def test_an_awaited_replica_wait_answers_as_the_blocking_one(pair):
+    """``replicated_async`` (the gRPC loop's SYNC_MASTER sends) gives ``wait_replicated``'s
+    answers: no replica, acked, never acked (timeout), the replica leaving while awaited,
+    the service stopping while awaited; no waiter is left behind."""
+    import asyncio
+    p = pair()
+    p.master.create_topic("T")
+    end = p.master.commitlog.written_offset
+
+    def awaited(offset, timeout_ms, during=None):
+        async def go():
+            task = asyncio.ensure_future(p.ha.replicated_async(offset, timeout_ms))
+            if during is not None:
+                await asyncio.sleep(0)                    # the waiter is registered
+                await asyncio.get_running_loop().run_in_executor(None, during)
+            return await task
+        return asyncio.run(go())
+    assert awaited(end + 1, 1000) is PutMessageStatus.SLAVE_NOT_AVAILABLE
+    p.start_replica()
+    wait_until(lambda: p.ha.replicas(), "the replica to attach")
+    send(p.master, 10)
+    end = p.master.commitlog.written_offset
+    assert awaited(end, 30_000) is PutMessageStatus.PUT_OK and p.rlog.offset >= end
+    assert awaited(end + 10**9, 200) is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+    assert awaited(end + 10**9, 30_000, during=p.stop_replica) \
+        is PutMessageStatus.SLAVE_NOT_AVAILABLE
+    p.start_replica()
+    wait_until(lambda: p.ha.replicas(), "the replica to attach again")
+    assert awaited(end + 10**9, 30_000, during=p.ha.stop) \
+        is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+    assert p.ha._waiters == []
+
+
 def test_promotion_raises_the_epoch_and_old_master_diverges(pair, tmp_path):
     p = pair()
     p.master.create_topic("T")
