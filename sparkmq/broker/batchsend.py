@@ -29,6 +29,7 @@ from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
 from ..log.status import PutMessageStatus
 from ..log.topics import topic_message_type, type_conflict
 from .protocol import Code
+from .replicawait import HELD
 from .sendlimits import first_body_refusal
 from .sendmerge import SendMerger
 
@@ -129,7 +130,8 @@ class BatchSender:
     def store(self, rows: BuiltRows, topics: list[str]) -> Stored:
         """Append ``rows`` (of ``topics``, each named once; alone or merged with the
         batches waiting now) and count them."""
-        stored = self.merger.submit(rows)
+        # (on the gRPC loop, sends run one at a time: no merger; replicawait.held)
+        stored = self._append(rows) if HELD.offsets is not None else self.merger.submit(rows)
         stored.status = self.broker.sender.replicated(stored.r)   # (after the merger)
         metrics, batch = self.broker.metrics, rows.batch
         if len(topics) == 1:
@@ -160,7 +162,7 @@ class BatchSender:
     def _append(self, rows: BuiltRows) -> Stored:
         """Store ``rows`` as one append (SendMerger's, alone or merged; held to every
         rule by ``check``: the store takes BuiltRows without checking them again)."""
-        r = self.broker.store.append_batch(rows)
+        r = self.broker.store.append_batch(rows, later=HELD.flushes)
         return Stored(r, None, 0, r.num_rows)    # its status: ``store``, each request's
 
     def _segment_batch(self, given: dict[str, pa.Array], n: int, topics: list[str],

@@ -30,9 +30,9 @@ id). Without it (the official clients) consumption is clustering.
 
 Threading (grpc_server.py): ReceiveMessage, PullMessage and Telemetry are coroutines on
 the server's event loop (a long poll is suspended, holding no thread); SendMessage runs
-on the loop too when it never waits (ASYNC_FLUSH, not SYNC_MASTER) or waits only for its
-replica (ASYNC_FLUSH, SYNC_MASTER: the ack is awaited, ``replicawait``), else on a
-worker; every other method runs on a worker thread.
+on the loop too, awaiting its fsync (SYNC_FLUSH) and its replica's ack (SYNC_MASTER) as
+futures where it waits for them (``replicawait``), except in controller mode (on a
+worker); every other method runs on a worker thread.
 """
 from __future__ import annotations
 
@@ -47,7 +47,6 @@ from rocketmq.grpc_protocol import service_pb2_grpc as sgrpc
 
 from ..errors import InvalidReceiptHandleError, SparkMQError, UserError
 from ..log.names import validate_group, validate_topic
-from ..log.status import PutMessageStatus
 from ..log.topics import topic_message_type
 from .authz import peer_ip, rpc_resources
 from .filter import SqlFilter
@@ -58,7 +57,7 @@ from .protocol import (OK, ClientIdRequired, Code, error_status, message_queue,
 from .schedule import SCHEDULE_TOPIC, RecallStatus, make_recall_handle, parse_recall_handle
 from .send import SendRows
 from .receive import run_here
-from .replicawait import count_failure, held, replica_only_wait, with_put_status
+from .replicawait import finish, held, loop_waits
 from .telemetry import TelemetryMixin, client_id
 from .transaction import UnknownTransaction
 from .grpc_server import Malformed, lenient
@@ -251,24 +250,18 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
     async def SendMessage(self, request, context):
         """On the event loop when the send never waits (ASYNC_FLUSH, no replica to wait
         for): the hop to a worker and back costs more than the append (measured: sync
-        send p50 1.46 -> 1.08 ms). When it waits only for its replica (ASYNC_FLUSH,
-        SYNC_MASTER): appended on the loop too, and the ack awaited (``replicawait``).
-        Else (an fsync to wait for; controller mode) on a worker."""
+        send p50 1.46 -> 1.08 ms). When it waits for its fsync or its replica: appended
+        on the loop too, and those awaited as futures (``replicawait``). Controller
+        mode: on a worker."""
         sender = self.broker.sender
         if sender.never_waits():
             return self.send_encoded(request, context)
-        ha = replica_only_wait(sender)
-        if ha is None:
+        flush = loop_waits(sender)
+        if flush is None:
             return await self.offload(self.send_encoded, request, context)
-        with held() as offsets:
+        with held(flush) as state:
             answer = self.send_encoded(request, context)
-        if not offsets:                 # nothing stored (refused), or no replica asked
-            return answer
-        st = await ha.replicated_async(max(offsets), sender.store.config.sync_flush_timeout_ms)
-        if st is PutMessageStatus.PUT_OK:
-            return answer
-        count_failure(self.broker.metrics, st)
-        return with_put_status(answer, st)
+        return await finish(self.broker, answer, state, context)
 
     def send_message(self, request, context) -> spb.SendMessageResponse:
         """``send_encoded``'s answer as a SendMessageResponse (for callers in process)."""

@@ -1,5 +1,5 @@
-"""A send's wait for its replica, taken out of the merged append, and awaited on the gRPC
-loop where that is the send's only wait.
+"""A send's waits for durability (its fsync, its replica): the replica's taken out of the
+merged append, and both awaited on the gRPC loop instead of a worker thread.
 
 SYNC_MASTER holds a send until a replica acked its bytes (``SendService.replicated``).
 That wait is made by each request after ``SendMerger`` returns its rows, not inside the
@@ -7,16 +7,19 @@ merged append: a request never waits, as a follower, for another request's repli
 The appends put a :class:`Replicating` marker where a row's status goes, and
 :func:`resolve` turns it into the status once per append.
 
-Where a send waits for nothing but its replica (ASYNC_FLUSH, SYNC_MASTER, outside
-controller mode: :func:`replica_only_wait`), the gRPC service appends on its event loop
-as it does for sends that never wait, inside :func:`held`: ``replicated`` then notes the
-offset to wait for (``HELD``) instead of blocking, the response is built as if acked,
-and the coroutine awaits ``HAService.replicated_async`` (a future the replica's ack
-resolves) before it answers; a late or lost ack turns the stored rows' entries into the
-status the blocking wait gives (:func:`with_put_status`). This is RocketMQ's own shape
-(``putMessage`` returns a future the HA service completes) and spares the send the hop
-to a worker thread and back, which cost a sequential sender ~15% of its messages a
-second here (bench/README.md, fifth session).
+Where a send would wait (SYNC_FLUSH, SYNC_MASTER) outside controller mode
+(:func:`loop_waits`), the gRPC service appends on its event loop as it does for sends that
+never wait, inside :func:`held`: the append leaves its fsync and its rows' visibility to
+the caller (``Store.append_batch``'s ``later``), ``replicated`` notes the offset to wait
+for (``HELD``) instead of blocking, the response is built as if durable, and
+:func:`finish` awaits the group commit's fsync and then the replica's ack as futures
+(``Store.flushed_async``, ``HAService.replicated_async``) before it answers; a failed
+wait turns the stored rows' entries into the status the blocking path gives
+(:func:`with_put_status`). This is RocketMQ's own shape (``putMessage`` returns a future
+that the flush and HA services complete) and spares the send the hop to a worker thread
+and back, which cost a sequential sender ~15% of its messages a second here
+(bench/README.md, fifth session). Sends inside ``held`` do not go through the merger:
+the loop runs them one at a time, and one fsync still serves all that wait together.
 """
 from __future__ import annotations
 
@@ -54,36 +57,69 @@ def resolve(sender, results: list) -> list:
 
 
 class _Held(threading.local):
-    """Per thread: the offsets a ``held`` block's sends are to await (None outside)."""
+    """Per thread, inside a ``held`` block: ``offsets`` the replica offsets its sends
+    await, ``flushes`` what their appends left to flush and make visible (SYNC_FLUSH;
+    ``Store.append_batch``'s ``later``), else None."""
     offsets: list | None = None
+    flushes: list | None = None
 
 
 HELD = _Held()
 
 
 @contextlib.contextmanager
-def held():
-    """Within the block, ``SendService.replicated`` on this thread notes the offset a
-    SYNC_MASTER send waits for (yielded list) and answers PUT_OK at once; the caller
-    must await them (``HAService.replicated_async``) before it answers."""
-    offsets: list[int] = []
-    HELD.offsets = offsets
+def held(flush: bool):
+    """Within the block, this thread's sends append without waiting: ``SendService``
+    appends with ``later=HELD.flushes`` where ``flush`` (SYNC_FLUSH), and
+    ``SendService.replicated`` notes the replica offset to wait for and answers PUT_OK.
+    The caller must then :func:`finish` (yielded: the held state)."""
+    state = _State([], [] if flush else None)
+    HELD.offsets, HELD.flushes = state.offsets, state.flushes
     try:
-        yield offsets
+        yield state
     finally:
-        HELD.offsets = None
+        HELD.offsets = HELD.flushes = None
 
 
-def replica_only_wait(sender):
-    """The HA service if a send waits for nothing but one replica's ack (ASYNC_FLUSH,
-    SYNC_MASTER, outside controller mode, whose lease and replica set are checked by
-    the blocking wait), else None."""
-    b = sender.broker
-    ha = sender.ha_service
-    if ha is None or sender.role != "SYNC_MASTER" or b.controlled is not None \
-            or sender.store is None or sender.store.config.flush_disk_type != "ASYNC_FLUSH":
+class _State:
+    """What one ``held`` block's sends left to wait for (see ``_Held``)."""
+    __slots__ = ("offsets", "flushes")
+
+    def __init__(self, offsets: list, flushes: list | None):
+        self.offsets, self.flushes = offsets, flushes
+
+
+def loop_waits(sender) -> bool | None:
+    """Whether a send may wait on the gRPC loop (``held``, then :func:`finish`) with the
+    flush it needs (True: SYNC_FLUSH), or None: it runs on a worker (controller mode,
+    whose lease and SyncStateSet the blocking wait checks; no store)."""
+    if sender.broker.controlled is not None or sender.store is None:
         return None
-    return ha
+    return sender.store.config.flush_disk_type != "ASYNC_FLUSH"
+
+
+async def finish(broker, answer, state, context):
+    """The answer of sends made inside ``held`` (``state``), once durable as the blocking
+    path makes them: their flush awaited (SYNC_FLUSH), then their rows made visible (long
+    polls woken after the reply), then their replica's ack awaited (SYNC_MASTER); a
+    failed wait gives the stored entries the status the blocking path gives."""
+    put_status = PutMessageStatus.PUT_OK
+    flushes, offsets = state.flushes, state.offsets
+    if flushes:
+        put_status = await broker.store.flushed_async(max(o for o, _ in flushes))
+        notifier = broker.notifier
+        with notifier.deferred() as arrived:
+            broker.store.make_visible(flushes)
+        notifier.wake_after_reply(arrived, context)
+    ha = broker.sender.ha_service
+    if put_status is PutMessageStatus.PUT_OK and offsets and ha is not None:
+        put_status = await ha.replicated_async(max(offsets),
+                                               broker.store.config.sync_flush_timeout_ms)
+        if put_status is not PutMessageStatus.PUT_OK:
+            count_failure(broker.metrics, put_status)
+    if put_status is PutMessageStatus.PUT_OK:
+        return answer
+    return with_put_status(answer, put_status)
 
 
 def count_failure(metrics, put_status: PutMessageStatus) -> None:

@@ -429,6 +429,8 @@ class SendService:
         exception that refused it. SYNC_FLUSH returns after the fsync. Requests waiting
         at the same moment are appended as ONE record batch (``SendMerger``)."""
         self.place(rows)
+        if HELD.offsets is not None:     # on the gRPC loop, one at a time (replicawait)
+            return resolve(self, self._send_rows_alone(rows))
         return resolve(self, self.merger.submit(rows))   # each request's replica wait
 
     def request_queue(self, topic: str) -> int:
@@ -553,7 +555,7 @@ class SendService:
         rows = build_rows({name: c[name] for name in _SEGMENT_COLUMNS}, n,
                           store_host=self.store.config.store_host, now_ms=now, topic=one,
                           queue=qs[0] if qs[0] is not None and qs.count(qs[0]) == n else None)
-        r = self.store.append_batch(rows)
+        r = self.store.append_batch(rows, later=HELD.flushes)
         put_status = Replicating(r)         # (send_rows waits, after the merger)
         per_topic: dict[str, list[int]] = {}
         if one is not None:                       # one topic: no per-row loop

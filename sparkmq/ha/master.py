@@ -38,6 +38,7 @@ import time
 from ..errors import BindError, HAProtocolError, StoreIOError
 from ..log.commitlog import SegmentRef
 from ..log.replication import meta_frame
+from ..log.services import settle_soon
 from ..log.status import PutMessageStatus
 from ..log.store import Store
 from . import epochs as epoch_history
@@ -385,7 +386,7 @@ class HAService:
                     if st is None:
                         waiting.append(w)
                     else:
-                        _settle_soon(w[2], w[1], st)
+                        settle_soon(w[2], w[1], st)
                 self._waiters = waiting
 
     def wait_for_bytes(self, seen: int, timeout_s: float) -> None:
@@ -500,13 +501,3 @@ class HAService:
             return None
         return min(r["lagBytes"] for r in reps)
 
-
-def _settle_soon(loop, fut, status: PutMessageStatus) -> None:
-    """Give ``fut`` its answer on its own ``loop`` (from any thread)."""
-    def settle():
-        if not fut.done():
-            fut.set_result(status)
-    try:
-        loop.call_soon_threadsafe(settle)
-    except RuntimeError:          # its loop is closed: the server has stopped
-        pass

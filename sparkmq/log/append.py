@@ -98,7 +98,8 @@ class Appender:
                 "segments past diskSpaceCleanForciblyRatio; or grow the disk); reads go on")
 
     def append_batch(self, data: pa.RecordBatch | pa.Table | BuiltRows, *,
-                     limits_checked: bool = False) -> BatchAppendResult:
+                     limits_checked: bool = False, later: list | None = None
+                     ) -> BatchAppendResult:
         """Columnar append: rows with at least ``topic`` and ``body`` (other
         segment columns optional; a row's ``queue_id`` is kept, range-checked,
         and where the column is missing or null it is ``crc32(message_group) %
@@ -112,7 +113,11 @@ class Appender:
         are not checked twice. Data that is not valid Arrow in full (a string that is not
         UTF-8, an offset out of bounds) is refused first, whoever calls. ``BuiltRows``
         (``log/built.py``: rows the caller checked, built by the log's builder) skip the
-        checks their caller made, and take the store time in place."""
+        checks their caller made, and take the store time in place. ``later``: the caller
+        waits for the flush itself (a coroutine: :meth:`flushed_async`) and then makes
+        the rows visible (``Dispatcher.after_visible``), both as this method would; it
+        gets ``(offset to flush to, the visibility updates)`` appended there and a
+        PUT_OK it must correct if the flush fails."""
         self.require_space()
         built = data if isinstance(data, BuiltRows) else None
         info = None
@@ -136,8 +141,12 @@ class Appender:
             else:
                 batch, ts_ms = stamp_store_time(batch, self._store_ts())
             batch_offset, qos, updates = self._append_locked(batch, info, ts_ms, c_array)
-        status = self._await_flush(batch_offset)
-        self.store.dispatcher.after_visible(updates)
+        if later is not None:            # the caller flushes, then makes them visible
+            later.append((self.store.commitlog.written_offset, updates))
+            status = PutMessageStatus.PUT_OK
+        else:
+            status = self._await_flush(batch_offset)
+            self.store.dispatcher.after_visible(updates)
         qids = info.queue_ids if info is not None else batch.column("queue_id").to_numpy()
         return BatchAppendResult(status, batch_offset, qos, qids, n)
 
@@ -159,6 +168,22 @@ class Appender:
         if rolls != self.store.commitlog.segments_created:
             self.store.services.wake_publisher()   # publish at segment roll, not only on the interval
         return batch_offset, qos, updates
+
+    async def flushed_async(self, offset: int) -> PutMessageStatus:
+        """``_await_flush`` for a coroutine (``append_batch``'s ``later``): bytes below
+        ``offset`` fsynced under SYNC_FLUSH, awaited (``GroupCommitService``)."""
+        gc = self.store.services.group_commit
+        if gc is None:
+            if self.store.config.flush_disk_type == SYNC_FLUSH:   # services not started
+                self.store.commitlog.flush(sync=True)
+            return PutMessageStatus.PUT_OK
+        ok = await gc.flushed_async(offset, self.store.config.sync_flush_timeout_ms)
+        return PutMessageStatus.PUT_OK if ok else PutMessageStatus.FLUSH_DISK_TIMEOUT
+
+    def make_visible(self, later: list) -> None:
+        """Make visible what ``append_batch`` left for ``later`` (once flushed)."""
+        for _, updates in later:
+            self.store.dispatcher.after_visible(updates)
 
     def _await_flush(self, batch_offset: int) -> PutMessageStatus:
         gc = self.store.services.group_commit

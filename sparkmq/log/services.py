@@ -5,8 +5,9 @@
 
 * ``flush`` (ASYNC_FLUSH) fsyncs the active segment every ``flush_interval_ms``;
   under SYNC_FLUSH a :class:`GroupCommitService` (``sparkmq-group-commit``) fsyncs
-  on demand instead: appenders call ``wait_for(offset)``, and one fsync covers
-  every append written before it (RocketMQ's GroupCommitService);
+  on demand instead: appenders call ``wait_for(offset)`` (a coroutine awaits
+  ``flushed_async``), and one fsync covers every append written before it
+  (RocketMQ's GroupCommitService);
 * ``publish`` (:class:`PublishService`) commits the store's progress to the
   transaction log every ``publish_interval_ms`` (and at once after a segment roll:
   ``wake_publisher``); while a stream reader is live (the publish pass finds its
@@ -18,6 +19,7 @@ Every wait is bounded; ``stop`` joins the thread.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -26,6 +28,18 @@ from typing import Callable
 from ..lifecycle import CallbackService, ServiceThread  # noqa: F401  (re-exported)
 
 log = logging.getLogger("sparkmq.services")
+
+
+def settle_soon(loop, fut, answer) -> None:
+    """Give ``fut`` its ``answer`` on its own ``loop``, from any thread (a closed loop:
+    its server has stopped, nobody awaits it)."""
+    def settle():
+        if not fut.done():
+            fut.set_result(answer)
+    try:
+        loop.call_soon_threadsafe(settle)
+    except RuntimeError:
+        pass
 
 
 class GroupCommitService:
@@ -41,6 +55,7 @@ class GroupCommitService:
         self._stopping = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._waiters: list[tuple] = []      # (offset, future, its loop): flushed_async
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="sparkmq-group-commit",
@@ -61,6 +76,37 @@ class GroupCommitService:
                 self._cond.wait(remaining)
             return self._flushed >= offset
 
+    async def flushed_async(self, offset: int, timeout_ms: int) -> bool:
+        """``wait_for`` for a coroutine, with the same answers: the fsync thread settles
+        a future on the caller's loop, so no thread waits for the disk."""
+        loop = asyncio.get_running_loop()
+        waiter = (offset, loop.create_future(), loop)
+        with self._cond:
+            if self._flushed >= offset or self._stopping:
+                return self._flushed >= offset
+            if offset > self._requested:
+                self._requested = offset
+                self._cond.notify_all()
+            self._waiters.append(waiter)
+        try:
+            return await asyncio.wait_for(waiter[1], timeout_ms / 1000.0)
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            with self._cond:
+                if waiter in self._waiters:
+                    self._waiters.remove(waiter)
+
+    def _settle(self) -> None:
+        """Answer the awaited waits that have their answer (under ``_cond``)."""
+        waiting = []
+        for w in self._waiters:
+            if self._flushed >= w[0] or self._stopping:
+                settle_soon(w[2], w[1], self._flushed >= w[0])
+            else:
+                waiting.append(w)
+        self._waiters = waiting
+
     def _loop(self) -> None:
         while True:
             with self._cond:
@@ -77,16 +123,19 @@ class GroupCommitService:
             with self._cond:
                 self._flushed = max(self._flushed, flushed)
                 self._cond.notify_all()
+                self._settle()
 
     def note_flushed(self, offset: int) -> None:
         with self._cond:
             self._flushed = max(self._flushed, offset)
             self._cond.notify_all()
+            self._settle()
 
     def stop(self, timeout_s: float = 10.0) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            self._settle()
         if self._thread is not None:
             self._thread.join(timeout_s)
             self._thread = None

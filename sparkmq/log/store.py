@@ -326,10 +326,17 @@ class Store(MessageReader):
         """Append messages; one result per message, in order (see :meth:`Appender.append`)."""
         return self.appender.append(messages, limits_checked=limits_checked)
 
-    def append_batch(self, data: pa.RecordBatch | pa.Table, *,
-                     limits_checked: bool = False) -> BatchAppendResult:
+    def append_batch(self, data: pa.RecordBatch | pa.Table, *, limits_checked: bool = False,
+                     later: list | None = None) -> BatchAppendResult:
         """Columnar append, one record batch (see :meth:`Appender.append_batch`)."""
-        return self.appender.append_batch(data, limits_checked=limits_checked)
+        return self.appender.append_batch(data, limits_checked=limits_checked, later=later)
+
+    async def flushed_async(self, offset: int) -> PutMessageStatus:
+        """Await the flush an ``append_batch(later=...)`` left to its caller."""
+        return await self.appender.flushed_async(offset)
+
+    def make_visible(self, later: list) -> None:
+        self.appender.make_visible(later)
 
     def writable_topic(self, topic: str) -> TopicConfig:
         conf = self.state.topics.get(topic)

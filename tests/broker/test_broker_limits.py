@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rocketmq import Producer
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
 
-from helpers.brokers import client_conf, msg
+from helpers.brokers import GrpcContext
 from helpers.waiting import wait_until
+from sparkmq.broker.grpc_service import MessagingServicer
 from sparkmq.broker.sendlimits import first_body_refusal
 
 Code = pb.Code
@@ -145,32 +145,31 @@ def _hold_first_append(b, ready):
     return appended
 
 
-def _send_concurrently(b, s, clients, bad: list[pb.Message], good_count: int):
-    """``good_count`` official-client sends and one raw request per ``bad`` message, all
-    at once behind a held first append (released once every other request is queued
-    behind it or already answered: a bad one may be refused before the merge);
-    returns (receipts, bad responses)."""
-    producer = clients(Producer(client_conf(b), ("Known",)))
-    receipts, answers, errors = [], [], []
+def _send_concurrently(b, bad: list[pb.Message], good_count: int):
+    """``good_count`` good requests and one per ``bad`` message, each on a thread of its
+    own, all at once behind a held first append (released once every other request is
+    queued behind it or already answered: a bad one may be refused before the merge);
+    returns (good responses, bad responses). In process (``send_message``): requests on
+    threads meet in ``SendMerger`` (controller mode's gRPC sends, in-process callers); the
+    gRPC server's own sends run one at a time on its loop (``replicawait``)."""
+    servicer = MessagingServicer(b)
+    goods, answers, errors = [], [], []
     others = good_count + len(bad) - 1
     appended = _hold_first_append(
         b, lambda: b.sender.merger.pending + len(answers) >= others)
 
-    def good(i):
+    def send(m, into):
         try:
-            # (with a user property: not plain, so they meet the bad ones in
-            # SendService's merger, not in the plain path's: test_plain_send, test_flight)
-            m = msg("Known", b"good-%03d" % i)
-            m.add_property("p", "v")
-            receipts.append(producer.send(m))
+            into.append(servicer.send_message(spb.SendMessageRequest(messages=[m]),
+                                              GrpcContext()))
         # collected, and asserted below
         except Exception as e:
             errors.append(e)
-
-    def send_bad(m):
-        answers.append(s.SendMessage(spb.SendMessageRequest(messages=[m]), timeout=30))
-    threads = [threading.Thread(target=good, args=(i,)) for i in range(good_count)]
-    threads += [threading.Thread(target=send_bad, args=(m,)) for m in bad]
+    # (the good ones with a user property: not plain, so they meet the bad ones in
+    # SendService's merger, not in the plain path's: test_plain_send, test_flight)
+    threads = [threading.Thread(target=send, args=(raw(b"good-%03d" % i, props={"p": "v"}),
+                                                   goods)) for i in range(good_count)]
+    threads += [threading.Thread(target=send, args=(m, answers)) for m in bad]
     for t in threads:
         t.start()
     for t in threads:
@@ -178,16 +177,16 @@ def _send_concurrently(b, s, clients, bad: list[pb.Message], good_count: int):
     assert not errors, errors[:3]
     merger = b.sender.merger
     assert len(appended) >= 2 and merger.batches < merger.requests   # some were merged
-    return receipts, answers
+    return goods, answers
 
 
 @pytest.mark.integration
-def test_concurrent_good_sends_are_all_acked_beside_bad_ones(stub, clients):
+def test_concurrent_good_sends_are_all_acked_beside_bad_ones(stub):
     b, s = stub
     bad = [raw(b"bad", born_timestamp=FAR_S), raw(b"bad", mtype=99),
            raw(b"bad", props={"p": "v" * MIB}), raw(b"bad", message_id="i" * 200)]
-    receipts, answers = _send_concurrently(b, s, clients, bad, good_count=24)
-    assert len(receipts) == 24
+    goods, answers = _send_concurrently(b, bad, good_count=24)
+    assert len(goods) == 24 and {g.status.code for g in goods} == {Code.OK}
     assert sorted(a.status.code for a in answers) == sorted(
         [Code.BAD_REQUEST, Code.BAD_REQUEST, Code.MESSAGE_PROPERTIES_TOO_LARGE,
          Code.ILLEGAL_MESSAGE_ID])
@@ -195,17 +194,15 @@ def test_concurrent_good_sends_are_all_acked_beside_bad_ones(stub, clients):
 
 
 @pytest.mark.integration
-def test_a_store_failure_of_one_merged_request_fails_that_request_only(stub, clients,
-                                                                        monkeypatch):
+def test_a_store_failure_of_one_merged_request_fails_that_request_only(stub, monkeypatch):
     """With the broker's own check switched off, a born time of 2^62 s reaches the batch
     builder and fails there (an unexpected OverflowError): the merged append is retried
     request by request, so only the bad request fails."""
     from sparkmq.broker import send
     monkeypatch.setattr(send, "message_violation", lambda *a, **kw: None)
     b, s = stub
-    receipts, answers = _send_concurrently(b, s, clients, [raw(b"bad", born_timestamp=FAR_S)],
-                                           good_count=12)
-    assert len(receipts) == 12
+    goods, answers = _send_concurrently(b, [raw(b"bad", born_timestamp=FAR_S)], good_count=12)
+    assert len(goods) == 12 and {g.status.code for g in goods} == {Code.OK}
     (answer,) = answers
     assert answer.entries[0].status.code != Code.OK
     assert _stored_bodies(b) == [b"good-%03d" % i for i in range(12)]

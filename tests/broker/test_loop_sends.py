@@ -1,0 +1,77 @@
+"""RocketMQ sends that wait for their fsync (SYNC_FLUSH) run on the broker's gRPC loop and
+await it as a future (``broker/replicawait.py``, ``GroupCommitService.flushed_async``), as
+RocketMQ's putMessage future: no thread waits for the disk, the rows become visible only
+once fsynced (as on the blocking path), and sends waiting together share one fsync."""
+from __future__ import annotations
+
+import os
+import threading
+import types
+
+import pytest
+
+from helpers.waiting import wait_until
+from sparkmq.client import Message, Producer
+from sparkmq.client.core import Code
+
+pytestmark = pytest.mark.integration
+
+
+class _HeldSyncOS(types.SimpleNamespace):
+    """``os`` for the segment module whose ``fdatasync`` waits until ``release`` is set."""
+
+    def __init__(self):
+        super().__init__(**{n: getattr(os, n) for n in dir(os)
+                            if not n.startswith("__") and n != "fdatasync"})
+        self.release = threading.Event()
+        self.syncs = 0
+
+    def fdatasync(self, fd):
+        self.syncs += 1
+        self.release.wait(30)
+        os.fdatasync(fd)
+
+
+def test_sync_flush_sends_await_their_fsync_on_the_loop_visible_after_it_sharing_one(
+        make_broker, monkeypatch):
+    from sparkmq.log import segment
+    b = make_broker(flushDiskType="SYNC_FLUSH", syncFlushTimeout=30_000,
+                    autoCreateTopicEnable="false")
+    b.store.create_topic("A", read_queue_nums=1, write_queue_nums=1)
+
+    def blocked(*args, **kw):
+        raise AssertionError("a send blocked a thread waiting for its fsync")
+    monkeypatch.setattr(b.store.services.group_commit, "wait_for", blocked)
+    slow = _HeldSyncOS()
+    monkeypatch.setattr(segment, "os", slow)
+    with Producer(b.endpoint, transport="grpc", max_retries=0) as p:
+        receipts: dict = {}
+
+        def send(body: bytes):
+            receipts[body] = p.send(Message("A", body, properties={"k": "v"}
+                                            if body.endswith(b"rich") else {}))
+        first = threading.Thread(target=send, args=(b"first",))
+        first.start()
+        wait_until(lambda: slow.syncs == 1, "the first send's fsync to start")
+        # stored, not fsynced: not readable yet
+        assert b.store.read("A", 0, 0, 10) == []
+        rest = [threading.Thread(target=send, args=(body,))
+                for body in (b"a", b"b-rich", b"c", b"d-rich")]
+        for t in rest:
+            t.start()
+        wait_until(lambda: _appended(b) == 5, "every send appended, waiting for the disk")
+        assert b.store.read("A", 0, 0, 10) == [] and b.store.max_offset("A", 0) == 0
+        slow.release.set()
+        for t in [first, *rest]:
+            t.join(30)
+    assert {body: r.status_code for body, r in receipts.items()} == dict.fromkeys(
+        (b"first", b"a", b"b-rich", b"c", b"d-rich"), Code.OK)
+    assert sorted(m.body for m in b.store.read("A", 0, 0, 10)) == \
+        [b"a", b"b-rich", b"c", b"d-rich", b"first"]
+    assert slow.syncs == 2          # the held one, then ONE for the four sent meanwhile
+
+
+def _appended(b) -> int:
+    """Rows appended to queue A/0, readable or not (the next queue offset it assigns)."""
+    tid = b.store.topics()["A"]["id"]
+    return b.store.dispatcher.next_offsets.get((tid, 0), 0)
