@@ -23,6 +23,7 @@ the loop runs them one at a time, and one fsync still serves all that wait toget
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
 
@@ -106,11 +107,12 @@ async def finish(broker, answer, state, context):
     put_status = PutMessageStatus.PUT_OK
     flushes, offsets = state.flushes, state.offsets
     if flushes:
-        put_status = await broker.store.flushed_async(max(o for o, _ in flushes))
-        notifier = broker.notifier
-        with notifier.deferred() as arrived:
-            broker.store.make_visible(flushes)
-        notifier.wake_after_reply(arrived, context)
+        # in a task of its own, shielded: a client that gives up (the RPC cancelled)
+        # must not leave stored rows invisible; they show once fsynced, as always
+        task = asyncio.ensure_future(_flush_then_show(broker, flushes, context))
+        _SHOWING.add(task)
+        task.add_done_callback(_SHOWING.discard)
+        put_status = await asyncio.shield(task)
     ha = broker.sender.ha_service
     if put_status is PutMessageStatus.PUT_OK and offsets and ha is not None:
         put_status = await ha.replicated_async(max(offsets),
@@ -122,14 +124,29 @@ async def finish(broker, answer, state, context):
     return with_put_status(answer, put_status)
 
 
+_SHOWING: set = set()      # the tasks of _flush_then_show running (kept referenced)
+
+
+async def _flush_then_show(broker, flushes: list, context) -> PutMessageStatus:
+    """Await the fsync ``flushes`` need, then make their rows visible (long polls woken
+    after the reply, or at once if the call is over); the fsync's status."""
+    put_status = await broker.store.flushed_async(max(o for o, _ in flushes))
+    notifier = broker.notifier
+    with notifier.deferred() as arrived:
+        broker.store.make_visible(flushes)
+    notifier.wake_after_reply(arrived, context)
+    return put_status
+
+
 def count_failure(metrics, put_status: PutMessageStatus) -> None:
     """Count a SYNC_MASTER send whose replica did not ack (blocking or awaited)."""
     metrics.inc("sparkmq_ha_sync_failures_total", status=put_status.value)
 
 
 def with_put_status(answer, put_status: PutMessageStatus) -> spb.SendMessageResponse:
-    """The SendMessage ``answer`` (a response or its bytes) built as if acked, with each
-    stored entry given ``put_status`` (its replica's ack came late or not at all), as
+    """The SendMessage ``answer`` (a response or its bytes) built as if durable, with each
+    stored entry given ``put_status`` (its fsync, or its replica's ack, came late or not
+    at all), as
     ``send_response`` answers it: refused entries keep their status, recall handles
     stay."""
     resp = spb.SendMessageResponse.FromString(answer) if isinstance(answer, bytes) else answer

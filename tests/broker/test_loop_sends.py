@@ -75,3 +75,34 @@ def _appended(b) -> int:
     """Rows appended to queue A/0, readable or not (the next queue offset it assigns)."""
     tid = b.store.topics()["A"]["id"]
     return b.store.dispatcher.next_offsets.get((tid, 0), 0)
+
+
+def test_a_send_whose_client_gives_up_before_its_fsync_still_becomes_readable(
+        make_broker, monkeypatch):
+    """The RPC cancelled (the client's deadline) while its fsync is held: the stored row
+    shows once the fsync is done, as on the blocking path, not never."""
+    import grpc
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+    from rocketmq.grpc_protocol import service_pb2 as spb
+    from rocketmq.grpc_protocol.service_pb2_grpc import MessagingServiceStub
+    from sparkmq.log import segment
+    b = make_broker(flushDiskType="SYNC_FLUSH", syncFlushTimeout=30_000,
+                    autoCreateTopicEnable="false")
+    b.store.create_topic("A", read_queue_nums=1, write_queue_nums=1)
+    slow = _HeldSyncOS()
+    monkeypatch.setattr(segment, "os", slow)
+    m = pb.Message(topic=pb.Resource(name="A"), body=b"given-up")
+    m.system_properties.message_id = "ID-GIVEN-UP"
+    m.system_properties.born_timestamp.FromMilliseconds(1_700_000_000_000)
+    channel = grpc.insecure_channel(b.endpoint)
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            MessagingServiceStub(channel).SendMessage(spb.SendMessageRequest(messages=[m]),
+                                                      timeout=0.5)
+        assert e.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        channel.close()
+    assert slow.syncs >= 1 and b.store.read("A", 0, 0, 10) == []
+    slow.release.set()
+    wait_until(lambda: [x.body for x in b.store.read("A", 0, 0, 10)] == [b"given-up"],
+               "the stored row to show once fsynced")
