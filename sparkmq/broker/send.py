@@ -15,10 +15,11 @@
   append (``sendmerge.SendMerger``); ``_append_rows`` builds the SEGMENT_SCHEMA
   batch and appends it (after the broker's role allows writes); in SYNC_MASTER each
   request then waits for its replica (``replicated``; ``replicawait``). Queues: a
-  message group's rows go to crc32(group) % writeQueueNums (the store's chooser); the other rows of ONE request go to one
-  queue of their topic, round robin request by request (``place``), as the Apache
-  proxy's SendMessageQueueSelector sends a whole request to one queue. The Flight
-  path's DoPut batches take the same rule (``request_queue``).
+  message group's rows go to crc32(group) % writeQueueNums (the store's chooser); the
+  other rows of ONE request go to one queue of their topic, round robin request by
+  request (``place``), as the Apache proxy's SendMessageQueueSelector sends a whole
+  request to one queue. The Flight path's DoPut batches take the same rule
+  (``request_queue``).
 
 Thread-safety: ``SendService`` is called from many gRPC threads at once; the
 round-robin counters are under a lock, the store is thread-safe.
@@ -427,7 +428,9 @@ class SendService:
         """Append the accepted messages of one request (a ``SendRows``); returns
         per row ``(PutMessageStatus, message id, queue offset, transaction id)`` or the
         exception that refused it. SYNC_FLUSH returns after the fsync. Requests waiting
-        at the same moment are appended as ONE record batch (``SendMerger``)."""
+        at the same moment are appended as ONE record batch (``SendMerger``); inside
+        ``replicawait.held`` (the gRPC loop) a request is appended alone and its caller
+        awaits the fsync and the replica."""
         self.place(rows)
         if HELD.offsets is not None:     # on the gRPC loop, one at a time (replicawait)
             return resolve(self, self._send_rows_alone(rows))
@@ -509,8 +512,9 @@ class SendService:
     def never_waits(self) -> bool:
         """Whether a send returns as soon as it is appended (ASYNC_FLUSH, and no replica
         to wait for: not SYNC_MASTER). Such sends are served one at a time: on the gRPC
-        server's event loop (``grpc_service``), under the Flight put lock (``flight``);
-        sends that wait are taken together by the merger (one flush, one replica wait)."""
+        server's event loop (``grpc_service``), under the Flight put lock (``flight``).
+        Sends that wait are awaited on the loop (``replicawait``) or, on threads, merged
+        (one fsync for all)."""
         return self.store is not None and \
             self.store.config.flush_disk_type == "ASYNC_FLUSH" and self.role != "SYNC_MASTER"
 
