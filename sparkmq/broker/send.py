@@ -510,11 +510,9 @@ class SendService:
                 "stored: retry, or send to another broker group")
 
     def never_waits(self) -> bool:
-        """Whether a send returns as soon as it is appended (ASYNC_FLUSH, and no replica
-        to wait for: not SYNC_MASTER). Such sends are served one at a time: on the gRPC
-        server's event loop (``grpc_service``), under the Flight put lock (``flight``).
-        Sends that wait are awaited on the loop (``replicawait``) or, on threads, merged
-        (one fsync for all)."""
+        """Whether a send returns once appended (ASYNC_FLUSH, not SYNC_MASTER): served one
+        at a time (the gRPC loop; the Flight put lock). Sends that wait are awaited on
+        the loop (``replicawait``) or, on threads, merged (one fsync for all)."""
         return self.store is not None and \
             self.store.config.flush_disk_type == "ASYNC_FLUSH" and self.role != "SYNC_MASTER"
 
