@@ -135,10 +135,9 @@ def test_a_producers_own_message_id_wins_where_a_row_has_one(broker):
     assert ids[0] == "K4" and len(ids[1]) == 32
 
 
-def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others):
-    """Send ``lead`` and, while its append is held, each of ``others`` (bodies, or a
-    whole batch) on a DoPut of its own; release once all are queued (SendMerger). Each
-    one's ack, or its error."""
+def _hold_first_append(b, monkeypatch):
+    """Hold the store's first append until ``gate`` is set (``entered`` once it waits);
+    (the real append_batch, gate, entered)."""
     real, gate, entered = b.store.append_batch, threading.Event(), threading.Event()
 
     def held(batch, **kw):
@@ -147,6 +146,14 @@ def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others):
             gate.wait(30)
         return real(batch, **kw)
     monkeypatch.setattr(b.store, "append_batch", held)
+    return real, gate, entered
+
+
+def _queued_behind_one_append(b, monkeypatch, lead: list[bytes], *others):
+    """Send ``lead`` and, while its append is held, each of ``others`` (bodies, or a
+    whole batch) on a DoPut of its own; release once all are queued (SendMerger). Each
+    one's ack, or its error."""
+    real, gate, entered = _hold_first_append(b, monkeypatch)
     out: list = [None] * (1 + len(others))
 
     def send(i, bodies):
@@ -199,14 +206,7 @@ def test_puts_that_never_wait_run_one_at_a_time_and_waiting_ones_together(
     b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
     assert b.sender.never_waits()
     lock = b.flight._alone = _CountingLock()
-    real, gate, entered = b.store.append_batch, threading.Event(), threading.Event()
-
-    def held(batch, **kw):
-        if not entered.is_set():
-            entered.set()
-            gate.wait(30)
-        return real(batch, **kw)
-    monkeypatch.setattr(b.store, "append_batch", held)
+    _, gate, entered = _hold_first_append(b, monkeypatch)
     out: list = [None, None]
 
     def send(i, bodies):

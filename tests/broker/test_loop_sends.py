@@ -4,32 +4,16 @@ RocketMQ's putMessage future: no thread waits for the disk, the rows become visi
 once fsynced (as on the blocking path), and sends waiting together share one fsync."""
 from __future__ import annotations
 
-import os
 import threading
-import types
 
 import pytest
 
+from helpers.storetools import HeldSyncOS
 from helpers.waiting import wait_until
 from sparkmq.client import Message, Producer
 from sparkmq.client.core import Code
 
 pytestmark = pytest.mark.integration
-
-
-class _HeldSyncOS(types.SimpleNamespace):
-    """``os`` for the segment module whose ``fdatasync`` waits until ``release`` is set."""
-
-    def __init__(self):
-        super().__init__(**{n: getattr(os, n) for n in dir(os)
-                            if not n.startswith("__") and n != "fdatasync"})
-        self.release = threading.Event()
-        self.syncs = 0
-
-    def fdatasync(self, fd):
-        self.syncs += 1
-        self.release.wait(30)
-        os.fdatasync(fd)
 
 
 def test_sync_flush_sends_await_their_fsync_on_the_loop_visible_after_it_sharing_one(
@@ -42,7 +26,7 @@ def test_sync_flush_sends_await_their_fsync_on_the_loop_visible_after_it_sharing
     def blocked(*args, **kw):
         raise AssertionError("a send blocked a thread waiting for its fsync")
     monkeypatch.setattr(b.store.services.group_commit, "wait_for", blocked)
-    slow = _HeldSyncOS()
+    slow = HeldSyncOS()
     monkeypatch.setattr(segment, "os", slow)
     with Producer(b.endpoint, transport="grpc", max_retries=0) as p:
         receipts: dict = {}
@@ -89,7 +73,7 @@ def test_a_send_whose_client_gives_up_before_its_fsync_still_becomes_readable(
     b = make_broker(flushDiskType="SYNC_FLUSH", syncFlushTimeout=30_000,
                     autoCreateTopicEnable="false")
     b.store.create_topic("A", read_queue_nums=1, write_queue_nums=1)
-    slow = _HeldSyncOS()
+    slow = HeldSyncOS()
     monkeypatch.setattr(segment, "os", slow)
     m = pb.Message(topic=pb.Resource(name="A"), body=b"given-up")
     m.system_properties.message_id = "ID-GIVEN-UP"

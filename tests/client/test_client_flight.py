@@ -5,10 +5,8 @@ broker offers no Flight, when its Flight does not connect, for what Flight refus
 delayed message) and on request; credentials over Flight as over gRPC."""
 from __future__ import annotations
 
-import os
 import threading
 import time
-import types
 
 import pytest
 from rocketmq import ClientConfiguration, Credentials, FilterExpression
@@ -16,6 +14,7 @@ from rocketmq import Producer as OfficialProducer
 from rocketmq import SimpleConsumer as OfficialConsumer
 
 from helpers.brokers import client_conf
+from helpers.storetools import HeldSyncOS
 from helpers.net import free_port
 from helpers.waiting import wait_until
 from sparkmq.broker.protocol import Code
@@ -282,29 +281,13 @@ def test_the_pull_consumer_follows_queues_on_one_stream(make_broker, closing):
         grpc_only.follow({queues[0]: 0})
 
 
-class _HeldSyncOS(types.SimpleNamespace):
-    """``os`` for the segment module whose ``fdatasync`` waits until ``release`` is set
-    (a disk slower than syncFlushTimeout, for as long as the test needs)."""
-
-    def __init__(self):
-        super().__init__(**{n: getattr(os, n) for n in dir(os)
-                            if not n.startswith("__") and n != "fdatasync"})
-        self.release = threading.Event()
-        self.syncs = 0
-
-    def fdatasync(self, fd):
-        self.syncs += 1
-        self.release.wait(30)
-        os.fdatasync(fd)
-
-
 def test_a_late_fsync_is_the_same_status_over_flight_and_grpc_and_is_stored_once(
         make_broker, closing, monkeypatch):
     from sparkmq.client.core import Code
     from sparkmq.log import segment
     b = flight_broker(make_broker, flushDiskType="SYNC_FLUSH", syncFlushTimeout=50)
     b.store.create_topic("A", read_queue_nums=1, write_queue_nums=1)
-    slow = _HeldSyncOS()
+    slow = HeldSyncOS()
     monkeypatch.setattr(segment, "os", slow)
     receipts = {}
     for transport in ("flight", "grpc"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
+import types
 
 import pyarrow as pa
 
@@ -89,3 +91,20 @@ def read_only_copy(store_dir, tmp_path):
     before = files_of(copy)
     yield str(copy)
     assert files_of(copy) == before, "a read-only open wrote to the store"
+
+
+class HeldSyncOS(types.SimpleNamespace):
+    """``os`` for the segment module (``monkeypatch.setattr(segment, "os", ...)``) whose
+    ``fdatasync`` waits until ``release`` is set: a disk slower than syncFlushTimeout, or
+    an fsync held for as long as the test needs. ``syncs``: the calls so far."""
+
+    def __init__(self):
+        super().__init__(**{n: getattr(os, n) for n in dir(os)
+                            if not n.startswith("__") and n != "fdatasync"})
+        self.release = threading.Event()
+        self.syncs = 0
+
+    def fdatasync(self, fd):
+        self.syncs += 1
+        self.release.wait(30)
+        os.fdatasync(fd)
