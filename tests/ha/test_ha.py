@@ -323,7 +323,11 @@ def test_an_awaited_replica_wait_answers_as_the_blocking_one(pair):
                 await asyncio.sleep(0)                    # the waiter is registered
                 await asyncio.get_running_loop().run_in_executor(None, during)
             return await task
-        return asyncio.run(go())
+        out = {}          # a loop of its own on a thread of its own (another test's running
+        t = threading.Thread(target=lambda: out.setdefault("r", asyncio.run(go())))
+        t.start()         # loop may be left set on this one)
+        t.join(60)
+        return out["r"]
     assert awaited(end + 1, 1000) is PutMessageStatus.SLAVE_NOT_AVAILABLE
     p.start_replica()
     wait_until(lambda: p.ha.replicas(), "the replica to attach")
