@@ -22,7 +22,8 @@ import pyarrow.compute as pc
 
 from ..errors import MessageLimitError, UserError
 from ..log import format as fmt
-from ..log.batch import constant_column, group_message_types
+from ..arrowcols import constant_column
+from ..log.batch import group_message_types
 from ..log.built import BuiltRows, build_rows
 from ..log.dispatch import binary_lengths
 from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
@@ -130,8 +131,8 @@ class BatchSender:
     def store(self, rows: BuiltRows, topics: list[str]) -> Stored:
         """Append ``rows`` (of ``topics``, each named once; alone or merged with the
         batches waiting now) and count them."""
-        # (on the gRPC loop, sends run one at a time: no merger; replicawait.held)
-        stored = self._append(rows) if HELD.offsets is not None else self.merger.submit(rows)
+        # (on the gRPC loop, sends run one at a time, not merged: replicawait.held)
+        stored = self.merger.submit(rows, merge=HELD.offsets is None)
         stored.status = self.broker.sender.replicated(stored.r)   # (after the merger)
         metrics, batch = self.broker.metrics, rows.batch
         if len(topics) == 1:

@@ -26,7 +26,7 @@ import pyarrow as pa
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import SparkMQError
-from ..log.batch import constant_column
+from ..arrowcols import constant_column
 from ..log.status import PutMessageStatus
 from .protocol import OK, error_status, send_response
 

@@ -432,9 +432,8 @@ class SendService:
         ``replicawait.held`` (the gRPC loop) a request is appended alone and its caller
         awaits the fsync and the replica."""
         self.place(rows)
-        if HELD.offsets is not None:     # on the gRPC loop, one at a time (replicawait)
-            return resolve(self, self._send_rows_alone(rows))
-        return resolve(self, self.merger.submit(rows))   # each request's replica wait
+        # (on the gRPC loop, one at a time: replicawait; each request's replica wait after)
+        return resolve(self, self.merger.submit(rows, merge=HELD.offsets is None))
 
     def request_queue(self, topic: str) -> int:
         """The queue of one request's rows of ``topic`` that have neither a queue nor a

@@ -73,8 +73,14 @@ class SendMerger:
         with self._lock:
             return len(self._pending)
 
-    def submit(self, rows) -> list:
-        """Append ``rows`` (alone or with the requests waiting now); per-row results."""
+    def submit(self, rows, *, merge: bool = True) -> list:
+        """Append ``rows`` (alone or with the requests waiting now); per-row results.
+        ``merge=False``: alone, at once, whatever waits (a caller that runs its sends one
+        at a time and waits for them itself: the gRPC loop, ``replicawait``)."""
+        if not merge:
+            self.batches += 1
+            self.requests += 1
+            return self._append(rows)
         ticket = None
         with self._lock:
             if self._leading:            # a leader is at work: queue up behind it

@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 
+from ..arrowcols import constant_column, fixed_width_strings
 from .core import (BrokerUnavailableError, ClientError, ClientTLS, Code, Message,
                    ReceivedMessage)
 
@@ -77,7 +78,7 @@ def send_batch(messages: Sequence[Message], ids: Sequence[str], born_ms: int,
     """The DoPut record batch of ``messages`` (one topic and message group, as a send
     request has) with message ids ``ids``: in ``PLAIN_SEND_SCHEMA`` when no message has a
     tag, keys or properties, else in ``SEND_SCHEMA``. The columns every row shares
-    (topic, group, host) are built once per value and row count (``_repeated``)."""
+    (topic, group, host) are shared from ``arrowcols``' cache; the ids are joined."""
     n = len(messages)
     first = messages[0]
     bodies = [m.body for m in messages]
@@ -86,60 +87,22 @@ def send_batch(messages: Sequence[Message], ids: Sequence[str], born_ms: int,
         bad = next(b for b in bodies if not _is_bytes(b))
         raise UserError(f"message body must be bytes, got {type(bad).__name__}")
     plain = not any(m.tag or m.keys or m.properties for m in messages)
-    cols = [_repeated(first.topic, n), pa.array(bodies, pa.binary())]
+    cols = [constant_column(first.topic, pa.string(), n), pa.array(bodies, pa.binary())]
     if not plain:
         cols += [pa.array([m.tag or None for m in messages], pa.string()),
                  pa.array([list(m.keys) or None for m in messages],
                           SEND_SCHEMA.field("keys").type),
                  pa.array([list(m.properties.items()) or None for m in messages],
                           SEND_SCHEMA.field("properties").type)]
-    cols += [_repeated(first.message_group, n), _id_column(ids),
+    cols += [constant_column(first.message_group, pa.string(), n),
+             fixed_width_strings(list(ids), 32),          # (MessageIds' width)
              pa.Array.from_buffers(TS, n, [None, pa.py_buffer(np.full(n, born_ms, np.int64))]),
-             _repeated(host, n)]
+             constant_column(host, pa.string(), n)]
     return pa.RecordBatch.from_arrays(cols, schema=PLAIN_SEND_SCHEMA if plain else SEND_SCHEMA)
 
 
 def _is_bytes(body) -> bool:
     return isinstance(body, (bytes, bytearray))
-
-
-_REPEATED: dict = {}
-_REPEATED_MAX = 64           # values kept
-_REPEATED_ROWS = 1024        # of at most this many rows
-
-
-def _repeated(value: str | None, n: int) -> pa.Array:
-    """``n`` rows of the string ``value`` (null: None), from a small cache: a producer
-    sends one topic from one host, mostly in batches of one size (a list conversion
-    took ~5 us for 100 rows). Arrays are immutable, so sharing one is safe."""
-    if n > _REPEATED_ROWS:                     # (a rare large batch is not kept)
-        return pa.array([value] * n, pa.string())
-    key = (value, n)
-    got = _REPEATED.get(key)
-    if got is None:
-        if len(_REPEATED) >= _REPEATED_MAX:
-            _REPEATED.clear()
-        got = _REPEATED[key] = pa.array([value] * n, pa.string())
-    return got
-
-
-def _id_column(ids: Sequence[str]) -> pa.Array:
-    """The ids as a string column: their bytes joined and fixed-width offsets where each
-    is 32 ASCII characters (``MessageIds``' form; no per-value conversion), else by
-    conversion."""
-    n = len(ids)
-    data = "".join(ids).encode()
-    if len(data) != 32 * n or set(map(len, ids)) != {32}:
-        return pa.array(ids, pa.string())
-    offsets = _ID_OFFSETS.get(n)
-    if offsets is None:
-        offsets = pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32))
-        if len(_ID_OFFSETS) < _REPEATED_MAX and n <= _REPEATED_ROWS:
-            _ID_OFFSETS[n] = offsets
-    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(data))
-
-
-_ID_OFFSETS: dict[int, pa.Buffer] = {}
 
 
 def parse_ack(buf) -> pa.Table:

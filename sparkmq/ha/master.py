@@ -28,7 +28,6 @@ bounded; ``stop`` closes every connection and joins the threads.
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import socket
@@ -38,7 +37,7 @@ import time
 from ..errors import BindError, HAProtocolError, StoreIOError
 from ..log.commitlog import SegmentRef
 from ..log.replication import meta_frame
-from ..log.services import settle_soon
+from ..log.services import AwaitedOffsets
 from ..log.status import PutMessageStatus
 from ..log.store import Store
 from . import epochs as epoch_history
@@ -292,7 +291,7 @@ class HAService:
         self.stopped = threading.Event()
         self._cond = threading.Condition()     # streamers wait here for new bytes
         self._ack_cond = threading.Condition()  # SYNC_MASTER senders wait here for acks
-        self._waiters: list[tuple] = []   # (offset, future, its loop): replicated_async
+        self._waiters = AwaitedOffsets()   # replicated_async's
         self.generation = 0          # bumped on every notify (new bytes, closes)
         self._conns: list[ReplicaConnection] = []
         self._sock: socket.socket | None = None
@@ -380,14 +379,7 @@ class HAService:
         with self._ack_cond:
             self._ack_cond.notify_all()
             if self._waiters:
-                waiting = []
-                for w in self._waiters:
-                    st = self._replicated_status(w[0])
-                    if st is None:
-                        waiting.append(w)
-                    else:
-                        settle_soon(w[2], w[1], st)
-                self._waiters = waiting
+                self._waiters.settle(self._replicated_status)
 
     def wait_for_bytes(self, seen: int, timeout_s: float) -> None:
         with self._cond:
@@ -419,21 +411,13 @@ class HAService:
         """``wait_replicated`` for a coroutine, with the same answers: the ack thread
         settles a future on the caller's loop (``broker/replicawait.py``), so no
         thread waits for the replica."""
-        loop = asyncio.get_running_loop()
-        waiter = (offset, loop.create_future(), loop)
         with self._ack_cond:
             st = self._replicated_status(offset)
             if st is not None:
                 return st
-            self._waiters.append(waiter)
-        try:
-            return await asyncio.wait_for(waiter[1], timeout_ms / 1000.0)
-        except asyncio.TimeoutError:
-            return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
-        finally:
-            with self._ack_cond:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+            waiter = self._waiters.add(offset)
+        return await self._waiters.wait(waiter, self._ack_cond, timeout_ms / 1000.0,
+                                        PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
 
     def _replicated_status(self, offset: int) -> PutMessageStatus | None:
         """A wait for ``offset``'s answer now (under ``_ack_cond``), None to wait on:

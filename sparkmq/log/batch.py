@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..arrowcols import constant_column
 from ..errors import (InvalidMessageError, PermissionDeniedError, QueueNotFoundError,
                       TopicNotFoundError)
 from . import format as fmt
@@ -276,22 +277,6 @@ def list_column(values: list, type_: pa.DataType) -> pa.Array:
     return pa.array(values, type_)
 
 
-_CACHED_ROWS = 1 << 16       # constant columns of longer batches are built each time
-
-
-def constant_column(value, type_: pa.DataType, n: int) -> pa.Array:
-    """``n`` times ``value`` (None: nulls) as an Arrow array of ``type_``. Arrow arrays
-    are immutable, so the columns that repeat from batch to batch (topic, hosts, type,
-    the null optional fields: ~10 per batch, 1-4 us each to build) are shared; at most
-    256 are kept, of at most 65,536 rows each."""
-    return _constant(value, type_, n) if n <= _CACHED_ROWS else _build_constant(value, type_, n)
-
-
-def _build_constant(value, type_: pa.DataType, n: int) -> pa.Array:
-    return pa.nulls(n, type_) if value is None else pa.repeat(pa.scalar(value, type_), n)
-
-
-_constant = functools.lru_cache(maxsize=256)(_build_constant)
 
 
 def binary_column(values: list[bytes]) -> pa.Array:

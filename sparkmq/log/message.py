@@ -20,6 +20,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..arrowcols import fixed_offsets, fixed_width_strings
 from ..errors import InvalidMessageIdError
 from . import format as fmt
 
@@ -183,18 +184,11 @@ def _row_hex8(rows: np.ndarray) -> np.ndarray:
 
 
 _LOOP_IDS = 8      # ids of this many rows or fewer: a loop (numpy's fixed cost exceeds it)
-# the offsets of 0..8 ids of 32 bytes (a few ids: their bytes joined and these offsets, no
-# converter: ``pa.array`` of a list of str takes ~3x as long)
-_FEW_ID_OFFSETS = [pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32))
-                   for n in range(_LOOP_IDS + 1)]
 
 
 def _few_ids(ids: list[str]) -> pa.Array:
     """At most ``_LOOP_IDS`` ids (32 ASCII characters each) as a string array."""
-    data = "".join(ids).encode()
-    if len(data) != 32 * len(ids):      # (not ids of this store's form: no shortcut)
-        return pa.array(ids, pa.string())
-    return _id_array(data, len(ids))
+    return fixed_width_strings(ids, 32)
 
 
 def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa.Array:
@@ -245,9 +239,7 @@ def message_ids(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> list[s
 def _id_array(data, n: int) -> pa.Array:
     """``n`` ids, 32 ASCII bytes each (``data``: their bytes, or ``(n, 4)`` uint64 words),
     as a string array."""
-    offsets = _FEW_ID_OFFSETS[n] if n <= _LOOP_IDS else \
-        pa.py_buffer(np.arange(0, 32 * n + 1, 32, dtype=np.int32))
-    return pa.StringArray.from_buffers(n, offsets, pa.py_buffer(data))
+    return pa.StringArray.from_buffers(n, fixed_offsets(n, 32), pa.py_buffer(data))
 
 
 def _own_ids_complete(own) -> bool:

@@ -42,6 +42,48 @@ def settle_soon(loop, fut, answer) -> None:
         pass
 
 
+class AwaitedOffsets:
+    """Coroutines awaiting an answer about an offset (fsynced, acked), each on its own
+    loop, answered from another thread. Its owner holds its own lock around ``add`` and
+    ``settle``; ``wait`` takes that lock to forget a waiter that gave up."""
+
+    def __init__(self):
+        self._waiting: list[tuple] = []      # (offset, future, its loop)
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+    def add(self, offset: int) -> tuple:
+        """A waiter for ``offset`` on the running loop (under the owner's lock)."""
+        loop = asyncio.get_running_loop()
+        waiter = (offset, loop.create_future(), loop)
+        self._waiting.append(waiter)
+        return waiter
+
+    async def wait(self, waiter: tuple, lock, timeout_s: float, timed_out):
+        """``waiter``'s answer, or ``timed_out`` after ``timeout_s``."""
+        try:
+            return await asyncio.wait_for(waiter[1], timeout_s)
+        except asyncio.TimeoutError:
+            return timed_out
+        finally:
+            with lock:
+                if waiter in self._waiting:
+                    self._waiting.remove(waiter)
+
+    def settle(self, answer: Callable[[int], object]) -> None:
+        """Answer each waiter whose ``answer(offset)`` is not None (under the owner's
+        lock); the others keep waiting."""
+        waiting = []
+        for w in self._waiting:
+            a = answer(w[0])
+            if a is None:
+                waiting.append(w)
+            else:
+                settle_soon(w[2], w[1], a)
+        self._waiting = waiting
+
+
 class GroupCommitService:
     """SYNC_FLUSH: fsync on request; one fsync serves all waiting appenders."""
 
@@ -55,7 +97,7 @@ class GroupCommitService:
         self._stopping = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._waiters: list[tuple] = []      # (offset, future, its loop): flushed_async
+        self._awaited = AwaitedOffsets()     # flushed_async's waiters
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="sparkmq-group-commit",
@@ -79,33 +121,20 @@ class GroupCommitService:
     async def flushed_async(self, offset: int, timeout_ms: int) -> bool:
         """``wait_for`` for a coroutine, with the same answers: the fsync thread settles
         a future on the caller's loop, so no thread waits for the disk."""
-        loop = asyncio.get_running_loop()
-        waiter = (offset, loop.create_future(), loop)
         with self._cond:
             if self._flushed >= offset or self._stopping:
                 return self._flushed >= offset
             if offset > self._requested:
                 self._requested = offset
                 self._cond.notify_all()
-            self._waiters.append(waiter)
-        try:
-            return await asyncio.wait_for(waiter[1], timeout_ms / 1000.0)
-        except asyncio.TimeoutError:
-            return False
-        finally:
-            with self._cond:
-                if waiter in self._waiters:
-                    self._waiters.remove(waiter)
+            waiter = self._awaited.add(offset)
+        return await self._awaited.wait(waiter, self._cond, timeout_ms / 1000.0, False)
 
     def _settle(self) -> None:
         """Answer the awaited waits that have their answer (under ``_cond``)."""
-        waiting = []
-        for w in self._waiters:
-            if self._flushed >= w[0] or self._stopping:
-                settle_soon(w[2], w[1], self._flushed >= w[0])
-            else:
-                waiting.append(w)
-        self._waiters = waiting
+        if self._awaited:
+            self._awaited.settle(lambda offset: self._flushed >= offset
+                                 if self._flushed >= offset or self._stopping else None)
 
     def _loop(self) -> None:
         while True:

@@ -341,7 +341,7 @@ def test_an_awaited_replica_wait_answers_as_the_blocking_one(pair):
     wait_until(lambda: p.ha.replicas(), "the replica to attach again")
     assert awaited(end + 10**9, 30_000, during=p.ha.stop) \
         is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
-    assert p.ha._waiters == []
+    assert len(p.ha._waiters) == 0
 
 
 def test_promotion_raises_the_epoch_and_old_master_diverges(pair, tmp_path):
