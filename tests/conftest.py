@@ -6,6 +6,7 @@ SparkSession; ``integration`` starts real processes/servers on 127.0.0.1;
 """
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import sys
@@ -23,6 +24,17 @@ os.environ.setdefault("SPARKMQ_ADMIN_TOKEN", secrets.token_urlsafe(32))
 # Likewise the cluster secret NameServers and brokers sign registrations with
 # (sparkmq/namesrv/signing.py; otherwise ~/.sparkmq/cluster.secret would be made).
 os.environ.setdefault("SPARKMQ_CLUSTER_SECRET", secrets.token_urlsafe(32))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_event_loop_left_running():
+    """A module must not leave an event loop set as running on the main thread (later
+    modules' ``asyncio.run`` would refuse: it failed a test in CI once)."""
+    yield
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        pytest.fail(f"this module left {loop!r} set as the main thread's running loop: "
+                    "stop what started it (a fixture's teardown) within the module")
 
 
 @pytest.fixture(params=["local", "memory"])

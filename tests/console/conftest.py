@@ -42,9 +42,11 @@ def chromium_path() -> str:
     return path
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser(chromium_path):
-    """A headless Chromium for the session (Playwright, the system browser)."""
+    """A headless Chromium for a module's tests (Playwright, the system browser). Not
+    for the session: Playwright's sync API keeps an event loop set as running on the
+    main thread while it is open, and later tests' ``asyncio.run`` would refuse."""
     sync_api = pytest.importorskip("playwright.sync_api",
                                    reason="playwright is in the 'test' extras")
     with sync_api.sync_playwright() as pw:
