@@ -369,6 +369,12 @@ class Broker:
         return self.ha.fenced_reason
 
     @property
+    def event_loop(self):
+        """The gRPC server's event loop (None before it starts): replica acks are read
+        there (ha/loopacks.py), where the sends that await them run."""
+        return self._grpc.loop if self._grpc is not None else None
+
+    @property
     def ha_service(self):
         return self.ha.ha_service
 

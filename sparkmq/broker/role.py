@@ -91,7 +91,8 @@ class HARole:
         self.ha_service = HAService(self.broker.store, broker_name=cfg.broker_name,
                                     secret=cfg.resolved_ha_secret(), host=cfg.host,
                                     port=cfg.ha_listen_port,
-                                    ssl_context=_ha_server_tls(cfg)).start()
+                                    ssl_context=_ha_server_tls(cfg),
+                                    ack_loop=self.broker.event_loop).start()
 
     def stop(self) -> None:
         if self.ha_client is not None:

@@ -3,18 +3,22 @@
 ``HAService`` listens on ``haListenPort``; each replica that authenticates
 gets a ``ReplicaConnection``: one thread streams CommitLog bytes from the
 replica's offset (segment boundaries and names included, so the copy is
-byte-identical), one thread reads the replica's acks. The bytes streamed are
-those the store has written (``SegmentRef.size``: whole batches only), sent
-from the segment files with ``os.sendfile`` (no copy through Python); a
-sealed segment's bytes include its end-of-stream marker, so the replica seals
-at the same byte.
+byte-identical). The bytes streamed are those the store has written
+(``SegmentRef.size``: whole batches only), sent from the segment files with
+``os.sendfile`` (no copy through Python); a sealed segment's bytes include its
+end-of-stream marker, so the replica seals at the same byte. To a replica caught
+up, an append's bytes are sent by the appending thread itself as they are written
+(``push``, from ``CommitLog.written_hook``), if the socket takes them without
+waiting; the streaming thread is then not woken. The replica's acks are read on
+the broker's event loop (``ack_loop``: ``loopacks.py``) or, without one or over
+TLS, on a thread of their own.
 
 SYNC_MASTER: ``wait_replicated(offset, timeout_ms)`` blocks the sender until
 some replica acked ``offset`` (``PUT_OK``), or answers ``SLAVE_NOT_AVAILABLE``
 at once when no replica is attached, or ``FLUSH_SLAVE_TIMEOUT`` after the
 timeout (the message is stored on the master either way). ``replicated_async`` gives
 the same answers to a coroutine (the gRPC loop's sends, ``broker/replicawait.py``): the
-ack thread settles its future, so no thread waits. A replica acks what
+ack's reader settles its future, so no thread waits. A replica acks what
 it has written to its own segment file (page cache), as RocketMQ's slave does.
 
 Topic configs, consumer offsets and the retention floor (so that a replica
@@ -41,9 +45,10 @@ from ..log.services import AwaitedOffsets
 from ..log.status import PutMessageStatus
 from ..log.store import Store
 from . import epochs as epoch_history
+from .loopacks import LoopAcks
 from .tlslink import TLSLink
-from .protocol import (CHUNK_BYTES, check_proof, new_nonce, proof, recv_frame, send_frame,
-                       send_frame_from_file)
+from .protocol import (CHUNK_BYTES, check_proof, data_frame_head, new_nonce, proof, recv_frame,
+                       send_frame, send_frame_from_file, send_now)
 
 log = logging.getLogger("sparkmq.ha")
 
@@ -65,6 +70,15 @@ class ReplicaConnection:
         self.connected_ms = int(time.time() * 1000)
         self.closed = threading.Event()
         self._fds: dict[str, int] = {}
+        # the stream's state, the streaming thread's and ``push``'s under ``_tx``
+        self._tx = threading.Lock()
+        self._cursor = 0
+        self._meta_sent: dict | None = None
+        self._started: set[str] = set()
+        self._last_send = 0.0
+        self._unsent: list = []           # the rest of a frame ``push`` began
+        self.pushes = False               # set once streaming: a plain socket, local files
+        self._acks: LoopAcks | None = None    # acks read on the broker's loop (loopacks.py)
 
     # -- lifecycle ---------------------------------------------------------
     def run(self) -> None:
@@ -78,9 +92,16 @@ class ReplicaConnection:
             self.close()
             return
         self.service.attach(self)
-        reader = threading.Thread(target=self._read_acks, daemon=True,
-                                  name=f"sparkmq-ha-ack-{self.broker_id}")
-        reader.start()
+        reader = None
+        loop = self.service.ack_loop
+        if loop is not None and isinstance(self.sock, socket.socket):
+            acks = LoopAcks(self, loop)
+            self._acks = acks if acks.start() else None
+        if self._acks is None:
+            reader = threading.Thread(target=self._read_acks, daemon=True,
+                                      name=f"sparkmq-ha-ack-{self.broker_id}")
+            reader.start()
+        self.pushes = isinstance(self.sock, socket.socket) and self.service.store.sfs.is_local
         try:
             self._stream(start)
         except (OSError, ConnectionError, HAProtocolError) as e:
@@ -91,7 +112,8 @@ class ReplicaConnection:
             log.exception("HA: streaming to replica %s failed", self.addr)
         finally:
             self.close()
-            reader.join(5)
+            if reader is not None:
+                reader.join(5)
             self.service.detach(self)
 
     def close(self) -> None:
@@ -100,6 +122,8 @@ class ReplicaConnection:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        if self._acks is not None:    # off the loop before the descriptor closes
+            self._acks.stop()
         self.sock.close()
         # the streaming thread may drop an fd meanwhile (_drop_fd): each is popped, so
         # exactly one of the two closes it (iterating the dict closed some twice: EBADF)
@@ -169,78 +193,144 @@ class ReplicaConnection:
         raise HAProtocolError(message)
 
     # -- acks ----------------------------------------------------------------
+    # Read on the broker's event loop where it has one and the link is a plain socket
+    # (loopacks.py: an ack wakes the loop itself), else on a thread of their own.
     def _read_acks(self) -> None:
         try:
             while not self.closed.is_set():
                 header, _ = recv_frame(self.sock)
-                if header.get("type") == "ack" and isinstance(header.get("offset"), int):
-                    self.acked_offset = max(self.acked_offset, header["offset"])
-                    self.service.note_acked()
+                self.took(header)
         except (OSError, ConnectionError, HAProtocolError):
             pass
         finally:
-            self.closed.set()
-            self.service.notify()   # wake the streamer so it sees the close
-            self.service.note_acked()   # and SYNC waiters, which stop counting this replica
+            self.acks_ended()
+
+    def took(self, header: dict) -> None:
+        """A frame from the replica: an ack of more bytes wakes the SYNC_MASTER waits."""
+        offset = header.get("offset")
+        if header.get("type") == "ack" and isinstance(offset, int) and \
+                offset > self.acked_offset:
+            self.acked_offset = offset
+            self.service.note_acked()
+
+    def acks_ended(self) -> None:
+        """No more acks (the link closed or failed): the connection is over."""
+        self.closed.set()
+        self.service.notify()       # wake the streamer so it sees the close
+        self.service.note_acked()   # and SYNC waiters, which stop counting this replica
 
     # -- streaming -----------------------------------------------------------
+    # The streaming thread sends what the replica lacks: catch-up, segment starts, meta
+    # and heartbeats. The bytes of an append the replica is caught up to are pushed by
+    # the appending thread itself (``push``) when the socket takes them at once, so a
+    # SYNC_MASTER send does not wait for this thread to wake. Both write under ``_tx``;
+    # the stream state below (cursor, meta sent, segments started, a pushed frame's
+    # unsent rest) is theirs under it.
     def _stream(self, cursor: int) -> None:
         svc = self.service
-        store = svc.store
-        meta_sent = None
-        last_send = 0.0
-        segs = store.commitlog.segments()
+        segs = svc.store.commitlog.segments()
         if cursor == 0 and segs:
             cursor = segs[0].base_offset      # an empty replica starts at the earliest segment
-        started: set[str] = set()
+        self._cursor = cursor
         while not self.closed.is_set() and not svc.stopped.is_set():
             seen = svc.generation
-            ref = _segment_at(store.commitlog.segments(), cursor)
-            sent = False
-            if ref is not None:
-                sealed = ref.sealed          # read sealed first: its size is then final
-                size = ref.size
-                meta = svc.meta()           # topics after the size: they cover those bytes
-                if meta != meta_sent:
-                    send_frame(self.sock, {"type": "meta", **meta})
-                    meta_sent = meta
-                pos = cursor - ref.base_offset
-                if pos == 0 and ref.path not in started:
-                    send_frame(self.sock, {"type": "segment", "path": ref.path,
-                                           "baseOffset": ref.base_offset})
-                    started.add(ref.path)
-                if pos < size:
-                    n = min(CHUNK_BYTES, size - pos)
-                    # ``size`` is always at a batch end: a frame reaching it is "whole"
-                    header = {"type": "data", "path": ref.path, "pos": pos, "offset": cursor,
-                              "whole": pos + n == size}
-                    if store.sfs.is_local:
-                        send_frame_from_file(self.sock, header, self._fd(ref), pos, n)
-                    else:
-                        send_frame(self.sock, header, store.sfs.read_range(ref.path, pos,
-                                                                           pos + n))
-                    cursor += n
-                    self.sent_offset = cursor
-                    last_send = time.monotonic()
-                    sent = True
-                    if sealed and pos + n == size:
-                        self._drop_fd(ref.path)
-            if sent:
-                continue
-            if ref is None and cursor < store.commitlog.min_offset():
-                first = store.commitlog.min_offset()
-                self._refuse("OFFSET_REMOVED", f"offset {cursor} was removed by retention "
-                             f"while the replica was behind (earliest {first}); start the "
-                             "replica on an empty folder")
-            if time.monotonic() - last_send >= HEARTBEAT_INTERVAL_S:
-                meta = svc.meta()
-                if meta != meta_sent:
-                    send_frame(self.sock, {"type": "meta", **meta})
-                    meta_sent = meta
-                send_frame(self.sock, {"type": "heartbeat", "epoch": store.epoch,
-                                       "writtenOffset": store.commitlog.written_offset})
-                last_send = time.monotonic()
-            svc.wait_for_bytes(seen, IDLE_WAIT_S)
+            with self._tx:
+                ref = _segment_at(svc.store.commitlog.segments(), self._cursor)
+                sent = self._send_next(ref)
+                if not sent:
+                    self._idle(ref)
+            if not sent:
+                svc.wait_for_bytes(seen, IDLE_WAIT_S)
+
+    def _send_next(self, ref: SegmentRef | None) -> bool:
+        """Send the next frame the replica lacks from segment ``ref`` (the one at the
+        cursor; under ``_tx``); whether one was sent."""
+        if self._unsent:                  # a pushed frame's rest goes first
+            for part in self._unsent:
+                self.sock.sendall(part)
+            self._unsent = []
+        if ref is None:
+            return False
+        store = self.service.store
+        sealed = ref.sealed          # read sealed first: its size is then final
+        size = ref.size
+        self._send_meta()           # topics after the size: they cover those bytes
+        pos = self._cursor - ref.base_offset
+        if pos == 0 and ref.path not in self._started:
+            send_frame(self.sock, {"type": "segment", "path": ref.path,
+                                   "baseOffset": ref.base_offset})
+            self._started.add(ref.path)
+        if pos >= size:
+            return False
+        n = min(CHUNK_BYTES, size - pos)
+        # ``size`` is always at a batch end: a frame reaching it is "whole"
+        header = {"type": "data", "path": ref.path, "pos": pos, "offset": self._cursor,
+                  "whole": pos + n == size}
+        if store.sfs.is_local:
+            send_frame_from_file(self.sock, header, self._fd(ref), pos, n)
+        else:
+            send_frame(self.sock, header, store.sfs.read_range(ref.path, pos, pos + n))
+        self._sent(n)
+        if sealed and pos + n == size:
+            self._drop_fd(ref.path)
+        return True
+
+    def _sent(self, n: int) -> None:
+        self._cursor += n
+        self.sent_offset = self._cursor
+        self._last_send = time.monotonic()
+
+    def _send_meta(self) -> None:
+        meta = self.service.meta()
+        if meta is not self._meta_sent and meta != self._meta_sent:
+            send_frame(self.sock, {"type": "meta", **meta})
+        self._meta_sent = meta
+
+    def _idle(self, ref: SegmentRef | None) -> None:
+        """Nothing to send (under ``_tx``): refuse a replica retention overtook, or send
+        a heartbeat when the link has been quiet ``HEARTBEAT_INTERVAL_S``."""
+        store = self.service.store
+        if ref is None and self._cursor < store.commitlog.min_offset():
+            first = store.commitlog.min_offset()
+            self._refuse("OFFSET_REMOVED", f"offset {self._cursor} was removed by retention "
+                         f"while the replica was behind (earliest {first}); start the "
+                         "replica on an empty folder")
+        if time.monotonic() - self._last_send >= HEARTBEAT_INTERVAL_S:
+            self._send_meta()
+            send_frame(self.sock, {"type": "heartbeat", "epoch": store.epoch,
+                                   "writtenOffset": store.commitlog.written_offset})
+            self._last_send = time.monotonic()
+
+    def push(self, ref: SegmentRef, pos: int, data) -> None:
+        """Send ``data``, the bytes just appended at ``pos`` of segment ``ref``, from
+        the appending thread (``CommitLog.written_hook``, under the append lock), if
+        this replica is caught up to them, nothing else is being sent, and the socket
+        takes them without waiting (a part it did not take is sent by the streaming
+        thread next). Otherwise the streaming thread sends them once woken
+        (``caught_up`` is then False)."""
+        if not self.pushes or not self._tx.acquire(blocking=False):
+            return
+        try:
+            if self._unsent or self.closed.is_set() or ref.path not in self._started \
+                    or ref.base_offset + pos != self._cursor \
+                    or self.service.meta() is not self._meta_sent:
+                return       # behind, a new segment, or a topic changed: the streamer's
+            n = len(data)
+            head = data_frame_head(ref.path, pos, self._cursor, True, n)
+            left = send_now(self.sock, [head, data])
+            if left is None:
+                return                   # the socket is full: the streamer waits for it
+            self._unsent = [bytes(part) for part in left]
+            self._sent(n)
+        except OSError:
+            return                       # the streamer meets the same error and closes
+        finally:
+            self._tx.release()
+
+    def caught_up(self, offset: int) -> bool:
+        """Whether every byte below ``offset`` was sent (not only begun: a pushed
+        frame's rest, ``_unsent``, is the streaming thread's to send)."""
+        return self._cursor >= offset and not self._unsent
 
     def _fd(self, ref: SegmentRef) -> int:
         fd = self._fds.get(ref.path)
@@ -277,7 +367,8 @@ class HAService:
     """The master's replication endpoint; see the module docstring."""
 
     def __init__(self, store: Store, *, broker_name: str, secret: str,
-                 host: str = "127.0.0.1", port: int = 0, ssl_context=None):
+                 host: str = "127.0.0.1", port: int = 0, ssl_context=None,
+                 ack_loop=None):
         if not secret:
             from ..errors import InvalidConfigError
             raise InvalidConfigError("replication needs haSecret (a shared secret in the "
@@ -288,6 +379,7 @@ class HAService:
         self.host = host
         self.port = port
         self.ssl_context = ssl_context     # TLS on the link (haTlsEnable; tlslink.py)
+        self.ack_loop = ack_loop           # an event loop to read acks on (loopacks.py)
         self.stopped = threading.Event()
         self._cond = threading.Condition()     # streamers wait here for new bytes
         self._ack_cond = threading.Condition()  # SYNC_MASTER senders wait here for acks
@@ -315,6 +407,7 @@ class HAService:
         self._sock = sock
         self.port = sock.getsockname()[1]
         self.store.add_listener(self._on_arrival)
+        self.store.commitlog.written_hook = self._on_written
         t = threading.Thread(target=self._accept_loop, name="sparkmq-ha-accept", daemon=True)
         t.start()
         self._threads.append(t)
@@ -324,6 +417,8 @@ class HAService:
     def stop(self) -> None:
         self.stopped.set()
         self.store.remove_listener(self._on_arrival)
+        if self.store.commitlog.written_hook == self._on_written:
+            self.store.commitlog.written_hook = None
         self.notify()
         self.note_acked()
         if self._sock is not None:
@@ -351,21 +446,30 @@ class HAService:
 
     def attach(self, conn: ReplicaConnection) -> None:
         """A replica connection starts counting for SYNC_MASTER acks."""
-        with self._ack_cond:
-            self._conns.append(conn)
+        with self._ack_cond:      # a new list, not changed in place: ``_on_arrival`` reads it
+            self._conns = [*self._conns, conn]
         self.note_acked()
 
     def detach(self, conn: ReplicaConnection) -> None:
         """A replica connection ended: it no longer counts; waiters re-check."""
         with self._ack_cond:
-            if conn in self._conns:
-                self._conns.remove(conn)
+            self._conns = [c for c in self._conns if c is not conn]
         self.note_acked()
         self.notify()
 
     # -- signals -----------------------------------------------------------
+    def _on_written(self, ref: SegmentRef, pos: int, data) -> None:
+        """An append's bytes, as written (``CommitLog.written_hook``): pushed to each
+        replica by the appending thread where it can (``ReplicaConnection.push``)."""
+        for c in self._conns:
+            c.push(ref, pos, data)
+
     def _on_arrival(self, topic: str, queue_id: int, max_offset: int) -> None:
-        self.notify()
+        """New rows: the streaming threads of replicas that lack bytes are woken."""
+        end = self.store.commitlog.written_offset
+        conns = self._conns
+        if not conns or not all([c.caught_up(end) for c in conns]):
+            self.notify()
 
     def notify(self) -> None:
         """New bytes in the CommitLog (or something else changed): wake the streamers."""

@@ -70,10 +70,42 @@ def check_proof(secret: str, role: str, nonce: str, broker_name: str, got) -> bo
 
 def send_frame(sock: socket.socket, header: dict, payload: bytes | memoryview = b"") -> None:
     """Send one frame (not thread-safe per socket: one sender per direction)."""
-    h = json.dumps(header, separators=(",", ":")).encode()
-    sock.sendall(PREFIX.pack(len(h), len(payload)) + h)
+    sock.sendall(frame_head(header, len(payload)))
     if payload:
         sock.sendall(payload)
+
+
+def frame_head(header: dict, payload_len: int) -> bytes:
+    """A frame's prefix and header, the bytes before its payload."""
+    h = json.dumps(header, separators=(",", ":")).encode()
+    return PREFIX.pack(len(h), payload_len) + h
+
+
+def data_frame_head(path: str, pos: int, offset: int, whole: bool, count: int) -> bytes:
+    """``frame_head`` of a data frame (the same bytes), formatted directly: it is sent
+    for every append a replica follows."""
+    h = (f'{{"type":"data","path":{json.dumps(path)},"pos":{pos:d},"offset":{offset:d},'
+         f'"whole":{"true" if whole else "false"}}}').encode()
+    return PREFIX.pack(len(h), count) + h
+
+
+def send_now(sock: socket.socket, parts: list) -> list | None:
+    """Send ``parts`` (bytes-like, one frame or more) if the socket takes them without
+    waiting (``MSG_DONTWAIT``: one ``sendmsg``, never blocks): None if nothing was sent
+    (it would have waited), else what is left to send (the caller sends it before any
+    other byte; ``[]``: all sent)."""
+    try:
+        sent = sock.sendmsg(parts, [], socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return None
+    left = []
+    for part in parts:
+        if sent >= len(part):
+            sent -= len(part)
+        else:
+            left.append(memoryview(part)[sent:])
+            sent = 0
+    return left
 
 
 def send_frame_from_file(sock: socket.socket, header: dict, fd: int, offset: int,
@@ -81,8 +113,7 @@ def send_frame_from_file(sock: socket.socket, header: dict, fd: int, offset: int
     """Send a frame whose payload is ``count`` bytes of file ``fd`` at ``offset``, with
     ``os.sendfile`` (page cache to socket, no copy through Python); over a TLS link
     (not a plain socket) read and sent through it."""
-    h = json.dumps(header, separators=(",", ":")).encode()
-    sock.sendall(PREFIX.pack(len(h), count) + h)
+    sock.sendall(frame_head(header, count))
     if not isinstance(sock, socket.socket):      # a TLS link: encrypt in this process
         for at in range(offset, offset + count, 1 << 20):
             data = os.pread(fd, min(1 << 20, offset + count - at), at)
@@ -126,17 +157,42 @@ def recv_header(sock: socket.socket) -> tuple[dict, int]:
     """Read one frame's prefix and header and leave its payload in the socket (the
     caller reads exactly the returned payload length, e.g. with ``os.splice``).
     Raises like :func:`recv_frame`."""
-    hlen, plen = PREFIX.unpack(_recv_exact(sock, PREFIX.size))
+    hlen, plen = _sizes(_recv_exact(sock, PREFIX.size), 0)
+    return _header(bytes(_recv_exact(sock, hlen))), plen
+
+
+def take_frames(buf: bytearray) -> list[dict]:
+    """The headers of the whole frames at the front of ``buf`` (bytes read from a
+    socket without waiting), removed from it with their payloads; a frame's start left
+    in ``buf`` waits for its rest. Raises like :func:`recv_frame`."""
+    headers, at = [], 0
+    while len(buf) - at >= PREFIX.size:
+        hlen, plen = _sizes(buf, at)
+        start = at + PREFIX.size
+        if len(buf) < start + hlen + plen:
+            break
+        headers.append(_header(bytes(buf[start:start + hlen])))
+        at = start + hlen + plen
+    del buf[:at]
+    return headers
+
+
+def _sizes(buf, at: int) -> tuple[int, int]:
+    hlen, plen = PREFIX.unpack_from(buf, at)
     if hlen > MAX_HEADER_BYTES or plen > MAX_PAYLOAD_BYTES:
         raise HAProtocolError(f"frame too large (header {hlen} bytes, payload {plen} bytes); "
                               "is the peer a sparkmq HA endpoint?")
+    return hlen, plen
+
+
+def _header(raw: bytes) -> dict:
     try:
-        header = json.loads(bytes(_recv_exact(sock, hlen)))
+        header = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise HAProtocolError(f"frame header is not JSON: {e}") from None
     if not isinstance(header, dict) or not isinstance(header.get("type"), str):
         raise HAProtocolError("frame header must be a JSON object with a 'type'")
-    return header, plen
+    return header
 
 
 def parse_address(addr: str) -> tuple[str, int]:

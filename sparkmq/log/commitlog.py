@@ -17,9 +17,11 @@ with appends; ``flush`` may run on the flush service's thread.
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import pyarrow as pa
 
@@ -28,6 +30,8 @@ from . import checksum
 from . import format as fmt
 from . import segment as seg
 from .fs import StoreFS
+
+log = logging.getLogger("sparkmq.commitlog")
 
 # The active segment's blocks are allocated this far ahead of its end (given back when it
 # closes): an append then only copies its bytes (bench/README.md, "allocated ahead").
@@ -73,6 +77,9 @@ class CommitLog:
         self.written_offset = 0               # physical offset after the last appended byte
         self.segments_created = 0             # rolls by this process (publish wakes on a roll)
         self._active_ref: SegmentRef | None = None   # the active segment's ref (found once)
+        # called with (segment ref, position, bytes) after each append, under the
+        # caller's append lock (the HA master sends them to replicas: ha/master.py)
+        self.written_hook: Callable[[SegmentRef, int, pa.Buffer], None] | None = None
 
     # -- segment list ------------------------------------------------------
     def load(self, refs: list[SegmentRef]) -> None:
@@ -226,6 +233,11 @@ class CommitLog:
                 ref = self._active_ref = self._ref(a.rel_path)
             ref.size = a.size
         self.written_offset = a.base_offset + a.size
+        if self.written_hook is not None:
+            try:
+                self.written_hook(ref, pos, data)
+            except Exception:   # the bytes are written: a hook's failure must not fail the append
+                log.exception("commit log written hook failed")
         self._cache_put(offset, batch, len(data))
         return offset
 

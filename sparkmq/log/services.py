@@ -32,14 +32,20 @@ log = logging.getLogger("sparkmq.services")
 
 def settle_soon(loop, fut, answer) -> None:
     """Give ``fut`` its ``answer`` on its own ``loop``, from any thread (a closed loop:
-    its server has stopped, nobody awaits it)."""
-    def settle():
-        if not fut.done():
-            fut.set_result(answer)
+    its server has stopped, nobody awaits it); at once when called on that loop."""
+    if asyncio._get_running_loop() is loop:
+        _settle(fut, answer)
+        return
     try:
-        loop.call_soon_threadsafe(settle)
+        loop.call_soon_threadsafe(_settle, fut, answer)
     except RuntimeError:
         pass
+
+
+def _settle(fut, answer) -> None:
+    """``fut`` answered ``answer`` unless it has its answer (or was cancelled)."""
+    if not fut.done():
+        fut.set_result(answer)
 
 
 class AwaitedOffsets:
@@ -61,12 +67,15 @@ class AwaitedOffsets:
         return waiter
 
     async def wait(self, waiter: tuple, lock, timeout_s: float, timed_out):
-        """``waiter``'s answer, or ``timed_out`` after ``timeout_s``."""
+        """``waiter``'s answer, or ``timed_out`` after ``timeout_s``. (The timeout
+        settles the same future: ``asyncio.wait_for`` would wrap it in a second one and
+        take two more turns of the loop per answer.)"""
+        _, fut, loop = waiter
+        timer = loop.call_later(timeout_s, _settle, fut, timed_out)
         try:
-            return await asyncio.wait_for(waiter[1], timeout_s)
-        except asyncio.TimeoutError:
-            return timed_out
+            return await fut
         finally:
+            timer.cancel()
             with lock:
                 if waiter in self._waiting:
                     self._waiting.remove(waiter)

@@ -40,12 +40,13 @@ class Pair:
     """A master store with its HA service and a replica store following it."""
 
     def __init__(self, tmp_path, *, secret=SECRET, replica_secret=None, segment_bytes=64 << 10,
-                 **store_opts):
+                 ack_loop=None, **store_opts):
         self.master_url = str(tmp_path / "master")
         self.replica_url = str(tmp_path / "replica")
         self.opts = dict(mappedFileSizeCommitLog=segment_bytes, **store_opts)
         self.master = Store.open(self.master_url, **self.opts)
-        self.ha = HAService(self.master, broker_name="broker-a", secret=secret).start()
+        self.ha = HAService(self.master, broker_name="broker-a", secret=secret,
+                            ack_loop=ack_loop).start()
         self.replica_secret = secret if replica_secret is None else replica_secret
         self.replica = None
         self.client = None
@@ -83,19 +84,6 @@ class Pair:
         self.stop_replica()
         self.ha.stop()
         self.master.close()
-
-
-@pytest.fixture
-def pair(tmp_path):
-    made = []
-
-    def make(**kw):
-        p = Pair(tmp_path, **kw)
-        made.append(p)
-        return p
-    yield make
-    for p in made:
-        p.close()
 
 
 def send(store: Store, n: int, topic: str = "T", start: int = 0, batch: int = 50):
@@ -767,6 +755,9 @@ def test_grpc_sends_that_wait_only_for_the_replica_await_it_on_the_loop(tmp_path
     try:
         master.store.create_topic("T")
         wait_until(lambda: master.ha_service.replicas(), "the replica to attach")
+        # the replica's acks are read on the broker's gRPC loop (ha/loopacks.py)
+        assert master.ha_service.ack_loop is master.event_loop is not None
+        assert not [t for t in threading.enumerate() if t.name.startswith("sparkmq-ha-ack")]
 
         def blocked(*args, **kw):
             raise AssertionError("a gRPC send blocked a thread waiting for its replica")
