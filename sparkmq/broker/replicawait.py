@@ -7,13 +7,15 @@ merged append: a request never waits, as a follower, for another request's repli
 The appends put a :class:`Replicating` marker where a row's status goes, and
 :func:`resolve` turns it into the status once per append.
 
-Where a send would wait (SYNC_FLUSH, SYNC_MASTER) outside controller mode
-(:func:`loop_waits`), the gRPC service appends on its event loop as it does for sends that
+Where a send would wait (SYNC_FLUSH, SYNC_MASTER; :func:`loop_waits`), the gRPC
+service appends on its event loop as it does for sends that
 never wait, inside :func:`held`: the append leaves its fsync and its rows' visibility to
 the caller (``Store.append_batch``'s ``later``), ``replicated`` notes the offset to wait
 for (``HELD``) instead of blocking, the response is built as if durable, and
 :func:`finish` awaits the group commit's fsync and then the replica's ack as futures
-(``Store.flushed_async``, ``HAService.replicated_async``) before it answers; a failed
+(``Store.flushed_async``, ``HAService.replicated_async``; in controller mode every other
+SyncStateSet member's, ``replicated_by_async``, and then the lease must still hold)
+before it answers; a failed
 wait turns the stored rows' entries into the status the blocking path gives
 (:func:`with_put_status`). This is RocketMQ's own shape (``putMessage`` returns a future
 that the flush and HA services complete) and spares the send the hop to a worker thread
@@ -92,9 +94,8 @@ class _State:
 
 def loop_waits(sender) -> bool | None:
     """Whether a send may wait on the gRPC loop (``held``, then :func:`finish`) with the
-    flush it needs (True: SYNC_FLUSH), or None: it runs on a worker (controller mode,
-    whose lease and SyncStateSet the blocking wait checks; no store)."""
-    if sender.broker.controlled is not None or sender.store is None:
+    flush it needs (True: SYNC_FLUSH), or None: it runs on a worker (no store)."""
+    if sender.store is None:
         return None
     return sender.store.config.flush_disk_type != "ASYNC_FLUSH"
 
@@ -102,8 +103,9 @@ def loop_waits(sender) -> bool | None:
 async def finish(broker, answer, state, context):
     """The answer of sends made inside ``held`` (``state``), once durable as the blocking
     path makes them: their flush awaited (SYNC_FLUSH), then their rows made visible (long
-    polls woken after the reply), then their replica's ack awaited (SYNC_MASTER); a
-    failed wait gives the stored entries the status the blocking path gives."""
+    polls woken after the reply), then their replica's ack awaited (SYNC_MASTER), then
+    (controller mode) the lease checked; a failed wait gives the stored entries the
+    status the blocking path gives."""
     put_status = PutMessageStatus.PUT_OK
     flushes, offsets = state.flushes, state.offsets
     if flushes:
@@ -113,12 +115,19 @@ async def finish(broker, answer, state, context):
         _SHOWING.add(task)
         task.add_done_callback(_SHOWING.discard)
         put_status = await asyncio.shield(task)
-    ha = broker.sender.ha_service
+    ha, controlled = broker.sender.ha_service, broker.controlled
+    timeout_ms = broker.store.config.sync_flush_timeout_ms
     if put_status is PutMessageStatus.PUT_OK and offsets and ha is not None:
-        put_status = await ha.replicated_async(max(offsets),
-                                               broker.store.config.sync_flush_timeout_ms)
+        put_status = await (ha.replicated_async(max(offsets), timeout_ms)
+                            if controlled is None else   # every SyncStateSet member
+                            ha.replicated_by_async(max(offsets), controlled.sync_replica_ids(),
+                                                   timeout_ms))
         if put_status is not PutMessageStatus.PUT_OK:
             count_failure(broker.metrics, put_status)
+    if put_status is PutMessageStatus.PUT_OK and controlled is not None and \
+            not controlled.lease_valid():       # the lease must still hold as it answers
+        put_status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        count_failure(broker.metrics, put_status)
     if put_status is PutMessageStatus.PUT_OK:
         return answer
     return with_put_status(answer, put_status)

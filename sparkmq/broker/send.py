@@ -521,6 +521,10 @@ class SendService:
         the lease must still hold). Every wire path calls this after it appends."""
         put_status, ha = r.status, self.ha_service
         controlled = self.broker.controlled
+        if HELD.offsets is not None and put_status is PutMessageStatus.PUT_OK:
+            if self.role == "SYNC_MASTER" and ha is not None:
+                HELD.offsets.append(r.batch_offset + 1)
+            return put_status    # the caller awaits the replica, then checks the lease
         if controlled is not None and put_status is PutMessageStatus.PUT_OK:
             if self.role == "SYNC_MASTER" and ha is not None:
                 put_status = ha.wait_replicated_by(r.batch_offset + 1,
@@ -530,9 +534,6 @@ class SendService:
                 put_status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT
         elif self.role == "SYNC_MASTER" and ha is not None and \
                 put_status is PutMessageStatus.PUT_OK:
-            if HELD.offsets is not None:        # the caller awaits it (replicawait.held)
-                HELD.offsets.append(r.batch_offset + 1)
-                return put_status
             put_status = ha.wait_replicated(r.batch_offset + 1,
                                             self.store.config.sync_flush_timeout_ms)
         if put_status is not r.status:

@@ -1,7 +1,6 @@
 """Merging concurrent sends into one store append (group commit at the broker).
 
-Sends made on threads (Flight DoPut batches; SendMessage in controller mode, on gRPC
-workers; in-process callers) that wait at the same moment are appended together (the
+Sends made on threads (Flight DoPut batches; in-process callers) that wait at the same moment are appended together (the
 gRPC loop's own sends run one at a time and await their fsync as futures, sharing one
 fsync: ``replicawait``): the first
 request to arrive becomes the *leader* and appends its rows; requests arriving while

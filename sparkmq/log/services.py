@@ -49,9 +49,10 @@ def _settle(fut, answer) -> None:
 
 
 class AwaitedOffsets:
-    """Coroutines awaiting an answer about an offset (fsynced, acked), each on its own
-    loop, answered from another thread. Its owner holds its own lock around ``add`` and
-    ``settle``; ``wait`` takes that lock to forget a waiter that gave up."""
+    """Coroutines awaiting an answer about an offset (fsynced, acked; or a key naming
+    one: the owner's ``answer`` reads it), each on its own loop, answered from another
+    thread. Its owner holds its own lock around ``add`` and ``settle``; ``wait`` takes
+    that lock to forget a waiter that gave up."""
 
     def __init__(self):
         self._waiting: list[tuple] = []      # (offset, future, its loop)

@@ -116,6 +116,49 @@ def test_a_master_cut_from_the_controllers_stops_acknowledging(controllers, grou
     assert master.store.commitlog.written_offset == before           # nothing stored
 
 
+def test_grpc_sends_await_every_sync_state_set_member_on_the_loop(controllers, group,
+                                                                  monkeypatch):
+    """A controller-mode SYNC_MASTER's RocketMQ sends (plain, rich, a batch) are appended
+    on the gRPC loop and await every other SyncStateSet member's ack as a future
+    (``HAService.replicated_by_async``): no thread blocks in ``wait_replicated_by``. A
+    member that stops acking, or a lease that runs out meanwhile: the send is stored
+    once, answered SLAVE_PERSISTENCE_TIMEOUT."""
+    from sparkmq.client.core import Code
+    master = group(0)
+    master.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    r1, r2 = group(1), group(2)
+    wait_until(lambda: _view(controllers).get("syncStateSet") == [0, 1, 2],
+               "both replicas in the SyncStateSet", timeout_s=30)
+
+    def blocked(*args, **kw):
+        raise AssertionError("a gRPC send blocked a thread waiting for the SyncStateSet")
+    monkeypatch.setattr(master.ha_service, "wait_replicated_by", blocked)
+    with Producer(master.endpoint, max_retries=0, transport="grpc") as p:
+        sent = [p.send(Message("T", b"plain")),
+                p.send(Message("T", b"rich", tag="A", keys=["k"], properties={"p": "1"})),
+                *p.send_batch([Message("T", b"b%d" % i) for i in range(5)])]
+        assert all(r.status_code == Code.OK and r.transport == "grpc" for r in sent)
+        end = master.store.commitlog.written_offset
+        assert r1.replica_log.offset >= end and r2.replica_log.offset >= end
+        with r2.store.append_lock:            # its writer blocked: r2 acks nothing
+            with pytest.raises(ClientError) as e:
+                p.send(Message("T", b"slow"))
+            assert e.value.status_code == Code.SLAVE_PERSISTENCE_TIMEOUT
+        # the lease runs out while a send awaits its acks: acked, yet not acknowledged
+        ran_out, awaited = [], master.ha_service.replicated_by_async
+
+        async def lease_runs_out(*args):
+            ran_out.append(True)
+            return await awaited(*args)
+        monkeypatch.setattr(master.ha_service, "replicated_by_async", lease_runs_out)
+        monkeypatch.setattr(master.controlled, "lease_valid", lambda: not ran_out)
+        with pytest.raises(ClientError) as e:
+            p.send(Message("T", b"late-lease"))
+        assert e.value.status_code == Code.SLAVE_PERSISTENCE_TIMEOUT
+    bodies = [m.body for m in master.store.read("T", 0, 0, 30)]
+    assert bodies.count(b"slow") == 1 and bodies.count(b"late-lease") == 1
+
+
 def test_admin_controller_commands(controllers, group, capsys, monkeypatch):
     import json
     from sparkmq.admin import main as admin_main

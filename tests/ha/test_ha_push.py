@@ -1,4 +1,4 @@
-"""The master's fast path to a caught-up replica (sparkmq.ha.master, sparkmq.ha.loopacks):
+"""The master's fast path to a caught-up replica (sparkmq.ha.connection, sparkmq.ha.loopacks):
 an append's bytes sent by the appending thread itself (``ReplicaConnection.push``), and
 the replica's acks read on an event loop instead of a thread.
 
@@ -15,7 +15,7 @@ import pytest
 
 from helpers.waiting import wait_until
 from sparkmq import Message
-from sparkmq.ha import master as ha_master
+from sparkmq.ha import connection as ha_conn
 from sparkmq.ha.protocol import new_nonce, proof, recv_frame, send_frame
 from sparkmq.log.status import PutMessageStatus
 from test_ha import SECRET, segment_files, send
@@ -76,8 +76,8 @@ def pushes(monkeypatch):
         left = real(sock, parts)
         seen.append(None if left is None else sum(len(x) for x in left))
         return left
-    real = ha_master.send_now
-    monkeypatch.setattr(ha_master, "send_now", spy)
+    real = ha_conn.send_now
+    monkeypatch.setattr(ha_conn, "send_now", spy)
     return seen
 
 
@@ -89,8 +89,8 @@ def streamed(monkeypatch):
     def spy(sock, header, fd, offset, count):
         seen.append(header["offset"])
         return real(sock, header, fd, offset, count)
-    real = ha_master.send_frame_from_file
-    monkeypatch.setattr(ha_master, "send_frame_from_file", spy)
+    real = ha_conn.send_frame_from_file
+    monkeypatch.setattr(ha_conn, "send_frame_from_file", spy)
     return seen
 
 
