@@ -188,10 +188,36 @@ class HAService:
     def wait_replicated(self, offset: int, timeout_ms: int) -> PutMessageStatus:
         """Block until a replica acked ``offset`` (replicas ack at whole-batch ends, so
         ``batch_offset + 1`` waits for exactly one batch); see the module docstring."""
+        return self._wait(self._replicated_status, offset, timeout_ms)
+
+    async def replicated_async(self, offset: int, timeout_ms: int) -> PutMessageStatus:
+        """``wait_replicated`` for a coroutine, with the same answers: the ack's reader
+        settles a future on the caller's loop (``broker/replicawait.py``), so no
+        thread waits for the replica."""
+        return await self._awaited(self._waiters, self._replicated_status, offset,
+                                   timeout_ms)
+
+    def wait_replicated_by(self, offset: int, replica_ids: list[int],
+                           timeout_ms: int) -> PutMessageStatus:
+        """Block until every replica in ``replica_ids`` acked ``offset`` (controller
+        mode: every other SyncStateSet member); PUT_OK at once when there is none."""
+        return self._wait(self._replicated_by_status, (offset, frozenset(replica_ids)),
+                          timeout_ms)
+
+    async def replicated_by_async(self, offset: int, replica_ids: list[int],
+                                  timeout_ms: int) -> PutMessageStatus:
+        """``wait_replicated_by`` for a coroutine, with the same answers (controller
+        mode's sends on the gRPC loop)."""
+        return await self._awaited(self._waiters_by, self._replicated_by_status,
+                                   (offset, frozenset(replica_ids)), timeout_ms)
+
+    def _wait(self, status, key, timeout_ms: int) -> PutMessageStatus:
+        """Block until ``status(key)`` has an answer (re-asked on every ack), or
+        FLUSH_SLAVE_TIMEOUT after ``timeout_ms``."""
         deadline = time.monotonic() + timeout_ms / 1000.0
         with self._ack_cond:
             while True:
-                st = self._replicated_status(offset)
+                st = status(key)
                 if st is not None:
                     return st
                 left = deadline - time.monotonic()
@@ -199,30 +225,17 @@ class HAService:
                     return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
                 self._ack_cond.wait(left)
 
-    async def replicated_async(self, offset: int, timeout_ms: int) -> PutMessageStatus:
-        """``wait_replicated`` for a coroutine, with the same answers: the ack thread
-        settles a future on the caller's loop (``broker/replicawait.py``), so no
-        thread waits for the replica."""
+    async def _awaited(self, waiters: AwaitedOffsets, status, key,
+                       timeout_ms: int) -> PutMessageStatus:
+        """``_wait`` for a coroutine: a future in ``waiters``, which ``note_acked``
+        settles with ``status``."""
         with self._ack_cond:
-            st = self._replicated_status(offset)
+            st = status(key)
             if st is not None:
                 return st
-            waiter = self._waiters.add(offset)
-        return await self._waiters.wait(waiter, self._ack_cond, timeout_ms / 1000.0,
-                                        PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
-
-    async def replicated_by_async(self, offset: int, replica_ids: list[int],
-                                  timeout_ms: int) -> PutMessageStatus:
-        """``wait_replicated_by`` for a coroutine, with the same answers (controller
-        mode's sends on the gRPC loop)."""
-        key = (offset, frozenset(replica_ids))
-        with self._ack_cond:
-            st = self._replicated_by_status(key)
-            if st is not None:
-                return st
-            waiter = self._waiters_by.add(key)
-        return await self._waiters_by.wait(waiter, self._ack_cond, timeout_ms / 1000.0,
-                                           PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
+            waiter = waiters.add(key)
+        return await waiters.wait(waiter, self._ack_cond, timeout_ms / 1000.0,
+                                  PutMessageStatus.FLUSH_SLAVE_TIMEOUT)
 
     def _replicated_by_status(self, key: tuple) -> PutMessageStatus | None:
         """A wait for ``key`` (offset, replica ids) now (under ``_ack_cond``), None to
@@ -268,22 +281,6 @@ class HAService:
         """Attached replica id -> the offset it acked."""
         with self._ack_cond:
             return {c.broker_id: c.acked_offset for c in self._conns if not c.closed.is_set()}
-
-    def wait_replicated_by(self, offset: int, replica_ids: list[int],
-                           timeout_ms: int) -> PutMessageStatus:
-        """Block until every replica in ``replica_ids`` acked ``offset`` (controller
-        mode: every other SyncStateSet member); PUT_OK at once when there is none."""
-        deadline = time.monotonic() + timeout_ms / 1000.0
-        key = (offset, frozenset(replica_ids))
-        with self._ack_cond:
-            while True:
-                st = self._replicated_by_status(key)
-                if st is not None:
-                    return st
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
-                self._ack_cond.wait(left)
 
     def has_replica(self) -> bool:
         """A replica is attached (one that could acknowledge a SYNC_MASTER send)."""

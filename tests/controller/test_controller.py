@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from helpers.brokers import broker_config
+from helpers.brokers import broker_config, sends_on_the_loop
 from helpers.net import free_port
 from helpers.waiting import wait_until
 from sparkmq.broker import Broker
@@ -130,14 +130,8 @@ def test_grpc_sends_await_every_sync_state_set_member_on_the_loop(controllers, g
     wait_until(lambda: _view(controllers).get("syncStateSet") == [0, 1, 2],
                "both replicas in the SyncStateSet", timeout_s=30)
 
-    def blocked(*args, **kw):
-        raise AssertionError("a gRPC send blocked a thread waiting for the SyncStateSet")
-    monkeypatch.setattr(master.ha_service, "wait_replicated_by", blocked)
     with Producer(master.endpoint, max_retries=0, transport="grpc") as p:
-        sent = [p.send(Message("T", b"plain")),
-                p.send(Message("T", b"rich", tag="A", keys=["k"], properties={"p": "1"})),
-                *p.send_batch([Message("T", b"b%d" % i) for i in range(5)])]
-        assert all(r.status_code == Code.OK and r.transport == "grpc" for r in sent)
+        sends_on_the_loop(master, monkeypatch, p, "wait_replicated_by")
         end = master.store.commitlog.written_offset
         assert r1.replica_log.offset >= end and r2.replica_log.offset >= end
         with r2.store.append_lock:            # its writer blocked: r2 acks nothing

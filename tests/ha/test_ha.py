@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from helpers.brokers import sends_on_the_loop
 from helpers.net import free_port
 from helpers.storetools import inline_replica_log
 from helpers.daemons import get_json, kill9, post_json, spawn, stop_process
@@ -759,14 +760,8 @@ def test_grpc_sends_that_wait_only_for_the_replica_await_it_on_the_loop(tmp_path
         assert master.ha_service.ack_loop is master.event_loop is not None
         assert not [t for t in threading.enumerate() if t.name.startswith("sparkmq-ha-ack")]
 
-        def blocked(*args, **kw):
-            raise AssertionError("a gRPC send blocked a thread waiting for its replica")
-        monkeypatch.setattr(master.ha_service, "wait_replicated", blocked)
         with Producer(master.endpoint, max_retries=0, transport="grpc") as p:
-            sent = [p.send(CMessage("T", b"plain")),
-                    p.send(CMessage("T", b"rich", tag="A", keys=["k"], properties={"p": "1"})),
-                    *p.send_batch([CMessage("T", b"b%d" % i) for i in range(5)])]
-            assert all(r.status_code == Code.OK and r.transport == "grpc" for r in sent)
+            sends_on_the_loop(master, monkeypatch, p, "wait_replicated")
             # answered OK: the replica has the bytes already
             assert replica.replica_log.offset >= master.store.commitlog.written_offset
             before = _sync_failures(master)

@@ -59,3 +59,19 @@ class GrpcContext:
     def add_callback(self, fn):
         self.callbacks.append(fn)
         return True
+
+
+def sends_on_the_loop(broker, monkeypatch, producer, blocking: str) -> None:
+    """A plain, a rich and a batch send through ``producer`` (sparkmq's, over gRPC) are
+    acknowledged without any thread blocking in ``broker.ha_service.<blocking>`` (the
+    wait a worker would make): they await their replicas on the gRPC loop."""
+    from sparkmq.client import Message as CMessage
+    from sparkmq.client.core import Code
+
+    def blocked(*args, **kw):
+        raise AssertionError(f"a gRPC send blocked a thread in {blocking}")
+    monkeypatch.setattr(broker.ha_service, blocking, blocked)
+    sent = [producer.send(CMessage("T", b"plain")),
+            producer.send(CMessage("T", b"rich", tag="A", keys=["k"], properties={"p": "1"})),
+            *producer.send_batch([CMessage("T", b"b%d" % i) for i in range(5)])]
+    assert all(r.status_code == Code.OK and r.transport == "grpc" for r in sent)
