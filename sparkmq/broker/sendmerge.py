@@ -1,9 +1,8 @@
 """Merging concurrent sends into one store append (group commit at the broker).
 
-Sends made on threads (Flight DoPut batches; in-process callers) that wait at the same moment are appended together (the
-gRPC loop's own sends run one at a time and await their fsync as futures, sharing one
-fsync: ``replicawait``): the first
-request to arrive becomes the *leader* and appends its rows; requests arriving while
+Sends made on threads (Flight DoPut batches; in-process callers) that wait at the same
+moment are appended together (the gRPC loop's own sends run one at a time and await
+their fsync as futures, sharing one fsync: ``replicawait``): the first request to arrive becomes the *leader* and appends its rows; requests arriving while
 it works queue up, and after its append the leader hands the lead to the first of
 them, which appends everything queued (up to ``max_rows``, and ``max_bytes`` where the
 caller gives sizes) as ONE record batch, with

@@ -12,11 +12,14 @@ import socket
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers.waiting import wait_until
 from sparkmq import Message
 from sparkmq.ha import connection as ha_conn
-from sparkmq.ha.protocol import new_nonce, proof, recv_frame, send_frame
+from sparkmq.ha.protocol import (data_frame_head, frame_head, new_nonce, proof, recv_frame,
+                                 send_frame)
 from sparkmq.log.status import PutMessageStatus
 from test_ha import SECRET, segment_files, send
 
@@ -65,6 +68,16 @@ class RawReplica:
 def big_send(store, n: int, topic: str = "T") -> None:
     for _ in range(n):
         store.append([Message(topic, b"x" * 1024) for _ in range(50)])
+
+
+@settings(deadline=None, max_examples=200)
+@given(st.text(), st.integers(0, 2**62), st.integers(0, 2**62), st.booleans(),
+       st.integers(0, 2**32))
+def test_a_pushed_data_frame_head_is_the_generic_one(path, pos, offset, whole, count):
+    """``data_frame_head`` formats a data frame's header directly: byte for byte what
+    ``frame_head`` makes of the same header (any path, even one JSON must escape)."""
+    assert data_frame_head(path, pos, offset, whole, count) == frame_head(
+        {"type": "data", "path": path, "pos": pos, "offset": offset, "whole": whole}, count)
 
 
 @pytest.fixture
