@@ -48,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sparkmq controller: {e}", file=sys.stderr)
         return 1
     print(f"sparkmq controller listening on {ctl.address}", flush=True)
+    from .. import heap
+    heap.settle()        # the start-up heap out of the collector's full passes (sparkmq.heap)
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())

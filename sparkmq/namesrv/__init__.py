@@ -73,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         from ..controller import from_properties    # RocketMQ 5: the controller inside
         controller = from_properties(props, host=args.host).start()
         print(f"sparkmq controller listening on {controller.address}", flush=True)
+    from .. import heap
+    heap.settle()        # the start-up heap out of the collector's full passes (sparkmq.heap)
     done.wait()
     if controller is not None:
         controller.stop()

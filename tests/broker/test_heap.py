@@ -36,6 +36,40 @@ def test_a_broker_daemon_freezes_its_start_up_heap(tmp_path, procs):
         assert _sample(text, "sparkmq_gc_pause_seconds_total", f'{{generation="{g}"}}') >= 0
 
 
+_PROBE = """
+import gc, os, signal, sys, threading
+sys.path.insert(0, "tests")
+from helpers.waiting import wait_until
+def probe():            # once the daemon froze its heap: report, then stop it
+    try:
+        wait_until(gc.get_freeze_count, "the daemon to freeze its start-up heap")
+        print("frozen", gc.get_freeze_count(), flush=True)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=probe, daemon=True).start()
+from sparkmq.{module} import main
+sys.exit(main({argv!r}))
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("module", ["namesrv", "controller"])
+def test_the_namesrv_and_controller_daemons_freeze_their_start_up_heap(module, tmp_path):
+    if module == "namesrv":
+        argv = ["-p", str(free_port())]
+    else:
+        conf = tmp_path / "controller.properties"
+        conf.write_text(f"controllerDLegerSelfId=n0\n"
+                        f"controllerDLegerPeers=n0-127.0.0.1:{free_port()}\n"
+                        f"controllerListenPort={free_port()}\n"
+                        f"controllerStorePath={tmp_path / 'c0'}\n")
+        argv = ["-c", str(conf)]
+    out = subprocess.run([sys.executable, "-c", _PROBE.format(module=module, argv=argv)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+    frozen = [int(line.split()[1]) for line in out.splitlines() if line.startswith("frozen")]
+    assert frozen and frozen[0] > 10_000, out
+
+
 def test_settle_leaves_the_collector_only_what_is_made_afterwards():
     # in a child: freezing is process-wide, and this test process's heap is pytest's
     code = ("import gc; from sparkmq import heap; before = len(gc.get_objects()); "
