@@ -115,3 +115,24 @@ class HttpServerThread:
         if self._thread is not None:
             self._thread.join(5)
             self._thread = None
+
+
+class StopSignals:
+    """A daemon's SIGINT/SIGTERM, caught from construction (on the main thread) on:
+    :meth:`wait` blocks until one came. The handlers only record the signal: a handler
+    that called ``threading.Event.set`` could deadlock, since it runs on the main thread,
+    possibly inside that same event's ``wait`` while it holds the event's lock, which is
+    not re-entrant (a daemon stopped that way hung). The main thread looks every
+    ``poll_s`` too: a signal another thread received does not interrupt its sleep."""
+
+    def __init__(self):
+        import signal
+        self.received: list[int] = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, _frame: self.received.append(signum))
+
+    def wait(self, poll_s: float = 1.0) -> int:
+        """Block until a signal came; its number."""
+        while not self.received:
+            time.sleep(poll_s)
+        return self.received[0]

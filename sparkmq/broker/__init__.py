@@ -8,6 +8,7 @@ Run it with ``python -m sparkmq.broker -c conf/broker-a.properties``;
 from __future__ import annotations
 
 from .. import heap
+from ..lifecycle import StopSignals
 from .broker import Broker, BrokerState
 from .config import BrokerConfig, load_properties
 
@@ -21,9 +22,7 @@ def main(argv: list[str] | None = None, *, replica: bool = False) -> int:
     brokerId > 0); brokerRole defaults to SLAVE."""
     import argparse
     import logging
-    import signal
     import sys
-    import threading
 
     prog = "sparkmq replica" if replica else "sparkmq broker"
     p = argparse.ArgumentParser(prog=prog, description="run a sparkmq " +
@@ -55,9 +54,7 @@ def main(argv: list[str] | None = None, *, replica: bool = False) -> int:
             props[key] = str(val)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
+    stop = StopSignals()
     try:
         broker = Broker(BrokerConfig.from_properties(props))
         broker.start()
@@ -69,7 +66,7 @@ def main(argv: list[str] | None = None, *, replica: bool = False) -> int:
     print(f"{prog} {broker.config.broker_name}#{broker.broker_id} running: gRPC {broker.endpoint}, "
           f"{flight}admin {broker.admin_url}", flush=True)
     print(admin_token_banner(broker), flush=True)
-    done.wait()
+    stop.wait()
     broker.stop()
     return 0
 

@@ -30,9 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     SIGINT/SIGTERM."""
     import argparse
     import logging
-    import signal
     import sys
-    import threading
 
     from ..errors import SparkMQError
     from ..properties import load_properties
@@ -42,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from ..lifecycle import StopSignals
+    stop = StopSignals()
     try:
         ctl = from_properties(load_properties(args.config), host=args.host).start()
     except (SparkMQError, OSError) as e:
@@ -50,9 +50,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sparkmq controller listening on {ctl.address}", flush=True)
     from .. import heap
     heap.settle()        # the start-up heap out of the collector's full passes (sparkmq.heap)
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
-    done.wait()
+    stop.wait()
     ctl.stop()
     return 0

@@ -19,9 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     clusterSecretFile), ``--host``, ``--kv-config-path``, ``--cluster-secret-file``."""
     import argparse
     import logging
-    import signal
     import sys
-    import threading
 
     from ..properties import load_properties
 
@@ -59,9 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("sparkmq.namesrv").warning(
             "no kvConfigPath: which master is newest is kept in memory only; after a restart "
             "this NameServer cannot fence an old master until the new one registers")
-    done = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: done.set())
+    from ..lifecycle import StopSignals
+    stop = StopSignals()
     try:
         srv.start()
     except OSError as e:
@@ -75,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sparkmq controller listening on {controller.address}", flush=True)
     from .. import heap
     heap.settle()        # the start-up heap out of the collector's full passes (sparkmq.heap)
-    done.wait()
+    stop.wait()
     if controller is not None:
         controller.stop()
     srv.stop()
