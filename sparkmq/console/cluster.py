@@ -291,7 +291,7 @@ def _handler(console: ClusterConsole):
 
 # ---------------------------------------------------------------- sparkmq console
 def main(argv=None) -> int:
-    """``sparkmq console --namesrv ADDR [--port P] [--host H]``: serve until Ctrl-C."""
+    """``sparkmq console --namesrv ADDR [--port P] [--host H]``: serve until SIGINT/SIGTERM."""
     from ..admin_auth import find_token
     p = argparse.ArgumentParser(prog="sparkmq console",
                                 description="a web console of a whole cluster (local server)")
@@ -322,11 +322,11 @@ def main(argv=None) -> int:
         print("warning: no admin token found; the brokers will refuse (pass --token or set "
               "SPARKMQ_ADMIN_TOKEN)", file=sys.stderr)
     print(f"cluster console of {args.namesrv} at {console.url}/console", flush=True)
+    from ..lifecycle import StopSignals
+    stop = StopSignals()
     console.start()
     try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+        stop.wait()            # SIGINT or SIGTERM: stopped in order
     finally:
         console.stop()
     return 0

@@ -135,3 +135,15 @@ def test_in_a_browser_log_in_and_see_the_cluster(cluster, page, tmp_path):
         shot = tmp_path / "cluster-console.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 0 and os.path.getsize(shot) > 1000
+
+
+@pytest.mark.integration
+def test_the_console_daemon_stops_cleanly_on_sigterm(procs):
+    from helpers.daemons import spawn, stop_process
+    port, ns = free_port(), NameServer(host="127.0.0.1", port=free_port()).start()
+    try:
+        p = spawn(["sparkmq.cli", "console", "--namesrv", ns.address, "--port", str(port)],
+                  f"http://127.0.0.1:{port}/console", procs)
+        assert stop_process(p) == 0      # stopped in order, not killed by the signal
+    finally:
+        ns.stop()
