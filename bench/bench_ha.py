@@ -25,7 +25,8 @@
    100 x 1 KiB, then single sync sends; ``none`` (ASYNC_MASTER, no HA port) against
    SYNC_MASTER with the ack-only replica (``sync-null``) and with the full replica
    (``sync``); msgs/s ratio, the broker process's CPU per message and its ratio
-   (none / mode: the two-machine figure), and what a sync send's p50 gains.
+   (none / mode: the two-machine figure), and what a sync send's p50 gains. Once over
+   the RocketMQ gRPC path and once over Arrow Flight (``Producer(transport=...)``).
 2. catch-up: a master store with ``--catchup-mib`` of messages (several
    segments); a replica process started on an empty folder follows it until its
    offset equals the master's, then fsyncs; timed from its start to that point
@@ -219,15 +220,19 @@ def send_run(root: str, mode: str, *, messages: int, batch: int, threads: int,
 
 # ---------------------------------------------------------------- 1b. through a broker
 BROKER_MODES = ("none", "sync-null", "sync")
+BROKER_TRANSPORTS = ("grpc", "flight")    # the RocketMQ path; the Flight path (its puts
+                                         # wait for the replica on pyarrow's threads)
 
 
-def broker_run(root: str, mode: str, *, batches: int, batch: int, singles: int) -> dict:
+def broker_run(root: str, mode: str, *, batches: int, batch: int, singles: int,
+               transport: str = "grpc") -> dict:
     """bench_broker.py-style sync sends through a broker subprocess: ``none`` =
     ASYNC_MASTER without an HA port (no replica); ``sync-null`` = SYNC_MASTER with the
     ack-only replica process; ``sync`` = SYNC_MASTER with the full replica process.
     Returns msgs/s of sequential ``Producer.send_batch`` of ``batch`` messages, the
     broker process's CPU microseconds per message over them, and the single sync
-    sends' latencies (s)."""
+    sends' latencies (s). ``transport``: the Producer's ("grpc" or "flight", the broker's
+    Flight port on for the latter)."""
     from bench_broker import free_port, process     # this script's folder is on sys.path
     from sparkmq.client import Message, Producer
     port, admin, ha_port = free_port(), free_port(), free_port()
@@ -237,7 +242,9 @@ def broker_run(root: str, mode: str, *, batches: int, batch: int, singles: int) 
         f.write(f"brokerName=bench\nbrokerId=0\nflushDiskType=ASYNC_FLUSH\n"
                 f"flushIntervalCommitLog=500\nstorePathRootDir={folder}\nnamesrvAddr=\n"
                 f"brokerIP1=127.0.0.1\nlistenPort={port}\nadminPort={admin}\n"
-                f"autoCreateTopicEnable=true\ndefaultTopicQueueNums=4\nflightEnable=false\n"
+                f"autoCreateTopicEnable=true\ndefaultTopicQueueNums=4\n"
+                + (f"flightEnable=true\nflightPort={free_port()}\n" if transport == "flight"
+                   else "flightEnable=false\n")
                 + ("brokerRole=ASYNC_MASTER\n" if mode == "none" else
                    f"brokerRole=SYNC_MASTER\nhaListenPort={ha_port}\nhaSecret={SECRET}\n"))
     with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port) as broker:
@@ -246,7 +253,7 @@ def broker_run(root: str, mode: str, *, batches: int, batch: int, singles: int) 
             child = Child(os.path.join(root, f"broker-replica-{time.monotonic_ns()}"),
                           ha_port, null=mode == "sync-null")
             child.go()
-        p = Producer(f"127.0.0.1:{port}", request_timeout_s=30)
+        p = Producer(f"127.0.0.1:{port}", request_timeout_s=30, transport=transport)
         try:
             deadline = time.monotonic() + 30
             while True:                 # until the replica is attached (SYNC_MASTER)
@@ -289,11 +296,19 @@ def broker_part(root: str, repeat: int, batches: int, batch: int, singles: int) 
           f"{batches} x send_batch({batch} x {BODY_BYTES} B), then {singles} x send(1); "
           "none = ASYNC_MASTER without a replica, sync-null / sync = SYNC_MASTER with the "
           "ack-only / full replica process")
+    for transport in BROKER_TRANSPORTS:
+        print(f"   over {transport} (Producer(transport={transport!r}))")
+        broker_modes(root, repeat, batches, batch, singles, transport)
+
+
+def broker_modes(root: str, repeat: int, batches: int, batch: int, singles: int,
+                 transport: str) -> None:
     res: dict[str, list[dict]] = {m: [] for m in BROKER_MODES}
-    for i in track(range(repeat), "broker runs"):
+    for i in track(range(repeat), f"broker runs over {transport}"):
         k = i % len(BROKER_MODES)
         for m in BROKER_MODES[k:] + BROKER_MODES[:k]:
-            res[m].append(broker_run(root, m, batches=batches, batch=batch, singles=singles))
+            res[m].append(broker_run(root, m, batches=batches, batch=batch, singles=singles,
+                                     transport=transport))
     for m in BROKER_MODES:
         tput = [r["tput"] for r in res[m]]
         p50 = [r["lat"][len(r["lat"]) // 2] * 1e3 for r in res[m]]
