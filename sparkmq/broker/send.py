@@ -521,19 +521,19 @@ class SendService:
         the lease must still hold). Every wire path calls this after it appends."""
         put_status, ha = r.status, self.ha_service
         controlled = self.broker.controlled
+        waits = self.role == "SYNC_MASTER" and ha is not None    # for a replica's ack
         if HELD.offsets is not None and put_status is PutMessageStatus.PUT_OK:
-            if self.role == "SYNC_MASTER" and ha is not None:
+            if waits:
                 HELD.offsets.append(r.batch_offset + 1)
             return put_status    # the caller awaits the replica, then checks the lease
         if controlled is not None and put_status is PutMessageStatus.PUT_OK:
-            if self.role == "SYNC_MASTER" and ha is not None:
+            if waits:
                 put_status = ha.wait_replicated_by(r.batch_offset + 1,
                                                    controlled.sync_replica_ids(),
                                                    self.store.config.sync_flush_timeout_ms)
             if not controlled.lease_valid():
                 put_status = PutMessageStatus.FLUSH_SLAVE_TIMEOUT
-        elif self.role == "SYNC_MASTER" and ha is not None and \
-                put_status is PutMessageStatus.PUT_OK:
+        elif waits and put_status is PutMessageStatus.PUT_OK:
             put_status = ha.wait_replicated(r.batch_offset + 1,
                                             self.store.config.sync_flush_timeout_ms)
         if put_status is not r.status:

@@ -2,8 +2,9 @@
 
 Sends made on threads (Flight DoPut batches; in-process callers) that wait at the same
 moment are appended together (the gRPC loop's own sends run one at a time and await
-their fsync as futures, sharing one fsync: ``replicawait``): the first request to arrive becomes the *leader* and appends its rows; requests arriving while
-it works queue up, and after its append the leader hands the lead to the first of
+their fsync as futures, sharing one fsync: ``replicawait``): the first request to
+arrive becomes the *leader* and appends its rows; requests arriving while it works
+queue up, and after its append the leader hands the lead to the first of
 them, which appends everything queued (up to ``max_rows``, and ``max_bytes`` where the
 caller gives sizes) as ONE record batch, with
 one flush wait under SYNC_FLUSH. A lone request is appended at once (no waiting for

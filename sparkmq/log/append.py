@@ -172,13 +172,11 @@ class Appender:
     async def flushed_async(self, offset: int) -> PutMessageStatus:
         """``_await_flush`` for a coroutine (``append_batch``'s ``later``): bytes below
         ``offset`` fsynced under SYNC_FLUSH, awaited (``GroupCommitService``)."""
-        gc = self.store.services.group_commit
+        gc = self._group_commit()
         if gc is None:
-            if self.store.config.flush_disk_type == SYNC_FLUSH:   # services not started
-                self.store.commitlog.flush(sync=True)
             return PutMessageStatus.PUT_OK
-        ok = await gc.flushed_async(offset, self.store.config.sync_flush_timeout_ms)
-        return PutMessageStatus.PUT_OK if ok else PutMessageStatus.FLUSH_DISK_TIMEOUT
+        return _flushed(await gc.flushed_async(offset,
+                                               self.store.config.sync_flush_timeout_ms))
 
     def make_visible(self, later: list) -> None:
         """Make visible what ``append_batch`` left for ``later`` (once flushed)."""
@@ -186,10 +184,21 @@ class Appender:
             self.store.dispatcher.after_visible(updates)
 
     def _await_flush(self, batch_offset: int) -> PutMessageStatus:
-        gc = self.store.services.group_commit
+        gc = self._group_commit()
         if gc is None:
-            if self.store.config.flush_disk_type == SYNC_FLUSH:   # services not started
-                self.store.commitlog.flush(sync=True)
             return PutMessageStatus.PUT_OK
-        ok = gc.wait_for(self.store.commitlog.written_offset, self.store.config.sync_flush_timeout_ms)
-        return PutMessageStatus.PUT_OK if ok else PutMessageStatus.FLUSH_DISK_TIMEOUT
+        return _flushed(gc.wait_for(self.store.commitlog.written_offset,
+                                    self.store.config.sync_flush_timeout_ms))
+
+    def _group_commit(self):
+        """The group commit to wait for, or None: nothing to wait for (under SYNC_FLUSH
+        with the services not started, the fsync is made here, at once)."""
+        gc = self.store.services.group_commit
+        if gc is None and self.store.config.flush_disk_type == SYNC_FLUSH:
+            self.store.commitlog.flush(sync=True)
+        return gc
+
+
+def _flushed(ok: bool) -> PutMessageStatus:
+    """A group commit wait's answer as the append's status."""
+    return PutMessageStatus.PUT_OK if ok else PutMessageStatus.FLUSH_DISK_TIMEOUT
