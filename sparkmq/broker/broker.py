@@ -23,8 +23,9 @@ consumer offsets persisted, unregistered, store closed) -> ``STOPPED``.
 Named background services (``sparkmq.lifecycle.ServiceThread``):
 ``RegisterBrokerService`` (every ``registerBrokerIntervalMs``, and at once when
 a topic is created), ``ConsumerOffsetPersistService`` (every
-``flushConsumerOffsetInterval``, and at stop), ``AutoFailoverService`` (replicas
-with ``enableAutoFailover``). Long polling is woken by the store's arrival
+``flushConsumerOffsetInterval``, and at stop), ``ReceiptRenewService`` (every
+``renewSchedulePeriodMillis``: auto-renewed receipts, renew.py), ``AutoFailoverService``
+(replicas with ``enableAutoFailover``). Long polling is woken by the store's arrival
 listener.
 
 Thread-safety: the store and the domain services are thread-safe; the gRPC
@@ -43,6 +44,7 @@ from ..errors import BindError, SparkMQError
 from ..lifecycle import ServiceThread
 from ..log.store import Store
 from ..log.actions import TopicConfig
+from ..log.retrypolicy import default_policy
 from ..namesrv.client import NameServerClient
 from ..admin_auth import broker_token
 from .admin_guard import AdminGuard, own_origins
@@ -55,6 +57,7 @@ from .authz import Authorizer
 from .handles import HandleSigner, handle_secret_path
 from .pop import PopService
 from .receive import ClientRegistry, ReceiveService
+from .renew import ReceiptRenewer, ReceiptRenewService
 from .controlled import ControlledRole, ControllerHeartbeatService
 from .role import AutoFailoverService, HARole
 from .schedule import ScheduleService
@@ -140,6 +143,12 @@ class Broker:
         self.sender = SendService(self)
         self.batch_sender = BatchSender(self)      # record batches: Flight, plain gRPC
         self.receiver = ReceiveService(self)
+        #: messages received with auto_renew, kept hidden while their consumer works (renew.py)
+        self.renewer = ReceiptRenewer(
+            self.receiver, self.clients.online, self._retry_policy, clock_ms=self.clock_ms,
+            ahead_ms=config.renew_ahead_ms, max_ms=config.renew_max_ms,
+            clear_ms=config.invisible_ms_when_clear,
+            on_renewed=lambda: self.metrics.inc("sparkmq_receipt_renewals_total"))
         self.admin = BrokerAdmin(self)
 
     # ------------------------------------------------------------ lifecycle
@@ -271,6 +280,8 @@ class Broker:
     def _start_services(self) -> None:
         persist = ConsumerOffsetPersistService(self, self.config.offset_persist_interval_ms)
         self._services = [persist]
+        if self.config.auto_renew:
+            self._services.append(ReceiptRenewService(self.renewer, self.config.renew_period_ms))
         if self.namesrv is not None:
             self.register_once()      # a fenced master learns it here, before it writes
             self._register_service = RegisterBrokerService(self, self.config.register_interval_ms)
@@ -285,6 +296,11 @@ class Broker:
                 self.controlled, self.config.broker_heartbeat_interval_ms))
         for s in self._services:
             s.start()
+
+    def _retry_policy(self, group: str) -> dict:
+        """``group``'s retry policy (its subscription group config's, else RocketMQ's)."""
+        conf = self.store.state.subscription_groups.get(group)
+        return conf.retry_policy if conf is not None else default_policy()
 
     def start_master_services(self) -> None:
         """Only the master delivers parked delayed messages and checks transactions."""

@@ -53,7 +53,14 @@ class BrokerConfig:
     cluster_secret_file: str = ""                 # clusterSecretFile  namesrv/signing.py)
     offset_persist_interval_ms: int = 5_000       # flushConsumerOffsetInterval
     max_reconsume_times: int = 16                 # maxReconsumeTimes
-    default_invisible_ms: int = 30_000            # defaultInvisibleTimeMs
+    default_invisible_ms: int = 30_000            # defaultInvisibleTimeMs (also what an
+                                                  #   auto-renewed receive starts with)
+    auto_renew: bool = True                       # enableProxyAutoRenew (renew.py)
+    renew_ahead_ms: int = 10_000                  # renewAheadTimeMillis
+    renew_max_ms: int = 3 * 3600_000              # renewMaxTimeMillis
+    renew_period_ms: int = 5_000                  # renewSchedulePeriodMillis
+    invisible_ms_when_clear: int = 1_000          # invisibleTimeMillisWhenClear (a gone
+                                                  #   client's held messages)
     max_long_polling_ms: int = 30_000             # maxLongPollingTimeMs
     consume_from_where: str = "CONSUME_FROM_FIRST_OFFSET"  # consumeFromWhere (new groups)
     grpc_workers: int = 128                       # grpcThreadPoolNums
@@ -113,6 +120,9 @@ class BrokerConfig:
         "flushConsumerOffsetInterval": "offset_persist_interval_ms",
         "maxReconsumeTimes": "max_reconsume_times",
         "defaultInvisibleTimeMs": "default_invisible_ms",
+        "enableProxyAutoRenew": "auto_renew", "renewAheadTimeMillis": "renew_ahead_ms",
+        "renewMaxTimeMillis": "renew_max_ms", "renewSchedulePeriodMillis": "renew_period_ms",
+        "invisibleTimeMillisWhenClear": "invisible_ms_when_clear",
         "maxLongPollingTimeMs": "max_long_polling_ms",
         "consumeFromWhere": "consume_from_where", "grpcThreadPoolNums": "grpc_workers",
         "maxLongPollingRequests": "max_long_polling_requests",
@@ -137,11 +147,13 @@ class BrokerConfig:
     }
     _BOOLS = ("allow_anonymous_network", "enable_property_filter", "enable_auto_failover", "admin_metrics_auth",
               "authentication_enabled", "authorization_enabled", "ha_tls_enable",
-              "enable_controller_mode", "enable_topic_message_type_check", "flight_enable")
+              "enable_controller_mode", "enable_topic_message_type_check", "flight_enable",
+              "auto_renew")
     _INTS = ("broker_id", "listen_port", "admin_port", "register_interval_ms",
              "offset_persist_interval_ms", "max_reconsume_times", "default_invisible_ms",
              "max_long_polling_ms", "grpc_workers", "timer_max_delay_s",
-             "max_long_polling_requests",
+             "max_long_polling_requests", "renew_ahead_ms", "renew_max_ms", "renew_period_ms",
+             "invisible_ms_when_clear",
              "transaction_timeout_ms", "transaction_check_interval_ms", "transaction_check_max",
              "ha_listen_port", "auto_failover_silence_ms", "broker_heartbeat_interval_ms",
              "ha_max_time_slave_not_catchup_ms", "flight_port")
@@ -170,9 +182,12 @@ class BrokerConfig:
         for name in ("register_interval_ms", "offset_persist_interval_ms",
                      "default_invisible_ms", "max_long_polling_ms", "grpc_workers",
                      "timer_max_delay_s", "transaction_timeout_ms",
-                     "transaction_check_interval_ms"):
+                     "transaction_check_interval_ms", "renew_max_ms", "renew_period_ms"):
             if getattr(self, name) <= 0:
                 raise InvalidConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("renew_ahead_ms", "invisible_ms_when_clear"):
+            if getattr(self, name) < 0:
+                raise InvalidConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.broker_role == "SLAVE":
             if self.broker_id <= 0:
                 raise InvalidConfigError("a replica (brokerRole=SLAVE) needs brokerId > 0")

@@ -243,7 +243,9 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
 
     @guarded(spb.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request, context):
-        self.broker.clients.remove(client_id(context))
+        cid = client_id(context)
+        self.broker.clients.remove(cid)
+        self.broker.renewer.forget_client(cid)    # its held messages go to others (renew.py)
         return spb.NotifyClientTerminationResponse(status=OK)
 
     # ------------------------------------------------------------ send
@@ -359,7 +361,11 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
             yield spb.ReceiveMessageResponse(status=status(
                 Code.BAD_REQUEST, f"batch_size must be 1..{MAX_BATCH_SIZE}, got {batch}"))
             return
-        invisible_ms = (ms_of_duration(request.invisible_duration) if request.HasField("invisible_duration")
+        # auto_renew (the PushConsumers'): the proxy's default invisible time, then renewed
+        # while the consumer works (renew.py); the request's own duration is not read
+        renewed = request.auto_renew and self.broker.config.auto_renew
+        invisible_ms = (ms_of_duration(request.invisible_duration)
+                        if request.HasField("invisible_duration") and not renewed
                         else self.broker.config.default_invisible_ms)
         if not 0 < invisible_ms <= MAX_INVISIBLE_MS:
             yield spb.ReceiveMessageResponse(status=status(
@@ -374,6 +380,10 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
             yield spb.ReceiveMessageResponse(status=status(
                 Code.MESSAGE_NOT_FOUND, "no new message within the long-polling time"))
             return
+        if renewed:
+            cid = client_id(context)
+            self.broker.clients.heartbeat(cid, group, pb.PUSH_CONSUMER)   # (a receive is alive)
+            self.broker.renewer.hold(cid, consumer, topic, deliveries)
         yield spb.ReceiveMessageResponse(delivery_timestamp=timestamp(int(time.time() * 1000)))
         for d in deliveries:
             yield spb.ReceiveMessageResponse(message=message_to_pb(d.message, d))
@@ -396,7 +406,8 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
         out = []
         for e in request.entries:
             try:
-                self.broker.receiver.ack(group, e.receipt_handle, topic)
+                self.broker.receiver.ack(group, self._released(context, group, e.receipt_handle),
+                                         topic)
                 st = OK
             except InvalidHandle as err:
                 st = status(Code.INVALID_RECEIPT_HANDLE, str(err))
@@ -417,17 +428,25 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
         if not 0 <= ms <= MAX_INVISIBLE_MS:
             return spb.ChangeInvisibleDurationResponse(status=status(
                 Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be 0 ms..12 h, got {ms} ms"))
-        handle = self.broker.receiver.change_invisible(_consumer(context, group),
-                                                       request.receipt_handle, ms,
-                                                       request.topic.name or None)
+        consumer = _consumer(context, group)
+        handle = self.broker.receiver.change_invisible(
+            consumer, self._released(context, consumer, request.receipt_handle), ms,
+            request.topic.name or None)
         return spb.ChangeInvisibleDurationResponse(status=OK, receipt_handle=handle)
 
     @guarded(spb.ForwardMessageToDeadLetterQueueResponse)
     def ForwardMessageToDeadLetterQueue(self, request, context):
         group = validate_group(request.group.name)
-        self.broker.receiver.forward_to_dlq(_consumer(context, group), request.receipt_handle,
-                                            request.topic.name or None)
+        consumer = _consumer(context, group)
+        self.broker.receiver.forward_to_dlq(
+            consumer, self._released(context, consumer, request.receipt_handle),
+            request.topic.name or None)
         return spb.ForwardMessageToDeadLetterQueueResponse(status=OK)
+
+    def _released(self, context, consumer, handle: str) -> str:
+        """The handle to act on for a client's ``handle``: the newest one if the broker
+        was renewing it (auto_renew), which it stops doing now."""
+        return self.broker.renewer.release(client_id(context), consumer, handle)
 
     # ------------------------------------------------------------ offsets
     def _local_queue(self, mq) -> tuple[str, int]:

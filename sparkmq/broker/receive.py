@@ -45,6 +45,13 @@ class ClientRegistry:
         with self._lock:
             self._clients.pop(client_id, None)
 
+    def online(self, client_id: str) -> bool:
+        """Whether ``client_id`` was heard from within ``CLIENT_EXPIRY_MS`` and has not
+        ended (NotifyClientTermination)."""
+        with self._lock:
+            seen = self._clients.get(client_id)
+            return seen is not None and seen[2] >= self.clock_ms() - CLIENT_EXPIRY_MS
+
     def _expire(self) -> None:
         cutoff = self.clock_ms() - CLIENT_EXPIRY_MS
         for cid in [c for c, (_, _, seen) in self._clients.items() if seen < cutoff]:
