@@ -384,10 +384,19 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
             cid = client_id(context)
             self.broker.clients.heartbeat(cid, group, pb.PUSH_CONSUMER)   # (a receive is alive)
             self.broker.renewer.hold(cid, consumer, topic, deliveries)
-        yield spb.ReceiveMessageResponse(delivery_timestamp=timestamp(int(time.time() * 1000)))
-        for d in deliveries:
-            yield spb.ReceiveMessageResponse(message=message_to_pb(d.message, d))
-        yield spb.ReceiveMessageResponse(status=OK)
+        sent = 0
+        try:
+            yield spb.ReceiveMessageResponse(delivery_timestamp=timestamp(int(time.time() * 1000)))
+            for d in deliveries:
+                yield spb.ReceiveMessageResponse(message=message_to_pb(d.message, d))
+                sent += 1
+            yield spb.ReceiveMessageResponse(status=OK)
+        except BaseException:  # cancelled mid-answer (the client went away): what it did
+            # not get is visible again in 1 s, as the proxy nacks it; then re-raised
+            self.broker.receiver.give_back(consumer, [
+                self._released(context, consumer, d.receipt_handle) for d in deliveries[sent:]],
+                topic)
+            raise
 
     def _poll_ms(self, request, context) -> int:
         poll = (ms_of_duration(request.long_polling_timeout) if request.HasField("long_polling_timeout")

@@ -15,6 +15,7 @@ each other (``offsets_lock``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from typing import Awaitable, Callable
@@ -24,7 +25,10 @@ from ..log.message import StoredMessage
 from .pop import GroupKey, TagFilter
 from .protocol import IllegalOffset
 
+log = logging.getLogger("sparkmq.broker.receive")
+
 MIN_WAIT_S = 0.01
+NACK_INVISIBLE_MS = 1_000      # a popped message a cancelled receive did not hand over
 CLIENT_EXPIRY_MS = 120_000
 
 
@@ -204,6 +208,16 @@ class ReceiveService:
         handle = self.pop.change_invisible(group, handle, invisible_ms, topic)
         self.notifier.poke()
         return handle
+
+    def give_back(self, group, handles: list[str], topic: str) -> None:
+        """Make the messages of ``handles`` (popped, never handed over: the receive was
+        cancelled) visible again ``NACK_INVISIBLE_MS`` from now, as the proxy nacks a
+        message it could not write."""
+        for handle in handles:
+            try:
+                self.change_invisible(group, handle, NACK_INVISIBLE_MS, topic)
+            except SparkMQError as e:    # acked or changed meanwhile: it is not ours to give
+                log.debug("a message not handed over stays as it is: %s", e)
 
     def forward_to_dlq(self, group, handle: str, topic: str | None) -> None:
         """Move ``handle``'s message to the group's dead-letter topic now."""

@@ -229,3 +229,36 @@ def test_renewals_follow_the_proxys_steps_and_stop_once_the_lease_is_far_enough_
     assert _renewals(b) == 5
     left = _lease(b, "PG", "P").visible_at_ms - b.clock_ms()
     assert RENEW_STEPS_MS[4] - 60_000 < left <= RENEW_STEPS_MS[4]
+
+
+@pytest.mark.parametrize("auto_renew", [False, True])
+def test_messages_a_cancelled_receive_did_not_hand_over_are_visible_again_in_a_second(
+        make_broker, auto_renew):
+    """A receive popped 12 messages of 1 MiB; its client cancels after the first answer,
+    so gRPC's flow control holds back most of them. Those not handed over are visible
+    again 1 s later (the proxy's NACK_INVISIBLE_TIME), not after 10 min, and not renewed
+    for the client that never got them."""
+    b = make_broker(defaultInvisibleTimeMs=600_000, **PASSES)
+    b.store.create_topic("C", read_queue_nums=1, write_queue_nums=1)
+    with grpc.insecure_channel(b.endpoint) as channel:
+        stub = MessagingServiceStub(channel)
+        for i in range(12):
+            _send(stub, "C", bytes([i]) * (1 << 20))
+        call = stub.ReceiveMessage(spb.ReceiveMessageRequest(
+            group=pb.Resource(name="CG"), message_queue=pb.MessageQueue(
+                topic=pb.Resource(name="C"), id=-1), batch_size=12, auto_renew=auto_renew,
+            invisible_duration=Duration(seconds=600), long_polling_timeout=Duration(seconds=2)),
+            timeout=20, metadata=_meta("quitter"))
+        assert next(call).HasField("delivery_timestamp")
+        call.cancel()
+        back = []
+        wait_until(lambda: back.extend(_receive(stub, "C", "CG", "next", auto_renew=False,
+                                                invisible_s=600)) or len(back) >= 1,
+                   "messages the cancelled receive did not hand over")
+        if auto_renew:   # held (renewed) for the quitter: only what it was handed
+            wait_until(lambda: back.extend(_receive(
+                stub, "C", "CG", "next", auto_renew=False, invisible_s=600, poll_s=0))
+                or len(back) + b.renewer.held_count() == 12, "the rest given back")
+        else:
+            assert b.renewer.held_count() == 0
+    assert {m.system_properties.delivery_attempt for m in back} == {2}
