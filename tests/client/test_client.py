@@ -175,6 +175,35 @@ def _failing_once():
     return listener, attempts, ok
 
 
+def test_push_consumer_listener_longer_than_the_invisible_time_gets_its_message_once(
+        make_broker, closing):
+    """By default the PushConsumer receives with auto_renew, as the official ones do:
+    a listener that runs past the broker's invisible time (0.4 s here) is not handed its
+    message again meanwhile; at shutdown the broker lets go of what it still held."""
+    b = make_broker(defaultInvisibleTimeMs=400, renewAheadTimeMillis=300,
+                    renewSchedulePeriodMillis=50, invisibleTimeMillisWhenClear=0)
+    b.store.create_topic("TL", read_queue_nums=1, write_queue_nums=1)
+    p = closing(Producer(b.endpoint))
+    seen, lock, go_on = [], threading.Lock(), threading.Event()
+
+    def slow(m):
+        with lock:
+            seen.append(m.body)
+        if m.body == b"slow":
+            go_on.wait(60)
+        return ConsumeResult.SUCCESS
+    c = closing(PushConsumer(b.endpoint, "GL", {"TL": "*"}, slow, wait_s=0.5))
+    p.send(Message("TL", b"slow"))
+    wait_until(lambda: seen, "the first delivery")
+    wait_until(lambda: b.metrics.get("sparkmq_receipt_renewals_total") >= 1 or len(seen) > 1,
+               "a renewal or a second delivery")
+    go_on.set()
+    wait_until(lambda: c.consumed == 1, "the ack")
+    assert seen == [b"slow"]
+    c.shutdown()
+    assert b.renewer.held_count() == 0
+
+
 def test_push_consumer_failure_is_redelivered(make_broker, closing):
     b = make_broker()
     p = closing(Producer(b.endpoint))
