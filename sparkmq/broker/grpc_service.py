@@ -375,7 +375,8 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
         consumer = _consumer(context, group)
         deliveries = await self.broker.receiver.receive_async(
             consumer, topic, batch_size=batch, invisible_ms=invisible_ms,
-            tag_filter=tag_filter, poll_ms=poll_ms, offload=self.offload)
+            tag_filter=tag_filter, poll_ms=poll_ms, offload=self.offload,
+            attempt_id=request.attempt_id if request.HasField("attempt_id") else None)
         if not deliveries:
             yield spb.ReceiveMessageResponse(status=status(
                 Code.MESSAGE_NOT_FOUND, "no new message within the long-polling time"))

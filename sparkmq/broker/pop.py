@@ -58,6 +58,7 @@ ORIGIN_QUEUE = "DLQ_ORIGIN_QUEUE"
 ORIGIN_OFFSET = "DLQ_ORIGIN_QUEUE_OFFSET"
 MAX_SCAN_PER_POP = 4096   # filtered-out messages skipped per pop call, at most
 MAX_HELD_PER_QUEUE = 10_000   # FIFO messages waiting for their group, per queue
+MAX_ATTEMPTS_KEPT = 1_024     # receive attempt ids an orderly group remembers
 
 
 class GroupKey(NamedTuple):
@@ -203,6 +204,10 @@ class GroupState:
         self.lock = threading.Lock()
         self.queues: dict[tuple[str, int], QueueProgress] = {}
         self.rr: dict[str, int] = {}
+        # an orderly group's receive attempt id -> what that receive leased, as (topic,
+        # queue, offset, delivery attempt): a retry with the same id gets them again
+        # (while so leased: renewals keep the attempt, a redelivery does not)
+        self.attempts: dict[str, list[tuple[str, int, int, int]]] = {}
 
 
 class PopService:
@@ -285,17 +290,51 @@ class PopService:
 
     # ---------------------------------------------------------------- pop
     def pop(self, group: "str | GroupKey", topic: str, *, batch_size: int, invisible_ms: int,
-            tag_filter: TagFilter) -> list[Delivery]:
+            tag_filter: TagFilter, attempt_id: str | None = None) -> list[Delivery]:
         """Up to ``batch_size`` messages of ``topic`` for ``group``: expired leases
-        first, then fresh messages. Returns [] if nothing is ready now."""
+        first, then fresh messages. Returns [] if nothing is ready now.
+        ``attempt_id`` (an orderly group's; the client's id of this receive, the same when
+        it retries one whose answer it lost): what the receive with that id leased and is
+        still leased is delivered again first, new handles, same attempt (RocketMQ's
+        ConsumerOrderInfoManager: the same attempt id is not blocked by its own messages)."""
         g = self.group(group)
         qids = self._queue_ids(topic)
         with g.lock:
-            out = self._pop_expired(g, topic, qids, batch_size, invisible_ms)
+            orderly = self.orderly(g.name)
+            again = orderly and attempt_id is not None
+            out = self._pop_again(g, topic, attempt_id, batch_size, invisible_ms) if again \
+                else []
+            if len(out) < batch_size:
+                out += self._pop_expired(g, topic, qids, batch_size - len(out), invisible_ms)
             if len(out) < batch_size:
                 out += self._pop_fresh(g, topic, qids, batch_size - len(out), invisible_ms,
-                                       tag_filter, self.orderly(g.name))
+                                       tag_filter, orderly)
+            if again and out:
+                self._remember(g, attempt_id, topic, out)
             return out
+
+    def _pop_again(self, g: GroupState, topic: str, attempt_id: str, limit: int,
+                   invisible_ms: int) -> list[Delivery]:
+        out: list[Delivery] = []
+        for t, qid, offset, attempt in g.attempts.pop(attempt_id, ())[:limit]:
+            qp = g.queues.get((t, qid)) if t == topic else None
+            lease = qp.inflight.get(offset) if qp is not None else None
+            if lease is None or lease.attempt != attempt:   # acked or redelivered since
+                continue
+            msg = self._read_one(t, qid, offset)
+            if msg is None:
+                qp.finish(offset)
+                continue
+            new = self._lease(qp, offset, lease.attempt, invisible_ms, lease.message_group)
+            out.append(Delivery(msg, new.attempt, self._handle(new, t, qid), invisible_ms))
+        return out
+
+    @staticmethod
+    def _remember(g: GroupState, attempt_id: str, topic: str, out: list[Delivery]) -> None:
+        g.attempts[attempt_id] = [(topic, d.message.queue_id, d.message.queue_offset,
+                                   d.attempt) for d in out]
+        while len(g.attempts) > MAX_ATTEMPTS_KEPT:       # the oldest go first
+            del g.attempts[next(iter(g.attempts))]
 
     def _lease(self, qp: QueueProgress, offset: int, attempt: int, invisible_ms: int,
                message_group: str | None = None) -> Lease:

@@ -125,13 +125,14 @@ class ReceiveService:
         self.metrics.inc("sparkmq_receive_requests_total")
 
     def _try_pop(self, group, topic: str, batch_size: int, invisible_ms: int,
-                 tag_filter: TagFilter) -> tuple[tuple[int, int], list, float | None]:
+                 tag_filter: TagFilter, attempt_id: str | None = None
+                 ) -> tuple[tuple[int, int], list, float | None]:
         """One look: (arrival version seen before it, deliveries, seconds to the next
         lease expiry or None). The version is read first so that an arrival between
         the look and the wait is never lost."""
         seen = self.notifier.version(topic)
         out = self.pop.pop(group, topic, batch_size=batch_size, invisible_ms=invisible_ms,
-                           tag_filter=tag_filter)
+                           tag_filter=tag_filter, attempt_id=attempt_id)
         if out:
             label = getattr(group, "group", group)
             self.metrics.inc("sparkmq_messages_received_total", len(out), topic=topic,
@@ -154,15 +155,17 @@ class ReceiveService:
 
     async def receive_async(self, group, topic: str, *, batch_size: int, invisible_ms: int,
                             tag_filter: TagFilter, poll_ms: int,
-                            offload: Callable[..., Awaitable]) -> list:
+                            offload: Callable[..., Awaitable],
+                            attempt_id: str | None = None) -> list:
         """:meth:`receive` as a suspended request (RocketMQ's PullRequestHoldService): the
         looks run on a worker through ``offload(fn, *args)``; between them the poll holds
-        a future on the notifier, not a thread. A client gone away cancels the task."""
+        a future on the notifier, not a thread. A client gone away cancels the task.
+        ``attempt_id``: the receive's (``PopService.pop``)."""
         self._admit(group, topic)
         deadline = time.monotonic() + poll_ms / 1000.0
         while True:
             seen, out, expiry_s = await offload(self._try_pop, group, topic, batch_size,
-                                                invisible_ms, tag_filter)
+                                                invisible_ms, tag_filter, attempt_id)
             left = deadline - time.monotonic()
             if out or left <= 0 or not self._running():
                 return out

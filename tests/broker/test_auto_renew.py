@@ -262,3 +262,54 @@ def test_messages_a_cancelled_receive_did_not_hand_over_are_visible_again_in_a_s
         else:
             assert b.renewer.held_count() == 0
     assert {m.system_properties.delivery_attempt for m in back} == {2}
+
+
+def _fifo_receive(stub, attempt_id: str, poll_s: int = 2) -> list:
+    req = spb.ReceiveMessageRequest(
+        group=pb.Resource(name="OG"), message_queue=pb.MessageQueue(
+            topic=pb.Resource(name="F"), id=-1), batch_size=1, auto_renew=True,
+        long_polling_timeout=Duration(seconds=poll_s), attempt_id=attempt_id)
+    return [r.message for r in stub.ReceiveMessage(req, timeout=20, metadata=_meta("c1"))
+            if r.HasField("message")]
+
+
+def test_an_orderly_groups_receive_retried_with_its_attempt_id_gets_its_messages_again(
+        make_broker):
+    """A PushConsumer that lost a receive's answer retries it with the same attempt id
+    (the official clients do). In an orderly group the message it leased blocks its
+    message group, so without this the group would wait while the broker renews a lease
+    nobody holds; with it, the retry gets the message again (same attempt, a new
+    handle), as RocketMQ's ConsumerOrderInfoManager lets the same attempt id through,
+    also after the broker renewed the lease."""
+    b = make_broker(renewSchedulePeriodMillis=600_000, renewAheadTimeMillis=600_000)
+    b.store.create_topic("F", read_queue_nums=1, write_queue_nums=1)
+    b.store.create_group("OG", consume_message_orderly=True)
+    with grpc.insecure_channel(b.endpoint) as channel:
+        stub = MessagingServiceStub(channel)
+        for i in range(2):
+            out = stub.SendMessage(spb.SendMessageRequest(messages=[pb.Message(
+                topic=pb.Resource(name="F"), body=b"f%d" % i,
+                system_properties=pb.SystemProperties(
+                    message_id="0A0000000000000000000000F%d" % i, body_encoding=pb.IDENTITY,
+                    message_type=pb.FIFO, message_group="g"))]), timeout=10,
+                metadata=_meta("p"))
+            assert out.status.code == Code.OK
+        [lost] = _fifo_receive(stub, "A1")               # its answer "lost"
+        assert _fifo_receive(stub, "A2", poll_s=0) == []  # another attempt: g is busy
+        b.renewer.renew_due()       # (renewAheadTimeMillis > the invisible time: renewed)
+        assert b.metrics.get("sparkmq_receipt_renewals_total") == 1
+        [again] = _fifo_receive(stub, "A1")
+        assert (again.body, again.system_properties.delivery_attempt) == (b"f0", 1)
+        old, new = lost.system_properties.receipt_handle, again.system_properties.receipt_handle
+        assert old != new
+
+        def ack(handle):
+            return stub.AckMessage(spb.AckMessageRequest(
+                group=pb.Resource(name="OG"), topic=pb.Resource(name="F"),
+                entries=[spb.AckMessageEntry(message_id="x", receipt_handle=handle)]),
+                timeout=10, metadata=_meta("c1")).status.code
+        assert ack(old) == Code.INVALID_RECEIPT_HANDLE
+        assert ack(new) == Code.OK
+        [nxt] = _fifo_receive(stub, "A3")
+        assert nxt.body == b"f1"
+        assert _fifo_receive(stub, "A1", poll_s=0) == []   # A1's message is done
