@@ -173,6 +173,9 @@ class BrokerAdmin:
             "sparkmq_consumer_lag": ("Messages not yet consumed per group and topic.", lag),
             "sparkmq_long_poll_waiting": ("Receives held by long polling now.",
                                           [({}, b.notifier.waiting)]),
+            "sparkmq_receipt_handles_held": (
+                "Messages received with auto_renew, kept hidden while their consumer works.",
+                [({}, b.renewer.held_count())]),
             "sparkmq_broker_up": ("1 while the broker is running.",
                                   [({}, 1 if b.is_running else 0)]),
             "sparkmq_ha_replica_lag_bytes": (

@@ -24,6 +24,8 @@ class Metrics:
         "sparkmq_bytes_received_total": "Body bytes delivered by ReceiveMessage, per topic and group.",
         "sparkmq_receive_requests_total": "ReceiveMessage calls.",
         "sparkmq_acks_total": "Messages acked, per group.",
+        "sparkmq_receipt_renewals_total": "Invisible times the broker renewed for messages "
+                                          "received with auto_renew (renew.py).",
         "sparkmq_rpc_errors_total": "RPCs answered with an internal error, per method.",
         "sparkmq_ha_sync_failures_total": "SYNC_MASTER sends stored here that no replica "
                                           "acked in time, per put status.",

@@ -110,6 +110,9 @@ def test_an_ack_change_and_dlq_forward_by_the_clients_handle_act_on_the_newest_o
         got = _receive(stub, "H", "HG", "c1", auto_renew=True)
         assert len(got) == 3
         wait_until(lambda: _renewals(b) >= 6, "each held message renewed twice")
+        text = b.admin.metrics_text()
+        assert "sparkmq_receipt_handles_held 3" in text
+        assert "sparkmq_receipt_renewals_total" in text
         first = {m.body: m.system_properties.receipt_handle for m in got}
         ack = stub.AckMessage(spb.AckMessageRequest(
             group=pb.Resource(name="HG"), topic=pb.Resource(name="H"),
