@@ -243,9 +243,10 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
 
     @guarded(spb.NotifyClientTerminationResponse)
     def NotifyClientTermination(self, request, context):
-        cid = client_id(context)
-        self.broker.clients.remove(cid)
-        self.broker.renewer.forget_client(cid)    # its held messages go to others (renew.py)
+        cid, group = client_id(context), request.group.name or None
+        self.broker.clients.remove(cid, group)
+        if group is not None:       # its held messages go to others (renew.py)
+            self.broker.renewer.forget_client(cid, group)
         return spb.NotifyClientTerminationResponse(status=OK)
 
     # ------------------------------------------------------------ send

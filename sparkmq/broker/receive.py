@@ -45,9 +45,13 @@ class ClientRegistry:
         with self._lock:
             self._clients[client_id] = (group, client_type, self.clock_ms())
 
-    def remove(self, client_id: str) -> None:
+    def remove(self, client_id: str, group: str | None = None) -> None:
+        """Forget ``client_id`` (it ended), unless it is a consumer of a group other than
+        ``group``: a termination names the consumer's own group (ACLs check that one)."""
         with self._lock:
-            self._clients.pop(client_id, None)
+            known = self._clients.get(client_id)
+            if known is not None and (known[0] is None or known[0] == group):
+                del self._clients[client_id]
 
     def online(self, client_id: str) -> bool:
         """Whether ``client_id`` was heard from within ``CLIENT_EXPIRY_MS`` and has not

@@ -103,11 +103,12 @@ class ReceiptRenewer:
         with self._lock:
             return sum(len(v) for v in self._held.values())
 
-    def forget_client(self, client_id: str) -> None:
-        """Let go of every message ``client_id`` holds (it ended): each visible again
-        ``clear_ms`` from now."""
+    def forget_client(self, client_id: str, group: str) -> None:
+        """Let go of every message ``client_id`` holds for consumer group ``group`` (it
+        ended): each visible again ``clear_ms`` from now."""
         with self._lock:
-            for key in [k for k in self._held if k[0] == client_id]:
+            for key in [k for k in self._held
+                        if k[0] == client_id and getattr(k[1], "group", k[1]) == group]:
                 self._clear(self._held.pop(key))
 
     def renew_due(self) -> None:

@@ -167,6 +167,17 @@ def test_a_client_that_ends_has_its_held_messages_taken_over(make_broker):
         b.renewer.renew_due()
         assert _renewals(b) == 1
         assert _receive(stub, "T", "TG", "stayer", auto_renew=True, poll_s=0) == []
+        # a termination that names no group (a producer's) or another group lets go of
+        # nothing of TG's (and needs no right to TG under ACLs)
+        for other in (None, "Other"):
+            req = spb.NotifyClientTerminationRequest()
+            if other:
+                req.group.name = other
+            assert stub.NotifyClientTermination(req, timeout=10, metadata=_meta(
+                "leaver")).status.code == Code.OK
+        b.renewer.renew_due()
+        assert b.renewer.held_count() == 1 and b.clients.online("leaver")
+        assert _receive(stub, "T", "TG", "stayer", auto_renew=True, poll_s=0) == []
         out = stub.NotifyClientTermination(spb.NotifyClientTerminationRequest(
             group=pb.Resource(name="TG")), timeout=10, metadata=_meta("leaver"))
         assert out.status.code == Code.OK
@@ -191,7 +202,7 @@ def test_a_client_gone_silent_is_offline_and_a_renewal_pass_lets_go_of_its_messa
         stub = MessagingServiceStub(channel)
         _send(stub, "S", b"s")
         _receive(stub, "S", "SG", "ghost", auto_renew=True)
-        b.clients.remove("ghost")                 # as its expiry would
+        b.clients.remove("ghost", "SG")           # as its expiry would
         wait_until(lambda: b.renewer.held_count() == 0, "the pass to let it go")
         [again] = _receive(stub, "S", "SG", "other", auto_renew=False, invisible_s=30)
         assert again.system_properties.delivery_attempt == 2
