@@ -1,6 +1,7 @@
 """Replication benchmark: SYNC_MASTER / ASYNC_MASTER / no replica, and replica catch-up.
 
     .venv/bin/python bench/bench_ha.py [--quick] [--dir DIR] [--repeat N] [--no-broker]
+        [--broker-only] [--pin]
 
 1. send throughput of a master ``Store`` (ASYNC_FLUSH, 1 KiB messages, columnar
    ``append_batch`` of ``--batch`` messages, ``--threads`` sender threads) in
@@ -27,6 +28,9 @@
    (``sync``); msgs/s ratio, the broker process's CPU per message and its ratio
    (none / mode: the two-machine figure), and what a sync send's p50 gains. Once over
    the RocketMQ gRPC path and once over Arrow Flight (``Producer(transport=...)``).
+   The broker's CPU is the sum of its threads' run times (schedstat, ns). ``--pin``:
+   the broker's threads on one CPU, the producer and the replica on the other, as the
+   broker would have cores of its own (the steadiest form of the two-machine figure).
 2. catch-up: a master store with ``--catchup-mib`` of messages (several
    segments); a replica process started on an empty folder follows it until its
    offset equals the master's, then fsyncs; timed from its start to that point
@@ -267,6 +271,8 @@ def broker_run(root: str, mode: str, *, batches: int, batch: int, singles: int,
             body = os.urandom(BODY_BYTES)
             for _ in range(20):
                 p.send_batch([Message(TOPIC, body) for _ in range(batch)])
+            if PIN:
+                pin_threads(broker.pid, PIN["broker"])
             t0, cpu0 = time.perf_counter(), process_cpu_s(broker.pid)
             for _ in range(batches):
                 p.send_batch([Message(TOPIC, body) for _ in range(batch)])
@@ -285,10 +291,34 @@ def broker_run(root: str, mode: str, *, batches: int, batch: int, singles: int,
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all its threads) so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of process ``pid`` so far: the sum of its live threads' run times
+    (``/proc/<pid>/task/*/schedstat``, nanoseconds; ``/proc/<pid>/stat``'s user + system
+    ticks of 10 ms were ~5 % of a 300-batch window). A broker's threads do not exit while
+    it is measured; where schedstat is missing, the ticks."""
+    try:
+        total = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        return total / 1e9
+    except (OSError, ValueError, IndexError):     # no schedstat: the coarse ticks
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+#: ``--pin``: the broker's threads on this CPU, this process and its children on the other
+PIN: dict[str, int] = {}
+
+
+def pin_threads(pid: int, cpu: int) -> None:
+    """Every thread of process ``pid`` to ``cpu`` (a thread started later keeps the
+    affinity of the thread that starts it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:        # a thread that ended meanwhile
+            pass
 
 
 def broker_part(root: str, repeat: int, batches: int, batch: int, singles: int) -> None:
@@ -296,9 +326,17 @@ def broker_part(root: str, repeat: int, batches: int, batch: int, singles: int) 
           f"{batches} x send_batch({batch} x {BODY_BYTES} B), then {singles} x send(1); "
           "none = ASYNC_MASTER without a replica, sync-null / sync = SYNC_MASTER with the "
           "ack-only / full replica process")
-    for transport in BROKER_TRANSPORTS:
-        print(f"   over {transport} (Producer(transport={transport!r}))")
-        broker_modes(root, repeat, batches, batch, singles, transport)
+    mask = os.sched_getaffinity(0)
+    if PIN:     # this process (the producer) and the replica it starts on the other CPU
+        os.sched_setaffinity(0, {PIN["rest"]})
+        print(f"   pinned: the broker on CPU {PIN['broker']}, the producer and the replica "
+              f"on CPU {PIN['rest']}")
+    try:
+        for transport in BROKER_TRANSPORTS:
+            print(f"   over {transport} (Producer(transport={transport!r}))")
+            broker_modes(root, repeat, batches, batch, singles, transport)
+    finally:
+        os.sched_setaffinity(0, mask)
 
 
 def broker_modes(root: str, repeat: int, batches: int, batch: int, singles: int,
@@ -467,10 +505,16 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--catchup-only", action="store_true", help="skip the send throughput part")
     ap.add_argument("--no-broker", action="store_true", help="skip the through-a-broker part")
+    ap.add_argument("--broker-only", action="store_true",
+                    help="only the through-a-broker part (1b), with 1,000 batches (--quick: 300)")
     ap.add_argument("--batch", type=int, default=1000)
     ap.add_argument("--threads", type=int, default=16)
     ap.add_argument("--messages", type=int, default=None)
     ap.add_argument("--catchup-mib", type=int, default=None)
+    ap.add_argument("--pin", action="store_true",
+                    help="the through-a-broker part with the broker's threads on CPU 0 and "
+                         "the producer and replica processes on CPU 1 (as the broker would "
+                         "have cores of its own)")
     ap.add_argument("--replica-child", nargs=2, metavar=("URL", "PORT"), help=argparse.SUPPRESS)
     ap.add_argument("--raw-sink", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
     ap.add_argument("--null-replica-child", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -484,6 +528,10 @@ def main() -> int:
     if args.replica_child:
         replica_child(args.replica_child[0], int(args.replica_child[1]))
         return 0
+    if args.pin:
+        if len(os.sched_getaffinity(0)) < 2:
+            ap.error("--pin needs two CPUs")
+        PIN["broker"], PIN["rest"] = sorted(os.sched_getaffinity(0))[:2]
     messages = args.messages or (160_000 if args.quick else 400_000)
     mib = args.catchup_mib or (64 if args.quick else 256)
     root = tempfile.mkdtemp(prefix="sparkmq-bench-ha-", dir=args.dir)
@@ -492,7 +540,7 @@ def main() -> int:
     if args.replica_dir:
         print(f"replica stores and copy targets under {args.replica_dir} (another disk)")
     try:
-        if not args.catchup_only:
+        if not (args.catchup_only or args.broker_only):
             print(f"1. send throughput: {messages:,} x {BODY_BYTES} B messages, batches of "
                   f"{args.batch}, {args.threads} sender threads, ASYNC_FLUSH (msgs/s)")
             modes = ("none", "async", "sync", "async-null", "sync-null")
@@ -509,6 +557,10 @@ def main() -> int:
             if not args.no_broker:
                 broker_part(root, args.repeat, batches=100 if args.quick else 400,
                             batch=100, singles=200 if args.quick else 1000)
+        if args.broker_only:
+            broker_part(root, args.repeat, batches=300 if args.quick else 1000,
+                        batch=100, singles=200 if args.quick else 1000)
+            return 0
         print(f"2. catch-up of {mib} MiB (32 MiB segments) from empty, against copyfile+fsync "
               "and against a raw TCP stream of the same files (sendfile -> write+fsync)")
         store, url = fill_master(root, mib)
