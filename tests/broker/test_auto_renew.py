@@ -65,10 +65,11 @@ def _renewals(b) -> int:
 def test_the_official_push_consumer_is_not_handed_a_message_it_is_still_working_on(
         make_broker, clients):
     """The official PushConsumer receives with auto_renew and no invisible time. Its
-    listener holds the message past the broker's default invisible time (400 ms); the
-    broker renews the lease, so the message is delivered once and its ack (with the
-    client's first handle) lands. Without renewal it is delivered again meanwhile."""
-    b = make_broker(defaultInvisibleTimeMs=400, renewAheadTimeMillis=300,
+    listener holds the message past the broker's default invisible time (2 s); the
+    broker renews the lease (a pass every 50 ms renews what ends within 1.9 s: at once),
+    so the message is delivered once and its ack (with the client's first handle)
+    lands. Without renewal it is delivered again meanwhile."""
+    b = make_broker(defaultInvisibleTimeMs=2000, renewAheadTimeMillis=1900,
                     renewSchedulePeriodMillis=50)
     b.store.create_topic("R", read_queue_nums=1, write_queue_nums=1)
     producer = clients(Producer(client_conf(b), ("R",)))
@@ -248,7 +249,7 @@ def test_renewals_follow_the_proxys_steps_and_stop_once_the_lease_is_far_enough_
 @pytest.mark.parametrize("auto_renew", [False, True])
 def test_messages_a_cancelled_receive_did_not_hand_over_are_visible_again_in_a_second(
         make_broker, auto_renew):
-    """A receive popped 12 messages of 1 MiB; its client cancels after the first answer,
+    """A receive popped 20 messages of 1 MiB; its client cancels after the first answer,
     so gRPC's flow control holds back most of them. Those not handed over are visible
     again 1 s later (the proxy's NACK_INVISIBLE_TIME), not after 10 min, and not renewed
     for the client that never got them."""
@@ -256,11 +257,11 @@ def test_messages_a_cancelled_receive_did_not_hand_over_are_visible_again_in_a_s
     b.store.create_topic("C", read_queue_nums=1, write_queue_nums=1)
     with grpc.insecure_channel(b.endpoint) as channel:
         stub = MessagingServiceStub(channel)
-        for i in range(12):
+        for i in range(20):
             _send(stub, "C", bytes([i]) * (1 << 20))
         call = stub.ReceiveMessage(spb.ReceiveMessageRequest(
             group=pb.Resource(name="CG"), message_queue=pb.MessageQueue(
-                topic=pb.Resource(name="C"), id=-1), batch_size=12, auto_renew=auto_renew,
+                topic=pb.Resource(name="C"), id=-1), batch_size=20, auto_renew=auto_renew,
             invisible_duration=Duration(seconds=600), long_polling_timeout=Duration(seconds=2)),
             timeout=20, metadata=_meta("quitter"))
         assert next(call).HasField("delivery_timestamp")
@@ -272,7 +273,7 @@ def test_messages_a_cancelled_receive_did_not_hand_over_are_visible_again_in_a_s
         if auto_renew:   # held (renewed) for the quitter: only what it was handed
             wait_until(lambda: back.extend(_receive(
                 stub, "C", "CG", "next", auto_renew=False, invisible_s=600, poll_s=0))
-                or len(back) + b.renewer.held_count() == 12, "the rest given back")
+                or len(back) + b.renewer.held_count() == 20, "the rest given back")
         else:
             assert b.renewer.held_count() == 0
     assert {m.system_properties.delivery_attempt for m in back} == {2}

@@ -252,10 +252,11 @@ def test_push_consumer_failure_is_redelivered(broker, run_node):
 def test_push_consumer_listener_longer_than_the_invisible_time_is_not_redelivered(
         make_broker, run_node):
     """The Node PushConsumer receives with auto_renew; its listener takes 2.5 s against
-    the broker's 0.5 s default invisible time. The broker renews the lease (renew.py), so
-    each message is consumed once, at its first attempt, and the acks land."""
-    b = make_broker(maxLongPollingTimeMs=3000, defaultInvisibleTimeMs=500,
-                    renewAheadTimeMillis=400, renewSchedulePeriodMillis=50)
+    the broker's 1.5 s default invisible time. The broker renews the lease (renew.py: a
+    pass every 50 ms renews what ends within 1.4 s, so at once), so each message is
+    consumed once, at its first attempt, and the acks land."""
+    b = make_broker(maxLongPollingTimeMs=3000, defaultInvisibleTimeMs=1500,
+                    renewAheadTimeMillis=1400, renewSchedulePeriodMillis=50)
     r = run_node("push", b.endpoint, topic="NSlow", group="NSlowG", expect=2, holdMs=2500,
                  waitMs=30000, settleMs=1000, messages=[spec(i) for i in range(2)])
     assert r["outcome"] == "all consumed"
