@@ -145,7 +145,7 @@ class Broker:
         self.receiver = ReceiveService(self)
         #: messages received with auto_renew, kept hidden while their consumer works (renew.py)
         self.renewer = ReceiptRenewer(
-            self.receiver, self.clients.online, self._retry_policy, clock_ms=self.clock_ms,
+            self.receiver, self.clients.online, self.group_retry_policy, clock_ms=self.clock_ms,
             ahead_ms=config.renew_ahead_ms, max_ms=config.renew_max_ms,
             clear_ms=config.invisible_ms_when_clear,
             on_renewed=lambda: self.metrics.inc("sparkmq_receipt_renewals_total"))
@@ -297,8 +297,10 @@ class Broker:
         for s in self._services:
             s.start()
 
-    def _retry_policy(self, group: str) -> dict:
-        """``group``'s retry policy (its subscription group config's, else RocketMQ's)."""
+    def group_retry_policy(self, group: str) -> dict:
+        """``group``'s retry policy (its subscription group config's, else RocketMQ's):
+        what its consumers are told (Telemetry settings) and what the renewer lets a
+        message go with."""
         conf = self.store.state.subscription_groups.get(group)
         return conf.retry_policy if conf is not None else default_policy()
 

@@ -17,7 +17,7 @@ from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import AuthenticationError, AuthorizationError
-from ..log.retrypolicy import EXPONENTIAL, default_policy
+from ..log.retrypolicy import EXPONENTIAL
 from .authz import peer_ip, settings_resources
 from .otlp import metric_settings
 from .protocol import OK, Code, duration, error_status, ms_of_duration, status
@@ -143,8 +143,7 @@ class TelemetryMixin:
             out.subscription.fifo = bool(conf is not None and conf.orderly)
             out.subscription.receive_batch_size = 32
             out.backoff_policy.CopyFrom(retry_policy_pb(
-                self.broker.pop.max_attempts(group),
-                conf.retry_policy if conf is not None else default_policy()))
+                self.broker.pop.max_attempts(group), self.broker.group_retry_policy(group)))
             refused = self._subscription_refusal(s.subscription)
             if refused is not None:
                 log.info("client %s: %s", cid, refused.message)
