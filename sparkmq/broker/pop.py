@@ -13,7 +13,8 @@ RocketMQ 5's pop consumption, kept in memory over the store:
   (``maxReconsumeTimes`` + 1) is appended to ``%DLQ%<group>`` (an ordinary
   topic, one queue) and counts as done;
 * receipt handles name (lease serial, queue, offset, topic, broker); a handle
-  whose lease was superseded (redelivered, acked) is refused;
+  whose lease was superseded (redelivered, acked) is refused, also after a restart
+  (each PopService numbers its leases from a random start);
 * FIFO, for a consumer group whose subscription group config says
   ``consumeMessageOrderly`` (as the proxy pops with ``fifo`` only for such groups;
   other groups consume a FIFO topic's messages concurrently): a message with a
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import secrets
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple
@@ -227,7 +229,10 @@ class PopService:
         self.on_topic_created = on_topic_created
         self._groups: dict[GroupKey, GroupState] = {}
         self._groups_lock = threading.Lock()
-        self._seq = 0
+        # lease serials start at random: a broker started again keeps its handle secret
+        # (handles.py), so serials counted from 0 again would make a handle issued before
+        # the restart name a new lease of its message (another consumer's delivery)
+        self._seq = secrets.randbits(62)
         self._seq_lock = threading.Lock()
         self.dlq_count = 0
 

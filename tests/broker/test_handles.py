@@ -116,6 +116,40 @@ def test_the_handle_secret_is_private_and_kept_across_restarts(tmp_path):
         b.stop()
 
 
+def test_a_receipt_handle_from_before_a_restart_does_not_ack_the_new_delivery(tmp_path):
+    """The secret outlives a restart (recall handles need it), so the lease a receipt
+    handle names must too be one this start made: a consumer that received a message
+    before the restart may not ack, nor hide, the delivery made to another after it."""
+    conf = broker_config(tmp_path)
+    b = Broker(conf).start()
+    try:
+        b.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        with Producer(b.endpoint) as p:
+            p.send(Message("T", b"one"))
+        before = SimpleConsumer(b.endpoint, "G", {"T": "*"})
+        try:
+            [old] = before.receive(max_messages=1, invisible_duration_s=600, wait_s=2)
+        finally:
+            before.close()
+    finally:
+        b.stop()
+    b = Broker(conf).start()
+    try:
+        after = SimpleConsumer(b.endpoint, "G", {"T": "*"})
+        try:
+            [new] = after.receive(max_messages=1, invisible_duration_s=600, wait_s=2)
+            assert new.body == b"one" and new.delivery_attempt == 1   # not acked: again
+            for act in (after.ack, lambda m: after.change_invisible_duration(m, 0)):
+                with pytest.raises(ClientError, match="INVALID_RECEIPT_HANDLE"):
+                    act(old)
+            assert after.receive(max_messages=1, invisible_duration_s=600, wait_s=0) == []
+            after.ack(new)
+        finally:
+            after.close()
+    finally:
+        b.stop()
+
+
 def test_a_signer_opens_only_its_own_handles():
     a, b = HandleSigner(), HandleSigner()
     h = a.sign("1.0.5.T.broker-a")
