@@ -9,7 +9,8 @@ What must hold after every step:
 - its delivery attempt is 1 when fresh and one more than the last when redelivered;
 - a handle works only while it is its message's newest (a change of invisible time or a
   redelivery supersedes it; a restart supersedes every handle);
-- an orderly group gets a message group's messages of a queue one at a time and in order;
+- an orderly group gets a message group's messages of a queue one at a time and in order,
+  and its receive retried with the same attempt id gets again what that receive leased;
 - a message the tag filter refuses is never handed out;
 - a message whose last allowed delivery expires goes to ``%DLQ%<group>`` exactly once;
 - the committed offset never passes a message that is not done (a restart loses none).
@@ -78,6 +79,7 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
             self.next_offset = [0] * QUEUES
             self.dlq_seen = 0
             self.restarts = 0
+            self.attempts: dict[str, list] = {}     # an orderly group's receive attempt ids
 
         def _new_pop(self) -> PopService:
             return PopService(store, broker_name="b1", clock_ms=clock, handles=self.signer)
@@ -96,17 +98,32 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
                 self.msgs[(qid, off)] = Msg(qid, off, group, tag)
                 self.next_offset[qid] += 1
 
-        @rule(batch=st.integers(1, 5), invisible_ms=st.sampled_from([1_000, 5_000, 30_000]))
-        def receive(self, batch, invisible_ms):
+        @rule(batch=st.integers(1, 5), invisible_ms=st.sampled_from([1_000, 5_000, 30_000]),
+              attempt_id=st.sampled_from([None, "r1", "r2"]))
+        def receive(self, batch, invisible_ms, attempt_id):
+            # an orderly group's receive retried with its attempt id gets again, first, what
+            # that receive leased and is still so leased (same attempt, new handle)
+            again = []
+            if self.orderly and attempt_id is not None:
+                again = [key for key, attempt in self.attempts.pop(attempt_id, [])[:batch]
+                         if self.msgs[key].state == LEASED and self.msgs[key].attempt == attempt]
             got = self.pop.pop(self.group, self.topic, batch_size=batch,
-                               invisible_ms=invisible_ms, tag_filter=self.filter)
+                               invisible_ms=invisible_ms, tag_filter=self.filter,
+                               attempt_id=attempt_id)
             assert len(got) <= batch
+            assert [(d.message.queue_id, d.message.queue_offset)
+                    for d in got[:len(again)]] == again
             self._take_dlq()
             now = clock.now_ms
-            for d in got:
+            for i, d in enumerate(got):
                 m = self.msgs[(d.message.queue_id, d.message.queue_offset)]
                 assert self._passes(m), f"{m.tag}-tagged message handed out past the filter"
                 assert m.state != DONE, f"done message {m.qid}/{m.offset} handed out again"
+                if i < len(again):               # the same delivery, again
+                    assert d.attempt == m.attempt
+                    m.old_handles.append(m.handle)
+                    m.handle, m.visible_at = d.receipt_handle, now + invisible_ms
+                    continue
                 if m.state == LEASED:
                     assert m.visible_at <= now, \
                         f"{m.qid}/{m.offset} handed out while invisible until {m.visible_at}"
@@ -122,6 +139,9 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
                     m.old_handles.append(m.handle)
                 m.state, m.attempt, m.visible_at = LEASED, d.attempt, now + invisible_ms
                 m.handle = d.receipt_handle
+            if self.orderly and attempt_id is not None and got:
+                self.attempts[attempt_id] = [((d.message.queue_id, d.message.queue_offset),
+                                              d.attempt) for d in got]
             if self.orderly:     # one message of a group in flight per queue
                 flying = [(m.qid, m.group) for m in self.msgs.values()
                           if m.state == LEASED and m.group is not None]
@@ -208,6 +228,7 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
             for key, floors in self.pop.take_dirty().items():
                 store.commit_consumer_offsets(key.group, floors, client_id=key.client_id)
             self.pop = self._new_pop()
+            self.attempts = {}
             committed = store.consumer_offsets(self.group)
             for m in self.msgs.values():
                 if m.handle is not None:
