@@ -31,7 +31,7 @@ def load(sfs: StoreFS) -> list[dict]:
         data = json.loads(sfs.read_bytes(rel))
         return [{"epoch": int(e["epoch"]), "storeId": str(e["storeId"]),
                  "startOffset": int(e["startOffset"])} for e in data]
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):    # Infinity: OverflowError
         return []
 
 
@@ -54,8 +54,13 @@ def consistent_end(master: list[dict], replica: list[dict], replica_end: int) ->
 
     Walks the replica's history from its newest entry to the first one the
     master also has; the agreement ends where either history moves on to a
-    different writer. No common entry: nothing is known to agree (0), unless
-    the replica is empty.
+    different writer: at the lowest start offset of the entries after it, which
+    need not be the next one's. A list is in epoch order, not offset order: a
+    replica copies its master's whole list, so one promoted before it caught up
+    with the newest entry appends an entry starting below it. No common entry:
+    nothing is known to agree (0), unless the replica is empty.
+    ``replica`` comes off the wire: a malformed one raises KeyError, TypeError
+    or ValueError.
     """
     if replica_end == 0:
         return 0
@@ -64,7 +69,15 @@ def consistent_end(master: list[dict], replica: list[dict], replica_end: int) ->
         i = index.get((replica[j]["epoch"], replica[j]["storeId"]))
         if i is None:
             continue
-        m_end = master[i + 1]["startOffset"] if i + 1 < len(master) else INFINITY
-        r_end = replica[j + 1]["startOffset"] if j + 1 < len(replica) else replica_end
+        m_end = min([e["startOffset"] for e in master[i + 1:]], default=INFINITY)
+        r_end = min([_start_offset(e) for e in replica[j + 1:]], default=replica_end)
         return min(m_end, r_end, replica_end)
     return 0
+
+
+def _start_offset(entry: dict) -> int:
+    """A peer's entry's start offset: a non-negative int, else ValueError."""
+    start = entry["startOffset"]
+    if type(start) is not int or start < 0:
+        raise ValueError(f"epoch entry with a bad startOffset: {start!r}")
+    return start
