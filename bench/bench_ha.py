@@ -31,6 +31,10 @@
    The broker's CPU is the sum of its threads' run times (schedstat, ns). ``--pin``:
    the broker's threads on one CPU, the producer and the replica on the other, as the
    broker would have cores of its own (the steadiest form of the two-machine figure).
+   The same run gives the link's floor: one stored batch's bytes sent raw over loopback
+   to a process asleep in ``recv``, and its 16-byte answer read, as CPU of the sending
+   thread (pinned like the broker), and the best CPU ratio that leaves replication:
+   none's CPU a batch / (that + the floor).
 2. catch-up: a master store with ``--catchup-mib`` of messages (several
    segments); a replica process started on an empty folder follows it until its
    offset equals the master's, then fsyncs; timed from its start to that point
@@ -332,15 +336,19 @@ def broker_part(root: str, repeat: int, batches: int, batch: int, singles: int) 
         print(f"   pinned: the broker on CPU {PIN['broker']}, the producer and the replica "
               f"on CPU {PIN['rest']}")
     try:
+        floor_us = raw_link_floor(batch)
+        print(f"   the raw link's floor: {floor_us:.1f} us of the sending thread's CPU a batch "
+              f"({stored_batch_bytes(batch):,} B sent raw, 16 B acked, the receiver asleep "
+              "in recv between batches)")
         for transport in BROKER_TRANSPORTS:
             print(f"   over {transport} (Producer(transport={transport!r}))")
-            broker_modes(root, repeat, batches, batch, singles, transport)
+            broker_modes(root, repeat, batches, batch, singles, transport, floor_us)
     finally:
         os.sched_setaffinity(0, mask)
 
 
 def broker_modes(root: str, repeat: int, batches: int, batch: int, singles: int,
-                 transport: str) -> None:
+                 transport: str, floor_us: float) -> None:
     res: dict[str, list[dict]] = {m: [] for m in BROKER_MODES}
     for i in track(range(repeat), f"broker runs over {transport}"):
         k = i % len(BROKER_MODES)
@@ -364,6 +372,93 @@ def broker_modes(root: str, repeat: int, batches: int, batch: int, singles: int,
                     f"{max(cpu_ratio):.2f} (median {statistics.median(cpu_ratio):.2f}), " \
                     f"send p50 +{statistics.median(extra):.2f} ms"
         print(line)
+    none_us = statistics.median(r["cpu"] for r in res["none"]) * batch
+    print(f"   the best CPU ratio the raw link leaves: none's {none_us:.0f} us a batch / "
+          f"({none_us:.0f} + {floor_us:.1f}) = {none_us / (none_us + floor_us):.2f}")
+
+
+def raw_link_floor(batch: int) -> float:
+    """The least one replicated batch can cost the sending thread on this machine: a raw
+    ``sendall`` of one stored batch's bytes over loopback TCP to a process that reads it
+    with a blocking ``recv`` (as a replica sleeps between batches) and answers 16 bytes,
+    which the sender reads; no framing, no Python beyond the calls. Microseconds of the
+    sending thread's CPU per round (median of three runs of 3,000), on the broker's CPU
+    with ``--pin`` and the receiver on the other."""
+    import socket
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+    size = stored_batch_bytes(batch)
+    rounds, warm = 3_000, 300
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--raw-ack-child",
+                             str(lsock.getsockname()[1]), str(size), str(3 * (rounds + warm))],
+                            stdin=subprocess.DEVNULL)
+    mask = os.sched_getaffinity(0)
+    conn = None
+    try:
+        conn, _ = lsock.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if PIN:
+            os.sched_setaffinity(0, {PIN["broker"]})
+        data = os.urandom(size)
+        ack = bytearray(16)
+
+        def one_round() -> None:
+            conn.sendall(data)
+            got = 0
+            while got < len(ack):
+                n = conn.recv_into(memoryview(ack)[got:])
+                if n == 0:
+                    raise ConnectionError("the raw receiver closed")
+                got += n
+        runs = []
+        for _ in range(3):
+            for _ in range(warm):
+                one_round()
+            t0 = time.thread_time()
+            for _ in range(rounds):
+                one_round()
+            runs.append((time.thread_time() - t0) * 1e6 / rounds)
+    finally:
+        if conn is not None:
+            conn.close()           # (the receiver then ends)
+        os.sched_setaffinity(0, mask)
+        lsock.close()
+        proc.wait(60)
+    return statistics.median(runs)
+
+
+def raw_ack_child(port: int, size: int, rounds: int) -> None:
+    """Child of ``raw_link_floor``: read ``size`` bytes with blocking ``recv``, answer 16,
+    ``rounds`` times."""
+    import socket
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    view = memoryview(bytearray(size))
+    for _ in range(rounds):
+        got = 0
+        while got < size:
+            n = sock.recv_into(view[got:])
+            if n == 0:
+                return
+            got += n
+        sock.sendall(b"a" * 16)
+    sock.close()
+
+
+def stored_batch_bytes(batch: int) -> int:
+    """CommitLog bytes of one stored batch of ``batch`` x BODY_BYTES messages."""
+    root = tempfile.mkdtemp(prefix="sparkmq-bench-ha-size-")
+    try:
+        store = Store.open(root)
+        store.create_topic(TOPIC)
+        before = store.commitlog.written_offset
+        store.append_batch(make_batch(batch))
+        size = store.commitlog.written_offset - before
+        store.close()
+        return size
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 # ---------------------------------------------------------------- 2. catch-up
@@ -518,7 +613,12 @@ def main() -> int:
     ap.add_argument("--replica-child", nargs=2, metavar=("URL", "PORT"), help=argparse.SUPPRESS)
     ap.add_argument("--raw-sink", nargs=2, metavar=("DIR", "PORT"), help=argparse.SUPPRESS)
     ap.add_argument("--null-replica-child", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--raw-ack-child", nargs=3, type=int, metavar=("PORT", "SIZE", "ROUNDS"),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.raw_ack_child:
+        raw_ack_child(*args.raw_ack_child)
+        return 0
     if args.null_replica_child:
         null_replica_child(args.null_replica_child)
         return 0
