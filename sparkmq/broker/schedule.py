@@ -241,7 +241,8 @@ class ScheduleService(ServiceThread):
             w = self.wheel
             if w is None:
                 return n
-            tail = self.store.max_offset(SCHEDULE_TOPIC, self.timer_queue) - w.indexed_up_to
+            hi, lo = self.store.max_offset(SCHEDULE_TOPIC, self.timer_queue), w.indexed_up_to
+            tail = hi - lo - sum(lo <= o < hi for o in self._recalled.get(self.timer_queue, ()))
             seen = sum(1 for (q, _), due in self._seen.items()       # counted in a slot
                        if q == self.timer_queue and due // 1000 >= self._loaded_to)
             return (n + max(0, tail) + len(self._soon_due) - seen
@@ -340,15 +341,15 @@ class ScheduleService(ServiceThread):
                 self._recalled.setdefault(qid, set()).add(offset)
                 if qid == self.timer_queue:
                     self._soon_due.pop(offset, None)        # its heap entry goes stale
-                    if slot >= 0 and self.wheel is not None:
-                        self.wheel.uncount(slot)
+                    if self.wheel is not None and slot > self.wheel.wheel_second:
+                        self.wheel.uncount(slot)            # (a slot still on the wheel)
             self.wakeup()
             log.info("schedule service: parked message %d:%d recalled", qid, offset)
             return RecallStatus.RECALLED
 
     def _recall_target(self, qid: int, offset: int) -> int | None:
         """None if ``qid:offset`` is not waiting; else the timer second whose slot counts
-        it, or -1 (a level queue, or not in a slot)."""
+        it if still on the wheel, or -1 (a level queue, or not indexed yet)."""
         if not 0 <= qid < self.policy.queue_count or offset in self._recalled.get(qid, ()) \
                 or (qid, offset) in self._seen or self.wheel is None:
             return None                     # (delivered before a crash; stopped)
@@ -358,8 +359,10 @@ class ScheduleService(ServiceThread):
         if qid != self.timer_queue:
             return -1 if offset >= self._cursor[qid] else None
         self._index_tail()
-        if offset >= self.wheel.indexed_up_to or offset in self._soon_due:
+        if offset >= self.wheel.indexed_up_to:
             return -1
+        if offset in self._soon_due:        # read, but its slot on disk counts it (restart)
+            return self._soon_due[offset] // 1000
         _, dues = read_dues(self.store, qid, offset, offset + 1)
         if not len(dues):
             return None
@@ -516,11 +519,25 @@ class ScheduleService(ServiceThread):
                                                      items)
                     self._timer_due(now, DELIVER_BATCH - len(items), items)
                 if not items and all(m == self._cursor[q] for q, m in moves.items()):
-                    break
+                    if not self._move_wheel_for_tail():
+                        break
+                    continue
                 self._deliver(items, moves)
                 total += len(items)
             self._maybe_persist()
             return total
+
+    def _move_wheel_for_tail(self) -> bool:
+        """Indexing waits for a wheel lagging the clock by over WHEEL_MARGIN_S (a broker down,
+        no pass for long): persist now to move it; whether it moved (then index again)."""
+        with self._lock:
+            w = self.wheel
+            if w is None or self._blocked_at != w.indexed_up_to:
+                return False
+            second = w.wheel_second
+        self.persist()
+        with self._lock:
+            return self.wheel is w and w.wheel_second > second
 
     def _deliver(self, items: list[tuple[int, int, int]], moves: dict[int, int]) -> None:
         table = real_table(self.store, items, self.clock_ms()) if items else None
