@@ -15,8 +15,10 @@ What must hold after every step:
 - a message whose last allowed delivery expires goes to ``%DLQ%<group>`` exactly once;
 - the committed offset never passes a message that is not done (a restart loses none).
 
-And at the end, with the clock moved past every invisible time, receiving and acking until
-nothing comes delivers every message the filter takes (at least once) and commits the end.
+The consumer is the group (clustering) or one client of it (broadcasting: progress and
+persisted offsets of its own). And at the end, with the clock moved past every invisible
+time, receiving and acking until nothing comes delivers every message the filter takes (at
+least once) and commits the end.
 """
 from __future__ import annotations
 
@@ -31,8 +33,8 @@ from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, p
 from helpers.clock import Clock
 from sparkmq import Message, Store
 from sparkmq.broker.handles import HandleSigner
-from sparkmq.broker.pop import (ORIGIN_OFFSET, ORIGIN_QUEUE, InvalidHandle, PopService,
-                                TagFilter, dlq_topic)
+from sparkmq.broker.pop import (ORIGIN_OFFSET, ORIGIN_QUEUE, GroupKey, InvalidHandle,
+                                PopService, TagFilter, dlq_topic)
 
 QUEUES = 2
 NEW, LEASED, DONE = "new", "leased", "done"
@@ -64,10 +66,13 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
 
     class PopModel(RuleBasedStateMachine):
         @initialize(orderly=st.booleans(), retries=st.integers(0, 2),
-                    only_a=st.booleans())
-        def setup(self, orderly, retries, only_a):
+                    only_a=st.booleans(), broadcasting=st.booleans())
+        def setup(self, orderly, retries, only_a, broadcasting):
             n = next(_names)
             self.topic, self.group = f"PM{n}", f"PMG{n}"
+            # the consumer: the group (clustering) or one instance of it (broadcasting:
+            # progress and persisted offsets of its own)
+            self.key = GroupKey(self.group, "c1" if broadcasting else None)
             store.create_topic(self.topic, read_queue_nums=QUEUES, write_queue_nums=QUEUES)
             store.create_group(self.group, retry_max_times=retries,
                                consume_message_orderly=orderly)
@@ -107,7 +112,7 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
             if self.orderly and attempt_id is not None:
                 again = [key for key, attempt in self.attempts.pop(attempt_id, [])[:batch]
                          if self.msgs[key].state == LEASED and self.msgs[key].attempt == attempt]
-            got = self.pop.pop(self.group, self.topic, batch_size=batch,
+            got = self.pop.pop(self.key, self.topic, batch_size=batch,
                                invisible_ms=invisible_ms, tag_filter=self.filter,
                                attempt_id=attempt_id)
             assert len(got) <= batch
@@ -174,14 +179,14 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
         @rule(data=st.data())
         def ack(self, data):
             m = data.draw(st.sampled_from(self._leased()))
-            self.pop.ack(self.group, m.handle, self.topic)
+            self.pop.ack(self.key, m.handle, self.topic)
             self._done(m)
 
         @precondition(lambda self: self._leased())
         @rule(data=st.data(), invisible_ms=st.sampled_from([0, 1_000, 10_000]))
         def change_invisible(self, data, invisible_ms):
             m = data.draw(st.sampled_from(self._leased()))
-            new = self.pop.change_invisible(self.group, m.handle, invisible_ms, self.topic)
+            new = self.pop.change_invisible(self.key, m.handle, invisible_ms, self.topic)
             m.old_handles.append(m.handle)
             m.handle, m.visible_at = new, clock.now_ms + invisible_ms
 
@@ -189,7 +194,7 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
         @rule(data=st.data())
         def forward_to_dlq(self, data):
             m = data.draw(st.sampled_from(self._leased()))
-            self.pop.forward_to_dlq(self.group, m.handle, self.topic)
+            self.pop.forward_to_dlq(self.key, m.handle, self.topic)
             self._done(m)
             self._take_dlq_forwarded()
 
@@ -205,11 +210,11 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
             old = data.draw(st.sampled_from(m.old_handles))
             try:
                 if action == "ack":
-                    self.pop.ack(self.group, old, self.topic)
+                    self.pop.ack(self.key, old, self.topic)
                 elif action == "change":
-                    self.pop.change_invisible(self.group, old, 1_000, self.topic)
+                    self.pop.change_invisible(self.key, old, 1_000, self.topic)
                 else:
-                    self.pop.forward_to_dlq(self.group, old, self.topic)
+                    self.pop.forward_to_dlq(self.key, old, self.topic)
             except InvalidHandle:
                 return
             raise AssertionError(f"a superseded handle of {m.qid}/{m.offset} was taken "
@@ -229,7 +234,7 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
                 store.commit_consumer_offsets(key.group, floors, client_id=key.client_id)
             self.pop = self._new_pop()
             self.attempts = {}
-            committed = store.consumer_offsets(self.group)
+            committed = store.consumer_offsets(self.group, client_id=self.key.client_id)
             for m in self.msgs.values():
                 if m.handle is not None:
                     m.old_handles.append(m.handle)
@@ -245,7 +250,7 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
         def the_committed_offset_passes_only_done_messages(self):
             if not hasattr(self, "pop"):
                 return
-            floors = self.pop.floors(self.group)
+            floors = self.pop.floors(self.key)
             for (t, qid), floor in floors.items():
                 assert floor <= self.next_offset[qid]
                 for off in range(floor):
@@ -258,7 +263,7 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
                 return
             clock.advance(3_600_000)
             for _ in range(10 * (len(self.msgs) + 1) * self.max_attempts):
-                got = self.pop.pop(self.group, self.topic, batch_size=32, invisible_ms=1_000,
+                got = self.pop.pop(self.key, self.topic, batch_size=32, invisible_ms=1_000,
                                    tag_filter=self.filter)
                 self._take_dlq()
                 if not got:
@@ -266,13 +271,13 @@ def test_pop_service_keeps_the_model_of_pop_consumption(shared):
                 for d in got:
                     m = self.msgs[(d.message.queue_id, d.message.queue_offset)]
                     assert m.state != DONE, f"done message {m.qid}/{m.offset} handed out again"
-                    self.pop.ack(self.group, d.receipt_handle, self.topic)
+                    self.pop.ack(self.key, d.receipt_handle, self.topic)
                     m.handle = d.receipt_handle
                     self._done(m)
             undone = [(m.qid, m.offset, m.state) for m in self.msgs.values()
                       if self._passes(m) and m.state != DONE]
             assert not undone, f"never delivered to the end: {undone}"
-            floors = self.pop.floors(self.group)
+            floors = self.pop.floors(self.key)
             for qid in range(QUEUES):
                 assert floors.get((self.topic, qid), 0) == self.next_offset[qid]
 
