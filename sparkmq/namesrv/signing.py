@@ -14,9 +14,13 @@ A signed request carries three headers::
                                          hex SHA-256(body))
 
 The NameServer refuses (401) a missing or wrong signature, a timestamp more than
-``window_ms`` (300 s) from its clock, and a nonce already seen within the window
-(a replay); the remembered nonces are bounded (``max_nonces``; when full, new
-requests are refused until old nonces age out rather than forgetting them).
+``window_ms`` (300 s) from its clock, a nonce already seen within the window (a
+replay), and a timestamp from before the verifier started: the nonces are remembered
+in memory only, so a request captured before a restart would otherwise be taken again
+for up to a window after it (its sender signs again on its next try; a sender whose
+clock is behind is refused until its clock passes the restart). The remembered nonces
+are bounded (``max_nonces``; when full, new requests are refused until old nonces age
+out rather than forgetting them).
 
 The secret (:func:`resolve_secret`): ``clusterSecret`` (config), else the file
 ``clusterSecretFile``, else ``SPARKMQ_CLUSTER_SECRET``, else the file
@@ -106,6 +110,7 @@ class RequestVerifier:
         self.clock_ms = clock_ms or (lambda: int(time.time() * 1000))
         self._nonces: dict[str, int] = {}      # nonce -> the time it may be forgotten
         self._lock = threading.Lock()
+        self.started_ms = self.clock_ms()    # nonces seen before it are not known here
 
     def refusal(self, method: str, path: str, body: bytes,
                 headers: Mapping[str, str]) -> str | None:
@@ -127,6 +132,10 @@ class RequestVerifier:
                         hashlib.sha256).hexdigest()
         if not hmac.compare_digest(want.encode(), mac.encode()):
             return "bad signature: this NameServer's cluster secret differs from the broker's"
+        if ts < self.started_ms:
+            return (f"request signed {self.started_ms - ts} ms before this server started: "
+                    "refused as a possible replay (its nonces of before are not known); "
+                    "sign it again now (if this repeats, the sender's clock is behind)")
         return self._remember(nonce, now)
 
     def _remember(self, nonce: str, now_ms: int) -> str | None:

@@ -119,3 +119,33 @@ def test_short_secrets_are_refused_and_the_default_file_is_private(tmp_path, mon
     made = resolve_secret()
     path = tmp_path / ".sparkmq" / "cluster.secret"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and resolve_secret() == made
+
+
+def test_a_request_signed_before_a_restart_is_refused_after_it():
+    clock = Clock(10_000_000)
+    before = RequestVerifier(SECRET, clock_ms=clock)
+    captured = sign(SECRET, "POST", REGISTER, b"{}", timestamp_ms=clock.now_ms)
+    assert before.refusal("POST", REGISTER, b"{}", captured) is None
+    clock.now_ms += 5_000                        # a restart: the nonces seen are forgotten
+    after = RequestVerifier(SECRET, clock_ms=clock)
+    refused = after.refusal("POST", REGISTER, b"{}", captured)
+    assert "5000 ms before this server started" in refused and "sign it again" in refused
+    fresh = sign(SECRET, "POST", REGISTER, b"{}", timestamp_ms=clock.now_ms)
+    assert after.refusal("POST", REGISTER, b"{}", fresh) is None
+
+
+@pytest.mark.integration
+def test_an_unregistration_captured_before_a_restart_is_not_replayed_after_it():
+    port = free_port()
+    with NameServer(port=port, cluster_secret=SECRET) as ns:
+        master = NameServerClient(ns.address, cluster_secret=SECRET)
+        assert master.register(registration([])) == {ns.address: True}
+        body = json.dumps({"brokerName": "broker-a", "brokerId": 0,
+                           "cluster": "C"}).encode()
+        captured = sign(SECRET, "POST", "/brokers/unregister", body)   # seen on the wire
+        assert post(ns, "/brokers/unregister", {}, captured, raw=body)[0] == 200
+    with NameServer(port=port, cluster_secret=SECRET) as ns:          # restarted
+        assert master.register(registration([])) == {ns.address: True}
+        status, answer = post(ns, "/brokers/unregister", {}, captured, raw=body)
+        assert status == 401 and "before this server started" in answer["error"]
+        assert {q["endpoint"] for q in master.route("T")} == {"127.0.0.1:8081"}
