@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..config import SYNC_FLUSH
-from ..errors import DiskFullError, InvalidMessageError, StoreClosedError
+from ..errors import DiskFullError, FencedError, InvalidMessageError, StoreClosedError
 from . import format as fmt
 from .batch import BatchBuilder, messages_to_batch, split_by_size
 from .built import BuiltRows, stamp_store_time
@@ -55,6 +55,7 @@ class Appender:
         ``sync_flush_timeout_ms`` — the messages are still stored).
         """
         self.require_space()
+        self.hold_lease()
         if isinstance(messages, Message):
             messages = [messages]
         msgs = list(messages)
@@ -77,6 +78,7 @@ class Appender:
                                       store_host=b.store_host, limits=b.limits,
                                       check_limits=check_limits)
             batch_offset, qos, updates = self._append_locked(batch)
+        self.hold_lease(written=True)
         status = self._await_flush(batch_offset)
         self.store.dispatcher.after_visible(updates)
         # message id = encode_message_id(tag, batch_offset, row): the prefix is shared
@@ -119,6 +121,7 @@ class Appender:
         gets ``(offset to flush to, the visibility updates)`` appended there and a
         PUT_OK it must correct if the flush fails."""
         self.require_space()
+        self.hold_lease()
         built = data if isinstance(data, BuiltRows) else None
         info = None
         if built is not None:            # checked by its caller (log/built.py): not again
@@ -141,6 +144,7 @@ class Appender:
             else:
                 batch, ts_ms = stamp_store_time(batch, self._store_ts())
             batch_offset, qos, updates = self._append_locked(batch, info, ts_ms, c_array)
+        self.hold_lease(written=True)
         if later is not None:            # the caller flushes, then makes them visible
             later.append((self.store.commitlog.written_offset, updates))
             status = PutMessageStatus.PUT_OK
@@ -149,6 +153,28 @@ class Appender:
             self.store.dispatcher.after_visible(updates)
         qids = info.queue_ids if info is not None else batch.column("queue_id").to_numpy()
         return BatchAppendResult(status, batch_offset, qos, qids, n)
+
+    def hold_lease(self, *, written: bool = False) -> None:
+        """Make sure this writer still holds the store's lease where it may have lapsed
+        (``WriterLease.lapsing``: a publish that did not run, a paused process): renew it
+        now with a publish, which raises FencedError if another writer took it over.
+        Before an append that refuses it; after one (``written``) it turns an answer of
+        stored into FencedError, since its bytes may have landed after the new writer
+        sealed this one's segment, where no reader looks (whether they did is not known:
+        the message may be stored, or lost). In the usual case (the publish service
+        renews the lease at half its timeout) this is one clock read."""
+        store = self.store
+        if not store.lease.lapsing(store.state):
+            return
+        try:
+            store.publish(force=True)
+        except FencedError as exc:
+            if not written:
+                raise
+            raise FencedError(
+                f"{exc}. An append ended after this writer's lease could have lapsed and "
+                "another writer took the store over: it may not be stored; send it again "
+                "to the store's new writer") from None
 
     def _store_ts(self) -> int:
         ts = max(self.store.clock_ms(), self._last_store_ts)

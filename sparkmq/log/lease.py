@@ -189,6 +189,17 @@ class WriterLease:
                         owner=self.owner, epoch=new_epoch, released=False,
                         expires_time=self.clock_ms() + self.timeout_ms, scope=process_scope())]
 
+    def lapsing(self, state: LogState) -> bool:
+        """Whether this writer's lease (as ``state``, its own newest commit, has it) is
+        at or past its expiry less a tenth of the timeout (a margin for clocks that
+        differ): from then on another writer may take the store over, seal the segment
+        this one appends to and never read its later bytes. An append then renews the
+        lease first (the publish), and one that ended then is not answered as stored
+        before a renewal shows the lease was still this writer's."""
+        lease = state.lease
+        expires = int((lease.expires_time if lease else None) or 0)
+        return self.clock_ms() >= expires - self.timeout_ms // 10
+
     def renewal_due(self, state: LogState) -> bool:
         expires_ms = (state.lease.expires_time if state.lease else None) or 0
         return int(expires_ms) - self.clock_ms() < self.timeout_ms // 2

@@ -464,7 +464,10 @@ class SegmentWriter:
             os.close(self._splice_fd)
             self._splice_fd = None
         if self._fd is not None:
-            if self._reserved > self.size:    # give back the blocks allocated ahead
+            # give back the blocks allocated ahead; not where the file grew past ``size``:
+            # a writer that took the store over sealed it (``recovery.seal_foreign_tail``),
+            # and cutting to ``size`` would cut its end-of-stream marker off
+            if self._reserved > self.size and os.fstat(self._fd).st_size == self.size:
                 try:
                     os.ftruncate(self._fd, self.size)
                 except OSError as exc:        # unused space past the end, not data

@@ -749,8 +749,9 @@ def test_snapshot_by_datetime(store, clock):
 
 def test_fenced_writer_refuses_and_never_corrupts_the_new_writer(store_url, clock):
     """Writer A's lease expires (a paused process); B takes over with a higher
-    epoch. A learns it is fenced at its next commit and refuses every write
-    after; bytes A wrote late never show up in B's queues."""
+    epoch. A learns it is fenced at its next append (its lease lapsed: it renews
+    first) or commit and refuses every write after; nothing of A's shows up late
+    in B's queues."""
     from sparkmq.errors import FencedError
     a = Store.open(store_url, clock_ms=clock, start_services=False, flushDiskType=SYNC_FLUSH)
     a.create_topic("t", read_queue_nums=1, write_queue_nums=1)
@@ -759,7 +760,8 @@ def test_fenced_writer_refuses_and_never_corrupts_the_new_writer(store_url, cloc
     clock.now_ms += a.config.lease_timeout_ms + 1
     b = Store.open(store_url, clock_ms=clock, start_services=False, flushDiskType=SYNC_FLUSH)
     assert b.epoch == a.epoch + 1
-    a.append([msg("t", b"late")])             # A has not noticed yet: its bytes must not leak
+    with pytest.raises(FencedError):          # (it was answered as stored, then lost)
+        a.append([msg("t", b"late")])
     b.append([msg("t", b"b1")])
     with pytest.raises(FencedError):
         a.flush()

@@ -1,0 +1,103 @@
+"""A writer whose lease may have lapsed does not answer an append as stored before it
+knows the lease is still its own: a paused process (its publish did not run) whose lease
+another writer took over used to write into the segment the new writer had sealed, answer
+PUT_OK, and lose the message."""
+from __future__ import annotations
+
+import os
+
+import pyarrow as pa
+import pytest
+
+from sparkmq import SYNC_FLUSH, PutMessageStatus, Store
+from sparkmq.errors import FencedError
+
+from helpers.clock import Clock
+from helpers.storetools import as_segment_batch, bodies, msg
+
+OPTS = dict(start_services=False, flushDiskType=SYNC_FLUSH)
+
+
+def _rows(body: bytes) -> pa.Table:
+    return pa.table({"topic": ["t"], "queue_id": pa.array([0], pa.int32()), "body": [body]})
+
+
+def _pause_before_the_write(a: Store, store_url: str, clock: Clock, taken: list) -> None:
+    """A stops between its lease check and its write (its store time, read under the
+    append lock just before the bytes go out), long enough for B to take over."""
+    stamp = a.appender._store_ts
+
+    def paused() -> int:
+        if not taken:
+            clock.advance(a.config.lease_timeout_ms + 1)
+            taken.append(Store.open(store_url, clock_ms=Clock(clock.now_ms), **OPTS))
+        return stamp()
+    a.appender._store_ts = paused
+
+
+@pytest.mark.parametrize("columnar", [False, True])
+def test_an_append_that_ends_after_a_takeover_is_not_answered_as_stored(
+        store_url, columnar):
+    clock = Clock()
+    a = Store.open(store_url, clock_ms=clock, **OPTS)
+    a.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    a.append([msg("t", b"a0")])
+    taken: list[Store] = []
+    _pause_before_the_write(a, store_url, clock, taken)
+    with pytest.raises(FencedError, match="may not be stored; send it again"):
+        if columnar:
+            a.append_batch(as_segment_batch(_rows(b"late")))
+        else:
+            a.append([msg("t", b"late")])
+    b = taken[0]
+    assert b.epoch == a.epoch + 1
+    assert bodies(b, "t", 0) == [b"a0"]          # where the bytes went, no one reads
+    with pytest.raises(FencedError):
+        a.append([msg("t", b"after")])
+    b.append([msg("t", b"b1")])
+    a.close()
+    b.close()
+    with Store.open(store_url, clock_ms=Clock(clock.now_ms + 1), **OPTS) as c:
+        assert bodies(c, "t", 0) == [b"a0", b"b1"]
+
+
+def test_a_lapsed_lease_no_one_took_is_renewed_and_the_append_stored(store_url):
+    clock = Clock()
+    with Store.open(store_url, clock_ms=clock, **OPTS) as a:
+        a.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        version = a.state.version
+        clock.advance(a.config.lease_timeout_ms * 10)     # no publish ran (a paused process)
+        r = a.append([msg("t", b"m")])
+        assert r[0].status == PutMessageStatus.PUT_OK
+        assert a.state.version > version                   # renewed before the write
+        assert a.state.lease.expires_time > clock.now_ms
+        assert not a.lease.fenced and bodies(a, "t", 0) == [b"m"]
+
+
+def test_a_fresh_lease_costs_an_append_no_commit(store_url):
+    clock = Clock()
+    with Store.open(store_url, clock_ms=clock, **OPTS) as a:
+        a.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        version = a.state.version
+        clock.advance(a.config.lease_timeout_ms // 2)       # renewal due, not lapsing
+        a.append([msg("t", b"m")])
+        a.append_batch(as_segment_batch(_rows(b"n")))
+        assert a.state.version == version
+
+
+def test_a_writer_whose_lease_was_taken_refuses_before_it_writes(local_store_url):
+    clock = Clock()
+    a = Store.open(local_store_url, clock_ms=clock, **OPTS)
+    a.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    a.append([msg("t", b"a0")])
+    clock.advance(a.config.lease_timeout_ms + 1)              # A paused; B takes over
+    b = Store.open(local_store_url, clock_ms=Clock(clock.now_ms), **OPTS)
+    sealed = {r.path: r.size for r in b.commitlog.segments() if r.sealed}
+    assert sealed
+    with pytest.raises(FencedError, match="must stop"):
+        a.append([msg("t", b"late")])
+    assert bodies(a, "t", 0) == [b"a0"]          # not dispatched, even in A's own view
+    for path, size in sealed.items():            # nothing written past B's seal
+        assert os.path.getsize(os.path.join(local_store_url, path)) == size
+    a.close()
+    b.close()
