@@ -314,7 +314,7 @@ class Broker:
             self.store, self.streams, make_command=recover_command, clock_ms=self.clock_ms,
             timeout_ms=cfg.transaction_timeout_ms,
             check_interval_ms=cfg.transaction_check_interval_ms,
-            check_max=cfg.transaction_check_max).start()
+            check_max=cfg.transaction_check_max, on_topic_created=self.topic_created).start()
 
     def stop_master_services(self) -> None:
         """Stop the schedule and transaction services (at stop, or when fenced)."""

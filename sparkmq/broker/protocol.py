@@ -4,7 +4,9 @@ The one home of: protocol statuses (``status``, ``OK``, the exception -> status
 mapping ``error_status``), durations and timestamps (milliseconds <-> protobuf),
 a stored message as a protobuf ``Message`` (``message_to_pb``), a route entry as a
 MessageQueue (``message_queue``), the send results as a SendMessageResponse
-(``send_response``) and the transaction check-back command (``recover_command``). The send domain
+(``send_response``), a transactional message's properties and its recovery duration's
+refusal (``transaction_properties``, ``recovery_refusal``) and the transaction check-back
+command (``recover_command``). The send domain
 (``send.py``) answers refusals with these statuses; the gRPC layer
 (``grpc_service.py``) uses them to build its responses.
 
@@ -28,6 +30,7 @@ from ..log.limits import RESERVED_PROPERTY_KEYS
 from .pop import (ORIGIN_MESSAGE_ID, ORIGIN_OFFSET, ORIGIN_QUEUE, ORIGIN_TOPIC,
                   InvalidHandle)
 from .schedule import PROP_DELAY_LEVEL, PROP_SOURCE
+from .transaction import PROP_CHECK_IMMUNITY_S
 
 Code = pb.Code
 
@@ -240,6 +243,36 @@ def send_response(results: list) -> spb.SendMessageResponse:
     else:
         out.status.CopyFrom(status(Code.MULTIPLE_RESULTS, "see entries"))
     return out
+
+
+#: The proxy's ``maxTransactionRecoverySecond`` (ProxyConfig default: 1 hour).
+MAX_TRANSACTION_RECOVERY_S = 3600
+
+
+def recovery_refusal(sp: pb.SystemProperties) -> pb.Status | None:
+    """BAD_REQUEST for a transactional message whose ``orphaned_transaction_recovery_duration``
+    is over ``MAX_TRANSACTION_RECOVERY_S`` (the proxy's SendMessageActivity
+    ``validateTransactionRecoverySecond``), else None."""
+    if not sp.HasField("orphaned_transaction_recovery_duration"):
+        return None
+    seconds = sp.orphaned_transaction_recovery_duration.seconds
+    if seconds <= MAX_TRANSACTION_RECOVERY_S:
+        return None
+    return status(Code.BAD_REQUEST, f"orphaned_transaction_recovery_duration is {seconds} s; "
+                  f"at most {MAX_TRANSACTION_RECOVERY_S} s (maxTransactionRecoverySecond) is "
+                  "allowed: ask for a shorter first check-back")
+
+
+def transaction_properties(m: pb.Message) -> dict[str, str]:
+    """The properties a transactional message is stored with: its user properties, and
+    as the proxy's SendMessageActivity, its ``orphaned_transaction_recovery_duration`` (whole
+    seconds, as ``Durations.toSeconds``) in ``CHECK_IMMUNITY_TIME_IN_SECONDS``, which the
+    transaction service reads for its first check-back (over a user property of that name)."""
+    props = dict(m.user_properties)
+    sp = m.system_properties
+    if sp.HasField("orphaned_transaction_recovery_duration"):
+        props[PROP_CHECK_IMMUNITY_S] = str(sp.orphaned_transaction_recovery_duration.seconds)
+    return props
 
 
 def recover_command(stored_message, transaction_id: str) -> spb.TelemetryCommand:

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from ..log.topics import topic_message_type
 
-SYSTEM_PREFIXES = ("RMQ_SYS_", "SCHEDULE_TOPIC", "%RETRY%", "%DLQ%")
+SYSTEM_PREFIXES = ("RMQ_SYS_", "rmq_sys_", "SCHEDULE_TOPIC", "TRANS_CHECK_MAX_TIME_TOPIC",
+                   "%RETRY%", "%DLQ%")
 
 
 def _is_system(topic: str) -> str:

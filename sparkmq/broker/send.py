@@ -41,7 +41,7 @@ from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, message_violatio
 from ..log.message import encode_message_id, store_tag
 from ..log.names import validate_topic
 from ..log.status import PutMessageStatus
-from .protocol import Code, ms_of_timestamp, status
+from .protocol import Code, ms_of_timestamp, recovery_refusal, status, transaction_properties
 from .replicawait import HELD, Replicating, count_failure, resolve
 from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
 from .sendlimits import plain_within_limits, type_refusal, body_refusal, limits_refusal
@@ -275,7 +275,7 @@ class SendService:
                 mtype = m.system_properties.message_type
                 if mtype == transactional:
                     topic, props, txid = self.broker.transactions.prepare_row(
-                        m.topic.name, dict(m.user_properties), client_id())
+                        m.topic.name, transaction_properties(m), client_id())
                     parked = (topic, 0, None, props, txid)
                 elif mtype == pb.DELAY or (m.user_properties
                                            and PROP_DELAY_LEVEL in m.user_properties):
@@ -390,7 +390,7 @@ class SendService:
                           "only DELAY messages may carry a delivery timestamp")
         if sp.body_encoding == pb.GZIP:
             return status(Code.UNSUPPORTED, "gzip-encoded bodies are not supported")
-        return None
+        return recovery_refusal(sp) if mtype == pb.TRANSACTION else None
 
     def _expected_type(self, topic: str, cache: dict) -> str:
         """The message type ``topic`` accepts (cached per request in ``cache``)."""

@@ -1,5 +1,6 @@
 """TransactionService against a model of RocketMQ's transactional (half) messages, driven by
-hypothesis: any sequence of half-message sends, EndTransaction calls (COMMIT, ROLLBACK,
+hypothesis: any sequence of half-message sends (some asking for a later first check-back,
+``CHECK_IMMUNITY_TIME_IN_SECONDS``, valid or not), EndTransaction calls (COMMIT, ROLLBACK,
 UNKNOWN; for open, resolved, expired and unknown transaction ids), clock moves, check-back
 passes answered by the producer (commit, rollback, unknown, no answer), producers
 connecting and leaving, and broker restarts (clean or not, store reopened or not), on a
@@ -21,9 +22,16 @@ What must hold after every step:
 - the pending half messages are exactly the open transactions, with their check counts
   and next check times (a restart keeps both: no new transactionCheckMax checks);
 - a check pass asks about exactly the open transactions due: first transactionTimeOut
-  after the store time, then transactionCheckInterval after the previous check; each is
-  asked at most transactionCheckMax times; at its next due pass after that it is rolled
-  back (op tag ``x``) and counted in ``rolled_back_unresolved``;
+  after the store time (or the immunity asked for, when that is a whole number of seconds
+  and longer), then transactionCheckInterval after the previous check; each is asked at
+  most transactionCheckMax times; at its next due pass after that it is given up (op tag
+  ``x``), counted in ``rolled_back_unresolved``, and its half message is in
+  ``TRANS_CHECK_MAX_TIME_TOPIC`` once, as stored (real topic, producer, properties,
+  transaction id, unique key) with its check count, in the same record batch as the op;
+- the committed floors of the check group are those of the service's last persist: the
+  half floor is the lowest open half message then (else every half message sent), the op
+  floor the first op record naming a half message at or above it, else where the op topic
+  ended then; a restart reads the op topic from that floor only;
 - a check-back goes to the sending producer's stream, else another producer of the topic,
   else nowhere (it still counts, as in RocketMQ), and shows the message as it was sent.
 
@@ -50,11 +58,13 @@ from helpers.clock import Clock
 from sparkmq import Message, Store
 from sparkmq.broker.pop import PopService, TagFilter
 from sparkmq.broker.protocol import recover_command
-from sparkmq.broker.transaction import (OP_EXPIRED, OP_TOPIC, ProducerStreams,
-                                        TransactionService)
+from sparkmq.broker.transaction import (CHECK_GROUP, CHECK_MAX_TOPIC, HALF_TOPIC, OP_EXPIRED,
+                                        OP_TOPIC, PROP_CHECK_IMMUNITY_S, ProducerStreams,
+                                        TransactionService, first_check_delay_ms)
 from sparkmq.errors import UnknownTransaction
 from sparkmq.lifecycle import ServiceThread
 from sparkmq.log import format as fmt
+from sparkmq.log.message import decode_message_id
 
 TIMEOUT_MS = 6_000          # transactionTimeOut
 INTERVAL_MS = 10_000        # transactionCheckInterval
@@ -62,6 +72,18 @@ QUEUES = 2                  # of each real topic
 OPEN, COMMITTED, ROLLED_BACK, EXPIRED = "open", "committed", "rolled back", "expired"
 COMMIT, ROLLBACK, UNKNOWN, NO_ANSWER = "commit", "rollback", "unknown", "no answer"
 _names = itertools.count()
+#: CHECK_IMMUNITY_TIME_IN_SECONDS values a producer may send -> the seconds RocketMQ reads
+#: (Java's Long.parseLong; None: refused, so the property counts as absent)
+IMMUNITY = {None: None, "": None, "x": None, "1.5": None, " 20": None, "2_0": None,
+            "99999999999999999999": None, "-5": -5, "0": 0, "2": 2, "6": 6, "7": 7,
+            "20": 20, "+20": 20}
+
+
+def first_check_ms(stored_ms: int, immunity: str | None) -> int:
+    """When the model expects the first check-back: transactionTimeOut after the store
+    time, or the immunity asked for when it is longer."""
+    seconds = IMMUNITY[immunity]
+    return stored_ms + max(TIMEOUT_MS, (seconds or 0) * 1000)
 
 
 class _NoThread(ServiceThread):
@@ -79,12 +101,14 @@ class Tx:
     """The model's view of one transaction."""
 
     def __init__(self, txid: str, body: bytes, tags, keys: list[str], props: dict,
-                 client: str | None, unique_key: str, stored_ms: int):
+                 client: str | None, unique_key: str, stored_ms: int, half_offset: int):
         self.txid, self.body, self.tags, self.keys = txid, body, tags, keys
         self.props, self.client, self.unique_key = props, client, unique_key
+        self.half_offset = half_offset
         self.state = OPEN
         self.checks = 0
-        self.due_ms = stored_ms + TIMEOUT_MS     # of the next check
+        self.due_ms = first_check_ms(stored_ms, props.get(PROP_CHECK_IMMUNITY_S))  # next check
+        self.kept = False                        # seen in TRANS_CHECK_MAX_TIME_TOPIC
         self.visible = False                     # seen in the real topic
 
     def __repr__(self) -> str:                   # (how a failing example names it)
@@ -111,6 +135,8 @@ def test_transaction_service_keeps_the_model_of_half_messages():
             self.txs: dict[str, Tx] = {}
             self.by_body: dict[bytes, Tx] = {}
             self.seen = [0] * QUEUES        # real topic offsets checked by the invariant
+            self.kept_seen = 0              # CHECK_MAX_TOPIC offsets checked
+            self.persisted = (0, 0)         # (half floor, op topic end) at the last persist
             self.restarts = 0
             self._start_service()
 
@@ -142,11 +168,15 @@ def test_transaction_service_keeps_the_model_of_half_messages():
         @rule(n=st.integers(1, 3), client=st.sampled_from(["p1", "p2", None]),
               tags=st.sampled_from([None, "A", "B"]),
               keys=st.lists(st.sampled_from(["k1", "k2"]), max_size=2, unique=True),
-              props=st.sampled_from([{}, {"a": "1"}, {"a": "1", "b": "x y"}]))
-        def send(self, n, client, tags, keys, props):
+              props=st.sampled_from([{}, {"a": "1"}, {"a": "1", "b": "x y"}]),
+              immunity=st.sampled_from(sorted(IMMUNITY, key=str)))
+        def send(self, n, client, tags, keys, props, immunity):
             """A producer sends TRANSACTION messages: stored as half messages, as
-            SendService does (``prepare_row``, append, ``on_stored``)."""
+            SendService does (``prepare_row``, append, ``on_stored``); with ``immunity``
+            the property a gRPC send's recovery duration becomes (or a producer's own)."""
             cid = self.producers.get(client)
+            if immunity is not None:
+                props = {**props, PROP_CHECK_IMMUNITY_S: immunity}
             rows, sent = [], []
             for _ in range(n):
                 body = f"{self.topic}-m{len(self.txs) + len(sent)}".encode()
@@ -157,7 +187,7 @@ def test_transaction_service_keeps_the_model_of_half_messages():
                                     message_type=fmt.MESSAGE_TYPE_TRANSACTION,
                                     unique_key=unique_key))
                 sent.append(Tx(txid, body, tags, keys, dict(props), cid, unique_key,
-                               self.clock.now_ms))
+                               self.clock.now_ms, len(self.txs) + len(sent)))
             self.store.append(rows)
             self.tx.on_stored()
             for t in sent:
@@ -228,6 +258,7 @@ def test_transaction_service_keeps_the_model_of_half_messages():
             for t in ask:
                 t.checks += 1
                 t.due_ms = now + INTERVAL_MS
+            self._persisted()               # (a pass ends with a persist)
             asked = []                      # (stream, message, transaction id)
             for cid in sorted(self.queues):
                 while not self.queues[cid].empty():
@@ -264,10 +295,24 @@ def test_transaction_service_keeps_the_model_of_half_messages():
             self.restarts += 1
             if clean:
                 self.tx.stop()
+                self._persisted()
             if reopen_store:
                 self.store.close()
                 self.store = Store.open(self.url, mode="w", clock_ms=self.clock)
             self._start_service()
+            _, op_floor = self._floors()
+            assert self.tx.rebuild_ops_read == self.store.max_offset(OP_TOPIC, 0) - op_floor, \
+                "the restart did not read the op topic from its floor"
+
+        def _persisted(self) -> None:
+            """The service has just persisted: what the floors must be from now on."""
+            open_halves = [t.half_offset for t in self._open()]
+            self.persisted = (min(open_halves) if open_halves else len(self.txs),
+                              self.store.max_offset(OP_TOPIC, 0))
+
+        def _floors(self) -> tuple[int, int]:
+            offsets = self.store.consumer_offsets(CHECK_GROUP)
+            return offsets.get((HALF_TOPIC, 0), 0), offsets.get((OP_TOPIC, 0), 0)
 
         # ------------------------------------------------------------ invariants
         @invariant()
@@ -278,6 +323,43 @@ def test_transaction_service_keeps_the_model_of_half_messages():
                    for h in self.tx.pending()}
             want = {t.txid: (self.topic, t.client, t.checks, t.due_ms) for t in self._open()}
             assert got == want
+
+        @invariant()
+        def the_floors_are_exact(self):
+            """Every op below the op floor names a half message below the half floor, and
+            the op floor is the first op that does not (or the op topic's end then)."""
+            if not hasattr(self, "tx"):
+                return
+            half_floor, op_end = self.persisted
+            ops = self.store.read_table(OP_TOPIC, 0, 0, columns=["queue_offset", "body"])
+            named = [off for off, body in zip(ops.column("queue_offset").to_pylist(),
+                                              ops.column("body").to_pylist())
+                     if int(body) >= half_floor]
+            assert self._floors() == (half_floor, min(named[:1] + [op_end]))
+
+        @invariant()
+        def the_given_up_are_kept_once(self):
+            """TRANS_CHECK_MAX_TIME_TOPIC holds each given-up half message once, as it was
+            stored, with its check count, in the record batch of its ``x`` op."""
+            if not hasattr(self, "tx") or CHECK_MAX_TOPIC not in self.store.topics():
+                assert not any(t.state == EXPIRED for t in self.txs.values())
+                return
+            ops = {int(m.body): m for m in self.store.read(OP_TOPIC, 0, 0, 10_000)
+                   if m.tags == OP_EXPIRED}
+            for m in self.store.read(CHECK_MAX_TOPIC, 0, self.kept_seen, 1_000):
+                self.kept_seen = m.queue_offset + 1
+                t = self.by_body.get(m.body)
+                assert t is not None and t.state == EXPIRED and not t.kept, m.body
+                t.kept = True
+                props = {**t.props, "REAL_TOPIC": self.topic, "TRANSACTION_CHECK_TIMES":
+                         str(self.check_max), **({"TRANS_CLIENT_ID": t.client} if t.client
+                                                 else {})}
+                assert (m.tags, m.keys, m.properties, m.unique_key, m.transaction_id,
+                        m.message_type) == (t.tags, t.keys, props, t.unique_key, t.txid,
+                                            fmt.MESSAGE_TYPE_TRANSACTION)
+                assert decode_message_id(m.message_id)[1] == decode_message_id(
+                    ops[t.half_offset].message_id)[1], "the copy and its x op: two appends"
+            assert self.kept_seen == sum(t.state == EXPIRED for t in self.txs.values())
 
         @invariant()
         def the_topic_shows_the_committed_once(self):
@@ -339,3 +421,11 @@ def test_transaction_service_keeps_the_model_of_half_messages():
 
     run_state_machine_as_test(TransactionModel, settings=settings(
         max_examples=200, stateful_step_count=50, deadline=None))
+
+
+def test_first_check_delay_reads_the_immunity_as_rocketmq():
+    """CHECK_IMMUNITY_TIME_IN_SECONDS as TransactionalMessageUtil.getImmunityTime reads it:
+    whole seconds (Long.parseLong), never below transactionTimeOut, refused values absent."""
+    for value, seconds in IMMUNITY.items():
+        props = {} if value is None else {PROP_CHECK_IMMUNITY_S: value}
+        assert first_check_delay_ms(props, TIMEOUT_MS) == max(TIMEOUT_MS, (seconds or 0) * 1000)
