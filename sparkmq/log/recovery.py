@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..progress import Progress
 from . import format as fmt
+from .actions import ConsumerOffset
 from . import segment as seg
 from .commitlog import SegmentRef
 
@@ -113,7 +114,8 @@ def recover(store: "Store") -> None:
         log.info("store %s: re-dispatched %d messages from the CommitLog tail",
                  store.url, redispatched)
     sfs.write(fmt.abort_file(), store.owner.encode())
-    store.publish(force=True)
+    corrected = offsets_past_the_end(store) if crashed and not store.replica else []
+    store.publish(force=True, extra_actions=corrected)
     store.delete_removed_files()   # left by a previous writer that stopped too early
 
 
@@ -132,3 +134,24 @@ def seal_foreign_tail(store: "Store", ref: SegmentRef) -> None:
     ref.size = size
     ref.sealed = True
     store.commitlog.load(store.commitlog.segments())
+
+
+def offsets_past_the_end(store: "Store") -> list[ConsumerOffset]:
+    """Consumer offsets (committed at once, durable) that point past their queue's max
+    offset after a crash took the unflushed messages they had consumed (ASYNC_FLUSH),
+    each moved back to that max offset. Left alone, a group would skip the messages
+    appended next at those offsets. RocketMQ answers a pull past the max offset with
+    OFFSET_OVERFLOW_BADLY and moves the consumer to the max offset; this does it once,
+    at recovery, before any new append can hide the overshoot."""
+    ends = store.dispatcher.visible_next
+    live = {t.id for t in store.state.topics.values()}
+    out = []
+    for (group, tid, qid, client), off in sorted(store.state.consumer_offsets.items()):
+        end = ends.get((tid, qid), 0)
+        if tid in live and off > end:
+            log.warning("store %s: group %s offset %d of queue %d/%d is past the queue's "
+                        "max offset %d after the crash; moved back to it",
+                        store.url, group, off, tid, qid, end)
+            out.append(ConsumerOffset(group=group, topic_id=tid, queue_id=qid, offset=end,
+                                      client_id=client or None))
+    return out
