@@ -307,7 +307,9 @@ class MessageReader:
         except Exception as exc:   # a forged id may point anywhere: what reading there raises
             #                        (Arrow, index, format errors) means the id is bad
             raise InvalidMessageIdError(
-                f"message id {message_id} does not point at a message: {exc}") from None
+                f"message id {message_id} does not point at a message of this store: it was "
+                f"not issued here, or it named a message a crash took before it was flushed "
+                f"(ASYNC_FLUSH) (reading there: {type(exc).__name__})") from None
         if row >= batch.num_rows:
             raise InvalidMessageIdError(f"message id {message_id} points past its batch")
         one = batch.slice(row, 1)

@@ -146,6 +146,9 @@ def test_lookup_and_bad_ids(store, store_url, tmp_path):
     tag = res[0].message_id[:8]
     with pytest.raises(InvalidMessageIdError):
         store.lookup(tag + res[0].message_id[8:24] + "000000FF")   # past its batch
+    inside = int(res[0].message_id[8:24], 16) + 3                  # not at a batch
+    with pytest.raises(InvalidMessageIdError, match="not issued here, or .* crash took"):
+        store.lookup(f"{tag}{inside:016X}00000000")
 
 
 def test_query_by_key(store):
