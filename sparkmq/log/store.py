@@ -26,8 +26,9 @@ sealed and appends go to a new one: the previous writer may only be paused
 (its lease expired), and its late bytes must land where no one reads them.
 
 Fencing: a writer whose lease was taken over learns it at its next commit
-(publish, at most ``publish_interval_ms`` later) and refuses every write after
-with FencedError. Thread-safety: every public method is safe to call from
+(publish, at most ``publish_interval_ms`` later), or at its next append once its
+lease may have lapsed (the append renews it first: ``Appender.hold_lease``), and
+refuses every write after with FencedError. Thread-safety: every public method is safe to call from
 several threads.
 
 ``Store`` is a facade; each concern is an object or module of its own:
