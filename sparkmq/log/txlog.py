@@ -119,23 +119,28 @@ class TransactionLog:
 
     def oldest_version(self) -> int:
         """The oldest version that can still be built: 0, or after log cleanup the
-        oldest checkpoint from which every later commit file is still there
-        (-1 for no store)."""
+        oldest checkpoint that loads and from which every later commit file is still
+        there (-1 for no store). A damaged checkpoint (section 6) is passed over: a
+        version only it could build is gone."""
         names = self.sfs.list_names(fmt.LOG_DIR)
         commits = sorted(v for v in (fmt.parse_commit_file(n) for n in names) if v is not None)
         if not commits:
             return -1
         if commits[0] == 0:
             return 0
-        cps = [c for c in (fmt.parse_checkpoint_file(n) for n in names)
-               if c is not None and commits[0] - 1 <= c <= commits[-1]]
-        return min(cps) if cps else commits[0]
+        cps = sorted(c for c in (fmt.parse_checkpoint_file(n) for n in names)
+                     if c is not None and commits[0] - 1 <= c <= commits[-1])
+        for c in cps:
+            if self._load_checkpoint(c) is not None:
+                return c
+        return cps[0] if cps else commits[0]
 
     def _cleaned_up_error(self, version: int) -> VersionNotFoundError:
         oldest = self.oldest_version()
         return VersionNotFoundError(
             f"version {version} is no longer in the log: versions older than logRetentionMs "
-            f"are cleaned up; the oldest version available is {oldest}")
+            f"are cleaned up; the oldest version available is {oldest}: read that version "
+            "or a newer one (a longer logRetentionMs keeps more history)")
 
     def read_version(self, version: int) -> list[dict]:
         """The raw JSON actions of ``version`` as written (see :meth:`read_actions`)."""
@@ -274,6 +279,17 @@ class TransactionLog:
                 return int(a.timestamp)
         return 0
 
+    def _version_timestamp(self, version: int) -> int:
+        """The commit timestamp of ``version``: from its commit file or, when log cleanup
+        deleted that (a checkpoint is the oldest version left), from its checkpoint."""
+        try:
+            return self.commit_timestamp(version)
+        except VersionNotFoundError:
+            state = self._load_checkpoint(version)
+            if state is None:
+                raise
+            return state.timestamp_ms
+
     def version_at(self, timestamp_ms: int) -> int:
         """The newest version committed at or before ``timestamp_ms``."""
         versions = self.versions()
@@ -281,20 +297,22 @@ class TransactionLog:
             raise StoreNotFoundError(f"no store at {self.sfs.url!r}")
         if versions[0] != 0:      # log cleanup: search only versions that can be built
             oldest = self.oldest_version()
-            versions = [v for v in versions if v >= oldest]
+            versions = sorted({oldest, *(v for v in versions if v >= oldest)})
         lo, hi = 0, len(versions) - 1
-        if self.commit_timestamp(versions[0]) > timestamp_ms:
+        first_ts = self._version_timestamp(versions[0])
+        if first_ts > timestamp_ms:
             if versions[0] != 0:
                 raise VersionNotFoundError(
                     f"no version at or before timestamp {timestamp_ms} is left: older versions "
                     f"were cleaned up (logRetentionMs); the oldest version available is "
-                    f"{versions[0]}, committed at {self.commit_timestamp(versions[0])}")
+                    f"{versions[0]}, committed at {first_ts}: read at that time or later "
+                    "(a longer logRetentionMs keeps more history)")
             raise VersionNotFoundError(
                 f"no version at or before timestamp {timestamp_ms}; the first version was "
-                f"committed at {self.commit_timestamp(versions[0])}")
+                f"committed at {first_ts}: read at that time or later")
         while lo < hi:  # commit timestamps are monotonic
             mid = (lo + hi + 1) // 2
-            if self.commit_timestamp(versions[mid]) <= timestamp_ms:
+            if self._version_timestamp(versions[mid]) <= timestamp_ms:
                 lo = mid
             else:
                 hi = mid - 1
@@ -304,12 +322,31 @@ class TransactionLog:
     def try_commit(self, version: int, actions: list[Action], *, previous_ts: int,
                    operation: str, parameters: dict | None = None) -> int | None:
         """Write ``version`` if no one has; its commit timestamp, or None if another
-        writer won it."""
+        writer won it, or log cleanup deleted it long ago (the file this writer then
+        made is deleted again: a version below the oldest is never read, so keeping it
+        would lose the commit)."""
         ts = max(self.clock_ms(), previous_ts)
         info = CommitInfo(timestamp=ts, operation=operation,
                           operation_parameters=parameters or {})
-        won = self.sfs.put_if_absent(fmt.commit_file(version), encode_actions([*actions, info]))
-        return ts if won else None
+        rel = fmt.commit_file(version)
+        if not self.sfs.put_if_absent(rel, encode_actions([*actions, info])):
+            return None
+        if self._cleaned_up_below(version):
+            log.warning("store %s: version %d had been cleaned up from the log; the commit "
+                        "written there is withdrawn", self.sfs.url, version)
+            self.sfs.delete(rel)
+            return None
+        return ts
+
+    def _cleaned_up_below(self, version: int) -> bool:
+        """True when ``version``, just written, is below what log cleanup left: the
+        version before it is gone (cleanup deletes oldest first and never the commit
+        file of the checkpoint it keeps, so a fresh commit's predecessor is there) or,
+        for version 0, a checkpoint was already written (only an older log has one)."""
+        if version == 0:
+            return any(fmt.parse_checkpoint_file(n) is not None
+                       for n in self.sfs.list_names(fmt.LOG_DIR))
+        return not self.sfs.exists(fmt.commit_file(version - 1))
 
     def commit(self, build: Callable[[LogState], list[Action] | None], *,
                operation: str, parameters: dict | None = None,
@@ -393,25 +430,32 @@ class TransactionLog:
                          if c is not None)
         have = set(commits)
         cps = [c for c in all_cps if c in have]    # (its commit file has its timestamp)
-        lo, hi, keep_from = 0, len(cps) - 1, None
+        lo, hi, newest = 0, len(cps) - 1, -1
         while lo <= hi:   # commit timestamps are monotonic: binary search
             mid = (lo + hi) // 2
             if self.commit_timestamp(cps[mid]) <= cutoff:
-                keep_from, lo = cps[mid], mid + 1
+                newest, lo = mid, mid + 1
             else:
                 hi = mid - 1
+        # the newest old-enough checkpoint that loads: a damaged one (section 6) builds
+        # nothing, so the files below it are still needed
+        keep_from = next((c for c in reversed(cps[:newest + 1])
+                          if self._load_checkpoint(c) is not None), None)
         if keep_from is None:
             return []
         deleted = []
+        # checkpoints first: a crash part way then leaves every commit file, and once a
+        # commit file is gone no checkpoint below keep_from is left for a reader (or a
+        # stale _last_checkpoint) to start from and then miss a commit after it
+        for c in all_cps:
+            if c < keep_from:
+                self.sfs.delete(fmt.checkpoint_file(c))
+                deleted.append(fmt.checkpoint_file(c))
         for v in commits:
             if v >= keep_from:
                 break
             self.sfs.delete(fmt.commit_file(v))
             deleted.append(fmt.commit_file(v))
-        for c in all_cps:
-            if c < keep_from:
-                self.sfs.delete(fmt.checkpoint_file(c))
-                deleted.append(fmt.checkpoint_file(c))
         # sidecars no kept checkpoint can name (written max-age versions before it)
         for name in checkpoint.unreferenced(self.sfs.list_names(fmt.SIDECAR_DIR), keep_from,
                                             self.sidecar_max_age_versions):
