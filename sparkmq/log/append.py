@@ -172,9 +172,19 @@ class Appender:
             if not written:
                 raise
             raise FencedError(
-                f"{exc}. An append ended after this writer's lease could have lapsed and "
+                f"{exc.message}. An append ended after this writer's lease could have lapsed and "
                 "another writer took the store over: it may not be stored; send it again "
                 "to the store's new writer") from None
+
+    def segment_taken(self, rel: str) -> None:
+        """``CommitLog.segment_taken``: the segment this writer rolls to exists. Every
+        file at the store's end was adopted at open, so a writer the store was taken from
+        made it after (a late roll). That writer's lease has lapsed: ``hold_lease`` raises
+        FencedError there, and the roll stops. For the lease's holder it returns, and the
+        stray file is replaced. A replica's segments are its master's: not replaced."""
+        if self.store.replica:
+            raise FileExistsError(f"segment {rel} exists on this replica")
+        self.hold_lease()
 
     def _store_ts(self) -> int:
         ts = max(self.store.clock_ms(), self._last_store_ts)

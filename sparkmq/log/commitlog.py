@@ -80,6 +80,10 @@ class CommitLog:
         # called with (segment ref, position, bytes) after each append, under the
         # caller's append lock (the HA master sends them to replicas: ha/master.py)
         self.written_hook: Callable[[SegmentRef, int, pa.Buffer], None] | None = None
+        # called with a new segment's path when a file of that name exists (every file at
+        # the end was adopted at open, so a writer the store was taken from made it): raises
+        # if this writer may not replace it (FencedError: it is that writer), else returns
+        self.segment_taken: Callable[[str], None] | None = None
 
     # -- segment list ------------------------------------------------------
     def load(self, refs: list[SegmentRef]) -> None:
@@ -143,7 +147,17 @@ class CommitLog:
 
     def _new_segment(self, base: int) -> None:
         rel = fmt.segment_file(base)
-        self.active = self.writer(rel, base, create=True)
+        try:
+            self.active = self.writer(rel, base, create=True)
+        except FileExistsError:
+            if self.segment_taken is None:
+                raise
+            self.segment_taken(rel)
+            log.warning("segment %s exists though this writer's log ends before it: made by a "
+                        "writer this store was taken from (its late bytes, never read); "
+                        "replaced", rel)
+            self.sfs.delete(rel)
+            self.active = self.writer(rel, base, create=True)
         self.segments_created += 1
         self.add_segment(SegmentRef(rel, base, self.active.size, False))
         self.written_offset = base + self.active.size

@@ -343,7 +343,8 @@ class SegmentWriter:
             if create:
                 self._buffer = bytearray(SCHEMA_BYTES)
                 sfs.makedirs(fmt.COMMITLOG_DIR)
-                sfs.write(rel_path, bytes(self._buffer))
+                if not sfs.put_if_absent(rel_path, bytes(self._buffer)):   # as O_EXCL
+                    raise FileExistsError(f"segment {rel_path} exists")
             else:
                 self._buffer = bytearray(sfs.read_bytes(rel_path))
             self.size = len(self._buffer)

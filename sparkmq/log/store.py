@@ -104,6 +104,7 @@ class Store(MessageReader):
         self._append_lock = threading.RLock()
         self._commit_lock = threading.RLock()
         self.appender = Appender(self)
+        self.commitlog.segment_taken = self.appender.segment_taken
         self.services = StoreServices()
         # removed files this writer already deleted (while their tombstones last)
         self.deleted_files: set[tuple[str, int]] = set()

@@ -44,7 +44,8 @@ def test_an_append_that_ends_after_a_takeover_is_not_answered_as_stored(
     a.append([msg("t", b"a0")])
     taken: list[Store] = []
     _pause_before_the_write(a, store_url, clock, taken)
-    with pytest.raises(FencedError, match="may not be stored; send it again"):
+    refused = r"^\[SPARKMQ_FENCED\] store .*may not be stored; send it"   # (the code once)
+    with pytest.raises(FencedError, match=refused):
         if columnar:
             a.append_batch(as_segment_batch(_rows(b"late")))
         else:
@@ -101,3 +102,39 @@ def test_a_writer_whose_lease_was_taken_refuses_before_it_writes(local_store_url
         assert os.path.getsize(os.path.join(local_store_url, path)) == size
     a.close()
     b.close()
+
+
+def test_a_late_roll_onto_the_new_writers_segment_is_fenced_and_harmless(store_url):
+    """A stops before an append that rolls to a new segment; B takes over and appends
+    first, making the segment A's roll would make (the same name: A's end plus its seal).
+    A's roll finds it taken: A is told it is fenced, and B's segment is left as it is (on
+    an object store A's create used to overwrite it)."""
+    opts = dict(OPTS, mappedFileSizeCommitLog=4096)
+    clock = Clock()
+    a = Store.open(store_url, clock_ms=clock, **opts)
+    a.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    kept = []
+    while a.commitlog.active is None or not a.commitlog.needs_roll(2000):
+        kept.append(b"a%d" % len(kept) + b"." * 200)
+        a.append([msg("t", kept[-1])])
+    taken: list[Store] = []
+    stamp = a.appender._store_ts
+
+    def paused() -> int:
+        if not taken:
+            clock.advance(a.config.lease_timeout_ms + 1)
+            b = Store.open(store_url, clock_ms=Clock(clock.now_ms), **opts)
+            b.append([msg("t", b"b1")])
+            b.flush()
+            taken.append(b)
+        return stamp()
+    a.appender._store_ts = paused
+    with pytest.raises(FencedError, match="must stop"):
+        a.append([msg("t", b"late" + b"." * 1500)])
+    b = taken[0]
+    b.append([msg("t", b"b2")])
+    assert bodies(b, "t", 0) == kept + [b"b1", b"b2"]
+    a.close()
+    b.close()
+    with Store.open(store_url, clock_ms=Clock(clock.now_ms + 1), **opts) as c:
+        assert bodies(c, "t", 0) == kept + [b"b1", b"b2"]
