@@ -108,3 +108,18 @@ class HeldSyncOS(types.SimpleNamespace):
         self.syncs += 1
         self.release.wait(30)
         os.fdatasync(fd)
+
+
+def pause_before_the_write(writer, during) -> list:
+    """Make ``writer`` (a Store) stop once between its lease check and its next write, as a
+    paused process would: its store time, read under the append lock just before the bytes
+    go out, first runs ``during()`` (another writer taking the store over, say). Returns a
+    list that holds what ``during`` returned, once it ran."""
+    stamp, ran = writer.appender._store_ts, []
+
+    def paused() -> int:
+        if not ran:
+            ran.append(during())
+        return stamp()
+    writer.appender._store_ts = paused
+    return ran

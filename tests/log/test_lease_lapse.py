@@ -13,7 +13,7 @@ from sparkmq import SYNC_FLUSH, PutMessageStatus, Store
 from sparkmq.errors import FencedError
 
 from helpers.clock import Clock
-from helpers.storetools import as_segment_batch, bodies, msg
+from helpers.storetools import as_segment_batch, bodies, msg, pause_before_the_write
 
 OPTS = dict(start_services=False, flushDiskType=SYNC_FLUSH)
 
@@ -22,17 +22,12 @@ def _rows(body: bytes) -> pa.Table:
     return pa.table({"topic": ["t"], "queue_id": pa.array([0], pa.int32()), "body": [body]})
 
 
-def _pause_before_the_write(a: Store, store_url: str, clock: Clock, taken: list) -> None:
-    """A stops between its lease check and its write (its store time, read under the
-    append lock just before the bytes go out), long enough for B to take over."""
-    stamp = a.appender._store_ts
-
-    def paused() -> int:
-        if not taken:
-            clock.advance(a.config.lease_timeout_ms + 1)
-            taken.append(Store.open(store_url, clock_ms=Clock(clock.now_ms), **OPTS))
-        return stamp()
-    a.appender._store_ts = paused
+def _take_over(a: Store, store_url: str, clock: Clock, opts: dict = OPTS):
+    """What B does while A is paused: A's lease expires, B opens (takes the store over)."""
+    def during() -> Store:
+        clock.advance(a.config.lease_timeout_ms + 1)
+        return Store.open(store_url, clock_ms=Clock(clock.now_ms), **opts)
+    return during
 
 
 @pytest.mark.parametrize("columnar", [False, True])
@@ -42,8 +37,7 @@ def test_an_append_that_ends_after_a_takeover_is_not_answered_as_stored(
     a = Store.open(store_url, clock_ms=clock, **OPTS)
     a.create_topic("t", read_queue_nums=1, write_queue_nums=1)
     a.append([msg("t", b"a0")])
-    taken: list[Store] = []
-    _pause_before_the_write(a, store_url, clock, taken)
+    taken = pause_before_the_write(a, _take_over(a, store_url, clock))
     refused = r"^\[SPARKMQ_FENCED\] store .*may not be stored; send it"   # (the code once)
     with pytest.raises(FencedError, match=refused):
         if columnar:
@@ -117,18 +111,12 @@ def test_a_late_roll_onto_the_new_writers_segment_is_fenced_and_harmless(store_u
     while a.commitlog.active is None or not a.commitlog.needs_roll(2000):
         kept.append(b"a%d" % len(kept) + b"." * 200)
         a.append([msg("t", kept[-1])])
-    taken: list[Store] = []
-    stamp = a.appender._store_ts
-
-    def paused() -> int:
-        if not taken:
-            clock.advance(a.config.lease_timeout_ms + 1)
-            b = Store.open(store_url, clock_ms=Clock(clock.now_ms), **opts)
-            b.append([msg("t", b"b1")])
-            b.flush()
-            taken.append(b)
-        return stamp()
-    a.appender._store_ts = paused
+    def take_over_and_append() -> Store:
+        b = _take_over(a, store_url, clock, opts)()
+        b.append([msg("t", b"b1")])
+        b.flush()
+        return b
+    taken = pause_before_the_write(a, take_over_and_append)
     with pytest.raises(FencedError, match="must stop"):
         a.append([msg("t", b"late" + b"." * 1500)])
     b = taken[0]

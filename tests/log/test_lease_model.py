@@ -48,7 +48,7 @@ from sparkmq.log import format as fmt
 from sparkmq.log.verify import verify_store
 
 from helpers.clock import Clock
-from helpers.storetools import as_segment_batch, bodies, msg
+from helpers.storetools import as_segment_batch, bodies, msg, pause_before_the_write
 
 WRITERS = 3
 QUEUES = 2
@@ -493,15 +493,10 @@ def test_a_fenced_writers_late_segment_does_not_block_the_new_writer(store_url, 
         while a.commitlog.active is None or not a.commitlog.needs_roll(2000):
             kept.append(b"a%d" % len(kept))
             a.append([msg("t", kept[-1] + b"." * 200)])
-    taken: list[Store] = []
-    stamp = a.appender._store_ts
-
-    def paused() -> int:
-        if not taken:
-            clock.advance(a.config.lease_timeout_ms + 1)
-            taken.append(Store.open(store_url, clock_ms=Clock(clock.now_ms), **OPTS))
-        return stamp()
-    a.appender._store_ts = paused
+    def take_over() -> Store:
+        clock.advance(a.config.lease_timeout_ms + 1)
+        return Store.open(store_url, clock_ms=Clock(clock.now_ms), **OPTS)
+    taken = pause_before_the_write(a, take_over)
     with pytest.raises(FencedError, match="may not be stored"):
         a.append([msg("t", b"late" + b"." * 1500)])
     b = taken[0]
