@@ -18,7 +18,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..config import SYNC_FLUSH
-from ..errors import DiskFullError, FencedError, InvalidMessageError, StoreClosedError
+from ..errors import (CorruptStoreError, DiskFullError, FencedError, InvalidMessageError,
+                      StoreClosedError)
 from . import format as fmt
 from .batch import BatchBuilder, messages_to_batch, split_by_size
 from .built import BuiltRows, stamp_store_time
@@ -185,6 +186,11 @@ class Appender:
         if self.store.replica:
             raise FileExistsError(f"segment {rel} exists on this replica")
         self.hold_lease()
+        if rel in self.store.state.segments:     # published: not a late roll's, never replaced
+            raise CorruptStoreError(
+                f"store {self.store.url}: segment {rel} is in the log but this writer's "
+                "commit log ends before it (a segment before it is shorter than recorded?); "
+                f"nothing is replaced: run 'sparkmq admin verify {self.store.url}'")
 
     def _store_ts(self) -> int:
         ts = max(self.store.clock_ms(), self._last_store_ts)

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from sparkmq import SYNC_FLUSH, PutMessageStatus, Store
-from sparkmq.errors import FencedError
+from sparkmq.errors import CorruptStoreError, FencedError
 
 from helpers.clock import Clock
 from helpers.storetools import as_segment_batch, bodies, msg, pause_before_the_write
@@ -126,3 +126,17 @@ def test_a_late_roll_onto_the_new_writers_segment_is_fenced_and_harmless(store_u
     b.close()
     with Store.open(store_url, clock_ms=Clock(clock.now_ms + 1), **opts) as c:
         assert bodies(c, "t", 0) == kept + [b"b1", b"b2"]
+
+
+def test_a_published_segment_is_never_replaced_as_a_late_roll(local_store_url):
+    """The holder replaces a taken segment name only when the log does not list the file
+    (a former holder's late roll); a published one means damage before it: refused."""
+    with Store.open(local_store_url, clock_ms=Clock(), **OPTS) as s:
+        s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        s.append([msg("t", b"m")])
+        s.flush()
+        rel = next(iter(s.state.segments))
+        with pytest.raises(CorruptStoreError, match="nothing is replaced"):
+            s.appender.segment_taken(rel)
+        assert os.path.exists(os.path.join(local_store_url, rel))
+        assert bodies(s, "t", 0) == [b"m"]
