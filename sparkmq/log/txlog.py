@@ -243,13 +243,22 @@ class TransactionLog:
             from_base = state.version >= 0
         if state is None or state.version < 0:
             state = self._checkpoint_state(version) or LogState()
-        for v in range(state.version + 1, version + 1):
+        v, restarted = state.version + 1, False
+        while v <= version:
             try:
                 actions = self.read_actions(v)
             except VersionNotFoundError:
                 if from_base:   # log cleanup went past the base: start from a checkpoint
                     return self.snapshot(version)
-                if v < self.oldest_version():
+                oldest = self.oldest_version()
+                # a cleanup took the commits after the checkpoint read: start again once
+                # from the oldest one left (``_last_checkpoint`` may name one it removes)
+                newer = self._load_checkpoint(oldest) \
+                    if v < oldest <= version and not restarted else None
+                if newer is not None:
+                    state, v, restarted = newer, oldest + 1, True
+                    continue
+                if v < oldest:
                     raise self._cleaned_up_error(version) from None
                 raise VersionNotFoundError(
                     f"version {v} is missing from the log (needed to build version {version}); "
@@ -257,6 +266,7 @@ class TransactionLog:
             for a in actions:
                 state.apply(a)
             state.version = v
+            v += 1
         return state
 
     def _latest_from(self, base: LogState | None) -> int:

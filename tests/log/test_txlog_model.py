@@ -590,3 +590,22 @@ def test_a_crash_mid_cleanup_leaves_no_checkpoint_below_a_missing_commit(local_s
     fresh = TransactionLog(StoreFS(local_store_url))
     assert fresh.snapshot().txns["a"].version == 5
     assert fresh.oldest_version() == 6
+
+
+def test_a_reader_led_to_a_checkpoint_a_cleanup_is_removing_starts_again_from_a_newer_one(
+        local_store_url):
+    """A reader loads the checkpoint ``_last_checkpoint`` names (3); a cleanup running at
+    that moment deletes the commits after it (a newer checkpoint, 6, is kept). The reader
+    builds the newest version from checkpoint 6 instead of failing."""
+    clock = Clock()
+    tl = _small_log(local_store_url, clock)
+    _commit_txns(tl, clock, 3)                   # checkpoint 3, _last_checkpoint -> 3
+    pointer = tl.sfs.read_bytes(fmt.last_checkpoint_file())
+    _commit_txns(tl, clock, 4)                   # checkpoint 6; version 7
+    tl.sfs.replace(fmt.last_checkpoint_file(), pointer)   # (stale: the reader saw 3)
+    for v in range(6):                           # the cleanup, part way: checkpoint 3 read
+        tl.sfs.delete(fmt.commit_file(v))
+    fresh = TransactionLog(StoreFS(local_store_url))
+    assert fresh.snapshot().version == 7
+    assert fresh.snapshot().txns["a"].version == 6
+    assert fresh.snapshot(6).version == 6
