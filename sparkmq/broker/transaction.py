@@ -408,29 +408,33 @@ class TransactionService(ServiceThread):
         return self._op_floor
 
 
-def _real_message(m) -> Message:
-    props = {k: v for k, v in m.properties.items() if k not in (PROP_REAL_TOPIC, PROP_CLIENT_ID)}
-    return Message(topic=m.properties[PROP_REAL_TOPIC], body=m.body, tags=m.tags,
-                   keys=list(m.keys), properties=props, born_timestamp=m.born_timestamp,
+def _user_properties(m) -> dict:
+    """The half message's properties as its producer set them (the broker's removed)."""
+    return {k: v for k, v in m.properties.items() if k not in (PROP_REAL_TOPIC, PROP_CLIENT_ID)}
+
+
+def _half_copy(m, topic: str, properties: dict, **more) -> Message:
+    """A stored copy of half message ``m`` in ``topic``: its body, tags, keys, born time
+    and host, transaction id and unique key, type TRANSACTION."""
+    return Message(topic=topic, body=m.body, tags=m.tags, keys=list(m.keys),
+                   properties=properties, born_timestamp=m.born_timestamp,
                    born_host=m.born_host, transaction_id=m.transaction_id,
-                   unique_key=m.unique_key, message_type=fmt.MESSAGE_TYPE_TRANSACTION)
+                   unique_key=m.unique_key, message_type=fmt.MESSAGE_TYPE_TRANSACTION, **more)
+
+
+def _real_message(m) -> Message:
+    return _half_copy(m, m.properties[PROP_REAL_TOPIC], _user_properties(m))
 
 
 def _check_max_message(m, checks: int) -> Message:
     """The half message ``m`` as RocketMQ's resolveDiscardMsg stores it in CHECK_MAX_TOPIC:
     every property kept (real topic, producer), the check count added."""
-    props = dict(m.properties)
-    props[PROP_CHECK_TIMES] = str(checks)
-    return Message(topic=CHECK_MAX_TOPIC, queue_id=0, body=m.body, tags=m.tags,
-                   keys=list(m.keys), properties=props, born_timestamp=m.born_timestamp,
-                   born_host=m.born_host, reconsume_times=m.reconsume_times,
-                   transaction_id=m.transaction_id, unique_key=m.unique_key,
-                   message_type=fmt.MESSAGE_TYPE_TRANSACTION)
+    return _half_copy(m, CHECK_MAX_TOPIC, {**m.properties, PROP_CHECK_TIMES: str(checks)},
+                      queue_id=0, reconsume_times=m.reconsume_times)
 
 
 def _real_message_view(m):
     """The half message as its producer sent it (real topic, no internal properties)."""
     import dataclasses
-    props = {k: v for k, v in m.properties.items() if k not in (PROP_REAL_TOPIC, PROP_CLIENT_ID)}
     return dataclasses.replace(m, topic=m.properties.get(PROP_REAL_TOPIC, m.topic),
-                               properties=props)
+                               properties=_user_properties(m))

@@ -122,21 +122,28 @@ class TransactionLog:
         oldest checkpoint that loads and from which every later commit file is still
         there (-1 for no store). A damaged checkpoint (section 6) is passed over: a
         version only it could build is gone."""
+        return self._oldest()[0]
+
+    def _oldest(self) -> tuple[int, LogState | None]:
+        """(:meth:`oldest_version`, the state of the checkpoint it is when it is one that
+        loads, else None): the checkpoint is read once for both."""
         names = self.sfs.list_names(fmt.LOG_DIR)
         commits = sorted(v for v in (fmt.parse_commit_file(n) for n in names) if v is not None)
         if not commits:
-            return -1
+            return -1, None
         if commits[0] == 0:
-            return 0
+            return 0, None
         cps = sorted(c for c in (fmt.parse_checkpoint_file(n) for n in names)
                      if c is not None and commits[0] - 1 <= c <= commits[-1])
         for c in cps:
-            if self._load_checkpoint(c) is not None:
-                return c
-        return cps[0] if cps else commits[0]
+            state = self._load_checkpoint(c)
+            if state is not None:
+                return c, state
+        return (cps[0] if cps else commits[0]), None
 
-    def _cleaned_up_error(self, version: int) -> VersionNotFoundError:
-        oldest = self.oldest_version()
+    def _cleaned_up_error(self, version: int, oldest: int | None = None
+                          ) -> VersionNotFoundError:
+        oldest = self.oldest_version() if oldest is None else oldest
         return VersionNotFoundError(
             f"version {version} is no longer in the log: versions older than logRetentionMs "
             f"are cleaned up; the oldest version available is {oldest}: read that version "
@@ -250,16 +257,14 @@ class TransactionLog:
             except VersionNotFoundError:
                 if from_base:   # log cleanup went past the base: start from a checkpoint
                     return self.snapshot(version)
-                oldest = self.oldest_version()
+                oldest, newer = self._oldest()
                 # a cleanup took the commits after the checkpoint read: start again once
                 # from the oldest one left (``_last_checkpoint`` may name one it removes)
-                newer = self._load_checkpoint(oldest) \
-                    if v < oldest <= version and not restarted else None
-                if newer is not None:
+                if v < oldest <= version and newer is not None and not restarted:
                     state, v, restarted = newer, oldest + 1, True
                     continue
                 if v < oldest:
-                    raise self._cleaned_up_error(version) from None
+                    raise self._cleaned_up_error(version, oldest) from None
                 raise VersionNotFoundError(
                     f"version {v} is missing from the log (needed to build version {version}); "
                     "it may have been cleaned up: read a newer version") from None
