@@ -166,3 +166,25 @@ def test_an_enospc_on_a_local_segment_reaches_the_caller_of_append(tmp_path, mon
     finally:
         monkeypatch.undo()
         store.close()
+
+
+@pytest.mark.parametrize("fail", ["fsync", "replace"])
+def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch, fail):
+    """A commit file or ``_last_checkpoint`` is written to a ``.tmp-*`` file first; a
+    full disk at its fsync (or a failed rename) refuses the write and takes the temporary
+    file with it: nothing under ``_log`` lists it afterwards."""
+    from sparkmq.log import fs as fsmod
+    sfs = StoreFS(str(tmp_path))
+    sfs.put_if_absent("_log/a", b"kept")
+    fake_os = types.SimpleNamespace(**{n: getattr(os, n) for n in dir(os)
+                                       if not n.startswith("__")})
+    setattr(fake_os, fail, _enospc)
+    monkeypatch.setattr(fsmod, "os", fake_os)
+    with pytest.raises(errors.StoreIOError, match="ENOSPC"):
+        sfs.replace("_log/b", b"new")
+    if fail == "fsync":
+        with pytest.raises(errors.StoreIOError, match="ENOSPC"):
+            sfs.put_if_absent("_log/c", b"new")
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path / "_log")) == ["a"]
+    assert sfs.read_bytes("_log/a") == b"kept"

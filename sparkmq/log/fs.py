@@ -305,7 +305,12 @@ class StoreFS:
         """Atomically overwrite ``rel`` (used only for ``_last_checkpoint``)."""
         path = self.full(rel)
         if self.is_local:
-            os.replace(_write_temp(os.path.dirname(path), data), path)
+            tmp = _write_temp(os.path.dirname(path), data)
+            try:
+                os.replace(tmp, path)
+            except BaseException:
+                _unlink_quietly(tmp)
+                raise
         else:
             self.fs.pipe_file(path, bytes(data))
 
@@ -441,8 +446,19 @@ def _write_temp(folder: str, data: bytes) -> str:
     renamed into place); returns its path."""
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
-    _write_file(tmp, data)
+    try:
+        _write_file(tmp, data)
+    except BaseException:       # (a full disk, EIO: the half-written file goes too)
+        _unlink_quietly(tmp)
+        raise
     return tmp
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:     # (gone already, or the disk refuses: vacuum removes it later)
+        pass
 
 
 def _fsync_dir(folder: str) -> None:
