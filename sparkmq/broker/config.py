@@ -174,7 +174,7 @@ class BrokerConfig:
                 f"consumeFromWhere must be one of {CONSUME_FROM}, got {self.consume_from_where!r}")
         if self.max_reconsume_times < 0:
             raise InvalidConfigError("maxReconsumeTimes must be >= 0")
-        from .schedule import parse_delay_levels
+        from .delaypolicy import parse_delay_levels
         try:
             parse_delay_levels(self.message_delay_level)
         except SparkMQError as e:
@@ -351,7 +351,7 @@ class BrokerConfig:
     @property
     def delay_policy(self):
         """The DelayPolicy of messageDelayLevel and timerMaxDelaySec."""
-        from .schedule import DelayPolicy, parse_delay_levels
+        from .delaypolicy import DelayPolicy, parse_delay_levels
         return DelayPolicy(parse_delay_levels(self.message_delay_level),
                            self.timer_max_delay_s * 1000)
 

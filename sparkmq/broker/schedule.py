@@ -1,10 +1,7 @@
 """Delayed messages: RocketMQ's ``messageDelayLevel`` levels and 5.x delivery timestamps.
 
 Contract:
-- ``DelayPolicy`` turns a send's delay (a level 1..N via the ``DELAY`` user property, or a
-  delivery timestamp) into ``(schedule queue, due ms)``; a delay beyond ``maxDelayMs``
-  (default 3 days) or an unknown level raises ``DelayRefused``; a due time already past means
-  "deliver now" (``None``).
+- Where a send parks (``delaypolicy``: ``DelayPolicy``, ``parked_row``; re-exported here).
 - Parked messages are ordinary rows of the system topic ``SCHEDULE_TOPIC_XXXX`` (queue
   ``level-1`` per level, queue ``N`` for arbitrary timestamps) with ``delivery_timestamp`` =
   due time and the real topic in property ``REAL_TOPIC``: Spark readers of the real topic do
@@ -52,10 +49,11 @@ import threading
 import time
 from typing import Callable
 
-from ..errors import DelayRefused, SparkMQError, UserError
+from ..errors import DelayRefused, SparkMQError  # noqa: F401 (DelayRefused re-exported)
 from ..lifecycle import ServiceThread
 from ..log.message import Message
-from ..log.retrypolicy import parse_duration_ms
+from .delaypolicy import (DEFAULT_DELAY_LEVELS, DEFAULT_MAX_DELAY_MS,  # noqa: F401
+                          DelayPolicy, parked_row, parse_delay_levels)
 from .parked import (PROP_DELAY_LEVEL, PROP_REAL_TOPIC, PROP_SOURCE,  # noqa: F401 (re-exported)
                      RECALL_TOPIC, SCHEDULE_GROUP, SCHEDULE_TOPIC, delivered_sources,
                      RecallStatus, make_recall_handle, parse_recall_handle, read_dues,
@@ -64,78 +62,8 @@ from .timerwheel import TimerWheel, default_timer_dir
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DELAY_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-DEFAULT_MAX_DELAY_MS = 3 * 24 * 3600 * 1000
 DELIVER_BATCH = 256
 PERSIST_SLACK_MS = 200
-
-
-def parse_delay_levels(text: str) -> list[int]:
-    """``"1s 5s 1m 2h"`` -> milliseconds per level (level 1 first)."""
-    out = []
-    for item in text.split():
-        try:
-            out.append(parse_duration_ms(item))
-        except UserError as e:
-            raise UserError(f"messageDelayLevel item: {e.message}") from None
-    if not out:
-        raise UserError("messageDelayLevel is empty")
-    return out
-
-
-class DelayPolicy:
-    """Where and until when a delayed message is parked. Immutable; thread-safe."""
-
-    def __init__(self, levels_ms: list[int], max_delay_ms: int = DEFAULT_MAX_DELAY_MS):
-        self.levels_ms = list(levels_ms)
-        self.max_delay_ms = max_delay_ms
-
-    @property
-    def timer_queue(self) -> int:
-        """The schedule queue of arbitrary delivery timestamps (after the level queues)."""
-        return len(self.levels_ms)
-
-    @property
-    def queue_count(self) -> int:
-        return len(self.levels_ms) + 1
-
-    def park(self, now_ms: int, *, level: int | None = None,
-             deliver_at_ms: int | None = None) -> tuple[int, int] | None:
-        """(schedule queue, due ms), or None to deliver at once (level 0, a past timestamp)."""
-        if level is not None:
-            if level <= 0:
-                return None
-            if level > len(self.levels_ms):
-                raise DelayRefused(f"delay level {level} does not exist; levels are 1.."
-                                   f"{len(self.levels_ms)} (messageDelayLevel)")
-            return level - 1, now_ms + self.levels_ms[level - 1]
-        if deliver_at_ms is None or deliver_at_ms <= now_ms:
-            return None
-        if deliver_at_ms - now_ms > self.max_delay_ms:
-            raise DelayRefused(
-                f"delivery time is {deliver_at_ms - now_ms} ms ahead; at most {self.max_delay_ms}"
-                " ms (maxDelayMs) is allowed")
-        return self.timer_queue, deliver_at_ms
-
-
-def parked_row(policy: DelayPolicy, now_ms: int, topic: str, properties: dict[str, str],
-               deliver_at_ms: int | None) -> tuple[str, int | None, int | None, dict]:
-    """(topic, queue id or None, delivery ms or None, properties) for one sent message: the
-    schedule topic if it must wait, else the real topic unchanged. Raises DelayRefused."""
-    level = None
-    raw = properties.get(PROP_DELAY_LEVEL)
-    if raw is not None:
-        try:
-            level = int(raw)
-        except ValueError:
-            raise DelayRefused(f"{PROP_DELAY_LEVEL} property {raw!r} is not a level number") from None
-    parked = policy.park(now_ms, level=level, deliver_at_ms=None if level else deliver_at_ms)
-    if parked is None:
-        return topic, None, deliver_at_ms, properties
-    qid, due = parked
-    props = {k: v for k, v in properties.items() if k != PROP_DELAY_LEVEL}
-    props[PROP_REAL_TOPIC] = topic
-    return SCHEDULE_TOPIC, qid, due, props
 
 
 #: Delivery passes are at least this far apart (ms): due messages are batched per tick.
@@ -235,18 +163,22 @@ class ScheduleService(ServiceThread):
             n = 0
             for qid, cur in self._cursor.items():
                 hi = self.store.max_offset(SCHEDULE_TOPIC, qid)
-                gone = sum(1 for o in self._recalled.get(qid, ()) if cur <= o < hi)
+                gone = self._recalled_in(qid, cur, hi)
                 gone += sum(1 for q, o in self._seen if q == qid and cur <= o < hi)
                 n += max(0, hi - cur - gone)
             w = self.wheel
             if w is None:
                 return n
             hi, lo = self.store.max_offset(SCHEDULE_TOPIC, self.timer_queue), w.indexed_up_to
-            tail = hi - lo - sum(lo <= o < hi for o in self._recalled.get(self.timer_queue, ()))
+            tail = hi - lo - self._recalled_in(self.timer_queue, lo, hi)
             seen = sum(1 for (q, _), due in self._seen.items()       # counted in a slot
                        if q == self.timer_queue and due // 1000 >= self._loaded_to)
             return (n + max(0, tail) + len(self._soon_due) - seen
                     + w.count_between(self._loaded_to, w.wheel_second + w.slot_count))
+
+    def _recalled_in(self, qid: int, lo: int, hi: int) -> int:
+        """How many stored recalls of queue ``qid`` not passed yet fall in [lo, hi)."""
+        return sum(1 for o in self._recalled.get(qid, ()) if lo <= o < hi)
 
     def next_due_ms(self) -> int | None:
         """When the next pass has something to do (an estimate: never later than due)."""

@@ -43,7 +43,8 @@ from ..log.names import validate_topic
 from ..log.status import PutMessageStatus
 from .protocol import Code, ms_of_timestamp, recovery_refusal, status, transaction_properties
 from .replicawait import HELD, Replicating, count_failure, resolve
-from .schedule import PROP_DELAY_LEVEL, DelayRefused, parked_row
+from .delaypolicy import DelayRefused, parked_row
+from .parked import PROP_DELAY_LEVEL
 from .sendlimits import plain_within_limits, type_refusal, body_refusal, limits_refusal
 from .sendmerge import SendMerger
 
