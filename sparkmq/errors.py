@@ -50,9 +50,14 @@ class StoreError(SparkMQError):
 # --- user errors -----------------------------------------------------------
 
 class InvalidNameError(UserError):
-    """A topic or group name breaks RocketMQ's naming rules."""
+    """A topic or group name breaks RocketMQ's naming rules; ``what`` says which it was
+    ("topic" or "group")."""
 
     code = "SPARKMQ_INVALID_NAME"
+
+    def __init__(self, message: str, what: str = "topic"):
+        super().__init__(message)
+        self.what = what
 
 
 class InvalidConfigError(UserError):

@@ -86,14 +86,23 @@ class CallbackService(ServiceThread):
         self._fn()
 
 
+#: an HTTP connection that sends nothing for this long (a request line, headers or a body
+#: cut short: a slow or stuck client) is closed, so it holds no thread for ever
+REQUEST_TIMEOUT_S = 30.0
+
+
 class HttpServerThread:
     """A ``ThreadingHTTPServer`` on ``host:port`` (0: a free port, read ``port`` after
     ``start``) serving ``handler`` on a daemon thread named ``name``; ``stop`` shuts it
-    down and closes the socket (idempotent)."""
+    down and closes the socket (idempotent). A connection whose next bytes take longer
+    than ``request_timeout_s`` is closed (``REQUEST_TIMEOUT_S``)."""
 
-    def __init__(self, host: str, port: int, handler, name: str):
+    def __init__(self, host: str, port: int, handler, name: str, *,
+                 request_timeout_s: float = REQUEST_TIMEOUT_S):
         self.host, self.port, self.name = host, port, name
-        self._handler = handler
+        # (socketserver sets the timeout on each connection's socket; http.server's
+        # handle_one_request answers a timed-out read by closing the connection)
+        self._handler = type(handler.__name__, (handler,), {"timeout": request_timeout_s})
         self._httpd = None
         self._thread: threading.Thread | None = None
 

@@ -27,6 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from .. import heap
 from ..errors import InvalidConfigError, SparkMQError, TopicNotFoundError, UserError
+from ..lifecycle import REQUEST_TIMEOUT_S
 from ..log.batch import PERM_RW
 from ..log.committer import ADOPT_PATH
 from .admin_guard import is_console
@@ -245,6 +246,7 @@ def _admin_handler(broker, server: AdminServer):
 
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = REQUEST_TIMEOUT_S     # a stuck client holds no thread for ever
 
         def log_message(self, fmt, *args):
             log.debug("admin " + fmt, *args)

@@ -5,7 +5,8 @@ Each method converts its protobuf request into calls on the broker's domains
 services, the HA role) and their outcomes into the protocol's responses and
 status codes (RocketMQ 5 proxy semantics; the conversions live in
 ``protocol.py``): expected outcomes are status values, never gRPC errors;
-request bytes that do not decode (malformed or truncated) get BAD_REQUEST; an
+request bytes that do not decode (malformed or truncated) get BAD_REQUEST, once the
+credential is checked (``_authorized``: without one, UNAUTHORIZED whatever the body); an
 unexpected exception becomes ``INTERNAL_ERROR`` with its text, and the broker
 keeps serving.
 
@@ -121,14 +122,17 @@ def _failure_status(servicer: "MessagingServicer", method: str, e: Exception) ->
     return st
 
 
-def _authorized(broker, method: str, request, context) -> str | None:
-    """The user of an RPC, after authentication (AuthenticationError) and authorization
-    of what ``request`` touches (AuthorizationError): one implementation for every
-    handler (authn.py, authz.py)."""
+def _authorized(broker, method: str, request, context) -> pb.Status | None:
+    """None when an RPC may go on: authentication first, before the request is looked at
+    (AuthenticationError), then BAD_REQUEST (returned) for bytes that do not decode, then
+    authorization of what ``request`` touches (AuthorizationError): one implementation
+    for every handler (authn.py, authz.py)."""
     user = broker.authenticator.check(context.invocation_metadata())
+    if isinstance(request, Malformed):
+        return _bad_request(request)
     if broker.authorizer.enabled:
         broker.authorizer.check(user, rpc_resources(method, request), peer_ip(context.peer()))
-    return user
+    return None
 
 
 def guarded(response_type, method: str | None = None):
@@ -139,11 +143,10 @@ def guarded(response_type, method: str | None = None):
 
         @functools.wraps(fn)
         def inner(self, request, context):
-            if isinstance(request, Malformed):
-                return response_type(status=_bad_request(request))
             try:
-                _authorized(self.broker, name, request, context)
-                return fn(self, request, context)
+                refused = _authorized(self.broker, name, request, context)
+                return response_type(status=refused) if refused is not None \
+                    else fn(self, request, context)
             # a daemon never dies of one bad request: anything unexpected becomes
             # INTERNAL_ERROR with its text (see _failure_status)
             except Exception as e:
@@ -158,11 +161,11 @@ def guarded_stream(response_type):
     def wrap(fn):
         @functools.wraps(fn)
         def inner(self, request, context):
-            if isinstance(request, Malformed):
-                yield response_type(status=_bad_request(request))
-                return
             try:
-                _authorized(self.broker, fn.__name__, request, context)
+                refused = _authorized(self.broker, fn.__name__, request, context)
+                if refused is not None:
+                    yield response_type(status=refused)
+                    return
                 yield from fn(self, request, context)
             except Exception as e:  # as in guarded: the broker keeps serving
                 yield response_type(status=_failure_status(self, fn.__name__, e))
@@ -177,11 +180,11 @@ def guarded_async_stream(response_type):
     def wrap(fn):
         @functools.wraps(fn)
         async def inner(self, request, context):
-            if isinstance(request, Malformed):
-                yield response_type(status=_bad_request(request))
-                return
             try:
-                _authorized(self.broker, fn.__name__, request, context)
+                refused = _authorized(self.broker, fn.__name__, request, context)
+                if refused is not None:
+                    yield response_type(status=refused)
+                    return
                 async for response in fn(self, request, context):
                     yield response
             except Exception as e:  # as in guarded: the broker keeps serving
@@ -370,7 +373,8 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
                         else self.broker.config.default_invisible_ms)
         if not 0 < invisible_ms <= MAX_INVISIBLE_MS:
             yield spb.ReceiveMessageResponse(status=status(
-                Code.ILLEGAL_INVISIBLE_TIME, f"invisible duration must be 1 ms..12 h, got {invisible_ms} ms"))
+                Code.ILLEGAL_INVISIBLE_TIME,
+                f"invisible duration must be 1 ms..12 h, got {invisible_ms} ms"))
             return
         poll_ms = self._poll_ms(request, context)
         consumer = _consumer(context, group)
@@ -401,8 +405,8 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
             raise
 
     def _poll_ms(self, request, context) -> int:
-        poll = (ms_of_duration(request.long_polling_timeout) if request.HasField("long_polling_timeout")
-                else 0)
+        poll = (ms_of_duration(request.long_polling_timeout)
+                if request.HasField("long_polling_timeout") else 0)
         poll = min(poll, self.broker.config.max_long_polling_ms)
         left = context.time_remaining()
         if left is not None:   # answer before the client's own deadline
@@ -499,7 +503,7 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
             yield spb.PullMessageResponse(status=e.status)
             return
         batch = min(max(1, request.batch_size or 32), MAX_BATCH_SIZE)
-        poll_ms = min(ms_of_duration(request.long_polling_timeout), self.broker.config.max_long_polling_ms)
+        poll_ms = self._poll_ms(request, context)       # (answered before the deadline)
         msgs, next_offset = await self.broker.receiver.pull_async(
             topic, qid, request.offset, batch, tag_filter, poll_ms, self.offload)
         if not msgs:
@@ -558,6 +562,7 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
                 "already, recalled already, or never parked)"), message_id=message_id)
         return spb.RecallMessageResponse(status=OK, message_id=message_id)
 
+    @guarded(spb.SyncLiteSubscriptionResponse)
     def SyncLiteSubscription(self, request, context):
         return spb.SyncLiteSubscriptionResponse(status=status(
             Code.UNSUPPORTED, "lite topics are not supported by this broker"))

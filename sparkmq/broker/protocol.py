@@ -21,7 +21,8 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from ..errors import (AuthenticationError, AuthorizationError, ClientIdRequiredError, DataLossError, IllegalOffsetError, InvalidMessageError,
+from ..errors import (AuthenticationError, AuthorizationError, ClientIdRequiredError,
+                      DataLossError, IllegalOffsetError, InvalidMessageError,
                       InvalidNameError, MessageLimitError, PermissionDeniedError,
                       QueueNotFoundError, ReplicaNotAvailableError, SparkMQError,
                       TopicNotFoundError)
@@ -56,7 +57,7 @@ def error_status(e: Exception) -> pb.Status:
     if isinstance(e, AuthenticationError):
         return status(Code.UNAUTHORIZED, e.message)
     if isinstance(e, InvalidNameError):
-        code = Code.ILLEGAL_CONSUMER_GROUP if "group" in e.message else Code.ILLEGAL_TOPIC
+        code = Code.ILLEGAL_CONSUMER_GROUP if e.what == "group" else Code.ILLEGAL_TOPIC
         return status(code, e.message)
     if isinstance(e, ReplicaNotAvailableError):
         return status(Code.HA_NOT_AVAILABLE, e.message)

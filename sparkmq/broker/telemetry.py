@@ -16,7 +16,8 @@ import grpc
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
-from ..errors import AuthenticationError, AuthorizationError
+from ..errors import AuthenticationError, AuthorizationError, InvalidNameError
+from ..log.names import validate_group, validate_topic
 from ..log.retrypolicy import EXPONENTIAL
 from .authz import peer_ip, settings_resources
 from .otlp import metric_settings
@@ -125,6 +126,10 @@ class TelemetryMixin:
         cfg = self.broker.config
         out = pb.Settings()
         out.CopyFrom(s)
+        refused = _name_refusal(s)        # (before the client is known under the name)
+        if refused is not None:
+            log.info("client %s: %s", cid, refused.message)
+            return spb.TelemetryCommand(status=refused, settings=out)
         metric_settings(self.broker, out.metric, s.client_type)
         if s.HasField("publishing"):
             out.publishing.max_body_size = self.broker.store.config.max_message_size_bytes
@@ -150,3 +155,18 @@ class TelemetryMixin:
                 return spb.TelemetryCommand(status=refused, settings=out)
         return spb.TelemetryCommand(status=OK, settings=out)
 
+
+def _name_refusal(s: pb.Settings) -> pb.Status | None:
+    """ILLEGAL_TOPIC / ILLEGAL_CONSUMER_GROUP for a topic or group in a client's settings
+    that breaks the naming rules, as the proxy's ClientActivity checks them; else None."""
+    try:
+        if s.HasField("publishing"):
+            for topic in s.publishing.topics:
+                validate_topic(topic.name)
+        elif s.HasField("subscription"):
+            validate_group(s.subscription.group.name)
+            for entry in s.subscription.subscriptions:
+                validate_topic(entry.topic.name)
+    except InvalidNameError as e:
+        return error_status(e)
+    return None

@@ -37,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from ..errors import SparkMQError
+from ..lifecycle import REQUEST_TIMEOUT_S
 from . import html as h
 
 log = logging.getLogger("sparkmq.console.cluster")
@@ -253,6 +254,7 @@ def _handler(console: ClusterConsole):
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "sparkmq-console"
+        timeout = REQUEST_TIMEOUT_S     # a stuck client holds no thread for ever
 
         def log_message(self, fmt, *args):
             log.debug("%s " + fmt, self.address_string(), *args)

@@ -44,14 +44,14 @@ def validate_group(name: object) -> str:
 
 def _validate(name: object, what: str, max_len: int) -> None:
     if not isinstance(name, str):
-        raise InvalidNameError(f"{what} name must be a string, got {type(name).__name__}")
+        raise InvalidNameError(f"{what} name must be a string, got {type(name).__name__}", what)
     if not name:
-        raise InvalidNameError(f"{what} name must not be empty")
+        raise InvalidNameError(f"{what} name must not be empty", what)
     if len(name) > max_len:
         raise InvalidNameError(
-            f"{what} name is {len(name)} characters; at most {max_len} are allowed")
+            f"{what} name is {len(name)} characters; at most {max_len} are allowed", what)
     if not _NAME_RE.fullmatch(name):
         bad = sorted({c for c in name if not re.fullmatch(_NAME_CHAR, c)})
         raise InvalidNameError(
             f"{what} name {name!r} contains {''.join(bad)!r}; only letters, digits, "
-            "'%', '|', '_' and '-' are allowed")
+            "'%', '|', '_' and '-' are allowed", what)

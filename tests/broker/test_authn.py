@@ -4,7 +4,6 @@ credential gets UNAUTHORIZED before the request is looked at; the official Pytho
 client with the right access key and secret key sends and receives."""
 from __future__ import annotations
 
-import datetime as dt
 
 import grpc
 import pytest
@@ -15,10 +14,9 @@ from rocketmq.grpc_protocol import service_pb2_grpc
 from rocketmq.grpc_protocol.definition_pb2 import Code
 
 from sparkmq.broker import Broker
-from sparkmq.broker.authn import signature
 from sparkmq.errors import InvalidConfigError
 
-from helpers.brokers import broker_config, msg
+from helpers.brokers import broker_config, msg, signed_headers
 
 pytestmark = pytest.mark.integration
 
@@ -44,13 +42,7 @@ def broker(tmp_path_factory):
 
 
 def _metadata(ak: str | None, sk: str | None) -> list[tuple[str, str]]:
-    md = [("x-mq-client-id", "authn-test")]
-    if ak is not None:
-        when = dt.datetime.now().strftime("%Y%m%dT%H%M%SZ")
-        md += [("x-mq-date-time", when),
-               ("authorization", f"MQv2-HMAC-SHA1 Credential={ak}, "
-                                 f"SignedHeaders=x-mq-date-time, Signature={signature(sk, when)}")]
-    return md
+    return [("x-mq-client-id", "authn-test"), *signed_headers(ak, sk)]
 
 
 CREDENTIALS = {"none": (None, None), "empty": ("", ""), "wrong secret": ("alice", "guess-123"),

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from helpers.brokers import ErrorRecords
 from helpers.net import free_port
 
 pytestmark = pytest.mark.integration
@@ -84,15 +85,6 @@ def _batches(draw) -> pa.RecordBatch:
         pa.RecordBatch.from_arrays([pa.array(["T"] * n)], names=["tags"])
 
 
-class _Errors(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.ERROR)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
 @pytest.fixture
 def broker(make_broker):
     b = make_broker(flightEnable="true", flightPort=free_port(), autoCreateTopicEnable="false")
@@ -117,7 +109,7 @@ def _put(client, batch: pa.RecordBatch) -> pa.Table:
 @given(batch=_batches())
 def test_any_batch_is_stored_row_for_row_or_refused_clearly(broker, batch):
     client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{broker.flight_port}")
-    errors = _Errors()
+    errors = ErrorRecords()
     logging.getLogger("sparkmq").addHandler(errors)
     try:
         before = broker.store.commitlog.written_offset

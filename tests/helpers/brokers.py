@@ -3,10 +3,14 @@ store under the test's ``tmp_path``. The ``make_broker``, ``clients`` and
 ``tx_broker`` fixtures (conftest.py) start brokers and clients and stop them."""
 from __future__ import annotations
 
+import datetime as dt
+import logging
+
 from rocketmq import ClientConfiguration, Credentials, Message
 
 from helpers.net import free_port
 from sparkmq.broker import Broker, BrokerConfig
+from sparkmq.broker.authn import signature
 
 
 def broker_config(tmp_path, name="broker-a", **props) -> BrokerConfig:
@@ -75,3 +79,25 @@ def sends_on_the_loop(broker, monkeypatch, producer, blocking: str) -> None:
             producer.send(CMessage("T", b"rich", tag="A", keys=["k"], properties={"p": "1"})),
             *producer.send_batch([CMessage("T", b"b%d" % i) for i in range(5)])]
     assert all(r.status_code == Code.OK and r.transport == "grpc" for r in sent)
+
+
+def signed_headers(ak: str | None, sk: str | None) -> list[tuple[str, str]]:
+    """The headers an official client signs a request with for access key ``ak`` and
+    secret ``sk`` (``x-mq-date-time`` and ``authorization``); none when ``ak`` is None."""
+    if ak is None:
+        return []
+    when = dt.datetime.now().strftime("%Y%m%dT%H%M%SZ")
+    return [("x-mq-date-time", when),
+            ("authorization", f"MQv2-HMAC-SHA1 Credential={ak}, "
+                              f"SignedHeaders=x-mq-date-time, Signature={signature(sk, when)}")]
+
+
+class ErrorRecords(logging.Handler):
+    """The ERROR records logged while it is attached (``records``)."""
+
+    def __init__(self):
+        super().__init__(logging.ERROR)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)

@@ -9,6 +9,7 @@ import pytest
 
 from helpers.net import free_port
 from helpers.clock import Clock
+from helpers.waiting import wait_until
 from sparkmq.namesrv import BrokerRegistration, NameServer, NameServerClient, RouteRegistry
 from sparkmq.namesrv.signing import SECRET_ENV, sign
 
@@ -151,3 +152,40 @@ def test_a_corrupt_kv_config_file_is_refused_with_what_to_do(tmp_path, capsys):
     assert main(["-p", str(free_port()), "--kv-config-path", str(path)]) == 1
     assert "repair or remove" in capsys.readouterr().err
     assert path.read_text() == '{"masters": {"broker-a": {"epoch": "two"}}}'   # untouched
+
+
+def test_a_client_that_stops_part_way_is_dropped_and_holds_no_thread():
+    """A request whose body never comes (Content-Length more than is sent: a stuck or
+    slow client) is dropped after the server's request timeout, on every HTTP server of
+    sparkmq (``HttpServerThread``), while other clients are answered meanwhile."""
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler
+
+    from sparkmq.lifecycle import HttpServerThread
+
+    class Echo(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt, *args):
+            pass
+
+    server = HttpServerThread("127.0.0.1", 0, Echo, "test-http", request_timeout_s=0.5).start()
+    before = threading.active_count()
+    try:
+        stuck = socket.create_connection(("127.0.0.1", server.port), timeout=30)
+        stuck.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nonly part")
+        req = urllib.request.Request(f"http://127.0.0.1:{server.port}/", data=b"ok",
+                                     method="POST")
+        with urllib.request.urlopen(req, timeout=30) as resp:   # served meanwhile
+            assert resp.read() == b"ok"
+        assert stuck.recv(100) == b""          # the server closed the stuck connection
+        stuck.close()
+        wait_until(lambda: threading.active_count() <= before, "the handler thread to end")
+    finally:
+        server.stop()
