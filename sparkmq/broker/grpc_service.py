@@ -155,28 +155,11 @@ def guarded(response_type, method: str | None = None):
     return wrap
 
 
-def guarded_stream(response_type):
-    """``guarded`` for a server-streaming handler: an exception ends the stream with
-    one ``response_type(status=...)``."""
-    def wrap(fn):
-        @functools.wraps(fn)
-        def inner(self, request, context):
-            try:
-                refused = _authorized(self.broker, fn.__name__, request, context)
-                if refused is not None:
-                    yield response_type(status=refused)
-                    return
-                yield from fn(self, request, context)
-            except Exception as e:  # as in guarded: the broker keeps serving
-                yield response_type(status=_failure_status(self, fn.__name__, e))
-        return inner
-    return wrap
-
-
 def guarded_async_stream(response_type):
-    """``guarded_stream`` for a coroutine handler (an async generator): long polls,
-    suspended on the broker's event loop (grpc_server.py). A cancelled call (the client
-    went away) is not caught: its task ends."""
+    """``guarded`` for a server-streaming coroutine handler (an async generator: long
+    polls, suspended on the broker's event loop, grpc_server.py): an exception ends the
+    stream with one ``response_type(status=...)``. A cancelled call (the client went
+    away) is not caught: its task ends."""
     def wrap(fn):
         @functools.wraps(fn)
         async def inner(self, request, context):
