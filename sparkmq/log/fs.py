@@ -278,8 +278,8 @@ class StoreFS:
                 won = True
             except FileExistsError:
                 won = False
-            finally:
-                os.unlink(tmp)
+            finally:       # (a failed unlink must not fail a create that landed)
+                _unlink_quietly(tmp)
             if won:
                 _fsync_dir(folder)
             return won

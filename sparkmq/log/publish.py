@@ -21,7 +21,8 @@ The markers are hints, never state: they are not in the transaction log, and a
 lost or stale one only changes how soon the next publish comes.
 
 On disk: writes ``consumequeue/*.parquet`` and ``index/*.parquet`` before the
-commit that adds them. After a crash: files written without their commit are
+commit that adds them; a publish that fails deletes those its commit did not add
+(:func:`not_committed`). After a crash: files written without their commit are
 orphans (vacuum deletes them); the unpublished CommitLog tail is recovered.
 Thread-safety: both hold the store's commit lock.
 """
@@ -115,7 +116,7 @@ def publish(store: "Store", *, force: bool = False, extra_actions: Sequence[dict
         except BaseException:
             store.cq.restore_unpersisted(taken)
             store.index.restore_unpersisted(itable)
-            store.sfs.delete_many(written)
+            store.sfs.delete_many(not_committed(store, written))
             raise
         store.cq.evict()
         store.index.settle(itable)
@@ -127,6 +128,24 @@ def publish(store: "Store", *, force: bool = False, extra_actions: Sequence[dict
         except Exception:   # best effort: the publish already committed; compaction must not fail it
             log.exception("compaction failed; will retry at the next publish")
     return state
+
+
+def not_committed(store: "Store", written: list[str]) -> list[str]:
+    """The side files of a failed publish that no committed version adds, to delete.
+    A commit can fail after its version was written (an error past the put-if-absent),
+    and deleting a file a version adds would make the store refuse to open (readers
+    check every file at open). If the log cannot be read, none: vacuum deletes orphans.
+    The entries are handed back either way; written again, a reader keeps one copy."""
+    if not written:
+        return []
+    try:
+        latest = store.txlog.snapshot(base=store.state)
+    except Exception:   # the log is unreadable too (the same fault): keep the files
+        log.warning("could not read %s/ after a failed publish; keeping its side files %s "
+                    "(vacuum deletes them if no version adds them)", fmt.LOG_DIR, written)
+        return []
+    live = latest.consumequeue_files.keys() | latest.index_files.keys()
+    return [rel for rel in written if rel not in live]
 
 
 def follow_readers(store: "Store") -> None:

@@ -359,7 +359,18 @@ class SegmentWriter:
             flags |= os.O_EXCL
         self._fd = os.open(path, flags, 0o644)
         if create:
-            os.write(self._fd, SCHEMA_BYTES)
+            try:        # the whole header, or no file: a short one would read as empty
+                written = 0
+                while written < len(SCHEMA_BYTES):
+                    written += os.write(self._fd, SCHEMA_BYTES[written:])
+            except BaseException:     # (ENOSPC, EIO: the new file is listed nowhere yet)
+                os.close(self._fd)
+                self._fd = None
+                try:
+                    os.unlink(path)
+                except OSError:       # (the next roll finds it and replaces it: segment_taken)
+                    pass
+                raise
         self.size = os.fstat(self._fd).st_size
 
     def append(self, data: pa.Buffer | bytes) -> int:

@@ -410,13 +410,25 @@ class TransactionLog:
 
     def _maybe_checkpoint(self, state: LogState) -> None:
         """At every checkpoint interval: drop old tombstones from ``state`` (just
-        built by commit, not yet returned), write the checkpoint, clean up the log."""
+        built by commit, not yet returned), write the checkpoint, clean up the log.
+
+        The commit has landed when this runs, so a checkpoint that cannot be written
+        (a full disk, EIO) is logged, not raised: the caller would take its committed
+        version for a failed one (and, like publish, delete the files it adds).
+        Checkpoints are an optimization (FORMAT.md section 6); ``state`` keeps its
+        base parts and changed keys, so the next one writes what this one did not."""
         if state.version == 0 or state.version % self.checkpoint_every(state):
             return
         if self.deleted_file_retention_ms is not None:
             state.prune_tombstones(state.timestamp_ms - self.deleted_file_retention_ms
                                    - TOMBSTONE_EXTRA_MS)
-        self.write_checkpoint(state)
+        try:
+            self.write_checkpoint(state)
+        except StoreIOError:   # the commit stands; the next checkpoint interval retries
+            log.exception("store %s: checkpoint %d not written; version %d is committed "
+                          "and readers replay it from an older checkpoint", self.sfs.url,
+                          state.version, state.version)
+            return
         if self.log_retention_ms is None:
             return
         now = self.clock_ms()
