@@ -68,6 +68,28 @@ def load_staged(sfs: StoreFS, rel: str) -> StagedSegment:
     return StagedSegment(rel, len(buf), batches)
 
 
+def replayed(txns: dict, app_id: str | None, app_version: int | None) -> bool:
+    """True if (``app_id``, ``app_version``) is at or below the version the log's ``txn``
+    actions (``txns``) record for that app: a replay an idempotent writer skips."""
+    if app_id is None:
+        return False
+    done = txns.get(app_id)
+    return done is not None and done.version >= int(app_version)
+
+
+def new_staged_paths(paths: Sequence[str], committed) -> list[str]:
+    """``paths`` without repeats (first occurrence kept), refused with UserError if any
+    is a segment of the store already (``committed``: the live segment paths): adopting
+    a file twice would place it at two addresses, and the log keeps one ``add`` per path,
+    so the first placement's rows would point at no segment."""
+    paths = list(dict.fromkeys(paths))
+    already = [p for p in paths if p in committed]
+    if already:
+        raise UserError(f"staged segments already committed: {already[:3]} (a commit "
+                        "that succeeded is not repeated; rerun the write for new files)")
+    return paths
+
+
 def check_staged_topics(staged: list[StagedSegment],
                         topic_conf: Callable[[str, str], TopicConfig]) -> None:
     """Every row's topic is writable (``topic_conf(name, path)`` returns its config or
@@ -133,14 +155,15 @@ def adopt(store: "Store", paths: Sequence[str], *, app_id: str | None = None,
           app_version: int | None = None) -> CommitResult:
     """Make staged segment files (written by Spark tasks) part of the store,
     atomically, in one log version. With (app_id, app_version) a replay of
-    an already committed version is skipped (idempotent writers)."""
+    an already committed version is skipped (idempotent writers). A path given
+    twice is adopted once; a path already committed is refused (UserError), as
+    the DirectCommitter does."""
     store.require_writable()
     store.require_not_replica()
     with store.append_lock, store.commit_lock:
-        if app_id is not None:
-            done = store.state.txns.get(app_id)
-            if done is not None and done.version >= int(app_version):
-                return CommitResult(store.state.version, 0, skipped=True)
+        if replayed(store.state.txns, app_id, app_version):
+            return CommitResult(store.state.version, 0, skipped=True)
+        paths = new_staged_paths(paths, store.state.segments)
         staged = [load_staged(store.sfs, p) for p in paths]
         check_staged_topics(staged, lambda name, path: store.writable_topic(name))
         store.commitlog.seal_active()

@@ -51,11 +51,12 @@ from typing import Protocol, Sequence
 from .. import errors
 from ..config import DEFAULT_COMMIT_RETRIES
 from ..admin_auth import auth_headers, client_ssl_context, find_token
-from ..errors import InvalidConfigError, StoreLockedError, UncleanWriterError, UserError
+from ..errors import InvalidConfigError, StoreLockedError, UncleanWriterError
 from . import format as fmt
 from .consumequeue import consumequeue_add, write_side_table
 from .fs import StoreFS
-from .adopt import Placement, check_staged_topics, load_staged, place
+from .adopt import (Placement, check_staged_topics, load_staged, new_staged_paths, place,
+                    replayed)
 from .dispatch import next_queue_offsets  # noqa: F401  (re-exported)
 from .index import index_add
 from .names import validate_group
@@ -138,8 +139,8 @@ class DirectCommitter:
         """Commit ``staged_paths`` in one version (see the module docstring)."""
         if (app_id is None) != (app_version is None):
             raise InvalidConfigError("app_id and app_version go together (both or neither)")
-        paths = list(dict.fromkeys(staged_paths))
-        staged = [load_staged(self.sfs, p) for p in paths]   # read once, outside the retries
+        paths = new_staged_paths(staged_paths, ())
+        staged: list = []                  # read once, on the first try that is no replay
         written: list[str] = []
         outcome: dict = {}
 
@@ -147,14 +148,12 @@ class DirectCommitter:
             self.sfs.delete_many(written)      # a lost race: drop the loser's side files
             written.clear()
             self._check_lease(state)
-            if app_id is not None:
-                done = state.txns.get(app_id)
-                if done is not None and done.version >= int(app_version):
-                    outcome["skipped"] = True
-                    return None
-            already = [p for p in paths if p in state.segments]
-            if already:
-                raise UserError(f"staged segments already committed: {already[:3]}")
+            if replayed(state.txns, app_id, app_version):   # (its files may be gone)
+                outcome["skipped"] = True
+                return None
+            new_staged_paths(paths, state.segments)
+            if not staged:
+                staged.extend(load_staged(self.sfs, p) for p in paths)
             check_staged_topics(staged, lambda name, path: writable_topic_conf(
                 state.topics, name, where=f"{path}: ", store=self.url, then="and rerun the write"))
             now = self.txlog.clock_ms()

@@ -86,6 +86,21 @@ def test_idempotent_replay_is_skipped(local_store_url):
     assert bodies(Snapshot.load(url), "T", 0) == [b"x", b"z"]
 
 
+def test_a_replay_whose_staged_files_are_gone_is_skipped_not_failed(local_store_url):
+    """A stream batch replayed after its commit landed, whose staged files (uncommitted
+    copies of a retried write) vacuum or a cleanup already removed: the log's ``txn``
+    says it is done, so it is skipped before any file is read, as ``Store.adopt`` does."""
+    url = local_store_url
+    make_store(url)
+    c = DirectCommitter(url)
+    first = c.commit([stage(url, "s1", "0", [("T", 0, b"x", [])])], app_id="q", app_version=3)
+    gone = stage(url, "s1", "1", [("T", 0, b"x again", [])])
+    StoreFS(url).delete(gone)
+    again = c.commit([gone], app_id="q", app_version=3)
+    assert again.skipped and again.version == first.version
+    assert bodies(Snapshot.load(url), "T", 0) == [b"x"]
+
+
 def test_a_batch_commit_of_the_same_files_twice_is_refused(local_store_url):
     make_store(local_store_url)
     p = stage(local_store_url, "j", "0", [("T", 0, b"x", [])])
