@@ -362,7 +362,7 @@ def _read_queue_slices(sfs: StoreFS, rel: str, tid: int, qid: int, lo: int, hi: 
     filters = [("topic_id", "=", tid), ("queue_id", "=", qid),
                ("queue_offset", ">=", lo), ("queue_offset", "<", hi)]
     out = []
-    with sidefile.open_checked(sfs, rel) as f:
+    with sidefile.open_listed(sfs, rel) as f:
         pf = pq.ParquetFile(f, page_checksum_verification=True)
         for g in _row_groups(pf, filters):
             t = pf.read_row_group(g, columns=["topic_id", "queue_id", *wanted])
@@ -448,7 +448,7 @@ def _read_filtered(sfs: StoreFS, rel: str, filters: list) -> pa.Table:
         field = pc.field(col)
         e = {"=": field == val, ">=": field >= val, "<": field < val, "<=": field <= val}[op]
         expr = e if expr is None else expr & e
-    with sidefile.open_checked(sfs, rel) as f:
+    with sidefile.open_listed(sfs, rel) as f:
         pf = pq.ParquetFile(f, page_checksum_verification=True)
         groups = _row_groups(pf, filters)
         if not groups:

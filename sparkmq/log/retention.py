@@ -301,10 +301,12 @@ class _QueueBounds:
 
 
 def _sealed_segments(store) -> list:
+    """The sealed prefix of the CommitLog a pass may remove; never the newest segment
+    (as RocketMQ keeps its last file): the next writer places its segment after it."""
     active = getattr(store.commitlog, "active", None)
     active_path = active.rel_path if active is not None else None
     out = []
-    for ref in store.commitlog.segments():
+    for ref in store.commitlog.segments()[:-1]:
         add = store.state.segments.get(ref.path)
         sealed = ref.sealed if store.writable else bool(add and add.sealed)
         if not sealed or ref.path == active_path:
@@ -516,8 +518,13 @@ def remove_segments(store: "Store", paths: Sequence[str], *,
                 store.commitlog.active is not None and s.path == store.commitlog.active.rel_path
                 for s in prefix):
             raise UserError("only a prefix of sealed segments can be removed")
+        if paths and len(prefix) == len(segs):
+            raise UserError(f"the newest segment {segs[-1].path} cannot be removed (the next "
+                            "is placed after it); remove the segments before it")
         floor = prefix[-1].end_offset if prefix else store.state.min_physical_offset()
-        store.publish(force=True)
+        # flush and publish first: a floor past the published end makes the next writer
+        # after a crash re-dispatch the tail from that floor (expired messages come back)
+        store.flush()
         queues = queue_floors_at(store, floor, queue_floors or {}, search=not exact_floors)
         qmin = {(q.topic_id, q.queue_id): q.min_offset for q in queues}
         prev = previous_floors(store.state)

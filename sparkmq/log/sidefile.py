@@ -17,6 +17,7 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from ..errors import DataLossError
 from . import checksum
 from .fs import StoreFS
 
@@ -62,3 +63,19 @@ def open_checked(sfs: StoreFS, rel: str) -> Iterator:
         checksum.verify_region(f.read(size - start), rel, start, ITEM)
         f.seek(0)
         yield f
+
+
+@contextmanager
+def open_listed(sfs: StoreFS, rel: str) -> Iterator:
+    """:func:`open_checked` for a reader of a version that lists ``rel``: a file gone since
+    (retention removed it in a newer version, and its deletion delay passed) is
+    :class:`DataLossError` saying what to do, not a bare FileNotFoundError."""
+    try:
+        with open_checked(sfs, rel) as f:
+            yield f
+    except FileNotFoundError:
+        raise DataLossError(
+            f"side table {rel} of the version read was deleted after a newer version removed it "
+            "(retention); read a newer version (refresh the reader). If this is the "
+            f"newest version, the store is damaged: run 'sparkmq admin verify {sfs.url}'",
+            earliest_offset=None) from None
