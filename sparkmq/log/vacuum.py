@@ -50,6 +50,9 @@ _DATA_DIRS = (fmt.COMMITLOG_DIR, fmt.CONSUMEQUEUE_DIR, fmt.INDEX_DIR)
 # temporary files of a write that died half way
 _STORE_NAME = re.compile(r"^(\d{20}\.arrow|w-[A-Za-z0-9_.]{1,64}-[A-Za-z0-9_.]{1,64}-[0-9a-f]{32}"
                          r"\.arrow|[0-9a-f]{32}\.parquet|\.tmp-[0-9a-f]{32})$")
+# in ``_log/`` only the temporary files of a commit or ``_last_checkpoint`` that a
+# process killed between its write and its link or rename left (never a log file)
+_LOG_TEMP = re.compile(r"^\.tmp-[0-9a-f]{32}$")
 
 
 @dataclass
@@ -107,15 +110,16 @@ def check_vacuum_retention(retention_ms: int, force: bool) -> None:
 def plan_vacuum(sfs: StoreFS, state: LogState, *, retention_ms: int, now_ms: int,
                 protect: set[str] = frozenset()) -> VacuumResult:
     """The files a vacuum of ``state``'s store deletes (see the module docstring).
-    Lists the three data folders and asks each unreferenced file its age."""
+    Lists the three data folders (and ``_log/``'s temporary files) and asks each
+    unreferenced file its age."""
     live = _live(state)
     end = state.address_end()
     cutoff = now_ms - retention_ms
     result = VacuumResult(retention_ms=retention_ms)
-    for folder in _DATA_DIRS:
+    for folder, names in ((fmt.LOG_DIR, _LOG_TEMP), *((d, _STORE_NAME) for d in _DATA_DIRS)):
         for name in sfs.list_names(folder):
             rel = f"{folder}/{name}"
-            if rel in live or rel in protect or not _STORE_NAME.fullmatch(name):
+            if rel in live or rel in protect or not names.fullmatch(name):
                 continue
             base = fmt.parse_segment_file(name) if folder == fmt.COMMITLOG_DIR else None
             if base is not None and base >= end:

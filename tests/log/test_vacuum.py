@@ -221,6 +221,30 @@ def test_vacuum_deletes_old_orphans_only(vac_store):
         assert s.max_offset("t", 0) == 31 and s.query_by_key("t", "key1")
 
 
+def test_vacuum_deletes_old_temporary_files_of_the_log_only(vac_store):
+    """A process killed between writing a commit's (or ``_last_checkpoint``'s) temporary
+    file and its link or rename leaves a ``.tmp-*`` file in ``_log/``: an old one goes,
+    a young one (a write under way) and every log file stay."""
+    url, _, _ = vac_store
+    sfs = StoreFS(url)
+    old, young = (f"{fmt.LOG_DIR}/.tmp-{uuid.uuid4().hex}" for _ in range(2))
+    for rel in (old, young):
+        sfs.write(rel, b"{}")
+    _age(url, old, 10)
+    log_files = set(sfs.list_names(fmt.LOG_DIR)) - {old.split("/")[1], young.split("/")[1]}
+    for name in log_files:
+        if not name.startswith("_"):
+            _age(url, f"{fmt.LOG_DIR}/{name}", 10)
+    with Store.open(url, mode="r") as s:
+        result = s.vacuum(retention_ms=2 * HOUR_MS)
+    assert old in result.files and young not in result.files
+    left = set(sfs.list_names(fmt.LOG_DIR))
+    assert old.split("/")[1] not in left and young.split("/")[1] in left
+    assert log_files <= left
+    with Store.open(url, mode="r") as s:
+        assert s.max_offset("t", 0) == 31
+
+
 def test_vacuum_on_a_writable_store_keeps_its_unpublished_segments(vac_store):
     url, live, orphans = vac_store
     with _open(url) as s:
