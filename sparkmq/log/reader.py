@@ -300,7 +300,7 @@ class MessageReader:
             return None
         try:
             batch = self._read_batch(batch_offset)
-        except DataLossError:
+        except (DataLossError, FileNotFoundError):   # (its segment deleted since: retention)
             return None
         except StoreIOError:
             raise
@@ -315,7 +315,10 @@ class MessageReader:
         one = batch.slice(row, 1)
         topic = one.column("topic")[0].as_py()
         qid = one.column("queue_id")[0].as_py()
-        qo = self._queue_offset_of(topic, qid, batch_offset, row)
+        try:
+            qo = self._queue_offset_of(topic, qid, batch_offset, row)
+        except DataLossError:   # its queue's side table deleted since (retention)
+            return None
         if qo < 0:
             return None   # not in its queue: removed by retention, or its topic deleted
         d = one.to_pylist()[0]
