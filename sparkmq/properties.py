@@ -56,6 +56,14 @@ def is_whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def whole(value: Any, name: str) -> int:
+    """``value`` of JSON field ``name`` if it is a whole number (``is_whole``); else
+    ValueError naming the field and what it got."""
+    if not is_whole(value):
+        raise ValueError(f"{name!r} is a whole number, got {value!r}")
+    return value
+
+
 def parse_int(name: str, raw: Any) -> int:
     """``raw`` as an integer: a string of one (a properties file's value), or an integer
     value (an ``int`` or any integer type, a numpy one too; not a bool, not a fraction);

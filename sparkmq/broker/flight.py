@@ -70,7 +70,7 @@ from ..log.message import batch_message_ids, delivered_ids, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.segment import EOS
 from ..log.status import PutMessageStatus
-from ..properties import is_whole
+from ..properties import whole
 from ..tagexpr import tag_set
 from .authz import offset_update_resources, peer_ip, read_resources, send_resources
 from .batchsend import SEND_COLUMNS, typed
@@ -156,13 +156,6 @@ class _NotAcknowledged(SparkMQError):
 
     def __str__(self) -> str:
         return f"{Code.Name(self.status.code)}: {self.status.message}"
-
-
-def _whole(value, name: str) -> int:
-    """JSON field ``name``'s ``value``, which must be a whole number (``is_whole``)."""
-    if not is_whole(value):
-        raise TypeError(f"{name!r} is a whole number, got {value!r}")
-    return value
 
 
 def _flight_error(e: Exception) -> Exception:
@@ -297,13 +290,13 @@ class FlightService(fl.FlightServerBase):
             topic = str(req["topic"])
             follow = req.get("follow")
             if follow is not None:      # [[queue, offset], ...]: a followed read
-                positions = {_whole(q, "follow"): _whole(o, "follow") for q, o in follow}
+                positions = {whole(q, "follow"): whole(o, "follow") for q, o in follow}
                 if not positions:
                     raise ValueError("'follow' names no queue")
             else:
-                queue, offset = _whole(req["queue"], "queue"), _whole(req["offset"], "offset")
-            limit = min(max(1, _whole(req.get("max") or 1000, "max")), MAX_GET)
-            poll_ms = min(max(0, _whole(req.get("pollMs") or 0, "pollMs")),
+                queue, offset = whole(req["queue"], "queue"), whole(req["offset"], "offset")
+            limit = min(max(1, whole(req.get("max") or 1000, "max")), MAX_GET)
+            poll_ms = min(max(0, whole(req.get("pollMs") or 0, "pollMs")),
                           self.broker.config.max_long_polling_ms)
             consumer_view = req.get("view") == "consumer"
             group = req.get("group")
@@ -409,7 +402,7 @@ class FlightService(fl.FlightServerBase):
         try:
             req = json.loads(action.body.to_pybytes())
             group, topic = str(req["group"]), str(req["topic"])
-            queue, offset = _whole(req["queue"], "queue"), _whole(req["offset"], "offset")
+            queue, offset = whole(req["queue"], "queue"), whole(req["offset"], "offset")
             validate_group(group), validate_topic(topic)
             self._authorize(context, offset_update_resources(group, topic))
             self.broker.receiver.reset_offset(group, topic, queue, offset)   # UpdateOffset's

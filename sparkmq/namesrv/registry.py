@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..errors import InvalidConfigError
-from ..properties import is_whole
+from ..properties import whole
 
 BROKER_EXPIRY_MS = 120_000
 MASTER_ID = 0
@@ -62,17 +62,17 @@ class BrokerRegistration:
         """Build from the JSON body of a register call; raises ValueError if malformed
         (a number where a whole one belongs: a fraction, a string, ``1e999``, names it)."""
         try:
-            topics = {str(k): {"readQueueNums": whole_field(v, "readQueueNums", 0),
-                               "writeQueueNums": whole_field(v, "writeQueueNums", 0),
-                               "perm": whole_field(v, "perm", 6)}
+            topics = {str(k): {name: whole(v.get(name, default), name)
+                               for name, default in (("readQueueNums", 0), ("writeQueueNums", 0),
+                                                     ("perm", 6))}
                       for k, v in dict(data.get("topics") or {}).items()}
             return cls(cluster=str(data["cluster"]), broker_name=str(data["brokerName"]),
-                       broker_id=whole_field(data, "brokerId"),
+                       broker_id=whole(data["brokerId"], "brokerId"),
                        role=str(data.get("role", "ASYNC_MASTER")),
                        endpoint=str(data["endpoint"]), topics=topics,
                        admin_endpoint=data.get("adminEndpoint"),
                        ha_endpoint=data.get("haEndpoint"),
-                       epochs=[{"epoch": whole_field(e, "epoch"), "storeId": str(e["storeId"])}
+                       epochs=[{"epoch": whole(e["epoch"], "epoch"), "storeId": str(e["storeId"])}
                                for e in list(data.get("epochs") or [])])
         except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"malformed broker registration: {e!r}") from None
@@ -84,15 +84,6 @@ class BrokerRegistration:
                 "haEndpoint": self.ha_endpoint,
                 "epoch": self.epochs[-1]["epoch"] if self.epochs else None,
                 "lastSeenMs": self.last_seen_ms}
-
-
-def whole_field(data: dict, key: str, default: int | None = None) -> int:
-    """``data[key]`` (or ``default`` when absent), which must be a whole JSON number;
-    ValueError naming ``key`` otherwise."""
-    value = data.get(key, default) if default is not None else data[key]
-    if not is_whole(value):
-        raise ValueError(f"{key!r} must be a whole number, got {value!r}")
-    return value
 
 
 class RouteRegistry:

@@ -30,7 +30,8 @@ from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 from ..lifecycle import HttpServerThread, ServiceThread
-from .registry import BROKER_EXPIRY_MS, BrokerRegistration, RouteRegistry, whole_field
+from ..properties import whole
+from .registry import BROKER_EXPIRY_MS, BrokerRegistration, RouteRegistry
 from .signing import RequestVerifier, resolve_secret
 
 log = logging.getLogger("sparkmq.namesrv")
@@ -186,7 +187,8 @@ def _make_handler(registry: RouteRegistry, verifier: RequestVerifier):
                              reg.endpoint, len(reg.topics))
                 return self._reply(200, {"ok": True})
             try:                                   # /brokers/unregister
-                gone = registry.unregister(str(data["brokerName"]), whole_field(data, "brokerId"))
+                gone = registry.unregister(str(data["brokerName"]),
+                                           whole(data["brokerId"], "brokerId"))
             except (KeyError, TypeError, ValueError) as e:
                 return self._reply(400, {"error": f"malformed unregister body: {e!r}"})
             log.info("broker %s#%s unregistered", data.get("brokerName"), data.get("brokerId"))

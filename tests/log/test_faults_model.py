@@ -543,18 +543,25 @@ def _report(request):
 
 
 # ---------------------------------------------------------------------- regressions
+def _faulty_store(tmp_path):
+    """(plan, url, store): a store with topic "a" (one queue) and the fault layer
+    installed over it (the test uninstalls it)."""
+    plan = FaultPlan()
+    url = str(tmp_path / "store")
+    plan.root = url
+    store = Store.open(url, clock_ms=Clock(), **OPTS)
+    store.create_topic("a", read_queue_nums=1, write_queue_nums=1)
+    install(plan)
+    return plan, url, store
+
+
 def test_a_short_header_write_of_a_new_segment_loses_no_acked_message(tmp_path):
     """A disk filling up while a roll writes the new segment's 1,200-byte header: write(2)
     stores part of it and returns the short count; the next write fails. The roll fails
     and takes its file with it. (The writer once took the short header as written, so
     later, acked batches followed a torn header, and recovery after a crash, finding no
     valid header, emptied the segment: acked messages lost, their offsets given again.)"""
-    plan = FaultPlan()
-    url = str(tmp_path / "store")
-    plan.root, plan.tear_headers = url, True
-    store = Store.open(url, clock_ms=Clock(), **OPTS)
-    store.create_topic("a", read_queue_nums=1, write_queue_nums=1)
-    install(plan)
+    plan, url, store = _faulty_store(tmp_path)
     try:
         acked = {}
         for i in range(3):
@@ -584,12 +591,7 @@ def test_a_checkpoint_that_cannot_be_written_does_not_fail_its_commit(tmp_path, 
     failing: the commit had landed, so the publish must stand (before the fix it
     raised and deleted the side tables its committed version adds: the store then
     refused to open, CorruptStoreError naming the missing files)."""
-    plan = FaultPlan()
-    url = str(tmp_path / "store")
-    plan.root = url
-    store = Store.open(url, clock_ms=Clock(), **OPTS)
-    store.create_topic("a", read_queue_nums=1, write_queue_nums=1)
-    install(plan)
+    plan, url, store = _faulty_store(tmp_path)
     try:
         for i in range(4):
             store.append([Message("a", b"m%d" % i, queue_id=0, keys=["k%d" % i])])
@@ -613,12 +615,7 @@ def test_a_publish_that_fails_after_its_version_landed_keeps_its_side_tables(tmp
     vacuum). A commit that raises after its version landed for another reason (here the
     step after the write made to raise) fails the publish, which must not delete the
     side tables that version adds (before the fix the store then refused to open)."""
-    plan = FaultPlan()
-    url = str(tmp_path / "store")
-    plan.root = url
-    store = Store.open(url, clock_ms=Clock(), **OPTS)
-    store.create_topic("a", read_queue_nums=1, write_queue_nums=1)
-    install(plan)
+    plan, url, store = _faulty_store(tmp_path)
     try:
         store.append([Message("a", b"hello", queue_id=0, keys=["k"])])
         store.commitlog.flush(sync=True)
