@@ -147,25 +147,27 @@ def env(tmp_path_factory):
         initAuthenticationUser=json.dumps({"username": AK, "password": SK}),
         autoCreateTopicEnable="false", maxMessageSize=MAX_BODY,
         enablePropertyFilter="true")).start()
-    for topic, queues in (("T", 2), ("Stored", 1), ("Other", 1), ("Good", 2), ("Empty", 1)):
-        b.store.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
-    e = Env(b)
-    e.send(*[_raw_message("Stored", b"kept-%d" % i, tag="A", keys=["k%d" % i])
-             for i in range(3)])
-    e.send(_raw_message("Stored", b"delayed", message_type=pb.DELAY,
-                        delivery_ms=int(time.time() * 1000) + 3_600_000))
-    e.send(*[_raw_message("T", b"t-%d" % i) for i in range(4)])
-    e.send(*[_raw_message("Other", b"o-%d" % i) for i in range(2)])
-    recall = e.send(_raw_message("T", b"recall-me", message_type=pb.DELAY,
-                                 delivery_ms=int(time.time() * 1000) + 3_600_000))
-    e.recall_handles = [recall.entries[0].recall_handle]
-    e.handles = e.handles_of("G", "T")[:2] + e.handles_of("GO", "Other")[:1]
-    assert len(e.handles) == 3 and e.recall_handles[0]
-    e.stored_before = e.stored("Stored")
-    assert len(e.stored_before) == 3
-    yield e
-    e.channel.close()
-    b.stop()
+    try:
+        for topic, queues in (("T", 2), ("Stored", 1), ("Other", 1), ("Good", 2), ("Empty", 1)):
+            b.store.create_topic(topic, read_queue_nums=queues, write_queue_nums=queues)
+        e = Env(b)
+        e.send(*[_raw_message("Stored", b"kept-%d" % i, tag="A", keys=["k%d" % i])
+                 for i in range(3)])
+        e.send(_raw_message("Stored", b"delayed", message_type=pb.DELAY,
+                            delivery_ms=int(time.time() * 1000) + 3_600_000))
+        e.send(*[_raw_message("T", b"t-%d" % i) for i in range(4)])
+        e.send(*[_raw_message("Other", b"o-%d" % i) for i in range(2)])
+        recall = e.send(_raw_message("T", b"recall-me", message_type=pb.DELAY,
+                                     delivery_ms=int(time.time() * 1000) + 3_600_000))
+        e.recall_handles = [recall.entries[0].recall_handle]
+        e.handles = e.handles_of("G", "T")[:2] + e.handles_of("GO", "Other")[:1]
+        assert len(e.handles) == 3 and e.recall_handles[0]
+        e.stored_before = e.stored("Stored")
+        assert len(e.stored_before) == 3
+        yield e
+        e.channel.close()
+    finally:
+        b.stop()
 
 
 # ---------------------------------------------------------------- adversarial values
