@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import errno as errnos
 import functools
+import logging
 import os
 import threading
 import uuid
@@ -50,6 +51,8 @@ from typing import Iterable
 import pyarrow as pa
 
 from ..errors import InvalidConfigError, StoreIOError
+
+log = logging.getLogger("sparkmq.log.fs")
 
 _MEMORY_LOCK = threading.Lock()
 
@@ -252,17 +255,21 @@ class StoreFS:
     @_io_boundary("create folder")
     def makedirs(self, rel_dir: str) -> None:
         if self.is_local:
-            os.makedirs(self.full(rel_dir), exist_ok=True)
+            makedirs_durably(self.full(rel_dir))
         else:
             self.fs.makedirs(self.full(rel_dir), exist_ok=True)
 
     @_io_boundary("write")
     def write(self, rel: str, data: bytes, *, sync: bool = True) -> None:
-        """Write a new immutable file (side tables, staged segments)."""
+        """Write a new immutable file (side tables, staged segments); ``sync``: fsynced,
+        and its name too (its folder), before a commit may name it."""
         if self.is_local:
             path = self.full(rel)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            folder = os.path.dirname(path)
+            makedirs_durably(folder)
             _write_file(path, data, sync=sync)
+            if sync:
+                sync_folder(folder)
         else:
             self.fs.pipe_file(self.full(rel), bytes(data))
 
@@ -280,8 +287,8 @@ class StoreFS:
                 won = False
             finally:       # (a failed unlink must not fail a create that landed)
                 _unlink_quietly(tmp)
-            if won:
-                _fsync_dir(folder)
+            if won:     # (landed: a failed folder sync must not fail it; see below)
+                _sync_landed(folder, rel)
             return won
         if self.is_memory:
             with _MEMORY_LOCK:
@@ -311,6 +318,7 @@ class StoreFS:
             except BaseException:
                 _unlink_quietly(tmp)
                 raise
+            sync_folder(os.path.dirname(path))
         else:
             self.fs.pipe_file(path, bytes(data))
 
@@ -444,7 +452,7 @@ def _write_file(path: str, data: bytes, *, sync: bool = True) -> None:
 def _write_temp(folder: str, data: bytes) -> str:
     """A new fsynced ``.tmp-*`` file in ``folder`` holding ``data`` (to be linked or
     renamed into place); returns its path."""
-    os.makedirs(folder, exist_ok=True)
+    makedirs_durably(folder)
     tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
     try:
         _write_file(tmp, data)
@@ -461,14 +469,42 @@ def _unlink_quietly(path: str) -> None:
         pass
 
 
-def _fsync_dir(folder: str) -> None:
+def _sync_landed(folder: str, rel: str) -> None:
+    """Sync the folder of ``rel``, a put-if-absent that landed (readers may already use
+    it). A failure is logged, not raised: the caller would take the file for not
+    written while it is there (a commit retried as lost, its side files deleted)."""
     try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
+        sync_folder(folder)
+    except OSError as exc:
+        log.error("%s was written but its folder could not be synced (%s): a power loss "
+                  "may take it; check the disk", rel, exc)
+
+
+def sync_folder(folder: str) -> None:
+    """Make ``folder``'s entries durable (fsync of the folder): a file created, linked or
+    renamed there is only sure to keep its name through a power loss after this (POSIX
+    leaves it to the folder's fsync, as Kafka's and RocksDB's writers assume). Raises
+    the OSError."""
+    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
-    except OSError:
-        pass
     finally:
         os.close(fd)
+
+
+def makedirs_durably(path: str) -> None:
+    """``os.makedirs(path, exist_ok=True)``, each folder it creates made durable in its
+    parent (:func:`sync_folder`), so a power loss cannot take a folder whose files were
+    synced. Raises the OSError."""
+    if os.path.isdir(path):
+        return
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        makedirs_durably(parent)
+    try:
+        os.mkdir(path)
+    except FileExistsError:       # (made meanwhile by another thread or process)
+        if not os.path.isdir(path):
+            raise
+        return
+    sync_folder(parent or ".")

@@ -43,6 +43,7 @@ from .actions import (Action, AddFile, ConsumerOffset, GroupConfig, RemoveFile, 
                       TopicConfig)
 from .auth_actions import Acl, User
 from .commitlog import SegmentRef
+from .fs import makedirs_durably, sync_folder
 from .store import Store
 from .topics import group_delete_actions
 from .txlog import LogState
@@ -191,8 +192,9 @@ class ReplicaLog:
             # delete_removed_files protects as a segment of this CommitLog
             self._close_peek()
             full = st.sfs.local_path(path)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
+            makedirs_durably(os.path.dirname(full))
             os.close(os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644))
+            sync_folder(os.path.dirname(full))    # (its name survives a power loss)
             st.sfs.forget(path)
             with self._dispatch_lock:
                 cl.active = cl.writer(path, base_offset, create=False)

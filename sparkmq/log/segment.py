@@ -31,7 +31,7 @@ import pyarrow as pa
 from ..errors import CorruptStoreError
 from . import checksum
 from . import format as fmt
-from .fs import StoreFS, preallocate, start_writeback
+from .fs import StoreFS, makedirs_durably, preallocate, start_writeback, sync_folder
 
 try:
     from .. import _ipc
@@ -353,7 +353,8 @@ class SegmentWriter:
 
     def _open_local(self, create: bool) -> None:
         path = self.sfs.local_path(self.rel_path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        folder = os.path.dirname(path)
+        makedirs_durably(folder)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
         if create:
             flags |= os.O_EXCL
@@ -363,6 +364,9 @@ class SegmentWriter:
                 written = 0
                 while written < len(SCHEMA_BYTES):
                     written += os.write(self._fd, SCHEMA_BYTES[written:])
+                # the name made durable: else a power loss can take the file with the
+                # batches fsynced into it (fdatasync syncs the file, not its folder)
+                sync_folder(folder)
             except BaseException:     # (ENOSPC, EIO: the new file is listed nowhere yet)
                 os.close(self._fd)
                 self._fd = None

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 
@@ -65,12 +66,14 @@ garbage_st = st.one_of(st.just(b""), st.binary(min_size=1, max_size=24),
 
 
 class SyncWatch:
-    """Notes, per file, its size at its last ``fsync``/``fdatasync`` by this process: what a
-    power loss cannot take. Installed over ``os.fsync``/``os.fdatasync`` (the real calls
-    still run) for the life of one state machine."""
+    """Notes, per file, its size at its last ``fsync``/``fdatasync`` by this process, and
+    per folder the names it held at its last fsync: what a power loss cannot take.
+    Installed over ``os.fsync``/``os.fdatasync`` (the real calls still run) for the life
+    of one state machine."""
 
     def __init__(self):
         self.synced: dict[str, int] = {}
+        self.names: dict[str, set[str]] = {}     # folder -> its names at its last fsync
         self._real = (os.fsync, os.fdatasync)
 
         def watched(real):
@@ -78,11 +81,32 @@ class SyncWatch:
                 real(fd)
                 try:
                     path = os.readlink(f"/proc/self/fd/{fd}")
-                    self.synced[path] = os.fstat(fd).st_size
+                    if stat.S_ISDIR(os.fstat(fd).st_mode):
+                        self.names[path] = set(os.listdir(path))
+                    else:
+                        self.synced[path] = os.fstat(fd).st_size
                 except OSError:
                     pass
             return sync
         os.fsync, os.fdatasync = watched(os.fsync), watched(os.fdatasync)
+
+    def lose_names(self, root: str) -> list[str]:
+        """A power loss on the folders under ``root`` (itself kept): every file or folder
+        whose name its folder's last fsync did not hold is gone, whatever was synced
+        into it (POSIX: a file's fsync does not make its name durable). Returns the
+        paths removed."""
+        gone = []
+        for folder, dirs, files in os.walk(root):
+            held = self.names.get(folder, set())
+            for name in files:
+                if name not in held:
+                    os.unlink(os.path.join(folder, name))
+                    gone.append(os.path.join(folder, name))
+            for name in [d for d in dirs if d not in held]:
+                shutil.rmtree(os.path.join(folder, name))
+                gone.append(os.path.join(folder, name))
+                dirs.remove(name)
+        return gone
 
     def remove(self) -> None:
         os.fsync, os.fdatasync = self._real
@@ -322,14 +346,19 @@ class CrashModel(RuleBasedStateMachine):
         root = self.folder + "/store"
         before: dict[str, bytes] = {}
         after: dict[str, bytes | None] = {}
+        segments = _segment_files(root)
+        for path in segments.values():        # (for the prediction, if its name goes)
+            with open(path, "rb") as f:
+                before[path] = f.read()
+        for path in self.watch.lose_names(root):
+            if path in before:
+                after[path] = None
         for _base, path in sorted(_segment_files(root).items()):
             size = os.path.getsize(path)
             durable = self.watch.synced.get(path, 0)
             assert durable <= size
             if durable == size:
                 continue
-            with open(path, "rb") as f:
-                before[path] = f.read()
             now = after[path] = tear(path, durable, size, before[path])
             if now is None:
                 os.unlink(path)
