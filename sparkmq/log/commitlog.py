@@ -268,12 +268,16 @@ class CommitLog:
             return self.flushed_offset
 
     def close(self) -> None:
-        if self.active is not None:
-            self.flush(sync=True)
-            self.active.close()
-            self.active = None
-        self._cache.clear()
-        self._cache_bytes = 0
+        """Flush and close the active segment; closed even when the flush raises."""
+        try:
+            if self.active is not None:
+                self.flush(sync=True)
+        finally:
+            if self.active is not None:
+                self.active.close()
+                self.active = None
+            self._cache.clear()
+            self._cache_bytes = 0
 
     # -- reading -----------------------------------------------------------
     def _cache_put(self, offset: int, batch: pa.RecordBatch, size: int) -> None:

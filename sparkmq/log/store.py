@@ -551,28 +551,37 @@ class Store(MessageReader):
         self.publish(force=True)
 
     def close(self) -> None:
-        """Flush, publish, release the lease, remove the abort marker."""
+        """Flush, publish, release the lease, remove the abort marker. Closed even if one
+        fails (EIO): the caller gets the error, the next writer recovers as after a crash."""
         if self._closed:
             return
-        if self.writable:
-            self._stop_services()
+        try:
+            if self.writable:
+                self._close_writer()
+        finally:
+            self._closed = True
+            self.sfs.close()
+
+    def _close_writer(self) -> None:
+        self._stop_services()
+        try:
+            self.commitlog.flush(sync=True)
+            self.publish(force=True)
+            self._commit(self.lease.release, "RELEASE LEASE")
+            self.sfs.delete(fmt.abort_file())
+        except FencedError:
+            log.warning("store %s: fenced at close; leaving the lease to its new owner",
+                        self.url)
+        finally:
             try:
-                self.commitlog.flush(sync=True)
-                self.publish(force=True)
-                self._commit(self.lease.release, "RELEASE LEASE")
-                self.sfs.delete(fmt.abort_file())
-            except FencedError:
-                log.warning("store %s: fenced at close; leaving the lease to its new owner",
-                            self.url)
-            finally:
                 self.commitlog.close()
-                try:
-                    self.delete_removed_files()
-                except StoreIOError:
-                    log.exception("store %s: deleting removed files at close failed", self.url)
-                unregister_live(self.token)
-        self._closed = True
-        self.sfs.close()
+            except StoreIOError:    # (its flush failing again: the caller gets the first)
+                log.exception("store %s: closing the CommitLog failed", self.url)
+            try:
+                self.delete_removed_files()
+            except StoreIOError:
+                log.exception("store %s: deleting removed files at close failed", self.url)
+            unregister_live(self.token)
 
     def _crash(self) -> None:
         """Test hook: stop as a killed process would (no flush, publish or release)."""

@@ -163,3 +163,34 @@ def test_a_real_full_tmpfs_refuses_appends_then_takes_them_after_space_is_freed(
         print(f"\nreal tmpfs: {len(acked)} acked, {refused} refused with ENOSPC, {lost} lost, "
               f"{wrong} wrong bodies")
     assert (lost, wrong) == (0, 0) and sorted(back) == sorted(acked)
+
+
+def test_a_close_whose_fsync_fails_is_closed_and_the_next_writer_recovers(tmp_path,
+                                                                          monkeypatch):
+    """``close`` flushes first; an fsync that fails (EIO) goes to the caller, but the store
+    is closed all the same (a second close does nothing, an append is refused as closed,
+    its files are let go), and the next writer recovers every appended message, as
+    after a crash."""
+    from sparkmq import ASYNC_FLUSH
+    from sparkmq.errors import StoreClosedError
+    url = str(tmp_path / "s")
+    store = Store.open(url, start_services=False, flushDiskType=ASYNC_FLUSH)
+    store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    store.append([Message("T", f"m{i}".encode()) for i in range(3)])
+    faulty = FailingOS(0, errno.EIO)
+
+    def fdatasync(fd):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+    faulty.fdatasync = fdatasync
+    monkeypatch.setattr(seg, "os", faulty)
+    with pytest.raises(StoreIOError) as e:
+        store.close()
+    assert e.value.errno == errno.EIO
+    monkeypatch.setattr(seg, "os", os)
+    assert store.closed and store.commitlog.active is None     # its segment's fd let go
+    store.close()                                  # a no-op now
+    with pytest.raises(StoreClosedError):
+        store.append([Message("T", b"late")])
+    with Store.open(url, start_services=False) as again:
+        assert again.recovered_from_crash
+        assert [m.body for m in again.read("T", 0, 0, 10)] == [b"m0", b"m1", b"m2"]
