@@ -25,12 +25,14 @@ import json
 import logging
 import time
 from http.server import BaseHTTPRequestHandler
+from typing import Callable
 from urllib.parse import parse_qs, urlparse
 
 from ..errors import InvalidConfigError
 from ..lifecycle import HttpServerThread, ServiceThread
 from ..namesrv.signing import RequestVerifier, resolve_secret
-from .state import ControllerState
+from ..properties import whole
+from .state import ControllerState, monotonic_ms
 
 log = logging.getLogger("sparkmq.controller")
 
@@ -72,12 +74,12 @@ class ElectionService(ServiceThread):
         if not c.state._isLeader():
             c.leader_since = None
             return
-        now = int(time.time() * 1000)
+        now = c.local_ms()
         if c.leader_since is None:
             c.leader_since = now     # a new leader waits a whole lease before it judges
         if now - c.leader_since < c.lease_ms + c.grace_ms:
             return
-        for name, node, epoch in c.state.election_due(now, c.lease_ms, c.grace_ms):
+        for name, node, epoch in c.state.election_due(c.lease_ms, c.grace_ms):
             try:
                 result = c.state.elect(name, node, epoch, sync=True, timeout=COMMIT_TIMEOUT_S)
             except Exception as e:  # no majority now: next pass tries again
@@ -95,7 +97,9 @@ class Controller:
     def __init__(self, *, self_id: str, peers: str, host: str = "127.0.0.1", port: int = 0,
                  store_path: str | None = None, cluster_secret: str | None = None,
                  cluster_secret_file: str | None = None, lease_ms: int = DEFAULT_LEASE_MS,
-                 grace_ms: int = DEFAULT_GRACE_MS):
+                 grace_ms: int = DEFAULT_GRACE_MS,
+                 clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+                 local_ms: Callable[[], int] = monotonic_ms):
         nodes = parse_peers(peers)
         if self_id not in nodes:
             raise InvalidConfigError(f"controllerDLegerSelfId {self_id!r} is not in "
@@ -103,6 +107,8 @@ class Controller:
         secret = resolve_secret(cluster_secret, cluster_secret_file)
         self.verifier = RequestVerifier(secret)
         self.lease_ms, self.grace_ms = lease_ms, grace_ms
+        # the wall clock stamps lastSeenMs (for operators); leases are judged on local_ms
+        self.clock_ms, self.local_ms = clock_ms, local_ms
         self.leader_since: int | None = None
         self.host, self.port = host, port
         journal = None
@@ -112,7 +118,7 @@ class Controller:
             journal = os.path.join(store_path, f"raft-{self_id}.journal")
         self.state = ControllerState(nodes[self_id], [a for n, a in nodes.items()
                                                       if n != self_id],
-                                     secret=secret, journal_path=journal)
+                                     secret=secret, journal_path=journal, local_ms=local_ms)
         self._election = ElectionService(self)
         self._http: HttpServerThread | None = None
 
@@ -137,26 +143,30 @@ class Controller:
 
     # ------------------------------------------------------------ requests
     def handle(self, path: str, body: dict) -> tuple[int, dict]:
-        now = int(time.time() * 1000)
+        now = self.clock_ms()
         try:
             if path == "/controller/heartbeat":
-                view = self.state.heartbeat(str(body["brokerName"]), int(body["nodeId"]),
-                                            str(body.get("endpoint") or ""),
-                                            str(body.get("haEndpoint") or ""),
-                                            int(body.get("offset") or 0), now,
-                                            bool(body.get("claimsMaster")),
-                                            sync=True, timeout=COMMIT_TIMEOUT_S)
+                view = self.state.heartbeat(
+                    str(body["brokerName"]), _id(body["nodeId"], "nodeId"),
+                    str(body.get("endpoint") or ""), str(body.get("haEndpoint") or ""),
+                    _id(body.get("offset") or 0, "offset"), now, bool(body.get("claimsMaster")),
+                    sync=True, timeout=COMMIT_TIMEOUT_S)
                 return 200, {**view, "leaseMs": self.lease_ms}
             if path == "/controller/alterSyncStateSet":
+                members = body["syncStateSet"]
+                if not isinstance(members, list):
+                    raise TypeError(f"'syncStateSet' is a list of node ids, got {members!r}")
                 out = self.state.alter_sync_state_set(
-                    str(body["brokerName"]), int(body["masterId"]), int(body["masterEpoch"]),
-                    int(body["syncStateSetEpoch"]), [int(i) for i in body["syncStateSet"]],
+                    str(body["brokerName"]), _id(body["masterId"], "masterId"),
+                    _id(body["masterEpoch"], "masterEpoch"),
+                    _id(body["syncStateSetEpoch"], "syncStateSetEpoch"),
+                    [_id(i, "syncStateSet") for i in members],
                     sync=True, timeout=COMMIT_TIMEOUT_S)
                 return (200 if out.get("ok") else 409), out
             if path == "/controller/electMaster":
                 name = str(body["brokerName"])
                 epoch = self.state.view(name).get("masterEpoch", 0)
-                out = self.state.elect(name, int(body["nodeId"]), epoch, sync=True,
+                out = self.state.elect(name, _id(body["nodeId"], "nodeId"), epoch, sync=True,
                                        timeout=COMMIT_TIMEOUT_S)
                 return (200 if out.get("ok") else 409), out
         except (KeyError, TypeError, ValueError) as e:
@@ -164,6 +174,14 @@ class Controller:
         except Exception as e:   # pysyncobj: no leader / no majority / timeout
             return 503, {"error": f"not committed by a majority of the controllers: {e!r}"}
         return 404, {"error": f"unknown path {path}"}
+
+
+def _id(value, name: str) -> int:
+    """A request's field ``name``: a whole number >= 0 (a node id, an epoch, an offset),
+    else ValueError naming what was wrong."""
+    if whole(value, name) < 0:
+        raise ValueError(f"{name!r} is >= 0, got {value}")
+    return value
 
 
 def _handler(controller: Controller):

@@ -21,7 +21,13 @@ reach a majority is not applied anywhere. Rules the commands keep:
   they have caught up with the new master).
 
 When to elect is decided by :meth:`ControllerState.election_due` on the leader
-(``server.ElectionService``): only after the master's lease has surely run out.
+(``server.ElectionService``): only after the master's lease has surely run out. That is
+judged on the node's own monotonic clock: each node notes when it applied each node's
+last heartbeat (local, not replicated), so no controller compares its clock with the
+wall clock of the one that took the heartbeat (a skew beyond the grace would elect a
+second master while the first still renews its lease, as RocketMQ's controller keeps its
+heartbeat table in the leader's memory for the same reason). ``lastSeenMs`` in the
+replicated state is the receiving node's wall clock, for operators only.
 
 Thread-safety: pysyncobj applies commands on its own thread; reads take a copy.
 """
@@ -29,23 +35,35 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
+from typing import Callable
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
 
 
 class ControllerState(SyncObj):
     """One controller node: ``self_addr`` ``host:port`` of its Raft port, ``peers`` the
     others'. ``secret`` encrypts and authenticates the Raft traffic (pysyncobj's
-    ``password``); ``journal_path`` keeps the log across restarts (None: memory)."""
+    ``password``); ``journal_path`` keeps the log across restarts (None: memory);
+    ``local_ms`` this node's own clock for leases (monotonic ms)."""
 
     def __init__(self, self_addr: str, peers: list[str], *, secret: str,
-                 journal_path: str | None = None):
+                 journal_path: str | None = None,
+                 local_ms: Callable[[], int] = monotonic_ms):
         conf = SyncObjConf(password=secret, journalFile=journal_path,
                            fullDumpFile=f"{journal_path}.dump" if journal_path else None,
                            dynamicMembershipChange=False, commandsWaitLeader=True,
                            raftMinTimeout=0.4, raftMaxTimeout=1.2, appendEntriesPeriod=0.05,
                            leaderFallbackTimeout=2.0, connectionRetryTime=1.0)
         self._groups: dict[str, dict] = {}
+        self._local_ms = local_ms
+        # (group, node) -> local_ms() when this node applied its last heartbeat (a log
+        # replayed at start counts as heard then: an election waits a lease longer)
+        self._heard: dict[tuple[str, int], int] = {}
         self._read_lock = threading.Lock()
         super().__init__(self_addr, peers, conf)
 
@@ -58,6 +76,7 @@ class ControllerState(SyncObj):
             "nodes": {}})
         g["nodes"][node_id] = {"endpoint": endpoint, "haEndpoint": ha_endpoint,
                                "offset": int(offset), "lastSeenMs": int(now_ms)}
+        self._heard[(broker_name, node_id)] = self._local_ms()
         if g["masterId"] is None and claims_master:
             g["masterId"], g["masterEpoch"] = node_id, g["masterEpoch"] + 1
             g["syncStateSet"], g["syncStateSetEpoch"] = [node_id], g["syncStateSetEpoch"] + 1
@@ -113,19 +132,24 @@ class ControllerState(SyncObj):
         return {name: {**self._view(name), "nodes": copy.deepcopy(g["nodes"])}
                 for name, g in list(self._groups.items())}
 
-    def election_due(self, now_ms: int, lease_ms: int, grace_ms: int) -> list[tuple]:
+    def election_due(self, lease_ms: int, grace_ms: int) -> list[tuple]:
         """(broker name, candidate node id, expected epoch) for each group whose master
-        has not heartbeaten for ``lease_ms + grace_ms`` (its lease has surely run out:
-        it stopped acknowledging ``grace_ms`` ago at the latest) and has a candidate:
-        the SyncStateSet member, heard within ``lease_ms``, with the most data."""
-        out = []
+        this node has not heard for ``lease_ms + grace_ms`` by its own clock (its lease
+        has surely run out: it stopped acknowledging ``grace_ms`` ago at the latest) and
+        has a candidate: the SyncStateSet member, heard within ``lease_ms``, with the
+        most data. (A node never heard here, as after a restore from a dump, counts as
+        heard now.)"""
+        now, out = self._local_ms(), []
         for name, g in list(self._groups.items()):
-            master = g["nodes"].get(g["masterId"])
-            if master is None or now_ms - master["lastSeenMs"] <= lease_ms + grace_ms:
+            nodes = dict(g["nodes"])     # (a copy: commands apply on pysyncobj's thread)
+            for i in nodes:
+                self._heard.setdefault((name, i), now)
+            if g["masterId"] not in nodes or \
+                    now - self._heard[(name, g["masterId"])] <= lease_ms + grace_ms:
                 continue
-            alive = [(n["offset"], -i, i) for i, n in g["nodes"].items()
+            alive = [(n["offset"], -i, i) for i, n in nodes.items()
                      if i != g["masterId"] and i in g["syncStateSet"]
-                     and now_ms - n["lastSeenMs"] <= lease_ms]
+                     and now - self._heard[(name, i)] <= lease_ms]
             if alive:
                 out.append((name, max(alive)[2], g["masterEpoch"]))
         return out

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from helpers.brokers import broker_config, sends_on_the_loop
+from helpers.clock import Clock
 from helpers.net import free_port
 from helpers.waiting import wait_until
 from sparkmq.broker import Broker
@@ -222,3 +223,73 @@ def test_unsigned_or_wrongly_signed_controller_writes_are_refused(controllers):
     assert wrong.heartbeat("evil", 0, "", "", 0, claims_master=True) is None
     right = ControllerClient(_addr(controllers), cluster_secret=SECRET)
     assert right.sync_state_set("evil").get("masterId") is None     # nothing registered
+
+
+def test_a_lagging_wall_clock_does_not_get_a_live_master_replaced(tmp_path):
+    """Leases are judged on the leader's own clock. The master's heartbeats go to a
+    controller whose wall clock is a minute behind (its ``lastSeenMs`` reads a minute
+    old on the leader's wall clock), the replica's to the leader: the live master is
+    kept; once it stops heartbeating it is replaced when the leader's clock has run past
+    its lease and grace, and not before. Each controller's clocks are manual
+    (``clock_ms`` its wall clock, ``local_ms`` its monotonic one)."""
+    raft = [free_port() for _ in range(3)]
+    peers = ";".join(f"n{i}-127.0.0.1:{p}" for i, p in enumerate(raft))
+    walls, locals_ = [Clock() for _ in range(3)], [Clock(0) for _ in range(3)]
+    nodes = [Controller(self_id=f"n{i}", peers=peers, cluster_secret=SECRET,
+                        lease_ms=LEASE_MS, grace_ms=GRACE_MS, clock_ms=walls[i],
+                        local_ms=locals_[i]).start() for i in range(3)]
+    try:
+        wait_until(lambda: any(c.state._isLeader() for c in nodes), "a Raft leader")
+        leader = next(c for c in nodes if c.state._isLeader())
+        lagging = next(i for i, c in enumerate(nodes) if c is not leader)
+        walls[lagging].advance(-60_000)                  # its wall clock a minute behind
+        via = {1: ControllerClient(nodes[lagging].address, cluster_secret=SECRET),
+               2: ControllerClient(leader.address, cluster_secret=SECRET)}
+
+        def beat(node: int, offset: int, **kw) -> None:
+            assert via[node].heartbeat("g", node, f"e{node}", f"h{node}", offset, **kw)
+            wait_until(lambda: leader.state.metadata().get("g", {}).get("nodes", {})
+                       .get(node, {}).get("offset") == offset, "the leader applied it")
+
+        def elapse(ms: int) -> None:
+            for clock in locals_ + walls:
+                clock.advance(ms)
+        beat(1, 10, claims_master=True)
+        beat(2, 10)
+        assert via[1].alter_sync_state_set("g", 1, 1, 1, [1, 2])["ok"]
+        for offset in (20, 30):                          # the master keeps renewing
+            elapse(LEASE_MS + GRACE_MS + 1)
+            beat(1, offset)
+            beat(2, offset)
+            assert leader.state.election_due(LEASE_MS, GRACE_MS) == [], "a live master"
+        assert leader.state.view("g")["masterId"] == 1
+        elapse(LEASE_MS)                                 # the master goes quiet
+        beat(2, 40)
+        assert leader.state.election_due(LEASE_MS, GRACE_MS) == [], "inside the grace"
+        elapse(GRACE_MS + 1)
+        beat(2, 41)
+        assert leader.state.election_due(LEASE_MS, GRACE_MS) == [("g", 2, 1)]
+        wait_until(lambda: leader.state.view("g")["masterId"] == 2, "node 2 elected")
+    finally:
+        for c in nodes:
+            c.stop()
+
+
+def test_signed_writes_with_malformed_numbers_are_refused_naming_the_field(controllers):
+    """A node id, epoch or offset is a whole number >= 0 (as the NameServer's fields:
+    ``properties.whole``): 1.5 was read as 1, true as 1, and 1e999 answered 503 (an
+    OverflowError taken for a lost majority). Each is a 400 naming the field; nothing
+    is registered."""
+    client = ControllerClient(_addr(controllers), cluster_secret=SECRET)
+    cases = [({"nodeId": 1.5}, "nodeId"), ({"nodeId": True}, "nodeId"),
+             ({"nodeId": -1}, "nodeId"), ({"nodeId": "1"}, "nodeId"),
+             ({"nodeId": 1, "offset": float("inf")}, "offset")]
+    for bad, field in cases:
+        code, body = client.request("/controller/heartbeat", {"brokerName": "bad", **bad})
+        assert code == 400 and f"'{field}'" in body["error"], (bad, body)
+    code, body = client.request("/controller/alterSyncStateSet", {
+        "brokerName": "bad", "masterId": 1, "masterEpoch": 1, "syncStateSetEpoch": 1,
+        "syncStateSet": "1,2"})
+    assert code == 400 and "syncStateSet" in body["error"]
+    assert client.sync_state_set("bad").get("masterId") is None
+    assert "bad" not in client.metadata()["groups"]
