@@ -5,7 +5,8 @@ the Nth next operation of one file kind of the store, wherever the store writes 
 
 * kinds: ``segment`` (commitlog/), ``commit`` (a ``_log/`` version: publishes, offset
   commits, retention, the lease), ``checkpoint`` (its manifest), ``sidecar`` (its parts),
-  ``last_checkpoint``, ``consumequeue`` and ``index`` (side-table Parquet), ``abort``;
+  ``last_checkpoint``, ``consumequeue`` and ``index`` (side-table Parquet), ``abort``,
+  ``folder`` (a folder's fsync, after a new name in it: a segment, a side table, a link);
 * operations: ``write`` (ENOSPC or EIO, optionally after part of the bytes went to the
   file, as a filling disk does), ``sync`` (fsync/fdatasync fails), ``link`` (the
   put-if-absent publish of a temporary file), ``unlink`` (removing that temporary file
@@ -83,6 +84,7 @@ KIND_OPS = {
     "consumequeue": ("write", "sync"),
     "index": ("write", "sync"),
     "abort": ("write", "sync"),
+    "folder": ("sync",),     # a folder's fsync: a new segment's, a side table's, a link's
 }
 TARGETS = [(k, op) for k, ops in KIND_OPS.items() for op in ops]
 #: what the rules arm: every target, and the hot path (a segment write) more often
@@ -119,7 +121,7 @@ class FaultPlan:
         if rel.startswith(".."):
             return "outside"
         if os.path.isdir(path):
-            return "folder"         # (a folder's fsync after a link: its failure is ignored)
+            return "folder"         # (after a landed link its failure is only logged)
         top, _, rest = rel.partition("/")
         name = os.path.basename(rel)
         if top == fmt.COMMITLOG_DIR:
