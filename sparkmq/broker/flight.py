@@ -384,6 +384,12 @@ class FlightService(fl.FlightServerBase):
     def _read(self, topic: str, queue: int, offset: int, limit: int, poll_ms: int) -> pa.Table:
         store, notifier = self.broker.store, self.broker.notifier
         self._require_topic(topic)
+        end = self.broker.receiver.past_end(topic, queue, offset)
+        if end is not None:          # no rows; where to read from instead (PROTOCOL.md)
+            table = store.read_table(topic, queue, end, end)
+            return table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                                  b"status": b"ILLEGAL_OFFSET",
+                                                  b"next": str(end).encode()})
         deadline = time.monotonic() + poll_ms / 1000.0
         while True:
             seen = notifier.version(topic, queue)

@@ -21,7 +21,9 @@ unknown transaction id -> INVALID_TRANSACTION_ID; stale or malformed receipt
 handle -> INVALID_RECEIPT_HANDLE; a send to a replica or a fenced master ->
 FORBIDDEN; fsync over syncFlushTimeout -> MASTER_PERSISTENCE_TIMEOUT (no
 replica ack in SYNC_MASTER -> SLAVE_PERSISTENCE_TIMEOUT / HA_NOT_AVAILABLE);
-nothing to receive after the long poll -> MESSAGE_NOT_FOUND.
+nothing to receive after the long poll -> MESSAGE_NOT_FOUND; a pull past a queue's end ->
+ILLEGAL_OFFSET, next_offset the end; a Heartbeat's unknown client type ->
+UNRECOGNIZED_CLIENT_TYPE.
 
 Broadcasting: the protocol has no field for it; the request metadata
 ``x-sparkmq-consume-mode: BROADCASTING`` on ReceiveMessage, AckMessage,
@@ -57,9 +59,9 @@ from .protocol import (OK, ClientIdRequired, Code, error_status, message_queue,
                        timestamp)
 from .schedule import SCHEDULE_TOPIC, RecallStatus, make_recall_handle, parse_recall_handle
 from .send import SendRows
-from .receive import run_here
+from .receive import PullStatus, run_here
 from .replicawait import finish, held, loop_waits
-from .telemetry import TelemetryMixin, client_id
+from .telemetry import CONSUMER_TYPES, TelemetryMixin, client_id, unrecognized_type
 from .transaction import UnknownTransaction
 from .grpc_server import Malformed, lenient
 from .plainsend import parsed, read_request, send_plain
@@ -221,10 +223,14 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
     # ------------------------------------------------------------ clients
     @guarded(spb.HeartbeatResponse)
     def Heartbeat(self, request, context):
-        group = request.group.name if request.HasField("group") else None
-        if group:
-            validate_group(group)
-        self.broker.clients.heartbeat(client_id(context), group, request.client_type)
+        """As the proxy's ClientActivity: a known client type (else UNRECOGNIZED_CLIENT_TYPE);
+        a consumer names its group (the rule's code if not); a producer's is not read."""
+        kind = request.client_type
+        refused = unrecognized_type(kind)
+        if refused is not None:
+            return spb.HeartbeatResponse(status=refused)
+        group = validate_group(request.group.name) if kind in CONSUMER_TYPES else None
+        self.broker.clients.heartbeat(client_id(context), group, kind)
         return spb.HeartbeatResponse(status=OK)
 
     @guarded(spb.NotifyClientTerminationResponse)
@@ -487,21 +493,27 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
             return
         batch = min(max(1, request.batch_size or 32), MAX_BATCH_SIZE)
         poll_ms = self._poll_ms(request, context)       # (answered before the deadline)
-        msgs, next_offset = await self.broker.receiver.pull_async(
+        pulled = await self.broker.receiver.pull_async(
             topic, qid, request.offset, batch, tag_filter, poll_ms, self.offload)
-        if not msgs:
+        if pulled.status is PullStatus.OFFSET_ILLEGAL:    # as the proxy's pull stream writer
+            yield spb.PullMessageResponse(status=status(Code.ILLEGAL_OFFSET, f"offset "
+                                          f"{request.offset} is past the queue's end "
+                                          f"{pulled.next_offset}; pull from next_offset"))
+        elif not pulled.messages:
             yield spb.PullMessageResponse(status=status(Code.MESSAGE_NOT_FOUND, "no new message"))
-            yield spb.PullMessageResponse(next_offset=next_offset)
-            return
-        yield spb.PullMessageResponse(status=OK)
-        for m in msgs:
-            yield spb.PullMessageResponse(message=message_to_pb(m))
-        yield spb.PullMessageResponse(next_offset=next_offset)
+        else:
+            yield spb.PullMessageResponse(status=OK)
+            for m in pulled.messages:
+                yield spb.PullMessageResponse(message=message_to_pb(m))
+        yield spb.PullMessageResponse(next_offset=pulled.next_offset)
 
     # ------------------------------------------------------------ transactions, recall, lite
     @guarded(spb.EndTransactionResponse)
     def EndTransaction(self, request, context):
-        """COMMIT makes the half message visible in its topic; ROLLBACK discards it."""
+        """COMMIT makes the half message visible in its topic; ROLLBACK discards it. As the
+        proxy's EndTransactionActivity, the topic is checked first (ILLEGAL_TOPIC) and a
+        blank transaction id is INVALID_TRANSACTION_ID; the message id is not read."""
+        validate_topic(request.topic.name)
         tx = self.broker.transactions
         if tx is None:
             return spb.EndTransactionResponse(status=status(
@@ -510,6 +522,10 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
         if res not in (pb.COMMIT, pb.ROLLBACK):
             return spb.EndTransactionResponse(status=status(
                 Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK"))
+        if not request.transaction_id.strip():
+            return spb.EndTransactionResponse(status=status(
+                Code.INVALID_TRANSACTION_ID, "transaction_id is empty; send the one the "
+                "transactional message's SendMessage answered"))
         try:
             tx.end(request.transaction_id, res == pb.COMMIT)
         except UnknownTransaction as e:

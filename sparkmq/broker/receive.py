@@ -15,10 +15,11 @@ each other (``offsets_lock``).
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import threading
 import time
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, NamedTuple
 
 from ..errors import PermissionDeniedError, QueueNotFoundError, SparkMQError, TopicNotFoundError
 from ..log.message import StoredMessage
@@ -30,6 +31,21 @@ log = logging.getLogger("sparkmq.broker.receive")
 MIN_WAIT_S = 0.01
 NACK_INVISIBLE_MS = 1_000      # a popped message a cancelled receive did not hand over
 CLIENT_EXPIRY_MS = 120_000
+
+
+class PullStatus(enum.Enum):
+    """The outcome of a pull (RocketMQ's PullStatus)."""
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"             # none within the long poll
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"     # read, none matched the filter
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"     # past the queue's end: next_offset is the end
+
+
+class PullResult(NamedTuple):
+    """A pull's outcome, matching messages and the offset to pull from next."""
+    status: PullStatus
+    messages: list[StoredMessage]
+    next_offset: int
 
 
 class ClientRegistry:
@@ -189,25 +205,45 @@ class ReceiveService:
         return seen, self.store.read(topic, qid, offset, batch)
 
     @staticmethod
-    def _pulled(msgs, tag_filter: TagFilter) -> tuple[list[StoredMessage], int]:
-        return [m for m in msgs if tag_filter.accepts(m)], msgs[-1].queue_offset + 1
+    def _pulled(msgs, tag_filter: TagFilter) -> PullResult:
+        matched = [m for m in msgs if tag_filter.accepts(m)]
+        return PullResult(PullStatus.FOUND if matched else PullStatus.NO_MATCHED_MSG,
+                          matched, msgs[-1].queue_offset + 1)
 
     async def pull_async(self, topic: str, qid: int, offset: int, batch: int,
                          tag_filter: TagFilter, poll_ms: int,
-                         offload: Callable[..., Awaitable]) -> tuple[list[StoredMessage], int]:
+                         offload: Callable[..., Awaitable]) -> PullResult:
         """Messages of one queue from ``offset`` (PullMessage), waiting up to ``poll_ms``
-        for the first one as a suspended request (see :meth:`receive_async`). Returns
-        (matching messages, next offset)."""
+        for the first one as a suspended request (see :meth:`receive_async`).
+
+        As RocketMQ's store and PullMessageProcessor: on a master, an offset past the
+        queue's end (max offset) is OFFSET_ILLEGAL at once, its next offset the end
+        (OFFSET_OVERFLOW_BADLY); at the end the pull waits (OFFSET_OVERFLOW_ONE). A replica
+        may be behind its master: it waits at any offset, as a slave does (no
+        offsetCheckInSlave). An offset below the first is read from the first (RocketMQ
+        answers OFFSET_TOO_SMALL with the first as next offset; sparkmq's PullConsumer
+        relies on this reading on, client/pull.py)."""
         deadline = time.monotonic() + poll_ms / 1000.0
         offset = max(offset, self.store.min_offset(topic, qid))
+        end = self.past_end(topic, qid, offset)
+        if end is not None:
+            return PullResult(PullStatus.OFFSET_ILLEGAL, [], end)
         while True:
             seen, msgs = await offload(self._try_read, topic, qid, offset, batch)
             if msgs:
                 return self._pulled(msgs, tag_filter)
             left = deadline - time.monotonic()
             if left <= 0 or not self._running():
-                return [], offset
+                return PullResult(PullStatus.NO_NEW_MSG, [], offset)
             await self.notifier.wait_async(topic, seen, left, qid)
+
+    def past_end(self, topic: str, qid: int, offset: int) -> int | None:
+        """The queue's end (max offset) if a read at ``offset`` is past it on a master
+        (RocketMQ's OFFSET_OVERFLOW_BADLY: the reader is moved back to the end, not left
+        to skip what arrives at the offsets between); else None. A replica may be behind
+        its master: None there (no offsetCheckInSlave). PullMessage's and DoGet's rule."""
+        end = self.store.max_offset(topic, qid)
+        return end if offset > end and self.broker.is_master else None
 
     def change_invisible(self, group, handle: str, invisible_ms: int, topic: str | None) -> str:
         """A new receipt handle for ``handle``'s message, invisible for ``invisible_ms``

@@ -25,6 +25,31 @@ from .protocol import OK, Code, duration, error_status, ms_of_duration, status
 
 log = logging.getLogger("sparkmq.broker.grpc")
 
+#: The client types that consume (the proxy's ``GrpcValidator.isConsumer``, with PULL_CONSUMER
+#: as its pull API has it): they send subscription settings and heartbeat with a group.
+CONSUMER_TYPES = frozenset({pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER, pb.PULL_CONSUMER})
+#: The client types a Heartbeat is answered for (the proxy's ClientActivity.heartbeat);
+#: any other (CLIENT_TYPE_UNSPECIFIED, the LITE_* consumers of lite topics, which this
+#: broker does not serve, a number outside the enum) gets UNRECOGNIZED_CLIENT_TYPE.
+HEARTBEAT_TYPES = CONSUMER_TYPES | {pb.PRODUCER}
+
+
+def client_type_name(client_type: int) -> str:
+    """``client_type``'s enum name, or its number when the enum has none."""
+    try:
+        return pb.ClientType.Name(client_type)
+    except ValueError:
+        return str(client_type)
+
+
+def unrecognized_type(client_type: int) -> pb.Status | None:
+    """UNRECOGNIZED_CLIENT_TYPE for a Heartbeat from a ``client_type`` outside
+    ``HEARTBEAT_TYPES``, else None."""
+    if client_type in HEARTBEAT_TYPES:
+        return None
+    return status(Code.UNRECOGNIZED_CLIENT_TYPE, f"client_type {client_type_name(client_type)} "
+                  "is not served here; send PRODUCER, PUSH_CONSUMER, SIMPLE_CONSUMER or "
+                  "PULL_CONSUMER")
 
 
 def retry_policy_pb(max_attempts: int, policy: dict) -> pb.RetryPolicy:
@@ -110,8 +135,6 @@ class TelemetryMixin:
         refused = self._settings_refusal(user, settings, source_ip)
         if refused is not None:
             return spb.TelemetryCommand(status=refused)
-        if settings.HasField("publishing"):
-            self.broker.streams.set_topics(cid, [t.name for t in settings.publishing.topics])
         return self._settings_reply(cid, settings)
 
     def _settings_refusal(self, user, settings: pb.Settings, source_ip) -> pb.Status | None:
@@ -126,12 +149,14 @@ class TelemetryMixin:
         cfg = self.broker.config
         out = pb.Settings()
         out.CopyFrom(s)
-        refused = _name_refusal(s)        # (before the client is known under the name)
+        # (both before the client is known under a topic or group)
+        refused = _name_refusal(s) or _kind_refusal(s)
         if refused is not None:
             log.info("client %s: %s", cid, refused.message)
             return spb.TelemetryCommand(status=refused, settings=out)
         metric_settings(self.broker, out.metric, s.client_type)
         if s.HasField("publishing"):
+            self.broker.streams.set_topics(cid, [t.name for t in s.publishing.topics])
             out.publishing.max_body_size = self.broker.store.config.max_message_size_bytes
             out.publishing.validate_message_type = True
             out.backoff_policy.CopyFrom(pb.RetryPolicy(
@@ -170,3 +195,21 @@ def _name_refusal(s: pb.Settings) -> pb.Status | None:
     except InvalidNameError as e:
         return error_status(e)
     return None
+
+
+def _kind_refusal(s: pb.Settings) -> pb.Status | None:
+    """BAD_REQUEST for settings the proxy does not take (ClientActivity
+    ``processAndWriteClientSettings``): neither publishing nor subscription (the proxy
+    ends the stream INVALID_ARGUMENT), or a subscription from a client type that does
+    not consume (the proxy fails the stream, registering no consumer); else None.
+    Publishing settings are taken from any client type, as the proxy takes them."""
+    if s.HasField("subscription"):
+        if s.client_type in CONSUMER_TYPES:
+            return None
+        return status(Code.BAD_REQUEST, f"subscription settings from client_type "
+                      f"{client_type_name(s.client_type)}: only a PUSH_CONSUMER, "
+                      "SIMPLE_CONSUMER or PULL_CONSUMER subscribes; send the consumer's type")
+    if s.HasField("publishing"):
+        return None
+    return status(Code.BAD_REQUEST, "the settings have neither publishing (a producer's) "
+                  "nor subscription (a consumer's); send one of them")

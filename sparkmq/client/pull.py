@@ -81,7 +81,9 @@ class PullConsumer:
     def pull(self, queue: Queue, offset: int, max_messages: int = 32, wait_s: float = 0.0,
              tag_expression: str = "*") -> tuple[list[ReceivedMessage], int]:
         """Messages of ``queue`` from ``offset`` (waits up to ``wait_s`` for the first);
-        returns (messages, next offset to pull from)."""
+        returns (messages, next offset to pull from). An offset past the queue's end on
+        its master returns no messages at once and the end as the next offset (as a
+        RocketMQ pull consumer corrects an OFFSET_ILLEGAL pull)."""
         fep = self._flight_endpoint(queue)
         if fep is not None:
             tags = tag_set(tag_expression)
@@ -99,6 +101,9 @@ class PullConsumer:
                     raise       # (offsets removed by retention: PullMessage starts at the first)
             else:
                 self._count("flight", table.num_rows)
+                meta = table.schema.metadata or {}
+                if meta.get(b"status") == b"ILLEGAL_OFFSET":   # past the end: read from there
+                    return [], int(meta[b"next"])
                 nxt = table.column("queue_offset")[-1].as_py() + 1 if table.num_rows else offset
                 return received_messages(table, queue.endpoint, tags), nxt
         req = spb.PullMessageRequest(
@@ -116,7 +121,8 @@ class PullConsumer:
                     out.append(ReceivedMessage.from_pb(r.message, queue.endpoint))
                 elif kind == "next_offset":
                     nxt = r.next_offset
-                elif kind == "status" and r.status.code not in (Code.OK, Code.MESSAGE_NOT_FOUND):
+                elif kind == "status" and r.status.code not in (
+                        Code.OK, Code.MESSAGE_NOT_FOUND, Code.ILLEGAL_OFFSET):  # (next_offset)
                     check(r.status, f"PullMessage {queue.topic}/{queue.queue_id}")
         except grpc.RpcError as e:
             raise BrokerUnavailableError(f"PullMessage at {queue.endpoint}: {e.code()} "

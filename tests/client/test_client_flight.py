@@ -156,6 +156,27 @@ def test_the_pull_consumer_reads_an_official_producers_messages_alike_over_both(
     assert len(pull_all(flight, "P", "TagB")) == 3
 
 
+def test_a_pull_past_the_end_is_moved_back_to_the_end_over_both_transports(make_broker,
+                                                                             closing):
+    """On the master, a pull at an offset past a queue's end answers no messages at once,
+    a long poll asked or not, and the end as the next offset (as a RocketMQ pull consumer
+    corrects an OFFSET_ILLEGAL pull): the message appended next is read from there, not
+    skipped. Alike over Flight (DoGet) and gRPC (PullMessage)."""
+    b = flight_broker(make_broker, defaultTopicQueueNums=1)
+    with Producer(b.endpoint) as p:
+        for i in range(3):
+            p.send(Message("PE", f"m{i}".encode()))
+        for n, transport in enumerate(("flight", "grpc")):
+            pc = closing(PullConsumer(b.endpoint, "GE", transport=transport))
+            q = pc.queues("PE")[0]
+            end = 3 + n
+            assert pc.pull(q, end + 7, wait_s=5) == ([], end), transport
+            p.send(Message("PE", f"next-{transport}".encode()))
+            msgs, nxt = pc.pull(q, end, wait_s=5)
+            assert [m.body for m in msgs] == [f"next-{transport}".encode()] and nxt == end + 1
+            assert pc.pulled_over[transport] == 1
+
+
 def test_offsets_committed_over_flight_are_what_getoffset_answers(make_broker, closing):
     b = flight_broker(make_broker, defaultTopicQueueNums=1)
     closing(Producer(b.endpoint)).send_batch([Message("O", b"x")] * 5)
