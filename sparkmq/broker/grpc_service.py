@@ -527,7 +527,7 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
                 Code.INVALID_TRANSACTION_ID, "transaction_id is empty; send the one the "
                 "transactional message's SendMessage answered"))
         try:
-            tx.end(request.transaction_id, res == pb.COMMIT)
+            tx.end(request.transaction_id, res == pb.COMMIT, request.topic.name)
         except UnknownTransaction as e:
             return spb.EndTransactionResponse(status=status(Code.INVALID_TRANSACTION_ID, e.message))
         return spb.EndTransactionResponse(status=OK)

@@ -5,11 +5,12 @@ Contract:
   topic ``RMQ_SYS_TRANS_HALF_TOPIC`` (queue 0), the real topic in property ``REAL_TOPIC``, the
   sending client in ``TRANS_CLIENT_ID`` and a fresh transaction id. Consumers and Spark
   readers of the real topic do not see it.
-- ``end(transaction_id, commit)``: COMMIT appends the real message (same body, tags, keys,
-  properties, unique key; type TRANSACTION) to its topic and an op record to
+- ``end(transaction_id, commit, topic)``: COMMIT appends the real message (same body, tags,
+  keys, properties, unique key; type TRANSACTION) to its topic and an op record to
   ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` in ONE store append (one record batch: both or neither);
-  ROLLBACK appends only the op. An unknown or already resolved transaction raises
-  ``UnknownTransaction``.
+  ROLLBACK appends only the op. An unknown or already resolved transaction, or one of
+  another topic than ``topic`` (the request's, which the caller was authorized for: as the
+  proxy finds a transaction by topic and id), raises ``UnknownTransaction``.
 - A half message unresolved ``transaction_timeout_ms`` (transactionTimeOut, 6 s) after it was
   stored is checked back; a producer may ask for a later first check with property
   ``CHECK_IMMUNITY_TIME_IN_SECONDS`` (the gRPC SystemProperties'
@@ -268,7 +269,7 @@ class TransactionService(ServiceThread):
         self.wakeup()
 
     # ------------------------------------------------------------ resolution
-    def end(self, transaction_id: str, commit: bool) -> None:
+    def end(self, transaction_id: str, commit: bool, topic: str | None = None) -> None:
         with self._lock:
             self._load()
             h = self._by_txid.get(transaction_id)
@@ -276,6 +277,10 @@ class TransactionService(ServiceThread):
                 raise UnknownTransaction(
                     f"transaction {transaction_id!r} is not pending on this broker (unknown, "
                     "already committed or rolled back)")
+            if topic is not None and topic != h.real_topic:
+                raise UnknownTransaction(
+                    f"transaction {transaction_id!r} is not pending for topic {topic!r}; "
+                    "end it with the topic its message was sent to")
             self._resolve(h, OP_COMMIT if commit else OP_ROLLBACK)
 
     def _resolve(self, h: Half, op: str) -> None:

@@ -247,6 +247,18 @@ def test_end_transaction_checks_its_topic_before_it_resolves(env, topic):
     assert _end(stub, "T", txid).code == Code.INVALID_TRANSACTION_ID     # (resolved now)
 
 
+def test_end_transaction_of_another_topics_transaction_finds_nothing(env):
+    """A transaction is found by its topic and id, as the proxy finds it: an end naming
+    another (legal, existing) topic is INVALID_TRANSACTION_ID and resolves nothing. (The
+    caller is authorized for the request's topic: else Pub on one topic would end
+    another's transactions.) The end with its own topic then resolves it."""
+    _, stub = env
+    txid = _half(stub)
+    st = _end(stub, "Empty", txid, pb.COMMIT)
+    assert st.code == Code.INVALID_TRANSACTION_ID and "for topic 'Empty'" in st.message, st
+    assert _end(stub, "T", txid).code == Code.OK
+
+
 @pytest.mark.parametrize("txid", ["", "   "])
 def test_end_transaction_with_a_blank_id_is_an_invalid_transaction_id(env, txid):
     """Said so (not "not pending"): the id was left out."""
