@@ -368,6 +368,14 @@ class FlightService(fl.FlightServerBase):
             seen = notifier.version(topic)            # any queue of the topic
             sent = False
             for q, offset in positions.items():
+                end = self.broker.receiver.past_end(topic, q, offset)
+                if end is not None:     # past the end: the reader goes on from it, as DoGet
+                    positions[q] = end
+                    schema = store.read_table(topic, q, end, end).schema
+                    yield (pa.RecordBatch.from_pylist([], schema=schema),
+                           json.dumps({"queue": q, "next": end}).encode())
+                    sent = True
+                    continue
                 hi = store.max_offset(topic, q)
                 if hi <= offset:
                     continue

@@ -175,6 +175,16 @@ def test_a_pull_past_the_end_is_moved_back_to_the_end_over_both_transports(make_
             msgs, nxt = pc.pull(q, end, wait_s=5)
             assert [m.body for m in msgs] == [f"next-{transport}".encode()] and nxt == end + 1
             assert pc.pulled_over[transport] == 1
+    pc = closing(PullConsumer(b.endpoint, "GE"))          # a followed read, past the end too
+    follow, got = pc.follow({pc.queues("PE")[0]: 50}), []
+    reader = threading.Thread(target=lambda: got.extend(
+        ([m.body for m in msgs], nxt) for _q, msgs, nxt in follow))
+    reader.start()
+    closing(Producer(b.endpoint)).send(Message("PE", b"followed"))
+    wait_until(lambda: len(got) >= 2, what="the followed message")
+    assert got[:2] == [([], 5), ([b"followed"], 6)]
+    follow.close()
+    reader.join(10)
 
 
 def test_offsets_committed_over_flight_are_what_getoffset_answers(make_broker, closing):
