@@ -38,11 +38,23 @@ import threading
 import time
 from typing import Callable
 
-from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
 
 
 def monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+class _Groups(SyncObjConsumer):
+    """The replicated groups, as a pysyncobj consumer: what it gets after its own
+    ``__init__`` goes into the dump that log compaction writes (and a lagging follower is
+    sent), and comes back from it. (pysyncobj leaves out of the dump whatever a SyncObj
+    had before its ``__init__`` ran: the groups once sat there, so a controller restarted
+    after a compaction had lost every group's master, epochs and SyncStateSet.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.groups: dict[str, dict] = {}
 
 
 class ControllerState(SyncObj):
@@ -59,13 +71,17 @@ class ControllerState(SyncObj):
                            dynamicMembershipChange=False, commandsWaitLeader=True,
                            raftMinTimeout=0.4, raftMaxTimeout=1.2, appendEntriesPeriod=0.05,
                            leaderFallbackTimeout=2.0, connectionRetryTime=1.0)
-        self._groups: dict[str, dict] = {}
+        self._store = _Groups()
         self._local_ms = local_ms
         # (group, node) -> local_ms() when this node applied its last heartbeat (a log
         # replayed at start counts as heard then: an election waits a lease longer)
         self._heard: dict[tuple[str, int], int] = {}
         self._read_lock = threading.Lock()
-        super().__init__(self_addr, peers, conf)
+        super().__init__(self_addr, peers, conf, consumers=[self._store])
+
+    @property
+    def _groups(self) -> dict[str, dict]:
+        return self._store.groups
 
     # ------------------------------------------------------------ commands
     @replicated

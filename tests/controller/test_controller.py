@@ -293,3 +293,38 @@ def test_signed_writes_with_malformed_numbers_are_refused_naming_the_field(contr
     assert code == 400 and "syncStateSet" in body["error"]
     assert client.sync_state_set("bad").get("masterId") is None
     assert "bad" not in client.metadata()["groups"]
+
+
+def test_a_controller_restarted_after_log_compaction_keeps_every_group(tmp_path):
+    """pysyncobj compacts its log into a dump (after logCompactionMinEntries entries or
+    logCompactionMinTime), and a restarted controller, or a follower sent the snapshot,
+    starts from it. The dump held no group (pysyncobj leaves out what a SyncObj had
+    before its own ``__init__``): after a compaction and a restart every group's master,
+    epochs and SyncStateSet were gone, and the next master claim started again at epoch
+    1. Now the groups live in a pysyncobj consumer whose state the dump holds."""
+    from sparkmq.controller.state import ControllerState
+    addr, journal = f"127.0.0.1:{free_port()}", str(tmp_path / "raft.journal")
+    state = ControllerState(addr, [], secret=SECRET, journal_path=journal)
+    try:
+        wait_until(state.isReady, "a one-node Raft ready")
+        state.heartbeat("g", 1, "e1", "h1", 10, 1, True, sync=True, timeout=5)
+        state.heartbeat("g", 2, "e2", "h2", 10, 1, sync=True, timeout=5)
+        assert state.alter_sync_state_set("g", 1, 1, 1, [1, 2], sync=True, timeout=5)["ok"]
+        assert state.elect("g", 2, 1, sync=True, timeout=5)["ok"]
+        before = state.view("g")
+        assert (before["masterId"], before["masterEpoch"], before["syncStateSetEpoch"]) \
+            == (2, 2, 3)
+        state.forceLogCompaction()
+        wait_until(lambda: state.getStatus()["log_len"] <= 2, "the log compacted into a dump")
+    finally:
+        state.destroy()
+    again = ControllerState(addr, [], secret=SECRET, journal_path=journal)
+    try:
+        wait_until(again.isReady, "the restarted node ready")
+        assert again.view("g") == before
+        assert again.metadata()["g"]["nodes"].keys() == {1, 2}
+        # a claim from the old master does not restart the group at epoch 1
+        view = again.heartbeat("g", 1, "e1", "h1", 10, 2, True, sync=True, timeout=5)
+        assert (view["masterId"], view["masterEpoch"]) == (2, 2)
+    finally:
+        again.destroy()
