@@ -480,14 +480,22 @@ def _sync_landed(folder: str, rel: str) -> None:
                   "may take it; check the disk", rel, exc)
 
 
+#: a folder's fsync answered with these means "not supported here" (some FUSE and network
+#: file systems), not a failed write: as PostgreSQL's fsync_fname, it is let pass
+_NO_FOLDER_SYNC = frozenset({errnos.EINVAL, errnos.EBADF, errnos.ENOTSUP, errnos.EOPNOTSUPP})
+
+
 def sync_folder(folder: str) -> None:
     """Make ``folder``'s entries durable (fsync of the folder): a file created, linked or
     renamed there is only sure to keep its name through a power loss after this (POSIX
     leaves it to the folder's fsync, as Kafka's and RocksDB's writers assume). Raises
-    the OSError."""
+    the OSError, unless the file system does not sync folders (``_NO_FOLDER_SYNC``)."""
     fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _NO_FOLDER_SYNC:
+            raise
     finally:
         os.close(fd)
 

@@ -194,3 +194,37 @@ def test_a_close_whose_fsync_fails_is_closed_and_the_next_writer_recovers(tmp_pa
     with Store.open(url, start_services=False) as again:
         assert again.recovered_from_crash
         assert [m.body for m in again.read("T", 0, 0, 10)] == [b"m0", b"m1", b"m2"]
+
+
+@pytest.mark.parametrize("code", [errno.EINVAL, errno.EIO])
+def test_a_folder_sync_the_file_system_does_not_support_is_let_pass(tmp_path, monkeypatch, code):
+    """Some FUSE and network file systems answer a folder's fsync with EINVAL (or EBADF,
+    ENOTSUP): that says they do not sync folders, not that a write failed, so a store
+    works there as it did before folders were synced (PostgreSQL's fsync_fname lets the
+    same pass). EIO on a folder's fsync refuses the operation, naming the file."""
+    import stat
+
+    from sparkmq.log import fs
+    real = os.fsync
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(code, os.strerror(code))
+        return real(fd)
+    faulty = types.SimpleNamespace(**{n: getattr(os, n) for n in dir(os)
+                                      if not n.startswith("__")})
+    faulty.fsync = fsync
+    monkeypatch.setattr(fs, "os", faulty)
+    url = str(tmp_path / "s")
+    if code == errno.EIO:
+        with pytest.raises(StoreIOError) as e:
+            Store.open(url, start_services=False)
+        assert e.value.errno == errno.EIO and e.value.path
+        return
+    with Store.open(url, start_services=False, mappedFileSizeCommitLog=4096) as store:
+        store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        for i in range(8):                               # rolls: new segments, side tables
+            store.append([Message("T", b"x" * 1500 + b"%d" % i)])
+        store.flush()
+    with Store.open(url, mode="r", create=False) as reader:
+        assert len(reader.read("T", 0, 0, 100)) == 8
