@@ -3,7 +3,9 @@ in the same run (issue 16 item 6).
 
 Rows (1 KiB messages):
 - batched throughput: batches of ``--batch`` messages over one DoPut stream, each batch
-  acknowledged before the next (ratio to Redis's pipelined XADD of the same batches,
+  acknowledged before the next, with the server process's CPU per batch then (every
+  thread, from /proc's schedstat) against the durable floor's (ratio to Redis's
+  pipelined XADD of the same batches,
   from bench_broker.py's Redis run, and to the floor: the same puts to a Flight server
   in another process that acks without storing; the floor's own ratio to Redis is the
   most any Python Flight server could reach on this machine; and to the durable floor:
@@ -107,6 +109,28 @@ FLOOR = DURABLE + textwrap.dedent("""
 """)
 
 
+def _cpu_ns(pid: int) -> int:
+    """CPU nanoseconds process ``pid``'s threads have run (their schedstat, which counts
+    a thread's run time exactly, not in 10 ms ticks); 0 where /proc does not tell."""
+    import glob
+    total = 0
+    for stat in glob.glob(f"/proc/{pid}/task/*/schedstat"):
+        try:
+            with open(stat) as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):   # (a thread that ended meanwhile)
+            continue
+    return total
+
+
+def _put_throughput_cpu(pid: int, port: int, n: int, big) -> tuple[float, float]:
+    """``_put_throughput``, and the server process's CPU per batch in us (all its
+    threads: the Flight handler, gRPC's own, the services)."""
+    before = _cpu_ns(pid)
+    tput = _put_throughput(port, n, big)
+    return tput, (_cpu_ns(pid) - before) / 1000 / (n // big.num_rows)
+
+
 def _put_round_trips(port: int, m: int, batch) -> list[float]:
     import pyarrow.flight as fl
     client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
@@ -181,8 +205,9 @@ def bench_durable_floor(tmp: str, n: int, batch_n: int, m: int) -> dict:
         wait_port(port)
         _put_throughput(port, 20 * batch_n, _batch("tput", batch_n))     # warm-up
         big = _batch("tput", batch_n)
-        return {"lat": _put_round_trips(port, m, _batch("lat", 1)),
-                "tput": _put_throughput(port, n, big),
+        lat = _put_round_trips(port, m, _batch("lat", 1))
+        tput, cpu = _put_throughput_cpu(p.pid, port, n, big)
+        return {"lat": lat, "tput": tput, "cpu": cpu,
                 "tput4": _put_throughput_streams(port, n, big, STREAMS)}
     finally:
         p.kill()
@@ -195,7 +220,7 @@ def bench_sparkmq_flight(tmp: str, n: int, batch_n: int, m: int) -> dict:
     flight = free_port()
     conf, port, _ = broker_conf(tmp, flushIntervalCommitLog=500, defaultTopicQueueNums=4,
                                 flightEnable="true", flightPort=flight)
-    with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port):
+    with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port) as broker:
         wait_port(flight)
         client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{flight}")
         big, one = _batch("tput", batch_n), _batch("lat", 1)
@@ -203,7 +228,7 @@ def bench_sparkmq_flight(tmp: str, n: int, batch_n: int, m: int) -> dict:
                                               "queue_id": pa.array([0], pa.int32())})
         _put_round_trips(flight, 1, big)                   # creates the topics
         _put_round_trips(flight, 1, e2e_one)
-        tput = _put_throughput(flight, n, big)
+        tput, cpu = _put_throughput_cpu(broker.pid, flight, n, big)
         tput4 = _put_throughput_streams(flight, n, big, STREAMS)
         lat = _put_round_trips(flight, m, one)
         e2e = _e2e(client, flight, e2e_one, m)
@@ -211,8 +236,8 @@ def bench_sparkmq_flight(tmp: str, n: int, batch_n: int, m: int) -> dict:
             {"topic": "e2e", "follow": [[0, 1 << 62]]}).encode())
         clients = {t: _bench_clients(f"127.0.0.1:{port}", t, n, batch_n, m)
                    for t in ("flight", "grpc")}
-    return {"tput": tput, "tput4": tput4, "lat": lat, "e2e": e2e, "follow": follow,
-            "clients": clients}
+    return {"tput": tput, "cpu": cpu, "tput4": tput4, "lat": lat, "e2e": e2e,
+            "follow": follow, "clients": clients}
 
 
 def _bench_clients(endpoint: str, transport: str, n: int, batch_n: int, m: int) -> dict:
@@ -361,6 +386,10 @@ def main(argv=None) -> int:
               f"{red['tput']:>16.0f}{durable['tput'] / red['tput']:>8.2f}  (vs Redis pipelined)")
     print(f"{'batched throughput (msg/s)':<34}{ours['tput']:>16.0f}{floor['tput']:>16.0f}"
           f"{ours['tput'] / floor['tput']:>8.2f}  (vs the same puts, empty Flight server)")
+    if ours["cpu"] and durable["cpu"]:
+        print(f"{'server CPU per batched put (us)':<34}{ours['cpu']:>16.0f}"
+              f"{durable['cpu']:>16.0f}{ours['cpu'] / durable['cpu']:>8.2f}"
+              "  (vs the durable floor's: every thread of the server)")
     print(f"{f'{STREAMS} streams at once (msg/s)':<34}{ours['tput4']:>16.0f}"
           f"{durable['tput4']:>16.0f}{ours['tput4'] / durable['tput4']:>8.2f}"
           f"  (vs the durable floor, {STREAMS} streams)")
