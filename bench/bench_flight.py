@@ -46,6 +46,7 @@ STREAMS = 4                 # concurrent producers' DoPut streams in the "at onc
 sys.path.insert(0, HERE)
 from bench_broker import (BODY, bench_redis, broker_conf, free_port, pct,  # noqa: E402
                           process, wait_port)
+from bench_ha import process_cpu_s  # noqa: E402
 from sparkmq.progress import track  # noqa: E402
 
 # The durable floor's put: a store's least work per batch (also timed in process by
@@ -109,26 +110,12 @@ FLOOR = DURABLE + textwrap.dedent("""
 """)
 
 
-def _cpu_ns(pid: int) -> int:
-    """CPU nanoseconds process ``pid``'s threads have run (their schedstat, which counts
-    a thread's run time exactly, not in 10 ms ticks); 0 where /proc does not tell."""
-    import glob
-    total = 0
-    for stat in glob.glob(f"/proc/{pid}/task/*/schedstat"):
-        try:
-            with open(stat) as f:
-                total += int(f.read().split()[0])
-        except (OSError, ValueError, IndexError):   # (a thread that ended meanwhile)
-            continue
-    return total
-
-
 def _put_throughput_cpu(pid: int, port: int, n: int, big) -> tuple[float, float]:
     """``_put_throughput``, and the server process's CPU per batch in us (all its
     threads: the Flight handler, gRPC's own, the services)."""
-    before = _cpu_ns(pid)
+    before = process_cpu_s(pid)
     tput = _put_throughput(port, n, big)
-    return tput, (_cpu_ns(pid) - before) / 1000 / (n // big.num_rows)
+    return tput, (process_cpu_s(pid) - before) * 1e6 / (n // big.num_rows)
 
 
 def _put_round_trips(port: int, m: int, batch) -> list[float]:
