@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 
+from .durable import makedirs_durably, sync_folder
 from .errors import InvalidConfigError
 
 SECRET_BYTES = 32
@@ -41,7 +42,7 @@ def load_or_create(path: str, nbytes: int = SECRET_BYTES) -> tuple[str, bool]:
         return read_secret(path), False
     except FileNotFoundError:
         pass
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    makedirs_durably(os.path.dirname(os.path.abspath(path)))
     secret = secrets.token_urlsafe(nbytes)
     while secret.startswith("-"):          # "--token -abc" would read as an option
         secret = secrets.token_urlsafe(nbytes)
@@ -57,4 +58,7 @@ def load_or_create(path: str, nbytes: int = SECRET_BYTES) -> tuple[str, bool]:
         return read_secret(path), False
     finally:
         os.unlink(tmp)
+    # its name kept through a power loss: else a new secret is made at the next start,
+    # and every client and peer holding this one is refused
+    sync_folder(os.path.dirname(os.path.abspath(path)))
     return secret, True

@@ -42,6 +42,7 @@ import os
 import numpy as np
 
 from ..admin_auth import local_store_dir
+from ..durable import makedirs_durably, replace_durably
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class TimerLog:
 
     def __init__(self, folder: str):
         self.folder = folder
-        os.makedirs(folder, exist_ok=True)
+        makedirs_durably(folder)
         self._fds: dict[int, int] = {}
 
     def _path(self, base: int) -> str:
@@ -161,7 +162,7 @@ class TimerWheel:
         or is inconsistent (indexed past ``max_indexed``, the queue's end in the store), a
         new empty one (indexing from ``indexed_up_to``, delivered before ``wheel_second``)
         and the reason the old one was not used."""
-        os.makedirs(folder, exist_ok=True)
+        makedirs_durably(folder)
         path = os.path.join(folder, WHEEL_FILE)
         reason = "no timer wheel yet"
         if os.path.exists(path):
@@ -203,13 +204,8 @@ class TimerWheel:
         raw = bytearray(hdr.tobytes())
         sid = store_id.encode()[:STORE_ID_BYTES]
         raw[STORE_ID_AT:STORE_ID_AT + len(sid)] = sid
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(bytes(raw))
-            f.write(body.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)           # whole or absent: never a half-made wheel
+        # whole or absent, and its name kept through a power loss: never a half-made wheel
+        replace_durably(path, bytes(raw) + body.tobytes())
 
     def _mismatch(self, slots: int, queue_id: int, store_id: str) -> str | None:
         h = self._hdr

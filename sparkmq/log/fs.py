@@ -50,6 +50,7 @@ from typing import Iterable
 
 import pyarrow as pa
 
+from ..durable import makedirs_durably, sync_folder
 from ..errors import InvalidConfigError, StoreIOError
 
 log = logging.getLogger("sparkmq.log.fs")
@@ -478,41 +479,3 @@ def _sync_landed(folder: str, rel: str) -> None:
     except OSError as exc:
         log.error("%s was written but its folder could not be synced (%s): a power loss "
                   "may take it; check the disk", rel, exc)
-
-
-#: a folder's fsync answered with these means "not supported here" (some FUSE and network
-#: file systems), not a failed write: as PostgreSQL's fsync_fname, it is let pass
-_NO_FOLDER_SYNC = frozenset({errnos.EINVAL, errnos.EBADF, errnos.ENOTSUP, errnos.EOPNOTSUPP})
-
-
-def sync_folder(folder: str) -> None:
-    """Make ``folder``'s entries durable (fsync of the folder): a file created, linked or
-    renamed there is only sure to keep its name through a power loss after this (POSIX
-    leaves it to the folder's fsync, as Kafka's and RocksDB's writers assume). Raises
-    the OSError, unless the file system does not sync folders (``_NO_FOLDER_SYNC``)."""
-    fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in _NO_FOLDER_SYNC:
-            raise
-    finally:
-        os.close(fd)
-
-
-def makedirs_durably(path: str) -> None:
-    """``os.makedirs(path, exist_ok=True)``, each folder it creates made durable in its
-    parent (:func:`sync_folder`), so a power loss cannot take a folder whose files were
-    synced. Raises the OSError."""
-    if os.path.isdir(path):
-        return
-    parent = os.path.dirname(path)
-    if parent and parent != path:
-        makedirs_durably(parent)
-    try:
-        os.mkdir(path)
-    except FileExistsError:       # (made meanwhile by another thread or process)
-        if not os.path.isdir(path):
-            raise
-        return
-    sync_folder(parent or ".")

@@ -34,6 +34,7 @@ from typing import Callable
 
 import pyarrow as pa
 
+from ..durable import makedirs_durably, sync_folder
 from ..errors import CorruptStoreError, HAProtocolError, InvalidConfigError
 from ..lifecycle import ServiceThread
 from . import format as fmt
@@ -43,7 +44,6 @@ from .actions import (Action, AddFile, ConsumerOffset, GroupConfig, RemoveFile, 
                       TopicConfig)
 from .auth_actions import Acl, User
 from .commitlog import SegmentRef
-from .fs import makedirs_durably, sync_folder
 from .store import Store
 from .topics import group_delete_actions
 from .txlog import LogState

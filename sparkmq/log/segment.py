@@ -28,10 +28,11 @@ from typing import Iterator
 
 import pyarrow as pa
 
+from ..durable import makedirs_durably, sync_folder
 from ..errors import CorruptStoreError
 from . import checksum
 from . import format as fmt
-from .fs import StoreFS, makedirs_durably, preallocate, start_writeback, sync_folder
+from .fs import StoreFS, preallocate, start_writeback
 
 try:
     from .. import _ipc

@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..durable import makedirs_durably, replace_durably
 from ..errors import InvalidConfigError
 from ..properties import whole
 
@@ -199,17 +200,7 @@ def _load_masters(path: str) -> dict[str, dict]:
 
 
 def _save_masters(path: str, masters: dict[str, dict]) -> None:
-    """Write the fencing memory atomically: temp file, fsync, rename, fsync the folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"masters": masters}, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """Write the fencing memory so a power loss leaves it whole, old or new
+    (:func:`~sparkmq.durable.replace_durably`)."""
+    makedirs_durably(os.path.dirname(os.path.abspath(path)))
+    replace_durably(path, json.dumps({"masters": masters}, sort_keys=True).encode())

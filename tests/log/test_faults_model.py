@@ -20,8 +20,8 @@ header too (the regression at the end: SegmentWriter once took a short header as
 written, and a crash then lost the acknowledged messages after it).
 
 The faults are real OSErrors raised where the OS would raise them: the segment module's
-and the file layer's ``os`` calls (:class:`FaultyOS`, over ``segment.os`` and ``fs.os``)
-and the file layer's ``open`` (:class:`FaultyFile`). Nothing above the file layer is
+and the file layer's ``os`` calls (:class:`FaultyOS`, over ``segment.os``, ``fs.os`` and
+``durable.os``: every folder's fsync) and the file layer's ``open`` (:class:`FaultyFile`). Nothing above the file layer is
 replaced. Other rules append batches (several topics and queues, 4 KiB segments that
 roll), flush (fsync + publish), publish, commit a group's offsets, remove the oldest
 segment (retention) and delete removed files, reopen cleanly or abandon the store as a
@@ -59,7 +59,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sparkmq import ASYNC_FLUSH, Message, Store
+from sparkmq import ASYNC_FLUSH, Message, Store, durable
 from sparkmq.errors import SparkMQError, StoreIOError
 from sparkmq.log import format as fmt
 from sparkmq.log import fs as fsmod
@@ -272,6 +272,7 @@ def install(plan: FaultPlan) -> None:
     faulty = FaultyOS(plan)
     seg.os = faulty
     fsmod.os = faulty
+    durable.os = faulty          # (every folder's fsync)
 
     def faulty_open(path, mode="r", *args, **kw):
         f = open(path, mode, *args, **kw)
@@ -282,6 +283,7 @@ def install(plan: FaultPlan) -> None:
 def uninstall() -> None:
     seg.os = os
     fsmod.os = os
+    durable.os = os
     fsmod.__dict__.pop("open", None)
 
 

@@ -204,7 +204,7 @@ def test_a_folder_sync_the_file_system_does_not_support_is_let_pass(tmp_path, mo
     same pass). EIO on a folder's fsync refuses the operation, naming the file."""
     import stat
 
-    from sparkmq.log import fs
+    from sparkmq import durable
     real = os.fsync
 
     def fsync(fd):
@@ -214,7 +214,7 @@ def test_a_folder_sync_the_file_system_does_not_support_is_let_pass(tmp_path, mo
     faulty = types.SimpleNamespace(**{n: getattr(os, n) for n in dir(os)
                                       if not n.startswith("__")})
     faulty.fsync = fsync
-    monkeypatch.setattr(fs, "os", faulty)
+    monkeypatch.setattr(durable, "os", faulty)      # (every folder's fsync)
     url = str(tmp_path / "s")
     if code == errno.EIO:
         with pytest.raises(StoreIOError) as e:
