@@ -38,7 +38,17 @@ import threading
 import time
 from typing import Callable
 
+import pysyncobj.syncobj
 from pysyncobj import SyncObj, SyncObjConf, SyncObjConsumer, replicated
+
+from .journal import create_journal
+
+# pysyncobj builds each SyncObj's journal with its module's ``createJournal``: the
+# controller's is durable (journal.py: entries, term and vote fsynced before Raft uses them)
+if not callable(getattr(pysyncobj.syncobj, "createJournal", None)):
+    raise ImportError("this pysyncobj builds its journal another way: the controller needs "
+                      "pysyncobj 0.3.x (pip install 'pysyncobj>=0.3.14,<0.4')")
+pysyncobj.syncobj.createJournal = create_journal
 
 
 def monotonic_ms() -> int:
