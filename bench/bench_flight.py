@@ -272,14 +272,17 @@ def _e2e(client, port: int, one, m: int) -> list[float]:
     import pyarrow as pa
     out = []
     writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), one.schema)
+    # the consumer's own connection, kept across polls as a consumer keeps it (and as
+    # _floor_e2e's poller does: until 2026-11-28 each poll here opened a new client)
+    poller = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}")
     for _ in track(range(m), "round trips"):
         writer.write_batch(one)               # the offset the next message will get
         a = pa.ipc.open_stream(reader.read()).read_all()
         offset = a.column("queue_offset")[0].as_py() + 1
         ticket = fl.Ticket(json.dumps({"topic": "e2e", "queue": 0, "offset": offset,
                                        "max": 1, "pollMs": 5000}).encode())
-        took = _put_waking(writer, reader, one, lambda: fl.FlightClient(
-            f"grpc+tcp://127.0.0.1:{port}").do_get(ticket).read_all().num_rows)
+        took = _put_waking(writer, reader, one,
+                           lambda: poller.do_get(ticket).read_all().num_rows)
         if took is not None:
             out.append(took)
     writer.done_writing()
