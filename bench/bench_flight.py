@@ -27,7 +27,14 @@ Rows (1 KiB messages):
   throughput, ``Producer.send`` p50, and ``PullConsumer.pull`` throughput reading what
   the batches stored (4 queues, 1,000 messages a pull).
 
-    .venv/bin/python bench/bench_flight.py [--quick]
+    .venv/bin/python bench/bench_flight.py [--quick] [--paired ROUNDS]
+
+``--paired ROUNDS``: only the two rows a noisy host moves most, measured in alternation
+instead of one system after another: sparkmq's broker, Redis and the two floor servers run
+at once, and each round times a slice of the batched puts (and of the one-message round
+trips) on each in turn, the order rotating; printed is each ratio's median over the
+rounds and its range. A host whose speed drifts over a run moves every system in a round
+alike, where the sequential run (a minute apart) can move one alone.
 """
 from __future__ import annotations
 
@@ -44,8 +51,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 STREAMS = 4                 # concurrent producers' DoPut streams in the "at once" row
 sys.path.insert(0, HERE)
-from bench_broker import (BODY, bench_redis, broker_conf, free_port, pct,  # noqa: E402
-                          process, wait_port)
+from bench_broker import (BODY, bench_redis, broker_conf, ensure_apt,  # noqa: E402
+                          ensure_pip, free_port, pct, process, wait_port)
 from bench_ha import process_cpu_s  # noqa: E402
 from sparkmq.progress import track  # noqa: E402
 
@@ -351,12 +358,126 @@ def _follow_e2e(port: int, m: int, one, ticket: bytes) -> list[float]:
     return out
 
 
+def _redis_pipeline(port: int, batch: int):
+    """A call that sends ``batch`` XADDs to Redis on ``port`` as one pipeline and reads
+    the replies (bench_broker.py's pipelined send)."""
+    import redis
+    r = redis.Redis(port=port)
+    r.ping()
+
+    def send() -> None:
+        pipe = r.pipeline(transaction=False)
+        for _ in range(batch):
+            pipe.xadd("tput", {"b": BODY})
+        pipe.execute()
+    return send
+
+
+def _timed(call, times: int) -> float:
+    """Seconds ``times`` calls of ``call`` take."""
+    t0 = time.perf_counter()
+    for _ in range(times):
+        call()
+    return time.perf_counter() - t0
+
+
+class _FlightPut:
+    """A call that puts ``batch`` on one DoPut stream to ``port`` and reads its ack;
+    ``close`` ends the stream."""
+
+    def __init__(self, port: int, batch):
+        import pyarrow.flight as fl
+        self.batch = batch
+        self.writer, self.reader = fl.FlightClient(f"grpc+tcp://127.0.0.1:{port}").do_put(
+            fl.FlightDescriptor.for_path("send"), batch.schema)
+
+    def __call__(self) -> None:
+        self.writer.write_batch(self.batch)
+        self.reader.read()
+
+    def close(self) -> None:
+        self.writer.done_writing()
+        self.writer.close()
+
+
+def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int) -> int:
+    """``--paired``: see the module docstring."""
+    import statistics
+    redis_bin = ensure_apt("redis-server", "redis-server")
+    if not redis_bin or not ensure_pip("redis", "redis", "hiredis"):
+        print("redis-server is not available: --paired needs it", file=sys.stderr)
+        return 1
+    flight, rport = free_port(), free_port()
+    conf, port, _ = broker_conf(tmp, flushIntervalCommitLog=500, defaultTopicQueueNums=4,
+                                flightEnable="true", flightPort=flight)
+    floors = {"empty": free_port(), "durable": free_port()}
+    procs = [subprocess.Popen([sys.executable, "-c", FLOOR, str(floors["empty"])]),
+             subprocess.Popen([sys.executable, "-c", FLOOR, str(floors["durable"]),
+                               os.path.join(tmp, "floor.log")])]
+    redis_cmd = [redis_bin, "--port", str(rport), "--bind", "127.0.0.1", "--dir", tmp,
+                 "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+                 "--protected-mode", "no"]
+    try:
+        with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port), \
+                process(redis_cmd, rport):
+            for p in [flight, *floors.values()]:
+                wait_port(p)
+            big, one = _batch("tput", batch_n), _batch("lat", 1)
+            batched = {"sparkmq": _FlightPut(flight, big), "redis": _redis_pipeline(
+                rport, batch_n), "durable floor": _FlightPut(floors["durable"], big)}
+            single = {"sparkmq": _FlightPut(flight, one),
+                      "empty floor": _FlightPut(floors["empty"], one),
+                      "durable floor": _FlightPut(floors["durable"], one)}
+            for call in [*batched.values(), *single.values()]:
+                _timed(call, 50)                          # warm-up (and the topics made)
+            per_round, lat_round = n // batch_n // rounds, m // rounds
+            tput = {k: [] for k in batched}
+            lat = {k: [] for k in single}
+            for r in track(range(rounds), "paired rounds"):
+                names = list(batched)[r % 3:] + list(batched)[:r % 3]
+                for k in names:
+                    tput[k].append(per_round * batch_n / _timed(batched[k], per_round))
+                for k in list(single)[r % 3:] + list(single)[:r % 3]:
+                    samples = []
+                    for _ in range(lat_round):
+                        samples.append(_timed(single[k], 1))
+                    lat[k].append(statistics.median(samples))
+            for call in [*batched.values(), *single.values()]:
+                if isinstance(call, _FlightPut):
+                    call.close()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+    def row(label: str, num: list[float], den: list[float]) -> None:
+        ratios = sorted(a / b for a, b in zip(num, den))
+        print(f"{label:<52}{statistics.median(ratios):>8.2f}  "
+              f"({ratios[0]:.2f}-{ratios[-1]:.2f})")
+    print(f"# 1 KiB messages, batches of {batch_n}; {rounds} rounds in alternation, "
+          f"{per_round} batches and {lat_round} one-message round trips per system a round")
+    print(f"{'ratio (median over rounds, range)':<52}{'median':>8}")
+    row("batched: sparkmq flight / Redis pipelined", tput["sparkmq"], tput["redis"])
+    row("batched: durable floor / Redis pipelined", tput["durable floor"], tput["redis"])
+    row("batched: sparkmq flight / durable floor", tput["sparkmq"], tput["durable floor"])
+    row("sync send p50: sparkmq flight / empty round trip", lat["sparkmq"],
+        lat["empty floor"])
+    row("sync send p50: durable floor / empty round trip", lat["durable floor"],
+        lat["empty floor"])
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--batch", type=int, default=100)
+    ap.add_argument("--paired", type=int, metavar="ROUNDS",
+                    help="only the batched and sync rows, ROUNDS rounds in alternation")
     args = ap.parse_args(argv)
     n, m = (20_000, 200) if args.quick else (100_000, 1_000)
+    if args.paired:
+        with tempfile.TemporaryDirectory(prefix="bench-paired-") as tmp:
+            return paired(tmp, args.paired, 4 * n, args.batch, 4 * m)
     with tempfile.TemporaryDirectory(prefix="bench-flight-") as tmp:
         ours = bench_sparkmq_flight(tmp, n, args.batch, m)
     with tempfile.TemporaryDirectory(prefix="bench-redis-") as tmp:
