@@ -27,14 +27,15 @@ Rows (1 KiB messages):
   throughput, ``Producer.send`` p50, and ``PullConsumer.pull`` throughput reading what
   the batches stored (4 queues, 1,000 messages a pull).
 
-    .venv/bin/python bench/bench_flight.py [--quick] [--paired ROUNDS]
+    .venv/bin/python bench/bench_flight.py [--quick] [--paired ROUNDS [--pin]]
 
 ``--paired ROUNDS``: only the two rows a noisy host moves most, measured in alternation
 instead of one system after another: sparkmq's broker, Redis and the two floor servers run
 at once, and each round times a slice of the batched puts (and of the one-message round
 trips) on each in turn, the order rotating; printed is each ratio's median over the
 rounds and its range. A host whose speed drifts over a run moves every system in a round
-alike, where the sequential run (a minute apart) can move one alone.
+alike, where the sequential run (a minute apart) can move one alone. ``--pin``: every
+server's threads on CPU 0 and the clients on CPU 1, as servers on cores of their own.
 """
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ STREAMS = 4                 # concurrent producers' DoPut streams in the "at onc
 sys.path.insert(0, HERE)
 from bench_broker import (BODY, bench_redis, broker_conf, ensure_apt,  # noqa: E402
                           ensure_pip, free_port, pct, process, wait_port)
-from bench_ha import process_cpu_s  # noqa: E402
+from bench_ha import pin_threads, process_cpu_s  # noqa: E402
 from sparkmq.progress import track  # noqa: E402
 
 # The durable floor's put: a store's least work per batch (also timed in process by
@@ -400,7 +401,7 @@ class _FlightPut:
         self.writer.close()
 
 
-def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int) -> int:
+def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int, pin: bool) -> int:
     """``--paired``: see the module docstring."""
     import statistics
     redis_bin = ensure_apt("redis-server", "redis-server")
@@ -418,10 +419,14 @@ def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int) -> int:
                  "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
                  "--protected-mode", "no"]
     try:
-        with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port), \
-                process(redis_cmd, rport):
+        with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port) as broker, \
+                process(redis_cmd, rport) as red:
             for p in [flight, *floors.values()]:
                 wait_port(p)
+            if pin:     # every server on CPU 0, this process (the clients) on CPU 1
+                for pid in (broker.pid, red.pid, *(p.pid for p in procs)):
+                    pin_threads(pid, 0)
+                os.sched_setaffinity(0, {1})
             big, one = _batch("tput", batch_n), _batch("lat", 1)
             batched = {"sparkmq": _FlightPut(flight, big), "redis": _redis_pipeline(
                 rport, batch_n), "durable floor": _FlightPut(floors["durable"], big)}
@@ -455,7 +460,8 @@ def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int) -> int:
         print(f"{label:<52}{statistics.median(ratios):>8.2f}  "
               f"({ratios[0]:.2f}-{ratios[-1]:.2f})")
     print(f"# 1 KiB messages, batches of {batch_n}; {rounds} rounds in alternation, "
-          f"{per_round} batches and {lat_round} one-message round trips per system a round")
+          f"{per_round} batches and {lat_round} one-message round trips per system a round"
+          + ("; servers pinned to CPU 0, clients to CPU 1" if pin else ""))
     print(f"{'ratio (median over rounds, range)':<52}{'median':>8}")
     row("batched: sparkmq flight / Redis pipelined", tput["sparkmq"], tput["redis"])
     row("batched: durable floor / Redis pipelined", tput["durable floor"], tput["redis"])
@@ -473,11 +479,13 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--paired", type=int, metavar="ROUNDS",
                     help="only the batched and sync rows, ROUNDS rounds in alternation")
+    ap.add_argument("--pin", action="store_true",
+                    help="with --paired: every server on CPU 0, the clients on CPU 1")
     args = ap.parse_args(argv)
     n, m = (20_000, 200) if args.quick else (100_000, 1_000)
     if args.paired:
         with tempfile.TemporaryDirectory(prefix="bench-paired-") as tmp:
-            return paired(tmp, args.paired, 4 * n, args.batch, 4 * m)
+            return paired(tmp, args.paired, 4 * n, args.batch, 4 * m, args.pin)
     with tempfile.TemporaryDirectory(prefix="bench-flight-") as tmp:
         ours = bench_sparkmq_flight(tmp, n, args.batch, m)
     with tempfile.TemporaryDirectory(prefix="bench-redis-") as tmp:
