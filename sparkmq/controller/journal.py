@@ -69,7 +69,8 @@ class DurableJournal(Journal):
     def __init__(self, path: str):
         self._path, self._dump = path, f"{path}.dump"
         makedirs_durably(os.path.dirname(os.path.abspath(path)))
-        if not os.path.exists(path):
+        if not os.path.exists(path) or os.path.getsize(path) == 0:
+            # (an empty file: pysyncobj's own creation cut short, before any entry)
             replace_durably(path, _header())
         self._fd = os.open(path, os.O_RDWR)
         self._entries: list[tuple] = []

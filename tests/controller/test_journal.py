@@ -155,3 +155,13 @@ def test_a_damaged_journal_is_refused_saying_what_to_do(tmp_path):
         f.write(b"not a journal")
     with pytest.raises(InvalidConfigError, match="not a pysyncobj journal"):
         DurableJournal(path)
+    os.truncate(path, 0)            # a creation cut short: a new, empty journal
+    j = DurableJournal(path)
+    assert len(j) == 0
+    j.add(b"first", 1, 1)
+    j._destroy()
+    j = DurableJournal(path)
+    try:
+        assert [j[i] for i in range(len(j))] == [(b"first", 1, 1)]
+    finally:
+        j._destroy()
