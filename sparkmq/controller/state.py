@@ -8,8 +8,9 @@ unique in the group).
 
 Every change is a Raft command applied in the same order on every controller
 (``pysyncobj``, a maintained Python Raft library: leader election, log
-replication, persistence of the log, the majority rule); a command that cannot
-reach a majority is not applied anywhere. Rules the commands keep:
+replication, persistence of the log, the majority rule; its journal is the
+controller's own, fsynced where pysyncobj's is not: ``journal.py``); a command that
+cannot reach a majority is not applied anywhere. Rules the commands keep:
 
 * ``heartbeat`` records a node; the first node of a group with no master that
   starts as a master (its configured role) becomes its master (epoch 1,
