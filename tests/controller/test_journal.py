@@ -62,6 +62,48 @@ def test_a_power_cut_keeps_every_acknowledged_command_and_the_term(tmp_path, com
         again.destroy()
 
 
+@pytest.mark.integration
+def test_three_controllers_cut_at_once_come_back_with_the_elected_master(tmp_path):
+    """A majority (here all three) of the controllers lose power at the same instant
+    after a failover was committed: once they restart from what they had fsynced, the
+    group's master, epochs and SyncStateSet are the ones they had agreed on."""
+    root = tmp_path / "controllers"
+    root.mkdir()
+    addrs = [f"127.0.0.1:{free_port()}" for _ in range(3)]
+    journals = [str(root / f"c{i}.journal") for i in range(3)]
+
+    def start() -> list[ControllerState]:
+        nodes = [ControllerState(a, [p for p in addrs if p != a], secret=SECRET,
+                                 journal_path=j) for a, j in zip(addrs, journals)]
+        wait_until(lambda: any(n._isLeader() for n in nodes), "a Raft leader")
+        return nodes
+    cut = PowerCut()
+    try:
+        nodes = start()
+        try:
+            leader = next(n for n in nodes if n._isLeader())
+            leader.heartbeat("g", 1, "e1", "h1", 10, 1, True, sync=True, timeout=5)
+            leader.heartbeat("g", 2, "e2", "h2", 10, 1, sync=True, timeout=5)
+            assert leader.alter_sync_state_set("g", 1, 1, 1, [1, 2], sync=True,
+                                               timeout=5)["ok"]
+            assert leader.elect("g", 2, 1, sync=True, timeout=5)["ok"]
+            before = leader.view("g")
+            image = cut.image(str(root))             # the power goes, everywhere at once
+        finally:
+            for n in nodes:
+                n.destroy()
+    finally:
+        cut.remove()
+    PowerCut.restore(str(root), image)
+    nodes = start()
+    try:
+        for n in nodes:       # (each applies the committed log as it learns the commit)
+            wait_until(lambda n=n: n.view("g") == before, "the agreed group on every node")
+    finally:
+        for n in nodes:
+            n.destroy()
+
+
 def test_each_entry_the_term_and_the_vote_are_durable_when_the_call_returns(tmp_path):
     """Raft sends an acknowledgement or a vote right after these calls return: a power
     cut then must leave them (pysyncobj's journal keeps the term and vote on a timer or a
