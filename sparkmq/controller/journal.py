@@ -75,13 +75,29 @@ class DurableJournal(Journal):
         self._fd = os.open(path, os.O_RDWR)
         self._entries: list[tuple] = []
         self._ends: list[int] = []        # where each entry's record ends in the file
-        self._end = self._load()
         try:
-            with open(f"{path}.meta", "rb") as f:
-                self._meta = loads(f.read())
-        except FileNotFoundError:
-            self._meta = {}
+            self._end = self._load()
+            self._meta = self._load_meta(f"{path}.meta")
+        except BaseException:             # (refused: the file is not left open)
+            self._destroy()
+            raise
         self._meta_saved = True
+
+    def _load_meta(self, meta_path: str) -> dict:
+        try:
+            with open(meta_path, "rb") as f:
+                meta = loads(f.read())
+        except FileNotFoundError:
+            return {}
+        except Exception as exc:      # (pickle's errors vary: EOFError, UnpicklingError, ...)
+            raise InvalidConfigError(
+                f"controller journal {self._path}: its term and vote ({meta_path}) are "
+                f"damaged ({exc!r}); move the journal and its .meta away to start this "
+                "controller empty (it then catches up from the others' log)") from None
+        if not isinstance(meta, dict):
+            raise InvalidConfigError(f"controller journal {self._path}: {meta_path} holds "
+                                     f"no term and vote; move the journal and its .meta away")
+        return meta
 
     def _load(self) -> int:
         data = os.pread(self._fd, os.fstat(self._fd).st_size, 0)

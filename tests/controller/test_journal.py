@@ -207,3 +207,7 @@ def test_a_damaged_journal_is_refused_saying_what_to_do(tmp_path):
         assert [j[i] for i in range(len(j))] == [(b"first", 1, 1)]
     finally:
         j._destroy()
+    with open(path + ".meta", "wb") as f:
+        f.write(b"\x80\x04garbage")
+    with pytest.raises(InvalidConfigError, match="term and vote.*damaged"):
+        DurableJournal(path)
