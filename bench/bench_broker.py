@@ -260,23 +260,34 @@ def ping_pong(consumer_loop, send, m: int) -> list[float]:
 
 
 # ---------------------------------------------------------------- redis
+def redis_command(binary: str, port: int, folder: str) -> list[str]:
+    """redis-server on 127.0.0.1:``port`` as every benchmark runs it: an append-only file
+    in ``folder`` fsynced every second (its durability nearest ASYNC_FLUSH), no snapshots."""
+    return [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", folder, "--save", "",
+            "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"]
+
+
+def xadd_pipelined(r, stream: str, n: int) -> None:
+    """``n`` XADDs of one ``BODY`` each to ``stream`` as one pipeline, the replies read
+    (Redis's batched send)."""
+    pipe = r.pipeline(transaction=False)
+    for _ in range(n):
+        pipe.xadd(stream, {"b": BODY})
+    pipe.execute()
+
+
 def bench_redis(tmp: str, n: int, batch: int, m: int) -> dict | None:
     binary = ensure_apt("redis-server", "redis-server")
     if not binary or not ensure_pip("redis", "redis", "hiredis"):
         return None
     import redis
     port = free_port()
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp, "--save", "",
-           "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"]
-    with process(cmd, port):
+    with process(redis_command(binary, port, tmp), port):
         r = redis.Redis(port=port)
         r.ping()
 
         def pipelined(stream: str) -> None:
-            pipe = r.pipeline(transaction=False)
-            for _ in range(batch):
-                pipe.xadd(stream, {"b": BODY})
-            pipe.execute()
+            xadd_pipelined(r, stream, batch)
         for t in ("tput", "lat"):
             warm_up(lambda: pipelined(t), lambda: r.xadd(t, {"b": BODY}))
         t0 = time.perf_counter()

@@ -53,7 +53,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 STREAMS = 4                 # concurrent producers' DoPut streams in the "at once" row
 sys.path.insert(0, HERE)
 from bench_broker import (BODY, bench_redis, broker_conf, ensure_apt,  # noqa: E402
-                          ensure_pip, free_port, pct, process, wait_port)
+                          ensure_pip, free_port, pct, process, redis_command, wait_port,
+                          xadd_pipelined)
 from bench_ha import pin_threads, process_cpu_s  # noqa: E402
 from sparkmq.progress import track  # noqa: E402
 
@@ -365,13 +366,7 @@ def _redis_pipeline(port: int, batch: int):
     import redis
     r = redis.Redis(port=port)
     r.ping()
-
-    def send() -> None:
-        pipe = r.pipeline(transaction=False)
-        for _ in range(batch):
-            pipe.xadd("tput", {"b": BODY})
-        pipe.execute()
-    return send
+    return lambda: xadd_pipelined(r, "tput", batch)
 
 
 def _timed(call, times: int) -> float:
@@ -415,12 +410,9 @@ def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int, pin: bool) -> in
     procs = [subprocess.Popen([sys.executable, "-c", FLOOR, str(floors["empty"])]),
              subprocess.Popen([sys.executable, "-c", FLOOR, str(floors["durable"]),
                                os.path.join(tmp, "floor.log")])]
-    redis_cmd = [redis_bin, "--port", str(rport), "--bind", "127.0.0.1", "--dir", tmp,
-                 "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-                 "--protected-mode", "no"]
     try:
         with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port) as broker, \
-                process(redis_cmd, rport) as red:
+                process(redis_command(redis_bin, rport, tmp), rport) as red:
             for p in [flight, *floors.values()]:
                 wait_port(p)
             if pin:     # every server on CPU 0, this process (the clients) on CPU 1

@@ -67,7 +67,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from bench_broker import (broker_conf, ensure_apt, ensure_pip, free_port,  # noqa: E402
-                          process, wait_port)
+                          process, redis_command, wait_port)
 from sparkmq.progress import track  # noqa: E402
 
 TOPIC = "omb"
@@ -110,9 +110,7 @@ def start_server(system: str, tmp: str):
         yield None
         return
     port = free_port()
-    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp, "--save", "",
-           "--appendonly", "yes", "--appendfsync", "everysec", "--protected-mode", "no"] \
-        if system == "redis" else \
+    cmd = redis_command(binary, port, tmp) if system == "redis" else \
         [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", os.path.join(tmp, "js")]
     with process(cmd, port):
         yield {"port": port}
