@@ -53,9 +53,10 @@ def create_journal(path: str | None) -> Journal:
     return MemoryJournal() if path is None else DurableJournal(path)
 
 
-def _header() -> bytes:
+def _header(end: int = FIRST_RECORD_OFFSET) -> bytes:
+    """The journal's header, its records ending at ``end``."""
     return (APP_NAME.ljust(NAME_SIZE, b"\0") + VERSION.encode().ljust(VERSION_SIZE, b"\0")
-            + struct.pack("<II", JOURNAL_FORMAT_VERSION, FIRST_RECORD_OFFSET))
+            + struct.pack("<II", JOURNAL_FORMAT_VERSION, end))
 
 
 def _record(command, idx: int, term: int) -> bytes:
@@ -160,15 +161,16 @@ class DurableJournal(Journal):
 
     def deleteEntriesTo(self, entryTo):
         kept = self._entries[entryTo:]
-        body = b"".join(_record(*e) for e in kept)
-        head = bytearray(_header())
-        _U32.pack_into(head, LAST_RECORD_OFFSET_OFFSET, FIRST_RECORD_OFFSET + len(body))
+        records = [_record(*e) for e in kept]
+        ends, end = [], FIRST_RECORD_OFFSET
+        for rec in records:
+            end += len(rec)
+            ends.append(end)
         self._dump_durable()
-        replace_durably(self._path, bytes(head) + body)
+        replace_durably(self._path, _header(end) + b"".join(records))
         os.close(self._fd)
         self._fd = os.open(self._path, os.O_RDWR)
-        self._entries, self._ends = [], []
-        self._end = self._load()
+        self._entries, self._ends, self._end = kept, ends, end
 
     def __getitem__(self, item):
         return self._entries[item]
@@ -180,9 +182,6 @@ class DurableJournal(Journal):
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-    def flush(self):
-        os.fdatasync(self._fd)
 
     def setRaftCommitIndex(self, raftCommitIndex):
         # (not needed for safety: Raft learns it again from the leader; saved each second)
