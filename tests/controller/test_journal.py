@@ -20,10 +20,20 @@ from sparkmq.errors import InvalidConfigError
 SECRET = "controller-test-secret-0123456789"
 
 
+def _ready(nodes: list[ControllerState], until, what: str) -> list[ControllerState]:
+    """``nodes`` once ``until()`` holds; if it never does, they are stopped first."""
+    try:
+        wait_until(until, what)
+    except BaseException:
+        for n in nodes:
+            n.destroy()
+        raise
+    return nodes
+
+
 def _one_node(addr: str, journal: str) -> ControllerState:
     state = ControllerState(addr, [], secret=SECRET, journal_path=journal)
-    wait_until(state.isReady, "a one-node Raft ready")
-    return state
+    return _ready([state], state.isReady, "a one-node Raft ready")[0]
 
 
 @pytest.mark.integration
@@ -75,8 +85,7 @@ def test_three_controllers_cut_at_once_come_back_with_the_elected_master(tmp_pat
     def start() -> list[ControllerState]:
         nodes = [ControllerState(a, [p for p in addrs if p != a], secret=SECRET,
                                  journal_path=j) for a, j in zip(addrs, journals)]
-        wait_until(lambda: any(n._isLeader() for n in nodes), "a Raft leader")
-        return nodes
+        return _ready(nodes, lambda: any(n._isLeader() for n in nodes), "a Raft leader")
     cut = PowerCut()
     try:
         nodes = start()
