@@ -99,7 +99,8 @@ class Controller:
                  cluster_secret_file: str | None = None, lease_ms: int = DEFAULT_LEASE_MS,
                  grace_ms: int = DEFAULT_GRACE_MS,
                  clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
-                 local_ms: Callable[[], int] = monotonic_ms):
+                 local_ms: Callable[[], int] = monotonic_ms,
+                 election_interval_ms: int = 500):
         nodes = parse_peers(peers)
         if self_id not in nodes:
             raise InvalidConfigError(f"controllerDLegerSelfId {self_id!r} is not in "
@@ -119,7 +120,7 @@ class Controller:
         self.state = ControllerState(nodes[self_id], [a for n, a in nodes.items()
                                                       if n != self_id],
                                      secret=secret, journal_path=journal, local_ms=local_ms)
-        self._election = ElectionService(self)
+        self._election = ElectionService(self, election_interval_ms)
         self._http: HttpServerThread | None = None
 
     @property
@@ -133,6 +134,11 @@ class Controller:
         self._election.start()
         log.info("controller %s serving on http://%s", self.state.selfNode, self.address)
         return self
+
+    def judge_leases(self) -> None:
+        """One pass of the election service now, on this thread (what its timer does
+        every ``election_interval_ms``); a test with manual clocks steps it so."""
+        self._election.run_once()
 
     def stop(self) -> None:
         self._election.stop()
