@@ -279,9 +279,13 @@ class LeaseModel(RuleBasedStateMachine):
             if take_over and self._would_take(j, pause):
                 try:
                     result = self._append(store, queues, bs, columnar)
-                except FencedError as exc:         # maybe stored
-                    assert "may not be stored" in str(exc), exc
-                    event("append in a pause: taken over, may not be stored")
+                except FencedError as exc:
+                    if "may not be stored" in str(exc):   # fenced after its write: maybe
+                        event("append in a pause: taken over, may not be stored")
+                    else:   # fenced before it: its roll met the new holder's segment
+                        for b in bs:
+                            self.sent[b]["status"] = "never"
+                        event("append in a pause: taken over, refused before its write")
                 else:       # answered as stored: the new holder's reads must then find it
                     self._answered(bs, *result)
                 assert ran and self.holder == j
