@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from html.parser import HTMLParser
 
 import pytest
+
+from helpers.apt import ensure_packages
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
@@ -29,13 +30,8 @@ def find_chromium() -> str | None:
 @pytest.fixture(scope="session")
 def chromium_path() -> str:
     """The system Chromium, installed with apt-get first if missing (as root)."""
+    ensure_packages(["chromium"], lambda: find_chromium() is not None, update=True)
     path = find_chromium()
-    if path is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=900)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env,
-                       capture_output=True, timeout=1800)
-        path = find_chromium()
     if path is None:
         pytest.skip("no Chromium: install Debian's 'chromium' package (apt-get install "
                     "chromium, as root) to run the console's browser tests")

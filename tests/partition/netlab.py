@@ -17,6 +17,8 @@ import sys
 import time
 import uuid
 
+from helpers.apt import ensure_packages
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -30,11 +32,9 @@ def available() -> str | None:
         return "network namespaces need root"
     if shutil.which("ip") is None:
         return "the `ip` command (iproute2) is missing"
-    if shutil.which("iptables") is None and shutil.which("apt-get") is not None:
-        # the project's own set-up: Debian's iptables package
-        subprocess.run(["apt-get", "install", "-y", "-qq", "iptables"], capture_output=True,
-                       timeout=300)
-    if shutil.which("iptables") is None:
+    # the project's own set-up: Debian's iptables package
+    if not ensure_packages(["iptables"], lambda: shutil.which("iptables") is not None,
+                           timeout_s=300):
         return "iptables is missing and could not be installed"
     probe = f"smqp{uuid.uuid4().hex[:6]}"
     try:

@@ -21,7 +21,9 @@ import pytest
 
 from netlab import NetLab, available
 
-pytestmark = [pytest.mark.integration, pytest.mark.partition]
+# one worker runs them in turn: each lab's processes judge leases on timers
+pytestmark = [pytest.mark.integration, pytest.mark.partition,
+              pytest.mark.xdist_group("netlab")]
 
 REASON = available()
 if REASON is not None:
