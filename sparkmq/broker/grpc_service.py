@@ -511,23 +511,24 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
     @guarded(spb.EndTransactionResponse)
     def EndTransaction(self, request, context):
         """COMMIT makes the half message visible in its topic; ROLLBACK discards it. As the
-        proxy's EndTransactionActivity, the topic is checked first (ILLEGAL_TOPIC) and a
-        blank transaction id is INVALID_TRANSACTION_ID; the message id is not read."""
+        proxy's EndTransactionActivity, the topic is checked first (ILLEGAL_TOPIC), then a
+        blank transaction id (INVALID_TRANSACTION_ID), then the transaction is looked up
+        (INVALID_TRANSACTION_ID if it is not pending); the message id is not read. Any
+        other resolution is the proxy's UNKNOWN: OK, and the transaction stays pending for
+        its check-back."""
         validate_topic(request.topic.name)
         tx = self.broker.transactions
         if tx is None:
             return spb.EndTransactionResponse(status=status(
                 Code.UNSUPPORTED, "transactional messages are served by the master only"))
-        res = request.resolution
-        if res not in (pb.COMMIT, pb.ROLLBACK):
-            return spb.EndTransactionResponse(status=status(
-                Code.BAD_REQUEST, "resolution must be COMMIT or ROLLBACK"))
         if not request.transaction_id.strip():
             return spb.EndTransactionResponse(status=status(
                 Code.INVALID_TRANSACTION_ID, "transaction_id is empty; send the one the "
                 "transactional message's SendMessage answered"))
+        res = request.resolution
+        commit = {pb.COMMIT: True, pb.ROLLBACK: False}.get(res)
         try:
-            tx.end(request.transaction_id, res == pb.COMMIT, request.topic.name)
+            tx.end(request.transaction_id, commit, request.topic.name)
         except UnknownTransaction as e:
             return spb.EndTransactionResponse(status=status(Code.INVALID_TRANSACTION_ID, e.message))
         return spb.EndTransactionResponse(status=OK)

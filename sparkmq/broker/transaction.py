@@ -269,7 +269,9 @@ class TransactionService(ServiceThread):
         self.wakeup()
 
     # ------------------------------------------------------------ resolution
-    def end(self, transaction_id: str, commit: bool, topic: str | None = None) -> None:
+    def end(self, transaction_id: str, commit: bool | None, topic: str | None = None) -> None:
+        """Commit or roll back the pending transaction (``commit`` None: neither, it is
+        left to the check-back; UnknownTransaction all the same if it is not pending)."""
         with self._lock:
             self._load()
             h = self._by_txid.get(transaction_id)
@@ -281,7 +283,8 @@ class TransactionService(ServiceThread):
                 raise UnknownTransaction(
                     f"transaction {transaction_id!r} is not pending for topic {topic!r}; "
                     "end it with the topic its message was sent to")
-            self._resolve(h, OP_COMMIT if commit else OP_ROLLBACK)
+            if commit is not None:
+                self._resolve(h, OP_COMMIT if commit else OP_ROLLBACK)
 
     def _resolve(self, h: Half, op: str) -> None:
         """Append the op (and for a commit, the real message; for a check-max give-up, the

@@ -9,7 +9,9 @@
   under the group or topics; publishing settings are taken from any type, as the proxy
   takes them.
 * EndTransaction (EndTransactionActivity): the topic is checked first (ILLEGAL_TOPIC,
-  nothing resolved); a blank transaction id is INVALID_TRANSACTION_ID, saying so.
+  nothing resolved); a blank transaction id is INVALID_TRANSACTION_ID, saying so, whatever
+  the resolution; an unspecified resolution (the proxy's UNKNOWN) is OK for a pending
+  transaction, which stays pending, and INVALID_TRANSACTION_ID for any other.
 * PullMessage (store getMessage + PullMessageProcessor + the proxy's pull stream writer):
   an offset past the queue's end answers ILLEGAL_OFFSET with next_offset the end, at once;
   at the end, MESSAGE_NOT_FOUND with next_offset the offset.
@@ -259,13 +261,26 @@ def test_end_transaction_of_another_topics_transaction_finds_nothing(env):
     assert _end(stub, "T", txid).code == Code.OK
 
 
+@pytest.mark.parametrize("resolution", [pb.COMMIT, pb.TRANSACTION_RESOLUTION_UNSPECIFIED])
 @pytest.mark.parametrize("txid", ["", "   "])
-def test_end_transaction_with_a_blank_id_is_an_invalid_transaction_id(env, txid):
-    """Said so (not "not pending"): the id was left out."""
+def test_end_transaction_with_a_blank_id_is_an_invalid_transaction_id(env, txid, resolution):
+    """Said so (not "not pending"), before the resolution is read: the id was left out."""
     _, stub = env
-    st = _end(stub, "T", txid, pb.COMMIT)
+    st = _end(stub, "T", txid, resolution)
     assert st.code == Code.INVALID_TRANSACTION_ID, st
     assert st.message.startswith("transaction_id is empty"), st
+
+
+def test_end_transaction_with_no_resolution_leaves_it_to_the_check_back(env):
+    """The proxy reads an unspecified resolution as UNKNOWN and ends nothing (its broker
+    takes TRANSACTION_NOT_TYPE as a no-op): OK, the transaction still pending (a rollback
+    after it finds it); for a transaction that is not pending, INVALID_TRANSACTION_ID."""
+    _, stub = env
+    txid = _half(stub)
+    unspecified = pb.TRANSACTION_RESOLUTION_UNSPECIFIED
+    assert _end(stub, "T", txid, unspecified).code == Code.OK
+    assert _end(stub, "T", txid, pb.ROLLBACK).code == Code.OK            # still pending
+    assert _end(stub, "T", txid, unspecified).code == Code.INVALID_TRANSACTION_ID
 
 
 # ---------------------------------------------------------------- PullMessage
