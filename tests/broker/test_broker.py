@@ -212,7 +212,9 @@ def test_bad_input_gets_the_protocol_status_and_the_broker_keeps_serving(stub):
         filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 1")), timeout=5))
     assert [r.status.code for r in recv] == [Code.UNSUPPORTED]
     end = s.EndTransaction(spb.EndTransactionRequest(topic=pb.Resource(name="Known")), timeout=5)
-    assert end.status.code == Code.BAD_REQUEST                 # no resolution
+    # no id, no resolution: the id is checked first, as the proxy does
+    assert end.status.code == Code.INVALID_TRANSACTION_ID, end.status
+    assert end.status.message.startswith("transaction_id is empty"), end.status
     end = s.EndTransaction(spb.EndTransactionRequest(
         topic=pb.Resource(name="Known"), transaction_id="nope", resolution=pb.COMMIT), timeout=5)
     assert end.status.code == Code.INVALID_TRANSACTION_ID
