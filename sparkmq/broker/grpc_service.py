@@ -525,8 +525,7 @@ class MessagingServicer(TelemetryMixin, sgrpc.MessagingServiceServicer):
             return spb.EndTransactionResponse(status=status(
                 Code.INVALID_TRANSACTION_ID, "transaction_id is empty; send the one the "
                 "transactional message's SendMessage answered"))
-        res = request.resolution
-        commit = {pb.COMMIT: True, pb.ROLLBACK: False}.get(res)
+        commit = {pb.COMMIT: True, pb.ROLLBACK: False}.get(request.resolution)
         try:
             tx.end(request.transaction_id, commit, request.topic.name)
         except UnknownTransaction as e:
