@@ -27,7 +27,7 @@ Rows (1 KiB messages):
   throughput, ``Producer.send`` p50, and ``PullConsumer.pull`` throughput reading what
   the batches stored (4 queues, 1,000 messages a pull).
 
-    .venv/bin/python bench/bench_flight.py [--quick] [--paired ROUNDS [--pin]]
+    .venv/bin/python bench/bench_flight.py [--quick] [--paired ROUNDS [--pin] [--broker-floor]]
 
 ``--paired ROUNDS``: only the two rows a noisy host moves most, measured in alternation
 instead of one system after another: sparkmq's broker, Redis and the two floor servers run
@@ -36,10 +36,15 @@ trips) on each in turn, the order rotating; printed is each ratio's median over 
 rounds and its range. A host whose speed drifts over a run moves every system in a round
 alike, where the sequential run (a minute apart) can move one alone. ``--pin``: every
 server's threads on CPU 0 and the clients on CPU 1, as servers on cores of their own.
+``--broker-floor``: one more server in the rounds, sparkmq's broker with its Flight put
+replaced by the durable floor's (bench/floor_put_broker.py): the two rows it reaches are
+what the broker's process (its Flight server, threads and services) leaves for a put that
+costs what the floor's does.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -396,7 +401,8 @@ class _FlightPut:
         self.writer.close()
 
 
-def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int, pin: bool) -> int:
+def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int, pin: bool,
+           broker_floor: bool = False) -> int:
     """``--paired``: see the module docstring."""
     import statistics
     redis_bin = ensure_apt("redis-server", "redis-server")
@@ -411,12 +417,24 @@ def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int, pin: bool) -> in
              subprocess.Popen([sys.executable, "-c", FLOOR, str(floors["durable"]),
                                os.path.join(tmp, "floor.log")])]
     try:
-        with process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port) as broker, \
-                process(redis_command(redis_bin, rport, tmp), rport) as red:
+        with contextlib.ExitStack() as stack:
+            broker = stack.enter_context(process(
+                [sys.executable, "-m", "sparkmq.broker", "-c", conf], port))
+            red = stack.enter_context(process(redis_command(redis_bin, rport, tmp), rport))
+            servers = [broker.pid, red.pid, *(p.pid for p in procs)]
+            if broker_floor:    # the same broker, its put replaced by the durable floor's
+                os.makedirs(os.path.join(tmp, "bf"))
+                floors["broker"] = free_port()
+                bf_conf, bf_port, _ = broker_conf(
+                    os.path.join(tmp, "bf"), flushIntervalCommitLog=500,
+                    defaultTopicQueueNums=4, flightEnable="true", flightPort=floors["broker"])
+                servers.append(stack.enter_context(process(
+                    [sys.executable, os.path.join(HERE, "floor_put_broker.py"),
+                     os.path.join(tmp, "bf", "floor.log"), "-c", bf_conf], bf_port)).pid)
             for p in [flight, *floors.values()]:
                 wait_port(p)
             if pin:     # every server on CPU 0, this process (the clients) on CPU 1
-                for pid in (broker.pid, red.pid, *(p.pid for p in procs)):
+                for pid in servers:
                     pin_threads(pid, 0)
                 os.sched_setaffinity(0, {1})
             big, one = _batch("tput", batch_n), _batch("lat", 1)
@@ -425,16 +443,19 @@ def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int, pin: bool) -> in
             single = {"sparkmq": _FlightPut(flight, one),
                       "empty floor": _FlightPut(floors["empty"], one),
                       "durable floor": _FlightPut(floors["durable"], one)}
+            if broker_floor:
+                batched["broker floor"] = _FlightPut(floors["broker"], big)
+                single["broker floor"] = _FlightPut(floors["broker"], one)
             for call in [*batched.values(), *single.values()]:
                 _timed(call, 50)                          # warm-up (and the topics made)
             per_round, lat_round = n // batch_n // rounds, m // rounds
             tput = {k: [] for k in batched}
             lat = {k: [] for k in single}
             for r in track(range(rounds), "paired rounds"):
-                names = list(batched)[r % 3:] + list(batched)[:r % 3]
+                names = list(batched)[r % len(batched):] + list(batched)[:r % len(batched)]
                 for k in names:
                     tput[k].append(per_round * batch_n / _timed(batched[k], per_round))
-                for k in list(single)[r % 3:] + list(single)[:r % 3]:
+                for k in list(single)[r % len(single):] + list(single)[:r % len(single)]:
                     samples = []
                     for _ in range(lat_round):
                         samples.append(_timed(single[k], 1))
@@ -462,7 +483,13 @@ def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int, pin: bool) -> in
         lat["empty floor"])
     row("sync send p50: durable floor / empty round trip", lat["durable floor"],
         lat["empty floor"])
+    if broker_floor:
+        row("batched: broker with the floor's put / Redis", tput["broker floor"],
+            tput["redis"])
+        row("sync send p50: broker with the floor's put / RT", lat["broker floor"],
+            lat["empty floor"])
     return 0
+
 
 
 def main(argv=None) -> int:
@@ -473,11 +500,15 @@ def main(argv=None) -> int:
                     help="only the batched and sync rows, ROUNDS rounds in alternation")
     ap.add_argument("--pin", action="store_true",
                     help="with --paired: every server on CPU 0, the clients on CPU 1")
+    ap.add_argument("--broker-floor", action="store_true",
+                    help="with --paired: also sparkmq's broker with its put replaced by the "
+                         "durable floor's (bench/floor_put_broker.py)")
     args = ap.parse_args(argv)
     n, m = (20_000, 200) if args.quick else (100_000, 1_000)
     if args.paired:
         with tempfile.TemporaryDirectory(prefix="bench-paired-") as tmp:
-            return paired(tmp, args.paired, 4 * n, args.batch, 4 * m, args.pin)
+            return paired(tmp, args.paired, 4 * n, args.batch, 4 * m, args.pin,
+                          args.broker_floor)
     with tempfile.TemporaryDirectory(prefix="bench-flight-") as tmp:
         ours = bench_sparkmq_flight(tmp, n, args.batch, m)
     with tempfile.TemporaryDirectory(prefix="bench-redis-") as tmp:
