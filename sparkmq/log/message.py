@@ -24,6 +24,11 @@ from ..arrowcols import fixed_offsets, fixed_width_strings
 from ..errors import InvalidMessageIdError
 from . import format as fmt
 
+try:
+    from .. import _ipc
+except ImportError:     # not built here (no C compiler): numpy lays the ids out
+    _ipc = None
+
 
 @dataclass
 class Message:
@@ -195,6 +200,10 @@ def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa
     """The ids of rows ``first..first+n-1`` of the batch at ``batch_offset`` (a send's
     ack): the 24-digit prefix once, the row digits from the table of row numbers."""
     prefix = f"{tag:08X}{batch_offset:016X}"
+    if _ipc is not None:        # (one C call: ~0.5 against ~6 us for 100 rows)
+        data = _ipc.row_ids(prefix.encode(), first, n)
+        if data is not None:
+            return _id_array(data, n)
     if n <= _LOOP_IDS:
         return _few_ids([f"{prefix}{j:08X}" for j in range(first, first + n)])
     words = np.empty((n, 4), np.uint64)

@@ -5,10 +5,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+import pytest
 
 from sparkmq.log import format as fmt
 from sparkmq.log.consumequeue import (ENTRY_COLUMNS, consumequeue_add, read_side_entries,
                                       write_side_table)
+from sparkmq.log import message
 from sparkmq.log.fs import StoreFS
 from sparkmq.log.message import batch_message_ids, encode_message_id, message_id_array
 
@@ -29,10 +31,17 @@ def test_message_ids_match_the_encoding_for_runs_and_big_rows():
                        for b, r in zip(bos[:n], range(n))]
 
 
-def test_a_batch_s_ids_match_the_encoding_on_both_sides_of_the_loop_threshold():
+@pytest.mark.parametrize("c", [True, False], ids=["C", "numpy"])
+def test_a_batch_s_ids_match_the_encoding_on_both_sides_of_the_loop_threshold(c, monkeypatch):
+    if c and message._ipc is None:
+        pytest.skip("sparkmq._ipc is not built here")
+    if not c:
+        monkeypatch.setattr(message, "_ipc", None)
     for n in (0, 1, 8, 9, 100, (1 << 16) + 3):              # loop, numpy, past the table
-        ids = batch_message_ids(0xCAFEF00D, 0x1234_5678_9ABC, n).to_pylist()
-        assert ids == [encode_message_id(0xCAFEF00D, 0x1234_5678_9ABC, j) for j in range(n)]
+        for first in (0, 5, 0xFFFF_FFFF - n):               # (a merged put's later part)
+            ids = batch_message_ids(0xCAFEF00D, 0x1234_5678_9ABC, n, first).to_pylist()
+            assert ids == [encode_message_id(0xCAFEF00D, 0x1234_5678_9ABC, j)
+                           for j in range(first, first + n)]
 
 
 def _cq_table(rows: list[tuple]) -> pa.Table:
