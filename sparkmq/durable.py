@@ -52,20 +52,25 @@ def makedirs_durably(path: str) -> None:
     sync_folder(parent or ".")
 
 
+def _write_synced(tmp: str, data: bytes, flags: int, mode: int) -> None:
+    """``data`` written to a new file ``tmp`` (opened with ``flags``) and fsynced."""
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | flags, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def replace_durably(path: str, data: bytes, *, mode: int = 0o644) -> None:
     """Make ``data`` the content of ``path`` such that a power loss leaves either it or
     the old content: a new file beside it written and fsynced, renamed over ``path``, the
     folder fsynced. Raises the OSError (the new file removed)."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _write_synced(tmp, data, os.O_TRUNC, mode)
         os.replace(tmp, path)
     except BaseException:        # (a full disk, EIO: the half-written file goes too)
         try:
@@ -73,4 +78,23 @@ def replace_durably(path: str, data: bytes, *, mode: int = 0o644) -> None:
         except OSError:          # (never made, or renamed already)
             pass
         raise
+    sync_folder(os.path.dirname(os.path.abspath(path)))
+
+
+def create_durably(path: str, data: bytes, *, mode: int = 0o644) -> None:
+    """Make ``path`` with ``data`` as its content such that a power loss leaves it whole or
+    absent, never empty or cut short: written and fsynced beside it, linked as ``path``
+    (which publishes the whole file, or fails if one exists), the folder fsynced. Raises
+    FileExistsError if ``path`` exists (it is left as it is), or the OSError."""
+    tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    try:
+        _write_synced(tmp, data, os.O_EXCL, mode)
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(errnos.EEXIST, os.strerror(errnos.EEXIST), path) from None
+    finally:                     # (a full disk, EIO: the half-written file goes too)
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:   # (never made)
+            pass
     sync_folder(os.path.dirname(os.path.abspath(path)))

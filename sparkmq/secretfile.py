@@ -4,10 +4,10 @@ One place creates and reads them: the broker's admin token (``sparkmq.admin_auth
 and the cluster secret brokers and NameServers share (``sparkmq.namesrv.signing``).
 A secret is ``secrets.token_urlsafe`` text on one line.
 
-``load_or_create(path)`` reads the file, or creates it atomically: written to a
-temporary file made with mode 0600 (never a moment world-readable), then linked
-to its name (the link fails if the name exists);
-of two processes racing to create it, both end with the winner's secret.
+``load_or_create(path)`` reads the file, or creates it atomically and durably
+(``durable.create_durably``: written to a temporary file made with mode 0600, never a
+moment world-readable, fsynced, then linked to its name, which fails if the name
+exists); of two processes racing to create it, both end with the winner's secret.
 Thread-safe (no state).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 
-from .durable import makedirs_durably, sync_folder
+from .durable import create_durably, makedirs_durably
 from .errors import InvalidConfigError
 
 SECRET_BYTES = 32
@@ -46,19 +46,10 @@ def load_or_create(path: str, nbytes: int = SECRET_BYTES) -> tuple[str, bool]:
     secret = secrets.token_urlsafe(nbytes)
     while secret.startswith("-"):          # "--token -abc" would read as an option
         secret = secrets.token_urlsafe(nbytes)
-    tmp = f"{path}.tmp-{secrets.token_hex(8)}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_MODE)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(secret + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.link(tmp, path)         # publishes the whole file, or fails if one exists
+        # its name kept through a power loss: else a new secret is made at the next start,
+        # and every client and peer holding this one is refused
+        create_durably(path, (secret + "\n").encode(), mode=PRIVATE_MODE)
     except FileExistsError:        # another process made it first: use theirs
         return read_secret(path), False
-    finally:
-        os.unlink(tmp)
-    # its name kept through a power loss: else a new secret is made at the next start,
-    # and every client and peer holding this one is refused
-    sync_folder(os.path.dirname(os.path.abspath(path)))
     return secret, True

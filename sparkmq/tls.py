@@ -9,7 +9,8 @@ DIR/tls.crt``, ``curl --cacert``). For production use certificates from your CA.
 
 Built on the ``cryptography`` package (pyca): well kept, and the standard way to
 make keys and X.509 certificates in Python; the ``ssl`` module cannot make them.
-Existing files are never overwritten.
+Existing files are never overwritten; each file is written durably (whole or absent
+after a power loss: ``durable.create_durably``).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import datetime as dt
 import ipaddress
 import os
 
+from .durable import create_durably, makedirs_durably
 from .errors import InvalidConfigError
 
 KEY_FILE, CERT_FILE = "tls.key", "tls.crt"
@@ -60,14 +62,15 @@ def make_self_signed(out_dir: str, hosts: list[str], *, days: int = 365) -> tupl
                                                   ExtendedKeyUsageOID.CLIENT_AUTH]),
                            critical=False)
             .sign(key, hashes.SHA256()))
-    os.makedirs(out_dir, exist_ok=True)
+    makedirs_durably(out_dir)
     key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption())
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key_pem)
-    with open(cert_path, "xb") as f:
-        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    try:        # each whole or absent after a power loss (an empty key file fails TLS)
+        create_durably(key_path, key_pem, mode=0o600)
+        create_durably(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    except FileExistsError as e:   # (made since the check above)
+        raise InvalidConfigError(f"{e.filename} exists; remove it or choose another --out") \
+            from None
     return cert_path, key_path
 
 
