@@ -1,9 +1,10 @@
 """The compiled parts of sparkmq (everything else is in pyproject.toml): ``sparkmq._wire``,
 the plain RocketMQ SendMessage request read into column buffers (sparkmq/_wire.c), and
-``sparkmq._ipc``, a record batch's Arrow IPC message written in one call (sparkmq/_ipc.c), and
+``sparkmq._ipc``, a record batch's Arrow IPC message written in one call and a send's ack
+ids laid out in one (sparkmq/_ipc.c), and
 ``sparkmq._screen``, the input-limit screen of a batch in one call (sparkmq/_screen.c).
 Optional: where they cannot be built, the broker reads every request in Python, pyarrow
-writes every message and numpy screens every batch."""
+writes every message, and numpy screens every batch and lays out the ids."""
 from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra"]

@@ -198,9 +198,10 @@ def _few_ids(ids: list[str]) -> pa.Array:
 
 def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa.Array:
     """The ids of rows ``first..first+n-1`` of the batch at ``batch_offset`` (a send's
-    ack): the 24-digit prefix once, the row digits from the table of row numbers."""
+    ack): the 24-digit prefix once, the row digits written by one C call
+    (``_ipc.row_ids``), or without it from the table of row numbers."""
     prefix = f"{tag:08X}{batch_offset:016X}"
-    if _ipc is not None:        # (one C call: ~0.5 against ~6 us for 100 rows)
+    if _ipc is not None:        # (~2.4 against ~6.3 us for 100 rows, five numpy calls)
         data = _ipc.row_ids(prefix.encode(), first, n)
         if data is not None:
             return _id_array(data, n)

@@ -8,9 +8,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkmq.log import format as fmt
+from sparkmq.log import message
 from sparkmq.log.consumequeue import (ENTRY_COLUMNS, consumequeue_add, read_side_entries,
                                       write_side_table)
-from sparkmq.log import message
 from sparkmq.log.fs import StoreFS
 from sparkmq.log.message import batch_message_ids, encode_message_id, message_id_array
 
