@@ -12,8 +12,9 @@
  * Returns None, writing nothing, for a batch it does not lay out itself: an array with a
  * non-zero offset, a dictionary, an unknown null count, or a type other than the
  * fixed-width, boolean, utf8/binary, list, map, struct and null types. The caller then
- * serializes with pyarrow (the same batch to a reader). Why: one C call replaces ~10 pyarrow calls, and a broker's per-request
- * cost on a shared machine is mostly the cache lines its code touches.
+ * serializes with pyarrow (the same batch to a reader). Why: one C call replaces ~10
+ * pyarrow calls, and a broker's per-request cost on a shared machine is mostly the cache
+ * lines its code touches.
  *
  * row_ids(prefix, first, n) writes the data of a send's ack's message ids (the id column's
  * bytes, 32 a row), which numpy took five calls to lay out.
