@@ -491,7 +491,6 @@ def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int, pin: bool,
     return 0
 
 
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
