@@ -43,3 +43,15 @@ def test_free_port_never_hands_a_port_out_twice_and_stays_below_the_ephemeral_ra
     assert all(1024 <= p < _ephemeral_low() for p in ports)
     with socket.socket() as s:                  # what it returns is bindable on loopback
         s.bind(("127.0.0.1", ports[-1]))
+
+
+def test_two_xdist_workers_pick_ports_from_ranges_that_do_not_meet(monkeypatch):
+    """A port one worker picked is free until its server binds it: the other worker must
+    not pick it meanwhile (a master's health check once read another worker's gRPC)."""
+    picked = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+        picked[worker] = {free_port() for _ in range(200)}
+    assert max(picked["gw0"]) < min(picked["gw1"])
+    assert all(1024 <= p < _ephemeral_low() for p in picked["gw0"] | picked["gw1"])
