@@ -89,9 +89,10 @@ def create_durably(path: str, data: bytes, *, mode: int = 0o644) -> None:
     tmp = f"{path}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         _write_synced(tmp, data, os.O_EXCL, mode)
-        os.link(tmp, path)
-    except FileExistsError:
-        raise FileExistsError(errnos.EEXIST, os.strerror(errnos.EEXIST), path) from None
+        try:
+            os.link(tmp, path)
+        except FileExistsError:  # (``path``'s, not the temporary file's)
+            raise FileExistsError(errnos.EEXIST, os.strerror(errnos.EEXIST), path) from None
     finally:                     # (a full disk, EIO: the half-written file goes too)
         try:
             os.unlink(tmp)
