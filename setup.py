@@ -1,16 +1,22 @@
 """The compiled parts of sparkmq (everything else is in pyproject.toml): ``sparkmq._wire``,
-the plain RocketMQ SendMessage request read into column buffers (sparkmq/_wire.c), and
+the plain RocketMQ SendMessage request read into column buffers (sparkmq/_wire.c),
 ``sparkmq._ipc``, a record batch's Arrow IPC message written in one call and a send's ack
-ids laid out in one (sparkmq/_ipc.c), and
-``sparkmq._screen``, the input-limit screen of a batch in one call (sparkmq/_screen.c).
+ids laid out in one (sparkmq/_ipc.c),
+``sparkmq._screen``, the input-limit screen of a batch in one call (sparkmq/_screen.c), and
+``sparkmq._compose``, a send's segment batch composed as an Arrow C struct (sparkmq/_compose.c).
 Optional: where they cannot be built, the broker reads every request in Python, pyarrow
-writes every message, and numpy screens every batch and lays out the ids."""
+writes every message, numpy screens every batch and lays out the ids, and pyarrow builds
+every segment batch."""
 from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra"]
 setup(ext_modules=[Extension("sparkmq._wire", ["sparkmq/_wire.c"], optional=True,
                              extra_compile_args=FLAGS),
                    Extension("sparkmq._ipc", ["sparkmq/_ipc.c"], optional=True,
-                             depends=["sparkmq/_arrow_c.h"], extra_compile_args=FLAGS),
+                             depends=["sparkmq/_arrow_c.h", "sparkmq/_capsule.h"],
+                             extra_compile_args=FLAGS),
                    Extension("sparkmq._screen", ["sparkmq/_screen.c"], optional=True,
-                             depends=["sparkmq/_arrow_c.h"], extra_compile_args=FLAGS)])
+                             depends=["sparkmq/_arrow_c.h"], extra_compile_args=FLAGS),
+                   Extension("sparkmq._compose", ["sparkmq/_compose.c"], optional=True,
+                             depends=["sparkmq/_arrow_c.h", "sparkmq/_capsule.h"],
+                             extra_compile_args=FLAGS)])

@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "_arrow_c.h"
+#include "_capsule.h"
 
 #define MAX_NODES 256
 #define MAX_BUFFERS 768
@@ -393,18 +394,6 @@ done:
 /* An empty ArrowArray in a capsule named "arrow_array": pyarrow exports a batch's arrays
  * into it (RecordBatch._export_to_c(address)) without its schema, which the caller has
  * exported once; the capsule releases what was exported into it and frees it. */
-static void free_array_capsule(PyObject *capsule)
-{
-    struct ArrowArray *a = PyCapsule_GetPointer(capsule, "arrow_array");
-    if (!a) {
-        PyErr_Clear();
-        return;
-    }
-    if (a->release)
-        a->release(a);
-    PyMem_Free(a);
-}
-
 static PyObject *array_capsule(PyObject *self, PyObject *noargs)
 {
     struct ArrowArray *a = PyMem_Calloc(1, sizeof(struct ArrowArray));

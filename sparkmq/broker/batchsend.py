@@ -24,7 +24,7 @@ from ..errors import MessageLimitError, UserError
 from ..log import format as fmt
 from ..arrowcols import constant_column
 from ..log.batch import group_message_types
-from ..log.built import BuiltRows, build_rows
+from ..log.built import BuiltRows, build_rows, composed_rows
 from ..log.dispatch import binary_lengths
 from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
 from ..log.status import PutMessageStatus
@@ -105,14 +105,16 @@ class BatchSender:
         PermissionDeniedError / ReplicaNotAvailableError (the broker may not append).
         Nothing is stored."""
         return self.check_columns(dict(zip(batch.schema.names, batch.columns)),
-                                  batch.num_rows, topics)
+                                  batch.num_rows, topics, source=batch)
 
     def check_columns(self, cols: dict[str, pa.Array], n: int, topics: list[str], *,
-                      body_sizes: np.ndarray | None = None) -> BuiltRows:
+                      body_sizes: np.ndarray | None = None,
+                      source: pa.RecordBatch | None = None) -> BuiltRows:
         """``check`` of a send batch given as its columns (name -> array of ``n`` rows),
         ``body_sizes`` each body's bytes if the caller measured them: a plain RocketMQ
         request's columns, read from the client's bytes, are checked without being put
-        in a batch first."""
+        in a batch first. ``source``: the record batch the columns are (``typed``), whose
+        segment batch may then be composed in C (``log/built.py``)."""
         sender, broker = self.broker.sender, self.broker
         for t in topics:
             refused = sender.topic_refusal(t)
@@ -124,7 +126,7 @@ class BatchSender:
                     groups = groups.filter(pc.equal(cols["topic"], t))
                 self._check_types(groups, t)
         sender.check_append()
-        rows = self._segment_batch(cols, n, topics, body_sizes)
+        rows = self._segment_batch(cols, n, topics, body_sizes, source)
         self._check_limits(rows)
         return rows
 
@@ -134,11 +136,11 @@ class BatchSender:
         # (on the gRPC loop, sends run one at a time, not merged: replicawait.held)
         stored = self.merger.submit(rows, merge=HELD.offsets is None)
         stored.status = self.broker.sender.replicated(stored.r)   # (after the merger)
-        metrics, batch = self.broker.metrics, rows.batch
+        metrics = self.broker.metrics
         if len(topics) == 1:
-            counts = {topics[0]: (batch.num_rows, rows.nbytes)}
+            counts = {topics[0]: (len(rows), rows.nbytes)}
         else:                                        # one pass over the rows, no filter
-            enc = pc.dictionary_encode(batch.column(0))   # (SEGMENT_SCHEMA: topic 0)
+            enc = pc.dictionary_encode(rows.batch.column(0))   # (SEGMENT_SCHEMA: topic 0)
             idx, k = enc.indices.to_numpy(), len(enc.dictionary)
             counts = dict(zip(enc.dictionary.to_pylist(), zip(
                 np.bincount(idx, minlength=k).tolist(),
@@ -158,7 +160,7 @@ class BatchSender:
         if refused is not None:
             r, st = refused
             raise MessageLimitError(Code.Name(st.code), f"row {r}: {st.message}")
-        check_batch(rows.batch, limits, RESERVED_PROPERTY_KEYS, c_array=rows.c_array())
+        check_batch(rows, limits, RESERVED_PROPERTY_KEYS, c_array=rows.c_array())
 
     def _append(self, rows: BuiltRows) -> Stored:
         """Store ``rows`` as one append (SendMerger's, alone or merged; held to every
@@ -167,7 +169,8 @@ class BatchSender:
         return Stored(r, None, 0, r.num_rows)    # its status: ``store``, each request's
 
     def _segment_batch(self, given: dict[str, pa.Array], n: int, topics: list[str],
-                       body_sizes: np.ndarray | None) -> BuiltRows:
+                       body_sizes: np.ndarray | None,
+                       source: pa.RecordBatch | None = None) -> BuiltRows:
         """The columns ``given`` in SEGMENT_SCHEMA, built by the log's one builder (the
         store's no-cast path; queue ids chosen by the store): all-null columns are left to
         the schema's defaults, and a row with a message group is FIFO, as the RocketMQ path
@@ -185,6 +188,12 @@ class BatchSender:
             cols["queue_id"] = self._placed(cols, n)
         if body_sizes is None:
             body_sizes = binary_lengths(cols["body"])
+        if one is not None and source is not None:      # (the usual send, composed in C)
+            rows = composed_rows(source, cols, n, store_host=self.broker.store.config.store_host,
+                                 now_ms=self.broker.clock_ms(), body_sizes=body_sizes,
+                                 topic=topics[0], queue=one)
+            if rows is not None:
+                return rows
         return build_rows(cols, n, store_host=self.broker.store.config.store_host,
                           now_ms=self.broker.clock_ms(), body_sizes=body_sizes,
                           topic=topics[0] if len(topics) == 1 else None, queue=one)

@@ -99,8 +99,9 @@ class PlainColumns:
         self.columns, self.n, self.topic, self.body_sizes = columns, n, topic, body_sizes
 
     def batch(self) -> pa.RecordBatch:
-        """The columns as one record batch (for inspection and tests)."""
-        return pa.RecordBatch.from_pydict(self.columns)
+        """The columns as one record batch (no copy): what the send's segment batch is
+        composed from (``BatchSender.check_columns``' ``source``)."""
+        return pa.RecordBatch.from_arrays(list(self.columns.values()), names=list(self.columns))
 
 
 def plain_columns(request) -> PlainColumns | None:
@@ -151,7 +152,8 @@ def send_plain(broker, request, context) -> "bytes | spb.SendMessageResponse | N
     topic = plain.topic
     core = broker.batch_sender
     try:
-        rows = core.check_columns(plain.columns, plain.n, [topic], body_sizes=plain.body_sizes)
+        rows = core.check_columns(plain.columns, plain.n, [topic], body_sizes=plain.body_sizes,
+                                  source=plain.batch())
     # a refusal before anything is stored: the general path answers each message
     # with its own status, as it would have without this path (and anything
     # unexpected here is logged, and left to the general path too)

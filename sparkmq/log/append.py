@@ -126,7 +126,7 @@ class Appender:
         built = data if isinstance(data, BuiltRows) else None
         info = None
         if built is not None:            # checked by its caller (log/built.py): not again
-            batch, info = self.batches.check_segment_batch(built.batch, limits_checked=True,
+            batch, info = self.batches.check_segment_batch(built, limits_checked=True,
                                                            built=built)
         elif isinstance(data, pa.RecordBatch) and data.schema.equals(fmt.SEGMENT_SCHEMA):
             check_valid_arrow(data, "the appended batch")
@@ -141,7 +141,7 @@ class Appender:
             c_array = None
             if built is not None:        # its column shares the buffer built.times views
                 ts_ms = built.stamp(self._store_ts())
-                c_array = built.c_array() if batch is built.batch else None
+                c_array = built.c_array() if batch is built else None
             else:
                 batch, ts_ms = stamp_store_time(batch, self._store_ts())
             batch_offset, qos, updates = self._append_locked(batch, info, ts_ms, c_array)

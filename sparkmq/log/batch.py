@@ -392,14 +392,25 @@ _NULL_DEFAULTS = frozenset(f.name for f in fmt.SEGMENT_FIELDS
 def _default_row(n: int, store_host: str) -> list:
     """A new list of each column's default (``constant_column``'s shared arrays, looked up
     once a batch); None for the two times, and for all past 1,024 rows (built later)."""
-    return list(_shared_row(n, store_host)) if n <= 1024 else [None] * len(fmt.SEGMENT_FIELDS)
+    return list(shared_defaults(n, store_host)) if n <= 1024 else \
+        [None] * len(fmt.SEGMENT_FIELDS)
 
 
 @functools.lru_cache(maxsize=64)
-def _shared_row(n: int, store_host: str) -> tuple:
+def shared_defaults(n: int, store_host: str) -> tuple:
+    """Each SEGMENT_SCHEMA column's default for ``n`` rows (at most 1,024), shared from
+    batch to batch (Arrow arrays are immutable); None for the two times."""
     return tuple(None if f.name in _TIME_COLUMNS else
                  constant_column(_default_value(f.name, store_host), f.type, n)
                  for f in fmt.SEGMENT_FIELDS)
+
+
+@functools.lru_cache(maxsize=64)
+def _queue_ids(n: int, queue: int) -> np.ndarray:
+    """``n`` rows' queue id ``queue`` (int32, read-only: shared)."""
+    ids = np.full(n, queue, np.int32)
+    ids.flags.writeable = False
+    return ids
 
 
 def _col(table: pa.Table, name: str) -> pa.Array:
@@ -446,8 +457,9 @@ class BatchBuilder:
         """Validate a batch already in SEGMENT_SCHEMA (no cast, no copy): the same
         checks as :meth:`normalize` (the input limits unless ``limits_checked``; of
         ``built``, the BuiltRows ``batch`` comes from, what its caller checked not again).
-        Returns the batch (with queue ids chosen if the column had nulls) and what
-        dispatch can reuse."""
+        Returns the batch (with queue ids chosen if the column had nulls; ``built`` itself
+        where it is unchanged, read as a batch only if needed) and what dispatch can
+        reuse."""
         n = batch.num_rows
         if n == 0:
             raise InvalidMessageError("append_batch got no rows")
@@ -468,22 +480,23 @@ class BatchBuilder:
         if built is not None and built.topic is not None:
             names, idx = [built.topic], None
         elif n == 1:
-            names, idx = batch.column(0).to_pylist(), None
+            names, idx = fmt.record_batch(batch).column(0).to_pylist(), None
         else:
-            topics = batch.column(0)
+            topics = fmt.record_batch(batch).column(0)
             names, idx = distinct_strings(topics), None     # (cheaper than encoding)
             if len(names) > 1:
                 enc = pc.dictionary_encode(topics)
                 names = enc.dictionary.to_pylist()
                 idx = enc.indices.to_numpy()
         confs = [self.topic_conf(t) for t in names]
-        qcol = batch.column(1)
-        if qcol.null_count == 0:
-            qids = qcol.to_numpy()
+        one = built.queue if built is not None else None
+        qcol = None if one is not None else fmt.record_batch(batch).column(1)
+        if qcol is None or qcol.null_count == 0:
+            qids = _queue_ids(n, one) if qcol is None else qcol.to_numpy()
             for i, conf in enumerate(confs):
                 q = qids if idx is None else qids[idx == i]
-                if built is not None and built.queue is not None:
-                    lo = hi = built.queue
+                if one is not None:
+                    lo = hi = one
                 elif len(q) > 16:
                     lo, hi = int(q.min()), int(q.max())
                 else:                    # (a numpy min costs as much as 16 rows' in Python)
@@ -493,6 +506,7 @@ class BatchBuilder:
                         f"queue_id out of range for topic {names[i]!r} "
                         f"(0..{conf.write_queue_nums - 1})")
         else:
+            batch = fmt.record_batch(batch)
             qids = self.chooser.choose(qcol, names, idx, [c.write_queue_nums for c in confs],
                                        n, batch.column(_MESSAGE_GROUP_COLUMN))
             batch = batch.set_column(1, fmt.SEGMENT_SCHEMA.field(1), pa.array(qids, pa.int32()))

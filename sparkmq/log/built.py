@@ -19,23 +19,32 @@ with :func:`stamp_store_time` (a new column).
 """
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from . import format as fmt
-from .batch import build_segment_batch, time_column, time_values
+from .batch import build_segment_batch, shared_defaults, time_column, time_values
 from .dispatch import binary_lengths
 
 try:
     from .. import _ipc
 except ImportError:     # not built here (no C compiler): each export takes the schema too
     _ipc = None
+try:
+    from .. import _compose
+except ImportError:     # not built here: every segment batch is built in pyarrow
+    _compose = None
 
 _SCHEMA_CAPSULE = fmt.SEGMENT_SCHEMA.__arrow_c_schema__()
 _STORE_AT = fmt.SEGMENT_SCHEMA.get_field_index("store_timestamp")
 _STORE_FIELD = fmt.SEGMENT_SCHEMA.field(_STORE_AT)
+_BORN_AT = fmt.SEGMENT_SCHEMA.get_field_index("born_timestamp")
+_QUEUE_AT = fmt.SEGMENT_SCHEMA.get_field_index("queue_id")
+_IMPORTING = threading.Lock()     # a composed batch is imported into pyarrow once
 
 
 class BuiltRows:
@@ -44,19 +53,41 @@ class BuiltRows:
     (int64 ms, a writable view of the column's own buffer), ``topic`` every row's topic
     if they have one (else None), ``queue`` likewise their queue id, ``given`` the
     columns the builder took from the caller (the others hold the schema's defaults:
-    what the store need not look at). Its length: rows."""
-    __slots__ = ("batch", "body_sizes", "times", "topic", "queue", "given", "_buf",
-                 "_c_array", "_nbytes")
+    what the store need not look at). Its length: rows.
 
-    def __init__(self, batch: pa.RecordBatch, body_sizes: np.ndarray, times: bytearray, *,
-                 topic: str | None, queue: int | None, given: frozenset):
-        self.batch, self.body_sizes, self.topic, self.given = batch, body_sizes, topic, given
+    Rows made by :func:`composed_rows` hold their batch as an Arrow C struct
+    (``sparkmq._compose``) until ``batch`` is first read: the limit screen and the IPC
+    writer read the struct (``c_array``), so a put that needs nothing else never builds
+    the pyarrow batch; the CommitLog's cache keeps the rows, read as a batch later."""
+    __slots__ = ("_batch", "_import", "num_rows", "body_sizes", "times", "topic", "queue",
+                 "given", "composed", "_buf", "_c_array", "_nbytes")
+
+    def __init__(self, batch: pa.RecordBatch | None, body_sizes: np.ndarray, times: bytearray,
+                 *, topic: str | None, queue: int | None, given: frozenset,
+                 composed: tuple | None = None):
+        self._batch, self.body_sizes, self.topic, self.given = batch, body_sizes, topic, given
         self.queue = queue
         self._buf, self.times = times, np.frombuffer(times, np.int64)
-        self._c_array = self._nbytes = None
+        self._c_array = self._nbytes = self._import = None
+        self.composed = composed is not None      # (made in C: ``composed_rows``)
+        if composed is not None:         # (import capsule, its address, the kept capsule)
+            self._import, self._c_array = composed[:2], (_SCHEMA_CAPSULE, composed[2])
+        self.num_rows = len(self.times)
 
     def __len__(self) -> int:
-        return self.batch.num_rows
+        return self.num_rows
+
+    @property
+    def batch(self) -> pa.RecordBatch:
+        """The rows as a record batch in SEGMENT_SCHEMA (composed rows: imported from
+        their C struct the first time, by one thread)."""
+        if self._batch is None:
+            with _IMPORTING:
+                if self._batch is None:
+                    self._batch = pa.RecordBatch._import_from_c(self._import[1],
+                                                                fmt.SEGMENT_SCHEMA)
+                    self._import = None
+        return self._batch
 
     def c_array(self) -> tuple:
         """The batch's ``__arrow_c_array__()``, exported once for the limit screen and the
@@ -122,6 +153,61 @@ def build_rows(columns: Mapping[str, Sequence | pa.Array], n: int, *, store_host
         body_sizes = binary_lengths(batch.column(2))      # (SEGMENT_SCHEMA: body 2)
     return BuiltRows(batch, body_sizes, times, topic=topic, queue=queue,
                      given=frozenset(given))
+
+
+def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
+                  n: int, *, store_host: str, now_ms: int, body_sizes: np.ndarray,
+                  topic: str, queue: int) -> BuiltRows | None:
+    """:func:`build_rows` of ``columns``, every row of topic ``topic`` and queue
+    ``queue``, composed in C (``sparkmq._compose``) instead of built in pyarrow: the
+    same rows, as the tests hold the two. ``columns`` are columns of the record batch
+    ``source``, each in its SEGMENT_SCHEMA type (the C code compares the types), with
+    ``queue_id`` (``queue``'s) and nothing else; the others
+    are the schema's defaults. None where they are not composed (the module not built,
+    more than 1,024 rows, a born time to fill, a column the C code refuses): then call
+    :func:`build_rows`."""
+    if _compose is None or _ipc is None or not 0 < n <= 1024:
+        return None
+    born = columns.get("born_timestamp")
+    if born is not None and born.null_count:
+        return None                      # (fill_required's work: the builder's)
+    schema = source.schema
+    slots = _slots(tuple(schema.names), tuple(name for name in columns if name != "queue_id"))
+    if slots is None:
+        return None
+    times, born_values = bytearray(time_values(now_ms, n)), time_values(now_ms, n)
+    capsule, address = _ipc.array_capsule()
+    source._export_to_c(address)
+    composed = _compose.compose(_template(n, store_host, queue), capsule,
+                                schema.__arrow_c_schema__(),
+                                _SCHEMA_CAPSULE, slots, (times, born_values))
+    if composed is None:
+        return None
+    return BuiltRows(None, body_sizes, times, topic=topic, queue=queue,
+                     given=frozenset(columns), composed=composed)
+
+
+@functools.lru_cache(maxsize=64)
+def _slots(names: tuple[str, ...], taken: tuple[str, ...]) -> tuple[int, ...] | None:
+    """``_compose.compose``'s slots: each SEGMENT_SCHEMA column from the source's column
+    of its name where ``taken`` (a name not in ``names``: None), the store time from the
+    first values, the born time from the second where not taken, else the template."""
+    if not set(taken) <= set(names) or "store_timestamp" in taken:
+        return None
+    at = {name: names.index(name) for name in taken}
+    return tuple(at[f.name] if f.name in at else -2 if i == _STORE_AT else
+                 -3 if i == _BORN_AT else -1 for i, f in enumerate(fmt.SEGMENT_FIELDS))
+
+
+@functools.lru_cache(maxsize=64)
+def _template(n: int, store_host: str, queue: int):
+    """The exported arrays ("arrow_array" capsule) of a batch of ``n`` rows holding
+    SEGMENT_SCHEMA's defaults (:func:`build_segment_batch`'s shared columns) and queue id
+    ``queue``: the columns a composed batch does not take from its source."""
+    cols = list(shared_defaults(n, store_host))
+    cols[_QUEUE_AT] = pa.array(np.full(n, queue, np.int32))
+    cols[_STORE_AT] = cols[_BORN_AT] = time_column(time_values(0, n), n)
+    return _export(pa.RecordBatch.from_arrays(cols, schema=fmt.SEGMENT_SCHEMA))[1]
 
 
 def _has_nulls(values) -> bool:

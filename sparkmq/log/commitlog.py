@@ -230,10 +230,12 @@ class CommitLog:
                 return r
         raise CorruptStoreError(f"segment {path} is not in the commit log of {self.sfs.url}")
 
-    def append(self, batch: pa.RecordBatch, data: pa.Buffer | None = None, *,
+    def append(self, batch, data: pa.Buffer | None = None, *,
                c_array: tuple | None = None) -> int:
-        """Append one batch (``data``: its bytes if made; ``c_array``: its
-        ``__arrow_c_array__()`` if exported); its physical offset. Caller serializes appends."""
+        """Append one batch (a record batch, or BuiltRows: kept in the cache as they are,
+        read as a batch when first read; ``data``: its bytes if made; ``c_array``: its
+        ``__arrow_c_array__()`` if exported); its physical offset. Caller serializes
+        appends."""
         if data is None:
             data = seg.serialize_batch(batch, c_array)
         if self.needs_roll(len(data)):
@@ -295,7 +297,7 @@ class CommitLog:
         with self._lock:
             cached = self._cache.get(batch_offset)
         if cached is not None:
-            return cached[0]
+            return fmt.record_batch(cached[0])    # (BuiltRows: read as a batch once)
         ref = self.segment_for(batch_offset)
         if ref is None:
             first = self.min_offset()

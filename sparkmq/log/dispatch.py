@@ -245,16 +245,19 @@ class Dispatcher:
                     log.exception("arrival listener failed")
 
     # -- dispatch ------------------------------------------------------------
-    def dispatch(self, batch: pa.RecordBatch, batch_offset: int, info: RowInfo | None = None,
+    def dispatch(self, batch, batch_offset: int, info: RowInfo | None = None,
                  store_ts_ms: np.ndarray | None = None) -> tuple[np.ndarray, list]:
         """Assign queue offsets to a batch's rows; add ConsumeQueue and Index entries.
 
-        ``info`` (what validation learned about the rows) and ``store_ts_ms``
-        (the store_timestamp column as int64 ms) are computed from the batch
-        when not given. Returns the queue offsets per row (-1 for rows of a
+        ``batch``: a record batch, or BuiltRows (``log/built.py``: read as a batch only
+        for columns it gives). ``info`` (what validation learned about the rows) and
+        ``store_ts_ms`` (the store_timestamp column as int64 ms) are computed from the
+        batch when not given. Returns the queue offsets per row (-1 for rows of a
         deleted topic) and the (topic, topic_id, queue_id, next offset) of each
         queue touched, for :meth:`after_visible`. Serialized by the caller."""
         n = batch.num_rows
+        if info is None or store_ts_ms is None:
+            batch = fmt.record_batch(batch)
         if info is None:
             info = row_info(batch)
         if store_ts_ms is None:   # a copy: chunks must not pin (memory-mapped) segment bytes
@@ -265,8 +268,8 @@ class Dispatcher:
                           dtype=np.int64)
         sizes = info.body_sizes
         given = info.given
-        tcodes = tags_codes(batch.column("tags")) if given is None or "tags" in given else \
-            np.zeros(n, np.int64)
+        tcodes = tags_codes(fmt.record_batch(batch).column("tags")) \
+            if given is None or "tags" in given else np.zeros(n, np.int64)
         groups, tnp = queue_groups(tids, info, n)
         name_of = dict(zip(tids.tolist(), info.topic_names))
         qos = None
@@ -293,10 +296,11 @@ class Dispatcher:
             updates.append((name_of[tid], tid, qid, start + count))
         if qos is None:
             qos = np.full(n, -1, dtype=np.int64)
-        if (given is None or "keys" in given) and batch.column("keys").null_count != n:
+        if (given is None or "keys" in given) and \
+                fmt.record_batch(batch).column("keys").null_count != n:
             if tnp is None:
                 tnp = topic_ids_per_row(tids, info, n)
-            itable = index_entries(batch, tnp, qos, batch_offset)
+            itable = index_entries(fmt.record_batch(batch), tnp, qos, batch_offset)
             if itable is not None:
                 keep = pc.greater_equal(itable.column("topic_id"), 0)
                 self.index.add(batch_offset, itable.filter(keep))

@@ -98,6 +98,12 @@ _FILLED = tuple((i, f.name) for i, f in enumerate(SEGMENT_FIELDS)
                 if f.name in FILLED_COLUMNS)
 
 
+def record_batch(rows) -> pa.RecordBatch:
+    """``rows`` as a record batch in SEGMENT_SCHEMA: itself, or a BuiltRows' batch
+    (``log/built.py``; a composed one's is made when first asked for)."""
+    return rows if isinstance(rows, pa.RecordBatch) else rows.batch
+
+
 def fill_required(batch: pa.RecordBatch, clock_ms: Callable[[], int]) -> pa.RecordBatch:
     """``batch`` (SEGMENT_SCHEMA) with the nulls of the columns FORMAT.md declares not
     null and a writer may leave to their defaults filled in: ``born_timestamp`` now

@@ -49,19 +49,21 @@ _IPC_OPTIONS = pa.ipc.IpcWriteOptions()
 _CHECKSUM_METADATA = pa.KeyValueMetadata(checksum.CUSTOM_METADATA)   # (a dict: converted per call)
 
 
-def serialize_batch(batch: pa.RecordBatch, c_array: tuple | None = None) -> pa.Buffer:
+def serialize_batch(batch, c_array: tuple | None = None) -> pa.Buffer:
     """The encapsulated IPC message of ``batch`` (the bytes appended to a segment), with its
     CRC32C checksum in the message's custom metadata (:mod:`sparkmq.log.checksum`).
 
     Written and sealed in one C call (``sparkmq._ipc``: the same bytes to a reader, one call
     instead of ~10 pyarrow and Python steps) where that module was built and lays the batch
-    out; else by pyarrow's stream writer. ``c_array``: the batch's ``__arrow_c_array__()``
-    if the caller exported it already."""
+    out; else by pyarrow's stream writer. ``batch``: a record batch or BuiltRows
+    (``log/built.py``); ``c_array``: its ``__arrow_c_array__()`` if the caller exported it
+    already."""
     if _ipc is not None:
         out = _ipc.record_batch_message(*(c_array or batch.__arrow_c_array__()),
                                         *checksum.SEAL_ARGS)
         if out is not None:
             return pa.py_buffer(out)
+    batch = fmt.record_batch(batch)
     sink = pa.BufferOutputStream()
     # explicit options: new_stream without them reads two environment variables a call
     writer = pa.ipc.RecordBatchStreamWriter(sink, batch.schema, options=_IPC_OPTIONS)

@@ -317,17 +317,31 @@ def _rows(broker, topic: str, msgs: list[dict]) -> list[dict]:
             for r in broker.store.read_table(topic, 0, 0).to_pylist()]
 
 
+def _composed_here() -> bool:
+    try:
+        from sparkmq import _compose  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 _GOOD = {"topic": "$T", "namespace": "", "body": b"hello", "message_id": "0101A",
          "born_host": "10.0.0.1", "born": (1_700_000_000, 5_000_000),
          "message_type": pb.NORMAL, "encoding": pb.IDENTITY, "extra": None}
 
 
-def test_a_plain_request_is_answered_by_the_c_path(broker):
+def test_a_plain_request_is_answered_by_the_c_path(broker, monkeypatch):
     broker.store.create_topic("PLAIN", read_queue_nums=1, write_queue_nums=1)
     msgs = [_GOOD, {**_GOOD, "message_id": "0202B", "body": b"x" * 200}]
+    core, composed = broker.batch_sender, []
+    store = core.store
+    monkeypatch.setattr(core, "store", lambda rows, topics: (
+        composed.append(rows.composed), store(rows, topics))[1])
     answer = plainsend.send_plain(broker, spb.SendMessageRequest(
         messages=[_pb(m, "PLAIN") for m in msgs]), GrpcContext())
     assert isinstance(answer, bytes)
+    # its segment batch composed in C (log/built.py) where that module is built
+    assert composed == [_composed_here()]
     resp = spb.SendMessageResponse.FromString(answer)
     assert [(e.message_id, e.offset) for e in resp.entries] == [("0101A", 0), ("0202B", 1)]
     assert [r["body"] for r in broker.store.read_table("PLAIN", 0, 0).to_pylist()] == \

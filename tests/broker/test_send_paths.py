@@ -122,3 +122,23 @@ def test_the_rocketmq_and_flight_paths_refuse_or_store_alike(broker, msgs):
         assert found, failed
         assert _rocketmq(broker, f"R{k}", [msgs[int(found[2])]]) == found[1], (refused, failed)
         assert _rows(broker, f"F{k}") == [] and _rows(broker, f"R{k}") == []
+
+
+def test_a_plain_flight_batch_is_composed_in_c_and_stored_as_built(broker):
+    # the usual send (one topic, no message group or queue id) is composed in C
+    # (log/built.py); one with a message group is built in pyarrow: both store alike
+    pytest.importorskip("sparkmq._compose", reason="the C module is not built here")
+    from sparkmq.broker.batchsend import typed
+    k = next(_topics)
+    broker.store.create_topic(f"C{k}", read_queue_nums=1, write_queue_nums=1)
+    plain = typed(pa.RecordBatch.from_pydict({"topic": [f"C{k}"] * 2, "body": [b"a", b"b"],
+                                              "tags": ["t", None]}))
+    grouped = plain.append_column("message_group", pa.array(["g", None]))
+    core = broker.batch_sender
+    composed, built = core.check(plain, [f"C{k}"]), core.check(grouped, [f"C{k}"])
+    assert composed.composed and not built.composed
+    core.store(composed, [f"C{k}"])
+    core.store(built, [f"C{k}"])
+    rows = _rows(broker, f"C{k}")
+    assert [(r["body"], r["tags"], r["message_type"]) for r in rows] == \
+        [(b"a", "t", 0), (b"b", None, 0), (b"a", "t", 1), (b"b", None, 0)]
