@@ -180,20 +180,20 @@ class BatchSender:
                 if name in ("topic", "body") or col.null_count < n}
         if "message_group" in cols:
             cols["message_type"] = group_message_types(cols["message_group"])
+        if body_sizes is None:
+            body_sizes = binary_lengths(cols["body"])
         one = None
         if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
             one = self.broker.sender.request_queue(topics[0])   # (the usual send)
+            if source is not None:                              # composed in C
+                rows = composed_rows(source, cols, n, body_sizes=body_sizes, topic=topics[0],
+                                     queue=one, store_host=self.broker.store.config.store_host,
+                                     now_ms=self.broker.clock_ms())
+                if rows is not None:
+                    return rows
             cols["queue_id"] = constant_column(one, pa.int32(), n)
         else:
             cols["queue_id"] = self._placed(cols, n)
-        if body_sizes is None:
-            body_sizes = binary_lengths(cols["body"])
-        if one is not None and source is not None:      # (the usual send, composed in C)
-            rows = composed_rows(source, cols, n, store_host=self.broker.store.config.store_host,
-                                 now_ms=self.broker.clock_ms(), body_sizes=body_sizes,
-                                 topic=topics[0], queue=one)
-            if rows is not None:
-                return rows
         return build_rows(cols, n, store_host=self.broker.store.config.store_host,
                           now_ms=self.broker.clock_ms(), body_sizes=body_sizes,
                           topic=topics[0] if len(topics) == 1 else None, queue=one)

@@ -161,9 +161,8 @@ def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
     """:func:`build_rows` of ``columns``, every row of topic ``topic`` and queue
     ``queue``, composed in C (``sparkmq._compose``) instead of built in pyarrow: the
     same rows, as the tests hold the two. ``columns`` are columns of the record batch
-    ``source``, each in its SEGMENT_SCHEMA type (the C code compares the types), with
-    ``queue_id`` (``queue``'s) and nothing else; the others
-    are the schema's defaults. None where they are not composed (the module not built,
+    ``source``, each in its SEGMENT_SCHEMA type (the C code compares the types), and not
+    ``queue_id`` (every row's is ``queue``); the others are the schema's defaults. None where they are not composed (the module not built,
     more than 1,024 rows, a born time to fill, a column the C code refuses): then call
     :func:`build_rows`."""
     if _compose is None or _ipc is None or not 0 < n <= 1024:
@@ -172,9 +171,10 @@ def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
     if born is not None and born.null_count:
         return None                      # (fill_required's work: the builder's)
     schema = source.schema
-    slots = _slots(tuple(schema.names), tuple(name for name in columns if name != "queue_id"))
-    if slots is None:
+    plan = _plan(tuple(schema.names), tuple(columns))
+    if plan is None:
         return None
+    slots, given = plan
     times, born_values = bytearray(time_values(now_ms, n)), time_values(now_ms, n)
     capsule, address = _ipc.array_capsule()
     source._export_to_c(address)
@@ -183,20 +183,23 @@ def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
                                 _SCHEMA_CAPSULE, slots, (times, born_values))
     if composed is None:
         return None
-    return BuiltRows(None, body_sizes, times, topic=topic, queue=queue,
-                     given=frozenset(columns), composed=composed)
+    return BuiltRows(None, body_sizes, times, topic=topic, queue=queue, given=given,
+                     composed=composed)
 
 
 @functools.lru_cache(maxsize=64)
-def _slots(names: tuple[str, ...], taken: tuple[str, ...]) -> tuple[int, ...] | None:
-    """``_compose.compose``'s slots: each SEGMENT_SCHEMA column from the source's column
-    of its name where ``taken`` (a name not in ``names``: None), the store time from the
-    first values, the born time from the second where not taken, else the template."""
-    if not set(taken) <= set(names) or "store_timestamp" in taken:
+def _plan(names: tuple[str, ...], taken: tuple[str, ...]) -> tuple | None:
+    """(``_compose.compose``'s slots, the BuiltRows' ``given``) of the source's columns
+    ``taken`` (a name not in ``names``, or a store time or queue column: None): each
+    SEGMENT_SCHEMA column from the source's column of its name where taken, the store
+    time from the first values, the born time from the second where not taken, else the
+    template (which holds the queue id)."""
+    if not set(taken) <= set(names) or {"store_timestamp", "queue_id"} & set(taken):
         return None
     at = {name: names.index(name) for name in taken}
     return tuple(at[f.name] if f.name in at else -2 if i == _STORE_AT else
-                 -3 if i == _BORN_AT else -1 for i, f in enumerate(fmt.SEGMENT_FIELDS))
+                 -3 if i == _BORN_AT else -1 for i, f in enumerate(fmt.SEGMENT_FIELDS)), \
+        frozenset(taken) | {"queue_id"}
 
 
 @functools.lru_cache(maxsize=64)

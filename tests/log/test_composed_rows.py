@@ -40,10 +40,11 @@ def _both(source: pa.RecordBatch, queue: int = 1):
     n = source.num_rows
     cols = {name: col for name, col in zip(source.schema.names, source.columns)
             if name in ("topic", "body") or col.null_count < n}
-    cols["queue_id"] = pa.array(np.full(n, queue, np.int32))
     sizes = binary_lengths(cols["body"])
     args = dict(store_host=HOST, now_ms=NOW, body_sizes=sizes, topic="t", queue=queue)
-    return build_rows(cols, n, **args), composed_rows(source, cols, n, **args)
+    composed = composed_rows(source, cols, n, **args)
+    cols["queue_id"] = pa.array(np.full(n, queue, np.int32))     # (the builder's column)
+    return build_rows(cols, n, **args), composed
 
 
 @st.composite
@@ -108,11 +109,13 @@ def test_a_born_time_with_nulls_is_left_to_the_builder():
                                 "tags": pa.array(["a"], pa.large_string())}),
     # an array that starts past its buffers' start
     pa.RecordBatch.from_pydict({"topic": ["t"] * 3, "body": [b"x", b"y", b"z"]}).slice(1, 1),
-], ids=["string-body", "large-string-tags", "sliced"])
+    # a queue id of the producer's own (a composed batch has one queue: the template's)
+    pa.RecordBatch.from_pydict({"topic": ["t"], "body": [b"x"],
+                                "queue_id": pa.array([0], pa.int32())}),
+], ids=["string-body", "large-string-tags", "sliced", "queue-id"])
 def test_columns_that_do_not_fit_are_refused_and_nothing_is_moved(source):
     n = source.num_rows
     cols = dict(zip(source.schema.names, source.columns))
-    cols["queue_id"] = pa.array(np.zeros(n, np.int32))
     assert composed_rows(source, cols, n, store_host=HOST, now_ms=NOW,
                          body_sizes=np.ones(n, np.int32), topic="t", queue=0) is None
     source.validate(full=True)               # still whole, still readable
