@@ -8,9 +8,10 @@
  *   given_schema    an "arrow_schema" capsule: that batch's schema;
  *   segment_schema  an "arrow_schema" capsule: SEGMENT_SCHEMA;
  *   slots           a tuple, one int per segment column: i >= 0 takes the given batch's
- *                   column i, -1 the template's, -2 - k the int64 values values[k];
- *   values          a tuple of buffers of n int64 values each (no nulls), e.g. the store
- *                   times the caller stamps in place later.
+ *                   column i, -1 the template's, -2 - k the values values[k];
+ *   values          a tuple of buffers of n fixed-width values each (no nulls) for int32,
+ *                   int64 and timestamp columns: the queue id, and the store times the
+ *                   caller stamps in place later.
  * and returns (import_capsule, import_address, kept_capsule): two "arrow_array" capsules
  * holding the same composed record batch. The first is for RecordBatch._import_from_c
  * (which moves it out); the second stays for the C readers (the limit screen, the IPC
@@ -20,8 +21,8 @@
  *
  * Returns None, moving nothing, where the columns do not fit: a given column whose type
  * is not the segment column's (format strings compared down the children), an offset
- * other than 0, an unknown null count, a length other than n, a values buffer of another
- * size or for a column that is not 8 bytes wide. The caller then builds the batch in
+ * other than 0, an unknown null count, a length other than n, a values buffer for a
+ * column of another type or of another size than n of its values. The caller then builds the batch in
  * pyarrow (log/batch.py's build_segment_batch): the same batch, as the tests hold them.
  *
  * Why: building the 16-column batch in pyarrow and exporting it for the screen and the
@@ -93,9 +94,13 @@ static int same_type(const struct ArrowSchema *a, const struct ArrowSchema *b, i
     return 1;
 }
 
-static int eight_bytes_wide(const char *f)
+/* The byte width of a value of an int32, int64 or timestamp column; 0 for other types. */
+static int value_width(const char *f)
 {
-    return (f[0] == 'l' && !f[1]) || (f[0] == 't' && f[1] == 's' && f[2] && f[3] == ':');
+    if (f[0] == 'i' && !f[1])
+        return 4;
+    return (f[0] == 'l' && !f[1]) || (f[0] == 't' && f[1] == 's' && f[2] && f[3] == ':')
+        ? 8 : 0;
 }
 
 /* A capsule holding a new parent struct over sh (one of sh's references). */
@@ -154,8 +159,6 @@ static PyObject *compose(PyObject *self, PyObject *args)
         if (PyObject_GetBuffer(PyTuple_GET_ITEM(values, k), &sh->views[k], PyBUF_SIMPLE) < 0)
             goto fail;
         sh->n_views++;
-        if (sh->views[k].len != 8 * n)
-            goto unfit;
         sh->own_buffers[k][0] = NULL;
         sh->own_buffers[k][1] = sh->views[k].buf;
         sh->own[k] = (struct ArrowArray){.length = n, .n_buffers = 2,
@@ -178,7 +181,8 @@ static PyObject *compose(PyObject *self, PyObject *args)
             sh->children[i] = t->children[i];
         } else {
             long k = -2 - slot;
-            if (k >= n_values || !eight_bytes_wide(ss->children[i]->format))
+            if (k >= n_values || sh->views[k].len != value_width(ss->children[i]->format) * n
+                    || sh->views[k].len == 0)
                 goto unfit;
             sh->children[i] = &sh->own[k];
         }

@@ -20,12 +20,14 @@ with :func:`stamp_store_time` (a new column).
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from typing import Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
 
+from ..arrowcols import constant_column
 from . import format as fmt
 from .batch import build_segment_batch, shared_defaults, time_column, time_values
 from .dispatch import binary_lengths
@@ -162,9 +164,9 @@ def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
     ``queue``, composed in C (``sparkmq._compose``) instead of built in pyarrow: the
     same rows, as the tests hold the two. ``columns`` are columns of the record batch
     ``source``, each in its SEGMENT_SCHEMA type (the C code compares the types), and not
-    ``queue_id`` (every row's is ``queue``); the others are the schema's defaults. None where they are not composed (the module not built,
-    more than 1,024 rows, a born time to fill, a column the C code refuses): then call
-    :func:`build_rows`."""
+    ``queue_id`` (every row's is ``queue``); the others are the schema's defaults. None
+    where they are not composed (the module not built, more than 1,024 rows, a born time
+    to fill, a column the C code refuses): then call :func:`build_rows`."""
     if _compose is None or _ipc is None or not 0 < n <= 1024:
         return None
     born = columns.get("born_timestamp")
@@ -176,11 +178,11 @@ def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
         return None
     slots, given = plan
     times, born_values = bytearray(time_values(now_ms, n)), time_values(now_ms, n)
+    queues = queue.to_bytes(4, sys.byteorder, signed=True) * n
     capsule, address = _ipc.array_capsule()
     source._export_to_c(address)
-    composed = _compose.compose(_template(n, store_host, queue), capsule,
-                                schema.__arrow_c_schema__(),
-                                _SCHEMA_CAPSULE, slots, (times, born_values))
+    composed = _compose.compose(_template(n, store_host), capsule, schema.__arrow_c_schema__(),
+                                _SCHEMA_CAPSULE, slots, (times, born_values, queues))
     if composed is None:
         return None
     return BuiltRows(None, body_sizes, times, topic=topic, queue=queue, given=given,
@@ -192,23 +194,24 @@ def _plan(names: tuple[str, ...], taken: tuple[str, ...]) -> tuple | None:
     """(``_compose.compose``'s slots, the BuiltRows' ``given``) of the source's columns
     ``taken`` (a name not in ``names``, or a store time or queue column: None): each
     SEGMENT_SCHEMA column from the source's column of its name where taken, the store
-    time from the first values, the born time from the second where not taken, else the
-    template (which holds the queue id)."""
+    time from the first values, the born time from the second where not taken, the queue
+    id from the third, else the template."""
     if not set(taken) <= set(names) or {"store_timestamp", "queue_id"} & set(taken):
         return None
     at = {name: names.index(name) for name in taken}
     return tuple(at[f.name] if f.name in at else -2 if i == _STORE_AT else
-                 -3 if i == _BORN_AT else -1 for i, f in enumerate(fmt.SEGMENT_FIELDS)), \
-        frozenset(taken) | {"queue_id"}
+                 -3 if i == _BORN_AT else -4 if i == _QUEUE_AT else -1
+                 for i, f in enumerate(fmt.SEGMENT_FIELDS)), frozenset(taken) | {"queue_id"}
 
 
 @functools.lru_cache(maxsize=64)
-def _template(n: int, store_host: str, queue: int):
+def _template(n: int, store_host: str):
     """The exported arrays ("arrow_array" capsule) of a batch of ``n`` rows holding
-    SEGMENT_SCHEMA's defaults (:func:`build_segment_batch`'s shared columns) and queue id
-    ``queue``: the columns a composed batch does not take from its source."""
+    SEGMENT_SCHEMA's defaults (:func:`build_segment_batch`'s shared columns, as many as
+    its cache keeps): the columns a composed batch takes from neither its source nor its
+    values (the queue and time columns here are placeholders)."""
     cols = list(shared_defaults(n, store_host))
-    cols[_QUEUE_AT] = pa.array(np.full(n, queue, np.int32))
+    cols[_QUEUE_AT] = constant_column(0, pa.int32(), n)
     cols[_STORE_AT] = cols[_BORN_AT] = time_column(time_values(0, n), n)
     return _export(pa.RecordBatch.from_arrays(cols, schema=fmt.SEGMENT_SCHEMA))[1]
 

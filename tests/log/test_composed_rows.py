@@ -199,7 +199,17 @@ def test_compose_holds_the_values_and_the_template_until_both_capsules_go():
     ((0,), ()),                               # fewer slots than the schema's columns
 ], ids=["short-values", "missing-values", "no-such-column", "too-few-slots"])
 def test_compose_refuses_slots_that_do_not_fit_and_moves_nothing(slots, values):
-    template = pa.RecordBatch.from_pydict({"a": [1, 2], "b": [3, 4]})
+    _refused(pa.RecordBatch.from_pydict({"a": [1, 2], "b": [3, 4]}), slots, values)
+
+
+def test_compose_refuses_values_for_a_column_that_is_not_fixed_width():
+    _refused(pa.RecordBatch.from_pydict({"a": [1, 2], "b": ["x", "y"]}), (0, -2),
+             (bytearray(16),))
+    _refused(pa.RecordBatch.from_pydict({"a": [1, 2], "b": pa.array([1, 2], pa.int32())}),
+             (0, -2), (bytearray(16),))          # (int32: 8 bytes for 2 rows, not 16)
+
+
+def _refused(template: pa.RecordBatch, slots: tuple, values: tuple) -> None:
     t_capsule, address = _ipc.array_capsule()
     template._export_to_c(address)
     source = pa.RecordBatch.from_pydict({"a": [5, 6]})
