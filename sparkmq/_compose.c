@@ -2,8 +2,10 @@
  * defaults, as an Arrow C data interface struct, without building it in pyarrow.
  *
  * compose(template, given, given_schema, segment_schema, slots, values) takes:
- *   template        an "arrow_array" capsule: a record batch in SEGMENT_SCHEMA of n rows
- *                   holding the store's defaults (log/built.py builds and keeps it);
+ *   template        an "arrow_array" capsule: a record batch in SEGMENT_SCHEMA holding
+ *                   the store's defaults, each column either all null or none, of at
+ *                   least n rows (log/built.py builds one and keeps it: its first n rows
+ *                   are taken, each column cut to n rows in a struct of this module's);
  *   given           an "arrow_array" capsule: the producer's batch of n rows, exported;
  *   given_schema    an "arrow_schema" capsule: that batch's schema;
  *   segment_schema  an "arrow_schema" capsule: SEGMENT_SCHEMA;
@@ -22,7 +24,8 @@
  * Returns None, moving nothing, where the columns do not fit: a given column whose type
  * is not the segment column's (format strings compared down the children), an offset
  * other than 0, an unknown null count, a length other than n, a values buffer for a
- * column of another type or of another size than n of its values. The caller then builds the batch in
+ * column of another type or of another size than n of its values, a template column
+ * shorter than n or with some nulls and not all. The caller then builds the batch in
  * pyarrow (log/batch.py's build_segment_batch): the same batch, as the tests hold them.
  *
  * Why: building the 16-column batch in pyarrow and exporting it for the screen and the
@@ -48,6 +51,7 @@ typedef struct {
     int n_views;
     struct ArrowArray own[MAX_VALUES];          /* the value columns */
     const void *own_buffers[MAX_VALUES][2];
+    struct ArrowArray cut[MAX_COLUMNS];         /* the template's columns, n rows of them */
     struct ArrowArray *children[MAX_COLUMNS];
 } Shared;
 
@@ -145,12 +149,12 @@ static PyObject *compose(PyObject *self, PyObject *args)
             || !(gs = PyCapsule_GetPointer(given_sc, "arrow_schema"))
             || !(ss = PyCapsule_GetPointer(segment_sc, "arrow_schema")))
         return NULL;
-    n = t->length;
+    n = g->length;
     n_slots = PyTuple_GET_SIZE(slots);
     n_values = PyTuple_GET_SIZE(values);
     if (!t->release || !g->release || n_slots > MAX_COLUMNS || n_values > MAX_VALUES
-            || t->n_children != n_slots || ss->n_children != n_slots || g->length != n
-            || g->offset != 0 || gs->n_children != g->n_children)
+            || t->n_children != n_slots || ss->n_children != n_slots || t->length < n
+            || t->offset != 0 || g->offset != 0 || gs->n_children != g->n_children)
         Py_RETURN_NONE;
     sh = PyMem_RawCalloc(1, sizeof(Shared));
     if (!sh)
@@ -178,7 +182,18 @@ static PyObject *compose(PyObject *self, PyObject *args)
                 goto unfit;
             sh->children[i] = c;
         } else if (slot == -1) {
-            sh->children[i] = t->children[i];
+            /* the first n rows of a constant column: the same buffers (their first
+               values are a shorter column's), the length and null count cut */
+            const struct ArrowArray *c = t->children[i];
+            if (!c->release || c->offset != 0 || c->length < n
+                    || (c->null_count != 0 && c->null_count != c->length))
+                goto unfit;
+            sh->cut[i] = *c;
+            sh->cut[i].length = n;
+            sh->cut[i].null_count = c->null_count ? n : 0;
+            sh->cut[i].release = release_child;
+            sh->cut[i].private_data = NULL;
+            sh->children[i] = &sh->cut[i];
         } else {
             long k = -2 - slot;
             if (k >= n_values || sh->views[k].len != value_width(ss->children[i]->format) * n

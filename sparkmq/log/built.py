@@ -47,6 +47,7 @@ _STORE_FIELD = fmt.SEGMENT_SCHEMA.field(_STORE_AT)
 _BORN_AT = fmt.SEGMENT_SCHEMA.get_field_index("born_timestamp")
 _QUEUE_AT = fmt.SEGMENT_SCHEMA.get_field_index("queue_id")
 _IMPORTING = threading.Lock()     # a composed batch is imported into pyarrow once
+_TEMPLATE_ROWS = 1024             # (a longer batch is built in pyarrow)
 
 
 class BuiltRows:
@@ -167,7 +168,7 @@ def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
     ``queue_id`` (every row's is ``queue``); the others are the schema's defaults. None
     where they are not composed (the module not built, more than 1,024 rows, a born time
     to fill, a column the C code refuses): then call :func:`build_rows`."""
-    if _compose is None or _ipc is None or not 0 < n <= 1024:
+    if _compose is None or _ipc is None or not 0 < n <= _TEMPLATE_ROWS:
         return None
     born = columns.get("born_timestamp")
     if born is not None and born.null_count:
@@ -181,7 +182,7 @@ def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
     queues = queue.to_bytes(4, sys.byteorder, signed=True) * n
     capsule, address = _ipc.array_capsule()
     source._export_to_c(address)
-    composed = _compose.compose(_template(n, store_host), capsule, schema.__arrow_c_schema__(),
+    composed = _compose.compose(_template(store_host), capsule, schema.__arrow_c_schema__(),
                                 _SCHEMA_CAPSULE, slots, (times, born_values, queues))
     if composed is None:
         return None
@@ -204,12 +205,13 @@ def _plan(names: tuple[str, ...], taken: tuple[str, ...]) -> tuple | None:
                  for i, f in enumerate(fmt.SEGMENT_FIELDS)), frozenset(taken) | {"queue_id"}
 
 
-@functools.lru_cache(maxsize=64)
-def _template(n: int, store_host: str):
-    """The exported arrays ("arrow_array" capsule) of a batch of ``n`` rows holding
-    SEGMENT_SCHEMA's defaults (:func:`build_segment_batch`'s shared columns, as many as
-    its cache keeps): the columns a composed batch takes from neither its source nor its
-    values (the queue and time columns here are placeholders)."""
+@functools.lru_cache(maxsize=8)
+def _template(store_host: str):
+    """The exported arrays ("arrow_array" capsule) of a batch of 1,024 rows holding
+    SEGMENT_SCHEMA's defaults (:func:`build_segment_batch`'s shared columns), of which a
+    composed batch of n rows takes the first n of each column it takes from neither its
+    source nor its values (the queue and time columns here are placeholders)."""
+    n = _TEMPLATE_ROWS
     cols = list(shared_defaults(n, store_host))
     cols[_QUEUE_AT] = constant_column(0, pa.int32(), n)
     cols[_STORE_AT] = cols[_BORN_AT] = time_column(time_values(0, n), n)

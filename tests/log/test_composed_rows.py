@@ -122,7 +122,14 @@ def test_columns_that_do_not_fit_are_refused_and_nothing_is_moved(source):
     assert source.column(0).to_pylist() == ["t"] * n
 
 
-def test_more_than_1024_rows_are_built_in_pyarrow():
+def test_up_to_1024_rows_are_composed_and_more_are_built_in_pyarrow():
+    # (the template holds 1,024 rows of each default: a batch takes the first n)
+    source = _source(1024, {"topic": ["t"] * 1024, "body": [b"x%d" % i for i in range(1024)],
+                            "tags": ["a", None] * 512})
+    built, composed = _both(source, queue=3)
+    assert composed is not None
+    assert seg.serialize_batch(composed, composed.c_array()).equals(
+        seg.serialize_batch(built.batch, built.c_array()))
     source = _source(1025, {"topic": ["t"] * 1025, "body": [b"x"] * 1025})
     assert _both(source)[1] is None
 
@@ -207,6 +214,12 @@ def test_compose_refuses_values_for_a_column_that_is_not_fixed_width():
              (bytearray(16),))
     _refused(pa.RecordBatch.from_pydict({"a": [1, 2], "b": pa.array([1, 2], pa.int32())}),
              (0, -2), (bytearray(16),))          # (int32: 8 bytes for 2 rows, not 16)
+
+
+def test_compose_refuses_a_template_it_cannot_cut():
+    _refused(pa.RecordBatch.from_pydict({"a": [1], "b": [3]}), (0, -1), ())   # too short
+    # a column neither all null nor never null: its first rows' null count is not known
+    _refused(pa.RecordBatch.from_pydict({"a": [1, 2], "b": [3, None]}), (0, -1), ())
 
 
 def _refused(template: pa.RecordBatch, slots: tuple, values: tuple) -> None:
