@@ -29,7 +29,8 @@
  * pyarrow (log/batch.py's build_segment_batch): the same batch, as the tests hold them.
  *
  * Why: building the 16-column batch in pyarrow and exporting it for the screen and the
- * writer cost a 100-row put ~20 us of its ~120; this is ~1 us.
+ * writer cost a put ~16 us in a hot loop (timeit); composing it costs ~5 us, of which
+ * this call ~1 (bench/README.md, "fifteenth session").
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>

@@ -17,7 +17,9 @@
  * lines its code touches.
  *
  * row_ids(prefix, first, n) writes the data of a send's ack's message ids (the id column's
- * bytes, 32 a row), which numpy took five calls to lay out.
+ * bytes, 32 a row), which numpy took five calls to lay out; id_ack(...) writes the whole
+ * ack stream of such ids (schema, batch, end marker), which took ~10 Python and pyarrow
+ * calls.
  */
 #define PY_SSIZE_T_CLEAN
 #define _GNU_SOURCE                  /* memmem */
@@ -413,33 +415,113 @@ static PyObject *array_capsule(PyObject *self, PyObject *noargs)
 /* row_ids(prefix, first, n): the data of n message ids, 32 ASCII bytes each: prefix (24
  * bytes) and the row number first + j as 8 upper-case hex digits (log/message.py's
  * encode_message_id). None for a row past 0xFFFFFFFF (eight digits no longer hold it). */
-static PyObject *row_ids(PyObject *self, PyObject *args)
+static void fill_ids(char *p, const char *prefix, long long first, Py_ssize_t n)
 {
     static const char hex[] = "0123456789ABCDEF";
-    const char *prefix;
-    Py_ssize_t plen, n;
-    long long first;
-    PyObject *out;
-    char *p;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "y#Ln", &prefix, &plen, &first, &n))
-        return NULL;
-    if (plen != 24 || n < 0 || first < 0) {
-        PyErr_SetString(PyExc_ValueError, "a 24-byte prefix and rows from 0");
-        return NULL;
-    }
-    if (first + (long long)n - 1 > 0xFFFFFFFFLL)
-        Py_RETURN_NONE;
-    out = PyBytes_FromStringAndSize(NULL, n * 32);
-    if (!out)
-        return NULL;
-    p = PyBytes_AS_STRING(out);
     for (Py_ssize_t j = 0; j < n; j++, p += 32) {
         uint32_t row = (uint32_t)(first + j);
         memcpy(p, prefix, 24);
         for (int d = 7; d >= 0; d--, row >>= 4)
             p[24 + d] = hex[row & 0xF];
     }
+}
+
+/* 0: the arguments of row_ids / id_ack are usable; -1: an error set; 1: a row past
+   0xFFFFFFFF (None). */
+static int check_ids(Py_ssize_t plen, long long first, Py_ssize_t n)
+{
+    if (plen != 24 || n < 0 || first < 0) {
+        PyErr_SetString(PyExc_ValueError, "a 24-byte prefix and rows from 0");
+        return -1;
+    }
+    return first + (long long)n - 1 > 0xFFFFFFFFLL;
+}
+
+static PyObject *row_ids(PyObject *self, PyObject *args)
+{
+    const char *prefix;
+    Py_ssize_t plen, n;
+    long long first;
+    PyObject *out;
+    int bad;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y#Ln", &prefix, &plen, &first, &n))
+        return NULL;
+    if ((bad = check_ids(plen, first, n)))
+        return bad < 0 ? NULL : Py_NewRef(Py_None);
+    out = PyBytes_FromStringAndSize(NULL, n * 32);
+    if (out)
+        fill_ids(PyBytes_AS_STRING(out), prefix, first, n);
+    return out;
+}
+
+/* id_ack(schema_message, end, queue_ids, queue_offsets, prefix, first): a send's whole ack
+ * stream (the flight module's ACK_SCHEMA) in one call: the schema's message, one record
+ * batch message of the rows' queue ids (int32), queue offsets (int64) and message ids
+ * (row_ids' layout, rows first..), then end (the end-of-stream marker). None for a row
+ * past 0xFFFFFFFF or buffers of other sizes than n rows. */
+static PyObject *id_ack(PyObject *self, PyObject *args)
+{
+    Py_buffer head, end, qids, qos;
+    const char *prefix;
+    Py_ssize_t plen, n;
+    long long first;
+    PyObject *batch = NULL, *out = NULL;
+    int32_t *offsets = NULL;
+    char *ids = NULL;
+    int bad;
+    Layout *L = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y#L", &head, &end, &qids, &qos, &prefix, &plen,
+                          &first))
+        return NULL;
+    n = qids.len / 4;
+    if ((bad = check_ids(plen, first, n)) < 0)
+        goto done;
+    if (bad || qids.len != 4 * n || qos.len != 8 * n || 32 * (long long)n > INT32_MAX) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    offsets = PyMem_Malloc(4 * (n + 1));
+    ids = PyMem_Malloc(32 * n + 1);
+    L = PyMem_Malloc(sizeof(Layout));
+    if (!offsets || !ids || !L) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j <= n; j++)
+        offsets[j] = (int32_t)(32 * j);
+    fill_ids(ids, prefix, first, n);
+    L->n_nodes = 3;
+    for (int i = 0; i < 3; i++)
+        L->nodes[i][0] = n, L->nodes[i][1] = 0;
+    L->n_buffers = 0;
+    add_buffer(L, NULL, 0);
+    add_buffer(L, qids.buf, 4 * n);
+    add_buffer(L, NULL, 0);
+    add_buffer(L, qos.buf, 8 * n);
+    add_buffer(L, NULL, 0);
+    add_buffer(L, offsets, 4 * (n + 1));
+    add_buffer(L, ids, 32 * n);
+    batch = message(L, n, NULL, -1, NULL, 0, Py_None);
+    if (!batch)
+        goto done;
+    out = PyBytes_FromStringAndSize(NULL, head.len + PyByteArray_GET_SIZE(batch) + end.len);
+    if (out) {
+        char *p = PyBytes_AS_STRING(out);
+        memcpy(p, head.buf, head.len);
+        memcpy(p + head.len, PyByteArray_AS_STRING(batch), PyByteArray_GET_SIZE(batch));
+        memcpy(p + head.len + PyByteArray_GET_SIZE(batch), end.buf, end.len);
+    }
+done:
+    Py_XDECREF(batch);
+    PyMem_Free(offsets);
+    PyMem_Free(ids);
+    PyMem_Free(L);
+    PyBuffer_Release(&head);
+    PyBuffer_Release(&end);
+    PyBuffer_Release(&qids);
+    PyBuffer_Release(&qos);
     return out;
 }
 
@@ -447,6 +529,12 @@ PyDoc_STRVAR(row_ids_doc,
 "row_ids(prefix, first, n) -> bytes | None\n\n"
 "The bytes of n message ids: the 24-byte prefix, then the row first + j as 8 upper-case\n"
 "hex digits, 32 bytes an id. None if a row exceeds 0xFFFFFFFF.");
+
+PyDoc_STRVAR(id_ack_doc,
+"id_ack(schema_message, end, queue_ids, queue_offsets, prefix, first) -> bytes | None\n\n"
+"A send's ack stream: the schema message, one batch of the queue ids (int32), queue\n"
+"offsets (int64) and the message ids of rows first.. (row_ids' layout), then end. None\n"
+"for a row past 0xFFFFFFFF or buffers not of one length.");
 
 PyDoc_STRVAR(array_capsule_doc,
 "array_capsule() -> (capsule, address)\n\n"
@@ -473,6 +561,7 @@ static PyMethodDef methods[] = {
     {"message_of_buffers", message_of_buffers, METH_VARARGS, message_of_buffers_doc},
     {"array_capsule", array_capsule, METH_NOARGS, array_capsule_doc},
     {"row_ids", row_ids, METH_VARARGS, row_ids_doc},
+    {"id_ack", id_ack, METH_VARARGS, id_ack_doc},
     {NULL, NULL, 0, NULL},
 };
 

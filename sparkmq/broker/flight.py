@@ -66,7 +66,7 @@ from ..errors import (AuthenticationError, AuthorizationError, MessageLimitError
 from ..log.batch import none_if_empty
 from ..log.dispatch import distinct_strings
 from ..log.limits import check_valid_arrow
-from ..log.message import batch_message_ids, delivered_ids, store_tag
+from ..log.message import batch_message_ids, delivered_ids, id_prefix, store_tag
 from ..log.names import validate_group, validate_topic
 from ..log.segment import EOS
 from ..log.status import PutMessageStatus
@@ -110,6 +110,23 @@ def _ack_stream(schema_message: pa.Buffer, queue_ids: np.ndarray, queue_offsets:
         batch = pa.RecordBatch.from_arrays([pa.array(qids), pa.array(qos), ids],
                                            schema=ACK_SCHEMA).serialize()
     return pa.py_buffer(b"".join((schema_message, batch, EOS)))
+
+
+def _broker_ids_ack(schema_message: pa.Buffer, queue_ids: np.ndarray,
+                    queue_offsets: np.ndarray, tag: int, batch_offset: int,
+                    first: int) -> pa.Buffer:
+    """:func:`_ack_stream` of rows whose ids are the broker's (``batch_message_ids``: rows
+    ``first..`` of the batch at ``batch_offset``): written whole by one C call
+    (``_ipc.id_ack``, the same bytes) where that module was built."""
+    qids = np.ascontiguousarray(queue_ids, np.int32)
+    qos = np.ascontiguousarray(queue_offsets, np.int64)
+    if _ipc is not None:
+        data = _ipc.id_ack(schema_message, EOS, qids, qos,
+                           id_prefix(tag, batch_offset).encode(), first)
+        if data is not None:
+            return pa.py_buffer(data)
+    return _ack_stream(schema_message, qids, qos,
+                       batch_message_ids(tag, batch_offset, len(qids), first))
 
 
 def _empty_as_none(batch: pa.RecordBatch, names: list[str]) -> pa.RecordBatch:
@@ -277,10 +294,14 @@ class FlightService(fl.FlightServerBase):
         # became visible: a wake here by topic would wake every queue's pulls again)
         # a producer's own id wins (``typed``: the column is a string array)
         own = batch.column(order.index("unique_key")) if "unique_key" in names else None
-        ids = delivered_ids(own, lambda: batch_message_ids(
-            store_tag(self.broker.store.store_id), r.batch_offset, batch.num_rows, stored.start))
+        tag = store_tag(self.broker.store.store_id)
         schema = _ACK_SCHEMA_MESSAGE if late is None else ACK_SCHEMA.with_metadata(
             {"status": Code.Name(late.code), "message": late.message}).serialize()
+        if own is None:                 # the broker's ids: the whole ack in one C call
+            return _broker_ids_ack(schema, stored.queue_ids, stored.queue_offsets, tag,
+                                   r.batch_offset, stored.start)
+        ids = delivered_ids(own, lambda: batch_message_ids(
+            tag, r.batch_offset, batch.num_rows, stored.start))
         return _ack_stream(schema, stored.queue_ids, stored.queue_offsets, ids)
 
     # ------------------------------------------------------------ consume

@@ -289,8 +289,8 @@ def check_batch(batch: pa.RecordBatch, limits: MessageLimits,
                 c_array: tuple | None = None) -> None:
     """Apply :func:`message_violation` to every row of ``batch`` (SEGMENT_SCHEMA, or
     BuiltRows: read as a batch only for the rows a screen flags); raise the first row's
-    error (naming the row, counted from ``first_row``: a caller
-    whose rows come in several batches counts them all). Rows no screen flags are not
+    error (naming the row, counted from ``first_row``: a caller whose rows come in
+    several batches counts them all). Rows no screen flags are not
     converted to Python: a batch of plain messages costs one C call (``sparkmq._screen``,
     a few us; ``c_array``: the batch's ``__arrow_c_array__()`` if the caller has it),
     or without it a few numpy calls (~50-120 us; then a batch of fewer than

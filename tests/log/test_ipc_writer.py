@@ -1,7 +1,8 @@
 """sparkmq._ipc, the C writer of a record batch's IPC message: a segment batch written by it
 reads back as the same batch, with the same body bytes as pyarrow's writer and a checksum
 that verifies; what it does not lay out falls back to pyarrow; a Flight ack written from
-buffers reads as the ack pyarrow writes."""
+buffers reads as the ack pyarrow writes, and one of the broker's ids is written whole
+in one call (``id_ack``) as the same bytes."""
 from __future__ import annotations
 
 import crc32c
@@ -11,10 +12,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from sparkmq import _ipc, _screen     # the suite requires the C writer: see the first test
-from sparkmq.broker.flight import _ACK_SCHEMA_MESSAGE, ACK_SCHEMA, _ack_stream
+from sparkmq.broker.flight import _ACK_SCHEMA_MESSAGE, ACK_SCHEMA, _ack_stream, _broker_ids_ack
 from sparkmq.log import checksum, format as fmt, segment
 from sparkmq.log.batch import build_segment_batch
 from sparkmq.log.built import build_rows
+from sparkmq.log.message import batch_message_ids, encode_message_id, id_prefix
+from sparkmq.log.segment import EOS
 
 _TEXT = st.text(alphabet=st.sampled_from(list("ab |\té\u3000")), max_size=6)
 _ROW = st.fixed_dictionaries({
@@ -132,6 +135,39 @@ def test_a_flight_ack_written_from_buffers_is_the_one_pyarrow_writes(ids, late):
     sliced = pa.array(["x"] + ids, pa.string()).slice(1)    # an offset: pyarrow's path
     assert pa.ipc.open_stream(_ack_stream(schema, qids, qos, sliced)).read_all().equals(
         pa.Table.from_batches([want]))
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(0, 300), first=st.integers(0, 2**32 - 301), late=st.booleans(),
+       batch_offset=st.integers(0, 2**63 - 1), tag=st.integers(0, 2**32 - 1))
+def test_a_flight_ack_of_the_brokers_ids_is_written_whole_in_one_call(n, first, late,
+                                                                      batch_offset, tag):
+    # _ipc.id_ack writes the same bytes as the ack of batch_message_ids' array (rows up to
+    # 0xFFFFFFFF: the ids' 8 row digits; id_ack leaves rows past it to that path)
+    qids = np.arange(n, dtype=np.int64) % 4
+    qos = np.arange(n, dtype=np.int64) * 3 + 5
+    schema = _ACK_SCHEMA_MESSAGE if not late else ACK_SCHEMA.with_metadata(
+        {"status": "MASTER_PERSISTENCE_TIMEOUT", "message": "late"}).serialize()
+    got = _broker_ids_ack(schema, qids, qos, tag, batch_offset, first)
+    want = _ack_stream(schema, qids, qos, batch_message_ids(tag, batch_offset, n, first))
+    assert got.equals(want)
+    assert _ipc.id_ack(schema, EOS, qids.astype(np.int32), qos,
+                       id_prefix(tag, batch_offset).encode(), first) == want.to_pybytes()
+    if n:                                        # a row past 0xFFFFFFFF: not written here
+        assert _ipc.id_ack(schema, EOS, qids.astype(np.int32), qos, b"0" * 24,
+                           2**32 - n + 1) is None
+    table = pa.ipc.open_stream(got).read_all()
+    assert table.column("message_id").to_pylist() == [
+        encode_message_id(tag, batch_offset, first + j) for j in range(n)]
+
+
+def test_id_ack_refuses_columns_of_different_lengths():
+    prefix = id_prefix(1, 2).encode()
+    assert _ipc.id_ack(_ACK_SCHEMA_MESSAGE, EOS, np.zeros(3, np.int32), np.zeros(2, np.int64),
+                       prefix, 0) is None
+    with pytest.raises(ValueError, match="24-byte prefix"):
+        _ipc.id_ack(_ACK_SCHEMA_MESSAGE, EOS, np.zeros(1, np.int32), np.zeros(1, np.int64),
+                    b"short", 0)
 
 
 def test_a_batch_over_a_mib_is_written_whole():
