@@ -1,7 +1,7 @@
 """The compiled parts of sparkmq (everything else is in pyproject.toml): ``sparkmq._wire``,
 the plain RocketMQ SendMessage request read into column buffers (sparkmq/_wire.c),
-``sparkmq._ipc``, a record batch's Arrow IPC message written in one call and a send's ack
-ids laid out in one (sparkmq/_ipc.c),
+``sparkmq._ipc``, a record batch's Arrow IPC message written in one call, a send's ack
+ids laid out in one, and an ack of the broker's ids written whole in one (sparkmq/_ipc.c),
 ``sparkmq._screen``, the input-limit screen of a batch in one call (sparkmq/_screen.c), and
 ``sparkmq._compose``, a send's segment batch composed as an Arrow C struct (sparkmq/_compose.c).
 Optional: where they cannot be built, the broker reads every request in Python, pyarrow
