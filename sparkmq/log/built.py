@@ -178,7 +178,8 @@ def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
     if plan is None:
         return None
     slots, given = plan
-    times, born_values = bytearray(time_values(now_ms, n)), time_values(now_ms, n)
+    born_values = time_values(now_ms, n)
+    times = bytearray(born_values)              # (the store's: stamped in place later)
     queues = queue.to_bytes(4, sys.byteorder, signed=True) * n
     capsule, address = _ipc.array_capsule()
     source._export_to_c(address)

@@ -288,13 +288,12 @@ def check_batch(batch: pa.RecordBatch, limits: MessageLimits,
                 reserved_keys: frozenset = frozenset(), *, first_row: int = 0,
                 c_array: tuple | None = None) -> None:
     """Apply :func:`message_violation` to every row of ``batch`` (SEGMENT_SCHEMA, or
-    BuiltRows: read as a batch only for the rows a screen flags); raise the first row's
-    error (naming the row, counted from ``first_row``: a caller whose rows come in
-    several batches counts them all). Rows no screen flags are not
-    converted to Python: a batch of plain messages costs one C call (``sparkmq._screen``,
-    a few us; ``c_array``: the batch's ``__arrow_c_array__()`` if the caller has it),
-    or without it a few numpy calls (~50-120 us; then a batch of fewer than
-    ``SCREEN_MIN_ROWS`` rows is decided by the rule alone, ~16-18 us a row)."""
+    BuiltRows: made a batch only for flagged rows); raise the first row's error (naming
+    the row, counted from ``first_row``, for a caller whose rows come in several batches).
+    Rows no screen flags are not converted to Python: plain messages cost one C call
+    (``sparkmq._screen``, a few us; ``c_array``: the batch's ``__arrow_c_array__()`` if
+    the caller has it), or without it a few numpy calls (~50-120 us; a batch of fewer
+    than ``SCREEN_MIN_ROWS`` rows is decided by the rule alone, ~16-18 us a row)."""
     for r in _flagged(batch, limits, reserved_keys, c_array):
         bad = message_violation(limits, **_row_fields(fmt.record_batch(batch), r),
                                 reserved_keys=reserved_keys)
