@@ -40,6 +40,8 @@ def test_free_port_never_hands_a_port_out_twice_and_stays_below_the_ephemeral_ra
     # 1,000 picks from ~16k ports repeat ~30 times by chance: the record must stop it
     ports = [free_port() for _ in range(1000)]
     assert len(set(ports)) == len(ports)
+    # nor one two above another: a broker's Flight port (listenPort + 2) would take it
+    assert not {p + 2 for p in ports} & set(ports)
     assert all(1024 <= p < _ephemeral_low() for p in ports)
     with socket.socket() as s:                  # what it returns is bindable on loopback
         s.bind(("127.0.0.1", ports[-1]))

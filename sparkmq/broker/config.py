@@ -286,10 +286,14 @@ class BrokerConfig:
         when set (it must bind); else ``listenPort + 2`` (8083 beside 8081, as RocketMQ
         derives its ports from listenPort, so brokers sharing a host do not collide),
         then a free port if something else holds that one (sparkmq's clients learn the
-        port from QueryRoute; set flightPort for clients that do not)."""
+        port from QueryRoute; set flightPort for clients that do not). The derived port is
+        skipped where the broker's own adminPort or haListenPort names it: Flight binds
+        first and would take it from them."""
         if self.flight_port is not None:
             return [self.flight_port]
         derived = self.listen_port + 2 if 0 < self.listen_port <= 65533 else 0
+        if derived in (self.admin_port, self.ha_listen_port):
+            derived = 0
         return [derived, 0] if derived else [0]
 
     @property

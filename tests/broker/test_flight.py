@@ -696,6 +696,10 @@ def test_flight_is_on_by_default_beside_grpc_on_the_same_address(tmp_path, make_
     assert conf.flight_enable and conf.flight_ports() == [8083, 0]   # listenPort 8081 + 2
     assert BrokerConfig(listen_port=0).flight_ports() == [0]
     assert BrokerConfig(flight_port=9000).flight_ports() == [9000]
+    # the broker's own admin or HA port is never the derived one (Flight binds first)
+    assert BrokerConfig(listen_port=9000, admin_port=9002).flight_ports() == [0]
+    assert BrokerConfig(listen_port=9000, ha_listen_port=9002,
+                        ha_secret="s" * 32).flight_ports() == [0]
     b = make_broker("default")                     # no Flight setting at all
     assert b.flight is not None and b.flight.endpoint.startswith("grpc+tcp://127.0.0.1:")
     client, opts = _client(b)

@@ -33,15 +33,19 @@ def free_port() -> int:
       that range only an explicit bind takes a port, and the explicit binds are these;
     - another pytest-xdist worker's pick (a master's admin port bound first by the other
       worker's gRPC server: the health check read HTTP/2 frames), so each worker picks
-      from a slice of the range of its own (``_worker_slice``).
+      from a slice of the range of its own (``_worker_slice``);
+    - a broker's derived Flight port (listenPort + 2, bound before its admin port: a
+      broker's admin port picked as its own or another broker's listenPort + 2 failed a
+      CI run with EADDRINUSE), so no port two above or below one already returned is.
     """
     low = _ephemeral_low()
     first, end = _worker_slice(max(1024, low - 16384), low)
+    end -= 2                    # a derived port stays in this worker's slice
     rng = random.Random()
     with _lock:
         for _ in range(1000):
             port = rng.randrange(first, end)
-            if port in _given:
+            if port in _given or port - 2 in _given or port + 2 in _given:
                 continue
             with socket.socket() as s:
                 try:
