@@ -2,11 +2,12 @@
 the plain RocketMQ SendMessage request read into column buffers (sparkmq/_wire.c),
 ``sparkmq._ipc``, a record batch's Arrow IPC message written in one call, a send's ack
 ids laid out in one, and an ack of the broker's ids written whole in one (sparkmq/_ipc.c),
-``sparkmq._screen``, the input-limit screen of a batch in one call (sparkmq/_screen.c), and
+``sparkmq._screen``, the input-limit screen of a batch in one call, and a send's bodies
+measured in one (sparkmq/_screen.c), and
 ``sparkmq._compose``, a send's segment batch composed as an Arrow C struct (sparkmq/_compose.c).
 Optional: where they cannot be built, the broker reads every request in Python, pyarrow
-writes every message, numpy screens every batch and lays out the ids, and pyarrow builds
-every segment batch."""
+writes every message, numpy screens every batch, measures the bodies and lays out the
+ids, and pyarrow builds every segment batch."""
 from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra"]

@@ -33,6 +33,10 @@
  * (the caller then screens with numpy). Why C: the numpy screen is ~60 calls, ~50-120 us
  * a batch whatever its size, and a batch of under 4 rows skipped it for the rule itself
  * (~17 us a row); this is one call of a few us for the usual batch.
+ *
+ * body_sizes(offsets, first, n) measures a send's bodies for the checks before it: each
+ * value's bytes and their least, greatest and sum (the body refusal's two bounds and the
+ * bytes counted), one call where numpy took four.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -342,8 +346,50 @@ PyDoc_STRVAR(screen_doc,
 "maxMessageIdSize); reserved: a tuple of bytes (reserved property keys). None for a\n"
 "batch whose columns are not the segment schema's.");
 
+static PyObject *body_sizes(PyObject *self, PyObject *args)
+{
+    Py_buffer off;
+    Py_ssize_t first, n;
+    PyObject *sizes = NULL, *out = NULL;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nn", &off, &first, &n))
+        return NULL;
+    if (first < 0 || n < 1 || (off.len / 4 - 1) < first || (off.len / 4 - 1) - first < n) {
+        PyErr_Format(PyExc_ValueError, "body_sizes: %zd offsets from %zd do not fit a "
+                     "buffer of %zd bytes", n + 1, first, off.len);
+        goto done;
+    }
+    sizes = PyBytes_FromStringAndSize(NULL, 4 * n);
+    if (!sizes)
+        goto done;
+    {
+        const int32_t *o = (const int32_t *)off.buf + first;
+        int32_t *z = (int32_t *)PyBytes_AS_STRING(sizes);
+        int64_t lo = INT64_MAX, hi = INT64_MIN;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t v = (int64_t)o[i + 1] - o[i];
+            z[i] = (int32_t)v;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+        }
+        out = Py_BuildValue("(OLLL)", sizes, (long long)lo, (long long)hi,
+                            (long long)o[n] - o[0]);
+    }
+done:
+    Py_XDECREF(sizes);
+    PyBuffer_Release(&off);
+    return out;
+}
+
+PyDoc_STRVAR(body_sizes_doc,
+"body_sizes(offsets, first, n) -> (bytes, min, max, total)\n\n"
+"The byte lengths of values first..first+n-1 of a binary array whose int32 offsets are\n"
+"the buffer offsets (native int32s, n >= 1), with their least, greatest and sum: what\n"
+"the numpy difference and three reductions gave, in one call.");
+
 static PyMethodDef methods[] = {
     {"screen", screen, METH_VARARGS, screen_doc},
+    {"body_sizes", body_sizes, METH_VARARGS, body_sizes_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -25,7 +25,7 @@ from ..log import format as fmt
 from ..arrowcols import constant_column
 from ..log.batch import group_message_types
 from ..log.built import BuiltRows, build_rows, composed_rows
-from ..log.dispatch import binary_lengths
+from ..log.dispatch import measured_bodies
 from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
 from ..log.status import PutMessageStatus
 from ..log.topics import topic_message_type, type_conflict
@@ -156,7 +156,8 @@ class BatchSender:
         maxMessageSize), then the input limits with the system's property keys
         reserved (so the store, given the rows, does not check them again)."""
         limits = MessageLimits.of(self.broker.store.config)
-        refused = first_body_refusal(rows.body_sizes, limits.max_message_size_bytes)
+        refused = first_body_refusal(rows.body_sizes, limits.max_message_size_bytes,
+                                     rows.body_extent)
         if refused is not None:
             r, st = refused
             raise MessageLimitError(Code.Name(st.code), f"row {r}: {st.message}")
@@ -180,15 +181,16 @@ class BatchSender:
                 if name in ("topic", "body") or col.null_count < n}
         if "message_group" in cols:
             cols["message_type"] = group_message_types(cols["message_group"])
+        extent = None
         if body_sizes is None:
-            body_sizes = binary_lengths(cols["body"])
+            body_sizes, extent = measured_bodies(cols["body"])
         one = None
         if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
             one = self.broker.sender.request_queue(topics[0])   # (the usual send)
             if source is not None:                              # composed in C
                 rows = composed_rows(source, cols, n, body_sizes=body_sizes, topic=topics[0],
                                      queue=one, store_host=self.broker.store.config.store_host,
-                                     now_ms=self.broker.clock_ms())
+                                     now_ms=self.broker.clock_ms(), body_extent=extent)
                 if rows is not None:
                     return rows
             cols["queue_id"] = constant_column(one, pa.int32(), n)
@@ -196,7 +198,8 @@ class BatchSender:
             cols["queue_id"] = self._placed(cols, n)
         return build_rows(cols, n, store_host=self.broker.store.config.store_host,
                           now_ms=self.broker.clock_ms(), body_sizes=body_sizes,
-                          topic=topics[0] if len(topics) == 1 else None, queue=one)
+                          topic=topics[0] if len(topics) == 1 else None, queue=one,
+                          body_extent=extent)
 
     def _placed(self, cols: dict, n: int) -> pa.Array:
         """The rows' queue ids: a row's own; a message group's left to the store

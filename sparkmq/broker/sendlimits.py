@@ -22,9 +22,14 @@ def body_refusal(size_bytes: int, limit_bytes: int) -> pb.Status | None:
     return None
 
 
-def first_body_refusal(sizes: np.ndarray, limit_bytes: int) -> tuple[int, pb.Status] | None:
-    """A batch's first row (``sizes``: each row's body bytes) whose body ``body_refusal``
-    refuses, with its status; None if every body may be sent."""
+def first_body_refusal(sizes: np.ndarray, limit_bytes: int,
+                       extent: tuple[int, int, int] | None = None
+                       ) -> tuple[int, pb.Status] | None:
+    """A batch's first row (``sizes``: each row's body bytes; ``extent``: their least,
+    greatest and total, if known) whose body ``body_refusal`` refuses, with its status;
+    None if every body may be sent."""
+    if extent is not None and extent[0] > 0 and extent[1] <= limit_bytes:
+        return None
     if len(sizes) <= 16:                 # (a few rows: cheaper than four numpy calls)
         for r, size in enumerate(sizes.tolist()):
             refused = body_refusal(size, limit_bytes)

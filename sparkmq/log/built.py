@@ -63,15 +63,17 @@ class BuiltRows:
     writer read the struct (``c_array``), so a put that needs nothing else never builds
     the pyarrow batch; the CommitLog's cache keeps the rows, read as a batch later."""
     __slots__ = ("_batch", "_import", "num_rows", "body_sizes", "times", "topic", "queue",
-                 "given", "composed", "_buf", "_c_array", "_nbytes")
+                 "given", "composed", "_buf", "_c_array", "_extent")
 
     def __init__(self, batch: pa.RecordBatch | None, body_sizes: np.ndarray, times: bytearray,
                  *, topic: str | None, queue: int | None, given: frozenset,
-                 composed: tuple | None = None):
+                 composed: tuple | None = None,
+                 body_extent: tuple[int, int, int] | None = None):
         self._batch, self.body_sizes, self.topic, self.given = batch, body_sizes, topic, given
+        self._extent = body_extent
         self.queue = queue
         self._buf, self.times = times, np.frombuffer(times, np.int64)
-        self._c_array = self._nbytes = self._import = None
+        self._c_array = self._import = None
         self.composed = composed is not None      # (made in C: ``composed_rows``)
         if composed is not None:         # (import capsule, its address, the kept capsule)
             self._import, self._c_array = composed[:2], (_SCHEMA_CAPSULE, composed[2])
@@ -103,11 +105,23 @@ class BuiltRows:
 
     @property
     def nbytes(self) -> int:
-        """The rows' body bytes (a numpy sum costs ~10 k instructions even of one row)."""
-        if self._nbytes is None:
+        """The rows' body bytes."""
+        return self.body_extent[2]
+
+    @property
+    def body_extent(self) -> tuple[int, int, int]:
+        """(least, greatest, total) bytes of the rows' bodies: as measured with the sizes
+        (``dispatch.measured_bodies``), else found here (a numpy reduction costs ~10 k
+        instructions even of one row: a few rows are summed in Python)."""
+        if self._extent is None:
             s = self.body_sizes
-            self._nbytes = sum(s.tolist()) if len(s) <= 16 else int(np.add.reduce(s))
-        return self._nbytes
+            if len(s) <= 16:
+                v = s.tolist()
+                self._extent = (min(v, default=0), max(v, default=0), sum(v))
+            else:
+                self._extent = (int(np.minimum.reduce(s)), int(np.maximum.reduce(s)),
+                                int(np.add.reduce(s)))
+        return self._extent
 
     def stamp(self, ts_ms: int) -> np.ndarray:
         """Set every row's store time to ``ts_ms`` (in place: the batch's column reads
@@ -137,12 +151,14 @@ def stamp_store_time(batch: pa.RecordBatch, ts_ms: int) -> tuple[pa.RecordBatch,
 
 def build_rows(columns: Mapping[str, Sequence | pa.Array], n: int, *, store_host: str,
                now_ms: int, body_sizes: np.ndarray | None = None,
-               topic: str | None = None, queue: int | None = None) -> BuiltRows:
+               topic: str | None = None, queue: int | None = None,
+               body_extent: tuple[int, int, int] | None = None) -> BuiltRows:
     """:func:`build_segment_batch` of ``columns`` (which must not give ``store_timestamp``)
     as BuiltRows, the defaults FORMAT.md requires filled (``fill_required``, born time
     ``now_ms``). The caller vouches for what the module docstring lists; ``body_sizes``:
-    the bytes of each row's body if it measured them (else measured here); ``topic``,
-    ``queue``: every row's topic and queue id, if the caller knows they share one."""
+    the bytes of each row's body if it measured them (else measured here), and
+    ``body_extent`` their (least, greatest, total) if it has them; ``topic``, ``queue``:
+    every row's topic and queue id, if the caller knows they share one."""
     if "store_timestamp" in columns:
         raise ValueError("build_rows stamps store_timestamp itself (the store's time)")
     times, column = _own_times(now_ms, n)
@@ -155,12 +171,13 @@ def build_rows(columns: Mapping[str, Sequence | pa.Array], n: int, *, store_host
     if body_sizes is None:
         body_sizes = binary_lengths(batch.column(2))      # (SEGMENT_SCHEMA: body 2)
     return BuiltRows(batch, body_sizes, times, topic=topic, queue=queue,
-                     given=frozenset(given))
+                     given=frozenset(given), body_extent=body_extent)
 
 
 def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
                   n: int, *, store_host: str, now_ms: int, body_sizes: np.ndarray,
-                  topic: str, queue: int) -> BuiltRows | None:
+                  topic: str, queue: int,
+                  body_extent: tuple[int, int, int] | None = None) -> BuiltRows | None:
     """:func:`build_rows` of ``columns``, every row of topic ``topic`` and queue
     ``queue``, composed in C (``sparkmq._compose``) instead of built in pyarrow: the
     same rows, as the tests hold the two. ``columns`` are columns of the record batch
@@ -188,7 +205,7 @@ def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
     if composed is None:
         return None
     return BuiltRows(None, body_sizes, times, topic=topic, queue=queue, given=given,
-                     composed=composed)
+                     composed=composed, body_extent=body_extent)
 
 
 @functools.lru_cache(maxsize=64)

@@ -35,6 +35,11 @@ from .consumequeue import Chunk, MemoryConsumeQueue
 from .index import MemoryIndex, index_entries
 from .txlog import LogState
 
+try:
+    from .. import _screen as _c_screen      # sparkmq/_screen.c (body_sizes)
+except ImportError:     # not built (a source checkout without a compiler): numpy measures
+    _c_screen = None
+
 _INT32 = struct.Struct("<i")
 log = logging.getLogger("sparkmq.store")
 
@@ -58,6 +63,17 @@ def binary_lengths(arr: pa.Array) -> np.ndarray:
                                 offset=arr.offset * 4)
         return offsets[1:] - offsets[:-1]      # (np.diff costs ~8 us of Python per call)
     return pc.binary_length(arr).fill_null(0).to_numpy().astype(np.int32)
+
+
+def measured_bodies(arr: pa.Array) -> tuple[np.ndarray, tuple[int, int, int] | None]:
+    """:func:`binary_lengths` of a send's bodies, and their (least, greatest, total) bytes
+    where one C call (``sparkmq._screen.body_sizes``) measured them all (else None:
+    ``BuiltRows.body_extent`` finds them when asked)."""
+    if _c_screen is not None and len(arr) and arr.type == pa.binary() and not arr.null_count:
+        data, least, greatest, total = _c_screen.body_sizes(arr.buffers()[1], arr.offset,
+                                                           len(arr))
+        return np.frombuffer(data, np.int32), (least, greatest, total)
+    return binary_lengths(arr), None
 
 
 def distinct_strings(arr: pa.Array) -> list:

@@ -275,6 +275,9 @@ def test_a_request_mixing_parked_refused_and_plain_messages_names_the_first_bad(
 def test_first_body_refusal_names_the_first_empty_or_oversized_body(sizes):
     # a few rows are decided in Python, more with numpy: the same row and status either way
     got = first_body_refusal(np.array(sizes, np.int32), 8)
+    # the bodies' bounds, where measured with them, decide the same
+    extent = (min(sizes), max(sizes), sum(sizes))
+    assert first_body_refusal(np.array(sizes, np.int32), 8, extent) == got
     bad = [r for r, s in enumerate(sizes) if s == 0 or s > 8]
     if not bad:
         assert got is None

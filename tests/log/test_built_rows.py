@@ -10,12 +10,14 @@ import zlib
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from helpers.clock import Clock
 from sparkmq import Store
 from sparkmq.errors import QueueNotFoundError, StoreClosedError, SparkMQError
 from sparkmq.log import format as fmt
 from sparkmq.log.built import BuiltRows, build_rows
+from sparkmq.log.dispatch import binary_lengths, measured_bodies
 from sparkmq.log.limits import MessageLimits, check_batch
 
 BUILD_MS = 1_700_000_000_000
@@ -161,3 +163,31 @@ def test_the_rows_one_queue_is_still_held_to_the_topic_and_merges_keep_each_queu
     one = store.read_table("t", 1, 0)
     assert one.column("body").to_pylist() == [b"one"] * 23
     assert one.column("queue_offset").to_pylist() == list(range(23))
+
+
+@settings(max_examples=150, deadline=None)
+@given(bodies=st.lists(st.binary(max_size=40), min_size=1, max_size=60), data=st.data())
+def test_bodies_measured_in_one_call_are_their_lengths_and_bounds(bodies, data):
+    # any slice of any binary array: the sizes binary_lengths gives, and their least,
+    # greatest and total, which BuiltRows finds the same when it is not given them
+    first = data.draw(st.integers(0, len(bodies) - 1))
+    arr = pa.array(bodies, pa.binary()).slice(first)
+    want = [len(b) for b in bodies[first:]]
+    sizes, extent = measured_bodies(arr)
+    assert sizes.dtype == np.int32 and sizes.tolist() == want
+    assert binary_lengths(arr).tolist() == want
+    assert extent == (min(want), max(want), sum(want))
+    columns = {"topic": ["t"] * len(want), "body": arr}
+    told = build_rows(columns, len(want), store_host="h", now_ms=BUILD_MS,
+                      body_sizes=sizes, body_extent=extent)
+    found = build_rows(columns, len(want), store_host="h", now_ms=BUILD_MS)
+    assert told.body_extent == found.body_extent == extent and found.nbytes == sum(want)
+
+
+def test_body_sizes_refuses_offsets_past_the_buffer():
+    from sparkmq import _screen
+    offsets = pa.array([b"ab", b"c"]).buffers()[1]             # three int32 offsets
+    assert _screen.body_sizes(offsets, 0, 2)[1:] == (1, 2, 3)
+    for first, n in ((0, 3), (1, 2), (3, 1), (-1, 1)):
+        with pytest.raises(ValueError, match="do not fit"):
+            _screen.body_sizes(offsets, first, n)
