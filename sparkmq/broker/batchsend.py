@@ -15,6 +15,7 @@ Thread-safety: ``check`` and ``store`` may be called from any thread.
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +62,17 @@ def typed(batch: pa.RecordBatch) -> pa.RecordBatch:
                             "column's type)") from None
         batch = batch.set_column(i, pa.field(name, want), col)
     return batch
+
+
+def _one_queue(own: pa.Array) -> int | None:
+    """The queue id every row of ``own`` (a producer's int32 queue ids) names, if they
+    name one and none is null (a compare of the values' bytes)."""
+    n = len(own)
+    if not n or own.null_count or own.type != pa.int32():
+        return None
+    data = bytes(memoryview(own.buffers()[1])[4 * own.offset:4 * (own.offset + n)])
+    return int.from_bytes(data[:4], sys.byteorder, signed=True) \
+        if data == data[:4] * n else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -173,10 +185,12 @@ class BatchSender:
                        body_sizes: np.ndarray | None,
                        source: pa.RecordBatch | None = None) -> BuiltRows:
         """The columns ``given`` in SEGMENT_SCHEMA, built by the log's one builder (the
-        store's no-cast path; queue ids chosen by the store): all-null columns are left to
-        the schema's defaults, and a row with a message group is FIFO, as the RocketMQ path
-        stores it. (valid Arrow, checked by the callers before ``check``; its bodies
-        measured here unless ``body_sizes`` gives them.)"""
+        store's no-cast path; queue ids a producer left out placed by ``_placed`` or
+        ``request_queue``), or composed in C where one topic and one queue take every
+        row (``composed_rows``): all-null columns are left to the schema's defaults, and
+        a row with a message group is FIFO, as the RocketMQ path stores it. (valid Arrow,
+        checked by the callers before ``check``; its bodies measured here unless
+        ``body_sizes`` gives them.)"""
         cols = {name: col for name, col in given.items()
                 if name in ("topic", "body") or col.null_count < n}
         if "message_group" in cols:
@@ -184,9 +198,13 @@ class BatchSender:
         extent = None
         if body_sizes is None:
             body_sizes, extent = measured_bodies(cols["body"])
-        one = None
-        if "queue_id" not in cols and "message_group" not in cols and len(topics) == 1:
-            one = self.broker.sender.request_queue(topics[0])   # (the usual send)
+        one, own = None, cols.pop("queue_id", None)
+        if "message_group" not in cols and len(topics) == 1:
+            # the usual send; or a producer's queue, every row's the same (as a selector
+            # chooses one): the store checks it is one of the topic's
+            one = self.broker.sender.request_queue(topics[0]) if own is None \
+                else _one_queue(own)
+        if one is not None:
             if source is not None:                              # composed in C
                 rows = composed_rows(source, cols, n, body_sizes=body_sizes, topic=topics[0],
                                      queue=one, store_host=self.broker.store.config.store_host,
@@ -195,19 +213,19 @@ class BatchSender:
                     return rows
             cols["queue_id"] = constant_column(one, pa.int32(), n)
         else:
-            cols["queue_id"] = self._placed(cols, n)
+            cols["queue_id"] = self._placed(cols, n, own)
         return build_rows(cols, n, store_host=self.broker.store.config.store_host,
                           now_ms=self.broker.clock_ms(), body_sizes=body_sizes,
                           topic=topics[0] if len(topics) == 1 else None, queue=one,
                           body_extent=extent)
 
-    def _placed(self, cols: dict, n: int) -> pa.Array:
+    def _placed(self, cols: dict, n: int, own: pa.Array | None) -> pa.Array:
         """The rows' queue ids: a row's own; a message group's left to the store
         (crc32); the others by the RocketMQ path's rule for one request
         (``SendService.request_queues``: ONE queue per topic of this batch; a batch of one
         topic with neither column: ``_segment_batch`` asks for that queue itself)."""
         sender = self.broker.sender
-        own = cols["queue_id"] if "queue_id" in cols else pa.nulls(n, pa.int32())
+        own = pa.nulls(n, pa.int32()) if own is None else own
         free = pc.is_null(own)
         if "message_group" in cols:
             free = pc.and_(free, pc.is_null(cols["message_group"]))

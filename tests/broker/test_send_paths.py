@@ -142,3 +142,41 @@ def test_a_plain_flight_batch_is_composed_in_c_and_stored_as_built(broker):
     rows = _rows(broker, f"C{k}")
     assert [(r["body"], r["tags"], r["message_type"]) for r in rows] == \
         [(b"a", "t", 0), (b"b", None, 0), (b"a", "t", 1), (b"b", None, 0)]
+
+
+def test_a_producer_queue_named_by_every_row_is_composed_and_kept(broker):
+    # a queue id the producer set, the same on every row (as a selector picks one), is
+    # composed like the usual send; rows naming several queues, or some none, are built;
+    # each row lands in the queue it named, and a queue the topic lacks is refused alike
+    pytest.importorskip("sparkmq._compose", reason="the C module is not built here")
+    from sparkmq.broker.batchsend import typed
+    from sparkmq.errors import QueueNotFoundError
+    k = next(_topics)
+    topic = f"Q{k}"
+    broker.store.create_topic(topic, read_queue_nums=3, write_queue_nums=3)
+    core = broker.batch_sender
+
+    def send(queues: list, *, offset: int = 0) -> bool:
+        n = len(queues)
+        batch = typed(pa.RecordBatch.from_pydict({
+            "topic": [topic] * (n + offset), "body": [b"q%s" % str(q).encode()
+                                                    for q in [None] * offset + queues],
+            "queue_id": pa.array([None] * offset + queues, pa.int32())})).slice(offset)
+        rows = core.check(batch, [topic])
+        core.store(rows, [topic])
+        return rows.composed
+
+    assert send([2, 2, 2])
+    assert not send([1], offset=2)          # a slice is built, its queue read at its offset
+    assert not send([0, 2]) and not send([0, None])
+    bodies = {q: broker.store.read_table(topic, q, 0).column("body").to_pylist()
+              for q in range(3)}
+    for q, named in ((0, 2), (1, 1), (2, 4)):         # each row in the queue it named
+        assert [b for b in bodies[q] if b != b"qNone"] == [b"q%d" % q] * named
+    assert sum(v.count(b"qNone") for v in bodies.values()) == 1   # placed by the broker
+    for queues in ([3], [3, 3], [-1]):
+        with pytest.raises(QueueNotFoundError, match="queue_id out of range"):
+            core.store(core.check(typed(pa.RecordBatch.from_pydict(
+                {"topic": [topic] * len(queues), "body": [b"x"] * len(queues),
+                 "queue_id": pa.array(queues, pa.int32())})), [topic]), [topic])
+    assert sum(broker.store.max_offset(topic, q) for q in range(3)) == 8
