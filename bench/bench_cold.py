@@ -83,15 +83,16 @@ class _Context:
         self.callbacks.append(fn)
 
 
-def in_process_broker(tmp: str):
-    """A broker on ``tmp`` (ASYNC_FLUSH, Flight on, topics auto-created with 4 queues)."""
+def in_process_broker(tmp: str, **extra):
+    """A broker on ``tmp`` (ASYNC_FLUSH, Flight on, topics auto-created with 4 queues),
+    with ``extra`` properties."""
     from sparkmq.broker import Broker, BrokerConfig
     return Broker(BrokerConfig.from_properties({
         "brokerName": "cold", "storePathRootDir": os.path.join(tmp, "mq"),
         "listenPort": str(free_port()), "adminPort": str(free_port()),
         "flightPort": str(free_port()), "flushDiskType": "ASYNC_FLUSH",
         "autoCreateTopicEnable": "true", "defaultTopicQueueNums": "4",
-        "flightEnable": "true"})).start()
+        "flightEnable": "true", **extra})).start()
 
 
 def plain_request(topic: str, n: int) -> bytes:
