@@ -13,7 +13,8 @@ own threads (flush, services) are counted apart. Workloads (1 KiB bodies, ASYNC_
 - ``floor-1`` / ``floor-100``: the durable floor's put (bench_flight's ``DURABLE``: the
   batch's IPC message, its CRC32C, a ``write``, an ack of offsets) of 1 and 100 rows;
 - ``flight-1`` / ``flight-100``: sparkmq's Flight put (``FlightService._send``) of 1 and
-  100 rows;
+  100 rows; ``flightq-1``: of one row whose producer named its queue (a ``queue_id``
+  column, as bench_flight's send -> long-poll row sends);
 - ``grpc-1`` / ``grpc-100``: a RocketMQ SendMessage of 1 and 100 plain messages
   (``send_encoded``: parse to answer);
 - ``round``: what a long poll's delivery costs the broker: a one-row Flight put, the pop
@@ -38,7 +39,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_cold import _Context, grpc_send, in_process_broker, plain_request  # noqa: E402
 
-WORKLOADS = ("floor-1", "floor-100", "flight-1", "flight-100", "grpc-1", "grpc-100", "round")
+WORKLOADS = ("floor-1", "floor-100", "flight-1", "flight-100", "flightq-1", "grpc-1",
+             "grpc-100", "round")
 
 
 def _rows(n: int):
@@ -64,8 +66,11 @@ def _workload(name: str, tmp: str):
     # 0.78 M a 100-row Flight put, one tree, 2026-11-28 (callgrind: the difference was
     # the publish's sort and Parquet encoding)
     broker, ctx = in_process_broker(tmp, lease_timeout_ms=3_600_000), _Context()
-    if kind == "flight":
+    if kind in ("flight", "flightq"):
+        import pyarrow as pa
         batch = _rows(int(rows))
+        if kind == "flightq":        # the producer names the queue (bench_flight's e2e row)
+            batch = batch.append_column("queue_id", pa.array([0] * len(batch), pa.int32()))
         return (lambda: broker.flight._send(ctx, batch)), broker.stop
     if kind == "grpc":
         return grpc_send(broker, plain_request("instr-grpc", int(rows)), ctx), broker.stop
