@@ -17,6 +17,9 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")     # bind only to loopback
+# (sparkmq/__init__.py sets it too; here before any plugin or helper starts gRPC: one CI
+# run lost every Spark test of a worker when the JVM's forked launcher died, grpc#43055)
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
 # One admin token for the session's brokers (in-process and spawned) and their callers
 # (helpers.daemons, the CLI, the Spark committer), as an operator would export it;
 # tests of the token file itself remove it (tests/broker/test_admin_auth.py).

@@ -97,12 +97,15 @@ def test_declared_schema_reads_only_those_columns(spark, local_store_url, tmp_pa
     assert sorted(bytes(r.body) for r in got) == sorted(b for b, _ in full.values())
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize("schema, says", [
     ("bodyy binary", "not a sparkmq column"),
     ("body string", "binary in sparkmq, not string"),
     ("body binary, body binary", "twice"),
 ])
-def test_declared_schema_mistakes_are_named(schema, says):
+def test_declared_schema_mistakes_are_named(spark, schema, says):
+    # (the session: pyspark parses a DDL string in the JVM. Without the fixture this
+    # passed only where an earlier test of the same worker had started one)
     from pyspark.sql.types import _parse_datatype_string
     from sparkmq.datasource.reader import output_schema
     from sparkmq.errors import UserError
