@@ -211,7 +211,7 @@ class BatchSender:
                                      now_ms=self.broker.clock_ms(), body_extent=extent)
                 if rows is not None:
                     return rows
-            cols["queue_id"] = constant_column(one, pa.int32(), n)
+            cols["queue_id"] = constant_column(one, pa.int32(), n) if own is None else own
         else:
             cols["queue_id"] = self._placed(cols, n, own)
         return build_rows(cols, n, store_host=self.broker.store.config.store_host,
