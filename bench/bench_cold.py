@@ -15,7 +15,9 @@ about a sync send's turn on the client, 20 ms the send -> long-poll rows' wait):
   its CRC32C, a ``write``, an ack of offsets);
 - sparkmq's Flight put of one row (``FlightService._send``, ASYNC_FLUSH: checks, segment
   batch, append, dispatch, ack);
-- sparkmq's RocketMQ SendMessage of one message (``send_encoded``: parse to answer).
+- sparkmq's RocketMQ SendMessage of one message (``send_encoded``: parse to answer);
+- sparkmq's Flight read of one message at a queue's tail (``FlightService._read``: what a
+  woken long poll's DoGet does before its reply is written).
 
 It prints each row's spaced/back-to-back factors and sparkmq's cost over the floor's at
 each spacing: a ratio that holds back to back but not spaced says the footprint, not the
@@ -126,14 +128,20 @@ def grpc_send(broker, data: bytes, ctx: _Context):
 
 
 def sparkmq_puts(tmp: str):
-    """(Flight put of one row, RocketMQ send of one message, stop) on an in-process broker."""
+    """(Flight put of one row, RocketMQ send of one message, Flight read of one message at
+    a queue's tail, stop) on an in-process broker."""
     import pyarrow as pa
     broker, ctx = in_process_broker(tmp), _Context()
     one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [b"x" * 1024]})
 
     def flight():
         broker.flight._send(ctx, one)
-    return flight, grpc_send(broker, plain_request("lat-grpc", 1), ctx), broker.stop
+
+    def get():
+        end = broker.store.max_offset("lat", 0)
+        assert broker.flight._read("lat", 0, end - 1, 1, 0).num_rows == 1
+    return (flight, grpc_send(broker, plain_request("lat-grpc", 1), ctx), get,
+            broker.stop)
 
 
 def main(argv=None) -> int:
@@ -147,11 +155,12 @@ def main(argv=None) -> int:
     try:
         mem = np.ones(8192)
         floor, close_floor = durable_floor(tmp)
-        flight, grpc, stop = sparkmq_puts(tmp)
+        flight, grpc, get, stop = sparkmq_puts(tmp)
         rows = [("64 KiB numpy sum (the machine)", lambda: mem.sum()),
                 ("durable floor put, one row", floor),
                 ("sparkmq Flight put, one row", flight),
-                ("sparkmq RocketMQ send, one message", grpc)]
+                ("sparkmq RocketMQ send, one message", grpc),
+                ("sparkmq Flight read, one message", get)]
         try:
             results = {}
             for name, fn in rows:

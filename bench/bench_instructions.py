@@ -17,6 +17,8 @@ own threads (flush, services) are counted apart. Workloads (1 KiB bodies, ASYNC_
   column, as bench_flight's send -> long-poll row sends);
 - ``grpc-1`` / ``grpc-100``: a RocketMQ SendMessage of 1 and 100 plain messages
   (``send_encoded``: parse to answer);
+- ``get-1``: sparkmq's Flight read of one message at a queue's tail
+  (``FlightService._read``: a woken long poll's DoGet, before its reply is written);
 - ``round``: what a long poll's delivery costs the broker: a one-row Flight put, the pop
   of that message (``PopService.pop``), its conversion to the protocol message and its ack.
 
@@ -40,7 +42,7 @@ sys.path.insert(0, HERE)
 from bench_cold import _Context, grpc_send, in_process_broker, plain_request  # noqa: E402
 
 WORKLOADS = ("floor-1", "floor-100", "flight-1", "flight-100", "flightq-1", "grpc-1",
-             "grpc-100", "round")
+             "grpc-100", "get-1", "round")
 
 
 def _rows(n: int):
@@ -74,6 +76,11 @@ def _workload(name: str, tmp: str):
         return (lambda: broker.flight._send(ctx, batch)), broker.stop
     if kind == "grpc":
         return grpc_send(broker, plain_request("instr-grpc", int(rows)), ctx), broker.stop
+    if kind == "get":                # the message read: one put to queue 0
+        import pyarrow as pa
+        broker.flight._send(ctx, _rows(1).append_column("queue_id", pa.array([0], pa.int32())))
+        end = broker.store.max_offset("instr", 0)
+        return (lambda: broker.flight._read("instr", 0, end - 1, 1, 0)), broker.stop
     from sparkmq.broker.pop import TagFilter
     from sparkmq.broker.protocol import message_to_pb
     one, every = _rows(1), TagFilter("*")
@@ -148,7 +155,8 @@ def main(argv=None) -> int:
     print(f"\n{'workload':<14}{'M instructions/call':>22}{'/ floor put':>14}")
     for name, v in per_call.items():
         floor = per_call.get("floor-" + name.partition("-")[2])
-        ratio = f"{v / floor:14.1f}" if floor and not name.startswith("floor") else ""
+        put = name.partition("-")[0] in ("flight", "flightq", "grpc")
+        ratio = f"{v / floor:14.1f}" if floor and put else ""
         print(f"{name:<14}{v / 1e6:>22.3f}{ratio}")
     return 0
 

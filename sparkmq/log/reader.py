@@ -28,7 +28,8 @@ from . import checksum
 from . import format as fmt
 from . import segment as seg
 from .actions import AddFile, TopicConfig
-from .consumequeue import read_side_by_time, read_side_entries
+from .consumequeue import (ARRAY_COLUMNS, EntryArrays, entry_arrays, read_side_by_time,
+                           read_side_entries)
 from .fs import StoreFS
 from .index import read_index
 from .limits import timestamp_violation
@@ -57,13 +58,13 @@ MESSAGE_SCHEMA = message_schema()
 # SEGMENT_SCHEMA's first two columns
 _COMPUTED_COLUMNS = MESSAGE_COLUMNS[2:5]
 assert _COMPUTED_COLUMNS == ["queue_offset", "physical_offset", "message_id"]
+# (their fields taken once: pyarrow wraps a field anew, ~1-2 us, at each ``field()``)
+_COMPUTED = tuple(enumerate(((n, MESSAGE_SCHEMA.field(n)) for n in _COMPUTED_COLUMNS), 2))
 assert fmt.SEGMENT_SCHEMA.names[:2] == MESSAGE_COLUMNS[:2]
 
 
-_MATERIALIZE_ENTRY_COLUMNS = ["queue_offset", "batch_offset", "row"]
 #: ConsumeQueue entries a read takes at a time (each step one table)
 ENTRIES_PER_STEP = 65_536
-_BUDGET_ENTRY_COLUMNS = [*_MATERIALIZE_ENTRY_COLUMNS, "size"]
 
 
 class MessageReader:
@@ -83,6 +84,11 @@ class MessageReader:
         """ConsumeQueue entries in [lo, hi): all ENTRY_COLUMNS, or ``columns`` of them
         (``queue_offset`` always)."""
         raise NotImplementedError
+
+    def _entry_arrays(self, tid: int, qid: int, lo: int, hi: int,
+                      sizes: bool = False) -> EntryArrays:
+        """:meth:`_entries` as a read uses them (with their sizes if ``sizes``)."""
+        return entry_arrays(self._entries(tid, qid, lo, hi, list(ARRAY_COLUMNS[sizes])), sizes)
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         raise NotImplementedError
@@ -181,15 +187,14 @@ class MessageReader:
         pos = start
         while pos < end:
             step_end = min(end, pos + entries_per_step)
-            entries = self._entries(tid, queue_id, pos, step_end, _MATERIALIZE_ENTRY_COLUMNS
-                                    if budget is None else _BUDGET_ENTRY_COLUMNS)
-            if entries.num_rows == 0:
+            entries = self._entry_arrays(tid, queue_id, pos, step_end, budget is not None)
+            if len(entries.queue_offsets) == 0:
                 break
             if budget is not None:
-                sizes = np.cumsum(entries.column("size").to_numpy())
+                sizes = np.cumsum(entries.sizes)
                 k = max(1 if budget == max_bytes else 0, int(np.searchsorted(sizes, budget, "right")))
-                if k < entries.num_rows:
-                    entries = entries.slice(0, k)
+                if k < len(sizes):
+                    entries = entries.head(k)
                     end = pos  # stop after this step
                 if k == 0:
                     break
@@ -197,10 +202,9 @@ class MessageReader:
             part = convert(entries)
             if part is not None:
                 yield part
-            pos = max(pos + 1, int(entries.column("queue_offset")[-1].as_py()) + 1) \
-                if entries.num_rows else end
+            pos = max(pos + 1, int(entries.queue_offsets[-1]) + 1)
 
-    def _materialize(self, entries: pa.Table, columns: Sequence[str] | None,
+    def _materialize(self, entries: EntryArrays, columns: Sequence[str] | None,
                      ) -> pa.Table | None:
         """The messages of ``entries`` (sorted by queue offset) as one table, or None.
         The computed columns are one array each for all entries."""
@@ -213,14 +217,14 @@ class MessageReader:
                     "message_id": lambda: message_id_array(store_tag(self.store_id), bos, rows)}
         if not columns:     # every column: the stored ones, the 3 computed inserted (4 calls,
             # not one per column: a long poll's one message costs ~40% less)
-            for i, name in enumerate(_COMPUTED_COLUMNS, 2):
-                stored = stored.add_column(i, MESSAGE_SCHEMA.field(name), computed[name]())
+            for i, (name, field) in _COMPUTED:
+                stored = stored.add_column(i, field, computed[name]())
             return stored.replace_schema_metadata(None)
         arrays = [pa.chunked_array([computed[c]()]) if c in computed else stored.column(c)
                   for c in columns]
         return pa.Table.from_arrays(arrays, schema=_select_schema(columns))
 
-    def _messages(self, entries: pa.Table) -> list[StoredMessage] | None:
+    def _messages(self, entries: EntryArrays) -> list[StoredMessage] | None:
         """The messages of ``entries`` as StoredMessages, or None: the stored columns
         converted as they are, the computed ones made as Python values (no Arrow
         column built, inserted, then taken apart again)."""
@@ -233,8 +237,8 @@ class MessageReader:
             "physical_offset": (bos + rows.astype(np.int64)).tolist(),
             "message_id": message_ids(store_tag(self.store_id), bos, rows)})
 
-    def _stored(self, entries: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray,
-                                                    np.ndarray] | None:
+    def _stored(self, entries: EntryArrays) -> tuple[pa.Table, np.ndarray, np.ndarray,
+                                                       np.ndarray] | None:
         """The stored rows of ``entries`` (sorted by queue offset; those past the visible
         offset cut) as one SEGMENT_SCHEMA table, with their queue offsets, batch offsets
         and rows; None if none is visible.
@@ -244,9 +248,7 @@ class MessageReader:
         chunks of the table.
         """
         visible = self._visible_offset()
-        bos = entries.column("batch_offset").to_numpy()
-        rows = entries.column("row").to_numpy()
-        qos = entries.column("queue_offset").to_numpy()
+        qos, bos, rows = entries.queue_offsets, entries.batch_offsets, entries.rows
         if len(bos) and bos[-1] >= visible:
             keep = bos < visible
             bos, rows, qos = bos[keep], rows[keep], qos[keep]

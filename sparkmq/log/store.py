@@ -25,20 +25,19 @@ batch, and re-dispatched; then published. The recovered last segment is then
 sealed and appends go to a new one: the previous writer may only be paused
 (its lease expired), and its late bytes must land where no one reads them.
 
-Fencing: a writer whose lease was taken over learns it at its next commit
-(publish, at most ``publish_interval_ms`` later), or at its next append once its
-lease may have lapsed (the append renews it first: ``Appender.hold_lease``), and
-refuses every write after with FencedError. Thread-safety: every public method is safe to call from
-several threads.
+Fencing: a writer whose lease was taken over learns it at its next commit (publish, at
+most ``publish_interval_ms`` later), or at its next append once its lease may have
+lapsed (the append renews it first: ``Appender.hold_lease``), and refuses every write
+after with FencedError. Thread-safety: every public method is safe to call from several
+threads.
 
-``Store`` is a facade; each concern is an object or module of its own:
-``lease`` (:class:`~sparkmq.log.lease.WriterLease`), ``appender``
-(:mod:`.append`, building batches with :mod:`.batch`), ``dispatcher``
-(:mod:`.dispatch`), ``commitlog``, ``services`` (:mod:`.services`), recovery
+``Store`` is a facade; each concern is an object or module of its own: ``lease``
+(:class:`~sparkmq.log.lease.WriterLease`), ``appender`` (:mod:`.append`, building
+batches with :mod:`.batch`), ``dispatcher`` (:mod:`.dispatch`), ``commitlog``, ``cq``
+(read through :mod:`.queueview`), ``services`` (:mod:`.services`), recovery
 (:mod:`.recovery`), publish and compaction (:mod:`.publish`), topics and groups
-(:mod:`.topics`), retention (:mod:`.retention`), deletion and vacuum
-(:mod:`.vacuum`), adoption (:mod:`.adopt`); a replica drives it through
-:mod:`.replication`.
+(:mod:`.topics`), retention (:mod:`.retention`), deletion and vacuum (:mod:`.vacuum`),
+adoption (:mod:`.adopt`); a replica drives it through :mod:`.replication`.
 """
 from __future__ import annotations
 
@@ -65,7 +64,7 @@ from .integrity import check_files
 from .batch import MAX_BATCH_BODY_BYTES, PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401
 from .actions import Action, GroupConfig, TopicConfig
 from .commitlog import CommitLog, SegmentRef
-from .consumequeue import live_entries, live_time_entries, queues_stored_since
+from .queueview import live_entries, live_entry_arrays, live_time_entries, queues_stored_since
 from .dispatch import Dispatcher
 from .fs import StoreFS
 from .index import live_index_hits
@@ -385,9 +384,11 @@ class Store(MessageReader):
             return self.dispatcher.visible_next.get((tid, queue_id), 0)
         return self.state.queue_max_offsets().get((tid, queue_id), 0)
 
-    def _entries(self, tid: int, qid: int, lo: int, hi: int,
-                 columns: list[str] | None = None) -> pa.Table:
+    def _entries(self, tid, qid, lo, hi, columns=None) -> pa.Table:
         return live_entries(self.sfs, self.state, self.cq, tid, qid, lo, hi, columns)
+
+    def _entry_arrays(self, tid, qid, lo, hi, sizes=False):
+        return live_entry_arrays(self.sfs, self.state, self.cq, tid, qid, lo, hi, sizes)
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         return self.commitlog.read_batch(batch_offset)

@@ -60,17 +60,21 @@ def test_no_chunks_give_an_empty_table():
 # ---------------------------------------------------------------- the in-memory tail's reads
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
-from sparkmq.log.consumequeue import ENTRY_COLUMNS, MemoryConsumeQueue  # noqa: E402
+from sparkmq.log.consumequeue import (ENTRY_COLUMNS, MemoryConsumeQueue,  # noqa: E402
+                                      entry_arrays)
 
 
 @settings(deadline=None, max_examples=150)
 @given(sizes=st.lists(st.integers(0, 6), min_size=0, max_size=6),
        lo=st.integers(0, 40), width=st.integers(0, 40),
-       columns=st.one_of(st.none(), st.lists(st.sampled_from(ENTRY_COLUMNS), unique=True)))
-def test_a_read_of_the_memory_tail_gives_the_entries_asked_for(sizes, lo, width, columns):
+       columns=st.one_of(st.none(), st.lists(st.sampled_from(ENTRY_COLUMNS), unique=True)),
+       with_sizes=st.booleans())
+def test_a_read_of_the_memory_tail_gives_the_entries_asked_for(sizes, lo, width, columns,
+                                                                with_sizes):
     """Entries [lo, hi) of one queue's chunks, all columns or the ones asked for (queue
     offset always, in ENTRY_COLUMNS order), whether the range falls in one chunk, spans
-    several or none: the same values as the chunks row by row."""
+    several or none: the same values as the chunks row by row. A read's numpy view of
+    them (``entry_arrays``, sizes where asked) holds the same values."""
     cq, start, ref = MemoryConsumeQueue(1 << 20), 0, []
     for b, n in enumerate(sizes):
         ch = Chunk(start, 1000 * b, np.arange(n, dtype=np.int32) * 2,
@@ -92,3 +96,18 @@ def test_a_read_of_the_memory_tail_gives_the_entries_asked_for(sizes, lo, width,
     assert got.to_pylist() == want
     got = cq.entries(1, 0, lo, hi, columns)
     assert got.schema == pa.schema([fmt.CONSUMEQUEUE_SCHEMA.field(c) for c in names])
+    arrays = cq.entry_arrays(1, 0, lo, hi, with_sizes)
+    want = [r for r in ref if lo <= r["queue_offset"] < hi]
+    for field, column, dtype in (("queue_offsets", "queue_offset", np.int64),
+                                 ("batch_offsets", "batch_offset", np.int64),
+                                 ("rows", "row", np.int32), ("sizes", "size", np.int32)):
+        values = getattr(arrays, field)
+        if field == "sizes" and not with_sizes:
+            assert values is None
+            continue
+        assert values.dtype == dtype and values.tolist() == [r[column] for r in want]
+    def lists(a, k=None):
+        return [None if v is None else v[:k].tolist() for v in a]
+    assert lists(arrays) == lists(entry_arrays(cq.entries(1, 0, lo, hi), with_sizes))
+    k = len(want) // 2
+    assert lists(arrays.head(k)) == lists(arrays, k)
