@@ -25,7 +25,7 @@ from .batch import BatchBuilder, messages_to_batch, split_by_size
 from .built import BuiltRows, stamp_store_time
 from .dispatch import RowInfo
 from .limits import MessageLimits, check_valid_arrow
-from .message import Message, store_tag
+from .message import Message, encode_message_id, store_tag
 from .status import AppendResult, BatchAppendResult, PutMessageStatus
 
 if TYPE_CHECKING:
@@ -79,12 +79,13 @@ class Appender:
                                       store_host=b.store_host, limits=b.limits,
                                       check_limits=check_limits)
             batch_offset, qos, updates = self._append_locked(batch)
+            end = self.store.commitlog.written_offset
         self.hold_lease(written=True)
-        status = self._await_flush(batch_offset)
+        status = self._await_flush(end)
         self.store.dispatcher.after_visible(updates)
-        # message id = encode_message_id(tag, batch_offset, row): the prefix is shared
-        prefix = f"{store_tag(self.store.state.store_id):08X}{batch_offset:016X}"
-        return [AppendResult(status, f"{prefix}{i:08X}", m.topic, q, qo, batch_offset + i)
+        tag = store_tag(self.store.state.store_id)
+        return [AppendResult(status, encode_message_id(tag, batch_offset, i), m.topic, q, qo,
+                             batch_offset + i)
                 for i, (m, q, qo) in enumerate(zip(msgs, qids, qos.tolist()))]
 
     def require_space(self) -> None:
@@ -145,12 +146,13 @@ class Appender:
             else:
                 batch, ts_ms = stamp_store_time(batch, self._store_ts())
             batch_offset, qos, updates = self._append_locked(batch, info, ts_ms, c_array)
+            end = self.store.commitlog.written_offset     # (this batch's: others' come after)
         self.hold_lease(written=True)
         if later is not None:            # the caller flushes, then makes them visible
-            later.append((self.store.commitlog.written_offset, updates))
+            later.append((end, updates))
             status = PutMessageStatus.PUT_OK
         else:
-            status = self._await_flush(batch_offset)
+            status = self._await_flush(end)
             self.store.dispatcher.after_visible(updates)
         qids = info.queue_ids if info is not None else batch.column("queue_id").to_numpy()
         return BatchAppendResult(status, batch_offset, qos, qids, n)
@@ -225,12 +227,15 @@ class Appender:
         for _, updates in later:
             self.store.dispatcher.after_visible(updates)
 
-    def _await_flush(self, batch_offset: int) -> PutMessageStatus:
+    def _await_flush(self, end: int) -> PutMessageStatus:
+        """The bytes below ``end`` (an append's own end, taken under the append lock, as
+        RocketMQ's group commit request waits for its own ``wroteOffset + wroteBytes``)
+        fsynced under SYNC_FLUSH: not the bytes other appends wrote since, which would
+        make it wait a group commit longer."""
         gc = self._group_commit()
         if gc is None:
             return PutMessageStatus.PUT_OK
-        return _flushed(gc.wait_for(self.store.commitlog.written_offset,
-                                    self.store.config.sync_flush_timeout_ms))
+        return _flushed(gc.wait_for(end, self.store.config.sync_flush_timeout_ms))
 
     def _group_commit(self):
         """The group commit to wait for, or None: nothing to wait for (under SYNC_FLUSH
