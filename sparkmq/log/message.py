@@ -146,7 +146,11 @@ def store_tag(store_id: str) -> int:
 
 
 def encode_message_id(tag: int, batch_offset: int, row: int) -> str:
-    return f"{tag:08X}{batch_offset:016X}{row:08X}"
+    """The id of row ``row`` of the batch at physical offset ``batch_offset`` of the store
+    tagged ``tag``: 32 hex digits, the batch's :func:`id_prefix` then the row's 8 (the
+    one home of the format; ``_ipc.row_ids`` and ``_ipc.id_ack`` write the same digits,
+    as the tests hold them)."""
+    return f"{id_prefix(tag, batch_offset)}{row:08X}"
 
 
 def decode_message_id(message_id: str) -> tuple[int, int, int]:
@@ -212,7 +216,7 @@ def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa
         if data is not None:
             return _id_array(data, n)
     if n <= _LOOP_IDS:
-        return _few_ids([f"{prefix}{j:08X}" for j in range(first, first + n)])
+        return _few_ids([encode_message_id(tag, batch_offset, j) for j in range(first, first + n)])
     words = np.empty((n, 4), np.uint64)
     words[:, :3] = np.frombuffer(prefix.encode(), np.uint64)
     words[:, 3] = _row_hex8(np.arange(first, first + n))
