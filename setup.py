@@ -4,10 +4,11 @@ the plain RocketMQ SendMessage request read into column buffers (sparkmq/_wire.c
 ids laid out in one, and an ack of the broker's ids written whole in one (sparkmq/_ipc.c),
 ``sparkmq._screen``, the input-limit screen of a batch in one call, and a send's bodies
 measured in one (sparkmq/_screen.c), and
-``sparkmq._compose``, a send's segment batch composed as an Arrow C struct (sparkmq/_compose.c).
+``sparkmq._compose``, a send's segment batch composed as an Arrow C struct, and a read's
+message table of its rows as one (sparkmq/_compose.c).
 Optional: where they cannot be built, the broker reads every request in Python, pyarrow
 writes every message, numpy screens every batch, measures the bodies and lays out the
-ids, and pyarrow builds every segment batch."""
+ids, and pyarrow builds every segment batch and every read's table."""
 from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra"]

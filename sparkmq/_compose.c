@@ -28,6 +28,16 @@
  * shorter than n or with some nulls and not all. The caller then builds the batch in
  * pyarrow (log/batch.py's build_segment_batch): the same batch, as the tests hold them.
  *
+ * view(kept, first, k, slots, values) -> (import_capsule, import_address) | None reads
+ * rows first..first+k-1 of a batch compose() made (kept: its kept capsule) with columns
+ * inserted, without pyarrow: a read's message table of a batch the CommitLog's cache still
+ * holds composed (log/reader.py). slots: one int per output column, i >= 0 the kept batch's
+ * column i (the same buffers, its offset moved by first), -1 - j the values[j]; values: a
+ * tuple of tuples of buffers, each one column of k values without nulls: (values,) of
+ * 8-byte values, or (int32 offsets, data) of strings. The view holds the kept capsule and
+ * the buffers until pyarrow releases it. None where they do not fit (a range past the
+ * batch, a buffer of another size than k values, offsets not from 0 to the data's size).
+ *
  * Why: building the 16-column batch in pyarrow and exporting it for the screen and the
  * writer cost a put ~16 us in a hot loop (timeit); composing it costs ~5 us, of which
  * this call ~1 (bench/README.md, "fifteenth session").
@@ -240,8 +250,159 @@ PyDoc_STRVAR(compose_doc,
 "template's and the values' as slots says, as two capsules of one Arrow C struct; None\n"
 "(nothing moved) where they do not fit. See sparkmq/_compose.c.");
 
+typedef struct {
+    PyObject *kept;                             /* the composed batch's kept capsule */
+    Py_buffer views[2 * MAX_VALUES];            /* the values' buffers, held */
+    int n_views;
+    struct ArrowArray own[MAX_VALUES];          /* the value columns */
+    const void *own_buffers[MAX_VALUES][3];
+    struct ArrowArray cut[MAX_COLUMNS];         /* the kept batch's columns, k rows of them */
+    struct ArrowArray *children[MAX_COLUMNS];
+} View;
+
+static void free_view(View *v)
+{
+    if (Py_IsInitialized()) {     /* (at exit the objects go with the interpreter) */
+        PyGILState_STATE gil = PyGILState_Ensure();
+        for (int i = 0; i < v->n_views; i++)
+            PyBuffer_Release(&v->views[i]);
+        Py_XDECREF(v->kept);
+        PyGILState_Release(gil);
+    }
+    PyMem_RawFree(v);
+}
+
+static void release_view(struct ArrowArray *a)
+{
+    View *v = a->private_data;
+    a->release = NULL;
+    free_view(v);
+}
+
+/* values[j] as column own[j] of k rows: 0 where it does not fit (sizes checked). */
+static int own_column(View *v, PyObject *bufs, int j, int64_t k)
+{
+    Py_ssize_t nb;
+    if (!PyTuple_Check(bufs) || (nb = PyTuple_GET_SIZE(bufs)) < 1 || nb > 2)
+        return 0;
+    for (Py_ssize_t b = 0; b < nb; b++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(bufs, b), &v->views[v->n_views],
+                               PyBUF_SIMPLE) < 0) {
+            PyErr_Clear();
+            return 0;
+        }
+        v->own_buffers[j][1 + b] = v->views[v->n_views++].buf;
+    }
+    if (nb == 1) {
+        if (v->views[v->n_views - 1].len != 8 * k)
+            return 0;
+    } else {
+        const Py_buffer *off = &v->views[v->n_views - 2], *data = &v->views[v->n_views - 1];
+        const int32_t *o = off->buf;
+        if (off->len != 4 * (k + 1) || o[0] != 0 || o[k] != data->len)
+            return 0;
+        for (int64_t i = 0; i < k; i++)
+            if (o[i + 1] < o[i])
+                return 0;
+    }
+    v->own_buffers[j][0] = NULL;
+    v->own[j] = (struct ArrowArray){.length = k, .n_buffers = 1 + nb,
+                                    .buffers = v->own_buffers[j], .release = release_child};
+    return 1;
+}
+
+static PyObject *view(PyObject *self, PyObject *args)
+{
+    PyObject *kept, *slots, *values, *capsule;
+    long long first, k;
+    struct ArrowArray *src, *a;
+    Py_ssize_t n_slots, n_values;
+    View *v;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OLLO!O!", &kept, &first, &k, &PyTuple_Type, &slots,
+                          &PyTuple_Type, &values))
+        return NULL;
+    if (!(src = PyCapsule_GetPointer(kept, "arrow_array")))
+        return NULL;
+    n_slots = PyTuple_GET_SIZE(slots);
+    n_values = PyTuple_GET_SIZE(values);
+    if (!src->release || src->release != release_parent || first < 0 || k < 1
+            || first + k > src->length || src->offset != 0 || n_slots > MAX_COLUMNS
+            || n_values > MAX_VALUES)
+        Py_RETURN_NONE;
+    v = PyMem_RawCalloc(1, sizeof(View));
+    if (!v)
+        return PyErr_NoMemory();
+    for (Py_ssize_t j = 0; j < n_values; j++)
+        if (!own_column(v, PyTuple_GET_ITEM(values, j), (int)j, k))
+            goto unfit;
+    for (Py_ssize_t i = 0; i < n_slots; i++) {
+        long slot = PyLong_AsLong(PyTuple_GET_ITEM(slots, i));
+        if (slot == -1 && PyErr_Occurred())
+            goto fail;
+        if (slot >= 0) {
+            const struct ArrowArray *c;
+            if (slot >= src->n_children)
+                goto unfit;
+            c = src->children[slot];
+            if (!c->release || c->length != src->length)
+                goto unfit;
+            v->cut[i] = *c;
+            v->cut[i].offset = c->offset + first;
+            v->cut[i].length = k;
+            v->cut[i].null_count = c->null_count == 0 ? 0
+                : c->null_count == c->length ? k : -1;
+            v->cut[i].release = release_child;
+            v->cut[i].private_data = NULL;
+            v->children[i] = &v->cut[i];
+        } else {
+            long j = -1 - slot;
+            if (j >= n_values)
+                goto unfit;
+            v->children[i] = &v->own[j];
+        }
+    }
+    a = PyMem_Calloc(1, sizeof(struct ArrowArray));
+    if (!a)
+        goto nomem;
+    a->length = k;
+    a->n_buffers = 1;
+    a->buffers = NO_BUFFERS;
+    a->n_children = n_slots;
+    a->children = v->children;
+    a->release = release_view;
+    a->private_data = v;
+    capsule = PyCapsule_New(a, "arrow_array", free_array_capsule);
+    if (!capsule) {
+        PyMem_Free(a);
+        goto fail;
+    }
+    Py_INCREF(kept);
+    v->kept = kept;
+    return Py_BuildValue("(NK)", capsule, (unsigned long long)(uintptr_t)a);
+nomem:
+    PyErr_NoMemory();
+fail:
+    for (int i = 0; i < v->n_views; i++)
+        PyBuffer_Release(&v->views[i]);
+    PyMem_RawFree(v);
+    return NULL;
+unfit:
+    for (int i = 0; i < v->n_views; i++)
+        PyBuffer_Release(&v->views[i]);
+    PyMem_RawFree(v);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(view_doc,
+"view(kept, first, k, slots, values) -> (import_capsule, import_address) | None\n\n"
+"Rows first..first+k-1 of a composed batch (its kept capsule) with value columns\n"
+"inserted as slots says, as one Arrow C struct; None where they do not fit. See\n"
+"sparkmq/_compose.c.");
+
 static PyMethodDef methods[] = {
     {"compose", compose, METH_VARARGS, compose_doc},
+    {"view", view, METH_VARARGS, view_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -37,8 +37,8 @@ def dataset(url: str, topics: str | Sequence[str] | None = None, *,
             if hi > lo:
                 tables += list(snap.iter_tables(topic, q, lo, hi, columns=columns))
     if not tables:
-        from .log.reader import _select_schema
-        return ds.dataset(_select_schema(columns).empty_table())
+        from .log.messagetable import select_schema
+        return ds.dataset(select_schema(columns).empty_table())
     schema = tables[0].schema
     return ds.InMemoryDataset(pa.concat_tables(
         [t if t.schema == schema else t.cast(schema) for t in tables]))

@@ -9,7 +9,7 @@ from .._lazy import lazy_names
 __all__ = ["Message", "StoredMessage", "Snapshot", "Store", "AppendResult", "BatchAppendResult",
            "CommitResult", "PutMessageStatus", "GetMessageStatus", "MESSAGE_SCHEMA"]
 
-_LAZY = {"Message": ".message", "StoredMessage": ".message", "MESSAGE_SCHEMA": ".reader",
+_LAZY = {"Message": ".message", "StoredMessage": ".message", "MESSAGE_SCHEMA": ".messagetable",
          "Snapshot": ".reader", "GetMessageStatus": ".status", "PutMessageStatus": ".status",
          "AppendResult": ".store", "BatchAppendResult": ".store", "CommitResult": ".store",
          "Store": ".store"}

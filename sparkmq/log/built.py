@@ -208,6 +208,23 @@ def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
                      composed=composed, body_extent=body_extent)
 
 
+def composed_view(rows, first: int, k: int, slots: tuple, values: tuple,
+                  schema: pa.Schema) -> pa.RecordBatch | None:
+    """Rows ``first..first+k-1`` of ``rows`` (a BuiltRows still composed) with ``values``
+    columns inserted as ``slots`` says (``_compose.view``: the same buffers, no pyarrow
+    call but the import), a record batch of ``schema``; None where ``rows`` are not a
+    composed batch not yet read as a batch, or the columns do not fit (then build it in
+    pyarrow: the same batch, as the tests hold them). A read of a batch the put just
+    cached (a long poll's) made the batch, sliced, tabled and inserted: eight calls."""
+    if _compose is None or not isinstance(rows, BuiltRows) or not rows.composed:
+        return None
+    made = _compose.view(rows.c_array()[1], first, k, slots, values)
+    if made is None:
+        return None
+    capsule, address = made          # (the capsule frees the moved-out struct)
+    return pa.RecordBatch._import_from_c(address, schema)
+
+
 @functools.lru_cache(maxsize=64)
 def _plan(names: tuple[str, ...], taken: tuple[str, ...]) -> tuple | None:
     """(``_compose.compose``'s slots, the BuiltRows' ``given``) of the source's columns

@@ -293,6 +293,13 @@ class CommitLog:
                 _, (_, old_size) = self._cache.popitem(last=False)
                 self._cache_bytes -= old_size
 
+    def cached_rows(self, batch_offset: int):
+        """What the cache holds for the batch at ``batch_offset`` (a record batch, or the
+        BuiltRows an append left, still composed until first read as a batch), or None."""
+        with self._lock:
+            cached = self._cache.get(batch_offset)
+        return None if cached is None else cached[0]
+
     def read_batch(self, batch_offset: int) -> pa.RecordBatch:
         with self._lock:
             cached = self._cache.get(batch_offset)

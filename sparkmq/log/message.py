@@ -206,15 +206,23 @@ def id_prefix(tag: int, batch_offset: int) -> str:
     return f"{tag:08X}{batch_offset:016X}"
 
 
+def row_id_data(tag: int, batch_offset: int, first: int, n: int) -> bytes | None:
+    """The bytes of the ids of rows ``first..first+n-1`` of the batch at ``batch_offset``
+    (32 a row: ``_ipc.row_ids``); None where the C module is not built or a row is past
+    0xFFFFFFFF."""
+    if _ipc is None:
+        return None
+    return _ipc.row_ids(id_prefix(tag, batch_offset).encode(), first, n)
+
+
 def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa.Array:
     """The ids of rows ``first..first+n-1`` of the batch at ``batch_offset`` (a send's
     ack): the 24-digit prefix once, the row digits written by one C call
     (``_ipc.row_ids``), or without it from the table of row numbers."""
+    data = row_id_data(tag, batch_offset, first, n)   # (~2.4 against ~6.3 us for 100 rows,
+    if data is not None:                              # five numpy calls)
+        return _id_array(data, n)
     prefix = id_prefix(tag, batch_offset)
-    if _ipc is not None:        # (~2.4 against ~6.3 us for 100 rows, five numpy calls)
-        data = _ipc.row_ids(prefix.encode(), first, n)
-        if data is not None:
-            return _id_array(data, n)
     if n <= _LOOP_IDS:
         return _few_ids([encode_message_id(tag, batch_offset, j) for j in range(first, first + n)])
     words = np.empty((n, 4), np.uint64)

@@ -33,34 +33,13 @@ from .consumequeue import (ARRAY_COLUMNS, EntryArrays, entry_arrays, read_side_b
 from .fs import StoreFS
 from .index import read_index
 from .limits import timestamp_violation
-from .message import (StoredMessage, decode_message_id, message_id_array, message_ids,
+from .messagetable import (MESSAGE_COLUMNS, MESSAGE_SCHEMA,  # noqa: F401  (re-exported)
+                           composed_message_table, message_table, select_schema)
+from .message import (StoredMessage, decode_message_id, message_ids,
                       store_tag, stored_messages)
 from .txlog import LogState, TransactionLog
 
 log = logging.getLogger("sparkmq.reader")
-
-
-#: Columns of a message table, in order.
-MESSAGE_COLUMNS = ["topic", "queue_id", "queue_offset", "physical_offset", "message_id",
-                   *[f.name for f in fmt.SEGMENT_SCHEMA if f.name not in ("topic", "queue_id")]]
-
-
-def message_schema() -> pa.Schema:
-    fields = {f.name: f for f in fmt.SEGMENT_SCHEMA}
-    fields["queue_offset"] = fmt.QUEUE_OFFSET
-    fields["physical_offset"] = fmt.PHYSICAL_OFFSET
-    fields["message_id"] = fmt.MESSAGE_ID
-    return pa.schema([fields[n] for n in MESSAGE_COLUMNS])
-
-
-MESSAGE_SCHEMA = message_schema()
-# the columns a read computes; _materialize inserts them after topic and queue_id,
-# SEGMENT_SCHEMA's first two columns
-_COMPUTED_COLUMNS = MESSAGE_COLUMNS[2:5]
-assert _COMPUTED_COLUMNS == ["queue_offset", "physical_offset", "message_id"]
-# (their fields taken once: pyarrow wraps a field anew, ~1-2 us, at each ``field()``)
-_COMPUTED = tuple(enumerate(((n, MESSAGE_SCHEMA.field(n)) for n in _COMPUTED_COLUMNS), 2))
-assert fmt.SEGMENT_SCHEMA.names[:2] == MESSAGE_COLUMNS[:2]
 
 
 #: ConsumeQueue entries a read takes at a time (each step one table)
@@ -92,6 +71,10 @@ class MessageReader:
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         raise NotImplementedError
+
+    def _cached_rows(self, batch_offset: int):
+        """What a writer's cache holds for the batch (``CommitLog.cached_rows``), or None."""
+        return None
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         raise NotImplementedError
@@ -129,7 +112,7 @@ class MessageReader:
         tables = list(self.iter_tables(topic, queue_id, start, end, columns=columns,
                                         max_bytes=max_bytes, on_removed=on_removed))
         if not tables:
-            return _select_schema(columns).empty_table()
+            return select_schema(columns).empty_table()
         return tables[0] if len(tables) == 1 else pa.concat_tables(tables)
 
     def iter_batches(self, topic: str, queue_id: int, start: int, end: int | None = None, *,
@@ -192,7 +175,8 @@ class MessageReader:
                 break
             if budget is not None:
                 sizes = np.cumsum(entries.sizes)
-                k = max(1 if budget == max_bytes else 0, int(np.searchsorted(sizes, budget, "right")))
+                k = max(1 if budget == max_bytes else 0,
+                        int(np.searchsorted(sizes, budget, "right")))
                 if k < len(sizes):
                     entries = entries.head(k)
                     end = pos  # stop after this step
@@ -208,21 +192,18 @@ class MessageReader:
                      ) -> pa.Table | None:
         """The messages of ``entries`` (sorted by queue offset) as one table, or None.
         The computed columns are one array each for all entries."""
+        bos = entries.batch_offsets
+        if not columns and len(bos) and bos[-1] < self._visible_offset():
+            cached = self._cached_rows(int(bos[0]))     # (a put's batch, still composed?)
+            if cached is not None:
+                table = composed_message_table(cached, entries, store_tag(self.store_id))
+                if table is not None:
+                    return table
         found = self._stored(entries)
         if found is None:
             return None
         stored, qos, bos, rows = found
-        computed = {"queue_offset": lambda: pa.array(qos, pa.int64()),
-                    "physical_offset": lambda: pa.array(bos + rows.astype(np.int64), pa.int64()),
-                    "message_id": lambda: message_id_array(store_tag(self.store_id), bos, rows)}
-        if not columns:     # every column: the stored ones, the 3 computed inserted (4 calls,
-            # not one per column: a long poll's one message costs ~40% less)
-            for i, (name, field) in _COMPUTED:
-                stored = stored.add_column(i, field, computed[name]())
-            return stored.replace_schema_metadata(None)
-        arrays = [pa.chunked_array([computed[c]()]) if c in computed else stored.column(c)
-                  for c in columns]
-        return pa.Table.from_arrays(arrays, schema=_select_schema(columns))
+        return message_table(stored, qos, bos, rows, store_tag(self.store_id), columns)
 
     def _messages(self, entries: EntryArrays) -> list[StoredMessage] | None:
         """The messages of ``entries`` as StoredMessages, or None: the stored columns
@@ -428,12 +409,6 @@ class MessageReader:
     def index_hits(self, tid: int, key: str) -> pa.Table:
         """Index rows (queue id, queue offset, ...) of messages of topic ``tid`` with ``key``."""
         return self._index_hits(tid, key)
-
-
-def _select_schema(columns: Sequence[str] | None) -> pa.Schema:
-    if not columns:
-        return MESSAGE_SCHEMA
-    return pa.schema([MESSAGE_SCHEMA.field(c) for c in columns])
 
 
 class Snapshot(MessageReader):

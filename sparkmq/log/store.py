@@ -1,8 +1,7 @@
 """The store: CommitLog, ConsumeQueue, Index and transaction log joined.
 
-``Store.open(url, mode="w")`` takes the store's writer lease (an action in the
-log, with an epoch), recovers, and then appends. ``mode="r"`` reads the newest
-committed version and never writes.
+``Store.open(url, mode="w")`` takes the store's writer lease (an action in the log, with
+an epoch), recovers, and then appends. ``mode="r"`` reads the newest committed version.
 
 Lifecycle of an append (RocketMQ's putMessage -> reput -> flush):
 
@@ -19,11 +18,11 @@ Lifecycle of an append (RocketMQ's putMessage -> reput -> flush):
 Visibility: in this process a message is readable once flushed (SYNC_FLUSH)
 or written (ASYNC_FLUSH); to other processes and Spark once published.
 
-Crash recovery (``abort`` marker present at open): the unpublished tail of the
-CommitLog is scanned from the last published size, cut at the last whole
-batch, and re-dispatched; then published. The recovered last segment is then
-sealed and appends go to a new one: the previous writer may only be paused
-(its lease expired), and its late bytes must land where no one reads them.
+Crash recovery (``abort`` marker present at open): the unpublished tail of the CommitLog
+is scanned from the last published size, cut at the last whole batch, and re-dispatched;
+then published. The recovered last segment is then sealed and appends go to a new one:
+the previous writer may only be paused (its lease expired), and its late bytes must land
+where no one reads them.
 
 Fencing: a writer whose lease was taken over learns it at its next commit (publish, at
 most ``publish_interval_ms`` later), or at its next append once its lease may have
@@ -374,9 +373,7 @@ class Store(MessageReader):
         if (tid, queue_id) in mins:
             return mins[(tid, queue_id)]
         first = self.cq.first_offset(tid, queue_id)
-        if first is not None:
-            return first
-        return self.max_offset(topic, queue_id)
+        return first if first is not None else self.max_offset(topic, queue_id)
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         tid = self._topic_id(topic)
@@ -392,6 +389,9 @@ class Store(MessageReader):
 
     def _read_batch(self, batch_offset: int) -> pa.RecordBatch:
         return self.commitlog.read_batch(batch_offset)
+
+    def _cached_rows(self, batch_offset: int):
+        return self.commitlog.cached_rows(batch_offset)
 
     def _index_hits(self, tid: int, key: str) -> pa.Table:
         return live_index_hits(self.sfs, lambda: self.state, self.index, tid, key)

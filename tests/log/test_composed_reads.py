@@ -1,0 +1,129 @@
+"""A read of rows a put just cached composed (``_compose.view`` through
+``messagetable.composed_message_table``: the stored columns referenced, the computed ones
+inserted, one import) gives the table the general read builds in pyarrow, for any rows
+a producer may send and any contiguous range of them; its memory is held exactly as long
+as something reads it; what does not fit is refused and moves nothing. Fast tier: no
+servers."""
+from __future__ import annotations
+
+import gc
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from helpers.clock import Clock
+from sparkmq import Store
+from sparkmq.log import messagetable
+from sparkmq.log import reader as reader_module
+from sparkmq.log.messagetable import MESSAGE_COLUMNS, MESSAGE_SCHEMA
+
+_compose = pytest.importorskip("sparkmq._compose", reason="the C module is not built here")
+from test_composed_rows import NOW, _both, _over, send_batches  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    url = str(tmp_path_factory.mktemp("composed-reads") / "store")
+    with Store.open(url, clock_ms=Clock(NOW), start_services=False) as s:
+        s.create_topic("t", read_queue_nums=8, write_queue_nums=8)
+        yield s
+
+
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(source=send_batches(), queue=st.integers(0, 7), cut=st.data())
+def test_a_read_of_composed_rows_is_the_table_the_general_read_builds(
+        store, monkeypatch, source, queue, cut):
+    rows = _both(source, queue)[1]
+    r = store.append_batch(rows)
+    first_offset = int(r.queue_offsets[0])
+    n = source.num_rows
+    lo = cut.draw(st.integers(0, n - 1))
+    hi = cut.draw(st.integers(lo + 1, n))
+    views = []
+    monkeypatch.setattr(reader_module, "composed_message_table",
+                        lambda *a: views.append(messagetable.composed_message_table(*a))
+                        or views[-1])
+    fast = store.read_table("t", queue, first_offset + lo, first_offset + hi)
+    assert len(views) == 1 and views[0] is not None          # the view made this table
+    general = store.read_table("t", queue, first_offset + lo, first_offset + hi,
+                               columns=MESSAGE_COLUMNS)          # (built in pyarrow)
+    assert fast.schema.equals(MESSAGE_SCHEMA, check_metadata=True)
+    assert fast.equals(general)
+    fast.validate(full=True)
+    assert fast.column("queue_offset").to_pylist() == \
+        list(range(first_offset + lo, first_offset + hi))
+
+
+def test_a_read_spanning_batches_or_of_some_columns_is_built_in_pyarrow(store, monkeypatch):
+    made = []
+    monkeypatch.setattr(messagetable, "composed_view",
+                        lambda *a: made.append(1) or None)
+    for _ in range(2):
+        store.append_batch(_both(_over(bytearray(b"two")), queue=0)[1])
+    end = store.max_offset("t", 0)
+    both = store.read_table("t", 0, end - 2, end)        # two batches: not one view
+    assert both.num_rows == 2 and made == []
+    some = store.read_table("t", 0, end - 1, end, columns=["body", "message_id"])
+    assert some.column("body").to_pylist() == [b"two"] and made == []
+
+
+def test_the_view_outlives_the_cache_and_releases_every_buffer_once_read(tmp_path):
+    # the view holds the composed batch (and so the producer's buffers) after the cache,
+    # the rows and the store let go of them; once the table goes, every buffer is let go
+    body = bytearray(b"payload!" * 16)
+    base = sys.getrefcount(body)
+    with Store.open(str(tmp_path / "s"), clock_ms=Clock(NOW), start_services=False) as s:
+        s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        rows = _both(_over(body), queue=0)[1]
+        s.append_batch(rows)
+        del rows
+        table = s.read_table("t", 0, 0, 1)
+        s.commitlog.clear_cache()
+    gc.collect()
+    assert sys.getrefcount(body) > base            # held by the view
+    assert table.column("body").to_pylist() == [bytes(body)]
+    del table
+    gc.collect()
+    assert sys.getrefcount(body) == base
+
+
+def _kept(n: int = 3):
+    source = pa.RecordBatch.from_pydict({"topic": ["t"] * n, "body": [b"x"] * n})
+    rows = _both(source, queue=0)[1]
+    return rows, rows.c_array()[1]
+
+
+@pytest.mark.parametrize("first,k", [(-1, 1), (0, 0), (2, 2), (3, 1)])
+def test_view_refuses_a_range_past_the_batch(first, k):
+    rows, kept = _kept()
+    assert _compose.view(kept, first, k, (0,), ()) is None
+
+
+@pytest.mark.parametrize("values", [
+    ((np.zeros(2, np.int64),),),                                   # 2 values for 3 rows
+    ((np.zeros(3, np.int32),),),                                   # 4-byte values
+    ((np.array([0, 1, 2, 3], np.int32), b"ab"),),                  # offsets past the data
+    ((np.array([1, 1, 2, 3], np.int32), b"abc"),),                 # offsets not from 0
+    ((np.array([0, 2, 1, 3], np.int32), b"abc"),),                 # offsets going back
+    ((b"x", b"y", b"z"),),                                         # three buffers
+    ("not buffers",),
+])
+def test_view_refuses_values_that_do_not_fit_and_holds_nothing(values):
+    rows, kept = _kept()
+    held = [v for bufs in values if isinstance(bufs, tuple) for v in bufs
+            if isinstance(v, np.ndarray)]
+    counts = [sys.getrefcount(v) for v in held]
+    assert _compose.view(kept, 0, 3, (0, -1), values) is None
+    assert [sys.getrefcount(v) for v in held] == counts
+
+
+def test_view_refuses_a_slot_past_the_columns_and_a_capsule_it_did_not_make():
+    rows, kept = _kept()
+    assert _compose.view(kept, 0, 3, (99,), ()) is None
+    assert _compose.view(kept, 0, 3, (-2,), ((np.zeros(3, np.int64),),)) is None
+    other = pa.RecordBatch.from_pydict({"a": [1, 2, 3]}).__arrow_c_array__()[1]
+    assert _compose.view(other, 0, 3, (0,), ()) is None
