@@ -33,6 +33,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# this tree's sparkmq first, not an installed one: a worktree's bench measures its own
+sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from bench_broker import free_port  # noqa: E402
 

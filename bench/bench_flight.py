@@ -56,6 +56,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 STREAMS = 4                 # concurrent producers' DoPut streams in the "at once" row
+# this tree's sparkmq first, not an installed one: a worktree's bench measures its own
+sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 from bench_broker import (BODY, bench_redis, broker_conf, ensure_apt,  # noqa: E402
                           ensure_pip, free_port, pct, process, redis_command, wait_port,
