@@ -127,3 +127,35 @@ def test_view_refuses_a_slot_past_the_columns_and_a_capsule_it_did_not_make():
     assert _compose.view(kept, 0, 3, (-2,), ((np.zeros(3, np.int64),),)) is None
     other = pa.RecordBatch.from_pydict({"a": [1, 2, 3]}).__arrow_c_array__()[1]
     assert _compose.view(other, 0, 3, (0,), ()) is None
+
+
+def test_threads_reading_one_cached_batch_at_once_get_the_same_table(tmp_path):
+    # each read makes its own view over the one composed batch, and releases it on its
+    # own thread; once every table is gone the producer's buffer is let go. (A release
+    # from one of Flight's C++ threads, which hold no GIL, is not reached here: the
+    # release takes the GIL itself, as compose()'s does.)
+    import threading
+    body = bytearray(b"shared" * 32)
+    base = sys.getrefcount(body)
+    with Store.open(str(tmp_path / "s"), clock_ms=Clock(NOW), start_services=False) as s:
+        s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        s.append_batch(_both(_over(body), queue=0)[1])
+        want = s.read_table("t", 0, 0, 1, columns=MESSAGE_COLUMNS)
+        got, start = [], threading.Barrier(8)
+
+        def read() -> None:
+            start.wait()
+            for _ in range(50):
+                table = s.read_table("t", 0, 0, 1)
+                got.append(table.equals(want))
+                del table                        # released here, on this thread
+        threads = [threading.Thread(target=read) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == [True] * 400
+        s.commitlog.clear_cache()
+    del want
+    gc.collect()
+    assert sys.getrefcount(body) == base
