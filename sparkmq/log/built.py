@@ -213,9 +213,10 @@ def composed_view(rows, first: int, k: int, slots: tuple, values: tuple,
     """Rows ``first..first+k-1`` of ``rows`` (a BuiltRows still composed) with ``values``
     columns inserted as ``slots`` says (``_compose.view``: the same buffers, no pyarrow
     call but the import), a record batch of ``schema``; None where ``rows`` are not a
-    composed batch not yet read as a batch, or the columns do not fit (then build it in
-    pyarrow: the same batch, as the tests hold them). A read of a batch the put just
-    cached (a long poll's) made the batch, sliced, tabled and inserted: eight calls."""
+    composed batch (whether or not it was read as a batch since, its struct is kept), or
+    the columns do not fit (then build it in pyarrow: the same batch, as the tests hold
+    them). A read of a batch the put just cached (a long poll's) imported the batch,
+    sliced, tabled and inserted: eight calls."""
     if _compose is None or not isinstance(rows, BuiltRows) or not rows.composed:
         return None
     made = _compose.view(rows.c_array()[1], first, k, slots, values)
