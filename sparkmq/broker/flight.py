@@ -66,7 +66,7 @@ from ..errors import (AuthenticationError, AuthorizationError, MessageLimitError
 from ..log.batch import none_if_empty
 from ..log.dispatch import distinct_strings
 from ..log.limits import check_valid_arrow
-from ..log.message import batch_message_ids, delivered_ids, id_prefix, store_tag
+from ..log.message import batch_message_ids, delivered_ids, id_prefix
 from ..log.names import validate_group, validate_topic
 from ..log.segment import EOS
 from ..log.status import PutMessageStatus
@@ -294,7 +294,7 @@ class FlightService(fl.FlightServerBase):
         # became visible: a wake here by topic would wake every queue's pulls again)
         # a producer's own id wins (``typed``: the column is a string array)
         own = batch.column(order.index("unique_key")) if "unique_key" in names else None
-        tag = store_tag(self.broker.store.store_id)
+        tag = self.broker.store.state.id_tags.at(r.batch_offset)
         schema = _ACK_SCHEMA_MESSAGE if late is None else ACK_SCHEMA.with_metadata(
             {"status": Code.Name(late.code), "message": late.message}).serialize()
         if own is None:                 # the broker's ids: the whole ack in one C call

@@ -38,7 +38,7 @@ from ..log.batch import QueueChooser
 from ..log.built import build_rows
 from ..log.topics import topic_message_type, type_conflict
 from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, message_violation
-from ..log.message import encode_message_id, store_tag
+from ..log.message import encode_message_id
 from ..log.names import validate_topic
 from ..log.status import PutMessageStatus
 from .protocol import Code, ms_of_timestamp, recovery_refusal, status, transaction_properties
@@ -581,7 +581,7 @@ class SendService:
             if not has_tx:
                 return [(put_status, k, qo, None) for k, qo in zip(unique_keys, qos)]
             return [(put_status, k, qo, tx) for k, qo, tx in zip(unique_keys, qos, txids)]
-        tag = store_tag(self.store.store_id)
+        tag = self.store.state.id_tags.at(r.batch_offset)
         return [(put_status, unique_keys[j] or encode_message_id(tag, r.batch_offset, j), qos[j],
                  txids[j]) for j in range(n)]
 

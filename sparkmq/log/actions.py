@@ -53,16 +53,31 @@ class Protocol(_Action):
 
 
 @dataclass(frozen=True)
+class IdEpoch(_Struct):
+    """From physical offset ``start_offset`` on, message ids carry ``tag``."""
+
+    FIELDS = {"start_offset": "startOffset", "tag": "tag"}
+    start_offset: int
+    tag: int
+    extra: Mapping = field(default_factory=lambda: _EMPTY, compare=False)
+
+
+@dataclass(frozen=True)
 class MetaData(_Action):
-    """The store's identity: ``store_id`` fixes the message-id tag."""
+    """The store's identity: ``store_id`` fixes the message-id tag, and ``id_epochs``
+    (None: none yet) the tags of the offsets after a crash (``log/idtags.py``)."""
 
     KIND = "metaData"
     FIELDS = {"store_id": "storeId", "created_time": "createdTime",
-              "format_version": "formatVersion", "configuration": "configuration"}
+              "format_version": "formatVersion", "configuration": "configuration",
+              "id_epochs": "idEpochs"}
+    OPTIONAL = frozenset({"id_epochs"})
+    NESTED: ClassVar[dict] = {"id_epochs": IdEpoch}
     store_id: str = ""
     created_time: int = 0
     format_version: int = FORMAT_VERSION
     configuration: Mapping = field(default_factory=lambda: _EMPTY)
+    id_epochs: tuple[IdEpoch, ...] | None = None
     extra: Mapping = field(default_factory=lambda: _EMPTY, compare=False)
 
 

@@ -25,7 +25,7 @@ from .batch import BatchBuilder, messages_to_batch, split_by_size
 from .built import BuiltRows, stamp_store_time
 from .dispatch import RowInfo
 from .limits import MessageLimits, check_valid_arrow
-from .message import Message, encode_message_id, store_tag
+from .message import Message, encode_message_id
 from .status import AppendResult, BatchAppendResult, PutMessageStatus
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class Appender:
         self.hold_lease(written=True)
         status = self._await_flush(end)
         self.store.dispatcher.after_visible(updates)
-        tag = store_tag(self.store.state.store_id)
+        tag = self.store.state.id_tags.at(batch_offset)
         return [AppendResult(status, encode_message_id(tag, batch_offset, i), m.topic, q, qo,
                              batch_offset + i)
                 for i, (m, q, qo) in enumerate(zip(msgs, qids, qos.tolist()))]

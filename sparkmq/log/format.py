@@ -33,10 +33,16 @@ FORMAT_VERSION = 2
 # commit this code makes: TransactionLog.commit upgrades the protocol)
 MIN_READER_VERSION = 3
 MIN_WRITER_VERSION = 2
+# reader and writer version 4 and 3: message-id epochs (``metaData.idEpochs``, FORMAT.md
+# "Message id"); an older reader would give a later epoch's messages the wrong ids, an
+# older writer would append with the store's first tag. Required only by stores that have
+# one (the commit that adds the first says so: ``log/idtags.py``)
+ID_EPOCHS_READER_VERSION = 4
+ID_EPOCHS_WRITER_VERSION = 3
 # the protocol versions this code implements: it reads stores whose minReaderVersion is
 # at most READER_VERSION and writes stores whose minWriterVersion is at most WRITER_VERSION
-READER_VERSION = 3
-WRITER_VERSION = 2
+READER_VERSION = 4
+WRITER_VERSION = 3
 
 LOG_DIR = "_log"
 COMMITLOG_DIR = "commitlog"

@@ -231,8 +231,10 @@ def batch_message_ids(tag: int, batch_offset: int, n: int, first: int = 0) -> pa
     return _id_array(words, n)
 
 
-def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> pa.Array:
-    """Message ids for many rows, vectorized (32 ASCII hex digits each).
+def message_id_array(tag: int | np.ndarray, batch_offsets: np.ndarray,
+                     rows: np.ndarray) -> pa.Array:
+    """Message ids for many rows, vectorized (32 ASCII hex digits each); ``tag`` the
+    store's, or each row's (``IdTags.of``: rows of several id epochs).
 
     An id is tag (8 digits), batch offset (16) and row (8): the first 24 digits are
     built once per run of equal batch offsets and repeated, the last 8 come from a
@@ -248,20 +250,23 @@ def message_id_array(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> p
     firsts = np.concatenate([[0], cuts])
     lens = np.diff(np.concatenate([firsts, [n]]))
     template = np.zeros((len(firsts), 32), dtype=np.uint8)   # one id per run, row digits later
-    template[:, :8] = _hex_digits(np.array([tag], dtype=np.uint64), 8)
+    template[:, :8] = _hex_digits(np.array([tag], dtype=np.uint64) if np.isscalar(tag)
+                                  else np.asarray(tag, np.uint64)[firsts], 8)
     template[:, 8:24] = _hex_digits(batch_offsets[firsts], 16)
     words = np.repeat(template.view(np.uint64), lens, axis=0)  # (n, 4): 32 bytes per id
     words[:, 3] = _row_hex8(np.asarray(rows, dtype=np.int64))
     return _id_array(words, n)
 
 
-def message_ids(tag: int, batch_offsets: np.ndarray, rows: np.ndarray) -> list[str]:
+def message_ids(tag: int | np.ndarray, batch_offsets: np.ndarray,
+                rows: np.ndarray) -> list[str]:
     """The ids of ``message_id_array`` as Python strings (what a read of messages hands
     out): formatted one by one for a few rows, else that array's values."""
     if len(batch_offsets) > _LOOP_IDS:
         return message_id_array(tag, batch_offsets, rows).to_pylist()
-    return [encode_message_id(tag, b, r) for b, r in
-            zip(np.asarray(batch_offsets).tolist(), np.asarray(rows).tolist())]
+    tags = [tag] * len(batch_offsets) if np.isscalar(tag) else np.asarray(tag).tolist()
+    return [encode_message_id(t, b, r) for t, b, r in
+            zip(tags, np.asarray(batch_offsets).tolist(), np.asarray(rows).tolist())]
 
 
 def _id_array(data, n: int) -> pa.Array:

@@ -54,10 +54,10 @@ def select_schema(columns: Sequence[str] | None) -> pa.Schema:
 
 
 def message_table(stored: pa.Table, qos: np.ndarray, bos: np.ndarray, rows: np.ndarray,
-                  tag: int, columns: Sequence[str] | None) -> pa.Table:
+                  tag: int | np.ndarray, columns: Sequence[str] | None) -> pa.Table:
     """``stored`` (SEGMENT_SCHEMA rows at batch offsets ``bos``, rows ``rows``, queue
-    offsets ``qos``) as a message table of ``columns`` (None: every column); the computed
-    columns one array each for all rows."""
+    offsets ``qos``; ids tagged ``tag``, or each row's: ``IdTags.of``) as a message table
+    of ``columns`` (None: every column); the computed columns one array each for all rows."""
     computed = {"queue_offset": lambda: pa.array(qos, pa.int64()),
                 "physical_offset": lambda: pa.array(bos + rows.astype(np.int64), pa.int64()),
                 "message_id": lambda: message_id_array(tag, bos, rows)}

@@ -36,7 +36,7 @@ from .limits import timestamp_violation
 from .messagetable import (MESSAGE_COLUMNS, MESSAGE_SCHEMA,  # noqa: F401  (re-exported)
                            composed_message_table, message_table, select_schema)
 from .message import (StoredMessage, decode_message_id, message_ids,
-                      store_tag, stored_messages)
+                      stored_messages)
 from .txlog import LogState, TransactionLog
 
 log = logging.getLogger("sparkmq.reader")
@@ -49,7 +49,7 @@ ENTRIES_PER_STEP = 65_536
 class MessageReader:
     """Shared read logic; subclasses provide entries and batches."""
 
-    store_id: str
+    state: LogState          # (its metaData: the message ids' tags, ``state.id_tags``)
 
     # -- to implement ------------------------------------------------------
     def _topic_id(self, topic: str) -> int:
@@ -196,14 +196,15 @@ class MessageReader:
         if not columns and len(bos) and bos[-1] < self._visible_offset():
             cached = self._cached_rows(int(bos[0]))     # (a put's batch, still composed?)
             if cached is not None:
-                table = composed_message_table(cached, entries, store_tag(self.store_id))
+                table = composed_message_table(cached, entries,
+                                               self.state.id_tags.at(int(bos[0])))
                 if table is not None:
                     return table
         found = self._stored(entries)
         if found is None:
             return None
         stored, qos, bos, rows = found
-        return message_table(stored, qos, bos, rows, store_tag(self.store_id), columns)
+        return message_table(stored, qos, bos, rows, self.state.id_tags.of(bos), columns)
 
     def _messages(self, entries: EntryArrays) -> list[StoredMessage] | None:
         """The messages of ``entries`` as StoredMessages, or None: the stored columns
@@ -216,7 +217,7 @@ class MessageReader:
         return stored_messages(stored, computed={
             "queue_offset": qos.tolist(),
             "physical_offset": (bos + rows.astype(np.int64)).tolist(),
-            "message_id": message_ids(store_tag(self.store_id), bos, rows)})
+            "message_id": message_ids(self.state.id_tags.of(bos), bos, rows)})
 
     def _stored(self, entries: EntryArrays) -> tuple[pa.Table, np.ndarray, np.ndarray,
                                                        np.ndarray] | None:
@@ -276,11 +277,12 @@ class MessageReader:
     def lookup(self, message_id: str) -> StoredMessage | None:
         """The message with this id, or None if it is no longer (or not yet) stored."""
         tag, batch_offset, row = decode_message_id(message_id)
-        if tag != store_tag(self.store_id):
+        tags = self.state.id_tags
+        if not tags.issued_here(tag):
             raise InvalidMessageIdError(
                 f"message id {message_id} was issued by another store (tag {tag:08X})")
-        if batch_offset >= self._visible_offset():
-            return None
+        if batch_offset >= self._visible_offset() or tags.at(batch_offset) != tag:
+            return None     # (not yet stored; or a message a crash took: ``log/idtags.py``)
         try:
             batch = self._read_batch(batch_offset)
         except (DataLossError, FileNotFoundError):   # (its segment deleted since: retention)

@@ -25,6 +25,7 @@ from . import format as fmt
 from .actions import ConsumerOffset
 from . import segment as seg
 from .commitlog import SegmentRef
+from .idtags import epoch_actions
 
 if TYPE_CHECKING:
     from .store import Store
@@ -98,6 +99,10 @@ def recover(store: "Store") -> None:
         store.commitlog.load(store.commitlog.segments())
         progress.advance(valid_end)
     progress.close()
+    # after a crash, ids from the end on carry a new tag: the crash may have taken
+    # acknowledged (ASYNC_FLUSH) messages past it, whose ids must not name new ones
+    new_ids = epoch_actions(store.state, store.commitlog.written_offset) \
+        if crashed and not store.replica else []
     # continue appending to the last unsealed segment, if it is the newest
     segs = store.commitlog.segments()
     if segs and not segs[-1].sealed and fmt.parse_segment_file(segs[-1].path) is not None:
@@ -115,7 +120,7 @@ def recover(store: "Store") -> None:
                  store.url, redispatched)
     sfs.write(fmt.abort_file(), store.owner.encode())
     corrected = offsets_past_the_end(store) if crashed and not store.replica else []
-    store.publish(force=True, extra_actions=corrected)
+    store.publish(force=True, extra_actions=[*new_ids, *corrected])
     store.delete_removed_files()   # left by a previous writer that stopped too early
 
 

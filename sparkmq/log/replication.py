@@ -44,6 +44,7 @@ from .actions import (Action, AddFile, ConsumerOffset, GroupConfig, RemoveFile, 
                       TopicConfig)
 from .auth_actions import Acl, User
 from .commitlog import SegmentRef
+from .idtags import epoch_actions
 from .store import Store
 from .topics import group_delete_actions
 from .txlog import LogState
@@ -456,8 +457,10 @@ class ReplicaLog:
                                        base_offset=cut.base_offset,
                                        size=offset - cut.base_offset, sealed=False,
                                        modification_time=now))
-            st.commit_actions(lambda s: actions, "TRUNCATE", {"toOffset": offset,
-                                                       "droppedBytes": end - offset})
+            # (ids from the cut on carry a new tag: this store may have given ids to the
+            # dropped messages, ``log/idtags.py``)
+            st.commit_actions(lambda s: actions + epoch_actions(s, offset), "TRUNCATE",
+                              {"toOffset": offset, "droppedBytes": end - offset})
             if cut is not None:
                 st.sfs.truncate(cut.path, offset - cut.base_offset)
                 cl.set_size(cut, offset - cut.base_offset, sealed=False)

@@ -17,6 +17,7 @@ from .actions import (Action, AddFile, CommitInfo, ConsumerOffset, GroupConfig, 
                       MetaData, Protocol, RemoveFile, Retention, TopicConfig, Txn,
                       parse_action)
 from .auth_actions import Acl, User
+from .idtags import IdTags
 from .checkpoint import part_key
 
 log = logging.getLogger("sparkmq.txlog")
@@ -160,6 +161,11 @@ class LogState:
     @property
     def store_id(self) -> str:
         return self.metadata.store_id if self.metadata else ""
+
+    @property
+    def id_tags(self) -> IdTags:
+        """The tags of the store's message ids by offset (``log/idtags.py``)."""
+        return self._view("id_tags", lambda: IdTags(self.metadata))
 
     def next_topic_id(self) -> int:
         return max(self.topics_by_id, default=-1) + 1
