@@ -75,18 +75,26 @@ static void release_child(struct ArrowArray *a)
     a->release = NULL;
 }
 
+/* Let go of the buffers and the object a composed batch or a view held, then of its
+   memory: under the GIL, which pyarrow may not hold where it releases the struct (a
+   Flight thread). At exit the objects go with the interpreter. */
+static void release_held(Py_buffer *views, int n, PyObject *obj, void *mem)
+{
+    if (Py_IsInitialized()) {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        for (int i = 0; i < n; i++)
+            PyBuffer_Release(&views[i]);
+        Py_XDECREF(obj);
+        PyGILState_Release(gil);
+    }
+    PyMem_RawFree(mem);
+}
+
 static void free_shared(Shared *sh)
 {
     if (sh->given.release)
         sh->given.release(&sh->given);
-    if (Py_IsInitialized()) {     /* (at exit the objects go with the interpreter) */
-        PyGILState_STATE gil = PyGILState_Ensure();
-        for (int i = 0; i < sh->n_views; i++)
-            PyBuffer_Release(&sh->views[i]);
-        Py_XDECREF(sh->template);
-        PyGILState_Release(gil);
-    }
-    PyMem_RawFree(sh);
+    release_held(sh->views, sh->n_views, sh->template, sh);
 }
 
 static void release_parent(struct ArrowArray *a)
@@ -262,14 +270,7 @@ typedef struct {
 
 static void free_view(View *v)
 {
-    if (Py_IsInitialized()) {     /* (at exit the objects go with the interpreter) */
-        PyGILState_STATE gil = PyGILState_Ensure();
-        for (int i = 0; i < v->n_views; i++)
-            PyBuffer_Release(&v->views[i]);
-        Py_XDECREF(v->kept);
-        PyGILState_Release(gil);
-    }
-    PyMem_RawFree(v);
+    release_held(v->views, v->n_views, v->kept, v);
 }
 
 static void release_view(struct ArrowArray *a)
