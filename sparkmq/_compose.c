@@ -38,6 +38,14 @@
  * the buffers until pyarrow releases it. None where they do not fit (a range past the
  * batch, a buffer of another size than k values, offsets not from 0 to the data's size).
  *
+ * values(kept, first, k, kinds) -> tuple | None reads the same rows as Python values, one
+ * list per column (None for a column all null), as pyarrow's to_pylist gives them but
+ * timestamps as int64 (ms): what the RocketMQ pop of a batch the cache still holds composed
+ * makes StoredMessages of (log/reader.py), without importing the batch and converting
+ * sixteen columns in pyarrow. kinds: one letter per column (s string, b binary, l
+ * list<string>, m map<string, string>, c int8, i int32, t int64). None where a column's
+ * buffers or children do not fit its kind, or the range is past the batch.
+ *
  * Why: building the 16-column batch in pyarrow and exporting it for the screen and the
  * writer cost a put ~16 us in a hot loop (timeit); composing it costs ~5 us, of which
  * this call ~1 (bench/README.md, "fifteenth session").
@@ -395,6 +403,162 @@ unfit:
     Py_RETURN_NONE;
 }
 
+/* values(): row i (of the array's logical rows) null? */
+static int is_null(const struct ArrowArray *c, int64_t i)
+{
+    const uint8_t *bits = c->buffers[0];
+    int64_t j = c->offset + i;
+    return bits && c->null_count != 0 && !((bits[j >> 3] >> (j & 7)) & 1);
+}
+
+/* value i of a string (binary: bytes) array; NULL with an exception set on failure */
+static PyObject *string_at(const struct ArrowArray *c, int64_t i, int binary)
+{
+    const int32_t *o = c->buffers[1];
+    const char *d = c->buffers[2];
+    int64_t j = c->offset + i;
+    if (is_null(c, i))
+        Py_RETURN_NONE;
+    if (o[j + 1] < o[j]) {
+        PyErr_SetString(PyExc_ValueError, "string offsets go back");
+        return NULL;
+    }
+    return binary ? PyBytes_FromStringAndSize(d + o[j], o[j + 1] - o[j])
+                  : PyUnicode_DecodeUTF8(d + o[j], o[j + 1] - o[j], NULL);
+}
+
+static int is_strings(const struct ArrowArray *c)
+{
+    return c->n_buffers == 3 && c->n_children == 0 && c->buffers[1] && c->buffers[2];
+}
+
+/* row i of a list<string> (map: list of (key, value) tuples) array, as pyarrow's
+   to_pylist gives it */
+static PyObject *nested_at(const struct ArrowArray *c, int64_t i, int map)
+{
+    const int32_t *o = c->buffers[1];
+    const struct ArrowArray *e = c->children[0];
+    int64_t j = c->offset + i;
+    PyObject *out;
+    if (is_null(c, i))
+        Py_RETURN_NONE;
+    if (o[j + 1] < o[j]) {
+        PyErr_SetString(PyExc_ValueError, "list offsets go back");
+        return NULL;
+    }
+    if (!(out = PyList_New(o[j + 1] - o[j])))
+        return NULL;
+    for (int32_t x = o[j]; x < o[j + 1]; x++) {
+        PyObject *item;
+        if (!map)
+            item = string_at(e, x, 0);
+        else {
+            PyObject *k = string_at(e->children[0], e->offset + x, 0), *v;
+            v = k ? string_at(e->children[1], e->offset + x, 0) : NULL;
+            item = v ? PyTuple_Pack(2, k, v) : NULL;
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+        }
+        if (!item) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, x - o[j], item);
+    }
+    return out;
+}
+
+/* whether column c fits kind: s string, b binary, l list<string>, m map<string, string>,
+   c int8, i int32, t int64 (a timestamp's) */
+static int fits(const struct ArrowArray *c, char kind)
+{
+    const struct ArrowArray *e;
+    switch (kind) {
+    case 's': case 'b':
+        return is_strings(c);
+    case 'c': case 'i': case 't':
+        return c->n_buffers == 2 && c->n_children == 0 && c->buffers[1];
+    case 'l':
+        return c->n_buffers == 2 && c->n_children == 1 && c->buffers[1]
+            && is_strings(c->children[0]);
+    case 'm':
+        e = c->n_children == 1 ? c->children[0] : NULL;
+        return c->n_buffers == 2 && c->buffers[1] && e && e->n_children == 2
+            && is_strings(e->children[0]) && is_strings(e->children[1]);
+    }
+    return 0;
+}
+
+static PyObject *value_at(const struct ArrowArray *c, int64_t i, char kind)
+{
+    int64_t j = c->offset + i;
+    switch (kind) {
+    case 's': case 'b':
+        return string_at(c, i, kind == 'b');
+    case 'l': case 'm':
+        return nested_at(c, i, kind == 'm');
+    }
+    if (is_null(c, i))
+        Py_RETURN_NONE;
+    if (kind == 'c')
+        return PyLong_FromLong(((const int8_t *)c->buffers[1])[j]);
+    if (kind == 'i')
+        return PyLong_FromLong(((const int32_t *)c->buffers[1])[j]);
+    return PyLong_FromLongLong(((const int64_t *)c->buffers[1])[j]);
+}
+
+static PyObject *values(PyObject *self, PyObject *args)
+{
+    PyObject *kept, *out;
+    const char *kinds;
+    Py_ssize_t n_kinds;
+    long long first, k;
+    const struct ArrowArray *src;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OLLy#", &kept, &first, &k, &kinds, &n_kinds))
+        return NULL;
+    if (!(src = PyCapsule_GetPointer(kept, "arrow_array")))
+        return NULL;
+    if (!src->release || src->release != release_parent || first < 0 || k < 1
+            || first + k > src->length || src->offset != 0 || n_kinds != src->n_children)
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < n_kinds; i++) {
+        const struct ArrowArray *c = src->children[i];
+        if (!c->release || c->length != src->length || !fits(c, kinds[i]))
+            Py_RETURN_NONE;
+    }
+    if (!(out = PyTuple_New(n_kinds)))
+        return NULL;
+    for (Py_ssize_t i = 0; i < n_kinds; i++) {
+        const struct ArrowArray *c = src->children[i];
+        PyObject *col;
+        if (c->null_count == c->length && c->buffers[0]) {    /* (all null: None) */
+            Py_INCREF(Py_None);
+            PyTuple_SET_ITEM(out, i, Py_None);
+            continue;
+        }
+        if (!(col = PyList_New(k)))
+            goto fail;
+        PyTuple_SET_ITEM(out, i, col);
+        for (int64_t r = 0; r < k; r++) {
+            PyObject *v = value_at(c, first + r, kinds[i]);
+            if (!v)
+                goto fail;
+            PyList_SET_ITEM(col, r, v);
+        }
+    }
+    return out;
+fail:
+    Py_DECREF(out);
+    return NULL;
+}
+
+PyDoc_STRVAR(values_doc,
+"values(kept, first, k, kinds) -> tuple | None\n\n"
+"Rows first..first+k-1 of a composed batch (its kept capsule) as Python values, one list\n"
+"per column (None: a column all null), as pyarrow's to_pylist gives them, timestamps as\n"
+"int64; kinds: one letter per column. None where they do not fit. See sparkmq/_compose.c.");
+
 PyDoc_STRVAR(view_doc,
 "view(kept, first, k, slots, values) -> (import_capsule, import_address) | None\n\n"
 "Rows first..first+k-1 of a composed batch (its kept capsule) with value columns\n"
@@ -404,6 +568,7 @@ PyDoc_STRVAR(view_doc,
 static PyMethodDef methods[] = {
     {"compose", compose, METH_VARARGS, compose_doc},
     {"view", view, METH_VARARGS, view_doc},
+    {"values", values, METH_VARARGS, values_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -104,6 +104,17 @@ class EntryArrays(NamedTuple):
         """The first ``k`` entries."""
         return EntryArrays(*(None if a is None else a[:k] for a in self))
 
+    def one_run(self) -> tuple[int, int] | None:
+        """(batch offset, first row) where the entries are contiguous rows of one batch
+        (a long poll's few messages of the batch a put just cached), else None."""
+        bos, rows = self.batch_offsets, self.rows
+        if not len(rows):
+            return None
+        first = int(rows[0])
+        if int(bos[-1]) != int(bos[0]) or int(rows[-1]) - first != len(rows) - 1:
+            return None
+        return int(bos[0]), first
+
 
 def entry_arrays(table: pa.Table, sizes: bool = False) -> EntryArrays:
     """``table`` (entries with at least queue_offset, batch_offset, row, and size if

@@ -103,9 +103,14 @@ def stored_messages(table: pa.Table, computed: Mapping[str, list] | None = None,
     dict a row). Timestamps as int64 milliseconds: a timestamp column of 32 rows costs
     ~100 us as datetimes and ~2 us as integers. ``computed``: columns given as lists
     instead (the reader's queue offsets, physical offsets and message ids)."""
+    return messages_of({**column_values(table), **(computed or {})}, table.num_rows)
+
+
+def column_values(table: pa.Table) -> dict[str, list]:
+    """A message table's columns as lists, as :func:`stored_messages` reads them (a
+    column all null left out; timestamps int64 ms)."""
     n = table.num_rows
-    none = [None] * n
-    values: dict[str, list] = dict(computed or {})
+    values: dict[str, list] = {}
     for i, name in enumerate(table.schema.names):   # (``column_names`` wraps each field)
         col = table.column(i)
         if col.null_count == n:
@@ -117,6 +122,13 @@ def stored_messages(table: pa.Table, computed: Mapping[str, list] | None = None,
             values[name] = [v for c in col.chunks for v in c.view(pa.int64()).to_pylist()]
         else:
             values[name] = col.to_pylist()
+    return values
+
+
+def messages_of(values: Mapping[str, list], n: int) -> list[StoredMessage]:
+    """``n`` StoredMessages of their columns' values (name -> list; a column absent: all
+    None), as :func:`stored_messages` converts them (timestamps int64 ms)."""
+    none = [None] * n
 
     def of(name: str) -> list:                # a column's values, or all None
         return values.get(name, none)

@@ -76,11 +76,12 @@ def composed_message_table(cached, entries: EntryArrays, tag: int) -> pa.Table |
     and ``cached`` (what the CommitLog's cache holds for it) is that batch still composed:
     ``_compose.view`` over its C struct and one import, not the batch's import, a slice, a
     table, three arrays and three inserts. None otherwise (then :func:`message_table`)."""
-    bos, rows = entries.batch_offsets, entries.rows
-    n, first = len(rows), int(rows[0])
-    if int(bos[-1]) != int(bos[0]) or int(rows[-1]) - first != n - 1:
+    run = entries.one_run()
+    if run is None:
         return None
-    ids = row_id_data(tag, int(bos[0]), first, n)
+    (batch_offset, first), bos, rows = run, entries.batch_offsets, entries.rows
+    n = len(rows)
+    ids = row_id_data(tag, batch_offset, first, n)
     if ids is None:
         return None
     values = ((np.ascontiguousarray(entries.queue_offsets, np.int64),),

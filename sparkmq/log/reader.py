@@ -28,6 +28,7 @@ from . import checksum
 from . import format as fmt
 from . import segment as seg
 from .actions import AddFile, TopicConfig
+from .built import composed_values
 from .consumequeue import (ARRAY_COLUMNS, EntryArrays, entry_arrays, read_side_by_time,
                            read_side_entries)
 from .fs import StoreFS
@@ -35,8 +36,8 @@ from .index import read_index
 from .limits import timestamp_violation
 from .messagetable import (MESSAGE_COLUMNS, MESSAGE_SCHEMA,  # noqa: F401  (re-exported)
                            composed_message_table, message_table, select_schema)
-from .message import (StoredMessage, decode_message_id, message_ids,
-                      stored_messages)
+from .message import (StoredMessage, column_values, decode_message_id, message_ids,
+                      messages_of)
 from .txlog import LogState, TransactionLog
 
 log = logging.getLogger("sparkmq.reader")
@@ -209,15 +210,24 @@ class MessageReader:
     def _messages(self, entries: EntryArrays) -> list[StoredMessage] | None:
         """The messages of ``entries`` as StoredMessages, or None: the stored columns
         converted as they are, the computed ones made as Python values (no Arrow
-        column built, inserted, then taken apart again)."""
-        found = self._stored(entries)
-        if found is None:
-            return None
-        stored, qos, bos, rows = found
-        return stored_messages(stored, computed={
-            "queue_offset": qos.tolist(),
-            "physical_offset": (bos + rows.astype(np.int64)).tolist(),
-            "message_id": message_ids(self.state.id_tags.of(bos), bos, rows)})
+        column built, inserted, then taken apart again). Rows of one batch the writer's
+        cache holds composed (a long poll's pop of what a put just stored) are read from
+        its C struct in one pass (``built.composed_values``)."""
+        bos, rows, qos = entries.batch_offsets, entries.rows, entries.queue_offsets
+        run = entries.one_run() if len(bos) and bos[-1] < self._visible_offset() else None
+        cached = None if run is None else self._cached_rows(run[0])
+        values = None if cached is None else composed_values(cached, run[1], len(rows))
+        if values is None:
+            found = self._stored(entries)
+            if found is None:
+                return None
+            table, qos, bos, rows = found
+            values = column_values(table)
+        return messages_of({**values,
+                            "queue_offset": qos.tolist(),
+                            "physical_offset": (bos + rows.astype(np.int64)).tolist(),
+                            "message_id": message_ids(self.state.id_tags.of(bos), bos, rows)},
+                           len(rows))
 
     def _stored(self, entries: EntryArrays) -> tuple[pa.Table, np.ndarray, np.ndarray,
                                                        np.ndarray] | None:

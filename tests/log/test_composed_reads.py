@@ -2,8 +2,9 @@
 ``messagetable.composed_message_table``: the stored columns referenced, the computed ones
 inserted, one import) gives the table the general read builds in pyarrow, for any rows
 a producer may send and any contiguous range of them; its memory is held exactly as long
-as something reads it; what does not fit is refused and moves nothing. Fast tier: no
-servers."""
+as something reads it; what does not fit is refused and moves nothing. A read of the same
+rows as StoredMessages (the RocketMQ pop's: ``_compose.values``) gives the messages the
+general read gives. Fast tier: no servers."""
 from __future__ import annotations
 
 import gc
@@ -16,8 +17,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from helpers.clock import Clock
 from sparkmq import Store
-from sparkmq.log import messagetable
+from sparkmq.log import built, messagetable
 from sparkmq.log import reader as reader_module
+from sparkmq.log.message import column_values
 from sparkmq.log.messagetable import MESSAGE_COLUMNS, MESSAGE_SCHEMA
 
 _compose = pytest.importorskip("sparkmq._compose", reason="the C module is not built here")
@@ -159,3 +161,66 @@ def test_threads_reading_one_cached_batch_at_once_get_the_same_table(tmp_path):
     del want
     gc.collect()
     assert sys.getrefcount(body) == base
+
+
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(source=send_batches(), queue=st.integers(0, 7), cut=st.data())
+def test_a_pop_of_composed_rows_gives_the_messages_the_general_read_gives(
+        store, monkeypatch, source, queue, cut):
+    # the RocketMQ pop's read (StoredMessages) of rows the cache holds composed:
+    # ``_compose.values`` in one pass, the same values as pyarrow's column by column
+    rows = _both(source, queue)[1]
+    r = store.append_batch(rows)
+    first_offset = int(r.queue_offsets[0])
+    n = source.num_rows
+    lo = cut.draw(st.integers(0, n - 1))
+    hi = cut.draw(st.integers(lo + 1, n))
+    made = []
+    monkeypatch.setattr(reader_module, "composed_values",
+                        lambda *a: made.append(built.composed_values(*a)) or made[-1])
+    fast = store.read("t", queue, first_offset + lo, hi - lo)
+    assert len(made) == 1 and made[0] is not None            # read from the C struct
+    assert _some(made[0]) == _some(column_values(pa.table(rows.batch.slice(lo, hi - lo))))
+    store.commitlog.clear_cache()                             # read from the segment
+    general = store.read("t", queue, first_offset + lo, hi - lo)
+    assert len(made) == 1 and len(fast) == hi - lo
+    assert fast == general
+    assert [m.queue_offset for m in fast] == list(range(first_offset + lo, first_offset + hi))
+
+
+def _some(values: dict) -> dict:
+    """``values`` without the columns all None (either read may leave them out)."""
+    return {name: col for name, col in values.items() if col.count(None) < len(col)}
+
+
+def test_values_read_every_kind_nulls_and_values_alike():
+    source = pa.RecordBatch.from_pydict({
+        "topic": ["t"] * 3, "body": [b"a", b"\x00\xff", b"c"],
+        "tags": ["x", None, "\u00e9"], "keys": [["k1", "k2"], None, []],
+        "properties": pa.array([[("p", "1")], None, [("q", "")]],
+                               pa.map_(pa.string(), pa.string())),
+        "unique_key": [None, None, None]})
+    rows = _both(source, queue=5)[1]
+    got = built.composed_values(rows, 0, 3)
+    assert got == column_values(pa.table(rows.batch))
+    assert got["keys"] == [["k1", "k2"], None, []]
+    assert got["properties"] == [[("p", "1")], None, [("q", "")]]
+    assert got["queue_id"] == [5, 5, 5] and "unique_key" not in got
+    assert built.composed_values(rows, 1, 2)["body"] == [b"\x00\xff", b"c"]
+
+
+@pytest.mark.parametrize("first,k", [(-1, 1), (0, 0), (2, 2), (3, 1)])
+def test_values_refuse_a_range_past_the_batch(first, k):
+    rows, kept = _kept()
+    assert _compose.values(kept, first, k, built._KINDS) is None
+
+
+def test_values_refuse_kinds_that_do_not_fit_and_a_capsule_they_did_not_make():
+    rows, kept = _kept()
+    assert _compose.values(kept, 0, 3, built._KINDS[:-1]) is None       # a kind short
+    assert _compose.values(kept, 0, 3, b"s" * len(built._KINDS)) is None  # int32 as string
+    assert _compose.values(kept, 0, 3, b"l" + built._KINDS[1:]) is None  # string as list
+    other = pa.RecordBatch.from_pydict({"a": [1, 2, 3]}).__arrow_c_array__()[1]
+    assert _compose.values(other, 0, 3, b"t") is None
+    assert _compose.values(kept, 0, 3, built._KINDS) is not None
