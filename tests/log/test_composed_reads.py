@@ -34,17 +34,21 @@ def store(tmp_path_factory):
         yield s
 
 
+def _appended_range(store, source, queue, cut):
+    """(the composed rows of ``source``, appended to ``queue``; the queue offset of the
+    first; a drawn range lo..hi of them)."""
+    rows = _both(source, queue)[1]
+    first_offset = int(store.append_batch(rows).queue_offsets[0])
+    lo = cut.draw(st.integers(0, source.num_rows - 1))
+    return rows, first_offset, lo, cut.draw(st.integers(lo + 1, source.num_rows))
+
+
 @settings(max_examples=120, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(source=send_batches(), queue=st.integers(0, 7), cut=st.data())
 def test_a_read_of_composed_rows_is_the_table_the_general_read_builds(
         store, monkeypatch, source, queue, cut):
-    rows = _both(source, queue)[1]
-    r = store.append_batch(rows)
-    first_offset = int(r.queue_offsets[0])
-    n = source.num_rows
-    lo = cut.draw(st.integers(0, n - 1))
-    hi = cut.draw(st.integers(lo + 1, n))
+    rows, first_offset, lo, hi = _appended_range(store, source, queue, cut)
     views = []
     monkeypatch.setattr(reader_module, "composed_message_table",
                         lambda *a: views.append(messagetable.composed_message_table(*a))
@@ -170,12 +174,7 @@ def test_a_pop_of_composed_rows_gives_the_messages_the_general_read_gives(
         store, monkeypatch, source, queue, cut):
     # the RocketMQ pop's read (StoredMessages) of rows the cache holds composed:
     # ``_compose.values`` in one pass, the same values as pyarrow's column by column
-    rows = _both(source, queue)[1]
-    r = store.append_batch(rows)
-    first_offset = int(r.queue_offsets[0])
-    n = source.num_rows
-    lo = cut.draw(st.integers(0, n - 1))
-    hi = cut.draw(st.integers(lo + 1, n))
+    rows, first_offset, lo, hi = _appended_range(store, source, queue, cut)
     made = []
     monkeypatch.setattr(reader_module, "composed_values",
                         lambda *a: made.append(built.composed_values(*a)) or made[-1])
