@@ -38,13 +38,15 @@
  * the buffers until pyarrow releases it. None where they do not fit (a range past the
  * batch, a buffer of another size than k values, offsets not from 0 to the data's size).
  *
- * values(kept, first, k, kinds) -> tuple | None reads the same rows as Python values, one
- * list per column (None for a column all null), as pyarrow's to_pylist gives them but
- * timestamps as int64 (ms): what the RocketMQ pop of a batch the cache still holds composed
- * makes StoredMessages of (log/reader.py), without importing the batch and converting
- * sixteen columns in pyarrow. kinds: one letter per column (s string, b binary, l
- * list<string>, m map<string, string>, c int8, i int32, t int64). None where a column's
- * buffers or children do not fit its kind, or the range is past the batch.
+ * values(runs, kinds) -> tuple | None reads runs of rows of such batches (runs: a tuple of
+ * (kept, first, k), at most 1,024) as Python values, one list per column, the runs' rows
+ * one after the other (None for a column all null in every run's batch), as pyarrow's
+ * to_pylist gives them but timestamps as int64 (ms): what the RocketMQ pop of batches the
+ * cache still holds composed makes StoredMessages of (log/reader.py), without importing
+ * the batches and converting sixteen columns in pyarrow. kinds: one letter per column (s
+ * string, b binary, l list<string>, m map<string, string>, c int8, i int32, t int64).
+ * None where a run's batch is not one compose() made, its range is past the batch, or a
+ * column's buffers or children do not fit its kind.
  *
  * Why: building the 16-column batch in pyarrow and exporting it for the screen and the
  * writer cost a put ~16 us in a hot loop (timeit); composing it costs ~5 us, of which
@@ -507,45 +509,73 @@ static PyObject *value_at(const struct ArrowArray *c, int64_t i, char kind)
     return PyLong_FromLongLong(((const int64_t *)c->buffers[1])[j]);
 }
 
-static PyObject *values(PyObject *self, PyObject *args)
+#define MAX_RUNS 1024
+
+/* a run's batch: the struct of a kept capsule compose() made, with rows first..first+k-1
+   in it and its columns fitting kinds; NULL where not (no exception) */
+static const struct ArrowArray *run_batch(PyObject *run, const char *kinds, Py_ssize_t n_kinds,
+                                          long long *first, long long *k)
 {
-    PyObject *kept, *out;
-    const char *kinds;
-    Py_ssize_t n_kinds;
-    long long first, k;
+    PyObject *kept;
     const struct ArrowArray *src;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "OLLy#", &kept, &first, &k, &kinds, &n_kinds))
+    if (!PyTuple_Check(run) || !PyArg_ParseTuple(run, "OLL", &kept, first, k)
+            || !(src = PyCapsule_GetPointer(kept, "arrow_array"))) {
+        PyErr_Clear();
         return NULL;
-    if (!(src = PyCapsule_GetPointer(kept, "arrow_array")))
+    }
+    if (!src->release || src->release != release_parent || *first < 0 || *k < 1
+            || *first + *k > src->length || src->offset != 0 || n_kinds != src->n_children)
         return NULL;
-    if (!src->release || src->release != release_parent || first < 0 || k < 1
-            || first + k > src->length || src->offset != 0 || n_kinds != src->n_children)
-        Py_RETURN_NONE;
     for (Py_ssize_t i = 0; i < n_kinds; i++) {
         const struct ArrowArray *c = src->children[i];
         if (!c->release || c->length != src->length || !fits(c, kinds[i]))
+            return NULL;
+    }
+    return src;
+}
+
+static PyObject *values(PyObject *self, PyObject *args)
+{
+    PyObject *runs, *out;
+    const char *kinds;
+    Py_ssize_t n_kinds, n_runs, total = 0;
+    const struct ArrowArray *src[MAX_RUNS];
+    long long first[MAX_RUNS], k[MAX_RUNS];
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!y#", &PyTuple_Type, &runs, &kinds, &n_kinds))
+        return NULL;
+    n_runs = PyTuple_GET_SIZE(runs);
+    if (n_runs < 1 || n_runs > MAX_RUNS)
+        Py_RETURN_NONE;
+    for (Py_ssize_t r = 0; r < n_runs; r++) {
+        if (!(src[r] = run_batch(PyTuple_GET_ITEM(runs, r), kinds, n_kinds, &first[r], &k[r])))
             Py_RETURN_NONE;
+        total += k[r];
     }
     if (!(out = PyTuple_New(n_kinds)))
         return NULL;
     for (Py_ssize_t i = 0; i < n_kinds; i++) {
-        const struct ArrowArray *c = src->children[i];
         PyObject *col;
-        if (c->null_count == c->length && c->buffers[0]) {    /* (all null: None) */
+        Py_ssize_t at = 0, all_null = 1;
+        for (Py_ssize_t r = 0; r < n_runs && all_null; r++) {
+            const struct ArrowArray *c = src[r]->children[i];
+            all_null = c->null_count == c->length && c->buffers[0];
+        }
+        if (all_null) {                  /* (a column all null in every batch: None) */
             Py_INCREF(Py_None);
             PyTuple_SET_ITEM(out, i, Py_None);
             continue;
         }
-        if (!(col = PyList_New(k)))
+        if (!(col = PyList_New(total)))
             goto fail;
         PyTuple_SET_ITEM(out, i, col);
-        for (int64_t r = 0; r < k; r++) {
-            PyObject *v = value_at(c, first + r, kinds[i]);
-            if (!v)
-                goto fail;
-            PyList_SET_ITEM(col, r, v);
-        }
+        for (Py_ssize_t r = 0; r < n_runs; r++)
+            for (int64_t x = 0; x < k[r]; x++) {
+                PyObject *v = value_at(src[r]->children[i], first[r] + x, kinds[i]);
+                if (!v)
+                    goto fail;
+                PyList_SET_ITEM(col, at++, v);
+            }
     }
     return out;
 fail:
@@ -554,10 +584,11 @@ fail:
 }
 
 PyDoc_STRVAR(values_doc,
-"values(kept, first, k, kinds) -> tuple | None\n\n"
-"Rows first..first+k-1 of a composed batch (its kept capsule) as Python values, one list\n"
-"per column (None: a column all null), as pyarrow's to_pylist gives them, timestamps as\n"
-"int64; kinds: one letter per column. None where they do not fit. See sparkmq/_compose.c.");
+"values(runs, kinds) -> tuple | None\n\n"
+"Runs (kept, first, k) of rows of composed batches (their kept capsules) as Python\n"
+"values, one list per column (None: a column all null), as pyarrow's to_pylist gives\n"
+"them, timestamps as int64; kinds: one letter per column. None where they do not fit.\n"
+"See sparkmq/_compose.c.");
 
 PyDoc_STRVAR(view_doc,
 "view(kept, first, k, slots, values) -> (import_capsule, import_address) | None\n\n"

@@ -241,17 +241,19 @@ _NAMES = tuple(f.name for f in fmt.SEGMENT_FIELDS)
 assert b"?" not in _KINDS, "a SEGMENT_SCHEMA type _compose.values does not read"
 
 
-def composed_values(rows, first: int, k: int) -> dict[str, list] | None:
-    """Rows ``first..first+k-1`` of ``rows`` (a BuiltRows still composed) as Python
-    values: SEGMENT_SCHEMA column name -> its list (a column all null in the batch left
-    out), as
-    ``message.column_values`` reads a table (``_compose.values``: one C pass, not the
-    batch's import and sixteen conversions). None where ``rows`` are not a composed batch
-    or a column does not fit (then read the batch in pyarrow: the same values, as the
-    tests hold them)."""
-    if _compose is None or not isinstance(rows, BuiltRows) or not rows.composed:
+def composed_values(runs: Sequence[tuple["BuiltRows", int, int]]) -> dict[str, list] | None:
+    """The rows of ``runs`` (each ``(rows, first, k)``: rows ``first..first+k-1`` of a
+    BuiltRows still composed), one run after the other, as Python values: SEGMENT_SCHEMA
+    column name -> its list (a column all null in every run's batch left out), as
+    ``message.column_values`` reads a table (``_compose.values``: one C pass, not each
+    batch's import, a table of them and sixteen conversions). None where a run is not of
+    a composed batch or a column does not fit (then read the batches in pyarrow: the
+    same values, as the tests hold them)."""
+    if _compose is None or not all(isinstance(rows, BuiltRows) and rows.composed
+                                   for rows, _, _ in runs):
         return None
-    cols = _compose.values(rows.c_array()[1], first, k, _KINDS)
+    cols = _compose.values(tuple((rows.c_array()[1], first, k) for rows, first, k in runs),
+                           _KINDS)
     return None if cols is None else \
         {name: col for name, col in zip(_NAMES, cols) if col is not None}
 

@@ -104,16 +104,27 @@ class EntryArrays(NamedTuple):
         """The first ``k`` entries."""
         return EntryArrays(*(None if a is None else a[:k] for a in self))
 
-    def one_run(self) -> tuple[int, int] | None:
-        """(batch offset, first row) where the entries are contiguous rows of one batch
-        (a long poll's few messages of the batch a put just cached), else None."""
+    def runs(self) -> list[tuple[int, int, int]] | None:
+        """(batch offset, first row, rows) of each run of entries in one batch, in order,
+        where every run's rows are contiguous in its batch (the rows puts stored), else
+        None. (Batch offsets ascend with queue offsets, and rows within a batch.)"""
         bos, rows = self.batch_offsets, self.rows
-        if not len(rows):
+        n = len(rows)
+        if not n:
             return None
-        first = int(rows[0])
-        if int(bos[-1]) != int(bos[0]) or int(rows[-1]) - first != len(rows) - 1:
-            return None
-        return int(bos[0]), first
+        if int(bos[0]) == int(bos[-1]):      # one batch (a long poll's few messages)
+            first = int(rows[0])
+            return [(int(bos[0]), first, n)] if int(rows[-1]) - first == n - 1 else None
+        cuts = (np.flatnonzero(bos[1:] != bos[:-1]) + 1).tolist()
+        starts, ends = [0, *cuts], [*cuts, n]
+        out = []
+        for s, e, first, last, bo in zip(starts, ends, rows[starts].tolist(),
+                                         rows[np.asarray(ends) - 1].tolist(),
+                                         bos[starts].tolist()):
+            if last - first != e - s - 1:
+                return None
+            out.append((bo, first, e - s))
+        return out
 
 
 def entry_arrays(table: pa.Table, sizes: bool = False) -> EntryArrays:

@@ -76,11 +76,11 @@ def composed_message_table(cached, entries: EntryArrays, tag: int) -> pa.Table |
     and ``cached`` (what the CommitLog's cache holds for it) is that batch still composed:
     ``_compose.view`` over its C struct and one import, not the batch's import, a slice, a
     table, three arrays and three inserts. None otherwise (then :func:`message_table`)."""
-    run = entries.one_run()
-    if run is None:
+    runs = entries.runs()
+    if runs is None or len(runs) != 1:
         return None
-    (batch_offset, first), bos, rows = run, entries.batch_offsets, entries.rows
-    n = len(rows)
+    (batch_offset, first, n), = runs
+    bos, rows = entries.batch_offsets, entries.rows
     ids = row_id_data(tag, batch_offset, first, n)
     if ids is None:
         return None

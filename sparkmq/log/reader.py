@@ -210,13 +210,13 @@ class MessageReader:
     def _messages(self, entries: EntryArrays) -> list[StoredMessage] | None:
         """The messages of ``entries`` as StoredMessages, or None: the stored columns
         converted as they are, the computed ones made as Python values (no Arrow
-        column built, inserted, then taken apart again). Rows of one batch the writer's
+        column built, inserted, then taken apart again). Rows of batches the writer's
         cache holds composed (a long poll's pop of what a put just stored) are read from
-        its C struct in one pass (``built.composed_values``)."""
+        their C structs in one pass (``built.composed_values``)."""
         bos, rows, qos = entries.batch_offsets, entries.rows, entries.queue_offsets
-        run = entries.one_run() if len(bos) and bos[-1] < self._visible_offset() else None
-        cached = None if run is None else self._cached_rows(run[0])
-        values = None if cached is None else composed_values(cached, run[1], len(rows))
+        values = None
+        if len(bos) and bos[-1] < self._visible_offset():
+            values = self._composed_values(entries.runs())
         if values is None:
             found = self._stored(entries)
             if found is None:
@@ -228,6 +228,18 @@ class MessageReader:
                             "physical_offset": (bos + rows.astype(np.int64)).tolist(),
                             "message_id": message_ids(self.state.id_tags.of(bos), bos, rows)},
                            len(rows))
+
+    def _composed_values(self, runs: list[tuple[int, int, int]] | None
+                         ) -> dict[str, list] | None:
+        """``built.composed_values`` of ``runs`` (``EntryArrays.runs``) where the writer's
+        cache holds each run's batch, else None."""
+        cached = []
+        for batch_offset, first, k in runs or ():
+            rows = self._cached_rows(batch_offset)
+            if rows is None:
+                return None
+            cached.append((rows, first, k))
+        return composed_values(cached) if cached else None
 
     def _stored(self, entries: EntryArrays) -> tuple[pa.Table, np.ndarray, np.ndarray,
                                                        np.ndarray] | None:

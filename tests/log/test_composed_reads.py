@@ -201,25 +201,54 @@ def test_values_read_every_kind_nulls_and_values_alike():
                                pa.map_(pa.string(), pa.string())),
         "unique_key": [None, None, None]})
     rows = _both(source, queue=5)[1]
-    got = built.composed_values(rows, 0, 3)
+    got = built.composed_values([(rows, 0, 3)])
     assert got == column_values(pa.table(rows.batch))
     assert got["keys"] == [["k1", "k2"], None, []]
     assert got["properties"] == [[("p", "1")], None, [("q", "")]]
     assert got["queue_id"] == [5, 5, 5] and "unique_key" not in got
-    assert built.composed_values(rows, 1, 2)["body"] == [b"\x00\xff", b"c"]
+    assert built.composed_values([(rows, 1, 2)])["body"] == [b"\x00\xff", b"c"]
 
 
 @pytest.mark.parametrize("first,k", [(-1, 1), (0, 0), (2, 2), (3, 1)])
 def test_values_refuse_a_range_past_the_batch(first, k):
     rows, kept = _kept()
-    assert _compose.values(kept, first, k, built._KINDS) is None
+    assert _compose.values(((kept, first, k),), built._KINDS) is None
 
 
 def test_values_refuse_kinds_that_do_not_fit_and_a_capsule_they_did_not_make():
     rows, kept = _kept()
-    assert _compose.values(kept, 0, 3, built._KINDS[:-1]) is None       # a kind short
-    assert _compose.values(kept, 0, 3, b"s" * len(built._KINDS)) is None  # int32 as string
-    assert _compose.values(kept, 0, 3, b"l" + built._KINDS[1:]) is None  # string as list
+    whole = ((kept, 0, 3),)
+    assert _compose.values(whole, built._KINDS[:-1]) is None             # a kind short
+    assert _compose.values(whole, b"s" * len(built._KINDS)) is None      # int32 as string
+    assert _compose.values(whole, b"l" + built._KINDS[1:]) is None       # string as list
     other = pa.RecordBatch.from_pydict({"a": [1, 2, 3]}).__arrow_c_array__()[1]
-    assert _compose.values(other, 0, 3, b"t") is None
-    assert _compose.values(kept, 0, 3, built._KINDS) is not None
+    assert _compose.values(((other, 0, 3),), b"t") is None
+    assert _compose.values(whole + ((other, 0, 3),), built._KINDS) is None   # one run unfit
+    assert _compose.values((), built._KINDS) is None
+    assert _compose.values(((kept, 0),), built._KINDS) is None             # not a run
+    assert _compose.values(whole, built._KINDS) is not None
+
+
+def test_a_pop_over_several_batches_reads_them_all_in_one_pass(tmp_path, monkeypatch):
+    # a consumer's receive of messages several sends stored (each its own batch, one
+    # queue): the runs read together from the cache's structs; a batch the cache no
+    # longer holds sends the whole read through pyarrow, with the same messages
+    made = []
+    monkeypatch.setattr(reader_module, "composed_values",
+                        lambda runs: made.append(built.composed_values(runs)) or made[-1])
+    with Store.open(str(tmp_path / "s"), clock_ms=Clock(NOW), start_services=False) as s:
+        s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+        sources = [pa.RecordBatch.from_pydict({"topic": ["t"] * n, "body": [b"%d" % i] * n,
+                                               "tags": [None] * (n - 1) + ["x"]})
+                   for i, n in enumerate([1, 3, 2, 1])]
+        offsets = [int(s.append_batch(_both(src, queue=0)[1]).batch_offset) for src in sources]
+        fast = s.read("t", 0, 2, 5)              # from the 2nd batch's second row on
+        assert len(made) == 1 and made[0] is not None
+        assert [m.body for m in fast] == [b"1", b"1", b"2", b"2", b"3"]
+        assert [m.tags for m in fast] == [None, "x", None, "x", "x"]
+        assert [m.queue_offset for m in fast] == [2, 3, 4, 5, 6]
+        s.commitlog.clear_cache()
+        assert s.read("t", 0, 2, 5) == fast and len(made) == 1     # (nothing cached)
+        s.append_batch(_both(sources[0], queue=0)[1])              # cached: queue offset 7
+        assert s.commitlog.cached_rows(offsets[3]) is None
+        assert [m.body for m in s.read("t", 0, 6, 2)] == [b"3", b"0"] and len(made) == 1
