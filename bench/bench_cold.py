@@ -17,7 +17,10 @@ about a sync send's turn on the client, 20 ms the send -> long-poll rows' wait):
   batch, append, dispatch, ack);
 - sparkmq's RocketMQ SendMessage of one message (``send_encoded``: parse to answer);
 - sparkmq's Flight read of one message at a queue's tail (``FlightService._read``: what a
-  woken long poll's DoGet does before its reply is written).
+  woken long poll's DoGet does before its reply is written);
+- sparkmq's RocketMQ pop (``PopService.pop``: what a ReceiveMessage does before its replies
+  are made) of the one message a send just stored, and of 32 that 32 sends stored (the
+  sends made first and not timed).
 
 It prints each row's spaced/back-to-back factors and sparkmq's cost over the floor's at
 each spacing: a ratio that holds back to back but not spaced says the footprint, not the
@@ -46,13 +49,15 @@ def spin(seconds: float) -> None:
 
 
 def p50_us(fn, calls: int, gap_s: float) -> float:
+    """p50 of ``fn``'s calls, each timed alone (or, where ``fn`` returns a number, the
+    seconds it timed itself, a float: a pop times itself, not the puts it makes first)."""
     times = []
     for _ in range(calls):
         if gap_s:
             spin(gap_s)
         t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
+        timed = fn()
+        times.append(timed if isinstance(timed, float) else time.perf_counter() - t)
     times.sort()
     return times[len(times) // 2] * 1e6
 
@@ -143,7 +148,30 @@ def sparkmq_puts(tmp: str):
         end = broker.store.max_offset("lat", 0)
         assert broker.flight._read("lat", 0, end - 1, 1, 0).num_rows == 1
     return (flight, grpc_send(broker, plain_request("lat-grpc", 1), ctx), get,
-            broker.stop)
+            pop_after_sends(broker, ctx, 1), pop_after_sends(broker, ctx, 32), broker.stop)
+
+
+def pop_after_sends(broker, ctx, n: int):
+    """A call that makes ``n`` one-message Flight sends, then times the RocketMQ pop of
+    the ``n`` messages (``PopService.pop``: what a ReceiveMessage does before its replies
+    are made), then acks them."""
+    import pyarrow as pa
+    from sparkmq.broker.pop import TagFilter
+    topic, every = f"pop-{n}", TagFilter("*")
+    one = pa.RecordBatch.from_pydict({"topic": [topic], "body": [b"x" * 1024],
+                                      "queue_id": pa.array([0], pa.int32())})
+
+    def call() -> float:
+        for _ in range(n):
+            broker.flight._send(ctx, one)
+        t = time.perf_counter()
+        got = broker.pop.pop("G", topic, batch_size=n, invisible_ms=30_000, tag_filter=every)
+        took = time.perf_counter() - t
+        assert len(got) == n, len(got)
+        for d in got:
+            broker.receiver.ack("G", d.receipt_handle, topic)
+        return took
+    return call
 
 
 def main(argv=None) -> int:
@@ -157,12 +185,14 @@ def main(argv=None) -> int:
     try:
         mem = np.ones(8192)
         floor, close_floor = durable_floor(tmp)
-        flight, grpc, get, stop = sparkmq_puts(tmp)
+        flight, grpc, get, pop_1, pop_32, stop = sparkmq_puts(tmp)
         rows = [("64 KiB numpy sum (the machine)", lambda: mem.sum()),
                 ("durable floor put, one row", floor),
                 ("sparkmq Flight put, one row", flight),
                 ("sparkmq RocketMQ send, one message", grpc),
-                ("sparkmq Flight read, one message", get)]
+                ("sparkmq Flight read, one message", get),
+                ("sparkmq RocketMQ pop, one message", pop_1),
+                ("sparkmq RocketMQ pop of 32 (32 sends)", pop_32)]
         try:
             results = {}
             for name, fn in rows:
