@@ -104,27 +104,30 @@ class EntryArrays(NamedTuple):
         """The first ``k`` entries."""
         return EntryArrays(*(None if a is None else a[:k] for a in self))
 
-    def runs(self) -> list[tuple[int, int, int]] | None:
-        """(batch offset, first row, rows) of each run of entries in one batch, in order,
-        where every run's rows are contiguous in its batch (the rows puts stored), else
-        None. (Batch offsets ascend with queue offsets, and rows within a batch.)"""
+    def groups(self) -> list[tuple[int, int, int, int, int]]:
+        """(start, end, first row, last row, batch offset) of each run of entries in one
+        batch, in order (entries ``start..end-1``). (Batch offsets ascend with queue
+        offsets, and rows within a batch.)"""
         bos, rows = self.batch_offsets, self.rows
         n = len(rows)
         if not n:
-            return None
+            return []
         if int(bos[0]) == int(bos[-1]):      # one batch (a long poll's few messages)
-            first = int(rows[0])
-            return [(int(bos[0]), first, n)] if int(rows[-1]) - first == n - 1 else None
+            return [(0, n, int(rows[0]), int(rows[-1]), int(bos[0]))]
         cuts = (np.flatnonzero(bos[1:] != bos[:-1]) + 1).tolist()
         starts, ends = [0, *cuts], [*cuts, n]
+        return list(zip(starts, ends, rows[starts].tolist(),
+                        rows[np.asarray(ends) - 1].tolist(), bos[starts].tolist()))
+
+    def runs(self) -> list[tuple[int, int, int]] | None:
+        """(batch offset, first row, rows) of each of :meth:`groups` where every group's
+        rows are contiguous in its batch (the rows puts stored), else None."""
         out = []
-        for s, e, first, last, bo in zip(starts, ends, rows[starts].tolist(),
-                                         rows[np.asarray(ends) - 1].tolist(),
-                                         bos[starts].tolist()):
+        for s, e, first, last, bo in self.groups():
             if last - first != e - s - 1:
                 return None
             out.append((bo, first, e - s))
-        return out
+        return out or None
 
 
 def entry_arrays(table: pa.Table, sizes: bool = False) -> EntryArrays:

@@ -256,19 +256,10 @@ class MessageReader:
         if len(bos) and bos[-1] >= visible:
             keep = bos < visible
             bos, rows, qos = bos[keep], rows[keep], qos[keep]
-        n = len(bos)
-        if n == 0:
+        if len(bos) == 0:
             return None
-        if bos[0] == bos[-1]:        # one stored batch (a long poll's few messages)
-            groups = [(0, n, int(rows[0]), int(rows[-1]), int(bos[0]))]
-        else:                        # (batch offsets ascend with queue offsets)
-            cuts = np.flatnonzero(bos[1:] != bos[:-1]) + 1
-            starts = np.concatenate([[0], cuts]).tolist()
-            ends = np.concatenate([cuts, [n]]).tolist()
-            groups = zip(starts, ends, rows[starts].tolist(),
-                         rows[np.asarray(ends) - 1].tolist(), bos[starts].tolist())
         parts = []
-        for s, e, first, last, bo in groups:
+        for s, e, first, last, bo in EntryArrays(qos, bos, rows).groups():
             batch = self._read_batch(bo)
             k = e - s
             if last - first == k - 1:
