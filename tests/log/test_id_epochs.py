@@ -191,3 +191,25 @@ def test_a_tag_is_the_last_epoch_at_or_below_the_offset(epochs, offsets, rows):
                                                                      row.tolist())]
     assert message_id_array(of, bos, row).to_pylist() == one_by_one
     assert message_ids(of, bos, row) == one_by_one
+
+
+def test_the_epochs_survive_checkpoints(url):
+    """The epochs live in metaData: a checkpoint carries them, so a reader that starts
+    from the newest (no commit after it has a metaData) still tags and refuses ids by them."""
+    store = Store.open(url, checkpointInterval=2, **OPTS)
+    store.create_topic("t", read_queue_nums=1, write_queue_nums=1)
+    lost = _append(store, b"lost")
+    _lose_the_active_file(store)
+    store = Store.open(url, checkpointInterval=2, **OPTS)
+    try:
+        epochs = store.state.metadata.id_epochs
+        new = _append(store, b"new")
+        for i in range(6):                  # commits past a few checkpoints
+            store.create_group(f"GID_{i}")
+    finally:
+        store.close()
+    names = os.listdir(os.path.join(url, fmt.LOG_DIR))
+    assert any("checkpoint" in n for n in names)
+    reader = Snapshot.load(url)
+    assert reader.state.metadata.id_epochs == epochs and epochs
+    assert reader.lookup(lost[0]) is None and reader.lookup(new[0]).body == b"new"
