@@ -1,6 +1,6 @@
 """A request's server work back to back and spaced apart: what this machine's caches cost.
 
-    .venv/bin/python bench/bench_cold.py [--quick] [--gaps-ms 0.5 20]
+    .venv/bin/python bench/bench_cold.py [--quick] [--gaps-ms 0.5 20] [--topics N]
 
 The latency rows of bench_broker and bench_flight time one request at a time, a few ms
 apart. On a shared virtual machine the CPU caches lose what a process touched within a few
@@ -134,11 +134,14 @@ def grpc_send(broker, data: bytes, ctx: _Context):
     return grpc
 
 
-def sparkmq_puts(tmp: str):
+def sparkmq_puts(tmp: str, topics: int = 0):
     """(Flight put of one row, RocketMQ send of one message, Flight read of one message at
-    a queue's tail, stop) on an in-process broker."""
+    a queue's tail, the two pops, stop) on an in-process broker holding ``topics`` other
+    topics."""
     import pyarrow as pa
     broker, ctx = in_process_broker(tmp), _Context()
+    for i in range(topics):
+        broker.store.create_topic(f"other-{i}", read_queue_nums=4, write_queue_nums=4)
     one = pa.RecordBatch.from_pydict({"topic": ["lat"], "body": [b"x" * 1024]})
 
     def flight():
@@ -178,6 +181,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer spaced calls")
     ap.add_argument("--gaps-ms", type=float, nargs="+", default=[0.5, 20.0])
+    ap.add_argument("--topics", type=int, default=0,
+                    help="other topics the broker holds (a per-request cost that grows "
+                         "with them shows here)")
     args = ap.parse_args(argv)
     import numpy as np
     spaced_calls = 60 if args.quick else 200
@@ -185,7 +191,7 @@ def main(argv=None) -> int:
     try:
         mem = np.ones(8192)
         floor, close_floor = durable_floor(tmp)
-        flight, grpc, get, pop_1, pop_32, stop = sparkmq_puts(tmp)
+        flight, grpc, get, pop_1, pop_32, stop = sparkmq_puts(tmp, args.topics)
         rows = [("64 KiB numpy sum (the machine)", lambda: mem.sum()),
                 ("durable floor put, one row", floor),
                 ("sparkmq Flight put, one row", flight),

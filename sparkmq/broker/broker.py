@@ -442,8 +442,10 @@ class Broker:
     # ------------------------------------------------------------ topics and routes
     def topic_conf(self, topic: str) -> TopicConfig | None:
         """The config of ``topic`` in this broker's store (None: not here). The store
-        lists no deleted topic."""
-        return self.store.topics().get(topic)
+        lists no deleted topic. (Read from its state's table, which a commit replaces and
+        never changes: a put asks up to three times, and ``Store.topics`` copies the
+        table, a cost that grows with the broker's topics.)"""
+        return self.store.state.topics.get(topic)
 
     def local_queues(self, topic: str) -> list[dict]:
         """This broker's queues of ``topic`` as route entries (none if it is not here)."""

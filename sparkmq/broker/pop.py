@@ -288,7 +288,7 @@ class PopService:
         return qp
 
     def _queue_ids(self, topic: str) -> list[int]:
-        conf = self.store.topics().get(topic)
+        conf = self.store.state.topics.get(topic)       # (no copy of the table: a pop's)
         if conf is None:
             raise TopicNotFoundError(f"topic {topic!r} does not exist on {self.broker_name}")
         return list(range(conf.read_queue_nums))
