@@ -137,7 +137,10 @@ static int value_width(const char *f)
 }
 
 /* A capsule holding a new parent struct over sh (one of sh's references). */
-static PyObject *parent_capsule(Shared *sh, int64_t n, int64_t n_children,
+/* a struct batch of n rows over children, released by release with private: in a new
+   "arrow_array" capsule (NULL with an exception set; *out the struct) */
+static PyObject *struct_capsule(int64_t n, int64_t n_children, struct ArrowArray **children,
+                                void (*release)(struct ArrowArray *), void *private,
                                 struct ArrowArray **out)
 {
     struct ArrowArray *a = PyMem_Calloc(1, sizeof(struct ArrowArray));
@@ -148,9 +151,9 @@ static PyObject *parent_capsule(Shared *sh, int64_t n, int64_t n_children,
     a->n_buffers = 1;
     a->buffers = NO_BUFFERS;
     a->n_children = n_children;
-    a->children = sh->children;
-    a->release = release_parent;
-    a->private_data = sh;
+    a->children = children;
+    a->release = release;
+    a->private_data = private;
     capsule = PyCapsule_New(a, "arrow_array", free_array_capsule);
     if (!capsule) {
         PyMem_Free(a);
@@ -158,6 +161,12 @@ static PyObject *parent_capsule(Shared *sh, int64_t n, int64_t n_children,
     }
     *out = a;
     return capsule;
+}
+
+static PyObject *parent_capsule(Shared *sh, int64_t n, int64_t n_children,
+                                struct ArrowArray **out)
+{
+    return struct_capsule(n, n_children, sh->children, release_parent, sh, out);
 }
 
 static PyObject *compose(PyObject *self, PyObject *args)
@@ -373,26 +382,11 @@ static PyObject *view(PyObject *self, PyObject *args)
             v->children[i] = &v->own[j];
         }
     }
-    a = PyMem_Calloc(1, sizeof(struct ArrowArray));
-    if (!a)
-        goto nomem;
-    a->length = k;
-    a->n_buffers = 1;
-    a->buffers = NO_BUFFERS;
-    a->n_children = n_slots;
-    a->children = v->children;
-    a->release = release_view;
-    a->private_data = v;
-    capsule = PyCapsule_New(a, "arrow_array", free_array_capsule);
-    if (!capsule) {
-        PyMem_Free(a);
+    if (!(capsule = struct_capsule(k, n_slots, v->children, release_view, v, &a)))
         goto fail;
-    }
     Py_INCREF(kept);
     v->kept = kept;
     return Py_BuildValue("(NK)", capsule, (unsigned long long)(uintptr_t)a);
-nomem:
-    PyErr_NoMemory();
 fail:
     for (int i = 0; i < v->n_views; i++)
         PyBuffer_Release(&v->views[i]);

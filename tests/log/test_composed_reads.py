@@ -34,6 +34,14 @@ def store(tmp_path_factory):
         yield s
 
 
+def _any_range(test):
+    """``test(store, monkeypatch, source, queue, cut)`` for any rows a producer may send
+    (``source``), appended to ``queue``, and a range of them drawn with ``cut``."""
+    return settings(max_examples=120, deadline=None, suppress_health_check=[
+        HealthCheck.too_slow, HealthCheck.function_scoped_fixture])(
+        given(source=send_batches(), queue=st.integers(0, 7), cut=st.data())(test))
+
+
 def _appended_range(store, source, queue, cut):
     """(the composed rows of ``source``, appended to ``queue``; the queue offset of the
     first; a drawn range lo..hi of them)."""
@@ -43,9 +51,7 @@ def _appended_range(store, source, queue, cut):
     return rows, first_offset, lo, cut.draw(st.integers(lo + 1, source.num_rows))
 
 
-@settings(max_examples=120, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(source=send_batches(), queue=st.integers(0, 7), cut=st.data())
+@_any_range
 def test_a_read_of_composed_rows_is_the_table_the_general_read_builds(
         store, monkeypatch, source, queue, cut):
     rows, first_offset, lo, hi = _appended_range(store, source, queue, cut)
@@ -167,9 +173,7 @@ def test_threads_reading_one_cached_batch_at_once_get_the_same_table(tmp_path):
     assert sys.getrefcount(body) == base
 
 
-@settings(max_examples=120, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-@given(source=send_batches(), queue=st.integers(0, 7), cut=st.data())
+@_any_range
 def test_a_pop_of_composed_rows_gives_the_messages_the_general_read_gives(
         store, monkeypatch, source, queue, cut):
     # the RocketMQ pop's read (StoredMessages) of rows the cache holds composed:
