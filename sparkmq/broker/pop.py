@@ -524,7 +524,7 @@ class PopService:
 
     def _to_dlq(self, group: str, msg: StoredMessage, attempts: int) -> None:
         topic = dlq_topic(group)
-        if topic not in self.store.topics():
+        if topic not in self.store.state.topics:        # (no copy: a message's)
             self.store.create_topic(topic, read_queue_nums=1, write_queue_nums=1,
                                     system=True, exist_ok=True)
             if self.on_topic_created:

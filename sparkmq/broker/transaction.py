@@ -295,7 +295,7 @@ class TransactionService(ServiceThread):
             half = self._half_message(h)
             if half is None:
                 raise UnknownTransaction(f"half message of {h.transaction_id} is gone (retention)")
-            if h.real_topic not in self.store.topics():
+            if h.real_topic not in self.store.state.topics:     # (no copy: a request's)
                 raise UnknownTransaction(f"topic {h.real_topic!r} of {h.transaction_id} is gone")
             out.insert(0, _real_message(half))
         elif op == OP_EXPIRED:
