@@ -42,6 +42,15 @@ def _any_range(test):
         given(source=send_batches(), queue=st.integers(0, 7), cut=st.data())(test))
 
 
+def _spy(monkeypatch, name: str, real) -> list:
+    """What each call of the reader's ``name`` (``real``) answered, in a list the test
+    reads."""
+    answers: list = []
+    monkeypatch.setattr(reader_module, name,
+                        lambda *a: answers.append(real(*a)) or answers[-1])
+    return answers
+
+
 def _appended_range(store, source, queue, cut):
     """(the composed rows of ``source``, appended to ``queue``; the queue offset of the
     first; a drawn range lo..hi of them)."""
@@ -55,10 +64,7 @@ def _appended_range(store, source, queue, cut):
 def test_a_read_of_composed_rows_is_the_table_the_general_read_builds(
         store, monkeypatch, source, queue, cut):
     rows, first_offset, lo, hi = _appended_range(store, source, queue, cut)
-    views = []
-    monkeypatch.setattr(reader_module, "composed_message_table",
-                        lambda *a: views.append(messagetable.composed_message_table(*a))
-                        or views[-1])
+    views = _spy(monkeypatch, "composed_message_table", messagetable.composed_message_table)
     fast = store.read_table("t", queue, first_offset + lo, first_offset + hi)
     assert len(views) == 1 and views[0] is not None          # the view made this table
     general = store.read_table("t", queue, first_offset + lo, first_offset + hi,
@@ -179,9 +185,7 @@ def test_a_pop_of_composed_rows_gives_the_messages_the_general_read_gives(
     # the RocketMQ pop's read (StoredMessages) of rows the cache holds composed:
     # ``_compose.values`` in one pass, the same values as pyarrow's column by column
     rows, first_offset, lo, hi = _appended_range(store, source, queue, cut)
-    made = []
-    monkeypatch.setattr(reader_module, "composed_values",
-                        lambda *a: made.append(built.composed_values(*a)) or made[-1])
+    made = _spy(monkeypatch, "composed_values", built.composed_values)
     fast = store.read("t", queue, first_offset + lo, hi - lo)
     assert len(made) == 1 and made[0] is not None            # read from the C struct
     assert _some(made[0]) == _some(column_values(pa.table(rows.batch.slice(lo, hi - lo))))
@@ -237,9 +241,7 @@ def test_a_pop_over_several_batches_reads_them_all_in_one_pass(tmp_path, monkeyp
     # a consumer's receive of messages several sends stored (each its own batch, one
     # queue): the runs read together from the cache's structs; a batch the cache no
     # longer holds sends the whole read through pyarrow, with the same messages
-    made = []
-    monkeypatch.setattr(reader_module, "composed_values",
-                        lambda runs: made.append(built.composed_values(runs)) or made[-1])
+    made = _spy(monkeypatch, "composed_values", built.composed_values)
     with Store.open(str(tmp_path / "s"), clock_ms=Clock(NOW), start_services=False) as s:
         s.create_topic("t", read_queue_nums=1, write_queue_nums=1)
         sources = [pa.RecordBatch.from_pydict({"topic": ["t"] * n, "body": [b"%d" % i] * n,
