@@ -21,7 +21,7 @@ Thread-safety: values are immutable; the functions are pure.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Iterable, Iterator, Mapping
 
 from ..errors import CorruptStoreError
@@ -50,6 +50,19 @@ class Protocol(_Action):
     min_reader_version: int = fmt.MIN_READER_VERSION
     min_writer_version: int = fmt.MIN_WRITER_VERSION
     extra: Mapping = field(default_factory=lambda: _EMPTY, compare=False)
+
+
+def protocol_at_least(p: "Protocol | None", reader: int, writer: int = 1) -> "Protocol | None":
+    """``p`` (a store's protocol; None: it has none) raised to need at least reader version
+    ``reader`` and writer version ``writer``; None where it already does (the one rule for
+    a commit that makes a store need more: ``TransactionLog.commit``'s upgrade, a
+    message-id epoch's)."""
+    if p is None:
+        return Protocol(min_reader_version=reader, min_writer_version=writer)
+    if p.min_reader_version >= reader and p.min_writer_version >= writer:
+        return None
+    return replace(p, min_reader_version=max(p.min_reader_version, reader),
+                   min_writer_version=max(p.min_writer_version, writer))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import zlib
 import numpy as np
 
 from . import format as fmt
-from .actions import Action, IdEpoch, MetaData, Protocol
+from .actions import Action, IdEpoch, MetaData, protocol_at_least
 from .message import store_tag
 
 
@@ -70,7 +70,7 @@ def epoch_actions(state, start_offset: int) -> list[Action]:
     derived from the store id and the epoch's number, unlike every tag before it; epochs
     of equal starts are the newest's (a lookup takes the last one at or below an offset)."""
     meta, start = state.metadata, int(start_offset)
-    used = IdTags(meta)._known
+    used = {store_tag(meta.store_id), *(e.tag for e in meta.id_epochs or ())}
     # a later epoch a truncation cut back (a replica's, to its new master) is left empty,
     # not dropped: its tag stays the store's and is never chosen again. (Each crash
     # begins one, even where the last began at the same offset: the messages a crash
@@ -82,11 +82,6 @@ def epoch_actions(state, start_offset: int) -> list[Action]:
         number += 1
     out: list[Action] = [dataclasses.replace(
         meta, id_epochs=epochs + (IdEpoch(start_offset=start, tag=tag),))]
-    p = state.protocol or Protocol(min_reader_version=fmt.MIN_READER_VERSION,
-                                   min_writer_version=1)
-    if p.min_reader_version < fmt.ID_EPOCHS_READER_VERSION or \
-            p.min_writer_version < fmt.ID_EPOCHS_WRITER_VERSION:
-        out.append(dataclasses.replace(
-            p, min_reader_version=max(p.min_reader_version, fmt.ID_EPOCHS_READER_VERSION),
-            min_writer_version=max(p.min_writer_version, fmt.ID_EPOCHS_WRITER_VERSION)))
-    return out
+    needed = protocol_at_least(state.protocol, fmt.ID_EPOCHS_READER_VERSION,
+                               fmt.ID_EPOCHS_WRITER_VERSION)
+    return out if needed is None else [*out, needed]

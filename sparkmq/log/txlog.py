@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import replace
 
 import crc32c
 from typing import Callable
@@ -37,7 +36,8 @@ from ..errors import StoreIOError
 from . import format as fmt
 from . import checkpoint
 from .actions import (decode_actions, encode_actions, parse_actions,  # noqa: F401
-                      Action, CommitInfo, Protocol, Sidecar, parse_action)
+                      Action, CommitInfo, Protocol, Sidecar, parse_action,
+                      protocol_at_least)
 from .fs import StoreFS
 from .state import LogState  # noqa: F401  (re-exported: the log's state type)
 
@@ -63,12 +63,7 @@ def _protocol_upgrade(state: LogState) -> Protocol | None:
     """The ``protocol`` this writer adds to its first commit on a store whose
     ``minReaderVersion`` is below ``format.MIN_READER_VERSION`` (its checkpoints are
     manifests, which older readers would misread: FORMAT.md section 1); else None."""
-    p = state.protocol
-    if p is not None and p.min_reader_version >= fmt.MIN_READER_VERSION:
-        return None
-    if p is None:
-        return Protocol(min_reader_version=fmt.MIN_READER_VERSION, min_writer_version=1)
-    return replace(p, min_reader_version=fmt.MIN_READER_VERSION)
+    return protocol_at_least(state.protocol, fmt.MIN_READER_VERSION)
 
 
 # how long past its deletion time a tombstone stays in checkpoints: a writer deletes a
