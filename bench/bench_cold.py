@@ -49,15 +49,16 @@ def spin(seconds: float) -> None:
 
 
 def p50_us(fn, calls: int, gap_s: float) -> float:
-    """p50 of ``fn``'s calls, each timed alone (or, where ``fn`` returns a number, the
-    seconds it timed itself, a float: a pop times itself, not the puts it makes first)."""
+    """p50 of ``fn``'s calls, each timed alone (or, where ``fn`` returns a Python float,
+    the seconds it timed itself: a pop times itself, not the puts it makes first; not a
+    numpy float, which the machine's row returns as its sum)."""
     times = []
     for _ in range(calls):
         if gap_s:
             spin(gap_s)
         t = time.perf_counter()
         timed = fn()
-        times.append(timed if isinstance(timed, float) else time.perf_counter() - t)
+        times.append(timed if type(timed) is float else time.perf_counter() - t)
     times.sort()
     return times[len(times) // 2] * 1e6
 
