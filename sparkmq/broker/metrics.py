@@ -36,7 +36,8 @@ class Metrics:
         self._values: dict[tuple[str, tuple], float] = {}
 
     def inc(self, name: str, value: float = 1, **labels) -> None:
-        key = (name, tuple(sorted(labels.items())))
+        items = tuple(labels.items())
+        key = (name, items if len(items) < 2 else tuple(sorted(items)))
         with self._lock:
             self._values[key] = self._values.get(key, 0) + value
 

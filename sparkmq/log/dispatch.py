@@ -123,14 +123,15 @@ def tags_codes(tags: pa.Array) -> np.ndarray:
     return codes[enc.indices.fill_null(len(codes) - 1).to_numpy()]
 
 
-def queue_groups(tids: np.ndarray, info: RowInfo, n: int
+def queue_groups(tids: list[int], info: RowInfo, n: int
                  ) -> tuple[list[tuple[int, int, np.ndarray | None]], np.ndarray | None]:
-    """The (topic id, queue id, rows) groups of a batch (rows None: every row) and the
-    topic id per row (None when it was not needed: one queue)."""
+    """The (topic id, queue id, rows) groups of a batch (rows None: every row; ``tids``
+    the id of each of ``info.topic_names``) and the topic id per row (None when it was
+    not needed: one queue)."""
     qids = info.queue_ids
     if info.topic_index is None and (n == 1 or info.queue is not None
                                      or qids.min() == qids.max()):
-        return [(int(tids[0]), int(qids[0]), None)], None
+        return [(tids[0], int(qids[0]), None)], None
     tnp = topic_ids_per_row(tids, info, n)
     key = (tnp << 32) | qids.astype(np.int64)
     # one stable sort, then runs of equal keys: O(rows log rows), whatever the number of
@@ -143,9 +144,26 @@ def queue_groups(tids: np.ndarray, info: RowInfo, n: int
             for a, b in zip(starts, ends)], tnp
 
 
-def topic_ids_per_row(tids: np.ndarray, info: RowInfo, n: int) -> np.ndarray:
-    return tids[info.topic_index] if info.topic_index is not None else \
-        np.full(n, tids[0], np.int64)
+def topic_ids_per_row(tids: list[int], info: RowInfo, n: int) -> np.ndarray:
+    return np.asarray(tids, np.int64)[info.topic_index] if info.topic_index is not None \
+        else np.full(n, tids[0], np.int64)
+
+
+@functools.lru_cache(maxsize=64)
+def _every_row(n: int) -> np.ndarray:
+    """Rows ``0..n-1`` (int32), read-only: the rows of a chunk that takes a whole batch,
+    one array shared by the chunks of every batch of ``n`` rows."""
+    rows = np.arange(n, dtype=np.int32)
+    rows.flags.writeable = False
+    return rows
+
+
+@functools.lru_cache(maxsize=64)
+def _no_tags(n: int) -> np.ndarray:
+    """``n`` rows' tags codes where no row has tags (int64 zeros), read-only and shared."""
+    codes = np.zeros(n, np.int64)
+    codes.flags.writeable = False
+    return codes
 
 
 def next_queue_offsets(state: LogState) -> dict[tuple[int, int], int]:
@@ -164,7 +182,7 @@ def assign_entries(state: LogState, batch: pa.RecordBatch, batch_offset: int,
     The stateless form of :meth:`Dispatcher.dispatch` for committers."""
     n = batch.num_rows
     info = row_info(batch)
-    tids = np.asarray([state.topics[t].id for t in info.topic_names], np.int64)
+    tids = [state.topics[t].id for t in info.topic_names]
     qos = np.zeros(n, np.int64)
     groups, tnp = queue_groups(tids, info, n) if n else ([], None)
     for tid, qid, rows in groups:
@@ -279,15 +297,14 @@ class Dispatcher:
         if store_ts_ms is None:   # a copy: chunks must not pin (memory-mapped) segment bytes
             store_ts_ms = np.array(batch.column("store_timestamp").cast(pa.int64()).to_numpy(),
                                    dtype=np.int64)
-        topics = self._topics()
-        tids = np.asarray([topics[t].id if t in topics else -1 for t in info.topic_names],
-                          dtype=np.int64)
+        topics, names = self._topics(), info.topic_names
+        tids = [topics[t].id if t in topics else -1 for t in names]
         sizes = info.body_sizes
         given = info.given
         tcodes = tags_codes(fmt.record_batch(batch).column("tags")) \
-            if given is None or "tags" in given else np.zeros(n, np.int64)
+            if given is None or "tags" in given else _no_tags(n) if n <= 1024 else \
+            np.zeros(n, np.int64)
         groups, tnp = queue_groups(tids, info, n)
-        name_of = dict(zip(tids.tolist(), info.topic_names))
         qos = None
         updates = []
         for tid, qid, rows in groups:
@@ -300,8 +317,8 @@ class Dispatcher:
             self.next_offsets[(tid, qid)] = start + count
             if rows is None:
                 qos = np.arange(start, start + n, dtype=np.int64)
-                chunk = Chunk(start, batch_offset, np.arange(n, dtype=np.int32), sizes,
-                              tcodes, store_ts_ms)
+                chunk = Chunk(start, batch_offset, _every_row(n) if n <= 1024 else
+                              np.arange(n, dtype=np.int32), sizes, tcodes, store_ts_ms)
             else:
                 if qos is None:
                     qos = np.full(n, -1, dtype=np.int64)
@@ -309,7 +326,8 @@ class Dispatcher:
                 chunk = Chunk(start, batch_offset, rows.astype(np.int32), sizes[rows],
                               tcodes[rows], store_ts_ms[rows])
             self.cq.add(tid, qid, chunk)
-            updates.append((name_of[tid], tid, qid, start + count))
+            updates.append((names[0] if len(names) == 1 else names[tids.index(tid)], tid,
+                            qid, start + count))
         if qos is None:
             qos = np.full(n, -1, dtype=np.int64)
         if (given is None or "keys" in given) and \

@@ -29,7 +29,7 @@ def test_dispatch_groups_rows_with_one_pass_whatever_the_queues(monkeypatch):
     for queues in (4, 64, 1024):
         qids = rng.integers(0, queues, 5000)
         calls["flatnonzero"] = 0
-        groups, _ = dispatch.queue_groups(np.asarray([3]), _Info(qids, np.zeros(5000, np.int32)),
+        groups, _ = dispatch.queue_groups([3], _Info(qids, np.zeros(5000, np.int32)),
                                           5000)
         assert calls["flatnonzero"] <= 1                 # not one per queue
         got = {(t, q): rows.tolist() for t, q, rows in groups}
