@@ -108,6 +108,10 @@ class BatchSender:
         self.broker = broker
         self.merger = SendMerger(self._append, self._append, BuiltRows.concat,
                                  nbytes=lambda rows: rows.nbytes)
+        # the topics a send may write: (the store state that says so, {topic: the message
+        # type it accepts}); and (the store config, its MessageLimits)
+        self._writable: tuple = (None, {})
+        self._limits: tuple = (None, None)
 
     def check(self, batch: pa.RecordBatch, topics: list[str]) -> BuiltRows:
         """``batch`` (its ``topics``, each named once; its columns in their types:
@@ -129,14 +133,12 @@ class BatchSender:
         segment batch may then be composed in C (``log/built.py``)."""
         sender, broker = self.broker.sender, self.broker
         for t in topics:
-            refused = sender.topic_refusal(t)
-            if refused is not None:
-                raise UserError(refused.message)
+            expected = self._writable_type(t)
             if broker.config.enable_topic_message_type_check:
                 groups = cols.get("message_group")
                 if groups is not None and len(topics) > 1:
                     groups = groups.filter(pc.equal(cols["topic"], t))
-                self._check_types(groups, t)
+                _check_types(groups, expected)
         sender.check_append()
         rows = self._segment_batch(cols, n, topics, body_sizes, source)
         self._check_limits(rows)
@@ -162,12 +164,37 @@ class BatchSender:
             metrics.inc("sparkmq_bytes_sent_total", nbytes, topic=t)
         return stored
 
+    def _writable_type(self, topic: str) -> str:
+        """The message type ``topic`` accepts, once a send may write it: else UserError
+        (``SendService.topic_refusal``: an illegal name, or no such topic and none may be
+        created). Both follow from the store's state (its topics) and the name alone, so
+        they are kept while the state is the same object: a commit replaces it (a topic
+        created, changed or deleted), and the next send finds them again."""
+        state = self.broker.store.state
+        writable = self._writable
+        if writable[0] is not state:
+            writable = self._writable = (state, {})
+        expected = writable[1].get(topic)
+        if expected is None:
+            refused = self.broker.sender.topic_refusal(topic)    # (may create the topic)
+            if refused is not None:
+                raise UserError(refused.message)
+            expected = writable[1][topic] = topic_message_type(self.broker.topic_conf(topic))
+        return expected
+
+    def _message_limits(self) -> MessageLimits:
+        """The store config's MessageLimits, made once per config."""
+        config = self.broker.store.config
+        if self._limits[0] is not config:
+            self._limits = (config, MessageLimits.of(config))
+        return self._limits[1]
+
     def _check_limits(self, rows: BuiltRows) -> None:
         """The RocketMQ path's refusals of a message's own fields, row by row as
         ``SendService`` decides them: its body (``body_refusal``: empty, or over
         maxMessageSize), then the input limits with the system's property keys
         reserved (so the store, given the rows, does not check them again)."""
-        limits = MessageLimits.of(self.broker.store.config)
+        limits = self._message_limits()
         refused = first_body_refusal(rows.body_sizes, limits.max_message_size_bytes,
                                      rows.body_extent)
         if refused is not None:
@@ -234,14 +261,14 @@ class BatchSender:
         placed = sender.request_queues(cols["topic"].to_pylist(), free.to_pylist())
         return pc.if_else(free, pa.array(placed, pa.int32()), own)
 
-    def _check_types(self, groups: pa.Array | None, topic: str) -> None:
-        """Rows (of ``topic``; ``groups`` their message groups, None: no row has one)
-        with a message group are FIFO, the others NORMAL (the proxy's reading); each type
-        present must be one the topic accepts."""
-        expected = topic_message_type(self.broker.topic_conf(topic))
-        present = ({"NORMAL"} if groups is None or groups.null_count else set()) | \
-            ({"FIFO"} if groups is not None and groups.null_count < len(groups) else set())
-        for actual in sorted(present):
-            why = type_conflict(expected, actual)
-            if why is not None:
-                raise UserError(why)
+
+def _check_types(groups: pa.Array | None, expected: str) -> None:
+    """Rows (of a topic that accepts ``expected``; ``groups`` their message groups, None:
+    no row has one) with a message group are FIFO, the others NORMAL (the proxy's
+    reading); each type present must be one the topic accepts."""
+    present = ({"NORMAL"} if groups is None or groups.null_count else set()) | \
+        ({"FIFO"} if groups is not None and groups.null_count < len(groups) else set())
+    for actual in sorted(present):
+        why = type_conflict(expected, actual)
+        if why is not None:
+            raise UserError(why)

@@ -234,12 +234,13 @@ class FlightService(fl.FlightServerBase):
         mw = context.get_middleware("auth")
         return mw.user if mw is not None else None
 
-    def _authorize(self, context, resources) -> None:
+    def _authorize(self, context, resources, *args) -> None:
         """As ``grpc_service._authorized`` decides an RPC: the broker's one authorizer,
-        the user the middleware authenticated, the caller's IP (ACL source IPs)."""
+        the user the middleware authenticated, the caller's IP (ACL source IPs), on the
+        resources ``resources(*args)`` names (not listed where authorization is off)."""
         authz = self.broker.authorizer
         if authz.enabled:
-            authz.check(self._user(context), resources, peer_ip(context.peer()))
+            authz.check(self._user(context), resources(*args), peer_ip(context.peer()))
 
     # ------------------------------------------------------------ produce
     def do_put(self, context, descriptor, reader, writer):
@@ -282,7 +283,7 @@ class FlightService(fl.FlightServerBase):
         topics = distinct_strings(batch.column(order.index("topic")))
         if None in topics:
             raise UserError("every row needs a topic")
-        self._authorize(context, send_resources(topics))
+        self._authorize(context, send_resources, topics)
         core = self.broker.batch_sender
         stored = core.store(core.check(batch, topics), topics)
         r, late = stored.r, None
@@ -336,7 +337,7 @@ class FlightService(fl.FlightServerBase):
                 validate_group(group)
 
             def authorize() -> None:
-                self._authorize(context, read_resources(topic, group))
+                self._authorize(context, read_resources, topic, group)
             authorize()
             if follow is not None:
                 self.broker.notifier.admissible()     # (counted in _follow: holding)
@@ -439,7 +440,7 @@ class FlightService(fl.FlightServerBase):
             group, topic = str(req["group"]), str(req["topic"])
             queue, offset = whole(req["queue"], "queue"), whole(req["offset"], "offset")
             validate_group(group), validate_topic(topic)
-            self._authorize(context, offset_update_resources(group, topic))
+            self._authorize(context, offset_update_resources, group, topic)
             self.broker.receiver.reset_offset(group, topic, queue, offset)   # UpdateOffset's
             self.broker.store.commit_consumer_offsets(group, {(topic, queue): offset})
         except (ValueError, KeyError, TypeError) as e:

@@ -493,6 +493,22 @@ def test_the_topics_message_type_is_checked(broker):
             "topic": ["F", "N"], "body": [b"1", b"2"], "message_group": ["g", "g"]}))
 
 
+def test_a_topic_changed_or_deleted_after_a_send_is_checked_again(broker):
+    # the send keeps what it found of a topic (writable, its message type) while the
+    # store's state is the same: a change of either is seen at the next batch
+    client, opts = _client(broker)
+    assert _send(client, opts, _batch("T", [b"a"])).num_rows == 1
+    broker.store.update_topic("T", attributes=message_type_attributes("FIFO"))
+    with pytest.raises(Exception, match="expected type is FIFO"):
+        _send(client, opts, _batch("T", [b"b"]))
+    assert _send(client, opts, _batch("T", [b"c"], message_group=["g"])).num_rows == 1
+    broker.store.delete_topic("T")
+    with pytest.raises(Exception, match="does not exist"):
+        _send(client, opts, _batch("T", [b"d"], message_group=["g"]))
+    broker.store.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+    assert _send(client, opts, _batch("T", [b"e"])).column("queue_offset").to_pylist() == [0]
+
+
 def test_credentials_and_acls_as_on_the_rocketmq_path(make_broker):
     from sparkmq.auth import meta
     b = make_broker(flightEnable="true", flightPort=free_port(), authenticationEnabled="true",
