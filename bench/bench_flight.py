@@ -34,7 +34,9 @@ instead of one system after another: sparkmq's broker, Redis and the two floor s
 at once, and each round times a slice of the batched puts (and of the one-message round
 trips) on each in turn, the order rotating; printed is each ratio's median over the
 rounds and its range. A host whose speed drifts over a run moves every system in a round
-alike, where the sequential run (a minute apart) can move one alone. ``--pin``: every
+alike, where the sequential run (a minute apart) can move one alone. It also prints each
+Flight server's process CPU (every thread) per one-message round trip, summed over the
+rounds: what the sync row is made of, steadier than its wall time. ``--pin``: every
 server's threads on CPU 0 and the clients on CPU 1, as servers on cores of their own.
 ``--broker-floor``: one more server in the rounds, sparkmq's broker with its Flight put
 replaced by the durable floor's (bench/floor_put_broker.py): the two rows it reaches are
@@ -445,22 +447,27 @@ def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int, pin: bool,
             single = {"sparkmq": _FlightPut(flight, one),
                       "empty floor": _FlightPut(floors["empty"], one),
                       "durable floor": _FlightPut(floors["durable"], one)}
+            pids = {"sparkmq": broker.pid, "empty floor": procs[0].pid,
+                    "durable floor": procs[1].pid}
             if broker_floor:
                 batched["broker floor"] = _FlightPut(floors["broker"], big)
                 single["broker floor"] = _FlightPut(floors["broker"], one)
+                pids["broker floor"] = servers[-1]
             for call in [*batched.values(), *single.values()]:
                 _timed(call, 50)                          # warm-up (and the topics made)
             per_round, lat_round = n // batch_n // rounds, m // rounds
             tput = {k: [] for k in batched}
             lat = {k: [] for k in single}
+            cpu = dict.fromkeys(single, 0.0)     # each server's CPU over its round trips
             for r in track(range(rounds), "paired rounds"):
                 names = list(batched)[r % len(batched):] + list(batched)[:r % len(batched)]
                 for k in names:
                     tput[k].append(per_round * batch_n / _timed(batched[k], per_round))
                 for k in list(single)[r % len(single):] + list(single)[:r % len(single)]:
-                    samples = []
+                    samples, before = [], process_cpu_s(pids[k])
                     for _ in range(lat_round):
                         samples.append(_timed(single[k], 1))
+                    cpu[k] += process_cpu_s(pids[k]) - before
                     lat[k].append(statistics.median(samples))
             for call in [*batched.values(), *single.values()]:
                 if isinstance(call, _FlightPut):
@@ -490,6 +497,13 @@ def paired(tmp: str, rounds: int, n: int, batch_n: int, m: int, pin: bool,
             tput["redis"])
         row("sync send p50: broker with the floor's put / RT", lat["broker floor"],
             lat["empty floor"])
+    # what the sync row's ratio is made of, steadier than its wall time on a shared host:
+    # the server process's CPU (every thread) per one-message round trip
+    trips = rounds * lat_round
+    print(f"{'server CPU per one-message round trip (us)':<52}"
+          + "  ".join(f"{k} {cpu[k] / trips * 1e6:.0f}" for k in single))
+    print(f"{'  sparkmq less the durable floor (us)':<52}"
+          f"{(cpu['sparkmq'] - cpu['durable floor']) / trips * 1e6:8.0f}")
     return 0
 
 
