@@ -149,21 +149,26 @@ def topic_ids_per_row(tids: list[int], info: RowInfo, n: int) -> np.ndarray:
         else np.full(n, tids[0], np.int64)
 
 
-@functools.lru_cache(maxsize=64)
+_SHARED_ROWS = 1024     # a chunk of a longer batch gets arrays of its own
+
+
 def _every_row(n: int) -> np.ndarray:
-    """Rows ``0..n-1`` (int32), read-only: the rows of a chunk that takes a whole batch,
-    one array shared by the chunks of every batch of ``n`` rows."""
-    rows = np.arange(n, dtype=np.int32)
-    rows.flags.writeable = False
-    return rows
+    """Rows ``0..n-1`` (int32): the rows of a chunk that takes a whole batch."""
+    return _shared(n)[0] if n <= _SHARED_ROWS else np.arange(n, dtype=np.int32)
+
+
+def _no_tags(n: int) -> np.ndarray:
+    """``n`` rows' tags codes where no row has tags (int64 zeros)."""
+    return _shared(n)[1] if n <= _SHARED_ROWS else np.zeros(n, np.int64)
 
 
 @functools.lru_cache(maxsize=64)
-def _no_tags(n: int) -> np.ndarray:
-    """``n`` rows' tags codes where no row has tags (int64 zeros), read-only and shared."""
-    codes = np.zeros(n, np.int64)
-    codes.flags.writeable = False
-    return codes
+def _shared(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_every_row` and :func:`_no_tags` of ``n`` rows, read-only: one pair shared
+    by the chunks of every batch of ``n`` rows (no chunk writes its arrays)."""
+    rows, codes = np.arange(n, dtype=np.int32), np.zeros(n, np.int64)
+    rows.flags.writeable = codes.flags.writeable = False
+    return rows, codes
 
 
 def next_queue_offsets(state: LogState) -> dict[tuple[int, int], int]:
@@ -302,8 +307,7 @@ class Dispatcher:
         sizes = info.body_sizes
         given = info.given
         tcodes = tags_codes(fmt.record_batch(batch).column("tags")) \
-            if given is None or "tags" in given else _no_tags(n) if n <= 1024 else \
-            np.zeros(n, np.int64)
+            if given is None or "tags" in given else _no_tags(n)
         groups, tnp = queue_groups(tids, info, n)
         qos = None
         updates = []
@@ -317,8 +321,7 @@ class Dispatcher:
             self.next_offsets[(tid, qid)] = start + count
             if rows is None:
                 qos = np.arange(start, start + n, dtype=np.int64)
-                chunk = Chunk(start, batch_offset, _every_row(n) if n <= 1024 else
-                              np.arange(n, dtype=np.int32), sizes, tcodes, store_ts_ms)
+                chunk = Chunk(start, batch_offset, _every_row(n), sizes, tcodes, store_ts_ms)
             else:
                 if qos is None:
                     qos = np.full(n, -1, dtype=np.int64)
