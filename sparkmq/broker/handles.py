@@ -45,7 +45,9 @@ class HandleSigner:
 
     def _mac(self, text: str) -> str:
         h = self._keyed.copy()
-        h.update(text.encode())
+        # (a lone surrogate, which no handle made here holds, gets a MAC that matches
+        # nothing instead of an encoding error)
+        h.update(text.encode("utf-8", "surrogatepass"))
         return h.hexdigest()[:MAC_HEX_DIGITS]
 
     def sign(self, text: str) -> str:
@@ -55,7 +57,8 @@ class HandleSigner:
         """The text a handle made by :meth:`sign` carries; InvalidReceiptHandleError if it
         was not made by this broker (or was changed)."""
         text, sep, mac = handle.rpartition(SEPARATOR) if isinstance(handle, str) else ("", "", "")
-        if not sep or not hmac.compare_digest(mac, self._mac(text)):
+        # (compare_digest raises on a str that is not ASCII: such a MAC is none of ours)
+        if not sep or not mac.isascii() or not hmac.compare_digest(mac, self._mac(text)):
             raise InvalidReceiptHandleError(
                 f"{what} {str(handle)[:60]!r} was not issued by this broker (or was altered); "
                 f"use the {what} the broker returned")

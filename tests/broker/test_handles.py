@@ -158,6 +158,28 @@ def test_a_signer_opens_only_its_own_handles():
         b.open(h)
 
 
+def test_a_handle_that_is_not_ascii_is_refused_not_an_internal_error(broker):
+    # found by test_grpc_fuzz: compare_digest raised TypeError on a non-ASCII MAC, and the
+    # RPC answered INTERNAL_ERROR instead of INVALID_RECEIPT_HANDLE
+    signer = HandleSigner()
+    for fake in ("1.0.5.T.broker-a~\u00e9", "~\u00e9" * 3, "\u00e9~" + "0" * 32,
+                 "1.0.5.T~\ud800", "\ud800~" + "0" * 32):
+        with pytest.raises(Exception, match="not issued by this broker"):
+            signer.open(fake)
+    with grpc.insecure_channel(broker.endpoint) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        r = stub.ChangeInvisibleDuration(spb.ChangeInvisibleDurationRequest(
+            group=pb.Resource(name="G"), topic=pb.Resource(name="T"),
+            receipt_handle="1.0.5.T.broker-a~\u00e9", invisible_duration={"seconds": 1}),
+            timeout=10, metadata=[("x-mq-client-id", "handles-test")])
+        assert r.status.code == Code.INVALID_RECEIPT_HANDLE, r.status
+        r = stub.AckMessage(spb.AckMessageRequest(
+            group=pb.Resource(name="G"), topic=pb.Resource(name="T"),
+            entries=[spb.AckMessageEntry(message_id="01", receipt_handle="x~\u00e9")]),
+            timeout=10, metadata=[("x-mq-client-id", "handles-test")])
+        assert r.entries[0].status.code == Code.INVALID_RECEIPT_HANDLE, r
+
+
 def test_a_handle_is_its_text_and_the_hmac_sha256_of_it_under_the_secret():
     """The handle format handles.py documents (a recall handle made before a restart, or
     by an earlier version, must still open): text, ``~``, the first 128 bits of
