@@ -193,6 +193,9 @@ def test_orphaned_transaction_recovery_duration_delays_the_first_check(tx_broker
                                                                    sent_ms + 6_000]
     checker = Checker({b"later": TransactionResolution.COMMIT})
     clients(Producer(client_conf(b), ("T",), checker))       # a producer of T answers
+    # once its telemetry stream has told the broker its topics (the client's start-up
+    # returns before that): a check-back with no producer connected is a check spent
+    assert wait_until(lambda: b.streams.producers("T"))
     clock.now_ms = sent_ms + 29_999
     b.transactions.run_checks()
     wait_asked(checker, 1)
@@ -232,6 +235,7 @@ def test_restart_reads_the_op_topic_from_its_floor(tx_broker, clients):
     assert (h.offset, h.checks) == (0, 1)
     producer = clients(Producer(client_conf(b), ("T",),
                                 Checker({b"old": TransactionResolution.COMMIT})))
+    assert wait_until(lambda: b.streams.producers("T"))  # (its telemetry stream is open)
     clock.now_ms += 6000
     b.transactions.run_checks()
     assert wait_until(lambda: b.transactions.pending() == [])
