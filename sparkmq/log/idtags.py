@@ -70,7 +70,7 @@ def epoch_actions(state, start_offset: int) -> list[Action]:
     derived from the store id and the epoch's number, unlike every tag before it; epochs
     of equal starts are the newest's (a lookup takes the last one at or below an offset)."""
     meta, start = state.metadata, int(start_offset)
-    used = {store_tag(meta.store_id), *(e.tag for e in meta.id_epochs or ())}
+    known = IdTags(meta)
     # a later epoch a truncation cut back (a replica's, to its new master) is left empty,
     # not dropped: its tag stays the store's and is never chosen again. (Each crash
     # begins one, even where the last began at the same offset: the messages a crash
@@ -78,7 +78,8 @@ def epoch_actions(state, start_offset: int) -> list[Action]:
     epochs = tuple(e if e.start_offset <= start else dataclasses.replace(e, start_offset=start)
                    for e in meta.id_epochs or ())
     number = len(epochs) + 1
-    while (tag := zlib.crc32(f"{meta.store_id}/{number}".encode()) & 0xFFFFFFFF) in used:
+    while known.issued_here(tag := zlib.crc32(f"{meta.store_id}/{number}".encode())
+                            & 0xFFFFFFFF):
         number += 1
     out: list[Action] = [dataclasses.replace(
         meta, id_epochs=epochs + (IdEpoch(start_offset=start, tag=tag),))]
