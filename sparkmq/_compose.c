@@ -136,7 +136,6 @@ static int value_width(const char *f)
         ? 8 : 0;
 }
 
-/* A capsule holding a new parent struct over sh (one of sh's references). */
 /* a struct batch of n rows over children, released by release with private: in a new
    "arrow_array" capsule (NULL with an exception set; *out the struct) */
 static PyObject *struct_capsule(int64_t n, int64_t n_children, struct ArrowArray **children,
@@ -163,6 +162,7 @@ static PyObject *struct_capsule(int64_t n, int64_t n_children, struct ArrowArray
     return capsule;
 }
 
+/* A capsule holding a new parent struct over sh (one of sh's references). */
 static PyObject *parent_capsule(Shared *sh, int64_t n, int64_t n_children,
                                 struct ArrowArray **out)
 {
