@@ -25,8 +25,10 @@
  * is not the segment column's (format strings compared down the children), an offset
  * other than 0, an unknown null count, a length other than n, a values buffer for a
  * column of another type or of another size than n of its values, a template column
- * shorter than n or with some nulls and not all. The caller then builds the batch in
- * pyarrow (log/batch.py's build_segment_batch): the same batch, as the tests hold them.
+ * shorter than n or with some nulls and not all, a given column with nulls where the
+ * template's has none (values the builder fills: format.fill_required, the born time).
+ * The caller then builds the batch in pyarrow (log/batch.py's build_segment_batch): the
+ * same batch, as the tests hold them.
  *
  * view(kept, first, k, slots, values) -> (import_capsule, import_address) | None reads
  * rows first..first+k-1 of a batch compose() made (kept: its kept capsule) with columns
@@ -216,7 +218,8 @@ static PyObject *compose(PyObject *self, PyObject *args)
             if (slot >= g->n_children || !same_type(gs->children[slot], ss->children[i], 0))
                 goto unfit;
             c = g->children[slot];
-            if (!c->release || c->length != n || c->offset != 0 || c->null_count < 0)
+            if (!c->release || c->length != n || c->offset != 0 || c->null_count < 0
+                    || (c->null_count > 0 && t->children[i]->null_count == 0))
                 goto unfit;
             sh->children[i] = c;
         } else if (slot == -1) {

@@ -1,8 +1,9 @@
 /* sparkmq._wire: the RocketMQ 5 SendMessage request of plain messages (NORMAL, one
  * topic, each with its id, born host and time; a tag and keys or not) turned into
  * column buffers, and its all-OK answer turned into bytes, without a Python object
- * per message (docs/ARCHITECTURE.md, "The plain gRPC send"); and, for sparkmq's
- * Producer, such a request made from the bodies (``encode_plain``).
+ * per message (docs/ARCHITECTURE.md, "The plain gRPC send"); those buffers as one Arrow
+ * C struct, what the send's segment batch is composed from (``plain_struct``); and, for
+ * sparkmq's Producer, such a request made from the bodies (``encode_plain``).
  *
  * Input is the client's bytes, read before upb sees them: every read is bounds-checked,
  * and the scanner accepts nothing upb would refuse (every string field it takes, the
@@ -19,6 +20,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "_arrow_c.h"
+#include "_capsule.h"
 
 typedef struct {
     const uint8_t *p, *end;
@@ -505,6 +509,8 @@ done:
     return result;
 }
 
+static const void *NO_PARENT_BUFFERS[1] = {NULL};
+
 static size_t varint_size(uint64_t v)
 {
     size_t n = 1;
@@ -653,8 +659,138 @@ done:
     return out;
 }
 
+/* plain_struct: the scan's buffers as one Arrow C struct, pointing into them (held). */
+#define PLAIN_COLUMNS 7
+
+typedef struct {
+    PyObject *scanned;                          /* the scan's tuple, held */
+    struct ArrowArray cols[PLAIN_COLUMNS], key_values;
+    struct ArrowArray *children[PLAIN_COLUMNS], *key_children[1];
+    const void *buffers[PLAIN_COLUMNS][3], *key_value_buffers[3];
+    char topic[];                               /* the topic column: offsets, then data */
+} PlainBatch;
+
+static void release_plain_child(struct ArrowArray *a)
+{
+    a->release = NULL;          /* (released with the parent: the C data interface) */
+}
+
+/* Let go of the tuple under the GIL, which pyarrow may not hold where it releases the
+   struct (a Flight thread); at exit it goes with the interpreter. */
+static void release_plain(struct ArrowArray *a)
+{
+    PlainBatch *b = a->private_data;
+    a->release = NULL;
+    if (Py_IsInitialized()) {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        Py_DECREF(b->scanned);
+        PyGILState_Release(gil);
+    }
+    PyMem_RawFree(b);
+}
+
+/* cols[k] as a column of n values over buffers (validity or NULL, then one or two) */
+static struct ArrowArray *plain_column(PlainBatch *b, int k, int64_t n, int64_t nulls,
+                                       int n_buffers, const void *b0, const void *b1,
+                                       const void *b2)
+{
+    b->buffers[k][0] = b0;
+    b->buffers[k][1] = b1;
+    b->buffers[k][2] = b2;
+    b->cols[k] = (struct ArrowArray){.length = n, .null_count = nulls,
+                                     .n_buffers = n_buffers, .buffers = b->buffers[k],
+                                     .release = release_plain_child};
+    return b->children[k] = &b->cols[k];
+}
+
+PyDoc_STRVAR(plain_struct_doc,
+"plain_struct(scanned, tags, keys) -> capsule\n\n"
+"scan_plain's tuple as a record batch exported to the Arrow C data interface (an\n"
+"\"arrow_array\" capsule; no copy of its buffers, which it holds): topic, body,\n"
+"unique_key, born_timestamp, born_host, then tags if tags is true and keys if keys is\n"
+"true (the caller's schema says which), typed string, binary, string, timestamp (ms),\n"
+"string, string and list<string>. ValueError where the tuple's buffers do not fit its\n"
+"row count.");
+
+static PyObject *plain_struct(PyObject *self, PyObject *args)
+{
+    PyObject *scanned;
+    int want_tags, want_keys;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!pp", &PyTuple_Type, &scanned, &want_tags, &want_keys))
+        return NULL;
+    PyObject *topic, *bodies, *body_off, *ids, *id_off, *hosts, *host_off, *borns;
+    PyObject *tag_bits, *tag_off, *tags, *key_bits, *key_lists, *key_off, *keys;
+    Py_ssize_t n, tag_nulls, key_nulls;
+    if (!PyArg_ParseTuple(scanned, "SnSSSSSSSSnSSSnSSS", &topic, &n, &bodies, &body_off,
+                          &ids, &id_off, &hosts, &host_off, &borns, &tag_bits, &tag_nulls,
+                          &tag_off, &tags, &key_bits, &key_nulls, &key_lists, &key_off, &keys))
+        return NULL;
+    Py_ssize_t topic_len = PyBytes_GET_SIZE(topic), offsets = (n + 1) * 4;
+    Py_ssize_t key_values = PyBytes_GET_SIZE(key_off) / 4 - 1;
+    if (n <= 0 || topic_len * n > INT32_MAX || PyBytes_GET_SIZE(body_off) != offsets
+            || PyBytes_GET_SIZE(id_off) != offsets || PyBytes_GET_SIZE(host_off) != offsets
+            || PyBytes_GET_SIZE(tag_off) != offsets || PyBytes_GET_SIZE(key_lists) != offsets
+            || PyBytes_GET_SIZE(borns) != n * 8 || key_values < 0
+            || PyBytes_GET_SIZE(tag_bits) < (n + 7) / 8
+            || PyBytes_GET_SIZE(key_bits) < (n + 7) / 8) {
+        PyErr_SetString(PyExc_ValueError, "plain_struct: not a tuple scan_plain gave");
+        return NULL;
+    }
+    PlainBatch *b = PyMem_RawCalloc(1, sizeof(PlainBatch) + (size_t)offsets
+                                    + (size_t)(topic_len * n));
+    if (!b)
+        return PyErr_NoMemory();
+    int32_t *topic_offsets = (int32_t *)b->topic;
+    char *topic_data = b->topic + offsets;
+    for (Py_ssize_t i = 0; i <= n; i++)
+        topic_offsets[i] = (int32_t)(i * topic_len);
+    for (Py_ssize_t i = 0; i < n; i++)
+        memcpy(topic_data + i * topic_len, PyBytes_AS_STRING(topic), (size_t)topic_len);
+    int k = 0;
+    plain_column(b, k++, n, 0, 3, NULL, topic_offsets, topic_data);
+    plain_column(b, k++, n, 0, 3, NULL, PyBytes_AS_STRING(body_off), PyBytes_AS_STRING(bodies));
+    plain_column(b, k++, n, 0, 3, NULL, PyBytes_AS_STRING(id_off), PyBytes_AS_STRING(ids));
+    plain_column(b, k++, n, 0, 2, NULL, PyBytes_AS_STRING(borns), NULL);
+    plain_column(b, k++, n, 0, 3, NULL, PyBytes_AS_STRING(host_off), PyBytes_AS_STRING(hosts));
+    if (want_tags)
+        plain_column(b, k++, n, tag_nulls, 3, tag_nulls ? PyBytes_AS_STRING(tag_bits) : NULL,
+                     PyBytes_AS_STRING(tag_off), PyBytes_AS_STRING(tags));
+    if (want_keys) {
+        struct ArrowArray *list = plain_column(
+            b, k++, n, key_nulls, 2, key_nulls ? PyBytes_AS_STRING(key_bits) : NULL,
+            PyBytes_AS_STRING(key_lists), NULL);
+        b->key_value_buffers[1] = PyBytes_AS_STRING(key_off);
+        b->key_value_buffers[2] = PyBytes_AS_STRING(keys);
+        b->key_values = (struct ArrowArray){.length = key_values, .n_buffers = 3,
+                                            .buffers = b->key_value_buffers,
+                                            .release = release_plain_child};
+        b->key_children[0] = &b->key_values;
+        list->n_children = 1;
+        list->children = b->key_children;
+    }
+    struct ArrowArray *a = PyMem_Calloc(1, sizeof(struct ArrowArray));
+    if (!a) {
+        PyMem_RawFree(b);
+        return PyErr_NoMemory();
+    }
+    *a = (struct ArrowArray){.length = n, .n_buffers = 1, .buffers = NO_PARENT_BUFFERS,
+                             .n_children = k, .children = b->children,
+                             .release = release_plain, .private_data = b};
+    PyObject *capsule = PyCapsule_New(a, "arrow_array", free_array_capsule);
+    if (!capsule) {
+        PyMem_Free(a);
+        PyMem_RawFree(b);
+        return NULL;
+    }
+    Py_INCREF(scanned);
+    b->scanned = scanned;
+    return capsule;
+}
+
 static PyMethodDef methods[] = {
     {"scan_plain", (PyCFunction)(void (*)(void))scan_plain, METH_FASTCALL, scan_plain_doc},
+    {"plain_struct", plain_struct, METH_VARARGS, plain_struct_doc},
     {"encode_ok", encode_ok, METH_VARARGS, encode_ok_doc},
     {"encode_plain", encode_plain, METH_VARARGS, encode_plain_doc},
     {NULL, NULL, 0, NULL},

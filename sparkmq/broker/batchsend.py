@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import sys
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -25,7 +26,7 @@ from ..errors import MessageLimitError, UserError
 from ..log import format as fmt
 from ..arrowcols import constant_column
 from ..log.batch import group_message_types
-from ..log.built import BuiltRows, build_rows, composed_rows
+from ..log.built import BuiltRows, Exported, build_rows, composed_rows
 from ..log.dispatch import measured_bodies
 from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
 from ..log.status import PutMessageStatus
@@ -120,17 +121,22 @@ class BatchSender:
         MessageLimitError (a row's body or input limits, with the proxy's status),
         PermissionDeniedError / ReplicaNotAvailableError (the broker may not append).
         Nothing is stored."""
-        return self.check_columns(dict(zip(batch.schema.names, batch.columns)),
-                                  batch.num_rows, topics, source=batch)
+        n = batch.num_rows            # (a column no row sets: the schema's default)
+        return self.check_columns({name: col for name, col in zip(batch.schema.names,
+                                                                  batch.columns)
+                                   if name in ("topic", "body") or col.null_count < n},
+                                  n, topics, source=batch)
 
-    def check_columns(self, cols: dict[str, pa.Array], n: int, topics: list[str], *,
+    def check_columns(self, cols: Mapping[str, pa.Array], n: int, topics: list[str], *,
                       body_sizes: np.ndarray | None = None,
-                      source: pa.RecordBatch | None = None) -> BuiltRows:
-        """``check`` of a send batch given as its columns (name -> array of ``n`` rows),
-        ``body_sizes`` each body's bytes if the caller measured them: a plain RocketMQ
-        request's columns, read from the client's bytes, are checked without being put
-        in a batch first. ``source``: the record batch the columns are (``typed``), whose
-        segment batch may then be composed in C (``log/built.py``)."""
+                      source: "pa.RecordBatch | Exported | None" = None) -> BuiltRows:
+        """``check`` of a send batch given as its columns (name -> array of ``n`` rows;
+        topic, body and those some row sets), ``body_sizes`` each body's bytes if the
+        caller measured them: a plain RocketMQ request's columns, read from the client's
+        bytes, are checked without being put in a batch (``PlainColumns``: arrays only
+        where the rows are built in pyarrow). ``source``: the record batch the columns
+        are (``typed``), or it exported, whose segment batch may then be composed in C
+        (``log/built.py``)."""
         sender, broker = self.broker.sender, self.broker
         for t in topics:
             expected = self._writable_type(t)
@@ -208,24 +214,25 @@ class BatchSender:
         r = self.broker.store.append_batch(rows, later=HELD.flushes)
         return Stored(r, None, 0, r.num_rows)    # its status: ``store``, each request's
 
-    def _segment_batch(self, given: dict[str, pa.Array], n: int, topics: list[str],
+    def _segment_batch(self, given: Mapping[str, pa.Array], n: int, topics: list[str],
                        body_sizes: np.ndarray | None,
-                       source: pa.RecordBatch | None = None) -> BuiltRows:
+                       source: "pa.RecordBatch | Exported | None" = None) -> BuiltRows:
         """The columns ``given`` in SEGMENT_SCHEMA, built by the log's one builder (the
         store's no-cast path; queue ids a producer left out placed by ``_placed`` or
         ``request_queue``), or composed in C where one topic and one queue take every
-        row (``composed_rows``): all-null columns are left to the schema's defaults, and
-        a row with a message group is FIFO, as the RocketMQ path stores it. (valid Arrow,
+        row (``composed_rows``): columns not given are the schema's defaults, and a row
+        with a message group is FIFO, as the RocketMQ path stores it. (valid Arrow,
         checked by the callers before ``check``; its bodies measured here unless
-        ``body_sizes`` gives them.)"""
-        cols = {name: col for name, col in given.items()
-                if name in ("topic", "body") or col.null_count < n}
-        if "message_group" in cols:
-            cols["message_type"] = group_message_types(cols["message_group"])
+        ``body_sizes`` gives them; ``given`` is not changed.)"""
+        cols, own = given, given.get("queue_id")
+        if own is not None or "message_group" in given:
+            cols = {name: col for name, col in given.items() if name != "queue_id"}
+            if "message_group" in cols:
+                cols["message_type"] = group_message_types(cols["message_group"])
         extent = None
         if body_sizes is None:
             body_sizes, extent = measured_bodies(cols["body"])
-        one, own = None, cols.pop("queue_id", None)
+        one = None
         if "message_group" not in cols and len(topics) == 1:
             # the usual send; or a producer's queue, every row's the same (as a selector
             # chooses one): the store checks it is one of the topic's
@@ -238,10 +245,11 @@ class BatchSender:
                                      now_ms=self.broker.clock_ms(), body_extent=extent)
                 if rows is not None:
                     return rows
-            cols["queue_id"] = constant_column(one, pa.int32(), n) if own is None else own
+            queues = constant_column(one, pa.int32(), n) if own is None else own
         else:
-            cols["queue_id"] = self._placed(cols, n, own)
-        return build_rows(cols, n, store_host=self.broker.store.config.store_host,
+            queues = self._placed(cols, n, own)
+        return build_rows({**cols, "queue_id": queues}, n,
+                          store_host=self.broker.store.config.store_host,
                           now_ms=self.broker.clock_ms(), body_sizes=body_sizes,
                           topic=topics[0] if len(topics) == 1 else None, queue=one,
                           body_extent=extent)

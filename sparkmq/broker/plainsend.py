@@ -8,8 +8,9 @@ buffers by ``sparkmq._wire`` (C), in the request's deserializer (``read_request`
 never parses it: the scanner checks every string it takes to be UTF-8, as upb would, and
 declines whatever it does not know (upb then parses those bytes as for any request). It
 is held to the rules and stored by the one core a Flight batch goes through
-(``batchsend.BatchSender``), and answered, when every row is stored, with the
-SendMessageResponse encoded by ``_wire`` too. Anything else (another kind of request, a
+(``batchsend.BatchSender``; its segment batch composed from the buffers as one Arrow C
+struct, ``_wire.plain_struct``, with no pyarrow object made of them), and answered, when
+every row is stored, with the SendMessageResponse encoded by ``_wire`` too. Anything else (another kind of request, a
 refused message, a send the broker may not take now) is left to the general path,
 ``SendService.accept`` and ``send_response``, which answers each message with its own
 status: the same statuses, the same stored rows (tests/broker/test_plain_send.py).
@@ -20,6 +21,7 @@ every request takes the general path.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +29,7 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import SparkMQError
 from ..arrowcols import constant_column
+from ..log.built import Exported
 from ..log.status import PutMessageStatus
 from .protocol import OK, error_status, send_response
 
@@ -46,8 +49,6 @@ log = logging.getLogger("sparkmq.broker.send")
 # passed the general path's Python per message only there.)
 MIN_MESSAGES = 1
 _OK_STATUS = OK.SerializeToString()
-_BORN = pa.timestamp("ms", tz="UTC")
-_KEYS = pa.list_(pa.string())
 
 
 class PlainRequest:
@@ -86,60 +87,103 @@ def parsed(request) -> spb.SendMessageRequest:
     return request.parsed() if isinstance(request, PlainRequest) else request
 
 
-class PlainColumns:
-    """A plain request's rows as a send batch's columns (topic, body, unique_key,
-    born_timestamp, born_host; tags and keys where a row has them: an empty tag is
-    none, as the proxy reads it): ``columns`` (name -> array, no copy of the client's
-    bytes), ``n`` rows, their one ``topic``, and ``body_sizes`` (each body's bytes, from
-    the scanner's offsets)."""
+class PlainColumns(Mapping):
+    """A plain request's rows as a send batch's columns, name -> array: topic, body,
+    unique_key, born_timestamp, born_host; tags and keys where some row has them (an
+    empty tag is none, as the proxy reads it). ``n`` rows, their one ``topic``,
+    ``body_sizes`` (each body's bytes, from the scanner's offsets).
 
-    __slots__ = ("columns", "n", "topic", "body_sizes")
+    The columns are the scanner's buffers: :meth:`exported`, one Arrow C struct over
+    them, is what a send's segment batch is composed from; pyarrow arrays of them (no
+    copy) are made only where one is read (the segment batch built in pyarrow, or the
+    answer to a refusal)."""
 
-    def __init__(self, columns: dict, n: int, topic: str, body_sizes: np.ndarray):
-        self.columns, self.n, self.topic, self.body_sizes = columns, n, topic, body_sizes
+    __slots__ = ("scanned", "n", "topic", "body_sizes", "names", "_arrays")
+
+    def __init__(self, scanned: tuple):
+        self.scanned, self.n, self._arrays = scanned, scanned[1], None
+        self.topic = scanned[0].decode()
+        self.names = _NAMES[scanned[10] < self.n, scanned[14] < self.n]  # (tag, key nulls)
+        offsets = np.frombuffer(scanned[3], np.int32)
+        self.body_sizes = offsets[1:] - offsets[:-1]
+
+    def __getitem__(self, name: str) -> pa.Array:
+        if name not in self.names:
+            raise KeyError(name)
+        if self._arrays is None:
+            self._arrays = _arrays(self.scanned, self.names)
+        return self._arrays[name]
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __contains__(self, name) -> bool:
+        return name in self.names
+
+    def exported(self) -> Exported:
+        """The columns as a record batch exported to the Arrow C data interface
+        (``_wire.plain_struct``, holding the scanner's buffers; no pyarrow object)."""
+        return Exported(self.names, _SCHEMAS[self.names],
+                        _wire.plain_struct(self.scanned, "tags" in self.names,
+                                           "keys" in self.names))
 
     def batch(self) -> pa.RecordBatch:
-        """The columns as one record batch (no copy): what the send's segment batch is
-        composed from (``BatchSender.check_columns``' ``source``)."""
-        return pa.RecordBatch.from_arrays(list(self.columns.values()), names=list(self.columns))
+        """The columns as one pyarrow record batch (no copy)."""
+        return pa.RecordBatch.from_arrays([self[name] for name in self.names],
+                                          names=list(self.names))
+
+
+_BORN = pa.timestamp("ms", tz="UTC")
+_KEYS = pa.list_(pa.string())
+_FIELDS = {"topic": pa.string(), "body": pa.binary(), "unique_key": pa.string(),
+           "born_timestamp": _BORN, "born_host": pa.string(), "tags": pa.string(),
+           "keys": _KEYS}
+# the columns of a plain request, by (some row has a tag, some row has keys), and their
+# schema exported once each (``composed_rows`` reads it, never moves it)
+_NAMES = {(tags, keys): ("topic", "body", "unique_key", "born_timestamp", "born_host")
+          + ("tags",) * tags + ("keys",) * keys for tags in (False, True)
+          for keys in (False, True)}
+_SCHEMAS = {names: pa.schema([(name, _FIELDS[name]) for name in names]).__arrow_c_schema__()
+            for names in _NAMES.values()}
 
 
 def plain_columns(request) -> PlainColumns | None:
     """``request``'s columns if it is plain, else None. A parsed SendMessageRequest (a
     caller in process) is serialized for the scanner."""
     if isinstance(request, PlainRequest):
-        return columns_of(request.scanned)
+        return PlainColumns(request.scanned)
     if _wire is None or len(request.messages) < MIN_MESSAGES:
         return None
     scanned = _wire.scan_plain(request.SerializeToString())
-    return None if scanned is None else columns_of(scanned)
+    return None if scanned is None else PlainColumns(scanned)
 
 
-def columns_of(scanned: tuple) -> PlainColumns:
-    """``_wire.scan_plain``'s buffers as a send batch's columns (no copy)."""
+def _arrays(scanned: tuple, names: tuple) -> dict[str, pa.Array]:
+    """``_wire.scan_plain``'s buffers as pyarrow arrays (no copy): the columns ``names``."""
     (topic, n, bodies, body_offsets, ids, id_offsets, hosts, host_offsets, borns,
      tag_bits, tag_nulls, tag_offsets, tags, key_bits, key_nulls, key_lists, key_offsets,
      keys) = scanned
-    topic = topic.decode()
 
     def column(kind, offsets: bytes, data: bytes, rows: int = n, valid=None, nulls=0):
         return pa.Array.from_buffers(kind, rows, [pa.py_buffer(valid) if nulls else None,
                                                   pa.py_buffer(offsets), pa.py_buffer(data)],
                                      null_count=nulls)
-    cols = {"topic": constant_column(topic, pa.string(), n),
+    cols = {"topic": constant_column(topic.decode(), pa.string(), n),
             "body": column(pa.binary(), body_offsets, bodies),
             "unique_key": column(pa.string(), id_offsets, ids),
             "born_timestamp": pa.Array.from_buffers(_BORN, n, [None, pa.py_buffer(borns)]),
             "born_host": column(pa.string(), host_offsets, hosts)}
-    if tag_nulls < n:                      # (a column no row sets is left out)
+    if "tags" in names:
         cols["tags"] = column(pa.string(), tag_offsets, tags, valid=tag_bits, nulls=tag_nulls)
-    if key_nulls < n:
+    if "keys" in names:
         values = column(pa.string(), key_offsets, keys, rows=len(key_offsets) // 4 - 1)
         cols["keys"] = pa.Array.from_buffers(
             _KEYS, n, [pa.py_buffer(key_bits) if key_nulls else None, pa.py_buffer(key_lists)],
             null_count=key_nulls, children=[values])
-    offsets = np.frombuffer(body_offsets, np.int32)
-    return PlainColumns(cols, n, topic, offsets[1:] - offsets[:-1])
+    return cols
 
 
 def send_plain(broker, request, context) -> "bytes | spb.SendMessageResponse | None":
@@ -152,8 +196,8 @@ def send_plain(broker, request, context) -> "bytes | spb.SendMessageResponse | N
     topic = plain.topic
     core = broker.batch_sender
     try:
-        rows = core.check_columns(plain.columns, plain.n, [topic], body_sizes=plain.body_sizes,
-                                  source=plain.batch())
+        rows = core.check_columns(plain, plain.n, [topic], body_sizes=plain.body_sizes,
+                                  source=plain.exported())
     # a refusal before anything is stored: the general path answers each message
     # with its own status, as it would have without this path (and anything
     # unexpected here is logged, and left to the general path too)
@@ -174,9 +218,8 @@ def send_plain(broker, request, context) -> "bytes | spb.SendMessageResponse | N
         return send_response([error_status(e)] * n)
     finally:
         notifier.wake_after_reply(arrived, context)   # (as grpc_service._store_rows)
-    ids = plain.columns["unique_key"]
-    if stored.status is PutMessageStatus.PUT_OK:
-        return _wire.encode_ok(_OK_STATUS, ids.buffers()[2], ids.buffers()[1],
+    if stored.status is PutMessageStatus.PUT_OK:         # (the ids: the scanner's buffers)
+        return _wire.encode_ok(_OK_STATUS, plain.scanned[4], plain.scanned[5],
                                stored.queue_offsets.astype("int64").tobytes())
     return send_response([(stored.status, i, qo, None) for i, qo in
-                          zip(ids.to_pylist(), stored.queue_offsets.tolist())])
+                          zip(plain["unique_key"].to_pylist(), stored.queue_offsets.tolist())])

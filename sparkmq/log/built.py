@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import sys
 import threading
-from typing import Mapping, Sequence
+from typing import Iterable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -174,34 +174,49 @@ def build_rows(columns: Mapping[str, Sequence | pa.Array], n: int, *, store_host
                      given=frozenset(given), body_extent=body_extent)
 
 
-def composed_rows(source: pa.RecordBatch, columns: Mapping[str, pa.Array],
+class Exported(NamedTuple):
+    """A record batch exported to the Arrow C data interface, as ``composed_rows`` takes
+    it: its column ``names``, its ``schema`` ("arrow_schema" capsule, only read) and its
+    ``array`` ("arrow_array" capsule, moved out where composed). What a plain RocketMQ
+    request's columns are without a pyarrow object (``broker/plainsend.py``)."""
+    names: tuple
+    schema: object
+    array: object
+
+
+def composed_rows(source: "pa.RecordBatch | Exported", columns: Iterable[str],
                   n: int, *, store_host: str, now_ms: int, body_sizes: np.ndarray,
                   topic: str, queue: int,
                   body_extent: tuple[int, int, int] | None = None) -> BuiltRows | None:
-    """:func:`build_rows` of ``columns``, every row of topic ``topic`` and queue
-    ``queue``, composed in C (``sparkmq._compose``) instead of built in pyarrow: the
-    same rows, as the tests hold the two. ``columns`` are columns of the record batch
-    ``source``, each in its SEGMENT_SCHEMA type (the C code compares the types), and not
-    ``queue_id`` (every row's is ``queue``); the others are the schema's defaults. None
-    where they are not composed (the module not built, more than 1,024 rows, a born time
-    to fill, a column the C code refuses): then call :func:`build_rows`."""
+    """:func:`build_rows` of ``source``'s columns named ``columns``, every row of topic
+    ``topic`` and queue ``queue``, composed in C (``sparkmq._compose``) instead of built
+    in pyarrow: the same rows, as the tests hold the two. Each column is in its
+    SEGMENT_SCHEMA type (the C code compares the types), and none is ``queue_id`` (every
+    row's is ``queue``); the others are the schema's defaults. None where they are not
+    composed (the module not built, more than 1,024 rows, a born time to fill, a column
+    the C code refuses): then call :func:`build_rows`."""
     if _compose is None or _ipc is None or not 0 < n <= _TEMPLATE_ROWS:
         return None
-    born = columns.get("born_timestamp")
-    if born is not None and born.null_count:
-        return None                      # (fill_required's work: the builder's)
-    schema = source.schema
-    plan = _plan(tuple(schema.names), tuple(columns))
+    exported = type(source) is Exported
+    if exported:
+        names, schema = source.names, source.schema
+    else:
+        schema = source.schema
+        names, schema = tuple(schema.names), schema.__arrow_c_schema__()
+    plan = _plan(names, tuple(columns))
     if plan is None:
         return None
     slots, given = plan
     born_values = time_values(now_ms, n)
     times = bytearray(born_values)              # (the store's: stamped in place later)
     queues = queue.to_bytes(4, sys.byteorder, signed=True) * n
-    capsule, address = _ipc.array_capsule()
-    source._export_to_c(address)
-    composed = _compose.compose(_template(store_host), capsule, schema.__arrow_c_schema__(),
-                                _SCHEMA_CAPSULE, slots, (times, born_values, queues))
+    if exported:
+        capsule = source.array
+    else:
+        capsule, address = _ipc.array_capsule()
+        source._export_to_c(address)
+    composed = _compose.compose(_template(store_host), capsule, schema, _SCHEMA_CAPSULE,
+                                slots, (times, born_values, queues))
     if composed is None:
         return None
     return BuiltRows(None, body_sizes, times, topic=topic, queue=queue, given=given,

@@ -155,9 +155,16 @@ def _scanned_as_upb_reads(data: bytes) -> None:
     if got is None:
         return
     req = spb.SendMessageRequest.FromString(data)       # a tuple: the bytes decode
-    plain = plainsend.columns_of(got)
+    plain = plainsend.PlainColumns(got)
     batch, topic = plain.batch(), plain.topic
     batch.validate(full=True)
+    # the C struct a send composes from (no pyarrow object) is the same batch
+    exported = plain.exported()
+    assert exported.names == tuple(batch.schema.names)
+    struct = pa.RecordBatch._import_from_c_capsule(batch.schema.__arrow_c_schema__(),
+                                                   exported.array)
+    struct.validate(full=True)
+    assert struct.equals(batch)
     assert plain.body_sizes.tolist() == [len(b) for b in batch.column("body").to_pylist()]
     ms = list(req.messages)
     assert all(m.topic.name == topic for m in ms)
@@ -337,11 +344,16 @@ def test_a_plain_request_is_answered_by_the_c_path(broker, monkeypatch):
     store = core.store
     monkeypatch.setattr(core, "store", lambda rows, topics: (
         composed.append(rows.composed), store(rows, topics))[1])
+    arrays = plainsend._arrays
+    built: list = []
+    monkeypatch.setattr(plainsend, "_arrays", lambda *a: built.append(a) or arrays(*a))
     answer = plainsend.send_plain(broker, spb.SendMessageRequest(
         messages=[_pb(m, "PLAIN") for m in msgs]), GrpcContext())
     assert isinstance(answer, bytes)
-    # its segment batch composed in C (log/built.py) where that module is built
+    # its segment batch composed in C (log/built.py) where that module is built, from
+    # the scanner's buffers: no pyarrow array of the request's columns made
     assert composed == [_composed_here()]
+    assert len(built) == (0 if _composed_here() else 1)
     resp = spb.SendMessageResponse.FromString(answer)
     assert [(e.message_id, e.offset) for e in resp.entries] == [("0101A", 0), ("0202B", 1)]
     assert [r["body"] for r in broker.store.read_table("PLAIN", 0, 0).to_pylist()] == \

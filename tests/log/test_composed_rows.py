@@ -102,6 +102,19 @@ def test_a_born_time_with_nulls_is_left_to_the_builder():
     assert built.batch.column("born_timestamp").to_pylist()[0].timestamp() * 1000 == NOW
 
 
+@pytest.mark.parametrize("name, filled", [("reconsume_times", 0), ("message_type", 0),
+                                          ("store_host", None)])
+def test_a_column_with_nulls_where_the_schema_has_a_default_is_left_to_the_builder(
+        name, filled):
+    # the template holds a value in every row of these (the C code refuses the given
+    # column's nulls there): the builder fills those fill_required fills, as for any batch
+    values = {"reconsume_times": 3, "message_type": 1, "store_host": "h:1"}[name]
+    source = _source(2, {"topic": ["t", "t"], "body": [b"a", b"b"], name: [None, values]})
+    built, composed = _both(source)
+    assert composed is None
+    assert built.batch.column(name).to_pylist() == [filled, values]
+
+
 @pytest.mark.parametrize("source", [
     # a column in another type than the segment's (the C code compares the formats)
     pa.RecordBatch.from_pydict({"topic": ["t"], "body": pa.array(["x"], pa.string())}),
