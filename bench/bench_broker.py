@@ -31,6 +31,13 @@ and the end-to-end pattern with empty handlers (unary send wakes a long-polling
 server stream of 3 messages, then an empty unary ack).
 ``--repeat N`` runs everything N times and prints the range of each ratio.
 
+``--paired ROUNDS``: only the sync-send row, which one run's 300 sends move by +-30 %
+here: sparkmq's sync send (its RocketMQ gRPC path), the empty unary call on the floor's
+thread-pool server, and the same on a ``grpc.aio`` server (the broker's kind), in blocks
+of 200 calls taking turns, ROUNDS rounds, the order rotated each round. It prints each
+one's p50 and p99, the p50 over the floor's (the issue's target: 1.5), and each server
+process's CPU a call.
+
 Redis and NATS come from Debian packages (apt-get install if missing); redis/hiredis/
 nats-py from PyPI into the running interpreter's environment if missing. A peer that
 cannot be installed is reported and skipped. Run: ``.venv/bin/python bench/bench_broker.py --quick``.
@@ -420,6 +427,65 @@ server.wait_for_termination()
 """
 
 
+AIO_FLOOR_SERVER = """
+import asyncio, sys
+import grpc
+async def main():
+    server = grpc.aio.server()
+    async def empty(request, context):
+        return b""
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("floor.Floor", {
+        "Empty": grpc.unary_unary_rpc_method_handler(empty)}),))
+    server.add_insecure_port("127.0.0.1:" + sys.argv[1])
+    await server.start()
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
+PAIRED_BLOCK = 200
+
+
+def paired_sync(tmp: str, rounds: int) -> None:
+    """``--paired``: see the module docstring."""
+    import grpc
+    from sparkmq.client import Message, Producer
+    calls, pids = {}, {}
+    with contextlib.ExitStack() as stack:
+        for name, code in (("empty unary, thread pool", FLOOR_SERVER),
+                           ("empty unary, grpc.aio", AIO_FLOOR_SERVER)):
+            port = free_port()
+            server = stack.enter_context(process([sys.executable, "-c", code, str(port)], port))
+            ch = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{port}"))
+            call = ch.unary_unary("/floor.Floor/Empty", request_serializer=bytes,
+                                  response_deserializer=bytes)
+            calls[name], pids[name] = (lambda c: lambda: c(b""))(call), server.pid
+        conf, port, _ = broker_conf(tmp, flushIntervalCommitLog=500, defaultTopicQueueNums=4)
+        broker = stack.enter_context(
+            process([sys.executable, "-m", "sparkmq.broker", "-c", conf], port))
+        p = Producer(f"127.0.0.1:{port}", request_timeout_s=30)
+        stack.callback(p.shutdown)
+        calls["sparkmq sync send"] = lambda: p.send(Message("lat", BODY))
+        pids["sparkmq sync send"] = broker.pid
+        for fn in calls.values():
+            warm_up(fn, fn)
+        names = list(calls)
+        lat: dict[str, list] = {k: [] for k in names}
+        cpu = dict.fromkeys(names, 0.0)
+        for r in track(range(rounds), "paired rounds"):
+            for k in names[r % len(names):] + names[:r % len(names)]:
+                fn, t0 = calls[k], cpu_s(pids[k])
+                for _ in range(PAIRED_BLOCK):
+                    t = time.perf_counter()
+                    fn()
+                    lat[k].append(time.perf_counter() - t)
+                cpu[k] += cpu_s(pids[k]) - t0
+    floor = pct(lat[names[0]], 0.5)
+    print(f"# sync send, paired: {rounds} rounds of {PAIRED_BLOCK} calls each; 1 KiB")
+    print(f"{'':<28}{'p50 (ms)':>10}{'p99 (ms)':>10}{'p50 / floor':>13}{'server CPU (us)':>17}")
+    for k in names:
+        print(f"{k:<28}{pct(lat[k], 0.5):>10.3f}{pct(lat[k], 0.99):>10.3f}"
+              f"{pct(lat[k], 0.5) / floor:>13.2f}{cpu[k] / len(lat[k]) * 1e6:>17.0f}")
+
+
 def bench_grpc_floor(tmp: str, n: int, batch: int, m: int) -> dict:
     """Python gRPC with no work behind it, in a server process like the broker's: the
     least any Python gRPC broker can take. ``lat``: empty unary calls; ``e2e``: a
@@ -638,8 +704,14 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=1, help="run everything N times")
     ap.add_argument("--floor", action="store_true",
                     help="only the gRPC send floor under several gRPC settings, against Redis")
+    ap.add_argument("--paired", type=int, metavar="ROUNDS",
+                    help="only the sync-send row, paired with the empty unary call")
     args = ap.parse_args(argv)
     n, m = (20_000, 300) if args.quick else (100_000, 2_000)
+    if args.paired:
+        with tempfile.TemporaryDirectory(prefix="bench-paired-") as tmp:
+            paired_sync(tmp, args.paired)
+        return 0
     if args.floor:
         with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
             floor_variants(tmp, n, args.batch, args.repeat)
