@@ -197,12 +197,10 @@ def composed_rows(source: "pa.RecordBatch | Exported", columns: Iterable[str],
     the C code refuses): then call :func:`build_rows`."""
     if _compose is None or _ipc is None or not 0 < n <= _TEMPLATE_ROWS:
         return None
-    exported = type(source) is Exported
-    if exported:
-        names, schema = source.names, source.schema
-    else:
-        schema = source.schema
-        names, schema = tuple(schema.names), schema.__arrow_c_schema__()
+    if type(source) is Exported:
+        names, schema, capsule = source
+    else:                                        # (exported below, if it is planned)
+        names, schema, capsule = tuple(source.schema.names), None, None
     plan = _plan(names, tuple(columns))
     if plan is None:
         return None
@@ -210,9 +208,8 @@ def composed_rows(source: "pa.RecordBatch | Exported", columns: Iterable[str],
     born_values = time_values(now_ms, n)
     times = bytearray(born_values)              # (the store's: stamped in place later)
     queues = queue.to_bytes(4, sys.byteorder, signed=True) * n
-    if exported:
-        capsule = source.array
-    else:
+    if capsule is None:
+        schema = source.schema.__arrow_c_schema__()
         capsule, address = _ipc.array_capsule()
         source._export_to_c(address)
     composed = _compose.compose(_template(store_host), capsule, schema, _SCHEMA_CAPSULE,
