@@ -10,10 +10,11 @@ declines whatever it does not know (upb then parses those bytes as for any reque
 is held to the rules and stored by the one core a Flight batch goes through
 (``batchsend.BatchSender``; its segment batch composed from the buffers as one Arrow C
 struct, ``_wire.plain_struct``, with no pyarrow object made of them), and answered, when
-every row is stored, with the SendMessageResponse encoded by ``_wire`` too. Anything else (another kind of request, a
-refused message, a send the broker may not take now) is left to the general path,
-``SendService.accept`` and ``send_response``, which answers each message with its own
-status: the same statuses, the same stored rows (tests/broker/test_plain_send.py).
+every row is stored, with the SendMessageResponse encoded by ``_wire`` too. Anything
+else (another kind of request, a refused message, a send the broker may not take now)
+is left to the general path, ``SendService.accept`` and ``send_response``, which answers
+each message with its own status: the same statuses, the same stored rows
+(tests/broker/test_plain_send.py).
 
 Where ``sparkmq._wire`` was not built (no C compiler where sparkmq was installed),
 every request takes the general path.
