@@ -1,5 +1,6 @@
 """The compiled parts of sparkmq (everything else is in pyproject.toml): ``sparkmq._wire``,
-the plain RocketMQ SendMessage request read into column buffers (sparkmq/_wire.c),
+the plain RocketMQ SendMessage request read into column buffers and laid out as one Arrow C
+struct (sparkmq/_wire.c),
 ``sparkmq._ipc``, a record batch's Arrow IPC message written in one call, a send's ack
 ids laid out in one, and an ack of the broker's ids written whole in one (sparkmq/_ipc.c),
 ``sparkmq._screen``, the input-limit screen of a batch in one call, and a send's bodies
@@ -13,6 +14,7 @@ from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra"]
 setup(ext_modules=[Extension("sparkmq._wire", ["sparkmq/_wire.c"], optional=True,
+                             depends=["sparkmq/_arrow_c.h", "sparkmq/_capsule.h"],
                              extra_compile_args=FLAGS),
                    Extension("sparkmq._ipc", ["sparkmq/_ipc.c"], optional=True,
                              depends=["sparkmq/_arrow_c.h", "sparkmq/_capsule.h"],

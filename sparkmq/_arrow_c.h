@@ -1,6 +1,7 @@
 /* The Arrow C data interface's two structs (arrow.apache.org/docs/format/CDataInterface.html),
  * as pyarrow exports a record batch through RecordBatch.__arrow_c_array__(): capsules named
- * "arrow_schema" and "arrow_array". Shared by sparkmq/_ipc.c and sparkmq/_screen.c. */
+ * "arrow_schema" and "arrow_array". Shared by sparkmq/_ipc.c, _screen.c, _compose.c and
+ * _wire.c. */
 #ifndef SPARKMQ_ARROW_C_H
 #define SPARKMQ_ARROW_C_H
 #include <stdint.h>

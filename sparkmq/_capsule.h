@@ -1,7 +1,7 @@
 /* The destructor of an "arrow_array" capsule holding a PyMem-allocated ArrowArray struct:
  * it releases what the struct still holds (nothing if a consumer moved it out: its
- * release is then NULL) and frees the struct. Shared by sparkmq/_ipc.c and
- * sparkmq/_compose.c; include after Python.h and _arrow_c.h. */
+ * release is then NULL) and frees the struct. Shared by sparkmq/_ipc.c,
+ * sparkmq/_compose.c and sparkmq/_wire.c; include after Python.h and _arrow_c.h. */
 #ifndef SPARKMQ_CAPSULE_H
 #define SPARKMQ_CAPSULE_H
 

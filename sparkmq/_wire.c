@@ -509,8 +509,6 @@ done:
     return result;
 }
 
-static const void *NO_PARENT_BUFFERS[1] = {NULL};
-
 static size_t varint_size(uint64_t v)
 {
     size_t n = 1;
@@ -661,6 +659,8 @@ done:
 
 /* plain_struct: the scan's buffers as one Arrow C struct, pointing into them (held). */
 #define PLAIN_COLUMNS 7
+
+static const void *NO_PARENT_BUFFERS[1] = {NULL};
 
 typedef struct {
     PyObject *scanned;                          /* the scan's tuple, held */
