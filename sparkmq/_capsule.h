@@ -1,7 +1,9 @@
-/* The destructor of an "arrow_array" capsule holding a PyMem-allocated ArrowArray struct:
- * it releases what the struct still holds (nothing if a consumer moved it out: its
- * release is then NULL) and frees the struct. Shared by sparkmq/_ipc.c,
- * sparkmq/_compose.c and sparkmq/_wire.c; include after Python.h and _arrow_c.h. */
+/* What the modules that make Arrow C structs share (sparkmq/_ipc.c, sparkmq/_compose.c and
+ * sparkmq/_wire.c; include after Python.h and _arrow_c.h): the destructor of an
+ * "arrow_array" capsule holding a PyMem-allocated ArrowArray struct, which releases what
+ * the struct still holds (nothing if a consumer moved it out: its release is then NULL)
+ * and frees the struct; and the release callbacks of a struct's children and of what a
+ * struct held. */
 #ifndef SPARKMQ_CAPSULE_H
 #define SPARKMQ_CAPSULE_H
 
@@ -15,6 +17,28 @@ static void free_array_capsule(PyObject *capsule)
     if (a->release)
         a->release(a);
     PyMem_Free(a);
+}
+
+/* A child of a struct is released with its parent (the C data interface: a consumer
+   releases the base struct only); this marks a moved child released. */
+static inline void release_child(struct ArrowArray *a)
+{
+    a->release = NULL;
+}
+
+/* Let go of the buffers and the object a struct held, then of its memory: under the GIL,
+   which pyarrow may not hold where it releases the struct (a Flight thread). At exit the
+   objects go with the interpreter. */
+static inline void release_held(Py_buffer *views, int n, PyObject *obj, void *mem)
+{
+    if (Py_IsInitialized()) {
+        PyGILState_STATE gil = PyGILState_Ensure();
+        for (int i = 0; i < n; i++)
+            PyBuffer_Release(&views[i]);
+        Py_XDECREF(obj);
+        PyGILState_Release(gil);
+    }
+    PyMem_RawFree(mem);
 }
 
 #endif

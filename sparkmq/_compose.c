@@ -80,28 +80,6 @@ typedef struct {
 
 static const void *NO_BUFFERS[1] = {NULL};
 
-static void release_child(struct ArrowArray *a)
-{
-    /* a child of a composed batch is released with its parent (the C data interface: a
-       consumer releases the base struct only); this marks a moved child released */
-    a->release = NULL;
-}
-
-/* Let go of the buffers and the object a composed batch or a view held, then of its
-   memory: under the GIL, which pyarrow may not hold where it releases the struct (a
-   Flight thread). At exit the objects go with the interpreter. */
-static void release_held(Py_buffer *views, int n, PyObject *obj, void *mem)
-{
-    if (Py_IsInitialized()) {
-        PyGILState_STATE gil = PyGILState_Ensure();
-        for (int i = 0; i < n; i++)
-            PyBuffer_Release(&views[i]);
-        Py_XDECREF(obj);
-        PyGILState_Release(gil);
-    }
-    PyMem_RawFree(mem);
-}
-
 static void free_shared(Shared *sh)
 {
     if (sh->given.release)

@@ -670,23 +670,11 @@ typedef struct {
     char topic[];                               /* the topic column: offsets, then data */
 } PlainBatch;
 
-static void release_plain_child(struct ArrowArray *a)
-{
-    a->release = NULL;          /* (released with the parent: the C data interface) */
-}
-
-/* Let go of the tuple under the GIL, which pyarrow may not hold where it releases the
-   struct (a Flight thread); at exit it goes with the interpreter. */
 static void release_plain(struct ArrowArray *a)
 {
     PlainBatch *b = a->private_data;
     a->release = NULL;
-    if (Py_IsInitialized()) {
-        PyGILState_STATE gil = PyGILState_Ensure();
-        Py_DECREF(b->scanned);
-        PyGILState_Release(gil);
-    }
-    PyMem_RawFree(b);
+    release_held(NULL, 0, b->scanned, b);
 }
 
 /* cols[k] as a column of n values over buffers (validity or NULL, then one or two) */
@@ -699,7 +687,7 @@ static struct ArrowArray *plain_column(PlainBatch *b, int k, int64_t n, int64_t 
     b->buffers[k][2] = b2;
     b->cols[k] = (struct ArrowArray){.length = n, .null_count = nulls,
                                      .n_buffers = n_buffers, .buffers = b->buffers[k],
-                                     .release = release_plain_child};
+                                     .release = release_child};
     return b->children[k] = &b->cols[k];
 }
 
@@ -764,7 +752,7 @@ static PyObject *plain_struct(PyObject *self, PyObject *args)
         b->key_value_buffers[2] = PyBytes_AS_STRING(keys);
         b->key_values = (struct ArrowArray){.length = key_values, .n_buffers = 3,
                                             .buffers = b->key_value_buffers,
-                                            .release = release_plain_child};
+                                            .release = release_child};
         b->key_children[0] = &b->key_values;
         list->n_children = 1;
         list->children = b->key_children;
