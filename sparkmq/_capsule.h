@@ -2,8 +2,8 @@
  * sparkmq/_wire.c; include after Python.h and _arrow_c.h): the destructor of an
  * "arrow_array" capsule holding a PyMem-allocated ArrowArray struct, which releases what
  * the struct still holds (nothing if a consumer moved it out: its release is then NULL)
- * and frees the struct; and the release callbacks of a struct's children and of what a
- * struct held. */
+ * and frees the struct; a struct batch made in such a capsule; and the release callbacks
+ * of a struct's children and of what a struct held. */
 #ifndef SPARKMQ_CAPSULE_H
 #define SPARKMQ_CAPSULE_H
 
@@ -17,6 +17,34 @@ static void free_array_capsule(PyObject *capsule)
     if (a->release)
         a->release(a);
     PyMem_Free(a);
+}
+
+/* A struct batch of n rows over children, released by release with private: in a new
+   "arrow_array" capsule (NULL with an exception set; *out the struct). */
+static inline PyObject *struct_capsule(int64_t n, int64_t n_children,
+                                       struct ArrowArray **children,
+                                       void (*release)(struct ArrowArray *), void *private,
+                                       struct ArrowArray **out)
+{
+    static const void *no_buffers[1] = {NULL};     /* a struct array has no buffer of its own */
+    struct ArrowArray *a = PyMem_Calloc(1, sizeof(struct ArrowArray));
+    PyObject *capsule;
+    if (!a)
+        return PyErr_NoMemory();
+    a->length = n;
+    a->n_buffers = 1;
+    a->buffers = no_buffers;
+    a->n_children = n_children;
+    a->children = children;
+    a->release = release;
+    a->private_data = private;
+    capsule = PyCapsule_New(a, "arrow_array", free_array_capsule);
+    if (!capsule) {
+        PyMem_Free(a);
+        return NULL;
+    }
+    *out = a;
+    return capsule;
 }
 
 /* A child of a struct is released with its parent (the C data interface: a consumer

@@ -78,8 +78,6 @@ typedef struct {
     struct ArrowArray *children[MAX_COLUMNS];
 } Shared;
 
-static const void *NO_BUFFERS[1] = {NULL};
-
 static void free_shared(Shared *sh)
 {
     if (sh->given.release)
@@ -114,32 +112,6 @@ static int value_width(const char *f)
         return 4;
     return (f[0] == 'l' && !f[1]) || (f[0] == 't' && f[1] == 's' && f[2] && f[3] == ':')
         ? 8 : 0;
-}
-
-/* a struct batch of n rows over children, released by release with private: in a new
-   "arrow_array" capsule (NULL with an exception set; *out the struct) */
-static PyObject *struct_capsule(int64_t n, int64_t n_children, struct ArrowArray **children,
-                                void (*release)(struct ArrowArray *), void *private,
-                                struct ArrowArray **out)
-{
-    struct ArrowArray *a = PyMem_Calloc(1, sizeof(struct ArrowArray));
-    PyObject *capsule;
-    if (!a)
-        return PyErr_NoMemory();
-    a->length = n;
-    a->n_buffers = 1;
-    a->buffers = NO_BUFFERS;
-    a->n_children = n_children;
-    a->children = children;
-    a->release = release;
-    a->private_data = private;
-    capsule = PyCapsule_New(a, "arrow_array", free_array_capsule);
-    if (!capsule) {
-        PyMem_Free(a);
-        return NULL;
-    }
-    *out = a;
-    return capsule;
 }
 
 /* A capsule holding a new parent struct over sh (one of sh's references). */
@@ -316,7 +288,7 @@ static PyObject *view(PyObject *self, PyObject *args)
 {
     PyObject *kept, *slots, *values, *capsule;
     long long first, k;
-    struct ArrowArray *src, *a;
+    struct ArrowArray *src, *a = NULL;
     Py_ssize_t n_slots, n_values;
     View *v;
     (void)self;

@@ -660,8 +660,6 @@ done:
 /* plain_struct: the scan's buffers as one Arrow C struct, pointing into them (held). */
 #define PLAIN_COLUMNS 7
 
-static const void *NO_PARENT_BUFFERS[1] = {NULL};
-
 typedef struct {
     PyObject *scanned;                          /* the scan's tuple, held */
     struct ArrowArray cols[PLAIN_COLUMNS], key_values;
@@ -757,17 +755,9 @@ static PyObject *plain_struct(PyObject *self, PyObject *args)
         list->n_children = 1;
         list->children = b->key_children;
     }
-    struct ArrowArray *a = PyMem_Calloc(1, sizeof(struct ArrowArray));
-    if (!a) {
-        PyMem_RawFree(b);
-        return PyErr_NoMemory();
-    }
-    *a = (struct ArrowArray){.length = n, .n_buffers = 1, .buffers = NO_PARENT_BUFFERS,
-                             .n_children = k, .children = b->children,
-                             .release = release_plain, .private_data = b};
-    PyObject *capsule = PyCapsule_New(a, "arrow_array", free_array_capsule);
+    struct ArrowArray *a;
+    PyObject *capsule = struct_capsule(n, k, b->children, release_plain, b, &a);
     if (!capsule) {
-        PyMem_Free(a);
         PyMem_RawFree(b);
         return NULL;
     }
