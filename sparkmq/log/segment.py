@@ -50,6 +50,12 @@ _CHECKSUM_METADATA = pa.KeyValueMetadata(checksum.CUSTOM_METADATA)   # (a dict: 
 
 
 def serialize_batch(batch, c_array: tuple | None = None) -> pa.Buffer:
+    """:func:`message_bytes` as a pyarrow Buffer."""
+    data = message_bytes(batch, c_array)
+    return data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+
+
+def message_bytes(batch, c_array: tuple | None = None) -> "bytes | pa.Buffer":
     """The encapsulated IPC message of ``batch`` (the bytes appended to a segment), with its
     CRC32C checksum in the message's custom metadata (:mod:`sparkmq.log.checksum`).
 
@@ -57,12 +63,13 @@ def serialize_batch(batch, c_array: tuple | None = None) -> pa.Buffer:
     instead of ~10 pyarrow and Python steps) where that module was built and lays the batch
     out; else by pyarrow's stream writer. ``batch``: a record batch or BuiltRows
     (``log/built.py``); ``c_array``: its ``__arrow_c_array__()`` if the caller exported it
-    already."""
+    already. Bytes where the C call wrote them (a Buffer of them would cost a pyarrow
+    object an append, which needs only their length and their buffer), else a Buffer."""
     if _ipc is not None:
         out = _ipc.record_batch_message(*(c_array or batch.__arrow_c_array__()),
                                         *checksum.SEAL_ARGS)
         if out is not None:
-            return pa.py_buffer(out)
+            return out
     batch = fmt.record_batch(batch)
     sink = pa.BufferOutputStream()
     # explicit options: new_stream without them reads two environment variables a call
