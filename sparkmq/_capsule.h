@@ -1,5 +1,6 @@
-/* What the modules that make Arrow C structs share (sparkmq/_ipc.c, sparkmq/_compose.c and
- * sparkmq/_wire.c; include after Python.h and _arrow_c.h): the destructor of an
+/* What the modules that read and make Arrow C structs share (sparkmq/_ipc.c, _compose.c,
+ * _wire.c and _screen.c; include after Python.h and _arrow_c.h): a record batch's two
+ * structs out of the capsules it was exported to; the destructor of an
  * "arrow_array" capsule holding a PyMem-allocated ArrowArray struct, which releases what
  * the struct still holds (nothing if a consumer moved it out: its release is then NULL)
  * and frees the struct; a struct batch made in such a capsule; and the release callbacks
@@ -7,7 +8,22 @@
 #ifndef SPARKMQ_CAPSULE_H
 #define SPARKMQ_CAPSULE_H
 
-static void free_array_capsule(PyObject *capsule)
+/* The structs of a record batch exported to schema_capsule ("arrow_schema") and
+ * array_capsule ("arrow_array"), as RecordBatch.__arrow_c_array__() exports one: 1 with
+ * *s and *a set where they are a struct of as many columns at offset 0 with no null row;
+ * 0 where they are not; -1 with an exception set where a capsule is not of its kind. */
+static inline int exported_batch(PyObject *schema_capsule, PyObject *array_capsule,
+                                 struct ArrowSchema **s, struct ArrowArray **a)
+{
+    if (!(*s = PyCapsule_GetPointer(schema_capsule, "arrow_schema"))
+            || !(*a = PyCapsule_GetPointer(array_capsule, "arrow_array")))
+        return -1;
+    return (*s)->format && strcmp((*s)->format, "+s") == 0
+        && (*a)->n_children == (*s)->n_children && (*a)->offset == 0
+        && (*a)->null_count <= 0 && (*a)->length >= 0;
+}
+
+static inline void free_array_capsule(PyObject *capsule)
 {
     struct ArrowArray *a = PyCapsule_GetPointer(capsule, "arrow_array");
     if (!a) {

@@ -321,14 +321,12 @@ static PyObject *record_batch_message(PyObject *self, PyObject *args)
         return NULL;
     if (!key || !value)
         klen = -1, vlen = 0;
-    struct ArrowSchema *s = PyCapsule_GetPointer(schema_capsule, "arrow_schema");
-    if (!s)
+    struct ArrowSchema *s;
+    struct ArrowArray *a;
+    int batch = exported_batch(schema_capsule, array_capsule, &s, &a);
+    if (batch < 0)
         return NULL;
-    struct ArrowArray *a = PyCapsule_GetPointer(array_capsule, "arrow_array");
-    if (!a)
-        return NULL;
-    if (!s->format || strcmp(s->format, "+s") != 0 || a->n_children != s->n_children
-            || a->offset != 0 || a->null_count > 0)
+    if (!batch)
         Py_RETURN_NONE;                          /* not a record batch as exported */
     L = PyMem_Malloc(sizeof(Layout));
     if (!L)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,12 @@ from .protocol import Code
 from .replicawait import HELD
 from .sendlimits import first_body_refusal
 from .sendmerge import SendMerger
+
+try:
+    from .. import _ipc                      # sparkmq/_ipc.c (array_capsule)
+    from .. import _screen as _c_screen      # sparkmq/_screen.c (send_shape)
+except ImportError:     # not built here (no C compiler): every send batch is read in pyarrow
+    _c_screen = None
 
 SEND_COLUMNS = {"topic", "body", "tags", "keys", "properties", "message_group", "unique_key",
                 "born_timestamp", "born_host", "queue_id"}
@@ -74,6 +80,94 @@ def _one_queue(own: pa.Array) -> int | None:
     data = bytes(memoryview(own.buffers()[1])[4 * own.offset:4 * (own.offset + n)])
     return int.from_bytes(data[:4], sys.byteorder, signed=True) \
         if data == data[:4] * n else None
+
+
+# the Arrow C format of each send column that is not nested (``send_shape`` reads these)
+_FORMATS = {pa.string(): b"u", pa.binary(): b"z", pa.int32(): b"i",
+            pa.timestamp("ms", tz="UTC"): b"tsm:UTC"}
+_FLAT_FORMATS = {name: _FORMATS[t] for name, t in _SEND_TYPES.items() if t in _FORMATS}
+
+
+class Shape(NamedTuple):
+    """A send batch as ``send_shape`` read it: its column ``names``, ``n`` rows, the
+    columns some row sets (``given``: topic and body always), its one ``topic``, each
+    row's body bytes (``body_sizes``) and their (least, greatest, total), and the batch
+    exported to the C data interface (``exported``: what its segment batch is composed
+    from)."""
+    batch: pa.RecordBatch
+    names: tuple
+    n: int
+    given: tuple
+    topic: str
+    body_sizes: np.ndarray
+    body_extent: tuple
+    exported: Exported
+
+
+def send_shape(batch: pa.RecordBatch) -> Shape | None:
+    """The usual send batch (valid Arrow in full; each column a send column in its type,
+    not nested, named once; one topic; every body present; no empty tag or message
+    group) read in one C call (``sparkmq._screen.send_shape``) over one export of it:
+    what ``check_valid_arrow`` less Arrow's own validation, :func:`typed`, the topics'
+    distinct values, the null counts and the bodies' sizes each took a pyarrow call
+    for. None for any other batch (or the modules not built): then it is checked and
+    read in pyarrow, the same rules, whose refusals name what is wrong."""
+    if _c_screen is None:
+        return None
+    try:
+        batch.validate(full=True)            # before C reads a value
+    except pa.ArrowInvalid:
+        return None
+    schema = _schema_capsule(batch.schema)
+    array, address = _ipc.array_capsule()
+    batch._export_to_c(address)
+    got = _c_screen.send_shape(schema, array, _FLAT_FORMATS)
+    if got is None:
+        return None
+    names, nulls, topic, body, empty = got
+    if topic is None or body is None or empty or len(set(names)) < len(names):
+        return None
+    n = batch.num_rows
+    given = tuple(name for name, c in zip(names, nulls)
+                  if c < n or name in ("topic", "body"))
+    return Shape(batch, names, n, given, topic, np.frombuffer(body[0], np.int32), body[1:],
+                 Exported(names, schema, array))
+
+
+_LAST_SCHEMA: tuple = (pa.schema([]), pa.schema([]).__arrow_c_schema__())
+
+
+def _schema_capsule(schema: pa.Schema):
+    """``schema`` exported ("arrow_schema" capsule, only read): the last one exported
+    again where it is the same (a DoPut stream's batches share their stream's schema:
+    its export, ~a third of a batch's, is made once a stream)."""
+    global _LAST_SCHEMA
+    last = _LAST_SCHEMA
+    if not schema.equals(last[0], check_metadata=True):
+        last = _LAST_SCHEMA = (schema, schema.__arrow_c_schema__())
+    return last[1]
+
+
+class _ShapeColumns(Mapping):
+    """A ``Shape``'s given columns, name -> array; each made when first read."""
+    __slots__ = ("_shape",)
+
+    def __init__(self, shape: Shape):
+        self._shape = shape
+
+    def __getitem__(self, name: str) -> pa.Array:
+        if name not in self._shape.given:
+            raise KeyError(name)
+        return self._shape.batch.column(self._shape.names.index(name))
+
+    def __iter__(self):
+        return iter(self._shape.given)
+
+    def __len__(self) -> int:
+        return len(self._shape.given)
+
+    def __contains__(self, name) -> bool:
+        return name in self._shape.given
 
 
 @functools.lru_cache(maxsize=64)
@@ -127,12 +221,20 @@ class BatchSender:
                                    if name in ("topic", "body") or col.null_count < n},
                                   n, topics, source=batch)
 
+    def check_shape(self, shape: Shape) -> BuiltRows:
+        """``check`` of a batch ``send_shape`` read (typed already; its one topic)."""
+        return self.check_columns(_ShapeColumns(shape), shape.n, [shape.topic],
+                                  body_sizes=shape.body_sizes, body_extent=shape.body_extent,
+                                  source=shape.exported)
+
     def check_columns(self, cols: Mapping[str, pa.Array], n: int, topics: list[str], *,
                       body_sizes: np.ndarray | None = None,
+                      body_extent: tuple[int, int, int] | None = None,
                       source: "pa.RecordBatch | Exported | None" = None) -> BuiltRows:
         """``check`` of a send batch given as its columns (name -> array of ``n`` rows;
         topic, body and those some row sets), ``body_sizes`` each body's bytes if the
-        caller measured them: a plain RocketMQ request's columns, read from the client's
+        caller measured them (``body_extent``: their least, greatest and sum, if it has
+        them): a plain RocketMQ request's columns, read from the client's
         bytes, are checked without being put in a batch (``PlainColumns``: arrays only
         where the rows are built in pyarrow). ``source``: the record batch the columns
         are (``typed``), or it exported, whose segment batch may then be composed in C
@@ -146,7 +248,7 @@ class BatchSender:
                     groups = groups.filter(pc.equal(cols["topic"], t))
                 _check_types(groups, expected)
         sender.check_append()
-        rows = self._segment_batch(cols, n, topics, body_sizes, source)
+        rows = self._segment_batch(cols, n, topics, body_sizes, source, body_extent)
         self._check_limits(rows)
         return rows
 
@@ -216,20 +318,20 @@ class BatchSender:
 
     def _segment_batch(self, given: Mapping[str, pa.Array], n: int, topics: list[str],
                        body_sizes: np.ndarray | None,
-                       source: "pa.RecordBatch | Exported | None" = None) -> BuiltRows:
+                       source: "pa.RecordBatch | Exported | None" = None,
+                       extent: tuple[int, int, int] | None = None) -> BuiltRows:
         """The columns ``given`` in SEGMENT_SCHEMA, built by the log's one builder (the
         store's no-cast path; queue ids a producer left out placed by ``_placed`` or
         ``request_queue``), or composed in C where one topic and one queue take every
         row (``composed_rows``): columns not given are the schema's defaults, and a row
         with a message group is FIFO, as the RocketMQ path stores it. (valid Arrow,
         checked by the callers before ``check``; its bodies measured here unless
-        ``body_sizes`` gives them; ``given`` is not changed.)"""
-        cols, own = given, given.get("queue_id")
-        if own is not None or "message_group" in given:
+        ``body_sizes`` gives them, and ``extent`` their least, greatest and sum; ``given``
+        is not changed.)"""
+        cols, own = given, given.get("queue_id")      # (a producer's queue ids: ``one``)
+        if "message_group" in given:
             cols = {name: col for name, col in given.items() if name != "queue_id"}
-            if "message_group" in cols:
-                cols["message_type"] = group_message_types(cols["message_group"])
-        extent = None
+            cols["message_type"] = group_message_types(cols["message_group"])
         if body_sizes is None:
             body_sizes, extent = measured_bodies(cols["body"])
         one = None
@@ -240,7 +342,8 @@ class BatchSender:
                 else _one_queue(own)
         if one is not None:
             if source is not None:                              # composed in C
-                rows = composed_rows(source, cols, n, body_sizes=body_sizes, topic=topics[0],
+                rows = composed_rows(source, [name for name in cols if name != "queue_id"],
+                                     n, body_sizes=body_sizes, topic=topics[0],
                                      queue=one, store_host=self.broker.store.config.store_host,
                                      now_ms=self.broker.clock_ms(), body_extent=extent)
                 if rows is not None:

@@ -73,7 +73,7 @@ from ..log.status import PutMessageStatus
 from ..properties import whole
 from ..tagexpr import tag_set
 from .authz import offset_update_resources, peer_ip, read_resources, send_resources
-from .batchsend import SEND_COLUMNS, typed
+from .batchsend import SEND_COLUMNS, send_shape, typed
 from .protocol import INTERNAL_PROPERTY_KEYS, Code, stored_status
 
 try:
@@ -127,6 +127,27 @@ def _broker_ids_ack(schema_message: pa.Buffer, queue_ids: np.ndarray,
             return pa.py_buffer(data)
     return _ack_stream(schema_message, qids, qos,
                        batch_message_ids(tag, batch_offset, len(qids), first))
+
+
+def _typed_send(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list]:
+    """A send batch that ``send_shape`` did not read (a column to cast, an empty tag or
+    message group, more than one topic, a null topic or body): its columns checked by
+    name, cast to their types and empty text made null; and its topics."""
+    order = batch.schema.names
+    names = set(order)
+    unknown = names - SEND_COLUMNS
+    if unknown & {"delivery_timestamp", "transaction_id"}:
+        raise UserError("delay and transaction messages go through the RocketMQ gRPC "
+                        "path (delivery time, recall, check-back); send them there")
+    if unknown or not {"topic", "body"} <= names:
+        raise UserError(f"a Flight send batch has columns topic, body (required) and "
+                        f"{', '.join(sorted(SEND_COLUMNS - {'topic', 'body'}))}; got "
+                        f"{batch.schema.names}")
+    batch = _empty_as_none(typed(batch), order)
+    topics = distinct_strings(batch.column(order.index("topic")))
+    if None in topics:
+        raise UserError("every row needs a topic")
+    return batch, topics
 
 
 def _empty_as_none(batch: pa.RecordBatch, names: list[str]) -> pa.RecordBatch:
@@ -268,24 +289,17 @@ class FlightService(fl.FlightServerBase):
                 return
 
     def _send(self, context, batch: pa.RecordBatch) -> pa.Buffer:
-        check_valid_arrow(batch, "the Flight send batch")    # before anything reads it
-        order = batch.schema.names
-        names = set(order)
-        unknown = names - SEND_COLUMNS
-        if unknown & {"delivery_timestamp", "transaction_id"}:
-            raise UserError("delay and transaction messages go through the RocketMQ gRPC "
-                            "path (delivery time, recall, check-back); send them there")
-        if unknown or not {"topic", "body"} <= names:
-            raise UserError(f"a Flight send batch has columns topic, body (required) and "
-                            f"{', '.join(sorted(SEND_COLUMNS - {'topic', 'body'}))}; got "
-                            f"{batch.schema.names}")
-        batch = _empty_as_none(typed(batch), order)
-        topics = distinct_strings(batch.column(order.index("topic")))
-        if None in topics:
-            raise UserError("every row needs a topic")
+        shape = send_shape(batch)           # the usual batch: one C call says what it holds
+        if shape is None:
+            check_valid_arrow(batch, "the Flight send batch")    # before anything reads it
+            batch, topics = _typed_send(batch)
+            order = batch.schema.names
+        else:
+            order, topics = shape.names, [shape.topic]
         self._authorize(context, send_resources, topics)
         core = self.broker.batch_sender
-        stored = core.store(core.check(batch, topics), topics)
+        rows = core.check(batch, topics) if shape is None else core.check_shape(shape)
+        stored = core.store(rows, topics)
         r, late = stored.r, None
         if stored.status is not PutMessageStatus.PUT_OK:   # as the RocketMQ path answers it
             late = stored_status(stored.status)
@@ -294,7 +308,7 @@ class FlightService(fl.FlightServerBase):
         # (long polls were woken per queue by the store's arrival listener as the rows
         # became visible: a wake here by topic would wake every queue's pulls again)
         # a producer's own id wins (``typed``: the column is a string array)
-        own = batch.column(order.index("unique_key")) if "unique_key" in names else None
+        own = batch.column(order.index("unique_key")) if "unique_key" in order else None
         tag = self.broker.store.state.id_tags.at(r.batch_offset)
         schema = _ACK_SCHEMA_MESSAGE if late is None else ACK_SCHEMA.with_metadata(
             {"status": Code.Name(late.code), "message": late.message}).serialize()

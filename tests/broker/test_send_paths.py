@@ -83,6 +83,11 @@ def _flight(broker, topic: str, msgs: list[dict]) -> str | None:
         "message_group": pa.array([m["group"] for m in msgs], pa.string()),
         "unique_key": [f"ID-{i}" for i in range(n)], "born_host": ["h"] * n,
         "born_timestamp": pa.array([BORN_MS] * n, pa.int64()).cast(fmt.TS)})
+    return _flight_batch(broker, batch)
+
+
+def _flight_batch(broker, batch: pa.RecordBatch) -> str | None:
+    """Send ``batch`` as one DoPut batch; None, or the error's text."""
     client = fl.FlightClient(f"grpc+tcp://127.0.0.1:{broker.flight_port}")
     try:
         writer, reader = client.do_put(fl.FlightDescriptor.for_path("send"), batch.schema)
@@ -180,3 +185,36 @@ def test_a_producer_queue_named_by_every_row_is_composed_and_kept(broker):
                 {"topic": [topic] * len(queues), "body": [b"x"] * len(queues),
                  "queue_id": pa.array(queues, pa.int32())})), [topic]), [topic])
     assert sum(broker.store.max_offset(topic, q) for q in range(3)) == 8
+
+
+def test_a_usual_flight_batch_is_read_in_one_call_and_stored_as_the_long_way_stores_it(
+        broker, monkeypatch):
+    # the Flight put reads the usual batch with send_shape (one C call), not the pyarrow
+    # path (_typed_send): the rows stored are those the pyarrow path stores
+    pytest.importorskip("sparkmq._screen", reason="the C module is not built here")
+    from sparkmq.broker import flight
+    from sparkmq.broker.batchsend import send_shape, typed
+    k = next(_topics)
+    for t in (f"S{k}", f"L{k}"):
+        broker.store.create_topic(t, read_queue_nums=2, write_queue_nums=2)
+
+    def batch(topic: str) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({
+            "topic": [topic] * 3, "body": [b"a", b"bb", b"ccc"],
+            "tags": pa.array(["t", None, "u"]), "unique_key": ["I1", "I2", "I3"],
+            "born_timestamp": pa.array([BORN_MS] * 3, fmt.TS),
+            "queue_id": pa.array([0, 0, 0], pa.int32()),
+            "born_host": pa.array([None] * 3, pa.string())})
+
+    long_way = flight._typed_send
+    monkeypatch.setattr(flight, "_typed_send", lambda b: pytest.fail("read in pyarrow"))
+    assert _flight_batch(broker, batch(f"S{k}")) is None
+    monkeypatch.setattr(flight, "_typed_send", long_way)
+    assert send_shape(batch(f"S{k}")).given == ("topic", "body", "tags", "unique_key",
+                                                "born_timestamp", "queue_id")
+    core = broker.batch_sender
+    core.store(core.check(typed(batch(f"L{k}")), [f"L{k}"]), [f"L{k}"])
+    shaped = _rows(broker, f"S{k}")
+    assert [(r["body"], r["tags"]) for r in shaped] == [(b"a", "t"), (b"bb", None),
+                                                         (b"ccc", "u")]
+    assert shaped == _rows(broker, f"L{k}")
