@@ -138,9 +138,10 @@ _LAST_SCHEMA: tuple = (pa.schema([]), pa.schema([]).__arrow_c_schema__())
 
 
 def _schema_capsule(schema: pa.Schema):
-    """``schema`` exported ("arrow_schema" capsule, only read): the last one exported
-    again where it is the same (a DoPut stream's batches share their stream's schema:
-    its export, ~a third of a batch's, is made once a stream)."""
+    """``schema`` exported ("arrow_schema" capsule: its readers never move it). Where
+    ``schema`` equals the schema exported last (metadata too), that export is returned:
+    a DoPut stream's batches share their stream's schema, so its export (~a third of
+    the batch's) is made once a stream, not once a batch."""
     global _LAST_SCHEMA
     last = _LAST_SCHEMA
     if not schema.equals(last[0], check_metadata=True):

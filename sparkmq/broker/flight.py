@@ -130,7 +130,8 @@ def _broker_ids_ack(schema_message: pa.Buffer, queue_ids: np.ndarray,
 
 
 def _typed_send(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list]:
-    """A send batch that ``send_shape`` did not read (a column to cast, an empty tag or
+    """A send batch that ``send_shape`` did not read (valid Arrow naming each column once:
+    ``check_valid_arrow``; a column to cast, nested or not a send column, an empty tag or
     message group, more than one topic, a null topic or body): its columns checked by
     name, cast to their types and empty text made null; and its topics."""
     order = batch.schema.names
