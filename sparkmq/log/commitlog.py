@@ -79,7 +79,7 @@ class CommitLog:
         self._active_ref: SegmentRef | None = None   # the active segment's ref (found once)
         # called with (segment ref, position, bytes) after each append, under the
         # caller's append lock (the HA master sends them to replicas: ha/master.py)
-        self.written_hook: Callable[[SegmentRef, int, "bytes | pa.Buffer"], None] | None = None
+        self.written_hook: Callable[[SegmentRef, int, "bytearray | pa.Buffer"], None] | None = None
         # called with a new segment's path when a file of that name exists (every file at
         # the end was adopted at open, so a writer the store was taken from made it): raises
         # if this writer may not replace it (FencedError: it is that writer), else returns
@@ -230,7 +230,7 @@ class CommitLog:
                 return r
         raise CorruptStoreError(f"segment {path} is not in the commit log of {self.sfs.url}")
 
-    def append(self, batch, data: "bytes | pa.Buffer | None" = None, *,
+    def append(self, batch, data: "bytearray | bytes | pa.Buffer | None" = None, *,
                c_array: tuple | None = None) -> int:
         """Append one batch (a record batch, or BuiltRows: kept in the cache as they are,
         read as a batch when first read; ``data``: its bytes if made; ``c_array``: its

@@ -55,7 +55,7 @@ def serialize_batch(batch, c_array: tuple | None = None) -> pa.Buffer:
     return data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
 
 
-def message_bytes(batch, c_array: tuple | None = None) -> "bytes | pa.Buffer":
+def message_bytes(batch, c_array: tuple | None = None) -> "bytearray | pa.Buffer":
     """The encapsulated IPC message of ``batch`` (the bytes appended to a segment), with its
     CRC32C checksum in the message's custom metadata (:mod:`sparkmq.log.checksum`).
 
@@ -63,8 +63,9 @@ def message_bytes(batch, c_array: tuple | None = None) -> "bytes | pa.Buffer":
     instead of ~10 pyarrow and Python steps) where that module was built and lays the batch
     out; else by pyarrow's stream writer. ``batch``: a record batch or BuiltRows
     (``log/built.py``); ``c_array``: its ``__arrow_c_array__()`` if the caller exported it
-    already. Bytes where the C call wrote them (a Buffer of them would cost a pyarrow
-    object an append, which needs only their length and their buffer), else a Buffer."""
+    already. The C call's bytearray where it wrote them (a Buffer of them would cost a
+    pyarrow object an append, which needs only their length and their buffer), else a
+    Buffer."""
     if _ipc is not None:
         out = _ipc.record_batch_message(*(c_array or batch.__arrow_c_array__()),
                                         *checksum.SEAL_ARGS)
