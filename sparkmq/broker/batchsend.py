@@ -170,6 +170,10 @@ class _ShapeColumns(Mapping):
     def __contains__(self, name) -> bool:
         return name in self._shape.given
 
+    def get(self, name: str, default=None):
+        """(Mapping's ``get`` raises and catches a KeyError for a column not given.)"""
+        return self[name] if name in self._shape.given else default
+
 
 @functools.lru_cache(maxsize=64)
 def _typed_schema(names: tuple[str, ...]) -> pa.Schema:

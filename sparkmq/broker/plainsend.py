@@ -31,6 +31,7 @@ from rocketmq.grpc_protocol import service_pb2 as spb
 from ..errors import SparkMQError
 from ..arrowcols import constant_column
 from ..log.built import Exported
+from ..log.dispatch import measured_offsets
 from ..log.status import PutMessageStatus
 from .protocol import OK, error_status, send_response
 
@@ -92,21 +93,21 @@ class PlainColumns(Mapping):
     """A plain request's rows as a send batch's columns, name -> array: topic, body,
     unique_key, born_timestamp, born_host; tags and keys where some row has them (an
     empty tag is none, as the proxy reads it). ``n`` rows, their one ``topic``,
-    ``body_sizes`` (each body's bytes, from the scanner's offsets).
+    ``body_sizes`` (each body's bytes, from the scanner's offsets) and ``body_extent``
+    (their least, greatest and sum, where one C call measured them; else None).
 
     The columns are the scanner's buffers: :meth:`exported`, one Arrow C struct over
     them, is what a send's segment batch is composed from; pyarrow arrays of them (no
     copy) are made only where one is read (the segment batch built in pyarrow, or the
     answer to a refusal)."""
 
-    __slots__ = ("scanned", "n", "topic", "body_sizes", "names", "_arrays")
+    __slots__ = ("scanned", "n", "topic", "body_sizes", "body_extent", "names", "_arrays")
 
     def __init__(self, scanned: tuple):
         self.scanned, self.n, self._arrays = scanned, scanned[1], None
         self.topic = scanned[0].decode()
         self.names = _NAMES[scanned[10] < self.n, scanned[14] < self.n]  # (tag, key nulls)
-        offsets = np.frombuffer(scanned[3], np.int32)
-        self.body_sizes = offsets[1:] - offsets[:-1]
+        self.body_sizes, self.body_extent = measured_offsets(scanned[3], 0, self.n)
 
     def __getitem__(self, name: str) -> pa.Array:
         if name not in self.names:
@@ -123,6 +124,10 @@ class PlainColumns(Mapping):
 
     def __contains__(self, name) -> bool:
         return name in self.names
+
+    def get(self, name: str, default=None):
+        """(Mapping's ``get`` raises and catches a KeyError for a column not given.)"""
+        return self[name] if name in self.names else default
 
     def exported(self) -> Exported:
         """The columns as a record batch exported to the Arrow C data interface
@@ -198,7 +203,7 @@ def send_plain(broker, request, context) -> "bytes | spb.SendMessageResponse | N
     core = broker.batch_sender
     try:
         rows = core.check_columns(plain, plain.n, [topic], body_sizes=plain.body_sizes,
-                                  source=plain.exported())
+                                  body_extent=plain.body_extent, source=plain.exported())
     # a refusal before anything is stored: the general path answers each message
     # with its own status, as it would have without this path (and anything
     # unexpected here is logged, and left to the general path too)
@@ -221,6 +226,6 @@ def send_plain(broker, request, context) -> "bytes | spb.SendMessageResponse | N
         notifier.wake_after_reply(arrived, context)   # (as grpc_service._store_rows)
     if stored.status is PutMessageStatus.PUT_OK:         # (the ids: the scanner's buffers)
         return _wire.encode_ok(_OK_STATUS, plain.scanned[4], plain.scanned[5],
-                               stored.queue_offsets.astype("int64").tobytes())
+                               np.ascontiguousarray(stored.queue_offsets, np.int64).tobytes())
     return send_response([(stored.status, i, qo, None) for i, qo in
                           zip(plain["unique_key"].to_pylist(), stored.queue_offsets.tolist())])

@@ -198,13 +198,17 @@ class MemoryConsumeQueue:
         return self._entries > self.max_entries or self.bytes > self.max_bytes
 
     def add(self, tid: int, qid: int, chunk: Chunk) -> None:
+        key, k = (tid, qid), len(chunk.rows)
         with self._lock:
-            key = (tid, qid)
-            self._queues.setdefault(key, []).append(chunk)
-            self._starts.setdefault(key, []).append(chunk.start)
+            chunks = self._queues.get(key)     # (setdefault made two lists an add)
+            if chunks is None:
+                chunks = self._queues[key] = []
+                self._starts[key] = []
+            chunks.append(chunk)
+            self._starts[key].append(chunk.start)
             self._unpersisted.append((tid, qid, chunk))
-            self._entries += len(chunk.rows)
-            self.bytes += chunk.cost
+            self._entries += k
+            self.bytes += CHUNK_OVERHEAD_BYTES + ENTRY_BYTES * k     # (Chunk.cost)
 
     def covers(self, tid: int, qid: int, offset: int) -> bool:
         with self._lock:

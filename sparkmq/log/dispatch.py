@@ -70,10 +70,19 @@ def measured_bodies(arr: pa.Array) -> tuple[np.ndarray, tuple[int, int, int] | N
     where one C call (``sparkmq._screen.body_sizes``) measured them all (else None:
     ``BuiltRows.body_extent`` finds them when asked)."""
     if _c_screen is not None and len(arr) and arr.type == pa.binary() and not arr.null_count:
-        data, least, greatest, total = _c_screen.body_sizes(arr.buffers()[1], arr.offset,
-                                                           len(arr))
-        return np.frombuffer(data, np.int32), (least, greatest, total)
+        return measured_offsets(arr.buffers()[1], arr.offset, len(arr))
     return binary_lengths(arr), None
+
+
+def measured_offsets(offsets, first: int, n: int
+                     ) -> tuple[np.ndarray, tuple[int, int, int] | None]:
+    """:func:`measured_bodies` of ``n`` (>= 1) values whose int32 offsets are the buffer
+    ``offsets`` from value ``first`` on (a binary array's, or a scanner's)."""
+    if _c_screen is not None:
+        data, least, greatest, total = _c_screen.body_sizes(offsets, first, n)
+        return np.frombuffer(data, np.int32), (least, greatest, total)
+    o = np.frombuffer(offsets, np.int32, count=n + 1, offset=first * 4)
+    return o[1:] - o[:-1], None
 
 
 def distinct_strings(arr: pa.Array) -> list:

@@ -142,6 +142,9 @@ def test_send_shape_reads_the_usual_batch_as_pyarrow_does_and_declines_the_other
     assert list(cols) == list(shape.given)
     for name in shape.given:
         assert cols[name].equals(batch.column(names.index(name)))
+        assert cols.get(name).equals(cols[name])
+    for name in SEND_COLUMNS - set(shape.given):      # (its own get: no KeyError raised)
+        assert cols.get(name) is None and cols.get(name, 7) == 7 and name not in cols
     # the export is the batch: pyarrow reads the same rows from it (an import moves what
     # it reads: the schema's export, kept for the batches of the same schema, is not
     # moved, as composed_rows reads it only)
