@@ -91,6 +91,7 @@ class _Context:
 
     def add_callback(self, fn):
         self.callbacks.append(fn)
+        return True          # (registered, as grpc's context answers: one wake, as ever)
 
 
 def in_process_broker(tmp: str, **extra):

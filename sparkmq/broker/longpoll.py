@@ -9,9 +9,12 @@ between the look and the wait is never lost. A pull waiter is woken only by its 
 queue (16 pulls of a 16-queue topic are not all woken by each send). Every wait is
 bounded by its timeout; ``close()`` and ``poke()`` wake all.
 
-A SendMessage appends inside ``deferred()`` and hands the topics to ``wake`` once
-its reply is sent (gRPC ``add_callback``): the messages are readable at once (a
-poll that looks finds them), only sleeping waiters are woken a reply later.
+A SendMessage appends inside ``deferred()`` and hands the topics to
+``wake_after_reply``: the messages are readable at once (a poll that looks finds them),
+only sleeping waiters are woken later. On grpc.aio's loop, where SendMessage runs, the
+context has no callback for that: the wake is made as the handler ends, and the
+coroutines it wakes run at the loop's next turn, once the reply's batch was started
+(grpc's ``_finish_handler_with_unary_response`` starts it before it yields).
 
 Two kinds of waiter share the counters: a thread blocked in :meth:`wait` (the Arrow
 Flight consume path, whose server is threaded) and a coroutine suspended in
@@ -85,11 +88,15 @@ class ArrivalNotifier:
         self.wake(((topic, queue_id),))
 
     def wake_after_reply(self, keys, context) -> None:
-        """Wake ``keys`` (what ``deferred`` held) once the RPC of gRPC ``context`` has
-        sent its reply (``add_callback``), or now if it has no reply to wait for."""
+        """Wake ``keys`` (what ``deferred`` held) once: through ``context.add_callback``
+        where the gRPC context has one (grpc's threaded server: once the reply is sent;
+        it returns False for an RPC already over, then now; grpc.aio's context of a
+        handler run on its workers: as the handler returns, and it returns None), else
+        now (grpc.aio's loop: see the module docstring)."""
+        if not keys:
+            return
         add_callback = getattr(context, "add_callback", None)
-        if keys and not (add_callback is not None
-                         and add_callback(lambda: self.wake(keys))):
+        if add_callback is None or add_callback(lambda: self.wake(keys)) is False:
             self.wake(keys)
 
     def wake(self, keys) -> None:
