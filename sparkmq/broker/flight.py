@@ -177,9 +177,12 @@ class _AuthFactory(fl.ServerMiddlewareFactory):
         self.broker = broker
 
     def start_call(self, info, headers):
+        authn = self.broker.authenticator
+        if not authn.enabled:          # (no user: no middleware, the headers not read)
+            return None
         md = [(k, v[0] if isinstance(v, list) else v) for k, v in headers.items()]
         try:
-            return _Auth(self.broker.authenticator.check(md))
+            return _Auth(authn.check(md))
         except AuthenticationError as e:
             raise fl.FlightUnauthenticatedError(e.message)
 

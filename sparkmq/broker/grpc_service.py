@@ -128,8 +128,10 @@ def _authorized(broker, method: str, request, context) -> pb.Status | None:
     """None when an RPC may go on: authentication first, before the request is looked at
     (AuthenticationError), then BAD_REQUEST (returned) for bytes that do not decode, then
     authorization of what ``request`` touches (AuthorizationError): one implementation
-    for every handler (authn.py, authz.py)."""
-    user = broker.authenticator.check(context.invocation_metadata())
+    for every handler (authn.py, authz.py). The headers are read only where authentication
+    is on: grpc.aio builds them anew for each ``invocation_metadata()``, ~8 us a call."""
+    authn = broker.authenticator
+    user = authn.check(context.invocation_metadata()) if authn.enabled else None
     if isinstance(request, Malformed):
         return _bad_request(request)
     if broker.authorizer.enabled:

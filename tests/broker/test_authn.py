@@ -113,3 +113,32 @@ def test_enabling_authentication_needs_an_initial_user(tmp_path, user):
     with pytest.raises(InvalidConfigError, match="initAuthenticationUser"):
         Broker(broker_config(tmp_path, authenticationEnabled="true",
                              initAuthenticationUser=user)).start()
+
+
+def test_with_authentication_off_no_rpc_reads_the_headers(make_broker):
+    # grpc.aio builds a call's headers anew for each invocation_metadata() (~8 us): with
+    # nothing to check, a send does not ask for them. (The general path reads the client
+    # id, lazily, for a message that needs it; a plain send needs none.)
+    from rocketmq.grpc_protocol import definition_pb2 as pb
+
+    from helpers.brokers import GrpcContext
+    from sparkmq.broker.grpc_service import MessagingServicer
+
+    class Unread(GrpcContext):
+        def invocation_metadata(self):
+            raise AssertionError("the headers were read")
+
+        def send_initial_metadata(self, metadata):   # (QueryRoute's Flight endpoint)
+            self.sent = metadata
+
+    b = make_broker(autoCreateTopicEnable="true")
+    m = pb.Message(topic=pb.Resource(name="quiet"), body=b"x")
+    m.system_properties.message_id = "01" + "0" * 30
+    m.system_properties.born_host = "10.0.0.1"
+    m.system_properties.born_timestamp.FromMilliseconds(1_700_000_000_000)
+    m.system_properties.message_type = pb.NORMAL
+    resp = MessagingServicer(b).send_message(spb.SendMessageRequest(messages=[m]), Unread())
+    assert resp.status.code == Code.OK, resp.status
+    route = MessagingServicer(b).QueryRoute(spb.QueryRouteRequest(
+        topic=pb.Resource(name="quiet")), Unread())
+    assert route.status.code == Code.OK, route.status
