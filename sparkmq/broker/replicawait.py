@@ -103,7 +103,7 @@ def loop_waits(sender) -> bool | None:
 async def finish(broker, answer, state, context):
     """The answer of sends made inside ``held`` (``state``), once durable as the blocking
     path makes them: their flush awaited (SYNC_FLUSH), then their rows made visible (long
-    polls woken after the reply), then their replica's ack awaited (SYNC_MASTER), then
+    polls woken: ``wake_after_reply``), then their replica's ack awaited (SYNC_MASTER), then
     (controller mode) the lease checked; a failed wait gives the stored entries the
     status the blocking path gives."""
     put_status = PutMessageStatus.PUT_OK
@@ -138,7 +138,8 @@ _SHOWING: set = set()      # the tasks of _flush_then_show running (kept referen
 
 async def _flush_then_show(broker, flushes: list, context) -> PutMessageStatus:
     """Await the fsync ``flushes`` need, then make their rows visible (long polls woken
-    after the reply, or at once if the call is over); the fsync's status."""
+    by ``wake_after_reply``: on the loop, at once, before this send's reply is started,
+    as the call may be over by now); the fsync's status."""
     put_status = await broker.store.flushed_async(max(o for o, _ in flushes))
     notifier = broker.notifier
     with notifier.deferred() as arrived:
