@@ -138,8 +138,9 @@ _SHOWING: set = set()      # the tasks of _flush_then_show running (kept referen
 
 async def _flush_then_show(broker, flushes: list, context) -> PutMessageStatus:
     """Await the fsync ``flushes`` need, then make their rows visible (long polls woken
-    by ``wake_after_reply``: on the loop, at once, before this send's reply is started,
-    as the call may be over by now); the fsync's status."""
+    by ``wake_after_reply``: on the loop, at once, as the call may be over by now; a
+    woken poll resumes a loop turn after ``finish`` does, so it runs once this send has
+    answered: test_wake_after_reply.py holds that); the fsync's status."""
     put_status = await broker.store.flushed_async(max(o for o, _ in flushes))
     notifier = broker.notifier
     with notifier.deferred() as arrived:
