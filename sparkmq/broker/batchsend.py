@@ -273,8 +273,7 @@ class BatchSender:
                 np.bincount(idx, minlength=k).tolist(),
                 np.bincount(idx, weights=rows.body_sizes, minlength=k).astype(int).tolist())))
         for t, (count, nbytes) in counts.items():
-            metrics.inc("sparkmq_messages_sent_total", count, topic=t)
-            metrics.inc("sparkmq_bytes_sent_total", nbytes, topic=t)
+            metrics.count_sent(t, count, nbytes)
         return stored
 
     def _writable_type(self, topic: str) -> str:
@@ -382,9 +381,12 @@ def _check_types(groups: pa.Array | None, expected: str) -> None:
     """Rows (of a topic that accepts ``expected``; ``groups`` their message groups, None:
     no row has one) with a message group are FIFO, the others NORMAL (the proxy's
     reading); each type present must be one the topic accepts."""
-    present = ({"NORMAL"} if groups is None or groups.null_count else set()) | \
-        ({"FIFO"} if groups is not None and groups.null_count < len(groups) else set())
-    for actual in sorted(present):
+    if groups is None:                   # (the usual send)
+        present: tuple = ("NORMAL",)
+    else:                                # (in this order: the first refusal is FIFO's)
+        present = ("FIFO",) * (groups.null_count < len(groups)) + \
+            ("NORMAL",) * (groups.null_count > 0)
+    for actual in present:
         why = type_conflict(expected, actual)
         if why is not None:
             raise UserError(why)

@@ -34,12 +34,30 @@ class Metrics:
     def __init__(self):
         self._lock = threading.Lock()
         self._values: dict[tuple[str, tuple], float] = {}
+        self._sent: dict[str, tuple[tuple, tuple]] = {}   # topic -> its two send series
+
+    @staticmethod
+    def _key(name: str, labels: dict) -> tuple:
+        items = tuple(labels.items())
+        return (name, items if len(items) < 2 else tuple(sorted(items)))
 
     def inc(self, name: str, value: float = 1, **labels) -> None:
-        items = tuple(labels.items())
-        key = (name, items if len(items) < 2 else tuple(sorted(items)))
+        key = self._key(name, labels)
         with self._lock:
             self._values[key] = self._values.get(key, 0) + value
+
+    def count_sent(self, topic: str, count: int, nbytes: int) -> None:
+        """Messages of ``topic`` a send stored and their body bytes (every wire path's
+        two per-topic send counters; their series made once a topic)."""
+        keys = self._sent.get(topic)
+        if keys is None:
+            keys = self._sent[topic] = (
+                self._key("sparkmq_messages_sent_total", {"topic": topic}),
+                self._key("sparkmq_bytes_sent_total", {"topic": topic}))
+        with self._lock:
+            values = self._values
+            values[keys[0]] = values.get(keys[0], 0) + count
+            values[keys[1]] = values.get(keys[1], 0) + nbytes
 
     def get(self, name: str, **labels) -> float:
         """Sum of ``name`` over the series whose labels include ``labels``."""

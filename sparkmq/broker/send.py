@@ -571,8 +571,7 @@ class SendService:
                 acc[0] += 1
                 acc[1] += len(body)
         for t, (count, nbytes) in per_topic.items():
-            self.metrics.inc("sparkmq_messages_sent_total", count, topic=t)
-            self.metrics.inc("sparkmq_bytes_sent_total", nbytes, topic=t)
+            self.metrics.count_sent(t, count, nbytes)
         qos = r.queue_offsets.tolist()
         has_tx = any(txids)
         if self.transactions is not None and has_tx:

@@ -477,11 +477,15 @@ def test_the_topics_message_type_is_checked(broker):
         _send(client, opts, _batch("F", [b"x"]))
     ack = _send(client, opts, _batch("F", [b"x"], message_group=["g"]))
     assert ack.num_rows == 1
+    with pytest.raises(Exception, match="expected type is FIFO"):   # one row without a group
+        _send(client, opts, _batch("F", [b"x", b"y"], message_group=["g", None]))
     with pytest.raises(Exception, match="expected type is FIFO"):   # an empty group is none
         _send(client, opts, _batch("F", [b"x"], message_group=[""]))
     broker.store.create_topic("N", read_queue_nums=1, write_queue_nums=1,
                               attributes=message_type_attributes("NORMAL"))
     _send(client, opts, _batch("N", [b"y"], message_group=[""], tags=[""]))
+    with pytest.raises(Exception, match="expected type is NORMAL"):  # one row with a group
+        _send(client, opts, _batch("N", [b"x", b"y"], message_group=[None, "g"]))
     row = _get(client, opts, topic="N", queue=0, offset=0, max=10).to_pylist()[0]
     assert (row["message_group"], row["tags"], row["message_type"]) == (None, None, 0)
     # one batch of both topics: each topic's rows are held to its own type
