@@ -450,11 +450,13 @@ def _judge(env: Env, method: str, request, raw: bool, errors: ErrorRecords) -> l
             assert "Traceback" not in s.message and 'File "' not in s.message, s.message
     assert not errors.records, [logging.Formatter().format(r) for r in errors.records[:2]]
     codes = {s.code for s in statuses}
-    for req in (request if isinstance(request, list) else [request]):
-        if not raw and Code.ILLEGAL_TOPIC in codes:       # the code names what was wrong
-            assert _illegal(_names(req, "topic"), validate_topic), statuses
-        if not raw and Code.ILLEGAL_CONSUMER_GROUP in codes:
-            assert _illegal(_names(req, "group"), validate_group), statuses
+    # the code names what was wrong, in some message of a stream (its statuses are the
+    # stream's: one message's group may be refused after another's was taken)
+    reqs = request if isinstance(request, list) else [request]
+    if not raw and Code.ILLEGAL_TOPIC in codes:
+        assert _illegal([n for r in reqs for n in _names(r, "topic")], validate_topic), statuses
+    if not raw and Code.ILLEGAL_CONSUMER_GROUP in codes:
+        assert _illegal([n for r in reqs for n in _names(r, "group")], validate_group), statuses
     return statuses
 
 
@@ -597,6 +599,21 @@ def test_telemetry_settings_with_an_illegal_name_are_refused(env, group, topic):
     answers = _call(env.channel, "Telemetry", [cmd], _metadata(cid="settings-" + group))
     assert [Code.Name(a.status.code) for a in answers] == \
         ["ILLEGAL_CONSUMER_GROUP" if group != "G" else "ILLEGAL_TOPIC"]
+
+
+def test_a_stream_whose_later_settings_name_no_group_is_judged_by_that_message(env):
+    # found by the fuzz above: a Telemetry stream of good settings, then settings whose
+    # subscription names no group; the second is refused ILLEGAL_CONSUMER_GROUP, which
+    # the judge must find named by some message of the stream, not by each
+    good = spb.TelemetryCommand(settings=pb.Settings(
+        client_type=pb.SIMPLE_CONSUMER, subscription=pb.Subscription(
+            group=pb.Resource(name="G"), subscriptions=[pb.SubscriptionEntry(
+                topic=pb.Resource(name="T"),
+                expression=pb.FilterExpression(type=pb.TAG, expression="*"))])))
+    nameless = spb.TelemetryCommand(settings=pb.Settings(subscription=pb.Subscription()))
+    codes = [Code.Name(s.code) for s in
+             _judge(env, "Telemetry", [good, nameless], False, ErrorRecords())]
+    assert codes == ["OK", "ILLEGAL_CONSUMER_GROUP"], codes
 
 
 # ---------------------------------------------------------------- the NameServer
