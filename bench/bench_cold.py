@@ -89,7 +89,6 @@ class _Context:
         return (("x-mq-client-id", "bench-cold"),)
 
 
-
 def in_process_broker(tmp: str, **extra):
     """A broker on ``tmp`` (ASYNC_FLUSH, Flight on, topics auto-created with 4 queues),
     with ``extra`` properties."""

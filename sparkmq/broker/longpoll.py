@@ -42,8 +42,7 @@ class _Held(threading.local):
 
 class _Deferred:
     """``ArrivalNotifier.deferred``'s block: from entry to exit, this thread's arrivals go
-    to ``held``. (A class, not ``contextlib.contextmanager``: its generator cost a send
-    ~4 % of its instructions.)"""
+    to ``held``. (A class, not ``contextlib.contextmanager``: 1.2 against 2.3 us a block.)"""
     __slots__ = ("_local", "held")
 
     def __init__(self, local: _Held):

@@ -208,7 +208,7 @@ class MemoryConsumeQueue:
             self._starts[key].append(chunk.start)
             self._unpersisted.append((tid, qid, chunk))
             self._entries += k
-            self.bytes += CHUNK_OVERHEAD_BYTES + ENTRY_BYTES * k     # (Chunk.cost)
+            self.bytes += chunk.cost
 
     def covers(self, tid: int, qid: int, offset: int) -> bool:
         with self._lock:
