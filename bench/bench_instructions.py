@@ -8,7 +8,12 @@ Each workload runs in its own process under ``valgrind --tool=callgrind
 daemon freezes its own: ``sparkmq.heap``), ``K`` calls and ``K + extra`` calls. The main
 thread's instruction count of the second run less the first's, divided by
 ``extra``, is one call's cost: start-up, imports and warm-up cancel out, and the broker's
-own threads (flush, services) are counted apart. Workloads (1 KiB bodies, ASYNC_FLUSH):
+own threads (flush, services) are counted apart. Every worker hashes strings with the same
+seed (``PYTHONHASHSEED=0`` unless the caller sets one): with a random seed a dict's layout
+differs from process to process, and one workload's count moved by up to 2 % from run to
+run (the floor's put: 134.7 and 137.5 k; with the seed fixed 138.23 and 138.26 k).
+
+Workloads (1 KiB bodies, ASYNC_FLUSH):
 
 - ``floor-1`` / ``floor-100``: the durable floor's put (bench_flight's ``DURABLE``: the
   batch's IPC message, its CRC32C, a ``write``, an ack of offsets) of 1 and 100 rows;
@@ -128,7 +133,7 @@ def _main_thread_instructions(valgrind: str, name: str, calls: int) -> int:
                         f"--callgrind-out-file={out}", sys.executable, __file__,
                         "--worker", name, str(calls)],
                        check=True, capture_output=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": ROOT})
+                       env={"PYTHONHASHSEED": "0", **os.environ, "PYTHONPATH": ROOT})
         with open(out + "-01") as f:       # thread 1: the calls
             for line in f:
                 if line.startswith(("summary:", "totals:")):
