@@ -470,20 +470,24 @@ def paired_sync(tmp: str, rounds: int) -> None:
         names = list(calls)
         lat: dict[str, list] = {k: [] for k in names}
         cpu = dict.fromkeys(names, 0.0)
+        mine = dict.fromkeys(names, 0.0)     # this (the client's) process's CPU
         for r in track(range(rounds), "paired rounds"):
             for k in names[r % len(names):] + names[:r % len(names)]:
-                fn, t0 = calls[k], cpu_s(pids[k])
+                fn, t0, c0 = calls[k], cpu_s(pids[k]), time.process_time()
                 for _ in range(PAIRED_BLOCK):
                     t = time.perf_counter()
                     fn()
                     lat[k].append(time.perf_counter() - t)
                 cpu[k] += cpu_s(pids[k]) - t0
+                mine[k] += time.process_time() - c0
     floor = pct(lat[names[0]], 0.5)
     print(f"# sync send, paired: {rounds} rounds of {PAIRED_BLOCK} calls each; 1 KiB")
-    print(f"{'':<28}{'p50 (ms)':>10}{'p99 (ms)':>10}{'p50 / floor':>13}{'server CPU (us)':>17}")
+    print(f"{'':<28}{'p50 (ms)':>10}{'p99 (ms)':>10}{'p50 / floor':>13}"
+          f"{'server CPU (us)':>17}{'client CPU (us)':>17}")
     for k in names:
         print(f"{k:<28}{pct(lat[k], 0.5):>10.3f}{pct(lat[k], 0.99):>10.3f}"
-              f"{pct(lat[k], 0.5) / floor:>13.2f}{cpu[k] / len(lat[k]) * 1e6:>17.0f}")
+              f"{pct(lat[k], 0.5) / floor:>13.2f}{cpu[k] / len(lat[k]) * 1e6:>17.0f}"
+              f"{mine[k] / len(lat[k]) * 1e6:>17.0f}")
 
 
 def bench_grpc_floor(tmp: str, n: int, batch: int, m: int) -> dict:

@@ -124,7 +124,8 @@ def test_the_c_reader_is_built_and_takes_the_clients_plain_requests():
     fresh machine); a plain request as the official client and sparkmq's Producer send
     it is read by it. Without this, the tests below would only test the general path."""
     from sparkmq import _wire                        # noqa: F401  (fails if not built)
-    from sparkmq.client.producer import _encode_plain, _GivenIds, now_timestamp
+    from sparkmq.client.core import MessageIds
+    from sparkmq.client.producer import _encode_plain, _Reserved
     from sparkmq.client import Message
     official = pb.Message(topic=pb.Resource(name="T"), body=b"hello")
     s = official.system_properties
@@ -139,13 +140,14 @@ def test_the_c_reader_is_built_and_takes_the_clients_plain_requests():
     assert topic == "T" and batch.column("unique_key").to_pylist() == ["01AB", "01AB"]
     assert batch.column("tags").to_pylist() == [None, "TagA"]
     assert batch.column("keys").to_pylist() == [None, ["order-1", "user-2"]]
+    ids = MessageIds()
     own = _encode_plain([Message("T", b"a"), Message("T", b"bc")], "10.0.0.9",
-                        _GivenIds(["A" * 32, "B" * 32]), now_timestamp())
+                        _Reserved(ids, ids.take(2)), 1_700_000_000_123)
     plain = plainsend.plain_columns(spb.SendMessageRequest.FromString(own.data))
     batch = plain.batch()
     assert batch.column("body").to_pylist() == [b"a", b"bc"]
     assert plain.body_sizes.tolist() == [1, 2] and plain.n == 2
-    assert batch.column("unique_key").to_pylist() == ["A" * 32, "B" * 32]
+    assert batch.column("unique_key").to_pylist() == ids.strings(0, 2)
 
 
 def _scanned_as_upb_reads(data: bytes) -> None:

@@ -239,8 +239,15 @@ def test_auto_falls_back_to_grpc_when_flight_does_not_connect(make_broker, closi
     assert p.isolated_endpoints() == []                 # the broker itself is fine
     assert p.send(Message("D", b"again")).transport == "grpc"   # Flight marked down
     pc = closing(PullConsumer(b.endpoint, "GD"))
-    assert sorted(m.body for m in pull_all(pc, "D")) == [b"after", b"again", b"before"]
+    got = {m.body: m.message_id for m in pull_all(pc, "D")}
+    assert sorted(got) == [b"after", b"again", b"before"]
     assert pc.pulled_over["grpc"] == 3
+    # one id a message, the same whichever transport carried it (the Flight attempt's
+    # ids went over gRPC): the producer's counter moved by one a send
+    assert after.message_id == got[b"after"]
+    assert all(i.startswith(p._ids.prefix) for i in got.values())
+    counters = [int(got[body][-12:], 16) for body in (b"before", b"after", b"again")]
+    assert counters == [counters[0], counters[0] + 1, counters[0] + 2]
 
 
 def test_a_delayed_message_goes_over_grpc_by_itself(make_broker, closing):

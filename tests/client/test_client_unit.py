@@ -1,10 +1,14 @@
 """sparkmq.client without a broker: endpoints, message conversion, queue choice."""
 from __future__ import annotations
 
+import time
+from unittest import mock
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rocketmq.grpc_protocol import definition_pb2 as pb
+from rocketmq.grpc_protocol import service_pb2 as spb
 
 from sparkmq.client import Message, Producer, Queue
 from sparkmq.client.core import MessageIds, now_timestamp, parse_endpoints
@@ -72,6 +76,9 @@ class FixedRoutes:
     def queues(self, topic, refresh=False):
         return self._queues
 
+    def writable(self, topic, refresh=False):
+        return [q for q in self._queues if q.writable]
+
     def flight_endpoint(self, endpoint, topic):
         return None             # brokers without Arrow Flight: requests go over gRPC
 
@@ -105,6 +112,23 @@ def test_isolated_broker_is_avoided_and_read_only_queues_are_not_written():
         # every broker isolated: still try one rather than fail without trying
         p._isolate("127.0.0.1:2")
         assert p._choose("T", None, [], False).endpoint in {"127.0.0.1:1", "127.0.0.1:2"}
+    finally:
+        p.shutdown()
+
+
+def test_a_lapsed_isolation_is_forgotten():
+    """Once its isolation has lapsed a broker is chosen again, and the producer forgets
+    it (a send with no broker avoided takes the short way: ``_choose``)."""
+    p = producer_with(QUEUES)
+    try:
+        p.isolation_s = -1.0                 # lapsed as soon as made
+        p._isolate("127.0.0.1:1")
+        assert {p._choose("T", None, [], False).endpoint for _ in range(4)} == {
+            "127.0.0.1:1", "127.0.0.1:2"}
+        assert p._isolated == {} and p.isolated_endpoints() == []
+        p.isolation_s = 60.0
+        p._isolate("127.0.0.1:1")
+        assert {p._choose("T", None, [], False).endpoint for _ in range(4)} == {"127.0.0.1:2"}
     finally:
         p.shutdown()
 
@@ -167,14 +191,16 @@ def test_send_batch_request_carries_every_field_of_plain_and_rich_messages():
 
 
 def test_a_plain_batch_is_encoded_by_hand_and_parses_to_the_protocol_messages():
-    """Plain batches skip the protocol objects: the hand-encoded bytes must parse to
-    exactly what Message.to_pb gives, for bodies whose lengths need 1 to 3 varint bytes."""
+    """Plain batches, and a plain message sent alone, skip the protocol objects: the
+    hand-encoded bytes must parse to exactly what Message.to_pb gives, born when sent,
+    for bodies whose lengths need 1 to 3 varint bytes. A message with a tag is filled
+    field by field."""
     from sparkmq.client.producer import EncodedSendRequest, _varint
     assert [_varint(n) for n in (0, 1, 127, 128, 300, 16384)] == [
         b"\x00", b"\x01", b"\x7f", b"\x80\x01", b"\xac\x02", b"\x80\x80\x01"]
     p = producer_with(QUEUES)
     sent = []
-    p._send_to = lambda queue, request: sent.append(request) or []
+    p._send_to = lambda queue, request: sent.append(request) or [None]
     try:
         bodies = [b"x", b"y" * 127, b"z" * 128, bytes(range(256)) * 70, b"w" * 20_000]
         for group in (None, "g"):
@@ -188,6 +214,20 @@ def test_a_plain_batch_is_encoded_by_hand_and_parses_to_the_protocol_messages():
             for m, g in zip(batch, got):
                 assert len(g.system_properties.message_id) == 32
                 assert g == m.to_pb(p._host, g.system_properties.message_id, born)
+        for group in (None, "g"):
+            alone = Message("T", b"one", message_group=group)
+            before = int(time.time() * 1000)
+            p.send(alone)
+            after = int(time.time() * 1000)
+            request = sent[-1]
+            assert type(request) is EncodedSendRequest and request.count == 1
+            (got,) = request.messages
+            born = got.system_properties.born_timestamp
+            assert before <= born.ToMilliseconds() <= after
+            assert got == alone.to_pb(p._host, got.system_properties.message_id, born)
+        p.send(Message("T", b"tagged", tag="A"))
+        assert type(sent[-1]) is spb.SendMessageRequest
+        assert sent[-1].messages[0].system_properties.tag == "A"
     finally:
         p.shutdown()
 
@@ -196,26 +236,37 @@ def test_a_plain_batch_is_encoded_by_hand_and_parses_to_the_protocol_messages():
 @given(sizes=st.lists(st.sampled_from([0, 1, 127, 128, 300, 16383, 16384, 70_000]) |
                       st.integers(0, 3000), min_size=1, max_size=12),
        start=st.integers(0, 2**48 + 10) | st.just(2**48 - 3),
-       topic=st.text(min_size=1, max_size=40), host=st.text(max_size=300))
-def test_the_c_encoder_writes_the_python_encoders_bytes(sizes, start, topic, host):
+       topic=st.text(min_size=1, max_size=40), host=st.text(max_size=300),
+       born=st.sampled_from([0, 1, 999, 1000, 1001, 1_700_000_000_000]) |
+       st.integers(0, 2**42), group=st.none() | st.text(min_size=1, max_size=20))
+def test_the_c_encoder_writes_the_python_encoders_bytes(sizes, start, topic, host, born,
+                                                        group):
     """``_wire.encode_plain`` (new ids: prefix + counter, wrapping at 2**48) and the
-    Python loop (ids given one by one) give the same bytes for any bodies, topic and
-    host; those bytes parse to what ``Message.to_pb`` gives."""
+    Python loop (ids given one by one) give the same bytes for any bodies, topic, group,
+    host and born time (epoch ms: a whole second, no seconds, ...); those bytes parse to
+    what ``Message.to_pb`` gives, born at that time."""
     from sparkmq import _wire
-    from sparkmq.client.producer import _encode_plain, _GivenIds
+    from sparkmq.client import producer
     if _wire is None:
         pytest.skip("sparkmq._wire is not built here")
-    messages = [Message(topic, bytes([i % 251]) * n) for i, n in enumerate(sizes)]
-    ids, born = MessageIds(), now_timestamp()
+    messages = [Message(topic, bytes([i % 251]) * n, message_group=group)
+                for i, n in enumerate(sizes)]
+    ids = MessageIds()
     ids.take(start)
     made = [f"{ids.prefix}{(start + i) & 0xFFFFFFFFFFFF:012X}" for i in range(len(sizes))]
-    in_c = _encode_plain(messages, host, ids, born)
-    in_python = _encode_plain(messages, host, _GivenIds(made), born)
-    assert in_c.data == in_python.data and in_c.count == len(sizes)
+    assert ids.strings(start, len(sizes)) == made
+    in_c = producer._encode_plain(messages, host, ids, born)
+    with mock.patch.object(producer, "_wire", None):
+        in_python = producer._encode_plain(messages, host, producer._Reserved(ids, start),
+                                           born)
+    reserved = producer._encode_plain(messages, host, producer._Reserved(ids, start), born)
+    assert in_c.data == in_python.data == reserved.data and in_c.count == len(sizes)
     got = list(in_c.messages)
     assert [g.system_properties.message_id for g in got] == made
+    stamp = now_timestamp()
+    stamp.FromMilliseconds(born)
     for m, g in zip(messages, got):
-        assert g == m.to_pb(host, g.system_properties.message_id, born)
+        assert g == m.to_pb(host, g.system_properties.message_id, stamp)
 
 
 def test_the_c_encoder_refuses_what_it_cannot_write():
