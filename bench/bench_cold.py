@@ -117,12 +117,19 @@ def plain_request(topic: str, n: int) -> bytes:
 
 def grpc_send(broker, data: bytes, ctx: _Context):
     """A call of ``broker``'s SendMessage on request bytes ``data``, from the server's
-    request deserializer to the answer's bytes."""
+    request deserializer to the answer's bytes, made as on the gRPC server's loop (its
+    thread marked so for the call: ``replicawait.merges``; a tree without the mark
+    ignores it)."""
     from sparkmq.broker.grpc_service import MessagingServicer, request_reader
+    from sparkmq.broker.replicawait import HELD
     servicer, read = MessagingServicer(broker), request_reader("SendMessage")
 
     def grpc():
-        r = servicer.send_encoded(read(data), ctx)
+        HELD.loop = True
+        try:
+            r = servicer.send_encoded(read(data), ctx)
+        finally:
+            HELD.loop = False
         if not isinstance(r, bytes):
             r.SerializeToString()
     return grpc

@@ -32,7 +32,7 @@ from ..log.limits import RESERVED_PROPERTY_KEYS, MessageLimits, check_batch
 from ..log.status import PutMessageStatus
 from ..log.topics import topic_message_type, type_conflict
 from .protocol import Code
-from .replicawait import HELD
+from .replicawait import HELD, merges
 from .sendlimits import first_body_refusal
 from .sendmerge import SendMerger
 
@@ -260,8 +260,8 @@ class BatchSender:
     def store(self, rows: BuiltRows, topics: list[str]) -> Stored:
         """Append ``rows`` (of ``topics``, each named once; alone or merged with the
         batches waiting now) and count them."""
-        # (on the gRPC loop, sends run one at a time, not merged: replicawait.held)
-        stored = self.merger.submit(rows, merge=HELD.offsets is None)
+        # (on the gRPC loop, sends run one at a time, not merged: replicawait.merges)
+        stored = self.merger.submit(rows, merge=merges())
         stored.status = self.broker.sender.replicated(stored.r)   # (after the merger)
         metrics = self.broker.metrics
         if len(topics) == 1:

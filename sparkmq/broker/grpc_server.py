@@ -21,6 +21,7 @@ import grpc
 import grpc.aio
 
 from ..errors import BindError
+from .replicawait import on_the_loop
 
 
 class Malformed:
@@ -67,6 +68,7 @@ class GrpcServer:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _start(self, host, port, options, register, credentials) -> int:
+        on_the_loop()                    # (this coroutine runs on the loop's thread)
         server = grpc.aio.server(migration_thread_pool=self.pool, options=options)
         register(server)
         address = f"{host}:{port}"

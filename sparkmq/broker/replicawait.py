@@ -62,12 +62,28 @@ def resolve(sender, results: list) -> list:
 class _Held(threading.local):
     """Per thread, inside a ``held`` block: ``offsets`` the replica offsets its sends
     await, ``flushes`` what their appends left to flush and make visible (SYNC_FLUSH;
-    ``Store.append_batch``'s ``later``), else None."""
+    ``Store.append_batch``'s ``later``), else None. ``loop``: the thread runs the gRPC
+    server's event loop (``on_the_loop``)."""
     offsets: list | None = None
     flushes: list | None = None
+    loop = False
 
 
 HELD = _Held()
+
+
+def on_the_loop() -> None:
+    """Mark the calling thread as the gRPC server's event loop (``GrpcServer``): its
+    sends run one at a time, so they are never merged (``merges``)."""
+    HELD.loop = True
+
+
+def merges() -> bool:
+    """Whether a send made now may be merged with others waiting (``SendMerger``): not
+    on the gRPC loop, whose sends run one at a time (with nothing to wait for, they are
+    appended at once; inside ``held``, they await their fsync and replica together).
+    Merging is for sends on threads (Flight, in-process callers)."""
+    return HELD.offsets is None and not HELD.loop
 
 
 @contextlib.contextmanager

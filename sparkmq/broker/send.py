@@ -42,7 +42,7 @@ from ..log.message import encode_message_id
 from ..log.names import validate_topic
 from ..log.status import PutMessageStatus
 from .protocol import Code, ms_of_timestamp, recovery_refusal, status, transaction_properties
-from .replicawait import HELD, Replicating, count_failure, resolve
+from .replicawait import HELD, Replicating, count_failure, merges, resolve
 from .delaypolicy import DelayRefused, parked_row
 from .parked import PROP_DELAY_LEVEL
 from .sendlimits import plain_within_limits, type_refusal, body_refusal, limits_refusal
@@ -429,12 +429,12 @@ class SendService:
         """Append the accepted messages of one request (a ``SendRows``); returns
         per row ``(PutMessageStatus, message id, queue offset, transaction id)`` or the
         exception that refused it. SYNC_FLUSH returns after the fsync. Requests waiting
-        at the same moment are appended as ONE record batch (``SendMerger``); inside
-        ``replicawait.held`` (the gRPC loop) a request is appended alone and its caller
-        awaits the fsync and the replica."""
+        at the same moment are appended as ONE record batch (``SendMerger``); on the
+        gRPC loop a request is appended alone (``replicawait.merges``), and inside
+        ``replicawait.held`` its caller awaits the fsync and the replica."""
         self.place(rows)
         # (on the gRPC loop, one at a time: replicawait; each request's replica wait after)
-        return resolve(self, self.merger.submit(rows, merge=HELD.offsets is None))
+        return resolve(self, self.merger.submit(rows, merge=merges()))
 
     def request_queue(self, topic: str) -> int:
         """The queue of one request's rows of ``topic`` that have neither a queue nor a
