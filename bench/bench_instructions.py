@@ -30,7 +30,8 @@ Workloads (1 KiB bodies, ASYNC_FLUSH):
   thread (default transport, to an in-process broker serving no Flight: RocketMQ gRPC;
   the broker's threads are not counted); ``stub-1``: the gRPC call it makes, of the same
   request bytes with its headers and timeout (``Connections.call_encoded``), without the
-  producer's own work.
+  producer's own work; ``producerf-1``: ``Producer.send`` over Arrow Flight
+  (``transport="flight"``, to a broker serving it).
 
 Printed: instructions per call and, for the puts, the ratio to the floor's put of as many
 rows. valgrind counts a ``rep movsb`` copy one instruction per byte, so a 100 KiB body copy
@@ -53,7 +54,7 @@ sys.path.insert(0, HERE)
 from bench_cold import _Context, grpc_send, in_process_broker, plain_request  # noqa: E402
 
 WORKLOADS = ("floor-1", "floor-100", "flight-1", "flight-100", "flightq-1", "grpc-1",
-             "grpc-100", "get-1", "round", "producer-1", "stub-1")
+             "grpc-100", "get-1", "round", "producer-1", "stub-1", "producerf-1")
 
 
 def _rows(n: int):
@@ -78,7 +79,7 @@ def _workload(name: str, tmp: str):
     # written, on the counted thread). Some runs did and some did not: 0.58 against
     # 0.78 M a 100-row Flight put, one tree, 2026-11-28 (callgrind: the difference was
     # the publish's sort and Parquet encoding)
-    if kind in ("producer", "stub"):
+    if kind in ("producer", "stub", "producerf"):
         return _client(tmp, kind)
     broker, ctx = in_process_broker(tmp, lease_timeout_ms=3_600_000), _Context()
     if kind in ("flight", "flightq"):
@@ -108,18 +109,21 @@ def _workload(name: str, tmp: str):
 
 
 def _client(tmp: str, kind: str):
-    """(call, stop) of ``producer-1`` or ``stub-1``: the client's side of a sync send, on
-    this (the counted) thread; the broker's gRPC loop runs on a thread of its own."""
+    """(call, stop) of ``producer-1``, ``stub-1`` or ``producerf-1``: the client's side
+    of a sync send, on this (the counted) thread; the broker's gRPC loop and Flight
+    handlers run on threads of their own."""
     from rocketmq.grpc_protocol import service_pb2 as spb
     from sparkmq.client import Message, Producer
-    broker = in_process_broker(tmp, lease_timeout_ms=3_600_000, flightEnable="false")
-    p = Producer(broker.endpoint)
+    flight = kind == "producerf"
+    broker = in_process_broker(tmp, lease_timeout_ms=3_600_000,
+                               flightEnable="true" if flight else "false")
+    p = Producer(broker.endpoint, transport="flight" if flight else "auto")
     m = Message("instr-client", b"x" * 1024)
 
     def stop():
         p.shutdown()
         broker.stop()
-    if kind == "producer":
+    if kind != "stub":
         return (lambda: p.send(m)), stop
     data = p._request([m]).data          # (a plain message: the encoded request)
     return (lambda: p.conns.call_encoded(broker.endpoint, "SendMessage", data,

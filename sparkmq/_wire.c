@@ -3,7 +3,8 @@
  * column buffers, and its all-OK answer turned into bytes, without a Python object
  * per message (docs/ARCHITECTURE.md, "The plain gRPC send"); those buffers as one Arrow
  * C struct, what the send's segment batch is composed from (``plain_struct``); and, for
- * sparkmq's Producer, such a request made from the bodies (``encode_plain``).
+ * sparkmq's Producer, such a request made from the bodies (``encode_plain``), and the
+ * Flight batch of the same messages (``send_struct``).
  *
  * Input is the client's bytes, read before upb sees them: every read is bounds-checked,
  * and the scanner accepts nothing upb would refuse (every string field it takes, the
@@ -675,18 +676,27 @@ static void release_plain(struct ArrowArray *a)
     release_held(NULL, 0, b->scanned, b);
 }
 
-/* cols[k] as a column of n values over buffers (validity or NULL, then one or two) */
+/* *col as a column of n values over buffers (validity or NULL, then one or two), kept
+ * in slots; col. */
+static struct ArrowArray *column_over(struct ArrowArray *col, const void **slots, int64_t n,
+                                      int64_t nulls, int n_buffers, const void *b0,
+                                      const void *b1, const void *b2)
+{
+    slots[0] = b0;
+    slots[1] = b1;
+    slots[2] = b2;
+    *col = (struct ArrowArray){.length = n, .null_count = nulls, .n_buffers = n_buffers,
+                               .buffers = slots, .release = release_child};
+    return col;
+}
+
+/* cols[k] as a column (column_over), the batch's child k */
 static struct ArrowArray *plain_column(PlainBatch *b, int k, int64_t n, int64_t nulls,
                                        int n_buffers, const void *b0, const void *b1,
                                        const void *b2)
 {
-    b->buffers[k][0] = b0;
-    b->buffers[k][1] = b1;
-    b->buffers[k][2] = b2;
-    b->cols[k] = (struct ArrowArray){.length = n, .null_count = nulls,
-                                     .n_buffers = n_buffers, .buffers = b->buffers[k],
-                                     .release = release_child};
-    return b->children[k] = &b->cols[k];
+    return b->children[k] = column_over(&b->cols[k], b->buffers[k], n, nulls, n_buffers,
+                                        b0, b1, b2);
 }
 
 PyDoc_STRVAR(plain_struct_doc,
@@ -766,11 +776,177 @@ static PyObject *plain_struct(PyObject *self, PyObject *args)
     return capsule;
 }
 
+/* send_struct: a Flight DoPut batch of plain messages made from their bodies (the client's
+ * side, as encode_plain is for SendMessage), every value copied into one block. */
+#define SEND_COLUMNS 6
+
+typedef struct {
+    struct ArrowArray cols[SEND_COLUMNS];
+    struct ArrowArray *children[SEND_COLUMNS];
+    const void *buffers[SEND_COLUMNS][3];
+    char data[];                                /* each column's buffers, 8-byte aligned */
+} SendBatch;
+
+static void release_send(struct ArrowArray *a)
+{
+    void *b = a->private_data;
+    a->release = NULL;
+    PyMem_RawFree(b);                           /* (no Python object held: no GIL needed) */
+}
+
+static size_t up8(size_t x)
+{
+    return (x + 7) & ~(size_t)7;
+}
+
+static void send_column(SendBatch *b, int k, int64_t n, int64_t nulls, int n_buffers,
+                        const void *b0, const void *b1, const void *b2)
+{
+    b->children[k] = column_over(&b->cols[k], b->buffers[k], n, nulls, n_buffers, b0, b1, b2);
+}
+
+/* Column k: n times the len bytes at value, a string column laid out at p; the end. */
+static char *repeated(SendBatch *b, int k, Py_ssize_t n, const char *value, Py_ssize_t len,
+                      char *p)
+{
+    int32_t *offsets = (int32_t *)p;
+    char *data = p + up8((size_t)(n + 1) * 4);
+    for (Py_ssize_t i = 0; i <= n; i++)
+        offsets[i] = (int32_t)(i * len);
+    for (Py_ssize_t i = 0; i < n; i++)
+        memcpy(data + i * len, value, (size_t)len);
+    send_column(b, k, n, 0, 3, NULL, offsets, data);
+    return data + up8((size_t)(n * len));
+}
+
+PyDoc_STRVAR(send_struct_doc,
+"send_struct(topic, group, host, bodies, prefix, start, born_ms) -> (capsule, address)\n\n"
+"A Flight DoPut batch of len(bodies) plain messages exported to the Arrow C data interface\n"
+"(an \"arrow_array\" capsule owning a copy of every value, and the address of its struct\n"
+"for pyarrow's import, which moves it out; the capsule frees what is left), in the columns of\n"
+"sparkmq.client.flight.PLAIN_SEND_SCHEMA: topic, body, message_group, unique_key,\n"
+"born_timestamp, born_host. ``topic``, ``group`` and ``host`` are UTF-8 bytes repeated on\n"
+"every row (``group`` None: null), ``bodies`` a list of bytes, message i's id ``prefix``\n"
+"(20 ASCII bytes) and the 12 upper-case hex digits of (start + i) mod 2**48 (as\n"
+"encode_plain writes it), every born time ``born_ms``. ValueError where a column would\n"
+"pass 2 GiB.");
+
+static PyObject *send_struct(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer topic, host, prefix, group = {0};
+    PyObject *group_obj, *bodies, *capsule = NULL;
+    unsigned long long start;
+    long long born;
+    SendBatch *b = NULL;
+    if (!PyArg_ParseTuple(args, "y*Oy*O!y*KL", &topic, &group_obj, &host, &PyList_Type,
+                          &bodies, &prefix, &start, &born))
+        return NULL;
+    int has_group = group_obj != Py_None;
+    if (has_group && PyObject_GetBuffer(group_obj, &group, PyBUF_SIMPLE) < 0) {
+        has_group = 0;
+        goto done;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    if (prefix.len != 20 || n <= 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "send_struct: the id prefix must be 20 bytes, and a body given");
+        goto done;
+    }
+    size_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *body = PyList_GET_ITEM(bodies, i);
+        if (!PyBytes_CheckExact(body)) {
+            PyErr_Format(PyExc_TypeError, "send_struct: body %zd is not bytes", i);
+            goto done;
+        }
+        total += (size_t)PyBytes_GET_SIZE(body);
+    }
+    Py_ssize_t longest = topic.len > host.len ? topic.len : host.len;
+    if (has_group && group.len > longest)
+        longest = group.len;
+    if (longest < 32)
+        longest = 32;                                       /* (the ids) */
+    if (total > INT32_MAX || (size_t)longest * (size_t)n > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "send_struct: a column would pass 2 GiB");
+        goto done;
+    }
+    size_t offsets = up8((size_t)(n + 1) * 4), un = (size_t)n;
+    size_t size = offsets + up8(un * (size_t)topic.len)            /* topic */
+        + offsets + up8(total)                                     /* body */
+        + (has_group ? offsets + up8(un * (size_t)group.len)
+                     : up8((un + 7) / 8) + offsets)                /* message_group */
+        + offsets + up8(un * 32)                                   /* unique_key */
+        + un * 8                                                   /* born_timestamp */
+        + offsets + up8(un * (size_t)host.len);                    /* born_host */
+    b = PyMem_RawCalloc(1, sizeof(SendBatch) + size);
+    if (!b) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    char *p = repeated(b, 0, n, topic.buf, topic.len, b->data);
+    int32_t *body_offsets = (int32_t *)p;
+    char *body_data = p + offsets;
+    int32_t at = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *body = PyList_GET_ITEM(bodies, i);
+        Py_ssize_t len = PyBytes_GET_SIZE(body);
+        body_offsets[i] = at;
+        memcpy(body_data + at, PyBytes_AS_STRING(body), (size_t)len);
+        at += (int32_t)len;
+    }
+    body_offsets[n] = at;
+    send_column(b, 1, n, 0, 3, NULL, body_offsets, body_data);
+    p = body_data + up8(total);
+    if (has_group) {
+        p = repeated(b, 2, n, group.buf, group.len, p);
+    } else {            /* every row null: its validity bits and offsets all zero */
+        char *bits = p, *zeros = p + up8((un + 7) / 8);
+        send_column(b, 2, n, n, 3, bits, zeros, zeros);
+        p = zeros + offsets;
+    }
+    static const char hex[] = "0123456789ABCDEF";
+    int32_t *id_offsets = (int32_t *)p;
+    char *ids = p + offsets;
+    for (Py_ssize_t i = 0; i <= n; i++)
+        id_offsets[i] = (int32_t)(i * 32);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        char *id = ids + i * 32;
+        uint64_t v = (start + (uint64_t)i) & 0xFFFFFFFFFFFFULL;
+        memcpy(id, prefix.buf, 20);
+        for (int d = 11; d >= 0; d--) {
+            id[20 + d] = hex[v & 0xF];
+            v >>= 4;
+        }
+    }
+    send_column(b, 3, n, 0, 3, NULL, id_offsets, ids);
+    int64_t *borns = (int64_t *)(ids + up8(un * 32));
+    for (Py_ssize_t i = 0; i < n; i++)
+        borns[i] = born;
+    send_column(b, 4, n, 0, 2, NULL, borns, NULL);
+    repeated(b, 5, n, host.buf, host.len, (char *)(borns + n));
+    struct ArrowArray *a = NULL;
+    capsule = struct_capsule(n, SEND_COLUMNS, b->children, release_send, b, &a);
+    if (capsule) {
+        b = NULL;                                   /* (the capsule's now) */
+        capsule = Py_BuildValue("(NK)", capsule, (unsigned long long)(uintptr_t)a);
+    }
+done:
+    PyMem_RawFree(b);
+    PyBuffer_Release(&topic);
+    PyBuffer_Release(&host);
+    PyBuffer_Release(&prefix);
+    if (has_group)
+        PyBuffer_Release(&group);
+    return capsule;
+}
+
 static PyMethodDef methods[] = {
     {"scan_plain", (PyCFunction)(void (*)(void))scan_plain, METH_FASTCALL, scan_plain_doc},
     {"plain_struct", plain_struct, METH_VARARGS, plain_struct_doc},
     {"encode_ok", encode_ok, METH_VARARGS, encode_ok_doc},
     {"encode_plain", encode_plain, METH_VARARGS, encode_plain_doc},
+    {"send_struct", send_struct, METH_VARARGS, send_struct_doc},
     {NULL, NULL, 0, NULL},
 };
 

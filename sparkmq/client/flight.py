@@ -44,6 +44,11 @@ from ..arrowcols import constant_column, fixed_width_strings
 from .core import (BrokerUnavailableError, ClientError, ClientTLS, Code, Message,
                    ReceivedMessage)
 
+try:
+    from .. import _wire
+except ImportError:     # not built here (no C compiler): batches are made in pyarrow
+    _wire = None
+
 log = logging.getLogger("sparkmq.client.flight")
 
 TRANSPORTS = ("auto", "flight", "grpc")
@@ -99,6 +104,31 @@ def send_batch(messages: Sequence[Message], ids: Sequence[str], born_ms: int,
              pa.Array.from_buffers(TS, n, [None, pa.py_buffer(np.full(n, born_ms, np.int64))]),
              constant_column(host, pa.string(), n)]
     return pa.RecordBatch.from_arrays(cols, schema=PLAIN_SEND_SCHEMA if plain else SEND_SCHEMA)
+
+
+def plain_send_batch(messages: Sequence[Message], prefix: bytes, start: int, born_ms: int,
+                     host: str) -> pa.RecordBatch | None:
+    """:func:`send_batch`'s batch of plain ``messages`` (bytes bodies; no tag, keys or
+    properties) whose ids are a block of ``MessageIds`` (``prefix`` in ASCII, the first
+    counter value ``start``), made in one C call (``sparkmq._wire.send_struct``: every
+    value copied once into one block, ~4x cheaper for one message); None where it cannot
+    be (the module not built, a message not plain, text that is not UTF-8): then
+    :func:`send_batch` makes it."""
+    if _wire is None or any(m.tag or m.keys or m.properties or type(m.body) is not bytes
+                            for m in messages):
+        return None
+    first = messages[0]
+    group = first.message_group
+    try:
+        topic, host_bytes = first.topic.encode(), host.encode()
+        group = None if group is None else group.encode()
+    except UnicodeEncodeError:      # (pyarrow's refusal names it: send_batch's)
+        return None
+    _, address = made = _wire.send_struct(topic, group, host_bytes, [m.body for m in messages],
+                                          prefix, start, born_ms)
+    batch = pa.RecordBatch._import_from_c(address, PLAIN_SEND_SCHEMA)
+    del made                        # (the capsule frees the moved-out struct)
+    return batch
 
 
 def _is_bytes(body) -> bool:

@@ -56,7 +56,7 @@ from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientErro
                    Connections, Message, MessageIds, Queue, RouteCache, now_timestamp,
                    parse_endpoints)
 from .flight import (TRANSPORTS, _FlightDown, FlightTransport, ack_status, flight_carries,
-                     send_batch)
+                     plain_send_batch, send_batch)
 from .transaction import (TelemetryStreams, TransactionResolution, as_resolution,
                           end_transaction)
 
@@ -289,6 +289,9 @@ class Producer:
                         raise ClientError(f"{queue.broker_name} ({queue.endpoint}) serves no "
                                           "Arrow Flight (transport='flight')", Code.UNSUPPORTED)
                     if self.flight.usable(fep) or self.transport == "flight":
+                        if batch is None:
+                            batch = plain_send_batch(messages, self._ids.prefix_ascii, start,
+                                                     born, self._host)
                         if batch is None:
                             batch = send_batch(messages, self._ids.strings(start, n), born,
                                                self._host)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 from unittest import mock
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -309,6 +310,57 @@ def test_a_retry_policy_from_the_settings_gives_the_official_clients_delays():
             initial=Duration(seconds=2), max=Duration(seconds=20), multiplier=3.0)))
     assert [exp.delay_s(a) for a in (1, 2, 3, 4)] == [2, 6, 18, 20]
     assert RetryPolicy.from_pb(pb.RetryPolicy(max_attempts=3)) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(bodies=st.lists(st.binary(max_size=300) | st.sampled_from([b"", b"x" * 5000]),
+                       min_size=1, max_size=20),
+       topic=st.text(min_size=1, max_size=40), group=st.none() | st.text(max_size=20),
+       host=st.text(max_size=60), born=st.integers(0, 2**42),
+       start=st.integers(0, 2**48 + 10) | st.just(2**48 - 2))
+def test_the_c_flight_batch_is_the_pyarrow_one(bodies, topic, group, host, born, start):
+    """``plain_send_batch`` (``_wire.send_struct``) makes the batch ``send_batch`` makes
+    of the same plain messages and ids, valid Arrow in full, for any bodies (empty ones
+    too), topic, message group (none, or empty), host, born time and id block (wrapping
+    at 2**48); it outlives what it was made of."""
+    import gc
+    from sparkmq import _wire
+    from sparkmq.client.flight import PLAIN_SEND_SCHEMA, plain_send_batch, send_batch
+    if _wire is None:
+        pytest.skip("sparkmq._wire is not built here")
+    ids = MessageIds()
+    messages = [Message(topic, bytes(b), message_group=group) for b in bodies]
+    try:
+        expected = send_batch(messages, ids.strings(start, len(bodies)), born, host)
+    except (UnicodeEncodeError, pa.ArrowException):    # text that is not UTF-8
+        assert plain_send_batch(messages, ids.prefix_ascii, start, born, host) is None
+        return
+    got = plain_send_batch(messages, ids.prefix_ascii, start, born, host)
+    del messages
+    gc.collect()
+    got.validate(full=True)
+    assert got.schema.equals(PLAIN_SEND_SCHEMA, check_metadata=True)
+    assert got.equals(expected) and got.to_pydict() == expected.to_pydict()
+
+
+def test_the_c_flight_batch_is_made_only_of_plain_messages():
+    from sparkmq import _wire
+    from sparkmq.client.flight import plain_send_batch
+    if _wire is None:
+        pytest.skip("sparkmq._wire is not built here")
+    prefix = MessageIds().prefix_ascii
+    for odd in (Message("T", b"x", tag="A"), Message("T", b"x", keys=["k"]),
+                Message("T", b"x", properties={"p": "1"}), Message("T", bytearray(b"x")),
+                Message("T\ud800", b"x")):
+        assert plain_send_batch([odd, Message("T", b"y")], prefix, 0, 1, "h") is None
+        assert plain_send_batch([Message("T", b"y"), odd], prefix, 0, 1, "h") is None \
+            or odd.topic != "T"            # (the batch's topic is the first message's)
+    with pytest.raises(TypeError, match="body 1 is not bytes"):
+        _wire.send_struct(b"T", None, b"h", [b"a", bytearray(b"b")], prefix, 0, 1)
+    with pytest.raises(ValueError, match="20 bytes"):
+        _wire.send_struct(b"T", None, b"h", [b"a"], prefix[:19], 0, 1)
+    with pytest.raises(ValueError, match="20 bytes"):
+        _wire.send_struct(b"T", None, b"h", [], prefix, 0, 1)
 
 
 def test_the_flight_send_batch_holds_every_field_in_the_schema_its_messages_need():
