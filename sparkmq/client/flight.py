@@ -135,12 +135,35 @@ def _is_bytes(body) -> bool:
     return isinstance(body, (bytes, bytearray))
 
 
-def parse_ack(buf) -> pa.Table:
-    """A DoPut ack (``app_metadata``): (queue_id, queue_offset, message_id) per row."""
+_CONTINUATION = b"\xff\xff\xff\xff"      # an IPC message's first four bytes
+_END = _CONTINUATION + b"\0\0\0\0"        # an IPC stream's end marker
+#: the schema message of the last ack read, and its schema (acks of one broker share it
+#: but for a ``status``): reading it again cost ~10 us of an ack's ~17
+_LAST_ACK_SCHEMA: tuple = (b"", None)
+
+
+def parse_ack(buf) -> "pa.RecordBatch | pa.Table":
+    """A DoPut ack (``app_metadata``: an IPC stream of one batch, docs/PROTOCOL.md):
+    (queue_id, queue_offset, message_id) per row, and its schema's ``status``. Where its
+    schema message is the last ack's, that message is not read again: the one batch after
+    it (then the end, or nothing) is read against the schema kept. Any other stream is
+    read whole."""
+    global _LAST_ACK_SCHEMA
+    view = memoryview(buf).cast("B")      # (a pyarrow Buffer's view is of signed bytes)
+    end = 8 + int.from_bytes(view[4:8], "little") if len(view) >= 16 else len(view)
+    if view[:4] == _CONTINUATION and len(view) >= end + 8 and view[end:end + 8] != _END:
+        head = view[:end]
+        message = pa.ipc.read_message(pa.py_buffer(view[end:]))
+        after = end + 8 + int.from_bytes(view[end + 4:end + 8], "little") + message.body.size
+        if message.type == "record batch" and view[after:] in (b"", _END):   # one batch
+            last = _LAST_ACK_SCHEMA
+            if head != last[0]:
+                last = _LAST_ACK_SCHEMA = (bytes(head), pa.ipc.read_schema(pa.py_buffer(head)))
+            return pa.ipc.read_record_batch(message, last[1])
     return pa.ipc.open_stream(buf).read_all()
 
 
-def ack_status(ack: pa.Table) -> int:
+def ack_status(ack: "pa.RecordBatch | pa.Table") -> int:
     """The RocketMQ status of an acked batch: OK, or the ``status`` its schema metadata
     names (MASTER_PERSISTENCE_TIMEOUT: stored, its fsync late; docs/PROTOCOL.md). A
     name this client does not know counts as OK: an acked batch is stored."""
@@ -267,7 +290,8 @@ class FlightTransport:
             timeout=timeout_s, headers=[(k.encode(), v.encode()) for k, v in self.headers()])
 
     # ------------------------------------------------------------ produce
-    def put(self, endpoint: str, batch: pa.RecordBatch, what: str) -> pa.Table:
+    def put(self, endpoint: str, batch: pa.RecordBatch,
+            what: str) -> "pa.RecordBatch | pa.Table":
         """Send ``batch`` and return its ack; _FlightDown if Flight is unreachable (then
         nothing was stored), ClientError / BrokerUnavailableError as the broker answered."""
         key = (endpoint, batch.num_columns)
@@ -282,7 +306,8 @@ class FlightTransport:
         stream, _ = self._take(key, batch, fresh=True)
         return self._put_on(key, stream, batch, what)
 
-    def _put_on(self, key: tuple, stream: _Stream, batch, what: str) -> pa.Table:
+    def _put_on(self, key: tuple, stream: _Stream, batch,
+                what: str) -> "pa.RecordBatch | pa.Table":
         try:
             stream.writer.write_batch(batch)
             buf = stream.reader.read()

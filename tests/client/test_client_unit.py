@@ -399,3 +399,34 @@ def test_the_flight_send_batch_holds_every_field_in_the_schema_its_messages_need
     assert len(set(big.column("unique_key").to_pylist())) == 1500
     with pytest.raises(UserError, match="must be bytes, got str"):
         send_batch([Message("T", b"x"), Message("T", "text")], ids[:2], 5, "h")
+
+
+def test_an_ack_is_read_with_its_own_status_whatever_came_before():
+    """``parse_ack`` keeps the last ack's schema message and reads the next ack's batch
+    against it only where the next has the same one: a status (schema metadata) is never
+    taken from an earlier ack, and a stream of more than one batch is read whole."""
+    from sparkmq.client.flight import ack_status, parse_ack
+
+    def ack(rows, status=None, batches=1):
+        schema = pa.schema([("queue_id", pa.int32()), ("queue_offset", pa.int64()),
+                            ("message_id", pa.string())],
+                           metadata=None if status is None else {"status": status})
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, schema) as w:
+            for _ in range(batches):
+                w.write_batch(pa.record_batch([pa.array([q for q, _, _ in rows], pa.int32()),
+                                               pa.array([o for _, o, _ in rows], pa.int64()),
+                                               pa.array([m for _, _, m in rows])],
+                                              schema=schema))
+        return sink.getvalue()
+    ok = [(1, 5, "A" * 32), (1, 6, "B" * 32)]
+    late = [(2, 9, "C" * 32)]
+    for buf, rows, code in ((ack(ok), ok, pb.Code.OK),
+                            (ack(late, "MASTER_PERSISTENCE_TIMEOUT"), late,
+                             pb.Code.MASTER_PERSISTENCE_TIMEOUT),
+                            (ack(ok), ok, pb.Code.OK), (ack(late), late, pb.Code.OK)):
+        got = parse_ack(buf)
+        assert ack_status(got) == code
+        assert list(zip(*got.to_pydict().values())) == rows
+    assert parse_ack(ack(ok, batches=2)).num_rows == 4
+    assert parse_ack(ack(ok, batches=0)).num_rows == 0
