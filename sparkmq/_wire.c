@@ -595,6 +595,19 @@ done:
     return out;
 }
 
+/* A message id of sparkmq's Producer (client/core.py MessageIds) at out: the 20 ASCII
+ * bytes of prefix, then the 12 upper-case hex digits of value mod 2**48. */
+static void write_id(char *out, const void *prefix, uint64_t value)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    memcpy(out, prefix, 20);
+    value &= 0xFFFFFFFFFFFFULL;
+    for (int d = 11; d >= 0; d--) {
+        out[20 + d] = hex[value & 0xF];
+        value >>= 4;
+    }
+}
+
 PyDoc_STRVAR(encode_plain_doc,
 "encode_plain(head, bodies, prefix, start) -> bytes\n\n"
 "A serialized SendMessageRequest of len(bodies) plain messages (the client's side of\n"
@@ -612,7 +625,6 @@ static PyObject *encode_plain(PyObject *self, PyObject *args)
     unsigned long long start;
     if (!PyArg_ParseTuple(args, "y*O!y*K", &head, &PyList_Type, &bodies, &prefix, &start))
         return NULL;
-    static const char hex[] = "0123456789ABCDEF";
     Py_ssize_t n = PyList_GET_SIZE(bodies);
     size_t fixed = (size_t)head.len + 32 + 1, total = 0;
     if (prefix.len != 20) {
@@ -640,12 +652,7 @@ static PyObject *encode_plain(PyObject *self, PyObject *args)
         p = put_varint(p, fixed + varint_size(len) + len);
         memcpy(p, head.buf, (size_t)head.len);
         p += head.len;
-        memcpy(p, prefix.buf, 20);
-        uint64_t id = (start + (uint64_t)i) & 0xFFFFFFFFFFFFULL;
-        for (int d = 11; d >= 0; d--) {
-            p[20 + d] = (uint8_t)hex[id & 0xF];
-            id >>= 4;
-        }
+        write_id((char *)p, prefix.buf, start + (uint64_t)i);
         p += 32;
         *p++ = 0x22;                              /* Message.body = 4 */
         p = put_varint(p, len);
@@ -905,20 +912,12 @@ static PyObject *send_struct(PyObject *self, PyObject *args)
         send_column(b, 2, n, n, 3, bits, zeros, zeros);
         p = zeros + offsets;
     }
-    static const char hex[] = "0123456789ABCDEF";
     int32_t *id_offsets = (int32_t *)p;
     char *ids = p + offsets;
     for (Py_ssize_t i = 0; i <= n; i++)
         id_offsets[i] = (int32_t)(i * 32);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        char *id = ids + i * 32;
-        uint64_t v = (start + (uint64_t)i) & 0xFFFFFFFFFFFFULL;
-        memcpy(id, prefix.buf, 20);
-        for (int d = 11; d >= 0; d--) {
-            id[20 + d] = hex[v & 0xF];
-            v >>= 4;
-        }
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        write_id(ids + i * 32, prefix.buf, start + (uint64_t)i);
     send_column(b, 3, n, 0, 3, NULL, id_offsets, ids);
     int64_t *borns = (int64_t *)(ids + up8(un * 32));
     for (Py_ssize_t i = 0; i < n; i++)

@@ -63,6 +63,11 @@ class Message:
     message_group: str | None = None
     delivery_timestamp_ms: int | None = None
 
+    def plain(self) -> bool:
+        """A bytes body and no tag, keys or properties: what the Producer's C encoders
+        write on both transports (``_wire.encode_plain``, ``_wire.send_struct``)."""
+        return type(self.body) is bytes and not (self.tag or self.keys or self.properties)
+
     def to_pb(self, born_host: str, message_id: str, born_timestamp) -> pb.Message:
         """The protocol message; ``born_timestamp`` is a protobuf Timestamp shared by a batch."""
         out = pb.Message()
@@ -123,8 +128,16 @@ class MessageIds:
             self._next = start + n
         return start
 
+    def text(self, value: int) -> str:
+        """The id of counter ``value``: the prefix, then the value's 12 hex digits."""
+        return f"{self.prefix}{value & 0xFFFFFFFFFFFF:012X}"
+
+    def ascii(self, value: int) -> bytes:
+        """``text(value)`` as ASCII bytes (for requests encoded by hand)."""
+        return b"%s%012X" % (self.prefix_ascii, value & 0xFFFFFFFFFFFF)
+
     def next(self) -> str:
-        return f"{self.prefix}{self.take(1) & 0xFFFFFFFFFFFF:012X}"
+        return self.text(self.take(1))
 
     def block(self, n: int) -> tuple[bytes, int]:
         """``n`` ids as ``sparkmq._wire.encode_plain`` takes them: (the prefix as ASCII,
@@ -142,18 +155,23 @@ class MessageIds:
         start, prefix = start & 0xFFFFFFFFFFFF, self.prefix
         if start + n <= 1 << 48:
             return list(map((prefix + "%012X").__mod__, range(start, start + n)))
-        return [f"{prefix}{c & 0xFFFFFFFFFFFF:012X}" for c in range(start, start + n)]
+        return [self.text(c) for c in range(start, start + n)]
 
     def next_ascii(self) -> bytes:
         """``next()`` as ASCII bytes (for requests encoded by hand)."""
-        return b"%s%012X" % (self.prefix_ascii, self.take(1) & 0xFFFFFFFFFFFF)
+        return self.ascii(self.take(1))
+
+
+def timestamp(ms: int):
+    """A protobuf Timestamp of epoch ``ms``."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+    ts = Timestamp()
+    ts.FromMilliseconds(ms)
+    return ts
 
 
 def now_timestamp():
-    from google.protobuf.timestamp_pb2 import Timestamp
-    ts = Timestamp()
-    ts.FromMilliseconds(int(time.time() * 1000))
-    return ts
+    return timestamp(int(time.time() * 1000))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -114,8 +114,7 @@ def plain_send_batch(messages: Sequence[Message], prefix: bytes, start: int, bor
     value copied once into one block, ~4x cheaper for one message); None where it cannot
     be (the module not built, a message not plain, text that is not UTF-8): then
     :func:`send_batch` makes it."""
-    if _wire is None or any(m.tag or m.keys or m.properties or type(m.body) is not bytes
-                            for m in messages):
+    if _wire is None or not all(m.plain() for m in messages):
         return None
     first = messages[0]
     group = first.message_group

@@ -47,14 +47,13 @@ import time
 import zlib
 from typing import Callable, Sequence
 
-from google.protobuf.timestamp_pb2 import Timestamp
 from rocketmq.grpc_protocol import definition_pb2 as pb
 from rocketmq.grpc_protocol import service_pb2 as spb
 
 from ..errors import UserError
 from .core import (DEFAULT_REQUEST_TIMEOUT_S, BrokerUnavailableError, ClientError, Code,
                    Connections, Message, MessageIds, Queue, RouteCache, now_timestamp,
-                   parse_endpoints)
+                   parse_endpoints, timestamp)
 from .flight import (TRANSPORTS, _FlightDown, FlightTransport, ack_status, flight_carries,
                      plain_send_batch, send_batch)
 from .transaction import (TelemetryStreams, TransactionResolution, as_resolution,
@@ -348,12 +347,11 @@ class Producer:
             born = int(time.time() * 1000)
         ids = ids or self._ids
         topic, group = messages[0].topic, messages[0].message_group
-        if all(type(m.body) is bytes and not (m.tag or m.keys or m.properties)
-               and m.delivery_timestamp_ms is None and m.topic == topic
+        if all(m.plain() and m.delivery_timestamp_ms is None and m.topic == topic
                and m.message_group == group for m in messages):
             return _encode_plain(messages, self._host, ids, born)
         request = spb.SendMessageRequest()
-        add, host, stamp = request.messages.add, self._host, _timestamp(born)
+        add, host, stamp = request.messages.add, self._host, timestamp(born)
         for m in messages:
             m.fill_pb(add(), host, ids.next(), stamp)
         return request
@@ -421,13 +419,13 @@ class _Reserved:
 
     def _take(self) -> int:
         k, self._k = self._k, self._k + 1
-        return (self.start + k) & 0xFFFFFFFFFFFF
+        return self.start + k
 
     def next(self) -> str:
-        return f"{self.ids.prefix}{self._take():012X}"
+        return self.ids.text(self._take())
 
     def next_ascii(self) -> bytes:
-        return b"%s%012X" % (self.ids.prefix_ascii, self._take())
+        return self.ids.ascii(self._take())
 
     def block(self, n: int) -> tuple[bytes, int]:
         """``MessageIds.block``: the next ``n`` ids of this block."""
@@ -474,7 +472,7 @@ def _plain_fields(topic: str, group: str | None, host: str) -> tuple[bytes, byte
     serialized: the Message's fields before its system properties (the topic), and the
     system properties' but the born time and the id."""
     proto = pb.Message()
-    Message(topic, b"", message_group=group).fill_pb(proto, host, "", _timestamp(0))
+    Message(topic, b"", message_group=group).fill_pb(proto, host, "", timestamp(0))
     sp = proto.system_properties
     sp.ClearField("born_timestamp")
     fields = sp.SerializeToString()
@@ -489,13 +487,6 @@ def _born_field(ms: int) -> bytes:
     inner = (b"\x08" + _varint(secs) if secs else b"") + \
         (b"\x10" + _varint(nanos * 1_000_000) if nanos else b"")
     return _BORN_TIMESTAMP + _varint(len(inner)) + inner
-
-
-def _timestamp(ms: int):
-    """A protobuf Timestamp of epoch ``ms``."""
-    ts = Timestamp()
-    ts.FromMilliseconds(ms)
-    return ts
 
 
 def _encode_plain(messages: list[Message], host: str, ids: "MessageIds | _Reserved",
