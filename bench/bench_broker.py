@@ -34,9 +34,11 @@ server stream of 3 messages, then an empty unary ack).
 ``--paired ROUNDS``: only the sync-send row, which one run's 300 sends move by +-30 %
 here: sparkmq's sync send (its RocketMQ gRPC path), the empty unary call on the floor's
 thread-pool server, and the same on a ``grpc.aio`` server (the broker's kind), in blocks
-of 200 calls taking turns, ROUNDS rounds, the order rotated each round. It prints each
-one's p50 and p99, the p50 over the floor's (the issue's target: 1.5), and each server
-process's CPU a call.
+of 200 calls taking turns, ROUNDS rounds, the order rotated each round; and the durable
+floor (``DURABLE_UNARY_SERVER``: the least durable work a Python RocketMQ gRPC broker
+does for a SendMessage, on a grpc.aio server, called with the producer's request bytes,
+headers and timeout). It prints each one's p50 and p99, the p50 over the floor's (the
+issue's target: 1.5), and each server process's CPU a call.
 
 Redis and NATS come from Debian packages (apt-get install if missing); redis/hiredis/
 nats-py from PyPI into the running interpreter's environment if missing. A peer that
@@ -53,6 +55,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import threading
 import time
 from sparkmq.progress import track
@@ -441,6 +444,52 @@ async def main():
     await server.wait_for_termination()
 asyncio.run(main())
 """
+# The least durable work a Python RocketMQ gRPC broker does for a SendMessage
+# (``durable_send``, of the request's bytes; ``fd``: the file it appends to): the request
+# parsed (upb: its message ids), its bytes appended with their length and CRC32C in one
+# write (the file's blocks allocated 8 MiB ahead, as sparkmq's active segment's are), and
+# the answer of an entry a message (status, message id, queue offset), serialized; no
+# checks, no columns, no index. ``DURABLE_UNARY_SERVER`` serves it on the broker's kind
+# of server (grpc.aio); bench_instructions counts it (``floorgrpc-1``).
+DURABLE_SEND = textwrap.dedent("""
+    import os, struct
+    import crc32c
+    from rocketmq.grpc_protocol import definition_pb2 as pb, service_pb2 as spb
+    from sparkmq.log.fs import preallocate
+    OK = pb.Status(code=pb.OK, message="OK")
+    HEAD = struct.Struct("<II")
+    stored = written = allocated = 0
+    def durable_send(data):
+        global stored, written, allocated
+        ids = [m.system_properties.message_id
+               for m in spb.SendMessageRequest.FromString(data).messages]
+        if written + len(data) + 8 > allocated:
+            if preallocate(fd, allocated, 8 << 20):
+                allocated += 8 << 20
+        os.write(fd, HEAD.pack(len(data), crc32c.crc32c(data)) + data)
+        written += len(data) + 8
+        first, stored = stored, stored + len(ids)
+        return spb.SendMessageResponse(status=OK, entries=[
+            spb.SendResultEntry(status=OK, message_id=i, offset=first + k)
+            for k, i in enumerate(ids)]).SerializeToString()
+""")
+DURABLE_UNARY_SERVER = """
+import asyncio, os, sys
+import grpc
+fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+""" + DURABLE_SEND + """
+async def main():
+    server = grpc.aio.server()
+    async def send(data, context):
+        return durable_send(data)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "apache.rocketmq.v2.MessagingService",
+        {"SendMessage": grpc.unary_unary_rpc_method_handler(send)}),))
+    server.add_insecure_port("127.0.0.1:" + sys.argv[1])
+    await server.start()
+    await server.wait_for_termination()
+asyncio.run(main())
+"""
 PAIRED_BLOCK = 200
 
 
@@ -465,6 +514,22 @@ def paired_sync(tmp: str, rounds: int) -> None:
         stack.callback(p.shutdown)
         calls["sparkmq sync send"] = lambda: p.send(Message("lat", BODY))
         pids["sparkmq sync send"] = broker.pid
+        # the durable floor, called as sparkmq's Producer calls the broker (the same
+        # request bytes, headers and timeout, the answer parsed) less the producer's own
+        # work (``bench_instructions``'s ``stub-1``)
+        port = free_port()
+        from rocketmq.grpc_protocol import service_pb2 as spb
+        server = stack.enter_context(process(
+            [sys.executable, "-c", DURABLE_UNARY_SERVER, str(port),
+             os.path.join(tmp, "durable.log")], port))
+        ch = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{port}"))
+        send = ch.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",
+                              request_serializer=None,
+                              response_deserializer=spb.SendMessageResponse.FromString)
+        data = p._request([Message("lat", BODY)]).data
+        calls["durable floor, grpc.aio"] = \
+            lambda: send(data, timeout=30, metadata=p.conns.metadata)
+        pids["durable floor, grpc.aio"] = server.pid
         for fn in calls.values():
             warm_up(fn, fn)
         names = list(calls)

@@ -17,6 +17,9 @@ Workloads (1 KiB bodies, ASYNC_FLUSH):
 
 - ``floor-1`` / ``floor-100``: the durable floor's put (bench_flight's ``DURABLE``: the
   batch's IPC message, its CRC32C, a ``write``, an ack of offsets) of 1 and 100 rows;
+  ``floorgrpc-1``: the RocketMQ durable floor's SendMessage of one plain message
+  (bench_broker's ``DURABLE_SEND``: the request parsed, its bytes and their CRC32C in one
+  ``write``, the answer serialized), the ``/ floor put`` of ``grpc-1``;
 - ``flight-1`` / ``flight-100``: sparkmq's Flight put (``FlightService._send``) of 1 and
   100 rows; ``flightq-1``: of one row whose producer named its queue (a ``queue_id``
   column, as bench_flight's send -> long-poll row sends);
@@ -53,8 +56,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from bench_cold import _Context, grpc_send, in_process_broker, plain_request  # noqa: E402
 
-WORKLOADS = ("floor-1", "floor-100", "flight-1", "flight-100", "flightq-1", "grpc-1",
-             "grpc-100", "get-1", "round", "producer-1", "stub-1", "producerf-1")
+WORKLOADS = ("floor-1", "floor-100", "floorgrpc-1", "flight-1", "flight-100", "flightq-1",
+             "grpc-1", "grpc-100", "get-1", "round", "producer-1", "stub-1", "producerf-1")
 
 
 def _rows(n: int):
@@ -73,6 +76,14 @@ def _workload(name: str, tmp: str):
         exec(DURABLE, floor)
         batch = _rows(int(rows))
         return (lambda: floor["durable"](batch)), (lambda: os.close(fd))
+    if kind == "floorgrpc":
+        from bench_broker import DURABLE_SEND
+        fd = os.open(os.path.join(tmp, "floor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                     0o644)
+        floor = {"fd": fd}
+        exec(DURABLE_SEND, floor)
+        data = plain_request("instr-grpc", int(rows))
+        return (lambda: floor["durable_send"](data)), (lambda: os.close(fd))
     # a writer lease of an hour. valgrind runs one thread at a time, ~50x slower: the
     # publish service's renewals of the 30 s lease lag, and an append that finds it
     # lapsing renews it itself (``Appender.hold_lease``: a publish, side tables sorted and
@@ -195,7 +206,8 @@ def main(argv=None) -> int:
         print(f"# {name}: {per_call[name] / 1e6:.3f} M instructions a call", flush=True)
     print(f"\n{'workload':<14}{'M instructions/call':>22}{'/ floor put':>14}")
     for name, v in per_call.items():
-        floor = per_call.get("floor-" + name.partition("-")[2])
+        floor = per_call.get(("floorgrpc-" if name.startswith("grpc") else "floor-")
+                             + name.partition("-")[2])
         put = name.partition("-")[0] in ("flight", "flightq", "grpc")
         ratio = f"{v / floor:14.1f}" if floor and put else ""
         print(f"{name:<14}{v / 1e6:>22.3f}{ratio}")
