@@ -38,7 +38,9 @@ of 200 calls taking turns, ROUNDS rounds, the order rotated each round; and the 
 floor (``DURABLE_UNARY_SERVER``: the least durable work a Python RocketMQ gRPC broker
 does for a SendMessage, on a grpc.aio server, called with the producer's request bytes,
 headers and timeout). It prints each one's p50 and p99, the p50 over the floor's (the
-issue's target: 1.5), and each server process's CPU a call.
+issue's target: 1.5), and each server process's and the client's CPU a call. Forty rounds
+read a tree within +-0.01 a minute apart on this host, six within +-0.06 (bench/README.md,
+"twenty-fourth session").
 
 Redis and NATS come from Debian packages (apt-get install if missing); redis/hiredis/
 nats-py from PyPI into the running interpreter's environment if missing. A peer that
