@@ -36,8 +36,9 @@ here: sparkmq's sync send (its RocketMQ gRPC path), the empty unary call on the 
 thread-pool server, and the same on a ``grpc.aio`` server (the broker's kind), in blocks
 of 200 calls taking turns, ROUNDS rounds, the order rotated each round; and the durable
 floor (``DURABLE_UNARY_SERVER``: the least durable work a Python RocketMQ gRPC broker
-does for a SendMessage, on a grpc.aio server, called with the producer's request bytes,
-headers and timeout). It prints each one's p50 and p99, the p50 over the floor's (the
+does for a SendMessage, on a grpc.aio server) and sparkmq's broker, each called with the
+producer's request bytes, headers and timeout as a raw call (the producer's own work left
+out: the broker's row less the send's is the client's share). It prints each one's p50 and p99, the p50 over the floor's (the
 issue's target: 1.5), and each server process's and the client's CPU a call. Forty rounds
 read a tree within +-0.01 a minute apart on this host, six within +-0.06 (bench/README.md,
 "twenty-fourth session").
@@ -516,21 +517,25 @@ def paired_sync(tmp: str, rounds: int) -> None:
         stack.callback(p.shutdown)
         calls["sparkmq sync send"] = lambda: p.send(Message("lat", BODY))
         pids["sparkmq sync send"] = broker.pid
-        # the durable floor, called as sparkmq's Producer calls the broker (the same
-        # request bytes, headers and timeout, the answer parsed) less the producer's own
-        # work (``bench_instructions``'s ``stub-1``)
-        port = free_port()
+        # the request sparkmq's Producer sends, as a raw call (the same bytes, headers and
+        # timeout, the answer parsed; bench_instructions' ``stub-1``): to the broker (the
+        # row less the producer's own work) and to the durable floor
         from rocketmq.grpc_protocol import service_pb2 as spb
+        data = p._request([Message("lat", BODY)]).data
+
+        def raw(server_port: int):
+            ch = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{server_port}"))
+            send = ch.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",
+                                  request_serializer=None,
+                                  response_deserializer=spb.SendMessageResponse.FromString)
+            return lambda: send(data, timeout=30, metadata=p.conns.metadata)
+        calls["sparkmq broker, raw call"] = raw(port)
+        pids["sparkmq broker, raw call"] = broker.pid
+        port = free_port()
         server = stack.enter_context(process(
             [sys.executable, "-c", DURABLE_UNARY_SERVER, str(port),
              os.path.join(tmp, "durable.log")], port))
-        ch = stack.enter_context(grpc.insecure_channel(f"127.0.0.1:{port}"))
-        send = ch.unary_unary("/apache.rocketmq.v2.MessagingService/SendMessage",
-                              request_serializer=None,
-                              response_deserializer=spb.SendMessageResponse.FromString)
-        data = p._request([Message("lat", BODY)]).data
-        calls["durable floor, grpc.aio"] = \
-            lambda: send(data, timeout=30, metadata=p.conns.metadata)
+        calls["durable floor, grpc.aio"] = raw(port)
         pids["durable floor, grpc.aio"] = server.pid
         for fn in calls.values():
             warm_up(fn, fn)
