@@ -38,10 +38,10 @@ of 200 calls taking turns, ROUNDS rounds, the order rotated each round; and the 
 floor (``DURABLE_UNARY_SERVER``: the least durable work a Python RocketMQ gRPC broker
 does for a SendMessage, on a grpc.aio server) and sparkmq's broker, each called with the
 producer's request bytes, headers and timeout as a raw call (the producer's own work left
-out: the broker's row less the send's is the client's share). It prints each one's p50 and p99, the p50 over the floor's (the
-issue's target: 1.5), and each server process's and the client's CPU a call. Forty rounds
-read a tree within +-0.01 a minute apart on this host, six within +-0.06 (bench/README.md,
-"twenty-fourth session").
+out: the send's row less the broker's raw call is the client's share). It prints each
+one's p50 and p99, the p50 over the floor's (the issue's target: 1.5), and each server
+process's and the client's CPU a call. Forty rounds read a tree within +-0.01 a minute
+apart on this host, six within +-0.06 (bench/README.md, "twenty-fourth session").
 
 Redis and NATS come from Debian packages (apt-get install if missing); redis/hiredis/
 nats-py from PyPI into the running interpreter's environment if missing. A peer that
@@ -519,7 +519,8 @@ def paired_sync(tmp: str, rounds: int) -> None:
         pids["sparkmq sync send"] = broker.pid
         # the request sparkmq's Producer sends, as a raw call (the same bytes, headers and
         # timeout, the answer parsed; bench_instructions' ``stub-1``): to the broker (the
-        # row less the producer's own work) and to the durable floor
+        # row less the producer's own work) and to the durable floor. (One request, so one
+        # message id sent again each call: stored each time, as a resend is.)
         from rocketmq.grpc_protocol import service_pb2 as spb
         data = p._request([Message("lat", BODY)]).data
 
