@@ -609,24 +609,49 @@ static void write_id(char *out, const void *prefix, uint64_t value)
 }
 
 PyDoc_STRVAR(encode_plain_doc,
-"encode_plain(head, bodies, prefix, start) -> bytes\n\n"
+"encode_plain(topic, fields, bodies, prefix, start, born_ms) -> bytes\n\n"
 "A serialized SendMessageRequest of len(bodies) plain messages (the client's side of\n"
-"``scan_plain``): message i is ``head`` (its serialized fields before the message id:\n"
-"topic and system properties, ending with the id's key and length), its id ``prefix``\n"
-"(20 ASCII bytes) followed by the 12 upper-case hex digits of (start + i) mod 2**48,\n"
-"then its body, ``bodies[i]`` (bytes). sparkmq.client.producer._encode_plain gives the\n"
-"same bytes in Python.");
+"``scan_plain``): message i is ``topic`` (its serialized fields before its system\n"
+"properties), then its system properties: ``fields`` (those every message shares), the\n"
+"born time ``born_ms`` (epoch ms >= 0, a Timestamp of seconds and nanos, each left out\n"
+"when 0, as protobuf writes them) and its id: ``prefix`` (20 ASCII bytes) followed by the\n"
+"12 upper-case hex digits of (start + i) mod 2**48; then its body, ``bodies[i]`` (bytes).\n"
+"sparkmq.client.producer._encode_plain gives the same bytes in Python.");
+
+/* SystemProperties.born_timestamp (7) of epoch ms ``ms``, written at p; its end. */
+static uint8_t *put_born(uint8_t *p, uint64_t ms)
+{
+    uint64_t secs = ms / 1000, nanos = (ms % 1000) * 1000000;
+    size_t inner = (secs ? 1 + varint_size(secs) : 0) + (nanos ? 1 + varint_size(nanos) : 0);
+    *p++ = 0x3A;
+    p = put_varint(p, inner);
+    if (secs) {
+        *p++ = 0x08;                              /* Timestamp.seconds = 1 */
+        p = put_varint(p, secs);
+    }
+    if (nanos) {
+        *p++ = 0x10;                              /* Timestamp.nanos = 2 */
+        p = put_varint(p, nanos);
+    }
+    return p;
+}
 
 static PyObject *encode_plain(PyObject *self, PyObject *args)
 {
     (void)self;
-    Py_buffer head, prefix;
+    Py_buffer topic, fields, prefix;
     PyObject *bodies, *out = NULL;
-    unsigned long long start;
-    if (!PyArg_ParseTuple(args, "y*O!y*K", &head, &PyList_Type, &bodies, &prefix, &start))
+    unsigned long long start, born;
+    uint8_t born_field[32], *head = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*O!y*KK", &topic, &fields, &PyList_Type, &bodies,
+                          &prefix, &start, &born))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(bodies);
-    size_t fixed = (size_t)head.len + 32 + 1, total = 0;
+    size_t born_len = (size_t)(put_born(born_field, born) - born_field);
+    size_t sp_len = (size_t)fields.len + born_len + 2 + 32;
+    size_t head_len = (size_t)topic.len + 1 + varint_size(sp_len) + (size_t)fields.len
+        + born_len + 2;                           /* (the id's key and length: 2) */
+    size_t fixed = head_len + 32 + 1, total = 0;
     if (prefix.len != 20) {
         PyErr_SetString(PyExc_ValueError, "encode_plain: the id prefix must be 20 bytes");
         goto done;
@@ -641,6 +666,22 @@ static PyObject *encode_plain(PyObject *self, PyObject *args)
         size_t inner = fixed + varint_size(len) + len;
         total += 1 + varint_size(inner) + inner;
     }
+    head = PyMem_Malloc(head_len);
+    if (head == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    uint8_t *h = head;
+    memcpy(h, topic.buf, (size_t)topic.len);
+    h += topic.len;
+    *h++ = 0x1A;                                  /* Message.system_properties = 3 */
+    h = put_varint(h, sp_len);
+    memcpy(h, fields.buf, (size_t)fields.len);
+    h += fields.len;
+    memcpy(h, born_field, born_len);
+    h += born_len;
+    *h++ = 0x1A;                                  /* SystemProperties.message_id = 3 */
+    *h++ = 0x20;                                  /* (32 bytes) */
     out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
     if (out == NULL)
         goto done;
@@ -650,8 +691,8 @@ static PyObject *encode_plain(PyObject *self, PyObject *args)
         size_t len = (size_t)PyBytes_GET_SIZE(b);
         *p++ = 0x0A;                              /* SendMessageRequest.messages = 1 */
         p = put_varint(p, fixed + varint_size(len) + len);
-        memcpy(p, head.buf, (size_t)head.len);
-        p += head.len;
+        memcpy(p, head, head_len);
+        p += head_len;
         write_id((char *)p, prefix.buf, start + (uint64_t)i);
         p += 32;
         *p++ = 0x22;                              /* Message.body = 4 */
@@ -660,7 +701,9 @@ static PyObject *encode_plain(PyObject *self, PyObject *args)
         p += len;
     }
 done:
-    PyBuffer_Release(&head);
+    PyMem_Free(head);
+    PyBuffer_Release(&topic);
+    PyBuffer_Release(&fields);
     PyBuffer_Release(&prefix);
     return out;
 }

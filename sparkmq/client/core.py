@@ -420,8 +420,7 @@ class RouteCache:
         """The Flight location the broker at gRPC ``endpoint`` advertised on its last
         QueryRoute answer (asked now, for ``topic``, if not within ``ttl_s``); None when
         it serves no Flight (or is an older broker, or did not answer)."""
-        with self._lock:
-            hit = self._flight.get(endpoint)
+        hit = self._flight.get(endpoint)     # (one read of a dict: no lock needed)
         if hit is not None and time.monotonic() - hit[0] < self.ttl_s:
             return hit[1]
         try:
@@ -450,8 +449,7 @@ class RouteCache:
         return self._entry(topic, refresh)[2]
 
     def _entry(self, topic: str, refresh: bool) -> tuple[float, list[Queue], list[Queue]]:
-        with self._lock:
-            hit = self._cache.get(topic)
+        hit = self._cache.get(topic)         # (one read of a dict: no lock needed)
         if hit and not refresh and time.monotonic() - hit[0] < self.ttl_s:
             return hit
         queues = self._query(topic)

@@ -275,9 +275,40 @@ def test_the_c_encoder_refuses_what_it_cannot_write():
     if _wire is None:
         pytest.skip("sparkmq._wire is not built here")
     with pytest.raises(TypeError, match="body 1 is not bytes"):
-        _wire.encode_plain(b"h", [b"a", bytearray(b"b")], b"P" * 20, 0)
+        _wire.encode_plain(b"t", b"f", [b"a", bytearray(b"b")], b"P" * 20, 0, 0)
     with pytest.raises(ValueError, match="20 bytes"):
-        _wire.encode_plain(b"h", [b"a"], b"P" * 19, 0)
+        _wire.encode_plain(b"t", b"f", [b"a"], b"P" * 19, 0, 0)
+
+
+def test_a_send_answer_is_taken_only_with_an_entry_a_message_each_stored():
+    """The answer to a SendMessage (the network edge faked with the broker's bytes): an OK
+    with an entry a message gives one receipt each; an OK missing an entry, or an entry
+    of MULTIPLE_RESULTS that was not stored, is refused with what was wrong."""
+    from sparkmq.client import ClientError
+    ok = pb.Status(code=pb.OK, message="OK")
+
+    def answer(*entries, code=pb.OK):
+        return lambda endpoint, method, data, response_class, timeout_s=None: \
+            response_class.FromString(spb.SendMessageResponse(
+                status=pb.Status(code=code, message=pb.Code.Name(code)),
+                entries=list(entries)).SerializeToString())
+    p = producer_with(QUEUES)
+    p.max_retries = 0
+    try:
+        p.conns.call_encoded = answer(spb.SendResultEntry(status=ok, message_id="M1",
+                                                          offset=7))
+        r = p.send(Message("T", b"x"))
+        assert (r.message_id, r.queue_offset, r.status_code) == ("M1", 7, pb.OK)
+        p.conns.call_encoded = answer()
+        with pytest.raises(ClientError, match="OK"):
+            p.send(Message("T", b"x"))
+        p.conns.call_encoded = answer(spb.SendResultEntry(
+            status=pb.Status(code=pb.MESSAGE_BODY_TOO_LARGE, message="too big")),
+            code=pb.MULTIPLE_RESULTS)
+        with pytest.raises(ClientError, match="MESSAGE_BODY_TOO_LARGE: too big"):
+            p.send(Message("T", b"x"))
+    finally:
+        p.shutdown()
 
 
 def test_call_encoded_racing_a_close_is_a_clear_broker_unavailable_error():
