@@ -320,9 +320,7 @@ class Producer:
                               f"for {batch.num_rows} messages", Code.INTERNAL_ERROR)
         out: list[SendReceipt] = []
         append, new, set_dict = out.append, object.__new__, object.__setattr__
-        shared = {"message_id": "", "queue_offset": 0, "broker_name": queue.broker_name,
-                  "endpoint": queue.endpoint, "status_code": ack_status(ack),
-                  "recall_handle": "", "queue_id": None, "transport": "flight"}
+        shared = _receipt_fields(queue.broker_name, queue.endpoint, "flight", ack_status(ack))
         for qid, offset, mid in zip(ack.column("queue_id").to_pylist(),
                                     ack.column("queue_offset").to_pylist(),
                                     ack.column("message_id").to_pylist()):
@@ -528,7 +526,7 @@ def _receipts(entries, broker_name: str, endpoint: str, all_ok: bool) -> list[Se
     ~3.7 us per receipt, the larger part of the client's work on a batch's answer."""
     out: list[SendReceipt] = []
     append, new, set_dict = out.append, object.__new__, object.__setattr__
-    shared = _receipt_fields(broker_name, endpoint)
+    shared = _receipt_fields(broker_name, endpoint, "grpc", _OK)
     for e in entries:
         fields = shared.copy()
         fields["message_id"], fields["queue_offset"], fields["recall_handle"] = \
@@ -542,12 +540,13 @@ def _receipts(entries, broker_name: str, endpoint: str, all_ok: bool) -> list[Se
 
 
 @functools.lru_cache(maxsize=256)
-def _receipt_fields(broker_name: str, endpoint: str) -> dict:
-    """The fields the receipts of a gRPC send to ``broker_name`` at ``endpoint`` share
-    (``_receipts`` copies it: never changed)."""
+def _receipt_fields(broker_name: str, endpoint: str, transport: str, status_code: int) -> dict:
+    """The fields the receipts of one send to ``broker_name`` at ``endpoint`` over
+    ``transport`` share, ``status_code`` theirs unless an entry says otherwise (each
+    receipt copies the dict and sets its own: it is never changed)."""
     return {"message_id": "", "queue_offset": 0, "broker_name": broker_name,
-            "endpoint": endpoint, "status_code": _OK, "recall_handle": "",
-            "queue_id": None, "transport": "grpc"}
+            "endpoint": endpoint, "status_code": status_code, "recall_handle": "",
+            "queue_id": None, "transport": transport}
 
 
 def _run_callback(callback, fut: cf.Future) -> None:
