@@ -65,25 +65,26 @@ def _rows(n: int):
     return pa.RecordBatch.from_pydict({"topic": ["instr"] * n, "body": [b"x" * 1024] * n})
 
 
+def _floor(tmp: str, code: str, name: str, arg):
+    """(call, stop) of a durable floor: ``code`` (bench_flight's ``DURABLE``,
+    bench_broker's ``DURABLE_SEND``) run with ``fd`` a file in ``tmp``, its function
+    ``name`` called on ``arg``."""
+    fd = os.open(os.path.join(tmp, "floor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    floor = {"fd": fd}
+    exec(code, floor)
+    fn = floor[name]
+    return (lambda: fn(arg)), (lambda: os.close(fd))
+
+
 def _workload(name: str, tmp: str):
     """(call, stop) for workload ``name``."""
     kind, _, rows = name.partition("-")
     if kind == "floor":
         from bench_flight import DURABLE
-        fd = os.open(os.path.join(tmp, "floor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                     0o644)
-        floor = {"fd": fd}
-        exec(DURABLE, floor)
-        batch = _rows(int(rows))
-        return (lambda: floor["durable"](batch)), (lambda: os.close(fd))
+        return _floor(tmp, DURABLE, "durable", _rows(int(rows)))
     if kind == "floorgrpc":
         from bench_broker import DURABLE_SEND
-        fd = os.open(os.path.join(tmp, "floor.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
-                     0o644)
-        floor = {"fd": fd}
-        exec(DURABLE_SEND, floor)
-        data = plain_request("instr-grpc", int(rows))
-        return (lambda: floor["durable_send"](data)), (lambda: os.close(fd))
+        return _floor(tmp, DURABLE_SEND, "durable_send", plain_request("instr-grpc", int(rows)))
     # a writer lease of an hour. valgrind runs one thread at a time, ~50x slower: the
     # publish service's renewals of the 30 s lease lag, and an append that finds it
     # lapsing renews it itself (``Appender.hold_lease``: a publish, side tables sorted and
