@@ -25,6 +25,11 @@ Workloads (1 KiB bodies, ASYNC_FLUSH):
   column, as bench_flight's send -> long-poll row sends);
 - ``grpc-1`` / ``grpc-100``: a RocketMQ SendMessage of 1 and 100 plain messages
   (``send_encoded``: parse to answer);
+- ``grpcread-1``, ``grpccheck-1``, ``grpcstore-1``: ``grpc-1`` up to the end of each of
+  its phases: the request read into columns (``_wire.scan_plain``, ``PlainColumns``); then
+  held to the rules (``BatchSender.check_columns``: the segment batch composed, the limits,
+  the role); then stored (``BatchSender.store``, alone, as on the gRPC loop). ``grpc-1``
+  less ``grpcstore-1`` is the answer and the wake-ups;
 - ``get-1``: sparkmq's Flight read of one message at a queue's tail
   (``FlightService._read``: a woken long poll's DoGet, before its reply is written);
 - ``round``: what a long poll's delivery costs the broker: a one-row Flight put, the pop
@@ -57,7 +62,8 @@ sys.path.insert(0, HERE)
 from bench_cold import _Context, grpc_send, in_process_broker, plain_request  # noqa: E402
 
 WORKLOADS = ("floor-1", "floor-100", "floorgrpc-1", "flight-1", "flight-100", "flightq-1",
-             "grpc-1", "grpc-100", "get-1", "round", "producer-1", "stub-1", "producerf-1")
+             "grpc-1", "grpc-100", "grpcread-1", "grpccheck-1", "grpcstore-1", "get-1", "round",
+             "producer-1", "stub-1", "producerf-1")
 
 
 def _rows(n: int):
@@ -102,6 +108,8 @@ def _workload(name: str, tmp: str):
         return (lambda: broker.flight._send(ctx, batch)), broker.stop
     if kind == "grpc":
         return grpc_send(broker, plain_request("instr-grpc", int(rows)), ctx), broker.stop
+    if kind in ("grpcread", "grpccheck", "grpcstore"):
+        return _grpc_phase(broker, kind, plain_request("instr-grpc", int(rows))), broker.stop
     if kind == "get":                # the message read: one put to queue 0
         import pyarrow as pa
         broker.flight._send(ctx, _rows(1).append_column("queue_id", pa.array([0], pa.int32())))
@@ -118,6 +126,31 @@ def _workload(name: str, tmp: str):
             message_to_pb(d.message, d).SerializeToString()
             broker.receiver.ack("G", d.receipt_handle, "instr")
     return round_, broker.stop
+
+
+def _grpc_phase(broker, kind: str, data: bytes):
+    """``grpc-1``'s SendMessage of request bytes ``data`` up to the end of phase ``kind``
+    (see the module docstring)."""
+    from sparkmq.broker.grpc_service import request_reader
+    from sparkmq.broker.plainsend import plain_columns
+    from sparkmq.broker.replicawait import HELD
+    read, core = request_reader("SendMessage"), broker.batch_sender
+
+    def checked():
+        plain = plain_columns(read(data))
+        return core.check_columns(plain, plain.n, [plain.topic], body_sizes=plain.body_sizes,
+                                  body_extent=plain.body_extent, source=plain.exported())
+
+    def stored():
+        rows = checked()
+        HELD.loop = True             # (as ``grpc_send``: the gRPC loop's sends, alone)
+        try:
+            core.store(rows, [rows.topic])
+        finally:
+            HELD.loop = False
+    checked()                        # (the topic created, before a read-only phase runs)
+    return {"grpcread": lambda: plain_columns(read(data)), "grpccheck": checked,
+            "grpcstore": stored}[kind]
 
 
 def _client(tmp: str, kind: str):
