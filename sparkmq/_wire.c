@@ -490,9 +490,17 @@ static PyObject *scan_plain(PyObject *self, PyObject *const *args, Py_ssize_t na
     int64_t *born = (int64_t *)PyBytes_AS_STRING(borns);
     for (Py_ssize_t i = 0; i < count; i++)
         born[i] = ms[i].born_ms;
-    result = Py_BuildValue("(OnOOOOOOOOnOOOnOOO)", topic, count, cols[1], cols[0], cols[3],
-                           cols[2], cols[5], cols[4], borns, tag_bits, tag_nulls, cols[6],
-                           cols[7], key_bits, key_nulls, keys[0], keys[1], keys[2]);
+    /* (PyTuple_Pack, not Py_BuildValue: reading an 18-item format cost ~4 k instructions
+       a request) */
+    PyObject *n_obj = PyLong_FromSsize_t(count), *tn_obj = PyLong_FromSsize_t(tag_nulls);
+    PyObject *kn_obj = PyLong_FromSsize_t(key_nulls);
+    if (n_obj && tn_obj && kn_obj)
+        result = PyTuple_Pack(18, topic, n_obj, cols[1], cols[0], cols[3], cols[2], cols[5],
+                              cols[4], borns, tag_bits, tn_obj, cols[6], cols[7], key_bits,
+                              kn_obj, keys[0], keys[1], keys[2]);
+    Py_XDECREF(n_obj);
+    Py_XDECREF(tn_obj);
+    Py_XDECREF(kn_obj);
     goto done;
 plain_no:
     result = Py_NewRef(Py_None);
