@@ -333,13 +333,14 @@ class BatchSender:
         ``body_sizes`` gives them, and ``extent`` their least, greatest and sum; ``given``
         is not changed.)"""
         cols, own = given, given.get("queue_id")      # (a producer's queue ids: ``one``)
-        if "message_group" in given:
+        grouped = "message_group" in given
+        if grouped:
             cols = {name: col for name, col in given.items() if name != "queue_id"}
             cols["message_type"] = group_message_types(cols["message_group"])
         if body_sizes is None:
             body_sizes, extent = measured_bodies(cols["body"])
         one = None
-        if "message_group" not in cols and len(topics) == 1:
+        if not grouped and len(topics) == 1:
             # the usual send; or a producer's queue, every row's the same (as a selector
             # chooses one): the store checks it is one of the topic's
             one = self.broker.sender.request_queue(topics[0]) if own is None \

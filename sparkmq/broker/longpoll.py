@@ -121,7 +121,9 @@ class ArrivalNotifier:
         c = self._conds.get(key)
         if c is not None:
             c[0].notify_all()
-        self._resolve(self._futures.get(key))
+        waiters = self._futures.get(key)
+        if waiters:
+            self._resolve(waiters)
 
     def deferred(self) -> "_Deferred":
         """Hold this thread's arrival wake-ups: a context manager giving the set of

@@ -243,9 +243,6 @@ class SendService:
     def clock_ms(self) -> int:
         return self.broker.clock_ms()
 
-    def write_refusal(self) -> str | None:
-        return self.broker.ha.write_refusal()
-
     # ------------------------------------------------------------ refusals
     def accept(self, messages, client_id: Callable[[], str]) -> "SendRows | pb.Status":
         """The rows of ``messages`` to store (delayed and transactional ones parked), or
@@ -499,11 +496,12 @@ class SendService:
         master out of lease (PermissionDeniedError), a SYNC_MASTER no replica can
         acknowledge (ReplicaNotAvailableError; RocketMQ 5 checks its in-sync replicas
         before putting). Every wire path calls this before it appends."""
-        refusal = self.write_refusal()
+        ha_role = self.broker.ha    # (read once: every send asks, on the loop)
+        refusal = ha_role.write_refusal()
         if refusal is not None:
             raise PermissionDeniedError(refusal)
-        ha = self.ha_service
-        if self.role == "SYNC_MASTER" and ha is not None and self.broker.controlled is None \
+        ha = ha_role.ha_service
+        if ha_role.role == "SYNC_MASTER" and ha is not None and self.broker.controlled is None \
                 and not ha.has_replica():
             raise ReplicaNotAvailableError(
                 "no replica is attached to acknowledge the send (SYNC_MASTER); nothing was "
@@ -520,9 +518,10 @@ class SendService:
         """The status of append ``r`` once the broker's role is satisfied: SYNC_MASTER
         waits for its replica (controller mode: every other SyncStateSet member, and
         the lease must still hold). Every wire path calls this after it appends."""
-        put_status, ha = r.status, self.ha_service
+        ha_role = self.broker.ha    # (read once, as in ``check_append``)
+        put_status, ha = r.status, ha_role.ha_service
         controlled = self.broker.controlled
-        waits = self.role == "SYNC_MASTER" and ha is not None    # for a replica's ack
+        waits = ha_role.role == "SYNC_MASTER" and ha is not None    # for a replica's ack
         if HELD.offsets is not None and put_status is PutMessageStatus.PUT_OK:
             if waits:
                 HELD.offsets.append(r.batch_offset + 1)
