@@ -43,7 +43,9 @@ one's p50 and p99, the p50 over the floor's (the issue's target: 1.5), and each 
 process's and the client's CPU a call. One more broker answers every raw call with its
 first answer (``CANNED_BROKER``): sparkmq's server without the send's work, so the raw
 call's row less it is the send's handler, and it less the durable floor's is the rest
-of sparkmq's server. Forty rounds read a tree within +-0.01 a minute
+of sparkmq's server. ``--ceiling`` adds a row for a send stored as one native append would
+leave it (``CEILING_BROKER``: not a broker, as it keeps no ConsumeQueue): how much such an
+append could gain. Forty rounds read a tree within +-0.01 a minute
 apart on this host, six within +-0.06 (bench/README.md, "twenty-fourth session").
 
 Redis and NATS come from Debian packages (apt-get install if missing); redis/hiredis/
@@ -514,10 +516,39 @@ grpc_service.MessagingServicer.send_encoded = canned
 sys.argv[0] = "sparkmq.broker"
 runpy.run_module("sparkmq.broker", run_name="__main__")
 """
+# ``--ceiling``: sparkmq's broker daemon whose send stores as one native append would
+# leave it (not a broker: it keeps no ConsumeQueue): its checks as they are, then the store
+# time stamped, the IPC message written (C) and appended to the commit log; its queue
+# offsets counted in a dict. No dispatch (ConsumeQueue, index), no visibility or arrival
+# wake-ups, no lease, role or flush checks, no metrics: the work a native append would do
+# in C or skip. The row less the broker's raw call bounds what such an append can gain.
+CEILING_BROKER = """
+import runpy, sys
+import numpy as np
+from sparkmq.broker import batchsend
+from sparkmq.log import segment
+from sparkmq.log.status import PutMessageStatus
+class Appended:
+    __slots__ = ("queue_offsets", "queue_ids", "status", "batch_offset", "num_rows")
+counted = {}
+def store(self, rows, topics):
+    st, n, r = self.broker.store, len(rows), Appended()
+    with st.append_lock:
+        rows.stamp(st.appender._store_ts())
+        r.batch_offset = st.commitlog.append(rows, segment.message_bytes(rows, rows.c_array()))
+        key = (rows.topic, rows.queue)
+        first = counted[key] = counted.get(key, 0) + n
+    r.queue_offsets = np.arange(first - n, first, dtype=np.int64)
+    r.status, r.num_rows = PutMessageStatus.PUT_OK, n
+    return batchsend.Stored(r, PutMessageStatus.PUT_OK, 0, n)
+batchsend.BatchSender.store = store
+sys.argv[0] = "sparkmq.broker"
+runpy.run_module("sparkmq.broker", run_name="__main__")
+"""
 PAIRED_BLOCK = 200
 
 
-def paired_sync(tmp: str, rounds: int) -> None:
+def paired_sync(tmp: str, rounds: int, ceiling: bool = False) -> None:
     """``--paired``: see the module docstring."""
     import grpc
     from sparkmq.client import Message, Producer
@@ -560,6 +591,14 @@ def paired_sync(tmp: str, rounds: int) -> None:
             process([sys.executable, "-c", CANNED_BROKER, "-c", conf], port))
         calls["sparkmq, answer canned"] = raw(port)
         pids["sparkmq, answer canned"] = canned.pid
+        if ceiling:
+            os.makedirs(os.path.join(tmp, "ceiling"))
+            conf, port, _ = broker_conf(os.path.join(tmp, "ceiling"),
+                                        flushIntervalCommitLog=500, defaultTopicQueueNums=4)
+            bound = stack.enter_context(
+                process([sys.executable, "-c", CEILING_BROKER, "-c", conf], port))
+            calls["sparkmq, append ceiling"] = raw(port)
+            pids["sparkmq, append ceiling"] = bound.pid
         port = free_port()
         server = stack.enter_context(process(
             [sys.executable, "-c", DURABLE_UNARY_SERVER, str(port),
@@ -811,11 +850,14 @@ def main(argv=None) -> int:
                     help="only the gRPC send floor under several gRPC settings, against Redis")
     ap.add_argument("--paired", type=int, metavar="ROUNDS",
                     help="only the sync-send row, paired with the empty unary call")
+    ap.add_argument("--ceiling", action="store_true",
+                    help="with --paired: a row for a send stored as a native append would "
+                         "leave it (CEILING_BROKER)")
     args = ap.parse_args(argv)
     n, m = (20_000, 300) if args.quick else (100_000, 2_000)
     if args.paired:
         with tempfile.TemporaryDirectory(prefix="bench-paired-") as tmp:
-            paired_sync(tmp, args.paired)
+            paired_sync(tmp, args.paired, args.ceiling)
         return 0
     if args.floor:
         with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
