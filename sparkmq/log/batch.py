@@ -407,16 +407,7 @@ def shared_defaults(n: int, store_host: str) -> tuple:
 
 @functools.lru_cache(maxsize=64)
 def _queue_ids(n: int, queue: int) -> np.ndarray:
-    """``n`` rows' queue id ``queue`` (int32, read-only; up to 1,024 rows, one array shared)."""
-    return _shared_queue_ids(n, queue) if n <= 1024 else _new_queue_ids(n, queue)
-
-
-@functools.lru_cache(maxsize=256)
-def _shared_queue_ids(n: int, queue: int) -> np.ndarray:
-    return _new_queue_ids(n, queue)
-
-
-def _new_queue_ids(n: int, queue: int) -> np.ndarray:
+    """``n`` rows' queue id ``queue`` (int32, read-only: shared)."""
     ids = np.full(n, queue, np.int32)
     ids.flags.writeable = False
     return ids
