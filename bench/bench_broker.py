@@ -584,21 +584,17 @@ def paired_sync(tmp: str, rounds: int, ceiling: bool = False) -> None:
             return lambda: send(data, timeout=30, metadata=p.conns.metadata)
         calls["sparkmq broker, raw call"] = raw(port)
         pids["sparkmq broker, raw call"] = broker.pid
-        os.makedirs(os.path.join(tmp, "canned"))
-        conf, port, _ = broker_conf(os.path.join(tmp, "canned"), flushIntervalCommitLog=500,
-                                    defaultTopicQueueNums=4)
-        canned = stack.enter_context(
-            process([sys.executable, "-c", CANNED_BROKER, "-c", conf], port))
-        calls["sparkmq, answer canned"] = raw(port)
-        pids["sparkmq, answer canned"] = canned.pid
-        if ceiling:
-            os.makedirs(os.path.join(tmp, "ceiling"))
-            conf, port, _ = broker_conf(os.path.join(tmp, "ceiling"),
-                                        flushIntervalCommitLog=500, defaultTopicQueueNums=4)
-            bound = stack.enter_context(
-                process([sys.executable, "-c", CEILING_BROKER, "-c", conf], port))
-            calls["sparkmq, append ceiling"] = raw(port)
-            pids["sparkmq, append ceiling"] = bound.pid
+        # the broker patched by ``code`` (CANNED_BROKER, CEILING_BROKER), a store of its own
+        for name, code in (("sparkmq, answer canned", CANNED_BROKER),
+                           ("sparkmq, append ceiling", CEILING_BROKER if ceiling else None)):
+            if code is not None:
+                sub = os.path.join(tmp, name.split(", ")[1].replace(" ", "-"))
+                os.makedirs(sub)
+                conf, port, _ = broker_conf(sub, flushIntervalCommitLog=500,
+                                            defaultTopicQueueNums=4)
+                patched = stack.enter_context(
+                    process([sys.executable, "-c", code, "-c", conf], port))
+                calls[name], pids[name] = raw(port), patched.pid
         port = free_port()
         server = stack.enter_context(process(
             [sys.executable, "-c", DURABLE_UNARY_SERVER, str(port),
