@@ -516,35 +516,72 @@ grpc_service.MessagingServicer.send_encoded = canned
 sys.argv[0] = "sparkmq.broker"
 runpy.run_module("sparkmq.broker", run_name="__main__")
 """
-# ``--ceiling``: sparkmq's broker daemon whose send stores as one native append would
-# leave it (not a broker: it keeps no ConsumeQueue): its checks as they are, then the store
-# time stamped, the IPC message written (C) and appended to the commit log; its queue
-# offsets counted in a dict. No dispatch (ConsumeQueue, index), no visibility or arrival
-# wake-ups, no lease, role or flush checks, no metrics: the work a native append would do
-# in C or skip. The row less the broker's raw call bounds what such an append can gain.
-CEILING_BROKER = """
+# ``--ceiling``: sparkmq's broker daemon whose sends are stored by ``ceiling_store()``
+# (bench_instructions counts its parts: ``grpcceilN-1``). argv: the broker's own.
+CEILING_BROKER = f"""
 import runpy, sys
-import numpy as np
+sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+from bench_broker import ceiling_store
 from sparkmq.broker import batchsend
-from sparkmq.log import segment
-from sparkmq.log.status import PutMessageStatus
-class Appended:
-    __slots__ = ("queue_offsets", "queue_ids", "status", "batch_offset", "num_rows")
-counted = {}
-def store(self, rows, topics):
-    st, n, r = self.broker.store, len(rows), Appended()
-    with st.append_lock:
-        rows.stamp(st.appender._store_ts())
-        r.batch_offset = st.commitlog.append(rows, segment.message_bytes(rows, rows.c_array()))
-        key = (rows.topic, rows.queue)
-        first = counted[key] = counted.get(key, 0) + n
-    r.queue_offsets = np.arange(first - n, first, dtype=np.int64)
-    r.status, r.num_rows = PutMessageStatus.PUT_OK, n
-    return batchsend.Stored(r, PutMessageStatus.PUT_OK, 0, n)
-batchsend.BatchSender.store = store
+batchsend.BatchSender.store = ceiling_store()
 sys.argv[0] = "sparkmq.broker"
 runpy.run_module("sparkmq.broker", run_name="__main__")
 """
+
+
+def ceiling_store(parts: int = 0):
+    """``BatchSender.store`` as one native append would leave a send's store (not a
+    broker's: it keeps no ConsumeQueue): its checks as they are, then the store time
+    stamped, the IPC message written (C) and appended to the commit log, its queue offsets
+    counted in a dict. No dispatch (ConsumeQueue, index), no visibility or arrival
+    wake-ups, no lease, role or flush checks, no metrics: the work a native append would
+    do in C or skip. With the first ``parts`` of that work added back, in this order:
+    1 the rows' ``RowInfo`` (``check_segment_batch``); 2 the ConsumeQueue entries
+    (``Dispatcher.dispatch``); 3 visibility and the arrival listeners (``after_visible``);
+    4 the lease (before and after), disk-space, closed and replica checks; 5 the replica
+    status (``replicated``) and the send metrics."""
+    import numpy as np
+    from sparkmq.broker import batchsend
+    from sparkmq.log import segment
+    from sparkmq.log.status import BatchAppendResult, PutMessageStatus
+    counted: dict = {}
+
+    def store(self, rows, topics):
+        st, n = self.broker.store, len(rows)
+        ap = st.appender
+        if parts >= 4:
+            ap.require_space()
+            ap.hold_lease()
+        info = ap.batches.check_segment_batch(rows, limits_checked=True, built=rows)[1] \
+            if parts >= 1 else None
+        with st.append_lock:
+            ts = rows.stamp(ap._store_ts())
+            if parts >= 4:
+                if st.closed:
+                    raise RuntimeError("store closed")
+                st.require_not_replica()
+            offset = st.commitlog.append(rows, segment.message_bytes(rows, rows.c_array()))
+            if parts >= 2:
+                qos, updates = st.dispatcher.dispatch(rows, offset, info, ts)
+                st.dispatcher.dispatched_offset = st.commitlog.written_offset
+            else:
+                key = (rows.topic, rows.queue)
+                end = counted[key] = counted.get(key, 0) + n
+                qos, updates = np.arange(end - n, end, dtype=np.int64), []
+        if parts >= 4:
+            ap.hold_lease(written=True)
+        if parts >= 3:
+            st.dispatcher.after_visible(updates)
+        r = BatchAppendResult(PutMessageStatus.PUT_OK, offset, qos,
+                              None if info is None else info.queue_ids, n)
+        stored = batchsend.Stored(r, PutMessageStatus.PUT_OK, 0, n)
+        if parts >= 5:
+            stored.status = self.broker.sender.replicated(r)
+            self.broker.metrics.count_sent(topics[0], n, rows.nbytes)
+        return stored
+    return store
+
+
 PAIRED_BLOCK = 200
 
 

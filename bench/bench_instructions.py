@@ -30,6 +30,9 @@ Workloads (1 KiB bodies, ASYNC_FLUSH):
   held to the rules (``BatchSender.check_columns``: the segment batch composed, the limits,
   the role); then stored (``BatchSender.store``, alone, as on the gRPC loop). ``grpc-1``
   less ``grpcstore-1`` is the answer and the wake-ups;
+- ``grpcceil0-1`` .. ``grpcceil5-1`` (only with ``--only``): ``grpc-1`` with
+  ``BatchSender.store`` as one native append would leave it (bench_broker's
+  ``ceiling_store``), 0, then with the first 1 .. 5 of the parts it leaves out added back;
 - ``get-1``: sparkmq's Flight read of one message at a queue's tail
   (``FlightService._read``: a woken long poll's DoGet, before its reply is written);
 - ``round``: what a long poll's delivery costs the broker: a one-row Flight put, the pop
@@ -64,6 +67,7 @@ from bench_cold import _Context, grpc_send, in_process_broker, plain_request  # 
 WORKLOADS = ("floor-1", "floor-100", "floorgrpc-1", "flight-1", "flight-100", "flightq-1",
              "grpc-1", "grpc-100", "grpcread-1", "grpccheck-1", "grpcstore-1", "get-1", "round",
              "producer-1", "stub-1", "producerf-1")
+CEILING_PARTS = tuple(f"grpcceil{k}-1" for k in range(6))     # (not run by default)
 
 
 def _rows(n: int):
@@ -107,6 +111,11 @@ def _workload(name: str, tmp: str):
             batch = batch.append_column("queue_id", pa.array([0] * len(batch), pa.int32()))
         return (lambda: broker.flight._send(ctx, batch)), broker.stop
     if kind == "grpc":
+        return grpc_send(broker, plain_request("instr-grpc", int(rows)), ctx), broker.stop
+    if kind.startswith("grpcceil"):
+        from bench_broker import ceiling_store
+        from sparkmq.broker import batchsend
+        batchsend.BatchSender.store = ceiling_store(int(kind[len("grpcceil"):]))
         return grpc_send(broker, plain_request("instr-grpc", int(rows)), ctx), broker.stop
     if kind in ("grpcread", "grpccheck", "grpcstore"):
         return _grpc_phase(broker, kind, plain_request("instr-grpc", int(rows))), broker.stop
@@ -221,7 +230,8 @@ def _main_thread_instructions(valgrind: str, name: str, calls: int) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer calls (200 more, not 1,000)")
-    ap.add_argument("--only", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
+    ap.add_argument("--only", nargs="+", choices=WORKLOADS + CEILING_PARTS,
+                    default=list(WORKLOADS))
     ap.add_argument("--worker", nargs=2, metavar=("NAME", "CALLS"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
