@@ -498,13 +498,18 @@ async def main():
     await server.wait_for_termination()
 asyncio.run(main())
 """
+def _patched_broker(patch: str) -> str:
+    """Code for ``python -c``: ``patch`` run, then sparkmq's broker daemon (argv: its own)."""
+    return patch + 'import runpy, sys\nsys.argv[0] = "sparkmq.broker"\n' \
+        'runpy.run_module("sparkmq.broker", run_name="__main__")\n'
+
+
 # sparkmq's broker daemon whose SendMessage handler (``send_encoded``) answers every call
 # with the bytes of its first answer, stored once: the broker's gRPC server, its
 # servicer and its event loop as they are, without the send's own work (``--paired``:
 # the row less the durable floor's is what sparkmq's server costs beside the floor's;
-# the broker's raw call less this row, the send's handler). argv: the broker's own.
-CANNED_BROKER = """
-import runpy, sys
+# the broker's raw call less this row, the send's handler).
+CANNED_BROKER = _patched_broker("""
 from sparkmq.broker import grpc_service
 send = grpc_service.MessagingServicer.send_encoded
 first = []
@@ -513,20 +518,16 @@ def canned(self, request, context):
         first.append(send(self, request, context))
     return first[0]
 grpc_service.MessagingServicer.send_encoded = canned
-sys.argv[0] = "sparkmq.broker"
-runpy.run_module("sparkmq.broker", run_name="__main__")
-"""
+""")
 # ``--ceiling``: sparkmq's broker daemon whose sends are stored by ``ceiling_store()``
-# (bench_instructions counts its parts: ``grpcceilN-1``). argv: the broker's own.
-CEILING_BROKER = f"""
-import runpy, sys
+# (bench_instructions counts its parts: ``grpcceilN-1``).
+CEILING_BROKER = _patched_broker(f"""
+import sys
 sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
 from bench_broker import ceiling_store
 from sparkmq.broker import batchsend
 batchsend.BatchSender.store = ceiling_store()
-sys.argv[0] = "sparkmq.broker"
-runpy.run_module("sparkmq.broker", run_name="__main__")
-"""
+""")
 
 
 def ceiling_store(parts: int = 0):
