@@ -22,7 +22,6 @@
  * calls.
  */
 #define PY_SSIZE_T_CLEAN
-#define _GNU_SOURCE                  /* memmem */
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
@@ -212,6 +211,23 @@ static Py_ssize_t write_metadata(uint8_t *F, const Layout *L, int64_t length, in
     return at + 4;                              /* the value's first byte */
 }
 
+/* The first place in [p, p + n) where the mark_len bytes of mark start (mark itself lies
+   in that range), found by its first byte: memmem's set-up costs more than this scan of
+   a message's few hundred bytes of metadata, where that byte is rare. */
+static const uint8_t *first_at(const uint8_t *p, Py_ssize_t n, const uint8_t *mark,
+                               Py_ssize_t mark_len)
+{
+    const uint8_t *end = p + n - mark_len;
+    for (const uint8_t *q = p; q <= end; q++) {
+        q = memchr(q, mark[0], (size_t)(end - q) + 1);
+        if (!q)
+            return NULL;
+        if (memcmp(q, mark, (size_t)mark_len) == 0)
+            return q;
+    }
+    return NULL;
+}
+
 /* Fills the checksum digits: the last 8 bytes of the custom metadata's value, where the
    value's text before them must be the first occurrence of that text in the metadata (a
    reader finds the digits by searching for it). crc(data, value) is crc32c.crc32c; the
@@ -221,25 +237,26 @@ static int seal(uint8_t *msg, Py_ssize_t total, Py_ssize_t meta, Py_ssize_t at,
                 Py_ssize_t mark_len, PyObject *crc)
 {
     static const char hex[] = "0123456789abcdef";
-    PyObject *view, *r;
+    PyObject *args[2], *r;
     unsigned long value;
-    const uint8_t *first = memmem(msg + 8, meta, msg + at - mark_len, mark_len);
-    if (first != msg + at - mark_len)
+    const uint8_t *mark = msg + at - mark_len;
+    if (mark < msg + 8 || mark_len < 1 || first_at(msg + 8, meta, mark, mark_len) != mark)
         return 0;
-    view = PyMemoryView_FromMemory((char *)msg, at, PyBUF_READ);
-    if (!view)
+    args[0] = PyMemoryView_FromMemory((char *)msg, at, PyBUF_READ);
+    if (!args[0])
         return -1;
-    r = PyObject_CallFunctionObjArgs(crc, view, NULL);
-    Py_DECREF(view);
+    r = PyObject_Vectorcall(crc, args, 1, NULL);
+    Py_DECREF(args[0]);
     if (!r)
         return -1;
-    view = PyMemoryView_FromMemory((char *)msg + at + 8, total - at - 8, PyBUF_READ);
-    if (!view) {
+    args[0] = PyMemoryView_FromMemory((char *)msg + at + 8, total - at - 8, PyBUF_READ);
+    if (!args[0]) {
         Py_DECREF(r);
         return -1;
     }
-    Py_SETREF(r, PyObject_CallFunctionObjArgs(crc, view, r, NULL));
-    Py_DECREF(view);
+    args[1] = r;
+    Py_SETREF(r, PyObject_Vectorcall(crc, args, 2, NULL));
+    Py_DECREF(args[0]);
     if (!r)
         return -1;
     value = PyLong_AsUnsignedLong(r);
@@ -261,7 +278,8 @@ static void copy_body(uint8_t *dst, const Layout *L)
         int64_t n = L->size[i], padded = pad8(n);
         if (n)
             memcpy(dst, L->data[i], n);
-        memset(dst + n, 0, padded - n);
+        if (padded > n)
+            memset(dst + n, 0, padded - n);
         dst += padded;
     }
 }
@@ -309,38 +327,52 @@ static PyObject *message(const Layout *L, int64_t length, const char *key, Py_ss
     return out;
 }
 
-static PyObject *record_batch_message(PyObject *self, PyObject *args)
+/* A bytes argument of record_batch_message as text and length; None: NULL, -1. */
+static int text_arg(PyObject *o, const char **text, Py_ssize_t *len, const char *what)
 {
-    PyObject *schema_capsule, *array_capsule, *crc = Py_None, *out;
-    const char *key = NULL, *value = NULL;
-    Py_ssize_t klen = -1, vlen = 0;
-    Layout *L;
+    if (o == Py_None) {
+        *text = NULL, *len = -1;
+        return 1;
+    }
+    if (!PyBytes_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "record_batch_message: %s must be bytes or None, not %.80s",
+                     what, Py_TYPE(o)->tp_name);
+        return 0;
+    }
+    *text = PyBytes_AS_STRING(o), *len = PyBytes_GET_SIZE(o);
+    return 1;
+}
+
+static PyObject *record_batch_message(PyObject *self, PyObject *const *args,
+                                      Py_ssize_t nargs)
+{
+    PyObject *crc = nargs > 4 ? args[4] : Py_None;
+    const char *key, *value;
+    Py_ssize_t klen, vlen;
+    Layout L;                               /* (~16 KB: on the stack, not allocated) */
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOz#z#|O", &schema_capsule, &array_capsule, &key, &klen,
-                          &value, &vlen, &crc))
+    if (nargs < 4 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError, "record_batch_message takes 4 or 5 arguments: "
+                        "schema_capsule, array_capsule, key, value[, crc]");
+        return NULL;
+    }
+    if (!text_arg(args[2], &key, &klen, "key") || !text_arg(args[3], &value, &vlen, "value"))
         return NULL;
     if (!key || !value)
         klen = -1, vlen = 0;
     struct ArrowSchema *s;
     struct ArrowArray *a;
-    int batch = exported_batch(schema_capsule, array_capsule, &s, &a);
+    int batch = exported_batch(args[0], args[1], &s, &a);
     if (batch < 0)
         return NULL;
     if (!batch)
         Py_RETURN_NONE;                          /* not a record batch as exported */
-    L = PyMem_Malloc(sizeof(Layout));
-    if (!L)
-        return PyErr_NoMemory();
-    L->n_nodes = L->n_buffers = 0;
+    L.n_nodes = L.n_buffers = 0;
     for (int64_t i = 0; i < a->n_children; i++) {
-        if (!walk(s->children[i], a->children[i], L, 0)) {
-            PyMem_Free(L);
+        if (!walk(s->children[i], a->children[i], &L, 0))
             Py_RETURN_NONE;
-        }
     }
-    out = message(L, a->length, key, klen, value, vlen, crc);
-    PyMem_Free(L);
-    return out;
+    return message(&L, a->length, key, klen, value, vlen, crc);
 }
 
 /* message_of_buffers(length, nodes, buffers): a record batch message from its parts. */
@@ -407,7 +439,7 @@ static PyObject *array_capsule(PyObject *self, PyObject *noargs)
         PyMem_Free(a);
         return NULL;
     }
-    return Py_BuildValue("(NK)", capsule, (unsigned long long)(uintptr_t)a);
+    return capsule_and_address(capsule, a);
 }
 
 /* row_ids(prefix, first, n): the data of n message ids, 32 ASCII bytes each: prefix (24
@@ -555,7 +587,8 @@ PyDoc_STRVAR(message_of_buffers_doc,
 "the IPC order; the caller vouches that they match the schema.");
 
 static PyMethodDef methods[] = {
-    {"record_batch_message", record_batch_message, METH_VARARGS, record_batch_message_doc},
+    {"record_batch_message", (PyCFunction)(void (*)(void))record_batch_message,
+     METH_FASTCALL, record_batch_message_doc},
     {"message_of_buffers", message_of_buffers, METH_VARARGS, message_of_buffers_doc},
     {"array_capsule", array_capsule, METH_NOARGS, array_capsule_doc},
     {"row_ids", row_ids, METH_VARARGS, row_ids_doc},
