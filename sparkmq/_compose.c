@@ -121,7 +121,7 @@ static PyObject *parent_capsule(Shared *sh, int64_t n, int64_t n_children,
     return struct_capsule(n, n_children, sh->children, release_parent, sh, out);
 }
 
-static PyObject *compose(PyObject *self, PyObject *args)
+static PyObject *compose(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *template_capsule, *given_capsule, *given_sc, *segment_sc, *slots, *values;
     PyObject *first = NULL, *second = NULL;
@@ -131,9 +131,13 @@ static PyObject *compose(PyObject *self, PyObject *args)
     Shared *sh;
     int64_t n;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OOOOO!O!", &template_capsule, &given_capsule, &given_sc,
-                          &segment_sc, &PyTuple_Type, &slots, &PyTuple_Type, &values))
+    if (nargs != 6 || !PyTuple_Check(args[4]) || !PyTuple_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError, "compose takes 6 arguments: template, given, "
+                        "given_schema, segment_schema (capsules), slots, values (tuples)");
         return NULL;
+    }
+    template_capsule = args[0], given_capsule = args[1], given_sc = args[2];
+    segment_sc = args[3], slots = args[4], values = args[5];
     if (!(t = PyCapsule_GetPointer(template_capsule, "arrow_array"))
             || !(g = PyCapsule_GetPointer(given_capsule, "arrow_array"))
             || !(gs = PyCapsule_GetPointer(given_sc, "arrow_schema"))
@@ -218,7 +222,8 @@ static PyObject *compose(PyObject *self, PyObject *args)
     g->release = NULL;
     Py_INCREF(template_capsule);
     sh->template = template_capsule;
-    return Py_BuildValue("(NKN)", first, (unsigned long long)(uintptr_t)a1, second);
+    return stolen_tuple(3, (PyObject *[]){first,
+        PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)a1), second});
 unfit:
     for (int k = 0; k < sh->n_views; k++)
         PyBuffer_Release(&sh->views[k]);
@@ -347,7 +352,7 @@ static PyObject *view(PyObject *self, PyObject *args)
         goto fail;
     Py_INCREF(kept);
     v->kept = kept;
-    return Py_BuildValue("(NK)", capsule, (unsigned long long)(uintptr_t)a);
+    return capsule_and_address(capsule, a);
 fail:
     for (int i = 0; i < v->n_views; i++)
         PyBuffer_Release(&v->views[i]);
@@ -552,7 +557,7 @@ PyDoc_STRVAR(view_doc,
 "sparkmq/_compose.c.");
 
 static PyMethodDef methods[] = {
-    {"compose", compose, METH_VARARGS, compose_doc},
+    {"compose", (PyCFunction)(void (*)(void))compose, METH_FASTCALL, compose_doc},
     {"view", view, METH_VARARGS, view_doc},
     {"values", values, METH_VARARGS, values_doc},
     {NULL, NULL, 0, NULL},

@@ -301,16 +301,26 @@ static int row_bad(const Columns *c, const Limits *lim, int64_t r)
     }
 }
 
-static PyObject *screen(PyObject *self, PyObject *args)
+static PyObject *screen(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *schema_capsule, *array_capsule, *reserved, *out;
     Limits lim;
     Columns c;
     (void)self;
-    if (!PyArg_ParseTuple(args, "OO(LLLLL)O!", &schema_capsule, &array_capsule, &lim.max_size,
-                          &lim.max_prop_size, &lim.max_prop_num, &lim.max_group, &lim.max_id,
-                          &PyTuple_Type, &reserved))
+    long long *limit[5] = {&lim.max_size, &lim.max_prop_size, &lim.max_prop_num,
+                           &lim.max_group, &lim.max_id};
+    if (nargs != 4 || !PyTuple_Check(args[2]) || PyTuple_GET_SIZE(args[2]) != 5
+            || !PyTuple_Check(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "screen takes 4 arguments: schema_capsule, "
+                        "array_capsule, a tuple of 5 limits, a tuple of reserved keys");
         return NULL;
+    }
+    for (int k = 0; k < 5; k++) {
+        *limit[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(args[2], k));
+        if (*limit[k] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    schema_capsule = args[0], array_capsule = args[1], reserved = args[3];
     lim.n_reserved = (int)PyTuple_GET_SIZE(reserved);
     if (lim.n_reserved > MAX_RESERVED) {
         PyErr_SetString(PyExc_ValueError, "more than 64 reserved property keys");
@@ -369,8 +379,8 @@ static PyObject *sizes_of(const int32_t *o, int64_t n)
         lo = v < lo ? v : lo;
         hi = v > hi ? v : hi;
     }
-    return Py_BuildValue("(NLLL)", sizes, (long long)lo, (long long)hi,
-                         (long long)o[n] - o[0]);
+    return stolen_tuple(4, (PyObject *[]){sizes, PyLong_FromLongLong(lo),
+        PyLong_FromLongLong(hi), PyLong_FromLongLong((long long)o[n] - o[0])});
 }
 
 static PyObject *body_sizes(PyObject *self, PyObject *args)
@@ -497,8 +507,8 @@ static PyObject *send_shape(PyObject *self, PyObject *args)
         if (!(body = sizes_of((const int32_t *)ca->buffers[1] + ca->offset, n)))
             goto done;
     }
-    out = Py_BuildValue("(OOOOO)", names, nulls, topic ? topic : Py_None,
-                        body ? body : Py_None, empty ? Py_True : Py_False);
+    out = PyTuple_Pack(5, names, nulls, topic ? topic : Py_None, body ? body : Py_None,
+                       empty ? Py_True : Py_False);
     goto done;
 none:
     out = Py_None;
@@ -521,7 +531,7 @@ PyDoc_STRVAR(send_shape_doc,
 "for a batch with a column not in formats or of another format, or nested.");
 
 static PyMethodDef methods[] = {
-    {"screen", screen, METH_VARARGS, screen_doc},
+    {"screen", (PyCFunction)(void (*)(void))screen, METH_FASTCALL, screen_doc},
     {"body_sizes", body_sizes, METH_VARARGS, body_sizes_doc},
     {"send_shape", send_shape, METH_VARARGS, send_shape_doc},
     {NULL, NULL, 0, NULL},

@@ -776,10 +776,30 @@ static PyObject *plain_struct(PyObject *self, PyObject *args)
     PyObject *topic, *bodies, *body_off, *ids, *id_off, *hosts, *host_off, *borns;
     PyObject *tag_bits, *tag_off, *tags, *key_bits, *key_lists, *key_off, *keys;
     Py_ssize_t n, tag_nulls, key_nulls;
-    if (!PyArg_ParseTuple(scanned, "SnSSSSSSSSnSSSnSSS", &topic, &n, &bodies, &body_off,
-                          &ids, &id_off, &hosts, &host_off, &borns, &tag_bits, &tag_nulls,
-                          &tag_off, &tags, &key_bits, &key_nulls, &key_lists, &key_off, &keys))
+    /* scan_plain's 18 items, read in place (a format string's parse of them cost more
+       than the rest of this call): bytes, but n, tag_nulls and key_nulls (ints) */
+    PyObject **item[18] = {&topic, NULL, &bodies, &body_off, &ids, &id_off, &hosts,
+                           &host_off, &borns, &tag_bits, NULL, &tag_off, &tags, &key_bits,
+                           NULL, &key_lists, &key_off, &keys};
+    Py_ssize_t *count[18] = {[1] = &n, [10] = &tag_nulls, [14] = &key_nulls};
+    if (PyTuple_GET_SIZE(scanned) != 18) {
+        PyErr_SetString(PyExc_TypeError, "plain_struct: not a tuple scan_plain gave");
         return NULL;
+    }
+    for (int i = 0; i < 18; i++) {
+        PyObject *o = PyTuple_GET_ITEM(scanned, i);
+        if (item[i] && PyBytes_Check(o)) {
+            *item[i] = o;
+        } else if (!item[i] && PyLong_Check(o)) {
+            *count[i] = PyLong_AsSsize_t(o);
+            if (*count[i] == -1 && PyErr_Occurred())
+                return NULL;
+        } else {
+            PyErr_Format(PyExc_TypeError, "plain_struct: item %d of the scanned tuple is "
+                         "%.80s, not %s", i, Py_TYPE(o)->tp_name, item[i] ? "bytes" : "an int");
+            return NULL;
+        }
+    }
     Py_ssize_t topic_len = PyBytes_GET_SIZE(topic), offsets = (n + 1) * 4;
     Py_ssize_t key_values = PyBytes_GET_SIZE(key_off) / 4 - 1;
     if (n <= 0 || topic_len * n > INT32_MAX || PyBytes_GET_SIZE(body_off) != offsets
@@ -979,7 +999,7 @@ static PyObject *send_struct(PyObject *self, PyObject *args)
     capsule = struct_capsule(n, SEND_COLUMNS, b->children, release_send, b, &a);
     if (capsule) {
         b = NULL;                                   /* (the capsule's now) */
-        capsule = Py_BuildValue("(NK)", capsule, (unsigned long long)(uintptr_t)a);
+        capsule = capsule_and_address(capsule, a);
     }
 done:
     PyMem_RawFree(b);
