@@ -100,21 +100,21 @@ class ArrivalNotifier:
 
     def wake(self, keys) -> None:
         """Wake the waiters of ``keys``: topics, or (topic, queue) pairs."""
+        versions, conds, futures = self._versions, self._conds, self._futures
         with self._lock:
             for key in keys:
-                topic = key[0] if type(key) is tuple else key
-                self._bump(topic)
-                if type(key) is tuple:
-                    self._bump(key)
-                else:                      # queue unknown: every queue key of the topic
-                    self._blind[topic] = self._blind.get(topic, 0) + 1
-                    for k in [k for k in (*self._conds, *self._futures)
-                              if type(k) is tuple and k[0] == topic]:
+                queued = type(key) is tuple
+                # the topic's key, then the queue's (a send wakes both: each bumped and
+                # signalled here, not by a call per key, the usual send's one wake-up)
+                for k in (key[0], key) if queued else (key,):
+                    versions[k] = versions.get(k, 0) + 1
+                    if k in conds or futures.get(k):
                         self._signal(k)
-
-    def _bump(self, key) -> None:
-        self._versions[key] = self._versions.get(key, 0) + 1
-        self._signal(key)
+                if not queued:             # queue unknown: every queue key of the topic
+                    self._blind[key] = self._blind.get(key, 0) + 1
+                    for k in [k for k in (*conds, *futures)
+                              if type(k) is tuple and k[0] == key]:
+                        self._signal(k)
 
     def _signal(self, key) -> None:
         """Wake the threads and coroutines waiting on ``key`` (under the lock)."""
