@@ -3,8 +3,9 @@
  * structs out of the capsules it was exported to; the destructor of an
  * "arrow_array" capsule holding a PyMem-allocated ArrowArray struct, which releases what
  * the struct still holds (nothing if a consumer moved it out: its release is then NULL)
- * and frees the struct; a struct batch made in such a capsule; and the release callbacks
- * of a struct's children and of what a struct held. */
+ * and frees the struct; a struct batch made in such a capsule; the release callbacks
+ * of a struct's children and of what a struct held; and the small tuples their calls
+ * return, made without Py_BuildValue. */
 #ifndef SPARKMQ_CAPSULE_H
 #define SPARKMQ_CAPSULE_H
 
