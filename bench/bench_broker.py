@@ -623,9 +623,9 @@ def paired_sync(tmp: str, rounds: int, ceiling: bool = False) -> None:
             return lambda: send(data, timeout=30, metadata=p.conns.metadata)
         # each row below to a broker of its own (its own store, only its own calls), as the
         # producer's: a broker that served two rows (the producer's and the raw call)
-        # stored twice the sends, and its rows read 0.05-0.08 of the floor above the same
-        # broker serving one row (2026-11-29; bench/README.md). The broker as it is, then
-        # patched by ``code`` (CANNED_BROKER, CEILING_BROKER)
+        # read 0.04-0.14 of the floor above the same tree serving one row, in four runs
+        # (2026-11-29; bench/README.md). The broker as it is (code ""), then patched by
+        # ``code`` (CANNED_BROKER, CEILING_BROKER)
         for name, code in (("sparkmq broker, raw call", ""),
                            ("sparkmq, answer canned", CANNED_BROKER),
                            ("sparkmq, append ceiling", CEILING_BROKER if ceiling else None)):
