@@ -13,6 +13,7 @@ import pytest
 
 from helpers.daemons import ROOT, spawn
 from helpers.net import free_port
+from helpers.waiting import wait_until
 from sparkmq import heap
 
 
@@ -27,8 +28,15 @@ def test_a_broker_daemon_freezes_its_start_up_heap(tmp_path, procs):
     grpc_port, admin_port = free_port(), free_port()
     spawn(["sparkmq.broker", "-p", str(grpc_port), "--admin-port", str(admin_port),
            "--store", str(tmp_path / "store")], f"http://127.0.0.1:{admin_port}/health", procs)
-    with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=10) as r:
-        text = r.read().decode()
+
+    def metrics() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/metrics", timeout=10) as r:
+            return r.read().decode()
+    # the daemon freezes its heap once started, after /health answers (its admin server
+    # is part of the start): a read of /metrics between the two finds none frozen yet
+    wait_until(lambda: _sample(metrics(), "sparkmq_gc_frozen_objects") > 0,
+               "the broker daemon to freeze its start-up heap")
+    text = metrics()
     # modules, classes and functions: tens of thousands of objects in any broker
     assert _sample(text, "sparkmq_gc_frozen_objects") > 10_000
     for g in "012":
