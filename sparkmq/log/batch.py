@@ -405,9 +405,18 @@ def shared_defaults(n: int, store_host: str) -> tuple:
                  for f in fmt.SEGMENT_FIELDS)
 
 
-@functools.lru_cache(maxsize=64)
 def _queue_ids(n: int, queue: int) -> np.ndarray:
-    """``n`` rows' queue id ``queue`` (int32, read-only: shared)."""
+    """``n`` rows' queue id ``queue`` (int32, read-only): shared up to 1,024 rows; a longer
+    batch's own (64 cached ones could keep megabytes alive)."""
+    return _shared_queue_ids(n, queue) if n <= 1024 else _new_queue_ids(n, queue)
+
+
+@functools.lru_cache(maxsize=64)
+def _shared_queue_ids(n: int, queue: int) -> np.ndarray:
+    return _new_queue_ids(n, queue)
+
+
+def _new_queue_ids(n: int, queue: int) -> np.ndarray:
     ids = np.full(n, queue, np.int32)
     ids.flags.writeable = False
     return ids
