@@ -6,11 +6,13 @@ ids laid out in one, and an ack of the broker's ids written whole in one (sparkm
 ``sparkmq._screen``, the input-limit screen of a batch in one call, a send's bodies
 measured in one, and a Flight send batch read in one (sparkmq/_screen.c), and
 ``sparkmq._compose``, a send's segment batch composed as an Arrow C struct, and a read's
-message table of its rows as one (sparkmq/_compose.c).
+message table of its rows as one (sparkmq/_compose.c), and ``sparkmq._chunk``, the
+ConsumeQueue's Chunk as a type the cyclic garbage collector does not track
+(sparkmq/_chunk.c).
 Optional: where they cannot be built, the broker reads every request in Python, pyarrow
 writes every message, numpy screens every batch, measures the bodies and lays out the
 ids, pyarrow reads every Flight send batch, and pyarrow builds every segment batch and
-every read's table."""
+every read's table, and the ConsumeQueue's chunks are Python objects."""
 from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra"]
@@ -25,4 +27,6 @@ setup(ext_modules=[Extension("sparkmq._wire", ["sparkmq/_wire.c"], optional=True
                              extra_compile_args=FLAGS),
                    Extension("sparkmq._compose", ["sparkmq/_compose.c"], optional=True,
                              depends=["sparkmq/_arrow_c.h", "sparkmq/_capsule.h"],
+                             extra_compile_args=FLAGS),
+                   Extension("sparkmq._chunk", ["sparkmq/_chunk.c"], optional=True,
                              extra_compile_args=FLAGS)])

@@ -53,8 +53,8 @@ _TEMPLATE_ROWS = 1024             # (a longer batch is built in pyarrow)
 class BuiltRows:
     """A batch in SEGMENT_SCHEMA whose columns were checked (see the module docstring),
     ``body_sizes`` its rows' body bytes (int32), ``times`` its store_timestamp values
-    (int64 ms, a writable view of the column's own buffer), ``topic`` every row's topic
-    if they have one (else None), ``queue`` likewise their queue id, ``given`` the
+    (int64 ms, a view of the column's own buffer, which ``stamp`` writes), ``topic``
+    every row's topic if they have one (else None), ``queue`` likewise their queue id, ``given`` the
     columns the builder took from the caller (the others hold the schema's defaults:
     what the store need not look at). Its length: rows.
 
@@ -62,7 +62,7 @@ class BuiltRows:
     (``sparkmq._compose``) until ``batch`` is first read: the limit screen and the IPC
     writer read the struct (``c_array``), so a put that needs nothing else never builds
     the pyarrow batch; the CommitLog's cache keeps the rows, read as a batch later."""
-    __slots__ = ("_batch", "_import", "num_rows", "body_sizes", "times", "topic", "queue",
+    __slots__ = ("_batch", "_import", "num_rows", "body_sizes", "topic", "queue",
                  "given", "composed", "_buf", "_c_array", "_extent")
 
     def __init__(self, batch: pa.RecordBatch | None, body_sizes: np.ndarray, times: bytearray,
@@ -72,12 +72,12 @@ class BuiltRows:
         self._batch, self.body_sizes, self.topic, self.given = batch, body_sizes, topic, given
         self._extent = body_extent
         self.queue = queue
-        self._buf, self.times = times, np.frombuffer(times, np.int64)
+        self._buf = times
         self._c_array = self._import = None
         self.composed = composed is not None      # (made in C: ``composed_rows``)
         if composed is not None:         # (import capsule, its address, the kept capsule)
             self._import, self._c_array = composed[:2], (_SCHEMA_CAPSULE, composed[2])
-        self.num_rows = len(self.times)
+        self.num_rows = len(times) >> 3
 
     def __len__(self) -> int:
         return self.num_rows
@@ -123,11 +123,20 @@ class BuiltRows:
                                 int(np.add.reduce(s)))
         return self._extent
 
+    @property
+    def times(self) -> np.ndarray:
+        return np.frombuffer(self._buf, np.int64)
+
     def stamp(self, ts_ms: int) -> np.ndarray:
         """Set every row's store time to ``ts_ms`` (in place: the batch's column reads
-        it); the store times as int64 ms, what dispatch keeps."""
-        self._buf[:] = time_values(ts_ms, len(self.times))
-        return self.times
+        it); the store times as int64 ms, what dispatch keeps: an array over bytes of its
+        own, not a view of the column's buffer. (A view of a bytearray holds a memoryview,
+        which the cyclic collector tracks, with its buffer: two tracked objects for each
+        ConsumeQueue chunk kept, which made a full pass of the collector over a broker
+        that had taken 80,000 sends take 167-193 ms, GIL held: bench/bench_gc.py.)"""
+        values = time_values(ts_ms, self.num_rows)
+        self._buf[:] = values
+        return np.frombuffer(values, np.int64)
 
     @staticmethod
     def concat(parts: list["BuiltRows"]) -> "BuiltRows":

@@ -68,7 +68,11 @@ class CommitLog:
         self._bases: list[int] = []
         self._lock = threading.RLock()        # guards the segment list
         self.active: seg.SegmentWriter | None = None
-        self._cache: OrderedDict[int, tuple[pa.RecordBatch, int]] = OrderedDict()
+        # batch offset -> the batch (or BuiltRows), oldest first; and -> its bytes, apart:
+        # a dict of ints only is one the cyclic collector never tracks, where a tuple of
+        # (batch, bytes) per batch was one more tracked object each (bench_gc.py)
+        self._cache: OrderedDict[int, pa.RecordBatch] = OrderedDict()
+        self._cache_sizes: dict[int, int] = {}
         self._cache_bytes = 0
         self._cache_limit = cache_bytes
         self._verified = checksum.VerifiedBatches()   # batches whose checksum was checked
@@ -221,6 +225,7 @@ class CommitLog:
         """Forget every cached batch (their offsets now hold other bytes: a truncation)."""
         with self._lock:
             self._cache.clear()
+            self._cache_sizes.clear()
             self._cache_bytes = 0
             self._verified = checksum.VerifiedBatches()
 
@@ -279,6 +284,7 @@ class CommitLog:
                 self.active.close()
                 self.active = None
             self._cache.clear()
+            self._cache_sizes.clear()
             self._cache_bytes = 0
 
     # -- reading -----------------------------------------------------------
@@ -287,24 +293,24 @@ class CommitLog:
         if size > self._cache_limit:
             return
         with self._lock:
-            self._cache[offset] = (batch, size)
-            self._cache_bytes += size
+            self._cache[offset] = batch
+            self._cache_bytes += size - self._cache_sizes.get(offset, 0)   # (kept again)
+            self._cache_sizes[offset] = size
             while self._cache_bytes > self._cache_limit and self._cache:
-                _, (_, old_size) = self._cache.popitem(last=False)
-                self._cache_bytes -= old_size
+                old, _ = self._cache.popitem(last=False)
+                self._cache_bytes -= self._cache_sizes.pop(old)
 
     def cached_rows(self, batch_offset: int):
         """What the cache holds for the batch at ``batch_offset`` (a record batch, or the
         BuiltRows an append left, still composed until first read as a batch), or None."""
         with self._lock:
-            cached = self._cache.get(batch_offset)
-        return None if cached is None else cached[0]
+            return self._cache.get(batch_offset)
 
     def read_batch(self, batch_offset: int) -> pa.RecordBatch:
         with self._lock:
             cached = self._cache.get(batch_offset)
         if cached is not None:
-            return fmt.record_batch(cached[0])    # (BuiltRows: read as a batch once)
+            return fmt.record_batch(cached)    # (BuiltRows: read as a batch once)
         ref = self.segment_for(batch_offset)
         if ref is None:
             first = self.min_offset()

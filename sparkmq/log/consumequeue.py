@@ -22,7 +22,6 @@ import bisect
 import functools
 import io
 import threading
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -45,23 +44,43 @@ CHUNK_OVERHEAD_BYTES = 800
 ENTRY_BYTES = 24
 
 
-@dataclass
-class Chunk:
-    start: int                 # queue offset of the first entry
-    batch_offset: int
-    rows: np.ndarray           # int32
-    sizes: np.ndarray          # int32
-    tags_codes: np.ndarray     # int64
-    store_ts: np.ndarray       # int64 ms
+class _PyChunk:
+    """:class:`Chunk` where sparkmq/_chunk.c is not built: the same read-only fields
+    and ``end``, as a Python object (which the cyclic collector tracks)."""
+    __slots__ = ("start", "batch_offset", "rows", "sizes", "tags_codes", "store_ts")
+
+    def __init__(self, start: int, batch_offset: int, rows: np.ndarray, sizes: np.ndarray,
+                 tags_codes: np.ndarray, store_ts: np.ndarray):
+        set_ = object.__setattr__
+        set_(self, "start", int(start))
+        set_(self, "batch_offset", int(batch_offset))
+        for name, value in (("rows", rows), ("sizes", sizes), ("tags_codes", tags_codes),
+                            ("store_ts", store_ts)):
+            set_(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"Chunk.{name} is read-only")
 
     @property
     def end(self) -> int:
         return self.start + len(self.rows)
 
-    @property
-    def cost(self) -> int:
-        """Bytes this chunk holds in memory (estimated; see CHUNK_OVERHEAD_BYTES)."""
-        return CHUNK_OVERHEAD_BYTES + ENTRY_BYTES * len(self.rows)
+
+try:    # sparkmq/_chunk.c: a type the cyclic garbage collector does not track
+    from .._chunk import Chunk
+except ImportError:     # not built here
+    Chunk = _PyChunk
+#: Chunk(start, batch_offset, rows, sizes, tags_codes, store_ts): the entries one
+#: appended batch gave one queue. ``start``: queue offset of the first entry;
+#: ``batch_offset``: the batch's physical offset; then each entry's row (int32), body
+#: bytes (int32), tags code (int64) and store time (int64 ms), numpy arrays that must
+#: hold no reference back to a chunk (sparkmq/_chunk.c says why). ``end``: the queue
+#: offset after the last entry.
+
+
+def chunk_cost(chunk) -> int:
+    """Bytes ``chunk`` holds in memory (estimated; see CHUNK_OVERHEAD_BYTES)."""
+    return CHUNK_OVERHEAD_BYTES + ENTRY_BYTES * len(chunk.rows)
 
 
 def empty_entries() -> pa.Table:
@@ -208,7 +227,7 @@ class MemoryConsumeQueue:
             self._starts[key].append(chunk.start)
             self._unpersisted.append((tid, qid, chunk))
             self._entries += k
-            self.bytes += chunk.cost
+            self.bytes += CHUNK_OVERHEAD_BYTES + ENTRY_BYTES * k     # (chunk_cost)
 
     def covers(self, tid: int, qid: int, offset: int) -> bool:
         with self._lock:
@@ -275,7 +294,7 @@ class MemoryConsumeQueue:
                 n = 0
                 while n < len(chunks) - 1 and self._over() and id(chunks[n]) not in pending:
                     self._entries -= len(chunks[n].rows)
-                    self.bytes -= chunks[n].cost
+                    self.bytes -= chunk_cost(chunks[n])
                     n += 1
                 if n:
                     del chunks[:n]
@@ -287,7 +306,7 @@ class MemoryConsumeQueue:
         with self._lock:
             for key in [k for k in self._queues if k[0] == tid]:
                 self._entries -= sum(len(c.rows) for c in self._queues[key])
-                self.bytes -= sum(c.cost for c in self._queues[key])
+                self.bytes -= sum(map(chunk_cost, self._queues[key]))
                 del self._queues[key]
                 del self._starts[key]
 

@@ -2,15 +2,22 @@
 the in-memory ConsumeQueue counts what its small chunks really cost and evicts persisted
 ones past ``memoryConsumeQueueBytes``; the in-memory Index holds only keys not yet
 published. Counted, not timed: tracemalloc measures the chunks, the budget and the
-Index's rows are checked on a store fed one-message appends to many queues."""
+Index's rows are checked on a store fed one-message appends to many queues. The chunks
+kept are no work for CPython's cyclic collector: neither they nor what they hold are
+tracked (sparkmq/_chunk.c says why)."""
 from __future__ import annotations
 
+import gc
 import tracemalloc
 
 import numpy as np
+import pytest
 
 from sparkmq import Message, Store
-from sparkmq.log.consumequeue import CHUNK_OVERHEAD_BYTES, Chunk, MemoryConsumeQueue
+from sparkmq._chunk import Chunk as CChunk     # (required: see the chunks' tests)
+from sparkmq.log.built import build_rows
+from sparkmq.log.consumequeue import (CHUNK_OVERHEAD_BYTES, Chunk, MemoryConsumeQueue, _PyChunk,
+                                      chunk_cost)
 
 
 def _chunk(i: int, rows: int = 1) -> Chunk:
@@ -29,7 +36,7 @@ def test_a_chunk_costs_no_more_than_it_is_counted():
         measured = (tracemalloc.get_traced_memory()[0] - before) / n
     finally:
         tracemalloc.stop()
-    assert measured <= _chunk(0).cost <= 2 * measured, (measured, CHUNK_OVERHEAD_BYTES)
+    assert measured <= chunk_cost(_chunk(0)) <= 2 * measured, (measured, CHUNK_OVERHEAD_BYTES)
 
 
 def test_persisted_chunks_are_evicted_past_the_byte_budget():
@@ -75,3 +82,48 @@ def test_a_key_stays_findable_while_its_publish_is_under_way(tmp_path):
         s.flush()                                    # the next one commits it
         assert index.rows == 0
         assert len(s.query_by_key("T", "k")) == 1    # from the side file, once
+
+
+@pytest.mark.parametrize("kind", [CChunk, _PyChunk])
+def test_a_chunk_reads_back_what_it_was_made_of_and_cannot_be_changed(kind):
+    rows, sizes = np.arange(3, dtype=np.int32), np.array([5, 6, 7], np.int32)
+    tags, ts = np.zeros(3, np.int64), np.full(3, 9, np.int64)
+    for ch in (kind(10, 4096, rows, sizes, tags, ts),
+               kind(start=10, batch_offset=4096, rows=rows, sizes=sizes, tags_codes=tags,
+                    store_ts=ts)):
+        assert (ch.start, ch.batch_offset, ch.end) == (10, 4096, 13)
+        assert ch.rows is rows and ch.sizes is sizes
+        assert ch.tags_codes is tags and ch.store_ts is ts
+        with pytest.raises(AttributeError):
+            ch.start = 11
+    with pytest.raises(TypeError):
+        kind(10, 4096, rows, sizes, tags)                   # one field short
+
+
+def test_a_chunk_is_not_tracked_by_the_cyclic_collector():
+    assert Chunk is CChunk                                  # what the store makes
+    ch = Chunk(0, 0, np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int64),
+               np.zeros(1, np.int64))
+    assert not gc.is_tracked(ch)
+    assert gc.is_tracked(_PyChunk(0, 0, ch.rows, ch.sizes, ch.tags_codes, ch.store_ts))
+
+
+def test_what_a_store_keeps_of_each_append_is_no_work_for_the_cyclic_collector(tmp_path):
+    """A full pass of the collector visits every tracked object with the GIL held, and
+    the in-memory ConsumeQueue keeps a chunk per append and queue: a chunk, its arrays
+    and what they view must not be tracked (a store time that viewed the stamped
+    bytearray held a tracked memoryview per chunk)."""
+    with Store.open(str(tmp_path / "s"), mode="w", start_services=False) as s:
+        s.create_topic("T", read_queue_nums=1, write_queue_nums=1)
+        s.append([Message("T", b"x")])                                  # a record batch
+        s.append_batch(build_rows({"topic": ["T"] * 2, "body": [b"a", b"b"]}, 2,
+                                  store_host=s.config.store_host, now_ms=1))   # BuiltRows
+        chunks = s.dispatcher.cq.all_chunks(s.state.topics["T"].id, 0)
+        assert [ch.end for ch in chunks] == [1, 3]
+        for ch in chunks:
+            assert not gc.is_tracked(ch)
+            for arr in (ch.rows, ch.sizes, ch.tags_codes, ch.store_ts):
+                held = arr
+                while held is not None:                 # the array and what it views
+                    assert not gc.is_tracked(held), (arr, held)
+                    held = getattr(held, "base", None)

@@ -221,7 +221,7 @@ def test_reads_on_an_object_store_fetch_the_batch_not_the_segment(clock):
                 f.read = read
             return f
         fs.cat_file, fs.open = cat_file, open_
-        s.commitlog._cache.clear()
+        s.commitlog.clear_cache()
         try:
             got = s.read("t", 0, 20 * 10 + 5, max_messages=3)      # inside a sealed segment
             assert [m.body[:7] for m in got] == [b"0010-05", b"0010-06", b"0010-07"]
