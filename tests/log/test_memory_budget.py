@@ -15,7 +15,10 @@ import pytest
 
 from sparkmq import Message, Store
 from sparkmq._chunk import Chunk as CChunk     # (required: see the chunks' tests)
+from sparkmq.log.fs import StoreFS
+from sparkmq.log.batch import build_segment_batch
 from sparkmq.log.built import build_rows
+from sparkmq.log.commitlog import CommitLog
 from sparkmq.log.consumequeue import (CHUNK_OVERHEAD_BYTES, Chunk, MemoryConsumeQueue, _PyChunk,
                                       chunk_cost)
 
@@ -127,3 +130,19 @@ def test_what_a_store_keeps_of_each_append_is_no_work_for_the_cyclic_collector(t
                 while held is not None:                 # the array and what it views
                     assert not gc.is_tracked(held), (arr, held)
                     held = getattr(held, "base", None)
+
+
+def test_the_commit_log_cache_keeps_the_newest_batches_within_its_bytes(tmp_path):
+    batch = build_segment_batch({"topic": ["t"], "queue_id": [0], "body": [b"x" * 1000]}, 1,
+                                store_host="h", now_ms=1)
+    probe = CommitLog(StoreFS(str(tmp_path / "probe")), segment_size_bytes=1 << 20)
+    size = -probe.append(batch) + probe.append(batch)          # one batch's bytes
+    log = CommitLog(StoreFS(str(tmp_path / "log")), segment_size_bytes=1 << 20,
+                    cache_bytes=3 * size + size // 2)
+    offsets = [log.append(batch) for _ in range(8)]
+    assert [log.cached_rows(o) is batch for o in offsets] == [False] * 5 + [True] * 3
+    assert log.read_batch(offsets[0]).equals(batch)             # (from the segment)
+    log.clear_cache()
+    assert all(log.cached_rows(o) is None for o in offsets)
+    offsets = [log.append(batch) for _ in range(4)]             # counted from nothing again
+    assert [log.cached_rows(o) is batch for o in offsets] == [False] + [True] * 3
