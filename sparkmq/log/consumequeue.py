@@ -54,9 +54,10 @@ class _PyChunk:
         set_ = object.__setattr__
         set_(self, "start", int(start))
         set_(self, "batch_offset", int(batch_offset))
-        for name, value in (("rows", rows), ("sizes", sizes), ("tags_codes", tags_codes),
-                            ("store_ts", store_ts)):
-            set_(self, name, value)
+        set_(self, "rows", rows)
+        set_(self, "sizes", sizes)
+        set_(self, "tags_codes", tags_codes)
+        set_(self, "store_ts", store_ts)
 
     def __setattr__(self, name, value):
         raise AttributeError(f"Chunk.{name} is read-only")
@@ -66,16 +67,16 @@ class _PyChunk:
         return self.start + len(self.rows)
 
 
-try:    # sparkmq/_chunk.c: a type the cyclic garbage collector does not track
-    from .._chunk import Chunk
-except ImportError:     # not built here
-    Chunk = _PyChunk
 #: Chunk(start, batch_offset, rows, sizes, tags_codes, store_ts): the entries one
 #: appended batch gave one queue. ``start``: queue offset of the first entry;
 #: ``batch_offset``: the batch's physical offset; then each entry's row (int32), body
 #: bytes (int32), tags code (int64) and store time (int64 ms), numpy arrays that must
 #: hold no reference back to a chunk (sparkmq/_chunk.c says why). ``end``: the queue
 #: offset after the last entry.
+try:    # sparkmq/_chunk.c: a type the cyclic garbage collector does not track
+    from .._chunk import Chunk
+except ImportError:     # not built here
+    Chunk = _PyChunk
 
 
 def chunk_cost(chunk) -> int:
