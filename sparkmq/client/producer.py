@@ -344,9 +344,7 @@ class Producer:
         if born is None:
             born = int(time.time() * 1000)
         ids = ids or self._ids
-        topic, group = messages[0].topic, messages[0].message_group
-        if all(m.plain() and m.delivery_timestamp_ms is None and m.topic == topic
-               and m.message_group == group for m in messages):
+        if _plain_alike(messages):
             return _encode_plain(messages, self._host, ids, born)
         request = spb.SendMessageRequest()
         add, host, stamp = request.messages.add, self._host, timestamp(born)
@@ -519,6 +517,19 @@ def _encode_plain(messages: list[Message], host: str, ids: "MessageIds | _Reserv
     return EncodedSendRequest(b"".join(parts), len(messages))
 
 
+def _plain_alike(messages: list[Message]) -> bool:
+    """Whether every one of ``messages`` is plain (``Message.plain``), not delayed, and of
+    the first one's topic and message group: what ``_encode_plain`` takes. (A loop: ``all``
+    over a generator cost a send ~1.5 k instructions more.)"""
+    first = messages[0]
+    topic, group = first.topic, first.message_group
+    for m in messages:
+        if not (m.plain() and m.delivery_timestamp_ms is None and m.topic == topic
+                and m.message_group == group):
+            return False
+    return True
+
+
 def _receipts(entries, broker_name: str, endpoint: str, all_ok: bool) -> list[SendReceipt]:
     """One SendReceipt per response entry, made without the frozen dataclass's
     ``__init__`` (it sets each field through ``object.__setattr__``): each gets a copy of
@@ -527,7 +538,7 @@ def _receipts(entries, broker_name: str, endpoint: str, all_ok: bool) -> list[Se
     out: list[SendReceipt] = []
     append, new, set_dict = out.append, object.__new__, object.__setattr__
     shared = _receipt_fields(broker_name, endpoint, "grpc", _OK)
-    for e in entries:
+    for e in entries[:]:     # (a list: upb's container ends an iteration by an IndexError)
         fields = shared.copy()
         fields["message_id"], fields["queue_offset"], fields["recall_handle"] = \
             e.message_id, e.offset, e.recall_handle

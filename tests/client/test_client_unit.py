@@ -187,6 +187,14 @@ def test_send_batch_request_carries_every_field_of_plain_and_rich_messages():
         got = [m.system_properties for m in sent[2].messages]
         assert [sp.delivery_timestamp.ToMilliseconds() for sp in got] == due
         assert {sp.message_type for sp in got} == {pb.DELAY}
+        # ``_request`` alone (``_send`` gives it one topic and message group): messages of
+        # two groups or topics are not encoded with the first one's shared fields
+        for mixed in ([Message("T", b"m1", message_group="g1"),
+                       Message("T", b"m2", message_group="g2")],
+                      [Message("T", b"m1"), Message("U", b"m2")]):
+            got = list(p._request(mixed).messages)
+            assert [(m.topic.name, m.system_properties.message_group) for m in got] == \
+                [(m.topic, m.message_group or "") for m in mixed]
     finally:
         p.shutdown()
 
