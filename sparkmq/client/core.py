@@ -139,11 +139,6 @@ class MessageIds:
     def next(self) -> str:
         return self.text(self.take(1))
 
-    def block(self, n: int) -> tuple[bytes, int]:
-        """``n`` ids as ``sparkmq._wire.encode_plain`` takes them: (the prefix as ASCII,
-        the first counter value)."""
-        return self.prefix_ascii, self.take(n)
-
     def many(self, n: int) -> list[str]:
         """``n`` ids, one block of the counter."""
         return self.strings(self.take(n), n)
@@ -156,10 +151,6 @@ class MessageIds:
         if start + n <= 1 << 48:
             return list(map((prefix + "%012X").__mod__, range(start, start + n)))
         return [self.text(c) for c in range(start, start + n)]
-
-    def next_ascii(self) -> bytes:
-        """``next()`` as ASCII bytes (for requests encoded by hand)."""
-        return self.ascii(self.take(1))
 
 
 def timestamp(ms: int):

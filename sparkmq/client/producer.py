@@ -301,7 +301,7 @@ class Producer:
                                 raise BrokerUnavailableError(str(e)) from None
                             self.flight.mark_down(fep, e)
                 if request is None:
-                    request = self._request(messages, _Reserved(self._ids, start), born)
+                    request = self._request(messages, start, born)
                 return self._send_to(queue, request)
             except (BrokerUnavailableError, ClientError) as e:
                 retriable = not isinstance(e, ClientError) or e.status_code in RETRIABLE_CODES
@@ -333,23 +333,26 @@ class Producer:
             self.sent_over["flight"] += len(out)
         return out
 
-    def _request(self, messages: list[Message], ids: "MessageIds | _Reserved | None" = None,
+    def _request(self, messages: list[Message], start: int | None = None,
                  born: int | None = None) -> "spb.SendMessageRequest | EncodedSendRequest":
         """The SendMessageRequest (one topic and message group, see ``_send``) of
-        messages born at ``born`` (epoch ms; now if None). Plain messages (bytes bodies;
+        messages born at ``born`` (epoch ms; now if None), with the ids of the block
+        ``MessageIds.take`` reserved from ``start`` (one taken now if None: a message's id
+        is the same on either transport, ``_send``). Plain messages (bytes bodies;
         no tag, keys, properties or delivery time), one or many, are encoded by hand
         around their serialized fields (``EncodedSendRequest``); other requests are
         filled field by field (delayed ones: each has its own delivery time). Both parse
         to what ``Message.to_pb`` gives."""
         if born is None:
             born = int(time.time() * 1000)
-        ids = ids or self._ids
+        if start is None:
+            start = self._ids.take(len(messages))
         if _plain_alike(messages):
-            return _encode_plain(messages, self._host, ids, born)
+            return _encode_plain(messages, self._host, self._ids, start, born)
         request = spb.SendMessageRequest()
-        add, host, stamp = request.messages.add, self._host, timestamp(born)
-        for m in messages:
-            m.fill_pb(add(), host, ids.next(), stamp)
+        add, host, stamp, text = request.messages.add, self._host, timestamp(born), self._ids.text
+        for k, m in enumerate(messages):
+            m.fill_pb(add(), host, text(start + k), stamp)
         return request
 
     def _send_to(self, queue: Queue, request) -> list[SendReceipt]:
@@ -402,31 +405,6 @@ class Producer:
         now = time.monotonic()
         with self._lock:
             return sorted(e for e, until in self._isolated.items() if until > now)
-
-
-class _Reserved:
-    """``MessageIds``' interface over a block of ids ``take`` reserved from ``start``
-    (``Producer._send``: one message's id is the same on either transport)."""
-
-    __slots__ = ("ids", "start", "_k")
-
-    def __init__(self, ids: MessageIds, start: int):
-        self.ids, self.start, self._k = ids, start, 0
-
-    def _take(self) -> int:
-        k, self._k = self._k, self._k + 1
-        return self.start + k
-
-    def next(self) -> str:
-        return self.ids.text(self._take())
-
-    def next_ascii(self) -> bytes:
-        return self.ids.ascii(self._take())
-
-    def block(self, n: int) -> tuple[bytes, int]:
-        """``MessageIds.block``: the next ``n`` ids of this block."""
-        start, self._k = self.start + self._k, self._k + n
-        return self.ids.prefix_ascii, start
 
 
 class EncodedSendRequest:
@@ -485,7 +463,7 @@ def _born_field(ms: int) -> bytes:
     return _BORN_TIMESTAMP + _varint(len(inner)) + inner
 
 
-def _encode_plain(messages: list[Message], host: str, ids: "MessageIds | _Reserved",
+def _encode_plain(messages: list[Message], host: str, ids: MessageIds, start: int,
                   born: int) -> EncodedSendRequest:
     """The request for plain ``messages`` of one topic and message group (see
     ``Producer._request``), born at ``born`` (epoch ms), encoded by hand: each message is
@@ -494,25 +472,24 @@ def _encode_plain(messages: list[Message], host: str, ids: "MessageIds | _Reserv
     appended inside the system properties: protobuf parsers accept fields in any order)
     + its body. ~3x cheaper than filling protocol messages (no per-field calls, no
     second copy of the bodies by ``SerializeToString``); ``sparkmq._wire.encode_plain``
-    writes the same bytes in C, ~3x cheaper again. ``ids``: ``MessageIds`` or a block
-    of them (``_Reserved``)."""
+    writes the same bytes in C, ~3x cheaper again. The ids: ``ids``' values from ``start``
+    on (a block ``MessageIds.take`` reserved)."""
     topic, sp = _plain_fields(messages[0].topic, messages[0].message_group, host)
     if _wire is not None:
         bodies = [m.body for m in messages]
-        prefix, start = ids.block(len(bodies))
-        return EncodedSendRequest(_wire.encode_plain(topic, sp, bodies, prefix, start, born),
-                                  len(bodies))
+        return EncodedSendRequest(_wire.encode_plain(topic, sp, bodies, ids.prefix_ascii,
+                                                     start, born), len(bodies))
     sp += _born_field(born)
     head = (topic + _MESSAGE_SYSTEM_PROPERTIES
             + _varint(len(sp) + len(_MESSAGE_ID_32) + 32) + sp + _MESSAGE_ID_32)
     fixed = len(head) + 32 + len(_MESSAGE_BODY)
     parts: list[bytes] = []
-    extend, next_id, varint = parts.extend, ids.next_ascii, _varint
-    for m in messages:
+    extend, ascii_id, varint = parts.extend, ids.ascii, _varint
+    for k, m in enumerate(messages):
         body = m.body
         n = len(body)
         size = varint(n)
-        extend((_REQUEST_MESSAGE, varint(fixed + len(size) + n), head, next_id(),
+        extend((_REQUEST_MESSAGE, varint(fixed + len(size) + n), head, ascii_id(start + k),
                 _MESSAGE_BODY, size, body))
     return EncodedSendRequest(b"".join(parts), len(messages))
 

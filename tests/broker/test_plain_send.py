@@ -125,7 +125,7 @@ def test_the_c_reader_is_built_and_takes_the_clients_plain_requests():
     it is read by it. Without this, the tests below would only test the general path."""
     from sparkmq import _wire                        # noqa: F401  (fails if not built)
     from sparkmq.client.core import MessageIds
-    from sparkmq.client.producer import _encode_plain, _Reserved
+    from sparkmq.client.producer import _encode_plain
     from sparkmq.client import Message
     official = pb.Message(topic=pb.Resource(name="T"), body=b"hello")
     s = official.system_properties
@@ -141,8 +141,8 @@ def test_the_c_reader_is_built_and_takes_the_clients_plain_requests():
     assert batch.column("tags").to_pylist() == [None, "TagA"]
     assert batch.column("keys").to_pylist() == [None, ["order-1", "user-2"]]
     ids = MessageIds()
-    own = _encode_plain([Message("T", b"a"), Message("T", b"bc")], "10.0.0.9",
-                        _Reserved(ids, ids.take(2)), 1_700_000_000_123)
+    own = _encode_plain([Message("T", b"a"), Message("T", b"bc")], "10.0.0.9", ids,
+                        ids.take(2), 1_700_000_000_123)
     plain = plainsend.plain_columns(spb.SendMessageRequest.FromString(own.data))
     batch = plain.batch()
     assert batch.column("body").to_pylist() == [b"a", b"bc"]
