@@ -54,9 +54,9 @@ class BuiltRows:
     """A batch in SEGMENT_SCHEMA whose columns were checked (see the module docstring),
     ``body_sizes`` its rows' body bytes (int32), ``times`` its store_timestamp values
     (int64 ms, a view of the column's own buffer, which ``stamp`` writes), ``topic``
-    every row's topic if they have one (else None), ``queue`` likewise their queue id, ``given`` the
-    columns the builder took from the caller (the others hold the schema's defaults:
-    what the store need not look at). Its length: rows.
+    every row's topic if they have one (else None), ``queue`` likewise their queue id,
+    ``given`` the columns the builder took from the caller (the others hold the schema's
+    defaults: what the store need not look at). Its length: rows.
 
     Rows made by :func:`composed_rows` hold their batch as an Arrow C struct
     (``sparkmq._compose``) until ``batch`` is first read: the limit screen and the IPC
