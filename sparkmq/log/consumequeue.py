@@ -228,7 +228,7 @@ class MemoryConsumeQueue:
             self._starts[key].append(chunk.start)
             self._unpersisted.append((tid, qid, chunk))
             self._entries += k
-            self.bytes += CHUNK_OVERHEAD_BYTES + ENTRY_BYTES * k     # (chunk_cost)
+            self.bytes += chunk_cost(chunk)
 
     def covers(self, tid: int, qid: int, offset: int) -> bool:
         with self._lock:
