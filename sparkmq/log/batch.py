@@ -34,7 +34,7 @@ from ..errors import (InvalidMessageError, PermissionDeniedError, QueueNotFoundE
 from . import format as fmt
 from .actions import PERM_READ, PERM_RW, PERM_WRITE  # noqa: F401  (re-exported)
 from .actions import TopicConfig
-from .dispatch import RowInfo, binary_lengths, distinct_strings
+from .dispatch import SHARED_ROWS, RowInfo, binary_lengths, distinct_strings
 from .limits import MessageLimits, check_batch, check_message, not_text
 from .message import Message, group_hashes
 
@@ -350,7 +350,7 @@ def build_segment_batch(columns: Mapping[str, Sequence | pa.Array], n: int, *,
         for i in (_BORN_AT, _STORE_AT):
             if out[i] is None:
                 out[i] = now
-    if n > 1024:                         # (longer batches: defaults built, not shared)
+    if n > SHARED_ROWS:                  # (longer batches: defaults built, not shared)
         for i, f in enumerate(fmt.SEGMENT_FIELDS):
             if out[i] is None:
                 out[i] = constant_column(_default_value(f.name, store_host), f.type, n)
@@ -392,7 +392,7 @@ _NULL_DEFAULTS = frozenset(f.name for f in fmt.SEGMENT_FIELDS
 def _default_row(n: int, store_host: str) -> list:
     """A new list of each column's default (``constant_column``'s shared arrays, looked up
     once a batch); None for the two times, and for all past 1,024 rows (built later)."""
-    return list(shared_defaults(n, store_host)) if n <= 1024 else \
+    return list(shared_defaults(n, store_host)) if n <= SHARED_ROWS else \
         [None] * len(fmt.SEGMENT_FIELDS)
 
 
@@ -408,7 +408,7 @@ def shared_defaults(n: int, store_host: str) -> tuple:
 def _queue_ids(n: int, queue: int) -> np.ndarray:
     """``n`` rows' queue id ``queue`` (int32, read-only): shared up to 1,024 rows; a longer
     batch's own (64 cached ones could keep megabytes alive)."""
-    return _shared_queue_ids(n, queue) if n <= 1024 else _new_queue_ids(n, queue)
+    return _shared_queue_ids(n, queue) if n <= SHARED_ROWS else _new_queue_ids(n, queue)
 
 
 @functools.lru_cache(maxsize=64)

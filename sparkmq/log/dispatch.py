@@ -162,17 +162,19 @@ def topic_ids_per_row(tids: list[int], info: RowInfo, n: int) -> np.ndarray:
         else np.full(n, tids[0], np.int64)
 
 
-_SHARED_ROWS = 1024     # a chunk of a longer batch gets arrays of its own
+#: the most rows whose arrays batches share (cached once, read-only); a longer batch's
+#: are its own (a chunk's rows and tags here; a segment batch's defaults, log/batch.py)
+SHARED_ROWS = 1024
 
 
 def _every_row(n: int) -> np.ndarray:
     """Rows ``0..n-1`` (int32): the rows of a chunk that takes a whole batch."""
-    return _shared(n)[0] if n <= _SHARED_ROWS else np.arange(n, dtype=np.int32)
+    return _shared(n)[0] if n <= SHARED_ROWS else np.arange(n, dtype=np.int32)
 
 
 def _no_tags(n: int) -> np.ndarray:
     """``n`` rows' tags codes where no row has tags (int64 zeros)."""
-    return _shared(n)[1] if n <= _SHARED_ROWS else np.zeros(n, np.int64)
+    return _shared(n)[1] if n <= SHARED_ROWS else np.zeros(n, np.int64)
 
 
 @functools.lru_cache(maxsize=64)
