@@ -51,6 +51,7 @@ gRPC port's, so this port is exactly as reachable and as protected as that one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -488,6 +489,23 @@ class FlightService(fl.FlightServerBase):
         self.shutdown()
 
 
+#: a read's few property keys are looked up in Python (a set), more with a kernel
+_FEW_KEYS = 64
+
+
+def _internal_keys_in(keys: pa.Array) -> bool:
+    """Whether any of a properties map's ``keys`` (a string array) is one of
+    ``INTERNAL_PROPERTY_KEYS``."""
+    if len(keys) <= _FEW_KEYS:      # (a long poll's message or two: ~1 us, not ~15)
+        return not INTERNAL_PROPERTY_KEYS.isdisjoint(keys.to_pylist())
+    return pc.any(pc.is_in(keys, _internal_keys())).as_py()
+
+
+@functools.cache
+def _internal_keys() -> pa.Array:
+    return pa.array(sorted(INTERNAL_PROPERTY_KEYS), pa.string())
+
+
 def consumer_view_of(table: pa.Table) -> pa.Table:
     """``table`` (a DoGet read) as the RocketMQ path delivers its messages: ``message_id``
     is the producer's id where it set one (``unique_key``), and the broker's own keys
@@ -497,9 +515,7 @@ def consumer_view_of(table: pa.Table) -> pa.Table:
     table = table.set_column(table.schema.get_field_index("message_id"),
                              table.schema.field("message_id"), ids)
     props = table.column("properties")
-    internal = pa.array(sorted(INTERNAL_PROPERTY_KEYS), pa.string())
-    if not any(pc.any(pc.is_in(chunk.keys, internal)).as_py() for chunk in props.chunks
-               if len(chunk.keys)):
+    if not any(_internal_keys_in(chunk.keys) for chunk in props.chunks if len(chunk.keys)):
         return table
     kept = [None if p is None else [(k, v) for k, v in p if k not in INTERNAL_PROPERTY_KEYS]
             or None for p in props.to_pylist()]

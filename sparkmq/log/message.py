@@ -290,11 +290,14 @@ def _id_array(data, n: int) -> pa.Array:
 def _own_ids_complete(own) -> bool:
     """Whether every row of ``own`` (``unique_key``) has a producer's id (sparkmq's
     Producer sets one on every message): no null and, from a string array's offsets, no
-    empty value (~1.6 against ~5.7 us for two kernel calls)."""
+    empty value (~1.6 against ~5.7 us for two kernel calls; a chunked array, as a read's
+    table holds it, chunk by chunk)."""
     n = len(own)
     if own.null_count or not n:
         return False
-    if isinstance(own, pa.Array) and own.type == pa.string():
+    if isinstance(own, pa.ChunkedArray):
+        return all(_own_ids_complete(c) for c in own.chunks if len(c))
+    if own.type == pa.string():
         o = np.frombuffer(own.buffers()[1], np.int32, n + 1, own.offset * 4)
         return bool((o[1:] > o[:-1]).all())
     return pc.min(pc.binary_length(own)).as_py() > 0
@@ -306,7 +309,7 @@ def delivered_ids(own, broker_ids: Callable[[], Any]):
     (``broker_ids()``, not called when every row has its own). Arrays or chunked arrays;
     ``own`` None: no row has one. The RocketMQ path applies the same rule to one message:
     ``unique_key or message_id``."""
-    if own is None:
+    if own is None or own.null_count == len(own):     # (no row has one: no kernel call)
         return broker_ids()
     if _own_ids_complete(own):
         return own

@@ -753,3 +753,44 @@ def test_a_broker_daemon_serving_flight_stops_on_sigterm(tmp_path, procs):
                str(admin), "--store", str(tmp_path / "store")],
               f"http://127.0.0.1:{admin}/health", procs)
     assert stop_process(p) == 0
+
+
+def _read_view(unique_keys: list, properties: list, chunks: int = 1) -> pa.Table:
+    """A read's table as ``consumer_view_of`` takes it (its three columns), the rows
+    split into ``chunks`` chunks, as a read of several stored batches gives them."""
+    n = len(unique_keys)
+    cols = {"message_id": pa.array([f"B{i:031d}" for i in range(n)], pa.string()),
+            "unique_key": pa.array(unique_keys, pa.string()),
+            "properties": pa.array(properties, pa.map_(pa.string(), pa.string()))}
+    cut = [0, *[n * (k + 1) // chunks for k in range(chunks)]]
+    return pa.Table.from_batches(
+        [pa.record_batch([c.slice(a, b - a) for c in cols.values()], names=list(cols))
+         for a, b in zip(cut, cut[1:])])
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+def test_the_consumer_view_takes_the_producers_ids_and_drops_the_brokers_keys(chunks):
+    """What a Flight consumer gets (``view=consumer``): the producer's id where a row has
+    one, else the broker's; the properties without the broker's own keys, the user's
+    kept. Each case a read meets: no producer id at all, every row with one (in one
+    chunk and across chunks), some; a message or two with keys, and a batch with more
+    keys than ``_FEW_KEYS`` whose internal key is in its last row."""
+    from sparkmq.broker.flight import _FEW_KEYS, consumer_view_of
+    from sparkmq.broker.pop import ORIGIN_TOPIC
+    view = consumer_view_of(_read_view([None, None], [None, None], chunks))
+    assert view.column("message_id").to_pylist() == [f"B{i:031d}" for i in range(2)]
+    view = consumer_view_of(_read_view(["K1", "K2"], [None, [("a", "1")]], chunks))
+    assert view.column("message_id").to_pylist() == ["K1", "K2"]
+    assert view.column("properties").to_pylist() == [None, [("a", "1")]]
+    view = consumer_view_of(_read_view(["K1", None, ""], [None] * 3, 1))
+    assert view.column("message_id").to_pylist() == ["K1", f"B{1:031d}", f"B{2:031d}"]
+    view = consumer_view_of(_read_view(["K1", ""], [None] * 2, chunks))   # no null
+    assert view.column("message_id").to_pylist() == ["K1", f"B{1:031d}"]
+    view = consumer_view_of(_read_view(
+        ["K1", "K2"], [[("a", "1"), (ORIGIN_TOPIC, "T")], [("b", "2")]], chunks))
+    assert view.column("properties").to_pylist() == [[("a", "1")], [("b", "2")]]
+    rows = _FEW_KEYS + 1
+    props = [[("u", str(i))] for i in range(rows - 1)] + [[("u", "z"), (ORIGIN_TOPIC, "T")]]
+    view = consumer_view_of(_read_view([f"K{i}" for i in range(rows)], props, chunks))
+    assert view.column("properties").to_pylist()[-1] == [("u", "z")]
+    assert view.column("properties").to_pylist()[:-1] == props[:-1]
