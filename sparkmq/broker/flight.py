@@ -402,7 +402,11 @@ class FlightService(fl.FlightServerBase):
                   consumer_view: bool, tags: frozenset[str] | None, authorize):
         store, notifier = self.broker.store, self.broker.notifier
         checked = time.monotonic()
-        while not (self._stopping.is_set() or context.is_cancelled()):
+        # (a reader that went away fails the next write, which ends this generator: the
+        # call is asked whether it was cancelled only before a wait. Asking costs the
+        # sync server a poll of its completion queue with the GIL held: ~5 % of a
+        # broker's time at 1,000 one-message puts a second when asked every turn)
+        while not self._stopping.is_set():
             if time.monotonic() - checked >= FOLLOW_WAIT_S:
                 authorize()
                 checked = time.monotonic()
@@ -428,6 +432,8 @@ class FlightService(fl.FlightServerBase):
                     yield from _followed_batches(table, q, tags)
                     sent = True
             if not sent:
+                if context.is_cancelled():
+                    return
                 notifier.wait(topic, seen, FOLLOW_WAIT_S, held=True)
 
     def _read(self, topic: str, queue: int, offset: int, limit: int, poll_ms: int) -> pa.Table:

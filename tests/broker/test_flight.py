@@ -383,7 +383,8 @@ def test_followed_reads_count_against_the_long_poll_capacity(make_broker):
     second = follow(2000, 10)
     _send(client, opts, _batch("F", [b"y"]))
     assert second.read_chunk().data.column("body").to_pylist() == [b"y"]
-    second.cancel()
+    second.cancel()                # a follow waiting for arrivals: ended within its wait
+    wait_until(lambda: b.notifier.waiting == 0, what="the cancelled idle follow to end")
 
 
 def _strings(values: list[bytes]) -> pa.Array:
