@@ -35,6 +35,10 @@ Workloads (1 KiB bodies, ASYNC_FLUSH):
   ``ceiling_store``), 0, then with the first 1 .. 5 of the parts it leaves out added back;
 - ``get-1``: sparkmq's Flight read of one message at a queue's tail
   (``FlightService._read``: a woken long poll's DoGet, before its reply is written);
+- ``follow-1``: a one-row Flight put with the producer's own id (as sparkmq's Producer
+  sends it), then the batch it becomes on a followed DoGet in the consumer's view
+  (``FlightService._followed``, one turn: what OMB's consumer costs the broker a
+  message, its reply's write aside);
 - ``round``: what a long poll's delivery costs the broker: a one-row Flight put, the pop
   of that message (``PopService.pop``), its conversion to the protocol message and its ack;
 - ``producer-1``: what sparkmq's ``Producer.send`` of one plain message costs the caller's
@@ -65,7 +69,8 @@ sys.path.insert(0, HERE)
 from bench_cold import _Context, grpc_send, in_process_broker, plain_request  # noqa: E402
 
 WORKLOADS = ("floor-1", "floor-100", "floorgrpc-1", "flight-1", "flight-100", "flightq-1",
-             "grpc-1", "grpc-100", "grpcread-1", "grpccheck-1", "grpcstore-1", "get-1", "round",
+             "grpc-1", "grpc-100", "grpcread-1", "grpccheck-1", "grpcstore-1", "get-1", "follow-1",
+             "round",
              "producer-1", "stub-1", "producerf-1")
 CEILING_PARTS = tuple(f"grpcceil{k}-1" for k in range(6))     # (not run by default)
 
@@ -124,6 +129,18 @@ def _workload(name: str, tmp: str):
         broker.flight._send(ctx, _rows(1).append_column("queue_id", pa.array([0], pa.int32())))
         end = broker.store.max_offset("instr", 0)
         return (lambda: broker.flight._read("instr", 0, end - 1, 1, 0)), broker.stop
+    if kind == "follow":             # a put, then one turn of a followed read of queue 0
+        import pyarrow as pa
+        one = _rows(1).append_column("queue_id", pa.array([0], pa.int32())).append_column(
+            "unique_key", pa.array(["0" * 32], pa.string()))
+        broker.flight._send(ctx, one)
+        follower = broker.flight._followed(_Following(), "instr", {0: 0}, 1000, True, None,
+                                           lambda: None)
+
+        def follow():            # (one message behind the puts: never waits)
+            broker.flight._send(ctx, one)
+            next(follower)
+        return follow, broker.stop
     from sparkmq.broker.pop import TagFilter
     from sparkmq.broker.protocol import message_to_pb
     one, every = _rows(1), TagFilter("*")
@@ -135,6 +152,13 @@ def _workload(name: str, tmp: str):
             message_to_pb(d.message, d).SerializeToString()
             broker.receiver.ack("G", d.receipt_handle, "instr")
     return round_, broker.stop
+
+
+class _Following(_Context):
+    """A followed DoGet's call context, never cancelled."""
+
+    def is_cancelled(self) -> bool:
+        return False
 
 
 def _grpc_phase(broker, kind: str, data: bytes):

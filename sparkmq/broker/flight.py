@@ -220,6 +220,12 @@ def _flight_error(e: Exception) -> Exception:
     return fl.FlightInternalError(f"{type(e).__name__}: {e}")
 
 
+def _next_metadata(queue: int, nxt: int) -> bytes:
+    """A followed batch's app_metadata, ``{"queue": queue, "next": nxt}`` as JSON (the
+    bytes ``json.dumps`` gives, formatted: a dumps call per message was ~4 us)."""
+    return b'{"queue": %d, "next": %d}' % (queue, nxt)
+
+
 def _followed_batches(table: pa.Table, queue: int, tags: frozenset[str] | None):
     """A followed read's reply for one queue: each stored batch of ``table`` (zero-copy)
     with app_metadata ``{"queue", "next"}`` (the offset after it), its rows cut to
@@ -231,7 +237,7 @@ def _followed_batches(table: pa.Table, queue: int, tags: frozenset[str] | None):
         nxt = batch.column("queue_offset")[-1].as_py() + 1
         if keep is not None:
             batch = batch.filter(pc.is_in(batch.column("tags"), value_set=keep))
-        yield batch, json.dumps({"queue": queue, "next": nxt}).encode()
+        yield batch, _next_metadata(queue, nxt)
 
 
 class FlightService(fl.FlightServerBase):
@@ -418,7 +424,7 @@ class FlightService(fl.FlightServerBase):
                     positions[q] = end
                     schema = store.read_table(topic, q, end, end).schema
                     yield (pa.RecordBatch.from_pylist([], schema=schema),
-                           json.dumps({"queue": q, "next": end}).encode())
+                           _next_metadata(q, end))
                     sent = True
                     continue
                 hi = store.max_offset(topic, q)

@@ -25,6 +25,11 @@ from ..errors import InvalidMessageIdError
 from . import format as fmt
 
 try:
+    from .. import _screen as _c_screen      # sparkmq/_screen.c (body_sizes)
+except ImportError:     # not built (a source checkout without a compiler): numpy measures
+    _c_screen = None
+
+try:
     from .. import _ipc
 except ImportError:     # not built here (no C compiler): numpy lays the ids out
     _ipc = None
@@ -298,6 +303,8 @@ def _own_ids_complete(own) -> bool:
     if isinstance(own, pa.ChunkedArray):
         return all(_own_ids_complete(c) for c in own.chunks if len(c))
     if own.type == pa.string():
+        if _c_screen is not None:        # (its least length: 0.6 against 3 us)
+            return _c_screen.body_sizes(own.buffers()[1], own.offset, n)[1] > 0
         o = np.frombuffer(own.buffers()[1], np.int32, n + 1, own.offset * 4)
         return bool((o[1:] > o[:-1]).all())
     return pc.min(pc.binary_length(own)).as_py() > 0
