@@ -302,9 +302,9 @@ def consume_sparkmq_flight(info: dict, rec: Received, stop: threading.Event) -> 
             offsets[q] = nxt
 
     def commit() -> None:           # once a second, off the reading thread (as Kafka's
-        while not stop.wait(1.0):   # consumers commit asynchronously)
-            for q, o in list(offsets.items()):
-                pc.commit_offset(q, o)
+        while not stop.wait(1.0):   # consumers commit asynchronously), all queues at once
+            if offsets:
+                pc.commit_offsets(dict(offsets))
     threads = [threading.Thread(target=f, daemon=True) for f in (read, commit)]
     for t in threads:
         t.start()

@@ -220,6 +220,26 @@ def _flight_error(e: Exception) -> Exception:
     return fl.FlightInternalError(f"{type(e).__name__}: {e}")
 
 
+def _committed_offsets(req: dict) -> dict[int, int]:
+    """The queue -> offset a ``commitOffset`` body names: its ``queue`` and ``offset``, or
+    its ``offsets`` (``[[queue, offset], ...]``, each queue once); ValueError otherwise."""
+    if "offsets" not in req:
+        return {whole(req["queue"], "queue"): whole(req["offset"], "offset")}
+    if "queue" in req or "offset" in req:
+        raise ValueError("give 'offsets' or 'queue' and 'offset', not both")
+    pairs, out = req["offsets"], {}
+    if not isinstance(pairs, list) or not pairs:
+        raise ValueError(f"'offsets' is a non-empty list of [queue, offset], got {pairs!r}")
+    for pair in pairs:
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError(f"each of 'offsets' is [queue, offset], got {pair!r}")
+        queue = whole(pair[0], "queue")
+        if queue in out:
+            raise ValueError(f"queue {queue} is in 'offsets' twice")
+        out[queue] = whole(pair[1], "offset")
+    return out
+
+
 def _next_metadata(queue: int, nxt: int) -> bytes:
     """A followed batch's app_metadata, ``{"queue": queue, "next": nxt}`` as JSON (the
     bytes ``json.dumps`` gives, formatted: a dumps call per message was ~4 us)."""
@@ -469,20 +489,27 @@ class FlightService(fl.FlightServerBase):
         try:
             req = json.loads(action.body.to_pybytes())
             group, topic = str(req["group"]), str(req["topic"])
-            queue, offset = whole(req["queue"], "queue"), whole(req["offset"], "offset")
+            offsets = _committed_offsets(req)
             validate_group(group), validate_topic(topic)
             self._authorize(context, offset_update_resources, group, topic)
-            self.broker.receiver.reset_offset(group, topic, queue, offset)   # UpdateOffset's
-            self.broker.store.commit_consumer_offsets(group, {(topic, queue): offset})
+            receiver = self.broker.receiver
+            for queue, offset in offsets.items():    # all, before any moves: all or none
+                receiver.check_offset(topic, queue, offset)
+            self.broker.store.commit_consumer_offsets(   # (one commit for every queue)
+                group, {(topic, queue): offset for queue, offset in offsets.items()})
+            for queue, offset in offsets.items():      # once stored: UpdateOffset's move
+                receiver.reset_offset(group, topic, queue, offset)
         except (ValueError, KeyError, TypeError) as e:
-            raise pa.ArrowInvalid(f"commitOffset takes JSON {{group, topic, queue, offset}}: "
+            raise pa.ArrowInvalid(f"commitOffset takes JSON {{group, topic, queue, offset}} "
+                                  f"or {{group, topic, offsets: [[queue, offset], ...]}}: "
                                   f"{e}") from None
         except Exception as e:   # every failure goes back as a Flight error; the service goes on
             raise _flight_error(e) from None
         return iter([fl.Result(b'{"ok": true}')])
 
     def list_actions(self, context):
-        return [("commitOffset", "record a consumer group's next offset of one queue")]
+        return [("commitOffset", "record a consumer group's next offset of one queue, or of "
+                                 "several queues of a topic at once")]
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> "FlightService":

@@ -285,11 +285,16 @@ class ReceiveService:
     def reset_offset(self, group, topic: str, qid: int, offset: int) -> None:
         """Move the consumer's offset of one queue (UpdateOffset); IllegalOffset outside
         the queue's min..max offsets."""
+        self.check_offset(topic, qid, offset)
+        self.pop.reset_offset(group, topic, qid, offset)
+
+    def check_offset(self, topic: str, qid: int, offset: int) -> None:
+        """IllegalOffset where ``offset`` is outside the queue's min..max offsets (what
+        ``reset_offset`` refuses)."""
         store = self.store
         if not store.min_offset(topic, qid) <= offset <= store.max_offset(topic, qid):
             raise IllegalOffset(f"offset {offset} is outside "
                                 f"{store.min_offset(topic, qid)}..{store.max_offset(topic, qid)}")
-        self.pop.reset_offset(group, topic, qid, offset)
 
     def query_offset(self, topic: str, qid: int, *, at_ms: int | None = None,
                      end: bool = False) -> int:

@@ -26,7 +26,7 @@ class PullConsumer:
     per group). Thread-safe.
 
     Transport (``transport=``, as the Producer's, client/flight.py): ``pull`` is a Flight
-    DoGet and ``commit_offset`` a DoAction ``commitOffset`` where the broker serves
+    DoGet and ``commit_offset(s)`` a DoAction ``commitOffset`` where the broker serves
     Flight (the same messages, fields and offsets as RocketMQ's PullMessage and
     UpdateOffset give), else gRPC; ``query_offset`` and ``committed_offset`` are always
     gRPC (QueryOffset, GetOffset). ``pulled_over`` counts messages per transport."""
@@ -174,18 +174,30 @@ class PullConsumer:
 
     def commit_offset(self, queue: Queue, offset: int) -> None:
         """Record ``offset`` as the group's next offset of ``queue``."""
-        fep = self._flight_endpoint(queue)
-        if fep is not None:
-            try:
-                self.flight.action(fep, "commitOffset", {
-                    "group": self.group, "topic": queue.topic, "queue": queue.queue_id,
-                    "offset": offset}, f"commit {queue.topic}/{queue.queue_id} at {fep}")
-                return
-            except _FlightDown as e:
-                self._flight_failed(fep, e)
-        r = self.conns.call(queue.endpoint, "UpdateOffset", spb.UpdateOffsetRequest(
-            group=pb.Resource(name=self.group), message_queue=queue.to_pb(), offset=offset))
-        check(r.status, f"UpdateOffset {queue.topic}/{queue.queue_id}")
+        self.commit_offsets({queue: offset})
+
+    def commit_offsets(self, offsets: Mapping[Queue, int]) -> None:
+        """Record each queue's next offset (``{queue: offset}``): over Flight one
+        ``commitOffset`` for the queues of a topic on one broker (one store commit; all
+        of them or, refused, none), over gRPC an UpdateOffset a queue."""
+        parts: dict[tuple, dict[Queue, int]] = {}
+        for queue, offset in offsets.items():
+            parts.setdefault((self._flight_endpoint(queue), queue.topic), {})[queue] = offset
+        for (fep, topic), part in parts.items():
+            if fep is not None:
+                try:
+                    self.flight.action(fep, "commitOffset", {
+                        "group": self.group, "topic": topic,
+                        "offsets": [[q.queue_id, o] for q, o in part.items()]},
+                        f"commit {topic}/{sorted(q.queue_id for q in part)} at {fep}")
+                    continue
+                except _FlightDown as e:
+                    self._flight_failed(fep, e)
+            for queue, offset in part.items():
+                r = self.conns.call(queue.endpoint, "UpdateOffset", spb.UpdateOffsetRequest(
+                    group=pb.Resource(name=self.group), message_queue=queue.to_pb(),
+                    offset=offset))
+                check(r.status, f"UpdateOffset {queue.topic}/{queue.queue_id}")
 
     def close(self) -> None:
         self.flight.close()

@@ -18,6 +18,7 @@ from rocketmq import FilterExpression, SimpleConsumer
 
 from helpers.brokers import client_conf
 from helpers.net import free_port
+from helpers.storetools import offset_commits
 from helpers.waiting import wait_until
 from sparkmq.broker.authn import signature
 from sparkmq.log.topics import message_type_attributes
@@ -795,3 +796,52 @@ def test_the_consumer_view_takes_the_producers_ids_and_drops_the_brokers_keys(ch
     view = consumer_view_of(_read_view([f"K{i}" for i in range(rows)], props, chunks))
     assert view.column("properties").to_pylist()[-1] == [("u", "z")]
     assert view.column("properties").to_pylist()[:-1] == props[:-1]
+
+
+def _commit(client, opts, **body):
+    return list(client.do_action(fl.Action("commitOffset", json.dumps(body).encode()),
+                                 options=opts))
+
+
+def test_one_commit_records_several_queues_offsets_in_one_store_commit(broker):
+    """``offsets``: several queues of a topic in one commitOffset, one version of the
+    store's log; a group's offset then reads back per queue, in memory (GetOffset's)
+    and stored."""
+    broker.store.create_topic("M", read_queue_nums=3, write_queue_nums=3)
+    client, opts = _client(broker)
+    for q in range(3):
+        _send(client, opts, _batch("M", [b"a", b"b"], queue_id=pa.array([q] * 2, pa.int32())))
+    version = broker.store.state.version
+    _commit(client, opts, group="G", topic="M", offsets=[[0, 2], [2, 1]])
+    assert broker.store.consumer_offsets("G") == {("M", 0): 2, ("M", 2): 1}
+    assert offset_commits(broker.store, "G", version)[0] == {0: 2, 2: 1}
+    assert [broker.receiver.committed_offset("G", "M", q) for q in (0, 2)] == [2, 1]
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"offsets": []}, "non-empty list"),
+    ({"offsets": [[0, 1], [0, 2]]}, "queue 0 is in 'offsets' twice"),
+    ({"offsets": [[0, 1, 2]]}, r"each of 'offsets' is \[queue, offset\]"),
+    ({"offsets": [[0, 1.5]]}, "is a whole number"),
+    ({"offsets": [[0, 1]], "queue": 0}, "not both"),
+    ({"offsets": {"0": 1}}, "non-empty list"),
+])
+def test_a_commit_of_several_queues_that_is_malformed_moves_none(broker, body, words):
+    client, opts = _client(broker)
+    _send(client, opts, _batch("T", [b"a", b"b"]))
+    with pytest.raises(pa.ArrowInvalid, match=words):
+        _commit(client, opts, group="G", topic="T", **body)
+    assert broker.store.consumer_offsets("G") == {}
+
+
+def test_a_commit_with_one_offset_out_of_range_moves_no_queue(broker):
+    """All or none: the queue in range is not moved either, in memory or stored."""
+    broker.store.create_topic("M", read_queue_nums=2, write_queue_nums=2)
+    client, opts = _client(broker)
+    for q in range(2):
+        _send(client, opts, _batch("M", [b"a"], queue_id=pa.array([q], pa.int32())))
+    _commit(client, opts, group="G", topic="M", offsets=[[0, 1], [1, 0]])
+    with pytest.raises(pa.ArrowInvalid, match="ILLEGAL_OFFSET: offset 9 is outside 0..1"):
+        _commit(client, opts, group="G", topic="M", offsets=[[0, 0], [1, 9]])
+    assert broker.store.consumer_offsets("G") == {("M", 0): 1, ("M", 1): 0}
+    assert [broker.receiver.committed_offset("G", "M", q) for q in (0, 1)] == [1, 0]

@@ -14,7 +14,7 @@ from rocketmq import Producer as OfficialProducer
 from rocketmq import SimpleConsumer as OfficialConsumer
 
 from helpers.brokers import client_conf
-from helpers.storetools import HeldSyncOS
+from helpers.storetools import HeldSyncOS, offset_commits
 from helpers.net import free_port
 from helpers.waiting import wait_until
 from sparkmq.broker.protocol import Code
@@ -197,6 +197,31 @@ def test_offsets_committed_over_flight_are_what_getoffset_answers(make_broker, c
     pc.commit_offset(q, nxt)
     assert pc.committed_offset(q) == 3                  # GetOffset, over gRPC
     assert b.store.consumer_offsets("GO") == {("O", 0): 3}
+
+
+@pytest.mark.parametrize("transport", ["flight", "grpc"])
+def test_commit_offsets_records_every_queue_given(make_broker, closing, transport):
+    """Several queues at once: over Flight one commitOffset (one store commit, at once),
+    over gRPC an UpdateOffset a queue (stored by the broker's offset pass, as RocketMQ's
+    are); each reads back as GetOffset answers it."""
+    b = flight_broker(make_broker, defaultTopicQueueNums=3)
+    p = closing(Producer(b.endpoint))
+    for _ in range(6):
+        p.send(Message("OS", b"x"))
+    pc = closing(PullConsumer(b.endpoint, "GS", transport=transport))
+    queues = pc.queues("OS")
+    assert len(queues) == 3
+    ends = {q: pc.query_offset(q, "END") for q in queues}
+    assert sum(ends.values()) == 6
+    version = b.store.state.version
+    pc.commit_offsets(ends)
+    assert {q: pc.committed_offset(q) for q in queues} == ends
+    if transport == "flight":     # (the first version that records them: all three)
+        assert offset_commits(b.store, "GS", version)[0] == {
+            q.queue_id: o for q, o in ends.items()}
+    else:
+        b.persist_offsets()
+    assert b.store.consumer_offsets("GS") == {("OS", q.queue_id): o for q, o in ends.items()}
 
 
 @pytest.mark.parametrize("bad, code", [

@@ -123,3 +123,17 @@ def pause_before_the_write(writer, during) -> list:
         return stamp()
     writer.appender._store_ts = paused
     return ran
+
+
+def offset_commits(store, group: str, after: int) -> list[dict[int, int]]:
+    """The queue -> offset of ``group`` each version of ``store``'s log after ``after``
+    records, for the versions that record any, in order (a commitOffset's own, then any
+    of the broker's offset passes)."""
+    out = []
+    for v in range(after + 1, store.state.version + 1):
+        got = {a["consumerOffset"]["queueId"]: a["consumerOffset"]["offset"]
+               for a in store.txlog.read_version(v)
+               if a.get("consumerOffset", {}).get("group") == group}
+        if got:
+            out.append(got)
+    return out
