@@ -492,13 +492,7 @@ class FlightService(fl.FlightServerBase):
             offsets = _committed_offsets(req)
             validate_group(group), validate_topic(topic)
             self._authorize(context, offset_update_resources, group, topic)
-            receiver = self.broker.receiver
-            for queue, offset in offsets.items():    # all, before any moves: all or none
-                receiver.check_offset(topic, queue, offset)
-            self.broker.store.commit_consumer_offsets(   # (one commit for every queue)
-                group, {(topic, queue): offset for queue, offset in offsets.items()})
-            for queue, offset in offsets.items():      # once stored: UpdateOffset's move
-                receiver.reset_offset(group, topic, queue, offset)
+            self.broker.receiver.commit_offsets(group, topic, offsets)   # one store commit
         except (ValueError, KeyError, TypeError) as e:
             raise pa.ArrowInvalid(f"commitOffset takes JSON {{group, topic, queue, offset}} "
                                   f"or {{group, topic, offsets: [[queue, offset], ...]}}: "

@@ -6,11 +6,12 @@ handles, retries, DLQ) and waits on its ``ArrivalNotifier`` (``longpoll.py``: wo
 by the store's arrival listener). Offsets: ``committed_offset`` / ``reset_offset``
 (GetOffset / UpdateOffset) act on the pop state; ``persist_offsets`` commits the
 moved ones to the store (one commit per group, ``ConsumerOffsetPersistService``);
-``query_offset`` answers QueryOffset from the store.
+``commit_offsets`` (Flight's commitOffset) stores a group's offsets at once, then moves
+them; ``query_offset`` answers QueryOffset from the store.
 
 Thread-safety: called from many gRPC threads at once; the pop service, the
-notifier and the store are thread-safe; a persist pass and a group delete exclude
-each other (``offsets_lock``).
+notifier and the store are thread-safe; a persist pass, a group delete and
+``commit_offsets`` exclude each other (``offsets_lock``).
 """
 from __future__ import annotations
 
@@ -295,6 +296,19 @@ class ReceiveService:
         if not store.min_offset(topic, qid) <= offset <= store.max_offset(topic, qid):
             raise IllegalOffset(f"offset {offset} is outside "
                                 f"{store.min_offset(topic, qid)}..{store.max_offset(topic, qid)}")
+
+    def commit_offsets(self, group: str, topic: str, offsets: dict[int, int]) -> None:
+        """Store the group's offsets of queues of ``topic`` (queue -> offset) in one commit
+        and move them as ``reset_offset`` does: all or none (each checked first; moved
+        once stored). Under ``offsets_lock``, so the offset pass cannot store an older
+        offset of these queues in between."""
+        for qid, offset in offsets.items():
+            self.check_offset(topic, qid, offset)
+        with self.offsets_lock:
+            self.store.commit_consumer_offsets(
+                group, {(topic, qid): offset for qid, offset in offsets.items()})
+            for qid, offset in offsets.items():
+                self.pop.reset_offset(group, topic, qid, offset)
 
     def query_offset(self, topic: str, qid: int, *, at_ms: int | None = None,
                      end: bool = False) -> int:

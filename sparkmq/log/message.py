@@ -295,15 +295,15 @@ def _id_array(data, n: int) -> pa.Array:
 def _own_ids_complete(own) -> bool:
     """Whether every row of ``own`` (``unique_key``) has a producer's id (sparkmq's
     Producer sets one on every message): no null and, from a string array's offsets, no
-    empty value (~1.6 against ~5.7 us for two kernel calls; a chunked array, as a read's
-    table holds it, chunk by chunk)."""
+    empty value (its least length by ``_screen.body_sizes``, ~0.9 us; by numpy ~3; two
+    kernel calls ~6-11; a chunked array, as a read's table holds it, chunk by chunk)."""
     n = len(own)
     if own.null_count or not n:
         return False
     if isinstance(own, pa.ChunkedArray):
         return all(_own_ids_complete(c) for c in own.chunks if len(c))
     if own.type == pa.string():
-        if _c_screen is not None:        # (its least length: 0.6 against 3 us)
+        if _c_screen is not None:
             return _c_screen.body_sizes(own.buffers()[1], own.offset, n)[1] > 0
         o = np.frombuffer(own.buffers()[1], np.int32, n + 1, own.offset * 4)
         return bool((o[1:] > o[:-1]).all())
