@@ -553,11 +553,14 @@ class PopService:
         with g.lock:
             return self._progress(g, topic, qid).floor
 
-    def reset_offset(self, group: "str | GroupKey", topic: str, qid: int, offset: int) -> None:
-        """Move ``group``'s offset of a queue (UpdateOffset); drops its in-flight leases."""
+    def reset_offset(self, group: "str | GroupKey", topic: str, qid: int, offset: int, *,
+                     stored: bool = False) -> None:
+        """Move ``group``'s offset of a queue (UpdateOffset); drops its in-flight leases.
+        ``stored``: the store has it already (the persist pass does not commit it again)."""
         g = self.group(group)
         with g.lock:
-            g.queues[(topic, qid)] = QueueProgress(floor=offset, next_offset=offset, dirty=True)
+            g.queues[(topic, qid)] = QueueProgress(floor=offset, next_offset=offset,
+                                                   dirty=not stored)
 
     def take_dirty(self) -> dict[GroupKey, dict[tuple[str, int], int]]:
         """Floors changed since the last call, per consumer (for the persist service)."""

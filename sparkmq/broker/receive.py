@@ -307,8 +307,8 @@ class ReceiveService:
         with self.offsets_lock:
             self.store.commit_consumer_offsets(
                 group, {(topic, qid): offset for qid, offset in offsets.items()})
-            for qid, offset in offsets.items():
-                self.pop.reset_offset(group, topic, qid, offset)
+            for qid, offset in offsets.items():      # (stored: not the pass's to commit)
+                self.pop.reset_offset(group, topic, qid, offset, stored=True)
 
     def query_offset(self, topic: str, qid: int, *, at_ms: int | None = None,
                      end: bool = False) -> int:
