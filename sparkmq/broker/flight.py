@@ -439,16 +439,16 @@ class FlightService(fl.FlightServerBase):
             seen = notifier.version(topic)            # any queue of the topic
             sent = False
             for q, offset in positions.items():
-                end = self.broker.receiver.past_end(topic, q, offset)
-                if end is not None:     # past the end: the reader goes on from it, as DoGet
-                    positions[q] = end
-                    schema = store.read_table(topic, q, end, end).schema
-                    yield (pa.RecordBatch.from_pylist([], schema=schema),
-                           _next_metadata(q, end))
-                    sent = True
-                    continue
                 hi = store.max_offset(topic, q)
-                if hi <= offset:
+                if hi <= offset:        # (the usual queue of a turn: nothing new)
+                    end = None if hi == offset else \
+                        self.broker.receiver.past_end(topic, q, offset)
+                    if end is not None:     # past the end: the reader goes on from it, as DoGet
+                        positions[q] = end
+                        schema = store.read_table(topic, q, end, end).schema
+                        yield (pa.RecordBatch.from_pylist([], schema=schema),
+                               _next_metadata(q, end))
+                        sent = True
                     continue
                 table = store.read_table(topic, q, offset, min(hi, offset + limit))
                 if table.num_rows:
