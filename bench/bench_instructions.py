@@ -36,9 +36,9 @@ Workloads (1 KiB bodies, ASYNC_FLUSH):
 - ``get-1``: sparkmq's Flight read of one message at a queue's tail
   (``FlightService._read``: a woken long poll's DoGet, before its reply is written);
 - ``follow-1``: a one-row Flight put with the producer's own id (as sparkmq's Producer
-  sends it), then the batch it becomes on a followed DoGet in the consumer's view
-  (``FlightService._followed``, one turn: what OMB's consumer costs the broker a
-  message, its reply's write aside);
+  sends it) to one of a topic's 16 queues, then the batch it becomes on a followed DoGet
+  of all 16 in the consumer's view (``FlightService._followed``, one turn: what OMB's
+  consumer costs the broker a message, its reply's write aside);
 - ``round``: what a long poll's delivery costs the broker: a one-row Flight put, the pop
   of that message (``PopService.pop``), its conversion to the protocol message and its ack;
 - ``producer-1``: what sparkmq's ``Producer.send`` of one plain message costs the caller's
@@ -129,12 +129,15 @@ def _workload(name: str, tmp: str):
         broker.flight._send(ctx, _rows(1).append_column("queue_id", pa.array([0], pa.int32())))
         end = broker.store.max_offset("instr", 0)
         return (lambda: broker.flight._read("instr", 0, end - 1, 1, 0)), broker.stop
-    if kind == "follow":             # a put, then one turn of a followed read of queue 0
+    if kind == "follow":             # OMB's shape: 16 queues on one followed read
         import pyarrow as pa
-        one = _rows(1).append_column("queue_id", pa.array([0], pa.int32())).append_column(
-            "unique_key", pa.array(["0" * 32], pa.string()))
+        broker.store.create_topic("instr-follow", read_queue_nums=16, write_queue_nums=16)
+        one = pa.RecordBatch.from_pydict({
+            "topic": ["instr-follow"], "body": [b"x" * 1024],
+            "queue_id": pa.array([0], pa.int32()), "unique_key": ["0" * 32]})
         broker.flight._send(ctx, one)
-        follower = broker.flight._followed(_Following(), "instr", {0: 0}, 1000, True, None,
+        follower = broker.flight._followed(_Following(), "instr-follow",
+                                           dict.fromkeys(range(16), 0), 1000, True, None,
                                            lambda: None)
 
         def follow():            # (one message behind the puts: never waits)
