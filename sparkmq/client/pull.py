@@ -185,11 +185,14 @@ class PullConsumer:
             parts.setdefault((self._flight_endpoint(queue), queue.topic), {})[queue] = offset
         for (fep, topic), part in parts.items():
             if fep is not None:
+                pairs = [[q.queue_id, o] for q, o in part.items()]
+                # (one queue: the form every broker serving Flight takes)
+                body = {"queue": pairs[0][0], "offset": pairs[0][1]} if len(pairs) == 1 \
+                    else {"offsets": pairs}
                 try:
-                    self.flight.action(fep, "commitOffset", {
-                        "group": self.group, "topic": topic,
-                        "offsets": [[q.queue_id, o] for q, o in part.items()]},
-                        f"commit {topic}/{sorted(q.queue_id for q in part)} at {fep}")
+                    self.flight.action(fep, "commitOffset",
+                                       {"group": self.group, "topic": topic, **body},
+                                       f"commit {topic}/{[q for q, _ in pairs]} at {fep}")
                     continue
                 except _FlightDown as e:
                     self._flight_failed(fep, e)

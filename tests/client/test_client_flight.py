@@ -214,12 +214,21 @@ def test_commit_offsets_records_every_queue_given(make_broker, closing, transpor
     ends = {q: pc.query_offset(q, "END") for q in queues}
     assert sum(ends.values()) == 6
     version = b.store.state.version
+    sent, action = [], pc.flight.action       # (the bodies, passed on to the broker)
+    pc.flight.action = lambda fep, name, body, what: (sent.append(body),
+                                                      action(fep, name, body, what))
     pc.commit_offsets(ends)
     assert {q: pc.committed_offset(q) for q in queues} == ends
-    if transport == "flight":     # (the first version that records them: all three)
+    pc.commit_offset(queues[0], ends[queues[0]])
+    if transport == "flight":
+        # one queue: the one-queue form, which any broker serving Flight takes
+        assert [sorted(body) for body in sent] == [
+            ["group", "offsets", "topic"], ["group", "offset", "queue", "topic"]]
+        # the first version that records them holds all three
         assert offset_commits(b.store, "GS", version)[0] == {
             q.queue_id: o for q, o in ends.items()}
     else:
+        assert sent == []
         b.persist_offsets()
     assert b.store.consumer_offsets("GS") == {("OS", q.queue_id): o for q, o in ends.items()}
 
